@@ -1,0 +1,21 @@
+"""The rollout store of a run (RUN/rollouts.sqlite), `grpokit inspect` and the HTML report."""
+
+from grpokit.store.inspect import inspect_run
+from grpokit.store.report import write_report
+from grpokit.store.store import (
+    STORE_FILENAME,
+    DuplicateStepError,
+    QueryError,
+    RolloutStore,
+    StoreError,
+)
+
+__all__ = [
+    "STORE_FILENAME",
+    "DuplicateStepError",
+    "QueryError",
+    "RolloutStore",
+    "StoreError",
+    "inspect_run",
+    "write_report",
+]

@@ -1,0 +1,123 @@
+"""`grpokit inspect RUN`: the rollout store of a run as a table (or JSON).
+
+Without options: one line per step (n, mean reward, mean length, errors). With --step, --top,
+--bottom, --prompt or --errors: the matching completions. With --sql: any read-only query.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from grpokit.store.store import RolloutStore, StoreError, resolve_store_path
+
+# Completions are often long; the table shows their start and --json gives them whole.
+_MAX_COMPLETION_CHARS = 600
+_MAX_PROMPT_CHARS = 200
+
+
+def inspect_run(run_dir: str | Path, *, step: int | None = None, top: int | None = None,
+                bottom: int | None = None, prompt: int | None = None, errors: bool = False,
+                sql: str | None = None, as_json: bool = False) -> str:
+    """Render what `grpokit inspect` prints for the run in `run_dir`.
+
+    `top` / `bottom` keep the K highest / lowest rewarded completions (of `step` if given),
+    `prompt` keeps one prompt_index, `errors` keeps completions whose reward raised.
+    """
+    if top is not None and bottom is not None:
+        raise StoreError("choose either --top or --bottom, not both")
+    selects_rollouts = (step, top, bottom, prompt) != (None,) * 4 or errors
+    if sql is not None and selects_rollouts:
+        raise StoreError("--sql cannot be combined with the other selection options")
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise StoreError(f"no run folder at {run_dir}")
+    with RolloutStore(resolve_store_path(run_dir), readonly=True) as store:
+        if sql is not None:
+            columns, rows = store.query(sql)
+            return _render(columns, [dict(zip(columns, row)) for row in rows], as_json,
+                           title="query")
+        if not selects_rollouts:
+            rows = store.summary()
+            columns = ["step", "n", "mean_reward", "mean_length", "errors"]
+            return _render(columns, rows, as_json, title=f"{run_dir.name}: steps")
+        order = "desc" if top is not None else "asc" if bottom is not None else None
+        rollouts = store.rollouts(step=step, prompt_index=prompt, errors_only=errors,
+                                  order_by_reward=order, limit=top if top is not None else bottom)
+    if as_json:
+        return _to_json(rollouts)
+    return _render_rollouts(rollouts)
+
+
+def _render(columns: list[str], rows: list[dict], as_json: bool, title: str) -> str:
+    if as_json:
+        return _to_json(rows)
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(name, justify="right" if _is_numeric_column(rows, name) else "left")
+    for row in rows:
+        table.add_row(*(Text(_format(row[name])) for name in columns))
+    return _print(table)
+
+
+def _render_rollouts(rollouts: list[dict]) -> str:
+    # One panel per completion rather than a table row: completions are long, and a table with
+    # ten numeric columns leaves them a sliver of the terminal.
+    if not rollouts:
+        return "no completions match\n"
+    panels = []
+    for r in rollouts:
+        rewards = ", ".join(f"{name} {_format(v)}" for name, v in sorted(r["rewards"].items()))
+        title = (f"step {r['step']} · prompt {r['prompt_index']} · #{r['completion_index']} · "
+                 f"reward {_format(r['reward'])} ({rewards}) · advantage "
+                 f"{_format(r['advantage'])} · {r['completion_tokens']} tokens · "
+                 f"{r['finish_reason']}")
+        # Text(), not str: a completion containing "[bold]" must print as written, not as markup.
+        body = Text()
+        body.append(_shorten(r["prompt"], _MAX_PROMPT_CHARS), style="dim")
+        body.append("\n")
+        body.append(_shorten(r["completion"], _MAX_COMPLETION_CHARS))
+        if r["error"] is not None:
+            body.append(f"\nerror: {r['error']}", style="red")
+        panels.append(Panel(body, title=Text(title), title_align="left"))
+    return _print(Group(*panels))
+
+
+def _print(renderable: Any) -> str:
+    width = max(100, shutil.get_terminal_size((120, 40)).columns)
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def _is_numeric_column(rows: list[dict], name: str) -> bool:
+    values = [row[name] for row in rows if row[name] is not None]
+    return bool(values) and all(isinstance(v, (int, float)) for v in values)
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _to_json(rows: list[dict]) -> str:
+    # Strict JSON has no NaN; a metric that was NaN reads as null.
+    clean = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+             for row in rows]
+    return json.dumps(clean, indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,181 @@
+"""`grpokit report RUN`: RUN/report.html, one self-contained page of curves and sample completions.
+
+The page needs no network and no JavaScript: charts are inline SVG, styles are inline CSS. The
+curves' numbers are also embedded as JSON (`<script type="application/json" id="grpokit-data">`)
+so they can be read back without parsing the SVG.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from html import escape
+from pathlib import Path
+
+from grpokit.store.store import RolloutStore, StoreError, resolve_store_path
+from grpokit.store.svg import Series, line_chart
+
+REPORT_FILENAME = "report.html"
+METRICS_FILENAME = "metrics.jsonl"
+
+# (chart title, metric names); "rewards/*/mean" stands for every reward function's mean.
+CHARTS = (
+    ("Reward", ("reward", "rewards/*/mean")),
+    ("KL to the reference", ("kl",)),
+    ("Entropy", ("entropy",)),
+    ("Completion length (tokens)", ("completion_length/mean",)),
+    ("Clipped fraction (region mean)", ("clip_ratio/region_mean",)),
+    ("Learning rate", ("learning_rate",)),
+    ("Eval", ("eval/*",)),
+)
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32px; }
+.meta { color: #666; } .charts { display: flex; flex-wrap: wrap; gap: 12px; }
+.chart { background: #fff; border: 1px solid #ddd; border-radius: 4px; }
+.chart .title { font-weight: 600; font-size: 13px; } .chart .tick { font-size: 11px; fill: #555; }
+.chart .legend { font-size: 11px; fill: #333; } .chart .frame { fill: none; stroke: #bbb; }
+.chart .grid { stroke: #eee; } .chart .axis { stroke: #999; }
+.sample { border: 1px solid #ddd; border-radius: 4px; margin: 8px 0; padding: 8px 12px; }
+.sample.best { border-left: 4px solid #59a14f; } .sample.worst { border-left: 4px solid #e15759; }
+.sample pre { white-space: pre-wrap; word-break: break-word; margin: 6px 0; font-size: 13px;
+  background: #f7f7f7; padding: 6px; } .prompt { color: #555; } .error { color: #b00; }
+"""
+
+
+def write_report(run_dir: str | Path, steps: list[int] | None = None) -> Path:
+    """Write RUN/report.html and return its path.
+
+    Curves come from the store's step metrics, or from RUN/metrics.jsonl when the store has none;
+    metrics a run did not log are skipped. Sample completions (best and worst by reward) are
+    shown for `steps`, by default the first, middle and last step with rollouts.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise StoreError(f"no run folder at {run_dir}")
+    store_path = resolve_store_path(run_dir)
+    if not store_path.is_file() and not (run_dir / METRICS_FILENAME).is_file():
+        raise StoreError(f"{run_dir} has neither {store_path.name} nor {METRICS_FILENAME}")
+    metrics, evals, samples, run_id = [], [], [], run_dir.name
+    if store_path.is_file():
+        with RolloutStore(store_path, readonly=True) as store:
+            run_id = store.run_id
+            metrics, evals = store.metrics(), store.evals()
+            samples = _samples(store, steps)
+    if not any(len(row) > 1 for row in metrics):
+        metrics = _read_metrics_jsonl(run_dir / METRICS_FILENAME)
+    curves = _curves(metrics, evals)
+    path = run_dir / REPORT_FILENAME
+    path.write_text(_page(run_dir.name, run_id, curves, samples), encoding="utf-8")
+    return path
+
+
+def _read_metrics_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if "step" in row:
+                rows.append(row)
+    return rows
+
+
+def _numeric(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _curves(metrics: list[dict], evals: list[dict]) -> dict[str, dict[str, Series]]:
+    """{chart title: {series name: [(step, value), ...]}} for the charts that have data."""
+    series: dict[str, Series] = {}
+    for row in metrics:
+        for name, value in row.items():
+            if name != "step" and _numeric(value):
+                series.setdefault(name, []).append((row["step"], value))
+    for row in evals:
+        for name, value in row.items():
+            if name not in ("step", "dataset") and _numeric(value):
+                series.setdefault(f"eval/{row['dataset']}/{name}", []).append((row["step"], value))
+    curves = {}
+    for title, patterns in CHARTS:
+        chosen = {name: sorted(points) for pattern in patterns
+                  for name, points in sorted(series.items()) if _matches(name, pattern)}
+        if chosen:
+            curves[title] = chosen
+    return curves
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if "*" not in pattern:
+        return name == pattern
+    prefix, suffix = pattern.split("*")
+    return name.startswith(prefix) and name.endswith(suffix) and len(name) > len(prefix + suffix)
+
+
+def _samples(store: RolloutStore, steps: list[int] | None) -> list[dict]:
+    """[{"step", "best", "worst"}] for the chosen steps that have rewarded rollouts."""
+    if steps is None:
+        with_rollouts = [row["step"] for row in store.summary() if row["n"]]
+        if not with_rollouts:
+            return []
+        steps = sorted({with_rollouts[0], with_rollouts[len(with_rollouts) // 2],
+                        with_rollouts[-1]})
+    samples = []
+    for step in steps:
+        best = store.rollouts(step=step, order_by_reward="desc", limit=1)
+        worst = store.rollouts(step=step, order_by_reward="asc", limit=1)
+        if best:
+            samples.append({"step": step, "best": best[0], "worst": worst[0]})
+    return samples
+
+
+def _page(title: str, run_id: str, curves: dict[str, dict[str, Series]],
+          samples: list[dict]) -> str:
+    charts = "\n".join(line_chart(name, series) for name, series in curves.items())
+    data = {chart: {name: [list(p) for p in points] for name, points in series.items()}
+            for chart, series in curves.items()}
+    # "</" inside a script element would end it early; "<\/" is the same JSON string.
+    data_json = json.dumps(data).replace("</", "<\\/")
+    sample_html = "\n".join(_sample_section(s) for s in samples) or "<p>No rollouts stored.</p>"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>grpokit report: {escape(title)}</title>
+<style>{_STYLE}</style>
+<script type="application/json" id="grpokit-data">{data_json}</script>
+</head><body>
+<h1>grpokit report: {escape(title)}</h1>
+<p class="meta">run {escape(run_id)} · generated {time.strftime("%Y-%m-%d %H:%M:%S")}</p>
+<h2>Curves</h2>
+<div class="charts">
+{charts or "<p>No metrics logged.</p>"}
+</div>
+<h2>Best and worst completions</h2>
+{sample_html}
+</body></html>
+"""
+
+
+def _sample_section(sample: dict) -> str:
+    return (f"<h3>Step {sample['step']}</h3>\n"
+            + _rollout_html(sample["best"], "best") + "\n" + _rollout_html(sample["worst"], "worst"))
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _rollout_html(rollout: dict, kind: str) -> str:
+    rewards = ", ".join(f"{escape(name)} {_fmt(v)}" for name, v in sorted(rollout["rewards"].items()))
+    error = (f'<div class="error">error: {escape(rollout["error"])}</div>'
+             if rollout["error"] is not None else "")
+    return (
+        f'<div class="sample {kind}"><b>{kind}</b>: reward {_fmt(rollout["reward"])} '
+        f"({rewards}) · advantage {_fmt(rollout['advantage'])} · "
+        f"{rollout['completion_tokens']} tokens · {escape(rollout['finish_reason'])} · "
+        f"prompt {rollout['prompt_index']} #{rollout['completion_index']}"
+        f'<pre class="prompt">{escape(rollout["prompt"])}</pre>'
+        f'<pre class="completion">{escape(rollout["completion"])}</pre>{error}</div>'
+    )

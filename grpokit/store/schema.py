@@ -1,0 +1,69 @@
+"""SQLite schema of a run's rollout store (`RUN/rollouts.sqlite`).
+
+One row per completion in `rollouts`; each reward function's value lives in the JSON column
+`rewards` (`{"accuracy": 1.0, "format": null}`), so adding a reward function never migrates the
+schema. The `reward_values` view unpacks it to one row per (rollout, reward function) and
+`step_summary` gives the per-step numbers `grpokit inspect` prints, which keeps ad-hoc
+`grpokit inspect RUN --sql "..."` queries short:
+
+    SELECT name, avg(value) FROM reward_values GROUP BY name
+    SELECT step, json_extract(rewards, '$.accuracy') FROM rollouts WHERE error IS NOT NULL
+"""
+
+SCHEMA_VERSION = 1
+
+# `steps` marks a step as written: its primary key is what refuses a second write of a step, and
+# because the marker is inserted in the same transaction as the step's rows, a step is either
+# entirely present or absent after a crash.
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS steps (
+    step       INTEGER PRIMARY KEY,
+    written_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rollouts (
+    id                INTEGER PRIMARY KEY,
+    run_id            TEXT NOT NULL,
+    step              INTEGER NOT NULL,
+    prompt_index      INTEGER NOT NULL,
+    completion_index  INTEGER NOT NULL,
+    prompt            TEXT NOT NULL,
+    completion        TEXT NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    finish_reason     TEXT NOT NULL,
+    rewards           TEXT NOT NULL,
+    reward            REAL,
+    advantage         REAL,
+    policy_version    INTEGER NOT NULL,
+    error             TEXT,
+    UNIQUE (step, prompt_index, completion_index)
+);
+CREATE TABLE IF NOT EXISTS step_metrics (
+    step  INTEGER NOT NULL,
+    name  TEXT NOT NULL,
+    value REAL,
+    PRIMARY KEY (step, name)
+);
+CREATE TABLE IF NOT EXISTS evals (
+    step    INTEGER NOT NULL,
+    dataset TEXT NOT NULL,
+    name    TEXT NOT NULL,
+    value   REAL,
+    PRIMARY KEY (step, dataset, name)
+);
+CREATE VIEW IF NOT EXISTS reward_values AS
+    SELECT r.id AS rollout_id, r.step, r.prompt_index, r.completion_index,
+           j.key AS name, j.value AS value
+    FROM rollouts AS r, json_each(r.rewards) AS j;
+CREATE VIEW IF NOT EXISTS step_summary AS
+    SELECT step,
+           count(*) AS n,
+           avg(reward) AS mean_reward,
+           avg(completion_tokens) AS mean_length,
+           sum(error IS NOT NULL) AS errors
+    FROM rollouts GROUP BY step;
+"""

@@ -1,0 +1,329 @@
+"""RolloutStore: every rollout of a run, durable, in `RUN/rollouts.sqlite`.
+
+The trainer calls `write_step` once per step with the step's rollouts and metrics; the rows and
+the step's marker go in one transaction, so after a crash (even SIGKILL) the store holds steps
+1..k complete and nothing of step k+1. WAL journaling with synchronous=NORMAL keeps a commit
+cheap (no fsync per transaction) while staying consistent after an application crash; only a
+power loss can drop the last few committed steps, which resuming from a checkpoint rewrites anyway
+(`rollback_after`).
+
+Readers (`grpokit inspect`, the HTML report) open the file read-only and can do so while the
+trainer is writing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from grpokit.store.schema import SCHEMA, SCHEMA_VERSION
+
+STORE_FILENAME = "rollouts.sqlite"
+_FILE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+
+_ROLLOUT_COLUMNS = (
+    "run_id", "step", "prompt_index", "completion_index", "prompt", "completion",
+    "prompt_tokens", "completion_tokens", "finish_reason", "rewards", "reward", "advantage",
+    "policy_version", "error",
+)
+_INSERT_ROLLOUT = (
+    f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
+)
+_ROLLOUT_KEYS = _ROLLOUT_COLUMNS[2:]  # what a rollout dict must carry besides run_id and step
+_LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
+# What a read-only query may do: read tables and views, call functions, recurse in a CTE.
+_QUERY_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+                  sqlite3.SQLITE_RECURSIVE}
+
+
+class StoreError(Exception):
+    """A rollout store cannot be opened, written or queried as asked."""
+
+
+class DuplicateStepError(StoreError):
+    """A step (or a step's eval of a dataset) is written a second time."""
+
+
+class QueryError(StoreError):
+    """An ad-hoc SQL query is not a single read-only SELECT, or SQLite rejects it."""
+
+
+def resolve_store_path(path: str | Path) -> Path:
+    """The SQLite file for `path`: a file ending in .sqlite/.sqlite3/.db, else a run folder."""
+    path = Path(path)
+    if path.suffix in _FILE_SUFFIXES and not path.is_dir():
+        return path
+    return path / STORE_FILENAME
+
+
+def _finite_or_none(value: Any) -> float | None:
+    # JSON has no NaN or infinity, and SQLite stores a NaN REAL as NULL anyway.
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _nan_if_null(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+class RolloutStore:
+    """Every rollout, step metric and eval result of one run, in SQLite.
+
+    `path` is the run folder (the store is `path/rollouts.sqlite`) or the SQLite file itself.
+    `run_id` labels the rows this instance writes; by default the id recorded when the store was
+    created, which is the run folder's name. `readonly=True` opens an existing store for reading.
+    """
+
+    def __init__(self, path: str | Path, run_id: str | None = None, readonly: bool = False):
+        self.path = resolve_store_path(path)
+        self.readonly = readonly
+        self._query_conn: sqlite3.Connection | None = None
+        self._conn = self._connect_readonly() if readonly else self._connect_writable(run_id)
+        try:
+            self._check_schema_version()
+        except StoreError:
+            self._conn.close()
+            raise
+        self.run_id = run_id or self._meta("run_id")
+
+    # ----------------------------------------------------------------- opening
+
+    def _connect_writable(self, run_id: str | None) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: transactions are opened explicitly, one per write call.
+        self._conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA busy_timeout=10000")
+            self._conn.executescript(SCHEMA)
+            self._init_meta(run_id or self.path.resolve().parent.name)
+        except sqlite3.DatabaseError as err:
+            self._conn.close()
+            raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err
+        return self._conn
+
+    def _connect_readonly(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise StoreError(f"no rollout store at {self.path}")
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        # A reader waits for the trainer's commit instead of failing with "database is locked".
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
+    def _init_meta(self, run_id: str) -> None:
+        with self._transaction():
+            self._conn.executemany(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
+                [("schema_version", str(SCHEMA_VERSION)), ("run_id", run_id),
+                 ("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))],
+            )
+
+    def _meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def _check_schema_version(self) -> None:
+        try:
+            version = self._meta("schema_version")
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err
+        if version != str(SCHEMA_VERSION):
+            raise StoreError(f"{self.path} has store schema version {version}; "
+                             f"this grpokit reads version {SCHEMA_VERSION}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        # IMMEDIATE takes the write lock up front, so a concurrent writer waits (busy_timeout)
+        # at BEGIN instead of failing midway through the step.
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    # ----------------------------------------------------------------- writing
+
+    def write_step(self, step: int, rollouts: list[dict], metrics: dict[str, float]) -> None:
+        """Write one step's rollouts and metrics in one transaction; a written step raises.
+
+        Each rollout dict has prompt_index, completion_index, prompt, completion, prompt_tokens,
+        completion_tokens, finish_reason, rewards (name -> float | None), reward, advantage,
+        policy_version and error (str | None). Non-finite reward values are stored as null.
+        """
+        rows = [self._rollout_row(step, i, r) for i, r in enumerate(rollouts)]
+        metric_rows = [(step, name, _finite_or_none(value)) for name, value in metrics.items()]
+        try:
+            with self._transaction():
+                self._conn.execute("INSERT INTO steps (step, written_at) VALUES (?, ?)",
+                                   (step, time.time()))
+                self._conn.executemany(_INSERT_ROLLOUT, rows)
+                self._conn.executemany(
+                    "INSERT INTO step_metrics (step, name, value) VALUES (?, ?, ?)", metric_rows)
+        except sqlite3.IntegrityError as err:
+            if self._has_step(step):
+                raise DuplicateStepError(
+                    f"step {step} is already in {self.path}; call rollback_after({step - 1}) "
+                    "before writing it again") from err
+            raise StoreError(f"step {step}: {err} (two rollouts share prompt_index and "
+                             "completion_index?)") from err
+
+    def _rollout_row(self, step: int, i: int, rollout: dict) -> tuple:
+        missing = [key for key in _ROLLOUT_KEYS if key not in rollout]
+        if missing:
+            raise StoreError(f"rollout {i} of step {step} lacks {', '.join(missing)}")
+        rewards = {name: _finite_or_none(v) for name, v in rollout["rewards"].items()}
+        return (
+            self.run_id, step, rollout["prompt_index"], rollout["completion_index"],
+            rollout["prompt"], rollout["completion"], rollout["prompt_tokens"],
+            rollout["completion_tokens"], rollout["finish_reason"], json.dumps(rewards),
+            _finite_or_none(rollout["reward"]), _finite_or_none(rollout["advantage"]),
+            rollout["policy_version"], rollout["error"],
+        )
+
+    def _has_step(self, step: int) -> bool:
+        return self._conn.execute("SELECT 1 FROM steps WHERE step = ?", (step,)).fetchone() is not None
+
+    def write_eval(self, step: int, dataset: str, metrics: dict[str, float]) -> None:
+        """Write the eval metrics (e.g. pass@1) of `dataset` at `step`; writing them twice raises."""
+        rows = [(step, dataset, name, _finite_or_none(value)) for name, value in metrics.items()]
+        try:
+            with self._transaction():
+                self._conn.executemany(
+                    "INSERT INTO evals (step, dataset, name, value) VALUES (?, ?, ?, ?)", rows)
+        except sqlite3.IntegrityError as err:
+            raise DuplicateStepError(
+                f"eval of {dataset!r} at step {step} is already in {self.path}") from err
+
+    def rollback_after(self, step: int) -> None:
+        """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""
+        with self._transaction():
+            for table in ("steps", "rollouts", "step_metrics", "evals"):
+                self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
+
+    # ----------------------------------------------------------------- reading
+
+    def last_step(self) -> int:
+        """The highest written step, 0 for an empty store."""
+        return self._conn.execute("SELECT coalesce(max(step), 0) FROM steps").fetchone()[0]
+
+    def steps(self) -> list[int]:
+        """Every written step, ascending."""
+        return [row[0] for row in self._conn.execute("SELECT step FROM steps ORDER BY step")]
+
+    def summary(self) -> list[dict]:
+        """One dict per written step: step, n, mean_reward, mean_length, errors."""
+        sql = ("SELECT steps.step, coalesce(n, 0), mean_reward, mean_length, coalesce(errors, 0) "
+               "FROM steps LEFT JOIN step_summary USING (step) ORDER BY steps.step")
+        keys = ("step", "n", "mean_reward", "mean_length", "errors")
+        return [dict(zip(keys, row)) for row in self._conn.execute(sql)]
+
+    def metrics(self) -> list[dict]:
+        """One dict per written step: {"step": s, name: value, ...}; a stored null reads as NaN."""
+        by_step = {step: {"step": step} for step in self.steps()}
+        for step, name, value in self._conn.execute(
+                "SELECT step, name, value FROM step_metrics ORDER BY step, name"):
+            by_step[step][name] = _nan_if_null(value)
+        return list(by_step.values())
+
+    def evals(self) -> list[dict]:
+        """One dict per (step, dataset): {"step": s, "dataset": d, name: value, ...}."""
+        by_key: dict[tuple[int, str], dict] = {}
+        for step, dataset, name, value in self._conn.execute(
+                "SELECT step, dataset, name, value FROM evals ORDER BY step, dataset, name"):
+            row = by_key.setdefault((step, dataset), {"step": step, "dataset": dataset})
+            row[name] = _nan_if_null(value)
+        return list(by_key.values())
+
+    def rollouts(self, step: int | None = None, prompt_index: int | None = None,
+                 errors_only: bool = False, order_by_reward: str | None = None,
+                 limit: int | None = None) -> list[dict]:
+        """Stored rollouts as dicts (the write_step keys plus run_id and step), filtered.
+
+        Ordered by (step, prompt_index, completion_index), or by reward ('desc' or 'asc',
+        rollouts without a reward last) when `order_by_reward` is given.
+        """
+        where, params = [], []
+        if step is not None:
+            where.append("step = ?")
+            params.append(step)
+        if prompt_index is not None:
+            where.append("prompt_index = ?")
+            params.append(prompt_index)
+        if errors_only:
+            where.append("error IS NOT NULL")
+        order = "step, prompt_index, completion_index"
+        if order_by_reward is not None:
+            if order_by_reward not in ("asc", "desc"):
+                raise ValueError(f"order_by_reward must be 'asc' or 'desc', not {order_by_reward!r}")
+            order = f"reward IS NULL, reward {order_by_reward.upper()}, {order}"
+        sql = f"SELECT {', '.join(_ROLLOUT_COLUMNS)} FROM rollouts"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY {order}"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        result = []
+        for row in self._conn.execute(sql, params):
+            rollout = dict(zip(_ROLLOUT_COLUMNS, row))
+            rollout["rewards"] = json.loads(rollout["rewards"])
+            result.append(rollout)
+        return result
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple]]:
+        """Run one read-only SELECT (or WITH ... SELECT) query; returns (columns, rows).
+
+        The query runs on its own read-only connection whose authorizer refuses anything but
+        reading, so neither a write nor a PRAGMA can get through a crafted statement.
+        """
+        body = _LEADING_COMMENTS.sub("", sql)
+        first_word = body.split(None, 1)[0].lower() if body.strip() else ""
+        if first_word not in ("select", "with"):
+            raise QueryError("only a single SELECT (or WITH ... SELECT) query is allowed")
+        if self._query_conn is None:
+            self._query_conn = self._connect_readonly()
+            self._query_conn.set_authorizer(
+                lambda action, *_: sqlite3.SQLITE_OK if action in _QUERY_ACTIONS
+                else sqlite3.SQLITE_DENY)
+        try:
+            cursor = self._query_conn.execute(sql)
+            rows = cursor.fetchall()
+        except sqlite3.ProgrammingError as err:
+            raise QueryError(f"only a single SELECT query is allowed ({err})") from err
+        except sqlite3.DatabaseError as err:
+            if "not authorized" in str(err):
+                raise QueryError("only read-only queries are allowed (the query tried to write "
+                                 "or change a setting)") from err
+            raise QueryError(f"query failed: {err}") from err
+        return [d[0] for d in cursor.description], rows
+
+    # ----------------------------------------------------------------- lifetime
+
+    def close(self) -> None:
+        """Close the connections; safe to call twice."""
+        for conn in (self._conn, self._query_conn):
+            if conn is not None:
+                conn.close()
+        self._query_conn = None
+
+    def __enter__(self) -> RolloutStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+

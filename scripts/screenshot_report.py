@@ -1,0 +1,59 @@
+"""Write RUN/report.html and screenshot it with headless Chromium: `screenshot_report.py RUN out.png`.
+
+Used to check by eye that the report's curves render. Needs a Chromium binary (`apt-get install
+chromium` on Debian; or set CHROMIUM to its path). The browser gets a throwaway profile and every
+background network feature off, so rendering the report touches no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from grpokit.store.report import write_report
+
+_BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_chromium() -> str:
+    candidates = [os.environ["CHROMIUM"]] if "CHROMIUM" in os.environ else _BROWSERS
+    for name in candidates:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise SystemExit("no Chromium found: install it (apt-get install chromium) or set CHROMIUM")
+
+
+def screenshot(html: Path, out: Path, width: int = 1280, height: int = 2400) -> None:
+    with tempfile.TemporaryDirectory(prefix="grpokit-chromium-") as profile:
+        command = [
+            find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}",
+            f"--screenshot={out.resolve()}", f"--window-size={width},{height}",
+            html.resolve().as_uri(),
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0 or not out.is_file():
+        raise SystemExit(f"chromium failed ({result.returncode}):\n{result.stderr[-2000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="run folder")
+    parser.add_argument("out", type=Path, help="PNG to write")
+    parser.add_argument("--height", type=int, default=2400, help="page height in pixels")
+    args = parser.parse_args(argv)
+    html = write_report(args.run)
+    screenshot(html, args.out, height=args.height)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
