@@ -1,0 +1,120 @@
+"""The clipped policy-gradient surrogate of the GRPO family, with its KL penalty and aggregation.
+
+Composition, not subclasses: ratio level (``token`` | ``sequence``) x clipping (epsilon,
+epsilon_high) x KL penalty (beta, k3) x aggregation (``loss_type``). Each combination gives the
+same numbers as TRL's GRPOTrainer._compute_loss on the same tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.algos.kl import kl_estimate
+from grpokit.algos.masked import LOSS_TYPES, aggregate, masked_mean
+
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+def importance_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, completion_mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
+    """Log importance weights: [N, T] at token level, [N, 1] at sequence level.
+
+    - ``token`` (PPO, Schulman et al. 2017; GRPO): log r_{i,t} = logp_{i,t} - old_logp_{i,t}.
+    - ``sequence`` (GSPO, Zheng et al. 2025): log r_i = (1/|o_i|) sum_t m_{i,t} (logp - old_logp),
+      the length-normalised sequence log-ratio, shared by every token of the sequence.
+    """
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"unknown importance_sampling_level {level!r}; valid choices: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"
+        )
+    log_ratio = logprobs - old_logprobs  # [N, T]
+    if level == "token":
+        return log_ratio
+    return masked_mean(log_ratio, completion_mask, dim=-1).unsqueeze(-1)  # [N, T] -> [N] -> [N, 1]
+
+
+def _batch_mean(values: torch.Tensor, completion_mask: torch.Tensor, level: str) -> float:
+    """Masked token mean at token level; at sequence level, where values are [N, 1] (one per
+    sequence), the plain mean over sequences (as TRL)."""
+    values = values.float()
+    if level == "sequence":
+        return values.mean().item()
+    return masked_mean(values, completion_mask).item()
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    loss_type: str = "dapo",
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    beta: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    importance_sampling_level: str = "token",
+    max_completion_length: int | None = None,
+    num_items_in_batch: int | float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate loss with optional KL penalty; returns (scalar loss, metrics).
+
+    Per token, with r the importance ratio (see ``importance_log_ratio``) and A_i the advantage:
+
+        L_{i,t} = -min(r A_i, clip(r, 1 - epsilon, 1 + epsilon_high) A_i) + beta * k3_{i,t}
+        k3_{i,t} = exp(ref - logp) - (ref - logp) - 1
+
+    (Shao et al. 2024 for GRPO; asymmetric "clip-higher" epsilon_high from DAPO, Yu et al. 2025;
+    sequence-level ratio from GSPO, Zheng et al. 2025), then reduced to a scalar by ``loss_type``
+    (see ``grpokit.algos.masked.aggregate``).
+
+    Args:
+        logprobs: [N, T] log-probs of the completion tokens under the policy being trained.
+        old_logprobs: [N, T] log-probs under the policy that sampled them; None means on-policy
+            (one update per batch), where ``logprobs.detach()`` is used: ratio 1, gradient A grad logp.
+        advantages: [N], one per sequence.
+        completion_mask: [N, T], 1 for real completion tokens (float or bool).
+        epsilon_high: upper clip range; defaults to ``epsilon``.
+        beta: KL coefficient; ``ref_logprobs`` [N, T] is required when beta > 0.
+        max_completion_length: required by ``dr_grpo``.
+        num_items_in_batch: completion tokens in the whole generation batch, for ``dapo``.
+
+    Metrics (python floats): clip_ratio/low_mean (ratio < 1-eps with A < 0), clip_ratio/high_mean
+    (ratio > 1+eps_high with A > 0), clip_ratio/region_mean (either), as fractions of masked tokens
+    (of sequences at sequence level); ratio_mean; policy_loss (loss without the KL term); kl
+    (masked mean of k3, only when beta > 0).
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs ref_logprobs (log-probs under the reference model)")
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    if old_logprobs is None:
+        old_logprobs = logprobs.detach()
+
+    log_weights = importance_log_ratio(logprobs, old_logprobs, completion_mask, importance_sampling_level)
+    ratio = torch.exp(log_weights)  # [N, T] or [N, 1]
+    clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)  # [N, T] or [N, 1]
+    advantages = advantages.unsqueeze(-1)  # [N] -> [N, 1]
+    surrogate = -torch.min(ratio * advantages, clipped_ratio * advantages)  # [N, T] or [N, 1]
+    surrogate = surrogate.expand_as(logprobs)  # [N, 1] -> [N, T] at sequence level
+    aggregation = {"max_completion_length": max_completion_length, "num_items_in_batch": num_items_in_batch}
+    pg_loss = aggregate(surrogate, completion_mask, loss_type, **aggregation)  # [N, T] -> []
+    loss = pg_loss
+
+    with torch.no_grad():
+        low = (ratio < 1.0 - epsilon) & (advantages < 0)  # [N, T] or [N, 1]
+        high = (ratio > 1.0 + epsilon_high) & (advantages > 0)  # [N, T] or [N, 1]
+        metrics = {
+            "clip_ratio/low_mean": _batch_mean(low, completion_mask, importance_sampling_level),
+            "clip_ratio/high_mean": _batch_mean(high, completion_mask, importance_sampling_level),
+            "clip_ratio/region_mean": _batch_mean(low | high, completion_mask, importance_sampling_level),
+            "ratio_mean": _batch_mean(ratio, completion_mask, importance_sampling_level),
+            "policy_loss": pg_loss.item(),
+        }
+    if beta > 0:
+        kl = kl_estimate(logprobs, ref_logprobs, "k3")  # [N, T]
+        loss = pg_loss + beta * aggregate(kl, completion_mask, loss_type, **aggregation)  # []
+        metrics["kl"] = masked_mean(kl.detach(), completion_mask).item()
+    return loss, metrics

@@ -1,0 +1,66 @@
+"""Masked reductions over completion tokens and the loss aggregations built from them.
+
+Shapes: N sequences (N = B*G), T completion tokens. ``mask`` is 1 for a real completion token and
+0 for padding (float or bool); it is cast to the dtype of ``values`` so gradients flow through
+``values`` only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of ``values * mask`` over ``dim`` (all elements when ``dim`` is None)."""
+    masked = values * mask.to(values.dtype)  # same shape as values
+    return masked.sum() if dim is None else masked.sum(dim)  # [] or values with dim removed
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over the masked elements along ``dim`` (all elements when None).
+
+    The count is clamped to 1, so a fully masked-out row gives 0 rather than NaN (as TRL does).
+    """
+    count = mask.to(values.dtype)  # same shape as mask
+    count = count.sum() if dim is None else count.sum(dim)  # [] or mask with dim removed
+    return masked_sum(values, mask, dim) / count.clamp(min=1.0)
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    num_items_in_batch: int | float | torch.Tensor | None = None,
+    max_completion_length: int | None = None,
+) -> torch.Tensor:
+    """Reduce per-token values [N, T] to a scalar loss, by ``loss_type`` name.
+
+    With L_{i,t} the per-token value, m_{i,t} the mask and |o_i| = sum_t m_{i,t}:
+
+    - ``grpo`` (Shao et al. 2024, DeepSeekMath): (1/N) sum_i (1/|o_i|) sum_t m L
+      (each sequence weighs the same, whatever its length).
+    - ``bnpo``: sum_{i,t} m L / sum_{i,t} m (each token of this batch weighs the same).
+    - ``dapo`` (Yu et al. 2025, DAPO): sum_{i,t} m L / num_items_in_batch, where
+      ``num_items_in_batch`` is the number of completion tokens in the whole generation batch, so
+      the losses of its micro-batches add up to the token mean over the whole batch. Without it,
+      the same as ``bnpo``.
+    - ``dr_grpo`` (Liu et al. 2025, "Understanding R1-Zero-Like Training"):
+      sum_{i,t} m L / (N * max_completion_length), a constant normaliser free of length bias.
+
+    These match TRL's GRPOTrainer (per process and per gradient-accumulation step).
+    """
+    if mode not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {mode!r}; valid choices: {', '.join(LOSS_TYPES)}")
+    if mode == "grpo":
+        per_sequence = masked_mean(values, mask, dim=-1)  # [N, T] -> [N]
+        return per_sequence.mean()  # [N] -> []
+    if mode == "bnpo" or (mode == "dapo" and num_items_in_batch is None):
+        return masked_mean(values, mask)  # [N, T] -> []
+    if mode == "dapo":
+        return masked_sum(values, mask) / num_items_in_batch  # [N, T] -> []
+    if max_completion_length is None:
+        raise ValueError("loss_type 'dr_grpo' needs max_completion_length (the generation limit, in tokens)")
+    return masked_sum(values, mask) / (values.shape[0] * max_completion_length)  # [N, T] -> []
