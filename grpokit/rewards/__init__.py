@@ -1,0 +1,24 @@
+"""Reward functions: the contract, built-ins by name, and safe weighted scoring of batches.
+
+Example::
+
+    from grpokit.rewards import RewardRunner
+
+    runner = RewardRunner(["accuracy", {"name": "format", "weight": 0.5}])
+    result = runner.score(prompts, completions, {"answer": answers})
+    result.combined, result.metrics()
+"""
+
+from grpokit.rewards.contract import MissingColumnError, RewardError
+from grpokit.rewards.registry import BUILTINS, get_reward, resolve_reward
+from grpokit.rewards.runner import RewardResult, RewardRunner
+
+__all__ = [
+    "BUILTINS",
+    "MissingColumnError",
+    "RewardError",
+    "RewardResult",
+    "RewardRunner",
+    "get_reward",
+    "resolve_reward",
+]

@@ -1,0 +1,157 @@
+"""Built-in rewards by name, and turning a reward spec (Python or YAML) into a function.
+
+A spec is one of:
+
+- a callable following the contract in :mod:`grpokit.rewards.contract`;
+- ``"accuracy"``: the name of a built-in (:data:`BUILTINS`);
+- ``"package.module:function"``: a function imported from an installed module;
+- ``"path/to/file.py:function"``: a function from a Python file, loaded by path;
+- a dict ``{"name": <any of the above>, "weight": 1.0, **params}``: params go to the built-in's
+  constructor, or are bound to a user function with functools.partial.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from grpokit.rewards.format import FormatReward
+from grpokit.rewards.judge import RewardModelReward
+from grpokit.rewards.length import LengthReward
+from grpokit.rewards.math import AccuracyReward
+from grpokit.rewards.molecule import MoleculeReward
+
+BUILTINS: dict[str, type] = {
+    "accuracy": AccuracyReward,
+    "format": FormatReward,
+    "length": LengthReward,
+    "molecule": MoleculeReward,
+    "reward_model": RewardModelReward,
+}
+
+
+def _unknown(kind: str, name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r}{hint} Known: {', '.join(sorted(known))}"
+
+
+def get_reward(name: str, **params: Any) -> Callable[..., list[float | None]]:
+    """The built-in reward ``name`` configured with ``params``; ValueError for an unknown name."""
+    if name not in BUILTINS:
+        raise ValueError(_unknown("reward", name, list(BUILTINS)))
+    try:
+        return BUILTINS[name](**params)
+    except TypeError as exc:
+        raise ValueError(f"reward {name!r}: {exc}") from exc
+
+
+class FileFunction:
+    """A function from a Python file, loaded by path.
+
+    It pickles as (path, function name), so worker processes load the file themselves: a
+    function from a file loaded by path cannot be pickled by reference like a module's.
+    """
+
+    def __init__(self, path: str | Path, function: str):
+        self.path = str(Path(path).expanduser().resolve())
+        self.function = function
+        self.name = function
+        self._fn: Callable | None = None
+        self._load()
+
+    def _load(self) -> Callable:
+        if self._fn is None:
+            self._fn = _function_from(_load_file(self.path), self.function, self.path)
+        return self._fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._load()(*args, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "function": self.function, "name": self.name, "_fn": None}
+
+    def __repr__(self) -> str:
+        return f"FileFunction({self.path!r}, {self.function!r})"
+
+
+def _load_file(path: str):
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"reward file not found: {path}")
+    # One module per file path, registered so that dataclasses and pickling inside it work.
+    module_name = "_grpokit_reward_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def _function_from(module: Any, function: str, where: str) -> Callable:
+    fn = getattr(module, function, None)
+    if fn is None:
+        functions = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+        raise ValueError(_unknown(f"function in {where}:", function, functions))
+    if not callable(fn):
+        raise ValueError(f"{where}:{function} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _load_target(target: str) -> Callable:
+    """Resolve ``"module:function"`` or ``"file.py:function"``."""
+    location, _, function = target.rpartition(":")
+    if not location or not function:
+        raise ValueError(f"reward {target!r}: expected 'module:function' or 'file.py:function'")
+    if location.endswith(".py") or "/" in location or "\\" in location:
+        return FileFunction(location, function)
+    try:
+        module = importlib.import_module(location)
+    except ImportError as exc:
+        raise ValueError(f"reward {target!r}: cannot import module {location!r}: {exc}") from exc
+    return _function_from(module, function, location)
+
+
+def reward_name(fn: Callable) -> str:
+    """A readable name for a reward function (metric keys use it)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__name__", None) or getattr(fn, "name", None)
+    return name if isinstance(name, str) else type(fn).__name__
+
+
+def resolve_reward(spec: Any) -> tuple[str, Callable, float]:
+    """Turn a spec (see the module docstring) into ``(name, fn, weight)``."""
+    params: dict[str, Any] = {}
+    weight = 1.0
+    target = spec
+    if isinstance(spec, Mapping):
+        params = dict(spec)
+        if "name" not in params:
+            raise ValueError(f"reward spec {dict(spec)!r} needs a 'name' key")
+        target = params.pop("name")
+        weight = float(params.pop("weight", 1.0))
+    if isinstance(target, str) and ":" not in target:
+        return target, get_reward(target, **params), weight
+    if isinstance(target, str):
+        fn = _load_target(target)
+    elif callable(target):
+        fn = target
+    else:
+        raise TypeError(
+            f"a reward spec is a callable, a string or a dict, got {type(target).__name__}"
+        )
+    name = reward_name(fn)
+    return name, functools.partial(fn, **params) if params else fn, weight

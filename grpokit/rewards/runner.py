@@ -1,0 +1,244 @@
+"""Score a batch of completions with several reward functions and combine them.
+
+Each function runs on the whole batch with a timeout (per batch); in-process the functions run
+concurrently on daemon threads, so slow I/O-bound rewards (async judges) overlap. With
+``workers=N > 0`` every function's batch is split into N contiguous chunks that run in a
+process pool (spawn), for CPU-heavy rewards; the pool is created once and reused. As with any
+spawn pool, a script that creates one must guard its entry point with
+``if __name__ == "__main__":``.
+
+The combined reward is the weighted sum over the functions that gave a value,
+``combined_i = sum_{f: r_if present} w_f * r_if`` (as TRL's ``nansum``), NaN when none did.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpokit.rewards.contract import (
+    TIMED_OUT,
+    RewardError,
+    TimedCall,
+    check_output,
+    score_chunk,
+)
+from grpokit.rewards.registry import resolve_reward
+
+
+@dataclass
+class RewardResult:
+    """Rewards of N completions from F functions.
+
+    ``per_func`` [N, F] float32, NaN where a function gave None, failed or timed out;
+    ``combined`` [N] the weighted sum of the present values (NaN when none is present);
+    ``errors`` one message per completion (``"name: Error: message"``, several joined by
+    ``"; "``) or None; ``error_counts`` the number of completions each function failed on.
+    """
+
+    names: list[str]
+    per_func: torch.Tensor  # [N, F]
+    combined: torch.Tensor  # [N]
+    errors: list[str | None]
+    error_counts: dict[str, int]
+
+    def metrics(self) -> dict[str, float]:
+        """``rewards/<name>/mean|std|errors``, ``reward`` and ``reward_std``, ignoring NaN.
+
+        std is the sample standard deviation (Bessel-corrected, as torch.std); NaN when fewer
+        than two values are present, and a mean over no values is NaN too.
+        """
+        metrics: dict[str, float] = {}
+        for f, name in enumerate(self.names):
+            mean, std = _nan_mean_std(self.per_func[:, f])
+            metrics[f"rewards/{name}/mean"] = mean
+            metrics[f"rewards/{name}/std"] = std
+            metrics[f"rewards/{name}/errors"] = float(self.error_counts[name])
+        metrics["reward"], metrics["reward_std"] = _nan_mean_std(self.combined)
+        return metrics
+
+
+def _nan_mean_std(values: torch.Tensor) -> tuple[float, float]:
+    present = values[~torch.isnan(values)]
+    mean = present.mean().item() if present.numel() else math.nan
+    std = present.std().item() if present.numel() >= 2 else math.nan
+    return mean, std
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Suffix repeated names: accuracy, accuracy_2, accuracy_3."""
+    unique: list[str] = []
+    for name in names:
+        candidate, k = name, 1
+        while candidate in unique:
+            k += 1
+            candidate = f"{name}_{k}"
+        unique.append(candidate)
+    return unique
+
+
+def _chunks(n: int, parts: int) -> list[slice]:
+    """At most ``parts`` contiguous, non-empty slices of near-equal size covering range(n)."""
+    parts = max(1, min(parts, n))
+    bounds = [round(k * n / parts) for k in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class RewardRunner:
+    """Run reward functions safely on batches of completions.
+
+    ``specs``: reward specs (see :func:`~grpokit.rewards.registry.resolve_reward`).
+    ``weights``: one weight per spec; when given it replaces the specs' own weights.
+    ``timeout``: seconds allowed per function per batch (per chunk with workers).
+    ``workers``: 0 to run in this process, N > 0 for a pool of N processes; ``close()`` ends it.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[Any],
+        weights: Sequence[float] | None = None,
+        timeout: float = 10.0,
+        workers: int = 0,
+    ):
+        if isinstance(specs, (str, Mapping)) or callable(specs):
+            specs = [specs]
+        if not specs:
+            raise ValueError("RewardRunner needs at least one reward")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers}")
+        resolved = [resolve_reward(spec) for spec in specs]
+        if weights is None:
+            weights = [weight for _, _, weight in resolved]
+        elif len(weights) != len(resolved):
+            raise ValueError(f"got {len(weights)} reward weights for {len(resolved)} rewards")
+        if not all(math.isfinite(w) for w in weights):
+            raise ValueError(f"reward weights must be finite, got {list(weights)}")
+        self.names = _unique([name for name, _, _ in resolved])
+        self.functions: list[Callable] = [fn for _, fn, _ in resolved]
+        self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float32)  # [F]
+        self.timeout = float(timeout)
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        if workers:
+            for name, fn in zip(self.names, self.functions):
+                try:
+                    pickle.dumps(fn)
+                except Exception as exc:
+                    raise RewardError(
+                        f"reward {name!r} cannot be sent to worker processes (workers={workers}): "
+                        f"{exc}. Define it at module level, or use workers=0"
+                    ) from exc
+
+    def score(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+    ) -> RewardResult:
+        """Rewards of each completion from each function, and their weighted combination."""
+        n = len(completions)
+        columns = dict(columns or {})
+        if len(prompts) != n:
+            raise ValueError(f"got {len(prompts)} prompts for {n} completions")
+        for key, column in columns.items():
+            if len(column) != n:
+                raise ValueError(f"column {key!r} has {len(column)} values for {n} completions")
+        prompts, completions = list(prompts), list(completions)
+        columns = {key: list(column) for key, column in columns.items()}
+        if self.workers:
+            outcomes = self._run_pool(prompts, completions, columns)
+        else:
+            calls = [TimedCall(fn, prompts, completions, columns) for fn in self.functions]
+            outcomes = [[(slice(0, n), *call.result(self.timeout))] for call in calls]
+
+        per_func = torch.full((n, len(self.names)), math.nan, dtype=torch.float32)  # [N, F]
+        errors: list[list[str]] = [[] for _ in range(n)]
+        error_counts = {name: 0 for name in self.names}
+        for f, (name, chunks) in enumerate(zip(self.names, outcomes)):
+            for rows, output, error in chunks:
+                size = rows.stop - rows.start
+                if error is not None:
+                    chunk_values, chunk_errors = [None] * size, [error] * size
+                else:
+                    chunk_values, chunk_errors = check_output(name, output, size)
+                for i, value, message in zip(range(rows.start, rows.stop), chunk_values, chunk_errors):
+                    if value is not None:
+                        per_func[i, f] = value
+                    if message is not None:
+                        errors[i].append(f"{name}: {message}")
+                        error_counts[name] += 1
+        present = ~torch.isnan(per_func)  # [N, F]
+        combined = torch.nansum(per_func * self.weights, dim=1)  # [N]
+        combined[~present.any(dim=1)] = math.nan
+        return RewardResult(
+            names=list(self.names),
+            per_func=per_func,
+            combined=combined,
+            errors=["; ".join(messages) if messages else None for messages in errors],
+            error_counts=error_counts,
+        )
+
+    def _run_pool(self, prompts, completions, columns) -> list[list[tuple[slice, Any, str | None]]]:
+        """Every function on every chunk in the process pool: [F][chunk] (rows, output, error)."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
+            )
+        rows = _chunks(len(completions), self.workers)
+        futures: list[list[tuple[slice, Future]]] = [
+            [
+                (
+                    r,
+                    self._pool.submit(
+                        score_chunk,
+                        fn,
+                        prompts[r],
+                        completions[r],
+                        {key: column[r] for key, column in columns.items()},
+                        self.timeout,
+                    ),
+                )
+                for r in rows
+            ]
+            for fn in self.functions
+        ]
+        outcomes = []
+        recycle = False
+        for per_function in futures:
+            results = []
+            for r, future in per_function:
+                try:
+                    output, error = future.result()
+                except RewardError:
+                    raise
+                except Exception as exc:  # a worker died (BrokenProcessPool) or pickling failed
+                    output, error = None, f"{type(exc).__name__}: {exc}"
+                    recycle = True
+                recycle = recycle or (error is not None and error.startswith(TIMED_OUT))
+                results.append((r, output, error))
+            outcomes.append(results)
+        if recycle:
+            # Ending the workers ends the abandoned calls still running on their threads.
+            self.close()
+        return outcomes
+
+    def close(self) -> None:
+        """Shut the process pool down (a later ``score`` starts a new one)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
