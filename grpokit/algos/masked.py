@@ -46,7 +46,8 @@ def aggregate(
     - ``dapo`` (Yu et al. 2025, DAPO): sum_{i,t} m L / num_items_in_batch, where
       ``num_items_in_batch`` is the number of completion tokens in the whole generation batch, so
       the losses of its micro-batches add up to the token mean over the whole batch. Without it,
-      the same as ``bnpo``.
+      the same as ``bnpo``. Under data parallelism, where gradients are averaged over P
+      processes, pass the global token count divided by P (as TRL does).
     - ``dr_grpo`` (Liu et al. 2025, "Understanding R1-Zero-Like Training"):
       sum_{i,t} m L / (N * max_completion_length), a constant normaliser free of length bias.
 

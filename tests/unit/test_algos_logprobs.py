@@ -111,3 +111,24 @@ def test_arbitrary_leading_dims_and_errors():
         selective_logprobs(logits, token_ids[:, :4])
     with pytest.raises(ValueError, match="chunk_size"):
         entropy_from_logits(logits, chunk_size=0)
+
+
+def test_non_contiguous_and_4d_logits():
+    # model logits [N, L, V] sliced to the positions that predict completion tokens
+    full, token_ids = _batch(7, t=6)
+    full.requires_grad_(True)
+    logits = full[:, :-1]  # [3, 5, 11], not contiguous
+    assert not logits.is_contiguous()
+    ours = selective_logprobs(logits, token_ids[:, :5], chunk_size=3)
+    torch.testing.assert_close(ours, _naive_logprobs(logits, token_ids[:, :5]))
+    ours.sum().backward()
+    assert torch.equal(full.grad[:, -1], torch.zeros(3, 11))  # the dropped position gets no gradient
+    # d log p(token) / d logits = onehot - softmax, which sums to 0 over the vocabulary
+    torch.testing.assert_close(full.grad[:, :-1].sum(-1), torch.zeros(3, 5), atol=1e-6, rtol=0)
+
+    four_d = full.detach().view(3, 2, 3, 11)
+    torch.testing.assert_close(
+        entropy_from_logits(four_d, chunk_size=2), _naive_entropy(full.detach()).view(3, 2, 3)
+    )
+    with pytest.raises(ValueError, match="logits"):
+        entropy_from_logits(torch.zeros(4))
