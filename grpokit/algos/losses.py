@@ -87,6 +87,11 @@ def policy_loss(
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
+    if completion_mask.shape != logprobs.shape or advantages.shape != logprobs.shape[:1]:
+        raise ValueError(
+            f"expected logprobs and completion_mask [N, T] and advantages [N]; got {tuple(logprobs.shape)}, "
+            f"{tuple(completion_mask.shape)} and {tuple(advantages.shape)}"
+        )
     if beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs (log-probs under the reference model)")
     epsilon_high = epsilon if epsilon_high is None else epsilon_high

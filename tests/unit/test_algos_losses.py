@@ -188,6 +188,10 @@ def test_name_validation():
         policy_loss(logprobs, old, ADVANTAGES, MASK, importance_sampling_level="sentence")
     with pytest.raises(ValueError, match="max_completion_length"):
         policy_loss(logprobs, old, ADVANTAGES, MASK, loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(logprobs, old, ADVANTAGES[:, None], MASK)
+    with pytest.raises(ValueError, match="completion_mask"):
+        policy_loss(logprobs, old, ADVANTAGES, MASK[:, :2])
 
 
 # --- equivalence with a per-element reference loop --------------------------------------------
