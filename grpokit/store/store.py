@@ -145,6 +145,8 @@ class RolloutStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
+        if self.readonly:
+            raise StoreError(f"{self.path} is open read-only")
         # IMMEDIATE takes the write lock up front, so a concurrent writer waits (busy_timeout)
         # at BEGIN instead of failing midway through the step.
         self._conn.execute("BEGIN IMMEDIATE")
