@@ -38,7 +38,7 @@ def screenshot(html: Path, out: Path, width: int = 1280, height: int = 2400) -> 
             f"--screenshot={out.resolve()}", f"--window-size={width},{height}",
             html.resolve().as_uri(),
         ]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     if result.returncode != 0 or not out.is_file():
         raise SystemExit(f"chromium failed ({result.returncode}):\n{result.stderr[-2000:]}")
 

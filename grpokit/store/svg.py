@@ -72,9 +72,9 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
         return top + (y_hi - y) / (y_hi - y_lo) * plot_h
 
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{escape(title)}">',
+        (f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
+         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+         f'aria-label="{escape(title)}">'),
         f'<text x="{left}" y="18" class="title">{escape(title)}</text>',
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>',
     ]
