@@ -1,3 +1,18 @@
 """grpokit: GRPO-family reinforcement learning for language models."""
 
 __version__ = "0.1.0"
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "load_config", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy, so `import grpokit` stays light and the CLI starts fast.
+    if name == "GRPOTrainer":
+        from grpokit.train.trainer import GRPOTrainer
+
+        return GRPOTrainer
+    if name in ("GRPOConfig", "load_config"):
+        from grpokit import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module 'grpokit' has no attribute {name!r}")

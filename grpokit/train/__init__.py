@@ -1,0 +1,1 @@
+"""Training: the GRPO loop, the learner, the reference model, checkpoints, LR schedules."""

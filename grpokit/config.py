@@ -1,0 +1,535 @@
+"""Configuration: nested dataclasses, YAML loading, command-line overrides, validation.
+
+A config has sections (``model``, ``data``, ``algo``, ``generation``, ``optim``, ``run``, ``eval``,
+``lora``, ``distributed``) plus a ``rewards`` list. Field names are unique across sections, so a bare
+key (``num_generations=16``) names the one field of that name in whichever section holds it; the
+seeds' aliases (``group_size``, ``kl_coef``, ``kl_beta``, ``clip_range``) are accepted too.
+
+Defaults follow TRL's GRPOConfig where the concept exists there, except ``beta = 0.04``.
+Every error is raised before any model is loaded, as a :class:`ConfigError` naming the problem
+and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config problem, with a message that names the fix."""
+
+
+@dataclass
+class ModelConfig:
+    model_name_or_path: Optional[str] = None
+    """Local folder or hub id of a causal LM (the `model` argument of GRPOTrainer overrides it)."""
+    tokenizer_name_or_path: Optional[str] = None
+    """Tokenizer folder or hub id; defaults to the model's."""
+    dtype: str = "auto"
+    """Compute dtype: auto (bf16 on CUDA that supports it, else float32) | float32 | bfloat16 | float16."""
+    device: str = "auto"
+    """auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:N | mps."""
+    trust_remote_code: bool = False
+    """Passed to from_pretrained."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory (slower)."""
+
+
+@dataclass
+class DataConfig:
+    train_dataset: Optional[str] = None
+    """JSONL / Parquet / CSV path, a datasets folder, or `builtin:arithmetic`."""
+    eval_dataset: Optional[str] = None
+    """Same forms as train_dataset; evaluation is skipped when empty."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: a string, or chat messages [{role, content}, ...]."""
+    max_prompt_length: Optional[int] = 512
+    """Prompts longer than this many tokens are handled per `prompt_overflow`; null = no limit."""
+    prompt_overflow: str = "truncate"
+    """truncate (keep the last max_prompt_length tokens) | drop (skip the prompt) | error."""
+    shuffle: bool = True
+    """Shuffle the prompts each epoch (seeded)."""
+
+
+@dataclass
+class AlgoConfig:
+    num_generations: int = 8
+    """G: completions sampled per prompt."""
+    beta: float = 0.04
+    """KL coefficient against the reference model; 0 skips the reference pass."""
+    epsilon: float = 0.2
+    """Lower clip range of the importance ratio."""
+    epsilon_high: Optional[float] = None
+    """Upper clip range (DAPO clip-higher); defaults to epsilon."""
+    loss_type: str = "dapo"
+    """Loss aggregation: grpo | bnpo | dr_grpo | dapo."""
+    scale_rewards: str = "group"
+    """Advantage scaling: group | batch | none (Dr. GRPO)."""
+    advantage_estimator: str = "grpo"
+    """grpo | rloo | reinforce_pp."""
+    importance_sampling_level: str = "token"
+    """token | sequence (GSPO)."""
+    num_iterations: int = 1
+    """mu: policy updates per generated batch."""
+    mask_truncated_completions: bool = False
+    """Exclude completions that hit max_completion_length from the loss."""
+    ref_model_sync_steps: int = 0
+    """Every this many steps, pi_ref = alpha * pi_theta + (1 - alpha) * pi_ref; 0 = never."""
+    ref_model_mixup_alpha: float = 0.6
+    """alpha of the reference resync."""
+    max_kl: Optional[float] = None
+    """Stop (with a checkpoint) when the mean KL exceeds this for max_kl_patience steps."""
+    max_kl_patience: int = 1
+    """Consecutive steps over max_kl before stopping."""
+
+
+@dataclass
+class GenerationConfig:
+    max_completion_length: int = 256
+    """Maximum completion tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (the log-probs used in the loss are at this temperature, as in TRL)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold; 1 = off."""
+    top_k: int = 0
+    """Top-k sampling; 0 = off."""
+
+
+@dataclass
+class OptimConfig:
+    learning_rate: float = 1e-6
+    """AdamW peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm; 0 = off."""
+    lr_scheduler_type: str = "linear"
+    """constant | linear | cosine (after warmup)."""
+    warmup_ratio: float = 0.0
+    """Fraction of max_steps used for linear warmup."""
+    warmup_steps: int = 0
+    """Warmup steps (overrides warmup_ratio when > 0)."""
+    per_device_train_batch_size: int = 8
+    """Completions per micro-batch on each process."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step; completions per step = this x per_device_train_batch_size x processes."""
+    max_steps: int = 100
+    """Optimizer steps to train."""
+    seed: int = 42
+    """Seed of data order, sampling and initialisation."""
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs/grpo"
+    """Run folder: config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/, report.html."""
+    report_to: list = field(default_factory=lambda: ["console", "jsonl"])
+    """Metric sinks: console, jsonl, tensorboard, wandb."""
+    logging_steps: int = 1
+    """Console logging interval (jsonl and the store get every step)."""
+    save_steps: int = 50
+    """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    save_total_limit: Optional[int] = 2
+    """Keep at most this many step checkpoints; null = all."""
+    resume_from: Optional[str] = None
+    """latest | a checkpoint folder; continues the same run exactly."""
+    overwrite: bool = False
+    """Allow reusing an output_dir that holds a run of a different config."""
+    max_nonfinite_steps: int = 3
+    """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    progress_bar: bool = True
+    """Show a progress bar with live reward and KL."""
+
+
+@dataclass
+class EvalConfig:
+    eval_steps: int = 0
+    """Evaluate every this many steps (and before and after training when > 0); 0 = off."""
+    num_generations_eval: int = 8
+    """Samples per eval prompt (n of pass@k)."""
+    pass_at_k: list = field(default_factory=lambda: [1, 8])
+    """k values reported as eval/pass@k (k <= num_generations_eval)."""
+    eval_temperature: Optional[float] = None
+    """Sampling temperature for evaluation; defaults to temperature."""
+    max_eval_prompts: Optional[int] = None
+    """Evaluate on at most this many prompts."""
+    success_threshold: float = 1.0
+    """A sample counts as correct for pass@k when its combined reward >= this."""
+
+
+@dataclass
+class LoraConfig:
+    r: int = 0
+    """LoRA rank; 0 = full fine-tuning."""
+    alpha: int = 16
+    """LoRA scaling alpha."""
+    dropout: float = 0.0
+    """LoRA dropout."""
+    target_modules: Any = "all-linear"
+    """Module names (list) or all-linear."""
+    merge_on_save: bool = False
+    """Also save merged full weights at the end."""
+
+
+@dataclass
+class DistributedConfig:
+    backend: str = "none"
+    """none | ray."""
+    address: Optional[str] = None
+    """Ray address (auto = an existing cluster); null starts a local one."""
+    num_rollout_workers: int = 2
+    """Ray rollout actors."""
+
+
+@dataclass
+class RewardSettings:
+    reward_weights: Optional[list] = None
+    """Weights of the reward functions (one per function); default 1 each."""
+    reward_timeout: float = 10.0
+    """Seconds a reward function may take per batch before its values become None."""
+    reward_workers: int = 0
+    """Process pool size for CPU-heavy rewards; 0 = in-process."""
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "algo": AlgoConfig,
+    "generation": GenerationConfig,
+    "optim": OptimConfig,
+    "run": RunConfig,
+    "eval": EvalConfig,
+    "lora": LoraConfig,
+    "distributed": DistributedConfig,
+    "reward": RewardSettings,
+}
+
+ALIASES = {
+    "group_size": "num_generations",
+    "kl_coef": "beta",
+    "kl_beta": "beta",
+    "clip_range": "epsilon",
+}
+
+CHOICES = {
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
+    "scale_rewards": ("group", "batch", "none"),
+    "advantage_estimator": ("grpo", "rloo", "reinforce_pp"),
+    "importance_sampling_level": ("token", "sequence"),
+    "lr_scheduler_type": ("constant", "linear", "cosine"),
+    "prompt_overflow": ("truncate", "drop", "error"),
+    "backend": ("none", "ray"),
+}
+
+REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
+
+# field name -> section name; built once, field names are unique across sections.
+FIELD_SECTION: dict[str, str] = {
+    f.name: section for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+}
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring line under each field (dataclass attribute docstrings), read from the source."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for prev, node in zip(body, body[1:]):
+        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docs[prev.target.id] = str(node.value.value).strip()
+    return docs
+
+
+class GRPOConfig:
+    """The whole run configuration.
+
+    Accepts sections (``GRPOConfig(algo={"beta": 0.0})``), bare field names
+    (``GRPOConfig(num_generations=8, learning_rate=1e-5)``) and the seeds' aliases, in any mix.
+    Reading ``cfg.num_generations`` returns the field from its section.
+    """
+
+    def __init__(self, rewards: Optional[list] = None, **kwargs: Any) -> None:
+        values = _flatten(kwargs)
+        for section, cls in SECTIONS.items():
+            own = {k: v for k, v in values.items() if FIELD_SECTION[k] == section}
+            object.__setattr__(self, section, cls(**{k: _coerce(cls, k, v) for k, v in own.items()}))
+        object.__setattr__(self, "rewards", list(rewards or []))
+        self.validate()
+
+    def __getattr__(self, name: str) -> Any:
+        section = FIELD_SECTION.get(ALIASES.get(name, name))
+        if section is None:
+            raise AttributeError(_unknown_key_message(name))
+        return getattr(object.__getattribute__(self, section), ALIASES.get(name, name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        key = ALIASES.get(name, name)
+        section = FIELD_SECTION.get(key)
+        if section is None:
+            raise ConfigError(_unknown_key_message(name))
+        cls = SECTIONS[section]
+        setattr(getattr(self, section), key, _coerce(cls, key, value))
+
+    def replace(self, **overrides: Any) -> "GRPOConfig":
+        """A copy with overrides applied (same key forms as the constructor), validated."""
+        merged = self.to_dict()
+        merged_flat = _flatten({k: v for k, v in merged.items() if k != "rewards"})
+        merged_flat.update(_flatten(overrides))
+        return GRPOConfig(rewards=overrides.get("rewards", merged["rewards"]), **merged_flat)
+
+    def to_dict(self) -> dict:
+        out = {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
+        out["rewards"] = [r if isinstance(r, (str, dict)) else _callable_name(r) for r in self.rewards]
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def __repr__(self) -> str:
+        return f"GRPOConfig({self.to_dict()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GRPOConfig) and self.to_dict() == other.to_dict()
+
+    # ---- derived sizes -------------------------------------------------------------------
+    def completions_per_step(self, world_size: int = 1) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * world_size
+
+    def prompts_per_step(self, world_size: int = 1) -> int:
+        return self.completions_per_step(world_size) // self.num_generations
+
+    # ---- validation ----------------------------------------------------------------------
+    def validate(self, world_size: int = 1) -> None:
+        """Reject impossible values with one message each; no model is touched."""
+        a, g, o, e, r = self.algo, self.generation, self.optim, self.eval, self.run
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                close = difflib.get_close_matches(str(value), choices, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}.{hint}")
+        _check(a.num_generations >= 2, f"num_generations={a.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set num_generations >= 2.")
+        _check(a.epsilon > 0, f"epsilon={a.epsilon} must be > 0 (the clip range, e.g. 0.2).")
+        _check(a.epsilon_high is None or a.epsilon_high > 0, f"epsilon_high={a.epsilon_high} must be > 0 or null.")
+        _check(a.beta >= 0, f"beta={a.beta} must be >= 0 (0 disables the KL penalty).")
+        _check(a.num_iterations >= 1, f"num_iterations={a.num_iterations} must be >= 1.")
+        _check(0.0 <= a.ref_model_mixup_alpha <= 1.0, f"ref_model_mixup_alpha={a.ref_model_mixup_alpha} must be in [0, 1].")
+        _check(a.ref_model_sync_steps >= 0, f"ref_model_sync_steps={a.ref_model_sync_steps} must be >= 0 (0 = never).")
+        _check(a.max_kl is None or a.max_kl > 0, f"max_kl={a.max_kl} must be > 0 or null.")
+        _check(a.max_kl_patience >= 1, f"max_kl_patience={a.max_kl_patience} must be >= 1.")
+        _check(g.max_completion_length >= 1, f"max_completion_length={g.max_completion_length} must be >= 1.")
+        _check(g.temperature > 0, f"temperature={g.temperature} must be > 0 (use a small value such as 0.1 for near-greedy sampling).")
+        _check(0 < g.top_p <= 1, f"top_p={g.top_p} must be in (0, 1].")
+        _check(g.top_k >= 0, f"top_k={g.top_k} must be >= 0 (0 = off).")
+        _check(o.learning_rate >= 0, f"learning_rate={o.learning_rate} must be >= 0.")
+        _check(o.max_steps >= 1, f"max_steps={o.max_steps} must be >= 1.")
+        _check(o.per_device_train_batch_size >= 1, f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.")
+        _check(o.gradient_accumulation_steps >= 1, f"gradient_accumulation_steps={o.gradient_accumulation_steps} must be >= 1.")
+        _check(0 <= o.warmup_ratio < 1, f"warmup_ratio={o.warmup_ratio} must be in [0, 1).")
+        _check(o.warmup_steps >= 0, f"warmup_steps={o.warmup_steps} must be >= 0.")
+        _check(o.max_grad_norm >= 0, f"max_grad_norm={o.max_grad_norm} must be >= 0 (0 = no clipping).")
+        n = self.completions_per_step(world_size)
+        _check(
+            n % a.num_generations == 0,
+            f"completions per step = per_device_train_batch_size ({o.per_device_train_batch_size}) x "
+            f"gradient_accumulation_steps ({o.gradient_accumulation_steps}) x processes ({world_size}) = {n} "
+            f"is not divisible by num_generations ({a.num_generations}); make it a multiple of {a.num_generations}.",
+        )
+        _check(self.data.max_prompt_length is None or self.data.max_prompt_length >= 1, f"max_prompt_length={self.data.max_prompt_length} must be >= 1 or null.")
+        _check(e.eval_steps >= 0, f"eval_steps={e.eval_steps} must be >= 0 (0 = off).")
+        _check(e.num_generations_eval >= 1, f"num_generations_eval={e.num_generations_eval} must be >= 1.")
+        for k in e.pass_at_k:
+            _check(isinstance(k, int) and 1 <= k <= e.num_generations_eval, f"pass_at_k contains {k!r}: each k must be an integer in [1, num_generations_eval={e.num_generations_eval}].")
+        _check(r.save_steps >= 0, f"save_steps={r.save_steps} must be >= 0 (0 = only at the end).")
+        _check(r.save_total_limit is None or r.save_total_limit >= 1, f"save_total_limit={r.save_total_limit} must be >= 1 or null.")
+        _check(r.max_nonfinite_steps >= 1, f"max_nonfinite_steps={r.max_nonfinite_steps} must be >= 1.")
+        for sink in r.report_to:
+            _check(sink in REPORT_SINKS, f"report_to contains {sink!r}; valid sinks are {', '.join(REPORT_SINKS)}.")
+        _check(self.lora.r >= 0, f"lora.r={self.lora.r} must be >= 0 (0 = no LoRA).")
+        weights = self.reward.reward_weights
+        if weights is not None and self.rewards:
+            _check(len(weights) == len(self.rewards), f"reward_weights has {len(weights)} values but there are {len(self.rewards)} reward functions; give one weight per function.")
+        _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _callable_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _unknown_key_message(key: str) -> str:
+    candidates = list(FIELD_SECTION) + list(ALIASES) + [f"{s}.{k}" for k, s in FIELD_SECTION.items()] + list(SECTIONS) + ["rewards"]
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else " Run `grpokit explain CONFIG` to see every key."
+    return f"unknown config key {key!r}.{hint}"
+
+
+def _flatten(values: dict) -> dict:
+    """Map sections, dotted keys, bare keys and aliases to {field_name: value}."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        key = str(key).lstrip("-").replace("-", "_")
+        if key in SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"section {key!r} must be a mapping of keys to values, got {type(value).__name__}.")
+            for sub, v in value.items():
+                name = ALIASES.get(sub, sub)
+                if FIELD_SECTION.get(name) != key:
+                    raise ConfigError(_unknown_key_message(f"{key}.{sub}"))
+                flat[name] = v
+            continue
+        if "." in key:
+            section, _, sub = key.partition(".")
+            name = ALIASES.get(sub, sub)
+            if section not in SECTIONS or FIELD_SECTION.get(name) != section:
+                raise ConfigError(_unknown_key_message(key))
+            flat[name] = value
+            continue
+        name = ALIASES.get(key, key)
+        if name not in FIELD_SECTION:
+            raise ConfigError(_unknown_key_message(key))
+        flat[name] = value
+    return flat
+
+
+def _coerce(cls: type, name: str, value: Any) -> Any:
+    """Check a value against the field's annotation; accept ints for floats and strings from the CLI."""
+    hints = typing.get_type_hints(cls)
+    expected = hints[name]
+    optional = False
+    origin = typing.get_origin(expected)
+    if origin in (Union, types.UnionType):
+        args = [t for t in typing.get_args(expected) if t is not type(None)]
+        optional = len(args) < len(typing.get_args(expected))
+        expected = args[0]
+    if value is None:
+        if optional or expected is Any:
+            return None
+        raise ConfigError(f"{name} cannot be null; give a {expected.__name__}.")
+    if expected is Any:
+        return value
+    if isinstance(value, str) and expected is not str:
+        value = _parse_scalar(value)
+        if value is None and optional:
+            return None
+    if expected is bool:
+        if isinstance(value, bool):
+            return value
+    elif expected is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif expected is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif expected is str:
+        if isinstance(value, str):
+            return value
+    elif expected is list:
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        if isinstance(value, (str, int)):
+            return [value]
+    raise ConfigError(f"{name}={value!r} has the wrong type: expected {getattr(expected, '__name__', expected)}, got {type(value).__name__}.")
+
+
+def _parse_scalar(text: str) -> Any:
+    """Parse a CLI value with YAML rules (1e-5 -> float, true -> bool, [1,8] -> list, null -> None)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads "1e-5" as a string
+        except ValueError:
+            return value
+    return value
+
+
+def parse_overrides(args: list[str]) -> dict:
+    """Turn ``key=value``, ``section.key=value`` and ``--key=value`` / ``--key value`` into a dict."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if "=" in arg:
+            key, _, value = arg.partition("=")
+        elif arg.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            key, value = arg, args[i + 1]
+            i += 1
+        else:
+            raise ConfigError(f"cannot read override {arg!r}: write key=value, section.key=value or --key=value.")
+        out[key.lstrip("-")] = _parse_scalar(value)
+        i += 1
+    return out
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str] | dict] = None) -> GRPOConfig:
+    """Load a YAML config, apply overrides, validate. Errors name the file and the key."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a YAML file (see examples/).")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, algo:, ...), got {type(data).__name__}.")
+    if isinstance(overrides, list):
+        overrides = parse_overrides(overrides)
+    rewards = data.pop("rewards", None)
+    values = _flatten(data)
+    overrides = dict(overrides or {})
+    if "rewards" in overrides:
+        rewards = overrides.pop("rewards")
+    values.update(_flatten(overrides))
+    if rewards is not None and not isinstance(rewards, list):
+        rewards = [rewards]
+    return GRPOConfig(rewards=rewards, **values)
+
+
+def config_reference() -> str:
+    """Markdown reference of every field, generated from the dataclasses and their docstrings."""
+    lines = []
+    for section, cls in SECTIONS.items():
+        lines += [f"### `{section}`", "", "| key | default | meaning |", "|---|---|---|"]
+        docs = _field_docs(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            lines.append(f"| `{f.name}` | `{default!r}` | {docs.get(f.name, '').replace('|', chr(92) + '|')} |")
+        lines.append("")
+    lines += [
+        "### `rewards`",
+        "",
+        "A list; each entry is a built-in name, `module:function`, `path/to/file.py:function`, or a mapping "
+        "`{name: ..., weight: ..., <params>}`.",
+        "",
+        "Aliases: " + ", ".join(f"`{k}` = `{v}`" for k, v in ALIASES.items()) + ".",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""Prompt datasets: loading (datasets.Dataset, list of dicts, JSONL / Parquet / CSV, built-in tasks),
+validation, chat templates, prompt length limits, and a seeded, resumable batch order."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grpokit.modeling import encode_prompt
+
+
+class DataError(ValueError):
+    """A dataset problem, with a message that names the fix."""
+
+
+def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dataset") -> list[dict]:
+    """Rows of a dataset given as a datasets.Dataset, a list of dicts, a file path or ``builtin:<task>``."""
+    if source is None:
+        raise DataError(f"{name} is not set; give a JSONL / Parquet / CSV path, a list of dicts or a datasets.Dataset.")
+    if isinstance(source, (str, Path)):
+        rows = _read_path(str(source), name)
+    elif isinstance(source, list):
+        rows = source
+    elif hasattr(source, "to_list"):
+        rows = source.to_list()
+    else:
+        raise DataError(f"{name} has type {type(source).__name__}; give a path, a list of dicts or a datasets.Dataset.")
+    if not rows:
+        raise DataError(f"{name} is empty; it needs at least one row with a {prompt_column!r} column.")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{name} row {i} is a {type(row).__name__}, not a mapping; each row must be a dict with a {prompt_column!r} key.")
+        if prompt_column not in row:
+            keys = ", ".join(map(repr, row)) or "none"
+            raise DataError(f"{name} row {i} has no {prompt_column!r} column (columns: {keys}); set data.prompt_column to the column that holds the prompt.")
+        prompt = row[prompt_column]
+        if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
+            raise DataError(f"{name} row {i} has an empty {prompt_column!r}; remove the row or fill in its prompt.")
+        if not isinstance(prompt, (str, list)):
+            raise DataError(f"{name} row {i}: {prompt_column!r} must be a string or a list of chat messages, got {type(prompt).__name__}.")
+    return rows
+
+
+def _read_path(path: str, name: str) -> list[dict]:
+    if path.startswith("builtin:"):
+        return _builtin(path.split(":", 1)[1], name)
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"{name} {path!r} does not exist; give the path of a .jsonl, .parquet or .csv file.")
+    if p.is_dir():
+        import datasets
+
+        return datasets.load_from_disk(str(p)).to_list()
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        text = p.read_text()
+        if suffix == ".json" and text.lstrip().startswith("["):
+            return json.loads(text)
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{p}:{n} is not valid JSON ({exc.msg}); each line must be one JSON object.") from None
+        return rows
+    if suffix == ".csv":
+        with p.open(newline="") as f:
+            return list(csv.DictReader(f))
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(p).to_pylist()
+    raise DataError(f"{name} {path!r}: unknown file type {suffix!r}; use .jsonl, .json, .parquet or .csv.")
+
+
+def _builtin(task: str, name: str) -> list[dict]:
+    spec, _, split = task.partition("/")
+    if spec == "arithmetic":
+        from grpokit.data import arithmetic
+
+        train, held_out = arithmetic.arithmetic_splits()
+        return held_out if split in ("eval", "test") else train
+    raise DataError(f"{name}: unknown built-in task {task!r}; available: builtin:arithmetic, builtin:arithmetic/eval.")
+
+
+def render_prompt(tokenizer, prompt: str | list) -> tuple[str, bool]:
+    """Prompt text and whether a chat template produced it (chat messages get the template)."""
+    if isinstance(prompt, str):
+        return prompt, False
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts or a tokenizer with a chat template.")
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True), True
+
+
+class PromptSource:
+    """Tokenised prompts in a seeded order; ``state_dict`` holds the position so a resumed run
+    draws the same next batch.
+
+    Prompts longer than ``max_prompt_length`` tokens are truncated from the left (keeping the end,
+    which holds the question) or dropped, per ``overflow``; both are counted.
+    """
+
+    def __init__(self, rows: list[dict], tokenizer, prompt_column: str = "prompt", max_prompt_length: int | None = None,
+                 overflow: str = "truncate", seed: int = 0, shuffle: bool = True):
+        self.rows, self.seed, self.shuffle = rows, seed, shuffle
+        self.texts: list[str] = []
+        self.ids: list[list[int]] = []
+        self.num_truncated = 0
+        self.num_dropped = 0
+        keep = []
+        for i, row in enumerate(rows):
+            text, chat = render_prompt(tokenizer, row[prompt_column])
+            ids = encode_prompt(tokenizer, text, chat)
+            if max_prompt_length is not None and len(ids) > max_prompt_length:
+                if overflow == "error":
+                    raise DataError(f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}; raise max_prompt_length or set prompt_overflow: truncate or drop.")
+                if overflow == "drop":
+                    self.num_dropped += 1
+                    self.texts.append(text)
+                    self.ids.append(ids)
+                    continue
+                ids = ids[-max_prompt_length:]
+                self.num_truncated += 1
+            self.texts.append(text)
+            self.ids.append(ids)
+            keep.append(i)
+        if not keep:
+            raise DataError(f"every prompt is longer than max_prompt_length={max_prompt_length} and was dropped; raise max_prompt_length.")
+        self.usable = np.array(keep)
+        self.epoch = 0
+        self.position = 0
+        self._order = self._make_order()
+
+    def _make_order(self) -> np.ndarray:
+        if not self.shuffle:
+            return self.usable
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.usable)
+
+    def next_indices(self, batch_size: int) -> list[int]:
+        """The next ``batch_size`` row indices, wrapping into a new (reshuffled) epoch as needed."""
+        out: list[int] = []
+        while len(out) < batch_size:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._make_order()
+            take = self._order[self.position : self.position + batch_size - len(out)]
+            out.extend(int(i) for i in take)
+            self.position += len(take)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._make_order()

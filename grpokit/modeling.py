@@ -1,0 +1,95 @@
+"""Loading policies and tokenizers, and one way to get logits from any supported model.
+
+Two kinds of model are supported without changes to them:
+
+* Hugging Face causal LMs (and peft-wrapped ones): called with attention_mask, position_ids,
+  a KV cache and ``logits_to_keep`` so only the positions that matter reach the LM head.
+* Any ``torch.nn.Module`` whose ``forward(input_ids)`` returns logits [B, L, V] (or an object with
+  ``.logits``), with a tokenizer that has ``encode``/``decode`` and ``eos_token_id``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def is_hf_model(model: torch.nn.Module) -> bool:
+    """True for transformers models and peft wrappers of them (they accept attention_mask and a KV cache)."""
+    from transformers import PreTrainedModel
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return isinstance(base, PreTrainedModel)
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """Logits from a model output: a tensor, a tuple whose first item is the logits, or an object with .logits."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, (tuple, list)):
+        return output[0]
+    raise TypeError(f"model forward returned {type(output).__name__}; expected logits [B, L, V] or an object with .logits.")
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """A HF tokenizer with a pad token (EOS is used as pad when the tokenizer has none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    ensure_pad_token(tokenizer)
+    return tokenizer
+
+
+def ensure_pad_token(tokenizer) -> None:
+    """Use EOS as the pad token when a tokenizer has none; pads are always masked out."""
+    if getattr(tokenizer, "pad_token_id", None) is None:
+        if getattr(tokenizer, "eos_token_id", None) is None:
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token; add an EOS token so completions can end.")
+        if hasattr(tokenizer, "pad_token") and getattr(tokenizer, "eos_token", None) is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        else:
+            tokenizer.pad_token_id = tokenizer.eos_token_id
+
+
+def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False):
+    """A HF causal LM from a local folder or hub id, in ``dtype`` on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    local = Path(name_or_path)
+    looks_local = name_or_path.startswith((".", "/", "~")) or local.exists()
+    if looks_local and not local.expanduser().is_dir():
+        raise FileNotFoundError(f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as 'Qwen/Qwen2.5-0.5B'.")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(local.expanduser()) if looks_local else name_or_path, dtype=dtype, trust_remote_code=trust_remote_code
+    )
+    return model.to(device)
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    """Token ids of a prompt. A chat template already holds BOS, so no special tokens are added then."""
+    if hasattr(tokenizer, "__call__") and hasattr(tokenizer, "pad_token_id") and hasattr(tokenizer, "convert_ids_to_tokens"):
+        return tokenizer(text, add_special_tokens=not chat)["input_ids"]
+    return list(tokenizer.encode(text))
+
+
+def decode(tokenizer, ids: list[int]) -> str:
+    """Text of completion ids (special tokens dropped for HF tokenizers)."""
+    try:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    except TypeError:
+        return tokenizer.decode(ids)
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the model's generation_config EOS ids."""
+    ids = [getattr(tokenizer, "eos_token_id", None)]
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += extra if isinstance(extra, list) else [extra]
+    found = sorted({int(i) for i in ids if i is not None})
+    if not found:
+        raise ValueError("no EOS token: the tokenizer has no eos_token_id; set one so completions can stop.")
+    return found

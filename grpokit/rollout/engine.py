@@ -1,0 +1,135 @@
+"""grpokit's own sampling loop: G completions per prompt with a shared-prefix KV cache.
+
+Hugging Face models: the B prompts are left-padded and prefilled once, the KV cache is repeated G
+times (the prompt is computed once per group, not G times), then tokens are decoded one at a time.
+Rows that reach EOS leave the batch, so late steps only pay for the sequences still running.
+
+Custom models (``forward(input_ids) -> logits``): no cache and no attention mask are assumed, so
+each group (whose G rows share one prompt length, hence need no padding) is decoded with full
+forward passes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from grpokit.modeling import is_hf_model, logits_of
+from grpokit.rollout.sampling import sample_next
+from grpokit.rollout.types import Rollouts, SamplingParams
+
+
+class RolloutEngine(Protocol):
+    """Anything that turns prompts into Rollouts (the HF engine here; Ray and vLLM engines elsewhere)."""
+
+    def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams) -> Rollouts: ...
+
+
+def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids [B, P] and attention mask [B, P] for a list of token id lists."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s)
+            mask[i, width - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+class HFRolloutEngine:
+    """Samples from a local policy model (HF causal LM or a custom logits module)."""
+
+    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, device: torch.device, seed: int = 0):
+        self.model = model
+        self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), device=device)
+        self.pad_token_id = pad_token_id
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.policy_version = 0
+
+    @torch.no_grad()  # not inference_mode: its tensors could not enter the autograd graph of the update
+    def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams) -> Rollouts:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            if is_hf_model(self.model):
+                tokens, logprobs, lengths, stopped = self._generate_cached(prompt_ids, num_generations, params)
+            else:
+                parts = [self._generate_plain(p, num_generations, params) for p in prompt_ids]
+                tokens, logprobs, lengths, stopped = (torch.cat(x) for x in zip(*parts))
+        finally:
+            self.model.train(was_training)
+        width = max(int(lengths.max()), 1)
+        completion_mask = (torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]).float()  # [N, T]
+        return Rollouts(
+            prompt_ids=[list(p) for p in prompt_ids],
+            completion_ids=tokens[:, :width].cpu(),
+            completion_mask=completion_mask.cpu(),
+            logprobs=(logprobs[:, :width] * completion_mask).cpu(),
+            finish_reasons=["stop" if s else "length" for s in stopped.tolist()],
+            num_generations=num_generations,
+            policy_version=self.policy_version,
+        )
+
+    def _generate_cached(self, prompt_ids, G, params):
+        """Shared-prefix decoding for HF models; returns tokens [N, T], logprobs [N, T], lengths [N], stopped [N]."""
+        ids, mask = left_pad(prompt_ids, self.pad_token_id, self.device)  # [B, P]
+        position = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(G)  # [B, ...] -> [N, ...]: one prefill per group
+        logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [N, V]
+        mask = mask.repeat_interleave(G, dim=0)  # [N, P]
+        position = position[:, -1:].repeat_interleave(G, dim=0) + 1  # [N, 1]
+
+        N, T = ids.size(0) * G, params.max_completion_length
+        tokens = torch.full((N, T), self.pad_token_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((N, T), dtype=torch.float32, device=self.device)
+        lengths = torch.full((N,), T, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(N, dtype=torch.bool, device=self.device)
+        active = torch.arange(N, device=self.device)  # rows still decoding
+        for t in range(T):
+            token, logprob = sample_next(logits, params, self.generator)  # [A], [A]
+            tokens[active, t] = token
+            logprobs[active, t] = logprob
+            done = torch.isin(token, self.eos_token_ids)  # [A]
+            if done.any():
+                lengths[active[done]] = t + 1
+                stopped[active[done]] = True
+                keep = (~done).nonzero().squeeze(-1)  # [A']
+                if keep.numel() == 0:
+                    break
+                active, token, mask, position = active[keep], token[keep], mask[keep], position[keep]
+                cache.batch_select_indices(keep)
+            if t == T - 1:
+                break
+            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)  # [A, P+t+1]
+            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]  # [A, V]
+            position = position + 1
+        return tokens, logprobs, lengths, stopped
+
+    def _generate_plain(self, prompt: list[int], G: int, params: SamplingParams):
+        """Full-forward decoding of one group for models without a KV cache."""
+        T = params.max_completion_length
+        seq = torch.tensor(prompt, device=self.device).repeat(G, 1)  # [G, P]
+        tokens = torch.full((G, T), self.pad_token_id, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros((G, T), dtype=torch.float32, device=self.device)
+        lengths = torch.full((G,), T, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(G, dtype=torch.bool, device=self.device)
+        for t in range(T):
+            logits = logits_of(self.model(seq))[:, -1]  # [G, V]
+            token, logprob = sample_next(logits, params, self.generator)  # [G]
+            running = ~stopped
+            tokens[running, t] = token[running]
+            logprobs[running, t] = logprob[running]
+            done = running & torch.isin(token, self.eos_token_ids)
+            lengths[done] = t + 1
+            stopped |= done
+            if stopped.all():
+                break
+            seq = torch.cat([seq, token[:, None]], dim=1)  # [G, P+t+1]
+        return tokens, logprobs, lengths, stopped
+

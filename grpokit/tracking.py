@@ -1,0 +1,79 @@
+"""Metric sinks: console (rich, with a progress bar), metrics.jsonl, TensorBoard, W&B."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+CONSOLE_KEYS = ("reward", "reward_std", "kl", "loss", "entropy", "completion_length/mean", "grad_norm", "step_time")
+
+
+class Tracker:
+    def __init__(self, run_dir: str | Path, report_to: list[str], config: dict, max_steps: int,
+                 logging_steps: int = 1, progress_bar: bool = True, run_name: str | None = None, start_step: int = 0):
+        from rich.console import Console
+
+        self.run_dir = Path(run_dir)
+        self.sinks = set(report_to)
+        self.logging_steps = logging_steps
+        self.console = Console(stderr=True)
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if "jsonl" in self.sinks else None
+        self._tb = None
+        self._wandb = None
+        if "tensorboard" in self.sinks:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ImportError("report_to includes tensorboard but it is not installed: pip install 'grpokit[tensorboard]'.") from None
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        if "wandb" in self.sinks:
+            try:
+                import wandb
+            except ImportError:
+                raise ImportError("report_to includes wandb but it is not installed: pip install 'grpokit[wandb]'.") from None
+            self._wandb = wandb.init(project="grpokit", name=run_name or self.run_dir.name, dir=str(self.run_dir), config=config, resume="allow")
+        self._progress = None
+        if progress_bar:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]grpo"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                      TextColumn("{task.description}"), console=self.console, transient=True)
+            self._task = self._progress.add_task("", total=max_steps, completed=start_step)
+            self._progress.start()
+
+    def log(self, metrics: dict, step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for k, v in clean.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
+        if self._progress is not None and "reward" in clean:
+            desc = f"reward {clean['reward']:.3f}" + (f"  kl {clean['kl']:.4f}" if "kl" in clean else "")
+            self._progress.update(self._task, completed=step, description=desc)
+        if "console" in self.sinks and step % self.logging_steps == 0 and "reward" in clean:
+            parts = [f"{k}={clean[k]:.4g}" for k in CONSOLE_KEYS if k in clean]
+            self.console.print(f"step {step}: " + "  ".join(parts))
+
+    def log_eval(self, metrics: dict, step: int) -> None:
+        self.log(metrics, step)
+        if "console" in self.sinks:
+            self.console.print(f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

@@ -1,0 +1,114 @@
+"""Atomic, exactly-resumable checkpoints.
+
+``RUN/checkpoints/step-N/`` holds the policy weights (safetensors), the reference weights when the
+reference is resynced, optimizer and scheduler states, RNG states and the trainer state (step, data
+position, counters) with the grpokit version. Each folder is written under a temporary name and
+renamed into place, so a folder named step-N is always complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+import grpokit
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used, with what to do about it."""
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_resume(run_dir: str | Path, resume_from: str) -> Path | None:
+    """The checkpoint folder for ``resume_from`` (latest | a path); None when latest finds nothing."""
+    if resume_from == "latest":
+        found = list_checkpoints(run_dir)
+        return found[-1] if found else None
+    path = Path(resume_from)
+    if not (path / "trainer_state.json").is_file():
+        raise CheckpointError(f"resume_from={resume_from!r} is not a checkpoint folder (no trainer_state.json); give RUN/checkpoints/step-N or 'latest'.")
+    return path
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler, trainer_state: dict,
+                    rng_states: dict, reference_model=None, save_total_limit: int | None = None) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step}"
+    tmp = root / f".tmp-step-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    if reference_model is not None:
+        save_model(reference_model, str(tmp / "reference.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_states}, tmp / "states.pt")
+    state = dict(trainer_state, step=step, grpokit_version=grpokit.__version__)
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    _fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    if save_total_limit is not None:
+        for old in list_checkpoints(run_dir)[:-save_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_model=None) -> tuple[dict, dict]:
+    """Restore weights and optimizer/scheduler in place; return (trainer_state, rng_states)."""
+    path = Path(path)
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: trainer_state.json is missing or corrupt ({exc}); resume from an earlier checkpoint folder.") from None
+    if state.get("grpokit_version") != grpokit.__version__:
+        raise CheckpointError(
+            f"{path} was written by grpokit {state.get('grpokit_version')!r}, this is {grpokit.__version__}; "
+            "resume it with that version, or start a new run from its weights (model.safetensors)."
+        )
+    try:
+        _load_weights(model, path / "model.safetensors")
+        if reference_model is not None and (path / "reference.safetensors").is_file():
+            _load_weights(reference_model, path / "reference.safetensors")
+        states = torch.load(path / "states.pt", weights_only=True, map_location="cpu")
+    except CheckpointError:
+        raise
+    except Exception as exc:  # truncated or foreign files surface as many different errors
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); it may be truncated. Resume from an earlier step-N folder.") from None
+    optimizer.load_state_dict(states["optimizer"])
+    scheduler.load_state_dict(states["scheduler"])
+    return state, states["rng"]
+
+
+def _load_weights(model, file: Path) -> None:
+    try:
+        missing, unexpected = load_model(model, str(file), strict=False)
+    except Exception as exc:
+        raise CheckpointError(f"{file}: cannot load weights ({type(exc).__name__}: {exc}); the file may be truncated or from another model.") from None
+    if missing or unexpected:
+        raise CheckpointError(f"{file} does not match the model (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}); resume with the same model.")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

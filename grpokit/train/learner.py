@@ -1,0 +1,121 @@
+"""The policy update: log-probs, the clipped surrogate with KL, micro-batches, clipping, AdamW.
+
+One call to :meth:`Learner.update` consumes one generated batch: the reference pass (skipped when
+beta = 0), the old-policy pass (only when num_iterations > 1; otherwise old = logp.detach(), as in
+TRL), then ``num_iterations`` optimizer steps, each accumulating gradients over micro-batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from grpokit.algos import policy_loss
+from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
+from grpokit.train.reference import Reference
+
+
+class Learner:
+    def __init__(self, model, reference: Reference | None, optimizer, scheduler, cfg, autocast_dtype: torch.dtype | None = None):
+        self.model = model
+        self.reference = reference
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.cfg = cfg
+        self.autocast_dtype = autocast_dtype
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        device_type = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device_type, dtype=self.autocast_dtype)
+
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        """[N, T] reference log-probs, or None when beta = 0."""
+        if self.reference is None or self.cfg.beta == 0:
+            return None
+        with self.reference.active() as ref, self.autocast():
+            return batched_logprobs(ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size)
+
+    def update(self, batch: Batch, advantages: torch.Tensor, loss_mask: torch.Tensor, ref_logprobs: torch.Tensor | None) -> dict:
+        """Run num_iterations optimizer steps on one batch. advantages [N], loss_mask [N, T]. Returns metrics."""
+        cfg = self.cfg
+        mb = cfg.per_device_train_batch_size
+        old_logprobs = None
+        if cfg.num_iterations > 1:
+            self.model.eval()
+            with self.autocast():
+                old_logprobs = batched_logprobs(self.model, batch, cfg.temperature, mb)
+            self.model.train()
+        num_items = loss_mask.sum().clamp(min=1.0)  # completion tokens of the whole batch (dapo)
+        num_micro = math.ceil(len(batch) / mb)
+        history: list[dict] = []
+        for _ in range(cfg.num_iterations):
+            self.model.train()
+            parts: list[dict] = []
+            logprob_parts, entropy_parts = [], []
+            loss_total = 0.0
+            for start in range(0, len(batch), mb):
+                rows = slice(start, start + mb)
+                with self.autocast():
+                    logprobs, entropy = completion_logprobs(self.model, batch.rows(rows), cfg.temperature, with_entropy=True)
+                loss, m = policy_loss(
+                    logprobs.float(),
+                    None if old_logprobs is None else old_logprobs[rows],
+                    advantages[rows],
+                    loss_mask[rows],
+                    loss_type=cfg.loss_type,
+                    epsilon=cfg.epsilon,
+                    epsilon_high=cfg.epsilon_high,
+                    beta=cfg.beta,
+                    ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
+                    importance_sampling_level=cfg.importance_sampling_level,
+                    max_completion_length=cfg.max_completion_length,
+                    num_items_in_batch=num_items,
+                )
+                # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
+                scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
+                scaled.backward()
+                loss_total += float(scaled.detach())
+                parts.append(m)
+                logprob_parts.append(logprobs.detach().float())
+                entropy_parts.append(entropy.float())
+            history.append(self._optimizer_step(loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts), loss_mask, ref_logprobs))
+        return history[-1] | {"nonfinite": float(any(h["nonfinite"] for h in history))}
+
+    def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask, ref_logprobs) -> dict:
+        """Clip, check finiteness, step. Metrics of the iteration."""
+        cfg = self.cfg
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        lr = self.scheduler.get_last_lr()[0]
+        if nonfinite:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        mask_sum = loss_mask.sum().clamp(min=1.0)
+        metrics = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "learning_rate": lr,
+            "nonfinite": float(nonfinite),
+            "entropy": float((entropy * loss_mask).sum() / mask_sum),
+            "completion_logprob_mean": float((logprobs * loss_mask).sum() / mask_sum),
+        }
+        for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean"):
+            metrics[key] = sum(p[key] for p in parts) / len(parts)
+        # dapo parts share the batch-wide denominator, so they add up; the others are micro-batch means
+        policy = sum(p["policy_loss"] for p in parts)
+        metrics["policy_loss"] = policy if cfg.loss_type == "dapo" else policy / len(parts)
+        if ref_logprobs is not None:
+            delta = ref_logprobs - logprobs
+            kl = float(((delta.exp() - delta - 1) * loss_mask).sum() / mask_sum)
+            metrics["kl"] = kl
+            metrics["kl_penalty"] = cfg.beta * kl
+        return metrics

@@ -1,0 +1,78 @@
+"""The run folder: config.yaml guard, resume, store and tracker."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from grpokit.config import ConfigError
+from grpokit.store import RolloutStore
+from grpokit.tracking import Tracker
+from grpokit.train import checkpoint
+
+# Keys that may differ between a run and its resumption without making it another run.
+RESUME_FREE_KEYS = {"resume_from", "overwrite", "max_steps", "progress_bar", "report_to", "logging_steps", "save_steps", "save_total_limit"}
+
+
+def check_run_dir(args) -> None:
+    """Refuse an ``output_dir`` that holds another run, unless resuming or overwriting (before any model loads)."""
+    config_file = Path(args.output_dir) / "config.yaml"
+    if config_file.exists() and args.resume_from is None and not args.overwrite:
+        old = yaml.safe_load(config_file.read_text()) or {}
+        diff = _differences(old, args.to_dict())
+        what = f"a run of a different config ({', '.join(diff[:3])})" if diff else "a run"
+        raise ConfigError(f"output_dir {args.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
+                          "overwrite: true to replace it, or choose another output_dir.")
+
+
+def prepare_run_dir(trainer):
+    """Create or reopen ``output_dir`` (clearing it when overwriting), resume from a checkpoint when
+    asked, and open the store and the tracker."""
+    args = trainer.args
+    check_run_dir(args)
+    run_dir = Path(args.output_dir)
+    config_file = run_dir / "config.yaml"
+    resuming = args.resume_from is not None
+    if config_file.exists() and not resuming:
+        for name in ("rollouts.sqlite", "rollouts.sqlite-wal", "rollouts.sqlite-shm", "metrics.jsonl", "report.html"):
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(args.to_yaml())
+
+    start = 0
+    if resuming:
+        found = checkpoint.resolve_resume(run_dir, args.resume_from)
+        if found is not None:
+            trainer.resume(found)
+            start = trainer.step
+    store = RolloutStore(run_dir / "rollouts.sqlite", run_id=run_dir.name)
+    store.rollback_after(start)  # steps after the checkpoint are redone exactly once
+    _truncate_metrics(run_dir / "metrics.jsonl", start)
+    tracker = Tracker(run_dir, args.report_to, args.to_dict(), args.max_steps, args.logging_steps, args.progress_bar, start_step=start)
+    return run_dir, store, tracker
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    out = []
+    for section, values in new.items():
+        if not isinstance(values, dict):
+            if old.get(section) != values:
+                out.append(section)
+            continue
+        for key, value in values.items():
+            if key not in RESUME_FREE_KEYS and (old.get(section) or {}).get(key) != value:
+                out.append(f"{section}.{key}")
+    return out
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines of steps after ``step`` (they are about to be redone)."""
+    import json
+
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in kept))

@@ -1,0 +1,64 @@
+"""Building the trainer's parts from user input: the policy (path, hub id, loaded model; LoRA) and the rewards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grpokit.config import ConfigError, GRPOConfig
+from grpokit.hardware import pick_device, pick_dtype
+from grpokit.modeling import is_hf_model, load_model, load_tokenizer
+
+
+def build_reward_runner(reward_funcs: Any, args: GRPOConfig):
+    from grpokit.rewards import RewardRunner
+
+    if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
+        raise ConfigError("no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy).")
+    specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout, workers=args.reward_workers)
+
+
+def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
+    """(model in train mode on its device, tokenizer, device, uses_lora)."""
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
+    model = model if model is not None else args.model_name_or_path
+    if model is None:
+        raise ConfigError("no model: pass model=... to GRPOTrainer or set model.model_name_or_path in the config.")
+    if isinstance(model, str):
+        name = model
+        model = load_model(name, dtype, device, args.trust_remote_code)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(args.tokenizer_name_or_path or name, args.trust_remote_code)
+    elif isinstance(model, torch.nn.Module):
+        model = model.to(device=device, dtype=dtype if args.dtype != "auto" else None)
+    else:
+        raise ConfigError(f"model has type {type(model).__name__}; give a path, a hub id or a torch.nn.Module.")
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer, args.trust_remote_code)
+    if tokenizer is None and args.tokenizer_name_or_path:
+        tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
+    if tokenizer is None:
+        raise ConfigError("no tokenizer: pass tokenizer=... (an HF tokenizer or any object with encode/decode and eos_token_id).")
+    use_lora = args.lora.r > 0
+    if use_lora:
+        model = apply_lora(model, args)
+    if args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable()
+    model.train()
+    return model, tokenizer, device, use_lora
+
+
+def apply_lora(model: torch.nn.Module, args: GRPOConfig) -> torch.nn.Module:
+    """Wrap the policy with peft LoRA adapters (only the adapters train)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ImportError("lora.r > 0 needs peft: pip install 'grpokit[lora]'.") from None
+    if not is_hf_model(model):
+        raise ConfigError("LoRA (lora.r > 0) is supported for Hugging Face models; for a custom module, train it fully (lora.r: 0).")
+    lora = args.lora
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)

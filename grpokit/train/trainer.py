@@ -1,0 +1,279 @@
+"""The GRPO training loop.
+
+One step (DESIGN.md): prompts -> RolloutEngine.generate (G per prompt) -> RewardRunner.score ->
+algos.compute_advantages -> reference log-probs -> Learner.update -> RolloutStore.write_step ->
+Tracker.log; evaluation every eval_steps, checkpoints every save_steps.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.algos import compute_advantages, zero_variance_groups
+from grpokit.config import GRPOConfig
+from grpokit.data.prompts import PromptSource, load_rows
+from grpokit.eval.evaluator import evaluate
+from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
+from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.train import checkpoint
+from grpokit.train.learner import Learner
+from grpokit.train.logprobs import build_batch
+from grpokit.train.reference import Reference
+from grpokit.train.run_dir import check_run_dir, prepare_run_dir
+from grpokit.train.schedule import make_scheduler
+from grpokit.train.setup import build_policy, build_reward_runner
+
+
+class GRPOTrainer:
+    """Train a causal LM with GRPO-family RL.
+
+    ``model``: a local path, a hub id, a loaded HF model or any module with ``forward(input_ids) -> logits``.
+    ``reward_funcs``: a callable, a built-in name / ``module:function`` / ``file.py:function`` spec, or a list
+    of them (weights in ``args.reward_weights``); defaults to ``args.rewards``.
+    Datasets: a ``datasets.Dataset``, a list of dicts, or a JSONL / Parquet / CSV path, with a prompt column;
+    the other columns are passed to the reward functions.
+    """
+
+    def __init__(self, model: Any = None, reward_funcs: Any = None, args: GRPOConfig | None = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, tokenizer: Any = None):
+        self.args = args = args or GRPOConfig()
+        # Everything that can be checked without a model is checked first.
+        self.train_rows = load_rows(train_dataset if train_dataset is not None else args.train_dataset, args.prompt_column)
+        eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
+        self.eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset") if eval_source is not None else None
+        check_run_dir(args)
+        self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args)
+        self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args)
+        ensure_pad_token(self.tokenizer)
+        self.autocast_dtype = None
+
+        source_kw = dict(prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow)
+        self.train_source = PromptSource(self.train_rows, self.tokenizer, seed=args.seed, shuffle=args.shuffle, **source_kw)
+        self.eval_source = PromptSource(self.eval_rows, self.tokenizer, shuffle=False, **source_kw) if self.eval_rows else None
+
+        torch.manual_seed(args.seed)
+        eos = eos_token_ids(self.model, self.tokenizer)
+        self.engine = HFRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, self.device, seed=args.seed)
+        self.sampling = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k)
+
+        self.reference = Reference(self.model, use_adapters=self.use_lora) if args.beta > 0 else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+        total = args.max_steps * args.num_iterations
+        warmup = args.warmup_steps or int(args.warmup_ratio * total)
+        self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)
+        self.learner = Learner(self.model, self.reference, self.optimizer, self.scheduler, args)
+        self.step = 0
+        self.stop_reason: str | None = None
+        self.interrupted_by: int | None = None
+        self._counters = {"kl_over": 0, "nonfinite": 0}
+
+    # ---- the loop --------------------------------------------------------------------------
+    def train(self) -> dict:
+        """Train to max_steps (or until stopped); returns the last step's metrics."""
+        args = self.args
+        self.run_dir, self.store, self.tracker = prepare_run_dir(self)
+        previous_handlers = self._install_signal_handlers()
+        metrics: dict = {}
+        try:
+            if self.step == 0 and self._eval_enabled():
+                self._evaluate_and_log(0)
+            while self.step < args.max_steps and self.stop_reason is None:
+                self.step += 1
+                metrics = self._train_step(self.step)
+                self._after_step(metrics)
+            self._save_checkpoint()
+            if self._eval_enabled() and self.step % args.eval_steps != 0 and self.interrupted_by is None:
+                self._evaluate_and_log(self.step)
+            self._save_final_model()
+        finally:
+            self._restore_signal_handlers(previous_handlers)
+            self.tracker.close()
+            self._write_report()
+            self.store.close()
+        if self.stop_reason:
+            self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]")
+        return metrics
+
+    def _train_step(self, step: int) -> dict:
+        args, G = self.args, self.args.num_generations
+        t0 = time.perf_counter()
+        indices = self.train_source.next_indices(args.prompts_per_step())
+        rollouts = self.engine.generate([self.train_source.ids[i] for i in indices], G, self.sampling)
+        t1 = time.perf_counter()
+        completions = self._decode(rollouts)
+        reward = self.rewards.score(
+            [self.train_source.texts[i] for i in indices for _ in range(G)], completions, self._columns(indices, rollouts, self.train_rows)
+        )
+        t2 = time.perf_counter()
+        advantages = compute_advantages(reward.combined, G, args.advantage_estimator, args.scale_rewards).to(self.device)  # [N]
+        loss_mask = rollouts.completion_mask.to(self.device)  # [N, T]
+        if args.mask_truncated_completions:
+            loss_mask = loss_mask * (~rollouts.truncated).to(self.device)[:, None].float()
+        batch = build_batch(self.model, rollouts, self.tokenizer.pad_token_id, self.device)
+        ref_logprobs = self.learner.reference_logprobs(batch)
+        t3 = time.perf_counter()
+        update = self.learner.update(batch, advantages, loss_mask, ref_logprobs)
+        self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
+        t4 = time.perf_counter()
+
+        lengths = rollouts.completion_lengths.float()
+        tokens = lengths.sum().item() + sum(len(self.train_source.ids[i]) for i in indices) * G
+        metrics = {
+            **reward.metrics(),
+            **update,
+            "advantage/mean": float(advantages.mean()),
+            "advantage/std": float(advantages.std()),
+            "frac_reward_zero_std": float(zero_variance_groups(reward.combined, G).float().mean()),
+            "completion_length/mean": float(lengths.mean()),
+            "completion_length/min": float(lengths.min()),
+            "completion_length/max": float(lengths.max()),
+            "truncated_fraction": float(rollouts.truncated.float().mean()),
+            "prompts_truncated": float(self.train_source.num_truncated),
+            "prompts_dropped": float(self.train_source.num_dropped),
+            "time/generate": t1 - t0,
+            "time/reward": t2 - t1,
+            "time/logprobs": t3 - t2,
+            "time/update": t4 - t3,
+            "step_time": t4 - t0,
+            "tokens_per_second": tokens / (t4 - t0),
+        }
+        self.store.write_step(step, self._store_rows(indices, rollouts, completions, reward, advantages), metrics)
+        self.tracker.log(metrics, step)
+        return metrics
+
+    def _after_step(self, metrics: dict) -> None:
+        args, step = self.args, self.step
+        if args.ref_model_sync_steps and self.reference is not None and step % args.ref_model_sync_steps == 0:
+            self.reference.sync(args.ref_model_mixup_alpha)
+        self._counters["nonfinite"] = self._counters["nonfinite"] + 1 if metrics.get("nonfinite") else 0
+        if self._counters["nonfinite"] >= args.max_nonfinite_steps:
+            self.stop_reason = (f"{args.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (updates skipped); "
+                                "lower learning_rate, check the reward functions for inf/NaN, or raise max_nonfinite_steps.")
+        if args.max_kl is not None and metrics.get("kl", 0.0) > args.max_kl:
+            self._counters["kl_over"] += 1
+            if self._counters["kl_over"] >= args.max_kl_patience:
+                self.stop_reason = f"mean KL {metrics['kl']:.4f} exceeded max_kl={args.max_kl} for {args.max_kl_patience} step(s)."
+        else:
+            self._counters["kl_over"] = 0
+        if self._eval_enabled() and step % args.eval_steps == 0:
+            self._evaluate_and_log(step)
+        if args.save_steps and step % args.save_steps == 0 and step < args.max_steps:
+            self._save_checkpoint()
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def _eval_enabled(self) -> bool:
+        return self.eval_source is not None and self.args.eval_steps > 0
+
+    def evaluate(self) -> dict[str, float]:
+        """pass@k (k in args.pass_at_k), mean reward and greedy accuracy on the eval dataset."""
+        if self.eval_source is None:
+            raise ValueError("evaluate() needs an eval_dataset (argument or data.eval_dataset).")
+        args = self.args
+        params = SamplingParams(args.max_completion_length, args.eval_temperature or args.temperature, args.top_p, args.top_k)
+        return evaluate(self.engine, self.tokenizer, self.eval_source, self.eval_rows, self.rewards,
+                        num_samples=args.num_generations_eval, ks=args.pass_at_k, params=params,
+                        success_threshold=args.success_threshold, prompt_column=args.prompt_column,
+                        max_prompts=args.max_eval_prompts)
+
+    def _evaluate_and_log(self, step: int) -> None:
+        metrics = self.evaluate()
+        self.store.write_eval(step, "eval", metrics)
+        self.tracker.log_eval(metrics, step)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _decode(self, rollouts: Rollouts) -> list[str]:
+        return [decode(self.tokenizer, ids[: int(n)].tolist()) for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)]
+
+    def _columns(self, indices: list[int], rollouts: Rollouts, rows: list[dict]) -> dict[str, list]:
+        G, column = rollouts.num_generations, self.args.prompt_column
+        columns = {k: [rows[i].get(k) for i in indices for _ in range(G)] for k in rows[indices[0]] if k != column}
+        columns["completion_lengths"] = rollouts.completion_lengths.tolist()
+        return columns
+
+    def _store_rows(self, indices, rollouts, completions, reward, advantages) -> list[dict]:
+        G = rollouts.num_generations
+        per_func = reward.per_func.tolist()
+        rows = []
+        for n, text in enumerate(completions):
+            i = indices[n // G]
+            value = float(reward.combined[n])
+            rows.append({
+                "prompt_index": i, "completion_index": n % G,
+                "prompt": self.train_source.texts[i], "completion": text,
+                "prompt_tokens": len(self.train_source.ids[i]), "completion_tokens": int(rollouts.completion_lengths[n]),
+                "finish_reason": rollouts.finish_reasons[n],
+                "rewards": {name: (None if v != v else v) for name, v in zip(self.rewards.names, per_func[n])},
+                "reward": None if value != value else value,
+                "advantage": float(advantages[n]),
+                "policy_version": rollouts.policy_version,
+                "error": reward.errors[n],
+            })
+        return rows
+
+    def _rng_states(self) -> dict:
+        return {"torch": torch.get_rng_state(), "sampler": self.engine.generator.get_state()}
+
+    def _save_checkpoint(self) -> None:
+        synced = self.args.ref_model_sync_steps and self.reference is not None and self.reference.model is not None
+        state = {"data": self.train_source.state_dict(), "policy_version": self.engine.policy_version, "counters": self._counters}
+        checkpoint.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.scheduler, state, self._rng_states(),
+                                   reference_model=self.reference.model if synced else None, save_total_limit=self.args.save_total_limit)
+
+    def resume(self, path: str | Path) -> None:
+        """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder."""
+        ref_model = self.reference.model if self.reference is not None else None
+        state, rng = checkpoint.load_checkpoint(path, self.model, self.optimizer, self.scheduler, ref_model)
+        self.step = int(state["step"])
+        self.train_source.load_state_dict(state["data"])
+        self.engine.policy_version = int(state["policy_version"])
+        self._counters = dict(state["counters"])
+        torch.set_rng_state(rng["torch"])
+        self.engine.generator.set_state(rng["sampler"])
+
+    def _save_final_model(self) -> None:
+        final = self.run_dir / "final"
+        if hasattr(self.model, "save_pretrained"):
+            self.model.save_pretrained(final)
+            if self.use_lora and self.args.merge_on_save:
+                import copy
+
+                copy.deepcopy(self.model).merge_and_unload().save_pretrained(final / "merged")
+        else:
+            from safetensors.torch import save_model
+
+            final.mkdir(parents=True, exist_ok=True)
+            save_model(self.model, str(final / "model.safetensors"))
+        if hasattr(self.tokenizer, "save_pretrained"):
+            self.tokenizer.save_pretrained(final)
+
+    def _write_report(self) -> None:
+        from grpokit.store.report import write_report
+
+        try:
+            write_report(self.run_dir)
+        except Exception as exc:  # a report must never cost the run its results
+            self.tracker.console.print(f"[yellow]could not write report.html: {exc}[/yellow]")
+
+    def _install_signal_handlers(self) -> dict:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum, frame):
+            self.interrupted_by = signum
+            self.stop_reason = f"received {signal.Signals(signum).name}; saved a checkpoint, resume with resume_from=latest"
+
+        return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _restore_signal_handlers(self, previous: dict) -> None:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
