@@ -1,0 +1,268 @@
+"""RewardRunner: weighted combination, metrics, failures, timeouts, async and worker processes."""
+
+import asyncio
+import math
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from grpokit.rewards import MissingColumnError, RewardError, RewardRunner
+
+
+def fixed(values):
+    """A reward function named ``reward`` that returns ``values`` whatever it is given."""
+
+    def reward(prompts, completions, **columns):
+        return list(values)
+
+    return reward
+
+
+def boom(prompts, completions, **columns):
+    return [1 / 0 for _ in completions]
+
+
+def test_weighted_sum_ignores_none():
+    first = fixed([1.0, None, 0.5, None])
+    second = fixed([0.0, 2.0, None, None])
+    runner = RewardRunner([first, second], weights=[2.0, 0.5])
+    result = runner.score(["p"] * 4, ["c"] * 4)
+    # Rows: 2*1 + 0.5*0 = 2;  0.5*2 = 1;  2*0.5 = 1;  nothing present -> NaN.
+    assert result.combined[:3].tolist() == [2.0, 1.0, 1.0]
+    assert math.isnan(result.combined[3])
+    assert result.per_func.dtype == torch.float32 and result.per_func.shape == (4, 2)
+    assert torch.isnan(result.per_func[1, 0]) and result.per_func[1, 1] == 2.0
+    assert result.errors == [None] * 4 and result.error_counts == {"reward": 0, "reward_2": 0}
+
+
+def test_metrics_hand_computed():
+    runner = RewardRunner([fixed([1.0, None, 0.5, None]), fixed([0.0, 2.0, None, None])], weights=[2.0, 0.5])
+    metrics = runner.score(["p"] * 4, ["c"] * 4).metrics()
+    # first: values 1, 0.5 -> mean 0.75, sample std sqrt((0.25^2 + 0.25^2) / 1) = 0.353553.
+    assert metrics["rewards/reward/mean"] == pytest.approx(0.75)
+    assert metrics["rewards/reward/std"] == pytest.approx(math.sqrt(0.125))
+    # second: values 0, 2 -> mean 1, std sqrt((1 + 1) / 1) = 1.414214.
+    assert metrics["rewards/reward_2/mean"] == pytest.approx(1.0)
+    assert metrics["rewards/reward_2/std"] == pytest.approx(math.sqrt(2))
+    assert metrics["rewards/reward/errors"] == 0.0
+    # combined: 2, 1, 1 (NaN row left out) -> mean 4/3, std sqrt((4/9 + 1/9 + 1/9) / 2) = 0.57735.
+    assert metrics["reward"] == pytest.approx(4 / 3)
+    assert metrics["reward_std"] == pytest.approx(math.sqrt(1 / 3))
+
+
+def test_builtins_by_name_with_dict_weights():
+    runner = RewardRunner(["accuracy", {"name": "format", "weight": 0.5, "pattern": r".*\d"}])
+    completions = [r"\boxed{4}", "it is 5", "none"]
+    result = runner.score(["q"] * 3, completions, {"answer": ["4", "4", None]})
+    # accuracy: 1, 0, None; format (the whole text ends in a digit): 0, 1, 0.
+    # combined: 1 + 0.5*0 = 1;  0 + 0.5*1 = 0.5;  0.5*0 = 0.
+    assert result.per_func[:2, 0].tolist() == [1.0, 0.0] and torch.isnan(result.per_func[2, 0])
+    assert result.per_func[:, 1].tolist() == [0.0, 1.0, 0.0]
+    assert result.combined.tolist() == [1.0, 0.5, 0.0]
+    assert runner.names == ["accuracy", "format"]
+
+
+def test_unique_names():
+    runner = RewardRunner(["format", "format", {"name": "format", "pattern": "x"}, boom])
+    assert runner.names == ["format", "format_2", "format_3", "boom"]
+
+
+def test_raising_reward_gives_none_and_error():
+    runner = RewardRunner([boom, fixed([1.0, 0.0])], weights=[1.0, 3.0])
+    result = runner.score(["p", "p"], ["a", "b"])
+    assert torch.isnan(result.per_func[:, 0]).all()
+    assert result.combined.tolist() == [3.0, 0.0]  # only the second, weighted by 3
+    assert result.errors == ["boom: ZeroDivisionError: division by zero"] * 2
+    assert result.error_counts == {"boom": 2, "reward": 0}
+    assert result.metrics()["rewards/boom/errors"] == 2.0
+    assert math.isnan(result.metrics()["rewards/boom/mean"])
+
+
+def test_errors_of_two_functions_are_joined():
+    result = RewardRunner([boom, fixed([math.nan])]).score(["p"], ["a"])
+    assert result.errors == ["boom: ZeroDivisionError: division by zero; reward: returned nan"]
+    assert math.isnan(result.combined[0])
+
+
+def test_hanging_reward_times_out():
+    release = threading.Event()
+    finished = threading.Event()
+
+    def hang(prompts, completions, **columns):
+        release.wait()
+        finished.set()
+        return [1.0] * len(completions)
+
+    # Should the runner wait for the hung call, this timer frees it and `finished` gets set.
+    watchdog = threading.Timer(30.0, release.set)
+    watchdog.start()
+    try:
+        result = RewardRunner([hang, fixed([0.5, 0.5])], timeout=0.5).score(["p", "p"], ["a", "b"])
+        assert not finished.is_set()  # the runner returned while the call was still stuck
+    finally:
+        release.set()
+        watchdog.cancel()
+    assert torch.isnan(result.per_func[:, 0]).all()
+    assert result.errors == ["hang: timed out after 0.5 s"] * 2
+    assert result.error_counts["hang"] == 2
+    assert result.combined.tolist() == [0.5, 0.5]
+
+
+def test_nan_and_inf_become_none_with_error():
+    result = RewardRunner([fixed([1.0, math.nan, math.inf, -math.inf])]).score(["p"] * 4, ["c"] * 4)
+    assert result.per_func[0, 0] == 1.0 and torch.isnan(result.per_func[1:, 0]).all()
+    assert result.errors == [None, "reward: returned nan", "reward: returned inf", "reward: returned -inf"]
+    assert result.error_counts == {"reward": 3}
+
+
+@pytest.mark.parametrize(
+    "output",
+    [[True, False], [1, 0], (np.float32(1), np.int64(0)), np.array([1.0, 0.0]), torch.tensor([1, 0])],
+    ids=["bools", "ints", "numpy-scalars", "numpy-array", "tensor"],
+)
+def test_numbers_bools_arrays_and_tensors_are_accepted(output):
+    def reward(prompts, completions, **columns):
+        return output
+
+    result = RewardRunner([reward]).score(["p", "p"], ["a", "b"])
+    assert result.per_func[:, 0].tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ([1.0], "returned 1 values for 2 completions"),
+        ([1.0, 2.0, 3.0], "returned 3 values for 2 completions"),
+        (["1.0", "0.0"], "returned a str"),
+        ([[1.0], [0.0]], "returned a list"),
+        ("10", "got str"),
+        ({"a": 1.0, "b": 0.0}, "got dict"),
+        (1.0, "got float"),
+        (None, "got NoneType"),
+    ],
+)
+def test_contract_violations_raise_at_once(output, message):
+    def broken(prompts, completions, **columns):
+        return output
+
+    with pytest.raises(RewardError, match=message) as info:
+        RewardRunner([broken]).score(["p", "p"], ["a", "b"])
+    assert "'broken'" in str(info.value)
+
+
+def test_missing_column_stops_the_run():
+    with pytest.raises(MissingColumnError, match="'answer'"):
+        RewardRunner(["accuracy"]).score(["p"], ["1"], {"solution": ["1"]})
+
+
+def test_async_reward_and_async_timeout():
+    async def slow_judge(prompts, completions, **columns):
+        await asyncio.sleep(0.01)
+        return [float(len(c)) for c in completions]
+
+    async def never(prompts, completions, **columns):
+        await asyncio.sleep(60)
+
+    result = RewardRunner([slow_judge, never], timeout=0.5).score(["p", "p"], ["ab", "abc"])
+    assert result.per_func[:, 0].tolist() == [2.0, 3.0]
+    assert result.errors == ["never: timed out after 0.5 s"] * 2
+
+    async def caller():  # score() also works from inside a running event loop
+        return RewardRunner([slow_judge]).score(["p"], ["abcd"])
+
+    assert asyncio.run(caller()).combined.tolist() == [4.0]
+
+
+def test_columns_are_passed_aligned():
+    def uses_columns(prompts, completions, answer, completion_lengths, **columns):
+        return [float(a == c) + n for a, c, n in zip(answer, completions, completion_lengths)]
+
+    result = RewardRunner([uses_columns]).score(
+        ["p", "p"], ["x", "y"], {"answer": ["x", "z"], "completion_lengths": [10, 20]}
+    )
+    assert result.combined.tolist() == [11.0, 20.0]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="2 reward weights for 1"):
+        RewardRunner([boom], weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match="finite"):
+        RewardRunner([boom], weights=[math.nan])
+    with pytest.raises(ValueError, match="at least one"):
+        RewardRunner([])
+    with pytest.raises(ValueError, match="timeout"):
+        RewardRunner([boom], timeout=0)
+    with pytest.raises(ValueError, match="column 'answer' has 1 values for 2"):
+        RewardRunner([boom]).score(["p", "p"], ["a", "b"], {"answer": ["x"]})
+    with pytest.raises(ValueError, match="1 prompts for 2"):
+        RewardRunner([boom]).score(["p"], ["a", "b"])
+    with pytest.raises(RewardError, match="cannot be sent to worker processes"):
+        RewardRunner([lambda p, c, **k: [0.0] * len(c)], workers=2)
+
+
+USER_FILE = textwrap.dedent(
+    """
+    import time
+
+    def exclaim(prompts, completions, **columns):
+        return [float(c.count("!")) for c in completions]
+
+    def odd_fails(prompts, completions, **columns):
+        if any(c.startswith("boom") for c in completions):
+            raise RuntimeError("boom in this chunk")
+        return [1.0] * len(completions)
+
+    def sleepy(prompts, completions, **columns):
+        time.sleep(60)
+    """
+)
+
+
+@pytest.mark.slow
+def test_process_pool_matches_in_process(tmp_path):
+    path = tmp_path / "pool_rewards.py"
+    path.write_text(USER_FILE)
+    specs = [
+        "accuracy",
+        {"name": "length", "max_length": 20, "cache_length": 4, "weight": 0.5},
+        f"{path}:exclaim",
+        f"{path}:odd_fails",
+    ]
+    completions = ["#### 4!", "boom 5", "the answer is 7!!", r"\boxed{6}", "x" * 18]
+    columns = {"answer": ["4", "5", "7", None, "1"], "completion_lengths": [3, 17, 21, 5, 18]}
+    prompts = ["q"] * len(completions)
+    expected = RewardRunner(specs).score(prompts, completions, columns)
+    with RewardRunner(specs, workers=2) as runner:
+        first = runner.score(prompts, completions, columns)
+        pool = runner._pool
+        second = runner.score(prompts, completions, columns)
+        assert runner._pool is pool  # created once, reused
+    assert runner._pool is None  # closed on exit
+    # odd_fails fails on any batch holding "boom": the whole batch in-process, but with 2 chunks
+    # ([0:2] and [2:5]) only the first, so the pool adds 1.0 (weight 1) to rows 2, 3 and 4.
+    odd_fails = torch.tensor([math.nan, math.nan, 1.0, 1.0, 1.0])
+    assert expected.error_counts["odd_fails"] == 5
+    assert torch.isnan(expected.per_func[:, 3]).all()
+    for result in (first, second):
+        torch.testing.assert_close(result.per_func[:, :3], expected.per_func[:, :3], equal_nan=True)
+        torch.testing.assert_close(result.per_func[:, 3], odd_fails, equal_nan=True)
+        torch.testing.assert_close(result.combined, expected.combined + odd_fails.nan_to_num())
+    assert first.error_counts["odd_fails"] == 2
+    assert first.errors[:2] == ["odd_fails: RuntimeError: boom in this chunk"] * 2
+    assert first.errors[2:] == [None] * 3
+
+
+@pytest.mark.slow
+def test_process_pool_timeout_recycles_the_pool(tmp_path):
+    path = tmp_path / "pool_rewards.py"
+    path.write_text(USER_FILE)
+    runner = RewardRunner([f"{path}:sleepy", f"{path}:exclaim"], timeout=1.0, workers=1)
+    result = runner.score(["p", "p"], ["!", "!!"])
+    assert result.errors == ["sleepy: timed out after 1 s"] * 2
+    assert result.per_func[:, 1].tolist() == [1.0, 2.0]
+    assert runner._pool is None  # shut down, which ends the abandoned call with its process
+    assert runner.score(["p"], ["!!!"]).per_func[0, 1] == 3.0  # a new pool on the next batch
+    runner.close()
