@@ -106,17 +106,6 @@ class TimedCall:
         return self._output, None
 
 
-def score_chunk(
-    fn: RewardFn,
-    prompts: list[str],
-    completions: list[str],
-    columns: Mapping[str, list],
-    timeout: float,
-) -> tuple[Any, str | None]:
-    """Run one reward on one chunk with a timeout; the unit of work sent to worker processes."""
-    return TimedCall(fn, prompts, completions, columns).result(timeout)
-
-
 def check_output(name: str, output: Any, n: int) -> tuple[list[float | None], list[str | None]]:
     """Validate one function's output for ``n`` completions.
 

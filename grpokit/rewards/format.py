@@ -26,13 +26,17 @@ class FormatReward:
 
     name = "format"
 
-    def __init__(self, pattern: str | None = None, layout: str | None = None, mode: str = "fullmatch"):
+    def __init__(
+        self, pattern: str | None = None, layout: str | None = None, mode: str = "fullmatch"
+    ):
         if pattern is not None and layout is not None:
             raise ValueError("format reward: give either pattern or layout, not both")
         if pattern is None:
             layout = layout or "think_answer"
             if layout not in LAYOUTS:
-                raise ValueError(f"format reward: unknown layout {layout!r}; known: {sorted(LAYOUTS)}")
+                raise ValueError(
+                    f"format reward: unknown layout {layout!r}; known: {sorted(LAYOUTS)}"
+                )
             pattern = LAYOUTS[layout]
         if mode not in MODES:
             raise ValueError(f"format reward: mode must be one of {MODES}, got {mode!r}")
@@ -43,6 +47,8 @@ class FormatReward:
         self.pattern = pattern
         self.mode = mode
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
+    ) -> list[float]:
         match = self._regex.fullmatch if self.mode == "fullmatch" else self._regex.search
         return [1.0 if match(completion) else 0.0 for completion in completions]

@@ -28,7 +28,9 @@ def _load_pretrained(path: str, tokenizer: Any):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer or path)
     if model.config.pad_token_id is None:
         # HF sequence classifiers pool the last non-pad token, so batching needs a pad id.
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
         if pad_id is None:
             raise ValueError(
                 f"reward model {path!r}: neither the model config nor the tokenizer defines a "
@@ -78,14 +80,14 @@ class RewardModelReward:
             model, tokenizer = _load_pretrained(model, tokenizer)
         elif tokenizer is None or isinstance(tokenizer, str):
             raise ValueError("reward_model: a torch module needs a tokenizer object")
-        if device is not None:
+        if device is None:
+            parameter = next(model.parameters(), None)
+            device = parameter.device if parameter is not None else "cpu"
+        else:
             model = model.to(device)
         model.eval()
         model.requires_grad_(False)
-        parameter = next(model.parameters(), None)
-        self.device = torch.device(device) if device is not None else (
-            parameter.device if parameter is not None else torch.device("cpu")
-        )
+        self.device = torch.device(device)
         self.model = model
         self.tokenizer = tokenizer
         self.output = output
@@ -127,13 +129,17 @@ class RewardModelReward:
             score = raw[:, 0]  # [B]
             return score if self.output == "logit" else torch.sigmoid(score)
         if not 0 <= self.label < raw.shape[1]:
-            raise RewardError(f"reward_model: label {self.label} is not one of {raw.shape[1]} classes")
+            raise RewardError(
+                f"reward_model: label {self.label} is not one of {raw.shape[1]} classes"
+            )
         if self.output == "prob":
             return torch.softmax(raw, dim=-1)[:, self.label]  # [B]
         score = raw[:, self.label]  # [B]
         return score if self.output == "logit" else torch.sigmoid(score)
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
+    ) -> list[float]:
         if self.text == "completion":
             texts = list(completions)
         else:

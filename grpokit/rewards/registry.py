@@ -106,7 +106,7 @@ def _function_from(module: Any, function: str, where: str) -> Callable:
         functions = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
         raise ValueError(_unknown(f"function in {where}:", function, functions))
     if not callable(fn):
-        raise ValueError(f"{where}:{function} is a {type(fn).__name__}, not a function")
+        raise TypeError(f"{where}:{function} is a {type(fn).__name__}, not a function")
     return fn
 
 

@@ -3,8 +3,8 @@
 Each function runs on the whole batch with a timeout (per batch); in-process the functions run
 concurrently on daemon threads, so slow I/O-bound rewards (async judges) overlap. With
 ``workers=N > 0`` every function's batch is split into N contiguous chunks that run in a
-process pool (spawn), for CPU-heavy rewards; the pool is created once and reused. As with any
-spawn pool, a script that creates one must guard its entry point with
+process pool (spawn), for CPU-heavy rewards; the pool is created once and reused, and each
+worker receives the functions once, when it starts. As with any spawn pool, a script that creates one must guard its entry point with
 ``if __name__ == "__main__":``.
 
 The combined reward is the weighted sum over the functions that gave a value,
@@ -13,6 +13,7 @@ The combined reward is the weighted sum over the functions that gave a value,
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import pickle
@@ -23,13 +24,7 @@ from typing import Any
 
 import torch
 
-from grpokit.rewards.contract import (
-    TIMED_OUT,
-    RewardError,
-    TimedCall,
-    check_output,
-    score_chunk,
-)
+from grpokit.rewards.contract import TIMED_OUT, RewardError, TimedCall, check_output
 from grpokit.rewards.registry import resolve_reward
 
 
@@ -84,11 +79,26 @@ def _unique(names: list[str]) -> list[str]:
     return unique
 
 
+# The reward functions of the runner that started this worker process: sent once when the pool
+# starts rather than pickled with every chunk, which matters for a reward model's weights.
+_worker_functions: list[Callable] = []
+
+
+def _init_worker(functions: list[Callable]) -> None:
+    _worker_functions.extend(functions)
+
+
+def _score_in_worker(
+    index: int, prompts: list[str], completions: list[str], columns: dict, timeout: float
+) -> tuple[Any, str | None]:
+    return TimedCall(_worker_functions[index], prompts, completions, columns).result(timeout)
+
+
 def _chunks(n: int, parts: int) -> list[slice]:
     """At most ``parts`` contiguous, non-empty slices of near-equal size covering range(n)."""
     parts = max(1, min(parts, n))
     bounds = [round(k * n / parts) for k in range(parts + 1)]
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 class RewardRunner:
@@ -170,7 +180,9 @@ class RewardRunner:
                     chunk_values, chunk_errors = [None] * size, [error] * size
                 else:
                     chunk_values, chunk_errors = check_output(name, output, size)
-                for i, value, message in zip(range(rows.start, rows.stop), chunk_values, chunk_errors):
+                for i, value, message in zip(
+                    range(rows.start, rows.stop), chunk_values, chunk_errors
+                ):
                     if value is not None:
                         per_func[i, f] = value
                     if message is not None:
@@ -191,36 +203,32 @@ class RewardRunner:
         """Every function on every chunk in the process pool: [F][chunk] (rows, output, error)."""
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.functions,),
             )
         rows = _chunks(len(completions), self.workers)
-        futures: list[list[tuple[slice, Future]]] = [
-            [
-                (
-                    r,
+        futures: list[list[Future]] = []  # [F][chunk]
+        for f in range(len(self.functions)):
+            futures.append([])
+            for r in rows:
+                chunk_columns = {key: column[r] for key, column in columns.items()}
+                futures[f].append(
                     self._pool.submit(
-                        score_chunk,
-                        fn,
-                        prompts[r],
-                        completions[r],
-                        {key: column[r] for key, column in columns.items()},
-                        self.timeout,
-                    ),
+                        _score_in_worker, f, prompts[r], completions[r], chunk_columns, self.timeout
+                    )
                 )
-                for r in rows
-            ]
-            for fn in self.functions
-        ]
         outcomes = []
         recycle = False
         for per_function in futures:
             results = []
-            for r, future in per_function:
+            for r, future in zip(rows, per_function):
                 try:
                     output, error = future.result()
                 except RewardError:
                     raise
-                except Exception as exc:  # a worker died (BrokenProcessPool) or pickling failed
+                except Exception as exc:  # noqa: BLE001 - a worker died (BrokenProcessPool)
                     output, error = None, f"{type(exc).__name__}: {exc}"
                     recycle = True
                 recycle = recycle or (error is not None and error.startswith(TIMED_OUT))
@@ -237,8 +245,8 @@ class RewardRunner:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    def __enter__(self) -> RewardRunner:
+    def __enter__(self) -> RewardRunner:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

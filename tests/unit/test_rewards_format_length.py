@@ -53,14 +53,17 @@ def test_format_rejects_bad_params(params):
 # DAPO eq. 13 with L_max = 20, L_cache = 4, so the soft limit is 16:
 #   |y| = 10 -> 0;  16 -> 0;  17 -> (16 - 17) / 4 = -0.25;  18 -> -0.5;  20 -> -1;  21 -> -1.
 @pytest.mark.parametrize(
-    ("length", "reward"), [(0, 0.0), (10, 0.0), (16, 0.0), (17, -0.25), (18, -0.5), (20, -1.0), (21, -1.0)]
+    ("length", "reward"),
+    [(0, 0.0), (10, 0.0), (16, 0.0), (17, -0.25), (18, -0.5), (20, -1.0), (21, -1.0)],
 )
 def test_overlong_penalty_hand_values(length, reward):
     assert overlong_penalty(length, max_length=20, cache_length=4) == reward
 
 
 # target 10: |5 - 10| / 10 = 0.5 -> -0.5;  12 -> -0.2;  10 -> 0;  25 -> -1.5, clipped to -1.
-@pytest.mark.parametrize(("length", "reward"), [(5, -0.5), (12, -0.2), (10, 0.0), (25, -1.0), (0, -1.0)])
+@pytest.mark.parametrize(
+    ("length", "reward"), [(5, -0.5), (12, -0.2), (10, 0.0), (25, -1.0), (0, -1.0)]
+)
 def test_target_length_penalty_hand_values(length, reward):
     assert target_length_penalty(length, 10) == pytest.approx(reward)
 
@@ -68,12 +71,18 @@ def test_target_length_penalty_hand_values(length, reward):
 def test_length_units():
     completions = ["a" * 18, "b" * 3]
     tokens = {"completion_lengths": [3, 17]}
-    dapo = dict(max_length=20, cache_length=4)
+    dapo = {"max_length": 20, "cache_length": 4}
     # chars: 18 -> -0.5, 3 -> 0; tokens: 3 -> 0, 17 -> -0.25.
     assert get_reward("length", **dapo)(["", ""], completions) == [-0.5, 0.0]
     assert get_reward("length", **dapo)(["", ""], completions, **tokens) == [0.0, -0.25]
-    assert get_reward("length", unit="tokens", **dapo)(["", ""], completions, **tokens) == [0.0, -0.25]
-    assert get_reward("length", unit="chars", **dapo)(["", ""], completions, **tokens) == [-0.5, 0.0]
+    assert get_reward("length", unit="tokens", **dapo)(["", ""], completions, **tokens) == [
+        0.0,
+        -0.25,
+    ]
+    assert get_reward("length", unit="chars", **dapo)(["", ""], completions, **tokens) == [
+        -0.5,
+        0.0,
+    ]
     with pytest.raises(MissingColumnError, match="completion_lengths"):
         get_reward("length", unit="tokens", **dapo)(["", ""], completions)
 

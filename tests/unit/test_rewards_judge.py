@@ -106,11 +106,18 @@ def _save_tiny_classifier(folder, num_labels):
 
     backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     backend.pre_tokenizer = Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]"
+    )
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=len(WORDS), n_embd=16, n_layer=1, n_head=2, n_positions=32,
-        num_labels=num_labels, pad_token_id=0,
+        vocab_size=len(WORDS),
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        n_positions=32,
+        num_labels=num_labels,
+        pad_token_id=0,
     )
     model = GPT2ForSequenceClassification(config).eval()
     model.save_pretrained(folder)
@@ -130,9 +137,8 @@ def test_saved_hf_classifier(tmp_path, num_labels, output):
         ids = torch.tensor([tokenizer.encode(prompt + completion)])
         with torch.no_grad():
             logits = model(ids).logits[0]
-        expected = {
-            "sigmoid": lambda: torch.sigmoid(logits[0]),
-            "logit": lambda: logits[0],
-            "prob": lambda: torch.softmax(logits, dim=-1)[1],
-        }[output]().item()
-        assert reward == pytest.approx(expected, abs=1e-5)
+        if output == "prob":
+            expected = torch.softmax(logits, dim=-1)[1]
+        else:
+            expected = logits[0] if output == "logit" else torch.sigmoid(logits[0])
+        assert reward == pytest.approx(expected.item(), abs=1e-5)

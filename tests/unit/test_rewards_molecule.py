@@ -1,13 +1,22 @@
 """The ``molecule`` reward (RDKit)."""
 
+import sys
+
 import pytest
 
 pytest.importorskip("rdkit")
 
-from grpokit.rewards import get_reward  # noqa: E402
+from grpokit.rewards import get_reward
 
 VALID = ["c1ccccc1", "CCO", " CC(=O)Oc1ccccc1C(=O)O \n", "C"]  # benzene, ethanol, aspirin, methane
-INVALID = ["C1CC", "Xx", "c1cccc1", "", "   ", "CC(C"]  # open ring, junk, bad aromatic, empty, paren
+INVALID = [
+    "C1CC",
+    "Xx",
+    "c1cccc1",
+    "",
+    "   ",
+    "CC(C",
+]  # open ring, junk, bad aromatic, empty, paren
 
 
 def test_validity():
@@ -53,3 +62,9 @@ def test_invalid_smiles_do_not_log(capfd):
 def test_unknown_metric():
     with pytest.raises(ValueError, match="metric"):
         get_reward("molecule", metric="logp")
+
+
+def test_missing_rdkit_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "rdkit", None)  # makes `import rdkit` raise ImportError
+    with pytest.raises(ImportError, match=r"grpokit\[chem\]"):
+        get_reward("molecule")

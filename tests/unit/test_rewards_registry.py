@@ -107,7 +107,7 @@ def test_resolve_errors(user_file):
         resolve_reward(f"{user_file.parent}/missing.py:fn")
     with pytest.raises(ValueError, match="did you mean 'exclaim'"):
         resolve_reward(f"{user_file}:exclain")
-    with pytest.raises(ValueError, match="int, not a function"):
+    with pytest.raises(TypeError, match="int, not a function"):
         resolve_reward(f"{user_file}:NOT_A_FUNCTION")
     with pytest.raises(ValueError, match="did you mean 'join'"):
         resolve_reward("os.path:jion")

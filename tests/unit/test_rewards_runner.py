@@ -39,7 +39,9 @@ def test_weighted_sum_ignores_none():
 
 
 def test_metrics_hand_computed():
-    runner = RewardRunner([fixed([1.0, None, 0.5, None]), fixed([0.0, 2.0, None, None])], weights=[2.0, 0.5])
+    runner = RewardRunner(
+        [fixed([1.0, None, 0.5, None]), fixed([0.0, 2.0, None, None])], weights=[2.0, 0.5]
+    )
     metrics = runner.score(["p"] * 4, ["c"] * 4).metrics()
     # first: values 1, 0.5 -> mean 0.75, sample std sqrt((0.25^2 + 0.25^2) / 1) = 0.353553.
     assert metrics["rewards/reward/mean"] == pytest.approx(0.75)
@@ -114,13 +116,24 @@ def test_hanging_reward_times_out():
 def test_nan_and_inf_become_none_with_error():
     result = RewardRunner([fixed([1.0, math.nan, math.inf, -math.inf])]).score(["p"] * 4, ["c"] * 4)
     assert result.per_func[0, 0] == 1.0 and torch.isnan(result.per_func[1:, 0]).all()
-    assert result.errors == [None, "reward: returned nan", "reward: returned inf", "reward: returned -inf"]
+    assert result.errors == [
+        None,
+        "reward: returned nan",
+        "reward: returned inf",
+        "reward: returned -inf",
+    ]
     assert result.error_counts == {"reward": 3}
 
 
 @pytest.mark.parametrize(
     "output",
-    [[True, False], [1, 0], (np.float32(1), np.int64(0)), np.array([1.0, 0.0]), torch.tensor([1, 0])],
+    [
+        [True, False],
+        [1, 0],
+        (np.float32(1), np.int64(0)),
+        np.array([1.0, 0.0]),
+        torch.tensor([1, 0]),
+    ],
     ids=["bools", "ints", "numpy-scalars", "numpy-array", "tensor"],
 )
 def test_numbers_bools_arrays_and_tensors_are_accepted(output):
