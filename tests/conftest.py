@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny models and tokenizers built locally and saved, so from_pretrained runs for real."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+WORDS = [f"w{i}" for i in range(40)]
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}assistant :{% endif %}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A random-init 2-layer Llama with a word-level tokenizer (with a chat template), saved to a folder."""
+    from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = build_word_tokenizer(WORDS + ["user", "assistant", "system", ":"])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    build_tiny_causal_lm(path, tokenizer, arch="llama", hidden_size=32, num_layers=2, num_heads=2)
+    return path
+
+
+@pytest.fixture()
+def word_prompts():
+    """30 prompts of five words each; the `target` column names the word the reward asks for."""
+    return [{"prompt": " ".join(WORDS[i : i + 5]), "target": "w7"} for i in range(30)]
+
+
+REWARD_FILE = os.path.join(os.path.dirname(__file__), "integration", "rewards_for_tests.py")
+TARGET_REWARD = f"{REWARD_FILE}:target_fraction"

@@ -1,0 +1,108 @@
+"""End to end through the CLI and the Python API on a tiny random model (no downloads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import TARGET_REWARD, WORDS
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.cli import main
+
+
+def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict], **sections) -> Path:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    config = {
+        "model": {"model_name_or_path": str(model_dir)},
+        "data": {"train_dataset": str(data)},
+        "algo": {"num_generations": 4, "beta": 0.04},
+        "generation": {"max_completion_length": 6},
+        "optim": {"learning_rate": 5e-3, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2,
+                  "max_steps": 4, "lr_scheduler_type": "constant"},
+        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"]},
+        "rewards": [TARGET_REWARD],
+    }
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_cli_learns_a_learnable_reward(tmp_path, tiny_model_dir, word_prompts):
+    config = write_config(tmp_path, tiny_model_dir, word_prompts)
+    assert main(["train", str(config), "max_steps=60", "--save_steps=30"]) == 0
+    rewards = [m["reward"] for m in read_metrics(tmp_path / "run") if "reward" in m]
+    assert len(rewards) == 60
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    # a random 40-word policy puts the target word in ~1/45 of positions; learning must lift it well above
+    assert last > first + 0.2, (first, last)
+    run = tmp_path / "run"
+    assert (run / "final" / "model.safetensors").exists() and (run / "report.html").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-30", "step-60"]
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run / "final")  # the final model loads with transformers
+
+
+def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts):
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8,
+                      max_steps=2, max_completion_length=5, progress_bar=False, report_to=["jsonl"],
+                      eval_steps=2, num_generations_eval=4, pass_at_k=[1, 4], success_threshold=0.2)
+    trainer = GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=word_prompts, eval_dataset=word_prompts[:4])
+    metrics = trainer.train()
+    for key in ("loss", "policy_loss", "kl", "kl_penalty", "reward", "reward_std", "advantage/mean", "frac_reward_zero_std",
+                "completion_length/mean", "truncated_fraction", "clip_ratio/region_mean", "entropy", "learning_rate",
+                "grad_norm", "time/generate", "time/reward", "time/logprobs", "time/update", "tokens_per_second"):
+        assert key in metrics, key
+    evals = trainer.evaluate()
+    assert 0.0 <= evals["eval/pass@1"] <= evals["eval/pass@4"] <= 1.0
+    stored = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in stored if "eval/pass@1" in m] == [0, 2]  # before training and at eval_steps
+
+
+def test_chat_prompts(tmp_path, tiny_model_dir):
+    prompts = [{"prompt": [{"role": "user", "content": " ".join(WORDS[i : i + 3])}], "target": "w7"} for i in range(8)]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8,
+                      max_steps=1, max_completion_length=4, progress_bar=False, report_to=["jsonl"])
+    trainer = GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=prompts)
+    trainer.train()
+    from grpokit.store import RolloutStore
+
+    with RolloutStore(tmp_path / "run", readonly=True) as store:
+        prompt = store.rollouts(step=1)[0]["prompt"]
+    assert prompt.startswith("user : ") and prompt.endswith("assistant :")  # the chat template was applied
+
+
+def test_tensorboard_and_wandb_offline(tmp_path, tiny_model_dir, word_prompts, monkeypatch):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    config = write_config(tmp_path, tiny_model_dir, word_prompts, run={"report_to": ["jsonl", "tensorboard", "wandb"]})
+    assert main(["train", str(config), "max_steps=2"]) == 0
+    run = tmp_path / "run"
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run / "wandb").glob("offline-run-*"))
+
+
+def test_explain_prints_sizes(tmp_path, tiny_model_dir, word_prompts, capsys):
+    config = write_config(tmp_path, tiny_model_dir, word_prompts)
+    assert main(["explain", str(config), "--group_size=8"]) == 0
+    out = capsys.readouterr().out
+    assert "completions per step:      16  (num_generations 8 x 2 prompts)" in out
+    assert "parameters:" in out and not (tmp_path / "run").exists()
+
+
+def test_config_error_is_one_clear_message(tmp_path, tiny_model_dir, word_prompts, capsys):
+    config = write_config(tmp_path, tiny_model_dir, word_prompts)
+    assert main(["train", str(config), "num_generation=3"]) == 2
+    assert "unknown config key 'num_generation'. Did you mean 'num_generations'?" in capsys.readouterr().err
