@@ -1,0 +1,52 @@
+"""Config parsing: sections, bare keys, aliases, CLI overrides, and the generated reference."""
+
+from pathlib import Path
+
+import pytest
+
+from grpokit.config import ConfigError, GRPOConfig, config_reference, load_config, parse_overrides
+
+
+def test_bare_keys_sections_and_aliases_reach_the_same_field():
+    cfg = GRPOConfig(group_size=4, algo={"kl_coef": 0.1}, learning_rate="1e-5", per_device_train_batch_size=8)
+    assert (cfg.num_generations, cfg.beta, cfg.learning_rate) == (4, 0.1, 1e-5)
+    assert cfg.algo.num_generations == 4
+
+
+def test_overrides_forms(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("algo:\n  num_generations: 4\noptim:\n  per_device_train_batch_size: 16\n")
+    cfg = load_config(path, ["--group_size=16", "optim.learning_rate=3e-4", "--max_steps", "7", "report_to=[jsonl]"])
+    assert (cfg.num_generations, cfg.learning_rate, cfg.max_steps, cfg.report_to) == (16, 3e-4, 7, ["jsonl"])
+    assert parse_overrides(["beta=0"]) == {"beta": 0}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_generation": 4}, "unknown config key 'num_generation'. Did you mean 'num_generations'?"),
+        ({"num_generations": 1}, "num_generations=1: GRPO needs at least 2"),
+        ({"per_device_train_batch_size": 6}, "= 6 is not divisible by num_generations (8)"),
+        ({"loss_type": "dapoo"}, "Did you mean 'dapo'?"),
+        ({"learning_rate": "fast"}, "learning_rate='fast' has the wrong type: expected float"),
+        ({"epsilon": 0}, "epsilon=0.0 must be > 0"),
+        ({"algo": {"lr": 1}}, "unknown config key 'algo.lr'"),
+        ({"pass_at_k": [16]}, "pass_at_k contains 16"),
+    ],
+)
+def test_bad_values_give_one_clear_message(kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        GRPOConfig(**kwargs)
+    assert message in str(err.value)
+
+
+def test_roundtrip_through_yaml(tmp_path):
+    cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=8, rewards=["accuracy"])
+    path = tmp_path / "c.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(path) == cfg
+
+
+def test_docs_config_reference_is_current():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
+    assert config_reference() in doc, "docs/config.md is stale: run python scripts/gen_config_reference.py"
