@@ -43,10 +43,10 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
     optimizer = trainable * 4 * 3  # grads + two AdamW moments in float32
     logits = cfg.per_device_train_batch_size * T * vocab * 4 * 2  # logits and their grad for one micro-batch
     total = weights + reference + optimizer + logits
-    gib = 1024**3
+    unit, scale = ("GiB", 1024**3) if total >= 1024**3 else ("MiB", 1024**2)
     lines += [
         f"parameters:                {params:,}",
-        f"memory estimate:           {total / gib:.2f} GiB  = weights {weights / gib:.2f} + reference {reference / gib:.2f}"
-        f" + grads/AdamW {optimizer / gib:.2f} + logits {logits / gib:.2f} (activations extra)",
+        f"memory estimate:           {total / scale:.2f} {unit}  = weights {weights / scale:.2f} + reference {reference / scale:.2f}"
+        f" + grads/AdamW {optimizer / scale:.2f} + logits {logits / scale:.2f} (activations extra)",
     ]
     return "\n".join(lines)
