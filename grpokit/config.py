@@ -384,6 +384,17 @@ def _unknown_key_message(key: str) -> str:
     return f"unknown config key {key!r}.{hint}"
 
 
+def _field_in_section(section: str, key: str) -> str:
+    """The field named by ``section.key``; a field put under the wrong section is named with its own."""
+    name = ALIASES.get(key, key)
+    home = FIELD_SECTION.get(name)
+    if home == section:
+        return name
+    if home is not None:
+        raise ConfigError(f"{key!r} is not a key of section {section!r}: it belongs to {home!r}; move it under `{home}:` (or write it at the top level).")
+    raise ConfigError(_unknown_key_message(f"{section}.{key}"))
+
+
 def _flatten(values: dict) -> dict:
     """Map sections, dotted keys, bare keys and aliases to {field_name: value}."""
     flat: dict[str, Any] = {}
@@ -395,17 +406,13 @@ def _flatten(values: dict) -> dict:
             if not isinstance(value, dict):
                 raise ConfigError(f"section {key!r} must be a mapping of keys to values, got {type(value).__name__}.")
             for sub, v in value.items():
-                name = ALIASES.get(sub, sub)
-                if FIELD_SECTION.get(name) != key:
-                    raise ConfigError(_unknown_key_message(f"{key}.{sub}"))
-                flat[name] = v
+                flat[_field_in_section(key, str(sub))] = v
             continue
         if "." in key:
             section, _, sub = key.partition(".")
-            name = ALIASES.get(sub, sub)
-            if section not in SECTIONS or FIELD_SECTION.get(name) != section:
+            if section not in SECTIONS:
                 raise ConfigError(_unknown_key_message(key))
-            flat[name] = value
+            flat[_field_in_section(section, sub)] = value
             continue
         name = ALIASES.get(key, key)
         if name not in FIELD_SECTION:
@@ -427,7 +434,7 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
     if value is None:
         if optional or expected is Any:
             return None
-        raise ConfigError(f"{name} cannot be null; give a {expected.__name__}.")
+        raise ConfigError(f"{name} cannot be null; give {_a(expected)}{_example(cls, name)}.")
     if expected is Any:
         return value
     if isinstance(value, str) and expected is not str:
@@ -453,7 +460,19 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
             return list(value)
         if isinstance(value, (str, int)):
             return [value]
-    raise ConfigError(f"{name}={value!r} has the wrong type: expected {getattr(expected, '__name__', expected)}, got {type(value).__name__}.")
+    raise ConfigError(f"{name}={value!r} has the wrong type ({type(value).__name__}); "
+                      f"give {_a(expected)}{_example(cls, name)}.")
+
+
+def _a(kind: type) -> str:
+    return ("an " if kind.__name__[0] in "aeiou" else "a ") + kind.__name__
+
+
+def _example(cls: type, name: str) -> str:
+    """', such as the default <value>' for a field whose default shows the expected form."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return "" if default is None else f", such as the default {name}: {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
 
 
 def _parse_scalar(text: str) -> Any:
@@ -471,16 +490,18 @@ def _parse_scalar(text: str) -> Any:
 
 
 def parse_overrides(args: list[str]) -> dict:
-    """Turn ``key=value``, ``section.key=value`` and ``--key=value`` / ``--key value`` into a dict."""
+    """Turn ``key=value``, ``section.key=value``, ``--key=value`` / ``--key value`` and a bare ``--flag`` (= true) into a dict."""
     out: dict[str, Any] = {}
     i = 0
     while i < len(args):
         arg = args[i]
         if "=" in arg:
             key, _, value = arg.partition("=")
-        elif arg.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+        elif arg.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--") and "=" not in args[i + 1]:
             key, value = arg, args[i + 1]
             i += 1
+        elif arg.startswith("--"):
+            key, value = arg, "true"  # a bare flag such as --overwrite
         else:
             raise ConfigError(f"cannot read override {arg!r}: write key=value, section.key=value or --key=value.")
         out[key.lstrip("-")] = _parse_scalar(value)

@@ -4,6 +4,8 @@ validation, chat templates, prompt length limits, and a seeded, resumable batch 
 from __future__ import annotations
 
 import csv
+import difflib
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -36,13 +38,44 @@ def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dat
             raise DataError(f"{name} row {i} is a {type(row).__name__}, not a mapping; each row must be a dict with a {prompt_column!r} key.")
         if prompt_column not in row:
             keys = ", ".join(map(repr, row)) or "none"
-            raise DataError(f"{name} row {i} has no {prompt_column!r} column (columns: {keys}); set data.prompt_column to the column that holds the prompt.")
+            close = difflib.get_close_matches(prompt_column, [str(k) for k in row], n=1)
+            hint = f" Did you mean prompt_column: {close[0]}?" if close else ""
+            raise DataError(f"{name} row {i} has no {prompt_column!r} column (columns: {keys}); set data.prompt_column to the column that holds the prompt.{hint}")
         prompt = row[prompt_column]
         if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
             raise DataError(f"{name} row {i} has an empty {prompt_column!r}; remove the row or fill in its prompt.")
         if not isinstance(prompt, (str, list)):
             raise DataError(f"{name} row {i}: {prompt_column!r} must be a string or a list of chat messages, got {type(prompt).__name__}.")
     return rows
+
+
+def reward_columns(fn: Any) -> list[str]:
+    """Dataset columns a reward function needs: its ``required_columns`` attribute when it has one,
+    else the parameters after (prompts, completions) that have no default, as in
+    ``def exact(prompts, completions, answer, **columns)``."""
+    declared = getattr(fn, "required_columns", None)
+    if declared is not None:
+        return list(declared)
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params[2:] if p.kind in named and p.default is inspect.Parameter.empty]
+
+
+def check_reward_columns(rows: list[dict], rewards: dict[str, Any], prompt_column: str = "prompt", name: str = "train_dataset") -> None:
+    """Fail before training when a reward needs a column that a row lacks. ``rewards``: {name: function}.
+    ``completion_lengths`` is always given by the trainer, so it never needs to be in the data."""
+    for reward, fn in rewards.items():
+        for column in reward_columns(fn):
+            if column == "completion_lengths":
+                continue
+            missing = next((i for i, row in enumerate(rows) if column not in row), None)
+            if missing is not None:
+                columns = ", ".join(repr(k) for k in rows[missing] if k != prompt_column) or "none"
+                raise DataError(f"reward {reward!r} needs the column {column!r}, but {name} row {missing} has none (its other columns: "
+                                f"{columns}); add the column {column!r} to the data, or configure the reward to read another column.")
 
 
 def _read_path(path: str, name: str) -> list[dict]:

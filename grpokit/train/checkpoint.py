@@ -3,7 +3,8 @@
 ``RUN/checkpoints/step-N/`` holds the policy weights (safetensors), the reference weights when the
 reference is resynced, optimizer and scheduler states, RNG states and the trainer state (step, data
 position, counters) with the grpokit version. Each folder is written under a temporary name and
-renamed into place, so a folder named step-N is always complete.
+renamed into place, and renamed away before it is deleted, so a folder named step-N is always
+complete, even after a kill at any moment.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
                     rng_states: dict, reference_model=None, save_total_limit: int | None = None) -> Path:
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".*-step-*"):  # left by a run killed while saving or deleting
+        shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_model(model, str(tmp / "model.safetensors"))
     if reference_model is not None:
@@ -62,13 +64,20 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     _fsync_dir(tmp)
     if final.exists():
-        shutil.rmtree(final)
+        _remove(final)
     os.replace(tmp, final)
     _fsync_dir(root)
     if save_total_limit is not None:
         for old in list_checkpoints(run_dir)[:-save_total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
     return final
+
+
+def _remove(folder: Path) -> None:
+    """Rename, then delete: a kill midway leaves a hidden leftover, never a half-deleted step-N."""
+    doomed = folder.with_name(f".del-{folder.name}")
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_model=None) -> tuple[dict, dict]:
@@ -88,12 +97,12 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
         if reference_model is not None and (path / "reference.safetensors").is_file():
             _load_weights(reference_model, path / "reference.safetensors")
         states = torch.load(path / "states.pt", weights_only=True, map_location="cpu")
+        optimizer.load_state_dict(states["optimizer"])
+        scheduler.load_state_dict(states["scheduler"])
     except CheckpointError:
         raise
     except Exception as exc:  # truncated or foreign files surface as many different errors
         raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); it may be truncated. Resume from an earlier step-N folder.") from None
-    optimizer.load_state_dict(states["optimizer"])
-    scheduler.load_state_dict(states["scheduler"])
     return state, states["rng"]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -18,6 +20,8 @@ RESUME_FREE_KEYS = {"resume_from", "overwrite", "max_steps", "progress_bar", "re
 
 def check_run_dir(args) -> None:
     """Refuse an ``output_dir`` that holds another run, unless resuming or overwriting (before any model loads)."""
+    if args.resume_from not in (None, "latest"):
+        checkpoint.resolve_resume(args.output_dir, args.resume_from)  # raises when it is not a checkpoint folder
     config_file = Path(args.output_dir) / "config.yaml"
     if config_file.exists() and args.resume_from is None and not args.overwrite:
         old = yaml.safe_load(config_file.read_text()) or {}
@@ -38,9 +42,10 @@ def prepare_run_dir(trainer):
     if config_file.exists() and not resuming:
         for name in ("rollouts.sqlite", "rollouts.sqlite-wal", "rollouts.sqlite-shm", "metrics.jsonl", "report.html"):
             (run_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        for name in ("checkpoints", "final"):
+            shutil.rmtree(run_dir / name, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(args.to_yaml())
+    _write_atomic(config_file, args.to_yaml())
 
     start = 0
     if resuming:
@@ -69,10 +74,23 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines of steps after ``step`` (they are about to be redone)."""
-    import json
-
+    """Drop metric lines of steps after ``step`` (they are about to be redone), and a line torn by a
+    kill mid-write. The file is replaced atomically, so a kill here cannot lose the earlier steps."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    kept = [line for line in path.read_text().splitlines() if (record := _json_line(line)) is not None and record.get("step", 0) <= step]
+    _write_atomic(path, "".join(line + "\n" for line in kept))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _json_line(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None

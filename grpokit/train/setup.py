@@ -17,7 +17,10 @@ def build_reward_runner(reward_funcs: Any, args: GRPOConfig):
     if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
         raise ConfigError("no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy).")
     specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-    return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout, workers=args.reward_workers)
+    try:
+        return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout, workers=args.reward_workers)
+    except (ValueError, TypeError, ImportError, OSError) as exc:  # a bad spec: unknown name, missing file, bad params
+        raise ConfigError(f"rewards: {exc}") from exc
 
 
 def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):

@@ -16,7 +16,7 @@ import torch
 
 from grpokit.algos import compute_advantages, zero_variance_groups
 from grpokit.config import GRPOConfig
-from grpokit.data.prompts import PromptSource, load_rows
+from grpokit.data.prompts import PromptSource, check_reward_columns, load_rows
 from grpokit.eval.evaluator import evaluate
 from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rollout.engine import HFRolloutEngine
@@ -49,6 +49,10 @@ class GRPOTrainer:
         self.eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset") if eval_source is not None else None
         check_run_dir(args)
         self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args)
+        reward_fns = dict(zip(self.rewards.names, self.rewards.functions))
+        check_reward_columns(self.train_rows, reward_fns, args.prompt_column)
+        if self.eval_rows:
+            check_reward_columns(self.eval_rows, reward_fns, args.prompt_column, "eval_dataset")
         self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args)
         ensure_pad_token(self.tokenizer)
         self.autocast_dtype = None
