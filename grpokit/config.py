@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -344,6 +345,10 @@ class GRPOConfig:
         _check(0 <= o.warmup_ratio < 1, f"warmup_ratio={o.warmup_ratio} must be in [0, 1).")
         _check(o.warmup_steps >= 0, f"warmup_steps={o.warmup_steps} must be >= 0.")
         _check(o.max_grad_norm >= 0, f"max_grad_norm={o.max_grad_norm} must be >= 0 (0 = no clipping).")
+        _check(o.weight_decay >= 0, f"weight_decay={o.weight_decay} must be >= 0.")
+        for beta_name in ("adam_beta1", "adam_beta2"):
+            _check(0 <= getattr(o, beta_name) < 1, f"{beta_name}={getattr(o, beta_name)} must be in [0, 1) (AdamW's moving-average rate, e.g. 0.9).")
+        _check(0 <= o.seed < 2**63, f"seed={o.seed} must be in [0, 2**63).")
         n = self.completions_per_step(world_size)
         _check(
             n % a.num_generations == 0,
@@ -354,15 +359,23 @@ class GRPOConfig:
         _check(self.data.max_prompt_length is None or self.data.max_prompt_length >= 1, f"max_prompt_length={self.data.max_prompt_length} must be >= 1 or null.")
         _check(e.eval_steps >= 0, f"eval_steps={e.eval_steps} must be >= 0 (0 = off).")
         _check(e.num_generations_eval >= 1, f"num_generations_eval={e.num_generations_eval} must be >= 1.")
+        _check(e.eval_temperature is None or e.eval_temperature > 0, f"eval_temperature={e.eval_temperature} must be > 0 or null (= temperature).")
+        _check(e.max_eval_prompts is None or e.max_eval_prompts >= 1, f"max_eval_prompts={e.max_eval_prompts} must be >= 1 or null (= all).")
         for k in e.pass_at_k:
             _check(isinstance(k, int) and 1 <= k <= e.num_generations_eval, f"pass_at_k contains {k!r}: each k must be an integer in [1, num_generations_eval={e.num_generations_eval}].")
         _check(r.save_steps >= 0, f"save_steps={r.save_steps} must be >= 0 (0 = only at the end).")
         _check(r.save_total_limit is None or r.save_total_limit >= 1, f"save_total_limit={r.save_total_limit} must be >= 1 or null.")
         _check(r.max_nonfinite_steps >= 1, f"max_nonfinite_steps={r.max_nonfinite_steps} must be >= 1.")
+        _check(r.logging_steps >= 1, f"logging_steps={r.logging_steps} must be >= 1.")
         for sink in r.report_to:
             _check(sink in REPORT_SINKS, f"report_to contains {sink!r}; valid sinks are {', '.join(REPORT_SINKS)}.")
         _check(self.lora.r >= 0, f"lora.r={self.lora.r} must be >= 0 (0 = no LoRA).")
+        _check(self.lora.alpha > 0, f"lora.alpha={self.lora.alpha} must be > 0.")
+        _check(0 <= self.lora.dropout < 1, f"lora.dropout={self.lora.dropout} must be in [0, 1).")
+        _check(self.reward.reward_workers >= 0, f"reward_workers={self.reward.reward_workers} must be >= 0 (0 = in-process).")
         weights = self.reward.reward_weights
+        for w in weights or []:
+            _check(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w), f"reward_weights contains {w!r}; each weight must be a finite number.")
         if weights is not None and self.rewards:
             _check(len(weights) == len(self.rewards), f"reward_weights has {len(weights)} values but there are {len(self.rewards)} reward functions; give one weight per function.")
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
@@ -434,7 +447,7 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
     if value is None:
         if optional or expected is Any:
             return None
-        raise ConfigError(f"{name} cannot be null; give {_a(expected)}{_example(cls, name)}.")
+        raise ConfigError(f"{name} cannot be null; give a {expected.__name__}{_example(cls, name)}.")
     if expected is Any:
         return value
     if isinstance(value, str) and expected is not str:
@@ -451,7 +464,13 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
             return int(value)
     elif expected is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an int beyond the float range
+                number = math.inf
+            if not math.isfinite(number):
+                raise ConfigError(f"{name}={value!r} must be a finite number{_example(cls, name)}.")
+            return number
     elif expected is str:
         if isinstance(value, str):
             return value
@@ -460,19 +479,17 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
             return list(value)
         if isinstance(value, (str, int)):
             return [value]
-    raise ConfigError(f"{name}={value!r} has the wrong type ({type(value).__name__}); "
-                      f"give {_a(expected)}{_example(cls, name)}.")
-
-
-def _a(kind: type) -> str:
-    return ("an " if kind.__name__[0] in "aeiou" else "a ") + kind.__name__
+    raise ConfigError(f"{name}={value!r} has the wrong type: expected {expected.__name__}, got {type(value).__name__}{_example(cls, name)}.")
 
 
 def _example(cls: type, name: str) -> str:
-    """', such as the default <value>' for a field whose default shows the expected form."""
+    """' (for example name: <default>)', showing the expected form; empty for a null default."""
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    return "" if default is None else f", such as the default {name}: {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
+    if default is None:
+        return ""
+    shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+    return f" (for example {name}: {shown})"
 
 
 def _parse_scalar(text: str) -> Any:
@@ -504,9 +521,25 @@ def parse_overrides(args: list[str]) -> dict:
             key, value = arg, "true"  # a bare flag such as --overwrite
         else:
             raise ConfigError(f"cannot read override {arg!r}: write key=value, section.key=value or --key=value.")
-        out[key.lstrip("-")] = _parse_scalar(value)
+        out[key.lstrip("-")] = _cli_value(key, value)
         i += 1
     return out
+
+
+def _cli_value(key: str, text: str) -> Any:
+    """A command-line value: parsed with YAML rules, except for a string field, whose text is kept as
+    written (``output_dir=007`` stays '007'); there only null or ~ mean None, for an optional field."""
+    name = key.lstrip("-").replace("-", "_").rpartition(".")[2]
+    name = ALIASES.get(name, name)
+    section = FIELD_SECTION.get(name)
+    if section is None:
+        return _parse_scalar(text)
+    hint = typing.get_type_hints(SECTIONS[section])[name]
+    if hint is str:
+        return text
+    if hint == Optional[str]:
+        return None if text in ("null", "~") else text
+    return _parse_scalar(text)
 
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str] | dict] = None) -> GRPOConfig:
