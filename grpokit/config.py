@@ -191,7 +191,17 @@ class DistributedConfig:
     address: Optional[str] = None
     """Ray address (auto = an existing cluster); null starts a local one."""
     num_rollout_workers: int = 2
-    """Ray rollout actors."""
+    """Ray rollout actors; the prompts of a step are split over them."""
+    rollout_worker_cpus: float = 1.0
+    """CPUs Ray reserves for each rollout actor."""
+    rollout_worker_gpus: float = 0.0
+    """GPUs Ray reserves for each rollout actor (> 0 samples on CUDA)."""
+    ray_num_cpus: Optional[int] = None
+    """CPUs of the local Ray cluster grpokit starts when address is null; null = all."""
+    seed_per_group: bool = False
+    """Seed each group's sampler from (seed, step, group) so rollouts do not depend on how prompts are split; always on with Ray or several processes."""
+    async_rollouts: bool = False
+    """One-step-off (Ray): sample step k+1 while step k trains; ratios use the sampling log-probs."""
 
 
 @dataclass
@@ -378,6 +388,10 @@ class GRPOConfig:
             _check(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w), f"reward_weights contains {w!r}; each weight must be a finite number.")
         if weights is not None and self.rewards:
             _check(len(weights) == len(self.rewards), f"reward_weights has {len(weights)} values but there are {len(self.rewards)} reward functions; give one weight per function.")
+        d = self.distributed
+        _check(d.num_rollout_workers >= 1, f"num_rollout_workers={d.num_rollout_workers} must be >= 1.")
+        _check(d.rollout_worker_cpus >= 0 and d.rollout_worker_gpus >= 0, "rollout_worker_cpus and rollout_worker_gpus must be >= 0.")
+        _check(not d.async_rollouts or d.backend == "ray", "async_rollouts needs backend: ray (rollouts are sampled by Ray workers while the learner trains).")
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
 
 

@@ -39,17 +39,22 @@ class Learner:
         with self.reference.active() as ref, self.autocast():
             return batched_logprobs(ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size)
 
-    def update(self, batch: Batch, advantages: torch.Tensor, loss_mask: torch.Tensor, ref_logprobs: torch.Tensor | None) -> dict:
-        """Run num_iterations optimizer steps on one batch. advantages [N], loss_mask [N, T]. Returns metrics."""
+    def update(self, batch: Batch, advantages: torch.Tensor, loss_mask: torch.Tensor, ref_logprobs: torch.Tensor | None,
+               old_logprobs: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None) -> dict:
+        """Run num_iterations optimizer steps on one batch. advantages [N], loss_mask [N, T]. Returns metrics.
+
+        ``old_logprobs`` [N, T]: the sampling policy's log-probs, for a batch sampled by an older policy
+        (async rollouts); by default they are recomputed (num_iterations > 1) or equal logp.detach().
+        ``num_items_in_batch``: dapo's token denominator; default this batch's completion tokens.
+        """
         cfg = self.cfg
         mb = cfg.per_device_train_batch_size
-        old_logprobs = None
-        if cfg.num_iterations > 1:
+        if old_logprobs is None and cfg.num_iterations > 1:
             self.model.eval()
             with self.autocast():
                 old_logprobs = batched_logprobs(self.model, batch, cfg.temperature, mb)
             self.model.train()
-        num_items = loss_mask.sum().clamp(min=1.0)  # completion tokens of the whole batch (dapo)
+        num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
         num_micro = math.ceil(len(batch) / mb)
         history: list[dict] = []
         for _ in range(cfg.num_iterations):

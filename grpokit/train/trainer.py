@@ -17,6 +17,8 @@ import torch
 from grpokit.algos import compute_advantages, zero_variance_groups
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import PromptSource, check_reward_columns, load_rows
+from grpokit.distributed.seeding import generate_per_group, group_seed
+from grpokit.distributed.torch_dist import gather_reward_result, init_distributed, wrap_data_parallel
 from grpokit.eval.evaluator import evaluate
 from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rollout.engine import HFRolloutEngine
@@ -43,11 +45,14 @@ class GRPOTrainer:
     def __init__(self, model: Any = None, reward_funcs: Any = None, args: GRPOConfig | None = None,
                  train_dataset: Any = None, eval_dataset: Any = None, tokenizer: Any = None):
         self.args = args = args or GRPOConfig()
+        self.dist = init_distributed()  # rank and world size under torchrun; one process otherwise
+        args.validate(self.dist.world_size)
         # Everything that can be checked without a model is checked first.
         self.train_rows = load_rows(train_dataset if train_dataset is not None else args.train_dataset, args.prompt_column)
         eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
         self.eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset") if eval_source is not None else None
-        check_run_dir(args)
+        if self.dist.is_main:  # only rank 0 owns the run folder
+            check_run_dir(args)
         self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args)
         reward_fns = dict(zip(self.rewards.names, self.rewards.functions))
         check_reward_columns(self.train_rows, reward_fns, args.prompt_column)
@@ -65,6 +70,11 @@ class GRPOTrainer:
         eos = eos_token_ids(self.model, self.tokenizer)
         self.engine = HFRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, self.device, seed=args.seed)
         self.sampling = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k)
+        # Rollouts must not depend on how a step's prompts are split over processes or Ray workers.
+        self.seed_per_group = args.seed_per_group or args.backend == "ray" or self.dist.enabled
+        self.remote = self._start_ray(eos) if args.backend == "ray" else None
+        self._pending = None  # async: (prompt indices, rollouts in flight) of the next step
+        self._resume_indices: list[int] | None = None
 
         self.reference = Reference(self.model, use_adapters=self.use_lora) if args.beta > 0 else None
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -72,7 +82,7 @@ class GRPOTrainer:
         total = args.max_steps * args.num_iterations
         warmup = args.warmup_steps or int(args.warmup_ratio * total)
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)
-        self.learner = Learner(self.model, self.reference, self.optimizer, self.scheduler, args)
+        self.learner = Learner(wrap_data_parallel(self.model, self.dist, self.device), self.reference, self.optimizer, self.scheduler, args)
         self.step = 0
         self.stop_reason: str | None = None
         self.interrupted_by: int | None = None
@@ -82,6 +92,8 @@ class GRPOTrainer:
     def train(self) -> dict:
         """Train to max_steps (or until stopped); returns the last step's metrics."""
         args = self.args
+        if not self.dist.is_main:
+            return self._train_other_rank()
         self.run_dir, self.store, self.tracker = prepare_run_dir(self)
         previous_handlers = self._install_signal_handlers()
         metrics: dict = {}
@@ -101,46 +113,58 @@ class GRPOTrainer:
             self.tracker.close()
             self._write_report()
             self.store.close()
+            if self.remote is not None:
+                self.remote.shutdown()
         if self.stop_reason:
             self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]")
         return metrics
 
     def _train_step(self, step: int) -> dict:
-        args, G = self.args, self.args.num_generations
+        args, G, dist = self.args, self.args.num_generations, self.dist
         t0 = time.perf_counter()
-        indices = self.train_source.next_indices(args.prompts_per_step())
-        rollouts = self.engine.generate([self.train_source.ids[i] for i in indices], G, self.sampling)
+        indices, rollouts = self._next_rollouts(step)  # this rank's prompts, G rollouts each
+        staleness = self.engine.policy_version - rollouts.policy_version  # updates since the sampling policy
         t1 = time.perf_counter()
         completions = self._decode(rollouts)
         reward = self.rewards.score(
             [self.train_source.texts[i] for i in indices for _ in range(G)], completions, self._columns(indices, rollouts, self.train_rows)
         )
+        # Every rank's rewards, so groups are complete and batch-level scaling sees the whole batch.
+        all_rewards = gather_reward_result(dist, reward)
         t2 = time.perf_counter()
-        advantages = compute_advantages(reward.combined, G, args.advantage_estimator, args.scale_rewards).to(self.device)  # [N]
+        all_advantages = compute_advantages(all_rewards.combined, G, args.advantage_estimator, args.scale_rewards)  # [N_global]
+        n = rollouts.completion_ids.size(0)
+        advantages = all_advantages[dist.rank * n : (dist.rank + 1) * n].to(self.device)  # [N] this rank's rows
         loss_mask = rollouts.completion_mask.to(self.device)  # [N, T]
         if args.mask_truncated_completions:
             loss_mask = loss_mask * (~rollouts.truncated).to(self.device)[:, None].float()
         batch = build_batch(self.model, rollouts, self.tokenizer.pad_token_id, self.device)
         ref_logprobs = self.learner.reference_logprobs(batch)
+        # DDP averages gradients over ranks, so dapo's per-rank denominator is the global token count / ranks.
+        num_items = dist.sum(loss_mask.sum()).clamp(min=1.0) / dist.world_size
+        # Async rollouts come from an older policy: the ratio is taken against their sampling log-probs.
+        old_logprobs = rollouts.logprobs.to(self.device) if args.async_rollouts else None
         t3 = time.perf_counter()
-        update = self.learner.update(batch, advantages, loss_mask, ref_logprobs)
+        update = dist.mean_metrics(self.learner.update(batch, advantages, loss_mask, ref_logprobs, old_logprobs=old_logprobs, num_items_in_batch=num_items))
         self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
         t4 = time.perf_counter()
 
-        lengths = rollouts.completion_lengths.float()
-        tokens = lengths.sum().item() + sum(len(self.train_source.ids[i]) for i in indices) * G
+        lengths = dist.gather(rollouts.completion_lengths.float())  # [N_global]
+        prompt_tokens = dist.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in indices) * G)))
+        tokens = lengths.sum().item() + prompt_tokens.item()
         metrics = {
-            **reward.metrics(),
+            **all_rewards.metrics(),
             **update,
-            "advantage/mean": float(advantages.mean()),
-            "advantage/std": float(advantages.std()),
-            "frac_reward_zero_std": float(zero_variance_groups(reward.combined, G).float().mean()),
+            "advantage/mean": float(all_advantages.mean()),
+            "advantage/std": float(all_advantages.std()),
+            "frac_reward_zero_std": float(zero_variance_groups(all_rewards.combined, G).float().mean()),
             "completion_length/mean": float(lengths.mean()),
             "completion_length/min": float(lengths.min()),
             "completion_length/max": float(lengths.max()),
-            "truncated_fraction": float(rollouts.truncated.float().mean()),
+            "truncated_fraction": float(dist.gather(rollouts.truncated.float()).mean()),
             "prompts_truncated": float(self.train_source.num_truncated),
             "prompts_dropped": float(self.train_source.num_dropped),
+            "policy_staleness": float(staleness),
             "time/generate": t1 - t0,
             "time/reward": t2 - t1,
             "time/logprobs": t3 - t2,
@@ -148,8 +172,78 @@ class GRPOTrainer:
             "step_time": t4 - t0,
             "tokens_per_second": tokens / (t4 - t0),
         }
-        self.store.write_step(step, self._store_rows(indices, rollouts, completions, reward, advantages), metrics)
-        self.tracker.log(metrics, step)
+        if self.remote is not None:
+            metrics["rollout_worker_restarts"] = float(self.remote.restarts)
+        rows = dist.gather_objects(self._store_rows(indices, rollouts, completions, reward, advantages.cpu()))
+        if dist.is_main:
+            self.store.write_step(step, [r for part in rows for r in part], metrics)
+            self.tracker.log(metrics, step)
+        return metrics
+
+    def _next_rollouts(self, step: int) -> tuple[list[int], Rollouts]:
+        """This rank's prompt indices for ``step`` and their rollouts. In async mode they were sampled
+        while the previous step trained, and the next step's sampling starts here."""
+        if self._pending is not None:
+            indices, pending = self._pending
+            self._pending = None
+            rollouts = self.remote.collect(pending)
+        else:
+            indices = self._resume_indices or self._draw()
+            self._resume_indices = None
+            rollouts = self._sample(step, indices)
+        if self.args.async_rollouts and step < self.args.max_steps:
+            upcoming = self._draw()
+            self._publish()
+            self._pending = (upcoming, self.remote.submit(*self._prompts_and_seeds(step + 1, upcoming), self.args.num_generations, self.sampling))
+        return indices, rollouts
+
+    def _draw(self) -> list[int]:
+        """This rank's share of the next global batch of prompts (every rank draws the same batch)."""
+        indices, _ = self.dist.shard(self.train_source.next_indices(self.args.prompts_per_step(self.dist.world_size)))
+        return indices
+
+    def _prompts_and_seeds(self, step: int, indices: list[int]) -> tuple[list[list[int]], list[int]]:
+        first = self.dist.rank * len(indices)  # position of this rank's first group in the global batch
+        seeds = [group_seed(self.args.seed, step, first + j) for j in range(len(indices))]
+        return [self.train_source.ids[i] for i in indices], seeds
+
+    def _sample(self, step: int, indices: list[int]) -> Rollouts:
+        G = self.args.num_generations
+        if self.remote is not None:
+            self._publish()
+            return self.remote.generate(*self._prompts_and_seeds(step, indices), G, self.sampling)
+        if self.seed_per_group:
+            return generate_per_group(self.engine, *self._prompts_and_seeds(step, indices), G, self.sampling)
+        return self.engine.generate([self.train_source.ids[i] for i in indices], G, self.sampling)
+
+    def _publish(self) -> None:
+        """Send the current weights to the Ray workers unless they already have this version."""
+        if self.remote.version != self.engine.policy_version:
+            self.remote.publish(self.model, self.engine.policy_version)
+
+    def _start_ray(self, eos: list[int]):
+        from grpokit.config import ConfigError
+        from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
+
+        if self.dist.enabled:
+            raise ConfigError("backend: ray runs one learner process; start it with `grpokit train`, not torchrun.")
+        args = self.args
+        connect(args.address, args.ray_num_cpus)
+        return RayRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, args.num_rollout_workers,
+                                args.rollout_worker_cpus, args.rollout_worker_gpus)
+
+    def _train_other_rank(self) -> dict:
+        """Ranks > 0 under torchrun: the same steps (metrics are averaged over ranks, so every rank
+        stops together), without the run folder, evaluation or checkpoints, which rank 0 owns."""
+        if self.args.resume_from is not None:
+            found = checkpoint.resolve_resume(self.args.output_dir, self.args.resume_from)
+            if found is not None:
+                self.resume(found)
+        metrics: dict = {}
+        while self.step < self.args.max_steps and self.stop_reason is None:
+            self.step += 1
+            metrics = self._train_step(self.step)
+            self._after_step(metrics)
         return metrics
 
     def _after_step(self, metrics: dict) -> None:
@@ -166,6 +260,8 @@ class GRPOTrainer:
                 self.stop_reason = f"mean KL {metrics['kl']:.4f} exceeded max_kl={args.max_kl} for {args.max_kl_patience} step(s)."
         else:
             self._counters["kl_over"] = 0
+        if not self.dist.is_main:
+            return
         if self._eval_enabled() and step % args.eval_steps == 0:
             self._evaluate_and_log(step)
         if args.save_steps and step % args.save_steps == 0 and step < args.max_steps:
@@ -226,7 +322,8 @@ class GRPOTrainer:
 
     def _save_checkpoint(self) -> None:
         synced = self.args.ref_model_sync_steps and self.reference is not None and self.reference.model is not None
-        state = {"data": self.train_source.state_dict(), "policy_version": self.engine.policy_version, "counters": self._counters}
+        state = {"data": self.train_source.state_dict(), "policy_version": self.engine.policy_version, "counters": self._counters,
+                 "pending_indices": self._pending[0] if self._pending else None}  # async: drawn, not yet trained on
         checkpoint.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.scheduler, state, self._rng_states(),
                                    reference_model=self.reference.model if synced else None, save_total_limit=self.args.save_total_limit)
 
@@ -238,6 +335,7 @@ class GRPOTrainer:
         self.train_source.load_state_dict(state["data"])
         self.engine.policy_version = int(state["policy_version"])
         self._counters = dict(state["counters"])
+        self._resume_indices = state.get("pending_indices")
         torch.set_rng_state(rng["torch"])
         self.engine.generator.set_state(rng["sampler"])
 

@@ -1,0 +1,161 @@
+"""Rollouts sampled by Ray actors, each holding a copy of the policy.
+
+The learner publishes its trainable weights to the Ray object store after every update, with a
+version number (optimizer steps so far); a worker loads them when the version it holds differs,
+and tags its rollouts with the version that sampled them. The groups of a step are split over the
+workers in contiguous chunks, and every group is sampled with its own seed
+(:mod:`grpokit.distributed.seeding`), so the split does not change the rollouts.
+
+Fault tolerance: when a worker dies, it is replaced by a new actor (which loads the chunk's
+weights version) and its chunk is submitted again. Results are kept per chunk, so a chunk counts
+once whatever happened to the worker that first held it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpokit.distributed.seeding import concat_rollouts, generate_per_group
+from grpokit.rollout.types import Rollouts, SamplingParams
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("distributed.backend: ray needs Ray: pip install 'grpokit[ray]'.") from None
+    return ray
+
+
+def connect(address: str | None, num_cpus: int | None) -> None:
+    """Join the cluster at ``address`` (``auto`` = the one ``ray start --head`` made on this node), or
+    start a local one with ``num_cpus`` CPUs when ``address`` is null."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+class RolloutWorker:
+    """A Ray actor: one policy copy and a rollout engine on its own device."""
+
+    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, use_gpu: bool):
+        from grpokit.rollout.engine import HFRolloutEngine
+
+        device = torch.device("cuda" if use_gpu else "cpu")
+        self.model = model.to(device)
+        self.engine = HFRolloutEngine(self.model, eos_token_ids, pad_token_id, device)
+        self.version: int | None = None  # nothing published loaded yet
+
+    def generate(self, weights: list, version: int, prompt_ids: list[list[int]], seeds: list[int],
+                 num_generations: int, params: SamplingParams) -> Rollouts:
+        """``weights`` is ``[ObjectRef]`` (nested, so it is fetched only when the version changed)."""
+        if version != self.version:
+            import ray
+
+            state = ray.get(weights[0])
+            self.model.load_state_dict({k: v.to(self.engine.device) for k, v in state.items()}, strict=False)
+            self.version = version
+        self.engine.policy_version = version
+        return generate_per_group(self.engine, prompt_ids, seeds, num_generations, params)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+@dataclass
+class PendingRollouts:
+    """A step's generation in flight: one chunk of groups per worker, and what is needed to redo one."""
+
+    chunks: list[tuple[list[list[int]], list[int]]]  # (prompt ids, seeds) per chunk
+    refs: dict  # ObjectRef -> (chunk index, worker index)
+    weights: list  # [ObjectRef] of the version that samples this step
+    version: int
+    num_generations: int
+    params: SamplingParams
+
+
+class RayRolloutEngine:
+    """Training rollouts from ``num_workers`` Ray actors; see the module docstring."""
+
+    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, num_workers: int,
+                 worker_cpus: float = 1.0, worker_gpus: float = 0.0):
+        ray = import_ray()
+        self.pad_token_id = pad_token_id
+        # The architecture ships once (the driver's copy stays where it is); weights follow by version.
+        self._model_ref = ray.put(_cpu_copy(model))
+        self._actor = ray.remote(num_cpus=worker_cpus, num_gpus=worker_gpus)(RolloutWorker)
+        self._worker_args = (eos_token_ids, pad_token_id, worker_gpus > 0)
+        self.workers = [self._spawn() for _ in range(num_workers)]
+        self.restarts = 0
+        self.version: int | None = None
+        self._weights: list = []
+
+    def _spawn(self):
+        return self._actor.remote(self._model_ref, *self._worker_args)
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """Put the trainable weights in the object store as ``version`` (only they change in training)."""
+        ray = import_ray()
+        state = {name: p.detach().cpu() for name, p in model.named_parameters() if p.requires_grad}
+        self._weights = [ray.put(state)]
+        self.version = version
+
+    def submit(self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams) -> PendingRollouts:
+        """Start sampling with the last published weights; returns at once."""
+        if self.version is None:
+            raise RuntimeError("publish() the policy weights before the first submit().")
+        n = len(self.workers)
+        bounds = [len(prompt_ids) * w // n for w in range(n + 1)]
+        chunks = [(prompt_ids[a:b], seeds[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+        pending = PendingRollouts(chunks, {}, self._weights, self.version, num_generations, params)
+        for c in range(len(chunks)):
+            self._submit_chunk(pending, c, c)
+        return pending
+
+    def _submit_chunk(self, pending: PendingRollouts, chunk: int, worker: int) -> None:
+        prompts, seeds = pending.chunks[chunk]
+        ref = self.workers[worker].generate.remote(pending.weights, pending.version, prompts, seeds, pending.num_generations, pending.params)
+        pending.refs[ref] = (chunk, worker)
+
+    def collect(self, pending: PendingRollouts) -> Rollouts:
+        """Wait for every chunk; a dead worker is replaced and its chunk re-queued."""
+        ray = import_ray()
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        results: dict[int, Rollouts] = {}
+        while pending.refs:
+            ready, _ = ray.wait(list(pending.refs), num_returns=1)
+            chunk, worker = pending.refs.pop(ready[0])
+            try:
+                results[chunk] = ray.get(ready[0])
+            except (RayActorError, ActorDiedError, ActorUnavailableError):
+                ray.kill(self.workers[worker], no_restart=True)
+                self.workers[worker] = self._spawn()
+                self.restarts += 1
+                self._submit_chunk(pending, chunk, worker)
+        return concat_rollouts([results[c] for c in range(len(pending.chunks))], self.pad_token_id)
+
+    def generate(self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams) -> Rollouts:
+        return self.collect(self.submit(prompt_ids, seeds, num_generations, params))
+
+    def shutdown(self) -> None:
+        ray = import_ray()
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+
+
+def _cpu_copy(model: torch.nn.Module) -> torch.nn.Module:
+    if all(p.device.type == "cpu" for p in model.parameters()):
+        return model
+    import copy
+
+    return copy.deepcopy(model).cpu()

@@ -1,0 +1,50 @@
+"""Rollouts that do not depend on how prompts are split over processes or workers.
+
+A single sampler stream makes a completion depend on every row sampled before it, so splitting a
+batch differently (2 processes instead of 1, 3 Ray workers instead of 2, a chunk re-run after a
+worker died) would change the rollouts. Instead, each group (the G completions of one prompt) is
+sampled by its own generator seeded from (seed, step, group index in the step's global batch).
+The same step then yields the same rollouts whatever the split, and a re-queued group is
+regenerated identically. The price: each group is decoded as its own batch of G rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.rollout.types import Rollouts, SamplingParams
+
+_PRIME = 1_000_003
+
+
+def group_seed(seed: int, step: int, group: int) -> int:
+    """Seed of group ``group`` of step ``step``; distinct for every (step, group) below one million."""
+    return ((seed * _PRIME + step) * _PRIME + group) % (2**63 - 1)
+
+
+def generate_per_group(engine, prompt_ids: list[list[int]], seeds: list[int], num_generations: int,
+                       params: SamplingParams) -> Rollouts:
+    """Sample each prompt's group with ``engine`` after seeding its generator with that group's seed."""
+    parts = []
+    for prompt, seed in zip(prompt_ids, seeds):
+        engine.generator.manual_seed(seed)
+        parts.append(engine.generate([prompt], num_generations, params))
+    return concat_rollouts(parts, engine.pad_token_id)
+
+
+def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
+    """Join Rollouts of the same G and policy version, right-padding to the longest completion."""
+    width = max(p.completion_ids.size(1) for p in parts)
+
+    def padded(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.size(1)), value=value)  # [n, T]
+
+    return Rollouts(
+        prompt_ids=[p for part in parts for p in part.prompt_ids],
+        completion_ids=torch.cat([padded(p.completion_ids, pad_token_id) for p in parts]),  # [N, T]
+        completion_mask=torch.cat([padded(p.completion_mask, 0.0) for p in parts]),  # [N, T]
+        logprobs=torch.cat([padded(p.logprobs, 0.0) for p in parts]),  # [N, T]
+        finish_reasons=[r for p in parts for r in p.finish_reasons],
+        num_generations=parts[0].num_generations,
+        policy_version=min(p.policy_version for p in parts),
+    )

@@ -1,0 +1,126 @@
+"""Data-parallel training with torch.distributed (``torchrun --nproc_per_node K -m grpokit train CONFIG``).
+
+Every process draws the same global batch of prompts (same data seed) and takes its contiguous
+share of groups, so a group never straddles two processes. Rewards are gathered across processes
+before advantages are computed, so batch-level scaling (``scale_rewards=batch``) sees the whole
+batch; each process then keeps the advantages of its own rows. Gradients are averaged by DDP.
+Only rank 0 writes the rollout store, metrics, checkpoints and the final model.
+
+gloo on CPU, NCCL on CUDA (one GPU per process, ``LOCAL_RANK``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistContext:
+    """Where this process sits: rank, world size and the local device index."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def shard(self, items: list) -> tuple[list, int]:
+        """This rank's contiguous share of ``items`` (length divisible by world_size) and its start offset."""
+        size = len(items) // self.world_size
+        start = self.rank * size
+        return items[start : start + size], start
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate each rank's ``tensor`` [n, ...] along dim 0, in rank order: [world_size * n, ...]."""
+        if not self.enabled:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    def gather_objects(self, obj) -> list:
+        """One picklable object from every rank, in rank order."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """Sum of ``value`` over ranks (a copy)."""
+        if not self.enabled:
+            return value
+        value = value.clone()
+        dist.all_reduce(value)
+        return value
+
+    def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Average each metric over ranks (every rank must pass the same keys), so all ranks agree on
+        the values that stop a run (kl, nonfinite). Per-rank means are averaged: with equal shares
+        that is the global mean of per-sequence quantities such as the loss."""
+        if not self.enabled:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64)
+        dist.all_reduce(values)
+        return dict(zip(keys, (values / self.world_size).tolist()))
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def gather_reward_result(ctx: DistContext, result):
+    """One RewardResult of every rank's completions, in rank order (the rows of the global batch)."""
+    if not ctx.enabled:
+        return result
+    from grpokit.rewards.runner import RewardResult
+
+    parts = ctx.gather_objects(result)
+    return RewardResult(
+        names=parts[0].names,
+        per_func=torch.cat([p.per_func for p in parts]),  # [N_global, F]
+        combined=torch.cat([p.combined for p in parts]),  # [N_global]
+        errors=[e for p in parts for e in p.errors],
+        error_counts={name: sum(p.error_counts[name] for p in parts) for name in parts[0].names},
+    )
+
+
+def init_distributed() -> DistContext:
+    """Join the process group that torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); a single
+    process without those variables gets the trivial context."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistContext()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(local_rank)  # "cuda" then means this process's GPU
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def wrap_data_parallel(model: torch.nn.Module, ctx: DistContext, device: torch.device) -> torch.nn.Module:
+    """The module the learner trains: DDP around ``model`` when there are several processes.
+
+    Generation and the reference pass keep using the bare ``model``: they need no gradient sync.
+    DDP broadcasts rank 0's weights at construction, so every rank starts from the same policy.
+    """
+    if not ctx.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index if device.index is not None else ctx.local_rank] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+

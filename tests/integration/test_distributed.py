@@ -1,0 +1,115 @@
+"""torch.distributed data parallelism: torchrun with gloo on CPU against a single process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import TARGET_REWARD
+from grpokit import GRPOConfig
+from grpokit.cli import main
+from grpokit.distributed import DistContext, concat_rollouts, generate_per_group, group_seed
+from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.types import SamplingParams
+from grpokit.store import RolloutStore
+
+
+def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict], name: str, **optim) -> Path:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    config = {
+        "model": {"model_name_or_path": str(model_dir)},
+        "data": {"train_dataset": str(data)},
+        "algo": {"num_generations": 4, "beta": 0.04, "scale_rewards": "batch"},
+        "generation": {"max_completion_length": 6},
+        "optim": {"learning_rate": 1e-3, "max_steps": 3, "lr_scheduler_type": "constant", **optim},
+        "run": {"output_dir": str(tmp_path / name), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
+        "distributed": {"seed_per_group": True},
+        # a target length in characters varies within every group, so advantages, losses and updates are not zero
+        "rewards": [TARGET_REWARD, {"name": "length", "target_length": 20, "unit": "chars"}],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one_process(tmp_path, tiny_model_dir, word_prompts):
+    # Same global batch: 1 process x 4 per micro-batch x 2 accumulation = 2 processes x 4 x 1 = 8 completions.
+    one = write_config(tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    two = write_config(tmp_path, tiny_model_dir, word_prompts, "two", per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "grpokit", "train", str(two)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main(["train", str(one)]) == 0
+
+    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [m["step"] for m in m2] == [1, 2, 3]  # rank 0 alone writes metrics: one line per step
+    for a, b in zip(m1, m2):
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)  # identical rollouts
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-5)
+    assert all(m["advantage/std"] > 0 for m in m1)  # every step trains on non-zero advantages
+    with RolloutStore(tmp_path / "one" / "rollouts.sqlite", readonly=True) as s1, \
+         RolloutStore(tmp_path / "two" / "rollouts.sqlite", readonly=True) as s2:
+        r1, r2 = s1.rollouts(), s2.rollouts()
+    assert len(r2) == 3 * 8  # every completion of both ranks, once
+    key = lambda r: (r["step"], r["prompt_index"], r["completion_index"])  # noqa: E731
+    assert sorted(map(key, r1)) == sorted(map(key, r2))
+    assert {key(r): r["completion"] for r in r1} == {key(r): r["completion"] for r in r2}
+    assert (tmp_path / "two" / "final").is_dir()
+
+
+def test_group_seed_is_distinct_per_step_and_group():
+    # (seed * P + step) * P + group with P = 1_000_003: seed 0, step 1, group 2 -> 1_000_003 + 2
+    assert group_seed(0, 1, 2) == 1_000_005
+    seeds = {group_seed(42, step, g) for step in range(1, 20) for g in range(50)}
+    assert len(seeds) == 19 * 50
+
+
+def test_per_group_sampling_does_not_depend_on_the_split(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = HFRolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, torch.device("cpu"))
+    params = SamplingParams(max_completion_length=5)
+    prompts = [tok(f"w{i} w{i + 1}")["input_ids"] for i in range(4)]
+    seeds = [group_seed(7, 3, j) for j in range(4)]
+    whole = generate_per_group(engine, prompts, seeds, 3, params)
+    halves = [generate_per_group(engine, prompts[a:b], seeds[a:b], 3, params) for a, b in ((0, 1), (1, 4))]
+    joined = concat_rollouts(halves, tok.pad_token_id)
+    assert torch.equal(whole.completion_ids, joined.completion_ids)
+    assert torch.equal(whole.completion_mask, joined.completion_mask)
+    assert whole.finish_reasons == joined.finish_reasons
+    other = generate_per_group(engine, prompts, [group_seed(7, 4, j) for j in range(4)], 3, params)
+    assert not torch.equal(whole.completion_ids[:, :3], other.completion_ids[:, :3])  # another step samples anew
+
+
+def test_shard_and_single_process_context():
+    ctx = DistContext(rank=1, world_size=2)
+    assert ctx.shard([10, 11, 12, 13]) == ([12, 13], 2)
+    single = DistContext()
+    t = torch.tensor([1.0, 2.0])
+    assert single.gather(t) is t and single.mean_metrics({"a": 1.0}) == {"a": 1.0}
+
+
+def test_async_rollouts_need_ray():
+    from grpokit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="async_rollouts needs backend: ray"):
+        GRPOConfig(async_rollouts=True)
