@@ -1,0 +1,162 @@
+"""Exact resume: N steps in one go equal k steps + resume + N - k steps; broken checkpoints give a clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import TARGET_REWARD
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.cli import main
+from grpokit.store import RolloutStore
+from grpokit.train.checkpoint import CheckpointError, list_checkpoints
+
+# Per-step numbers that must agree between a straight run and a resumed one.
+COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "learning_rate", "completion_logprob_mean")
+
+
+def config(run: Path, **overrides) -> GRPOConfig:
+    values = dict(output_dir=str(run), num_generations=4, per_device_train_batch_size=8, max_steps=6, max_completion_length=5,
+                  learning_rate=5e-3, beta=0.04, num_iterations=2, save_steps=1, progress_bar=False, report_to=["jsonl"])
+    return GRPOConfig(**(values | overrides))
+
+
+def trainer(model_dir, prompts, args: GRPOConfig) -> GRPOTrainer:
+    return GRPOTrainer(str(model_dir), TARGET_REWARD, args=args, train_dataset=prompts)
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def completions(run: Path) -> list[tuple]:
+    with RolloutStore(run / "rollouts.sqlite", readonly=True) as store:
+        return [(r["step"], r["prompt_index"], r["completion"]) for r in store.rollouts()]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    ma, mb = metrics(a), metrics(b)
+    assert [m["step"] for m in ma] == [m["step"] for m in mb] == list(range(1, 7))
+    for x, y in zip(ma, mb):
+        for key in COMPARED:
+            assert x[key] == pytest.approx(y[key], abs=1e-6), (x["step"], key)
+    assert completions(a) == completions(b)
+    wa, wb = load_file(a / "final" / "model.safetensors"), load_file(b / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=0)
+
+
+PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def straight_runs(tmp_path_factory, tiny_model_dir):
+    """Reference runs of 6 steps in one go, by learning-rate schedule."""
+    prompts = PROMPTS
+    runs = {}
+    for schedule in ("constant", "linear"):
+        run = tmp_path_factory.mktemp(f"straight-{schedule}") / "run"
+        trainer(tiny_model_dir, prompts, config(run, lr_scheduler_type=schedule, ref_model_sync_steps=2)).train()
+        runs[schedule] = run
+    return runs, prompts
+
+
+@pytest.mark.slow
+def test_three_steps_then_resume_three_more_equals_six(straight_runs, tiny_model_dir, tmp_path):
+    """A finished 3-step run, resumed with max_steps=6 (constant learning rate, so the schedule agrees)."""
+    runs, prompts = straight_runs
+    run = tmp_path / "run"
+    args = config(run, lr_scheduler_type="constant", ref_model_sync_steps=2)
+    trainer(tiny_model_dir, prompts, args.replace(max_steps=3)).train()
+    assert [p.name for p in list_checkpoints(run)] == ["step-2", "step-3"]
+    assert (run / "checkpoints" / "step-2" / "reference.safetensors").exists()  # the resynced reference is saved
+    trainer(tiny_model_dir, prompts, args.replace(resume_from="latest")).train()
+    assert_same_run(runs["constant"], run)
+
+
+@pytest.mark.slow
+def test_interrupted_at_step_three_then_resumed_equals_six(straight_runs, tiny_model_dir, tmp_path):
+    """A 6-step run stopped by SIGINT after step 3 (linear decay over 6 steps), then resumed."""
+    runs, prompts = straight_runs
+    run = tmp_path / "run"
+    args = config(run, lr_scheduler_type="linear", ref_model_sync_steps=2)
+    first = trainer(tiny_model_dir, prompts, args)
+    after_step = first._after_step
+
+    def interrupt_after_step_3(step_metrics):
+        after_step(step_metrics)
+        if first.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # the trainer's handler turns this into a stop after the step
+
+    first._after_step = interrupt_after_step_3
+    handler_before = signal.getsignal(signal.SIGINT)
+    first.train()
+    assert first.interrupted_by == signal.SIGINT and first.step == 3
+    assert list_checkpoints(run)[-1].name == "step-3"
+    assert signal.getsignal(signal.SIGINT) is handler_before  # train() puts the caller's handler back
+    trainer(tiny_model_dir, prompts, args.replace(resume_from="latest")).train()
+    assert_same_run(runs["linear"], run)
+
+
+# ---- broken checkpoints ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model_dir):
+    run = tmp_path_factory.mktemp("one-step") / "run"
+    trainer(tiny_model_dir, PROMPTS, config(run, max_steps=1, num_iterations=1, per_device_train_batch_size=4)).train()
+    return run, PROMPTS
+
+
+def broken_copy(run: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    source = list_checkpoints(run)[-1]
+    target = tmp_path / "run" / "checkpoints" / source.name
+    shutil.copytree(source, target)
+    return target
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+class NotATensor:
+    """Pickled into states.pt: weights_only loading must refuse to run its code."""
+
+    def __reduce__(self):
+        return (os.system, ("echo unsafe",))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda ckpt: truncate(ckpt / "model.safetensors"), "may be truncated"),
+    (lambda ckpt: truncate(ckpt / "states.pt"), "it may be truncated"),
+    (lambda ckpt: torch.save({"optimizer": NotATensor()}, ckpt / "states.pt"), "cannot read the checkpoint"),
+    (lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpokit_version": "0.0.0-other"}'), "was written by grpokit '0.0.0-other'"),
+    (lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpok'), "trainer_state.json is missing or corrupt"),
+])
+def test_a_broken_checkpoint_gives_a_clear_error(finished_run, tiny_model_dir, tmp_path, damage, message):
+    run, prompts = finished_run
+    checkpoint = broken_copy(run, tmp_path)
+    damage(checkpoint)
+    resumed = trainer(tiny_model_dir, prompts, config(tmp_path / "run", max_steps=2, num_iterations=1, per_device_train_batch_size=4, resume_from="latest"))
+    with pytest.raises(CheckpointError, match=message):
+        resumed.train()
+
+
+def test_resume_from_a_folder_that_is_not_a_checkpoint_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    from grpokit.train import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "data.jsonl").write_text('{"prompt": "w1 w2", "target": "w1"}\n')
+    (tmp_path / "c.yaml").write_text(f"data: {{train_dataset: {tmp_path / 'data.jsonl'}}}\nrewards: ['{TARGET_REWARD}']\n"
+                                     f"model: {{model_name_or_path: {tmp_path / 'model'}}}\n")
+    code = main(["train", str(tmp_path / "c.yaml"), f"output_dir={tmp_path / 'run'}", f"resume_from={tmp_path}"])
+    assert code == 2
+    assert "is not a checkpoint folder (no trainer_state.json)" in capsys.readouterr().err
