@@ -1,0 +1,144 @@
+"""Ray rollout workers on a local cluster: CLI end to end, a worker killed mid-step, async one-step-off."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import WORDS
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.cli import main
+from grpokit.store import RolloutStore
+from grpokit.testing import TinyGPT, build_word_tokenizer
+
+ray = pytest.importorskip("ray", reason="Ray tests need the ray extra: pip install 'grpokit[ray]'")
+pytestmark = pytest.mark.ray
+
+# A target length in characters varies within every group and is learnable in a few steps.
+LENGTH_REWARD = {"name": "length", "target_length": 40, "unit": "chars"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_cluster():
+    """One local cluster, started by grpokit, for the module (a cluster start costs seconds)."""
+    from grpokit.distributed.ray_rollout import connect
+
+    # Workers must unpickle this module's model class, which they cannot import by name.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    connect(None, num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def rollouts_of(run: Path) -> list[dict]:
+    with RolloutStore(run / "rollouts.sqlite", readonly=True) as store:
+        return store.rollouts()
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_each_rollout_once(rows: list[dict], steps: int, per_step: int) -> None:
+    keys = [(r["step"], r["prompt_index"], r["completion_index"]) for r in rows]
+    assert len(keys) == len(set(keys)) == steps * per_step
+    assert sorted({r["step"] for r in rows}) == list(range(1, steps + 1))
+
+
+@pytest.mark.slow
+def test_cli_with_two_rollout_workers_raises_the_reward(tmp_path, tiny_model_dir, word_prompts):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in word_prompts))
+    config = {
+        "model": {"model_name_or_path": str(tiny_model_dir)},
+        "data": {"train_dataset": str(data)},
+        "algo": {"num_generations": 4, "beta": 0.0},
+        "generation": {"max_completion_length": 8},
+        "optim": {"learning_rate": 1e-2, "per_device_train_batch_size": 16, "max_steps": 16, "lr_scheduler_type": "constant"},
+        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
+        "distributed": {"backend": "ray", "num_rollout_workers": 2, "rollout_worker_cpus": 0.5},
+        "rewards": [LENGTH_REWARD],
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["train", str(path)]) == 0
+
+    metrics = read_metrics(tmp_path / "run")
+    rewards = [m["reward"] for m in metrics]
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    assert last > first + 0.1, rewards
+    rows = rollouts_of(tmp_path / "run")
+    assert_each_rollout_once(rows, 16, 16)
+    # synchronous mode: step k is sampled by the weights after k-1 updates, published to the workers
+    assert all(r["policy_version"] == r["step"] - 1 for r in rows)
+    assert all(m["policy_staleness"] == 0 for m in metrics)
+
+
+class DiesOnce(TinyGPT):
+    """Kills the Ray worker process that runs it (never the learner) once ``flag`` exists; only the
+    process that manages to delete the flag dies, so exactly one worker is lost."""
+
+    def __init__(self, vocab_size: int, flag: str):
+        super().__init__(vocab_size, d_model=32, n_layers=1, n_heads=2)
+        self.flag, self.learner_pid = flag, os.getpid()
+
+    def forward(self, input_ids):
+        if os.getpid() != self.learner_pid and os.path.exists(self.flag):
+            try:
+                os.unlink(self.flag)
+            except FileNotFoundError:
+                pass
+            else:
+                os._exit(1)
+        return super().forward(input_ids)
+
+
+def custom_run(tmp_path: Path, **overrides):
+    tokenizer = build_word_tokenizer(WORDS)
+    flag = tmp_path / "kill-a-worker"
+    torch.manual_seed(0)
+    model = DiesOnce(len(tokenizer), str(flag))
+    prompts = [{"prompt": " ".join(WORDS[i : i + 3])} for i in range(12)]
+
+    def reward(prompts, completions, **columns):
+        return [float(len(c)) / 20 for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8, max_steps=3,
+                      max_completion_length=5, learning_rate=1e-3, beta=0.0, progress_bar=False, report_to=["jsonl"],
+                      save_steps=0, backend="ray", num_rollout_workers=2, rollout_worker_cpus=0.5, **overrides)
+    return GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=prompts, tokenizer=tokenizer), flag
+
+
+def test_a_killed_rollout_worker_is_replaced_and_its_prompts_requeued(tmp_path):
+    trainer, flag = custom_run(tmp_path)
+    score = trainer.rewards.score
+
+    def score_then_arm(prompts, completions, columns=None):
+        if trainer.step == 1:
+            flag.touch()  # step 2's sampling will kill one worker in the middle of its chunk
+        return score(prompts, completions, columns)
+
+    trainer.rewards.score = score_then_arm
+    trainer.train()
+    metrics = read_metrics(tmp_path / "run")
+    assert not flag.exists()  # a worker did run into it, and died
+    assert [m["rollout_worker_restarts"] for m in metrics] == [0, 1, 1]
+    assert_each_rollout_once(rollouts_of(tmp_path / "run"), 3, 8)
+
+
+def test_async_rollouts_are_one_step_stale_and_train(tmp_path):
+    trainer, _ = custom_run(tmp_path, async_rollouts=True)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    rows = rollouts_of(tmp_path / "run")
+    assert_each_rollout_once(rows, 3, 8)
+    # step 1 is sampled by version 0 and step k > 1 while step k-1 trains, i.e. by version k-2
+    assert {r["step"]: r["policy_version"] for r in rows} == {1: 0, 2: 0, 3: 1}
+    assert [m["policy_staleness"] for m in read_metrics(tmp_path / "run")] == [0, 1, 1]
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters()))
