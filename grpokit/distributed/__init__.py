@@ -4,6 +4,11 @@ Ray is imported only by :mod:`grpokit.distributed.ray_rollout`, so ``import grpo
 """
 
 from grpokit.distributed.seeding import concat_rollouts, generate_per_group, group_seed
-from grpokit.distributed.torch_dist import DistContext, gather_reward_result, init_distributed, wrap_data_parallel
+from grpokit.distributed.torch_dist import (
+    DistContext,
+    gather_reward_result,
+    init_distributed,
+    wrap_data_parallel,
+)
 
 __all__ = ["DistContext", "concat_rollouts", "gather_reward_result", "generate_per_group", "group_seed", "init_distributed", "wrap_data_parallel"]

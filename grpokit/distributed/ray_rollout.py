@@ -13,6 +13,7 @@ once whatever happened to the worker that first held it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -114,7 +115,7 @@ class RayRolloutEngine:
             raise RuntimeError("publish() the policy weights before the first submit().")
         n = len(self.workers)
         bounds = [len(prompt_ids) * w // n for w in range(n + 1)]
-        chunks = [(prompt_ids[a:b], seeds[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+        chunks = [(prompt_ids[a:b], seeds[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
         pending = PendingRollouts(chunks, {}, self._weights, self.version, num_generations, params)
         for c in range(len(chunks)):
             self._submit_chunk(pending, c, c)

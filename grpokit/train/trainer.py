@@ -18,7 +18,11 @@ from grpokit.algos import compute_advantages, zero_variance_groups
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import PromptSource, check_reward_columns, load_rows
 from grpokit.distributed.seeding import generate_per_group, group_seed
-from grpokit.distributed.torch_dist import gather_reward_result, init_distributed, wrap_data_parallel
+from grpokit.distributed.torch_dist import (
+    gather_reward_result,
+    init_distributed,
+    wrap_data_parallel,
+)
 from grpokit.eval.evaluator import evaluate
 from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rollout.engine import HFRolloutEngine

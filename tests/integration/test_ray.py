@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import WORDS
+
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore
