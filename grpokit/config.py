@@ -42,6 +42,8 @@ class ModelConfig:
     """Passed to from_pretrained."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (slower)."""
+    load_in_4bit: bool = False
+    """QLoRA: load the base weights in 4-bit NF4 (bitsandbytes, CUDA only); needs lora.r > 0."""
 
 
 @dataclass
@@ -380,6 +382,8 @@ class GRPOConfig:
         for sink in r.report_to:
             _check(sink in REPORT_SINKS, f"report_to contains {sink!r}; valid sinks are {', '.join(REPORT_SINKS)}.")
         _check(self.lora.r >= 0, f"lora.r={self.lora.r} must be >= 0 (0 = no LoRA).")
+        _check(self.lora.r == 0 or a.ref_model_sync_steps == 0, f"ref_model_sync_steps={a.ref_model_sync_steps} cannot be used with LoRA: the reference is the base model under the adapters, which never changes; set ref_model_sync_steps: 0.")
+        _check(not self.model.load_in_4bit or self.lora.r > 0, "load_in_4bit: true trains LoRA adapters on frozen 4-bit weights (QLoRA); set lora.r > 0 (e.g. lora.r: 16).")
         _check(self.lora.alpha > 0, f"lora.alpha={self.lora.alpha} must be > 0.")
         _check(0 <= self.lora.dropout < 1, f"lora.dropout={self.lora.dropout} must be in [0, 1).")
         _check(self.reward.reward_workers >= 0, f"reward_workers={self.reward.reward_workers} must be >= 0 (0 = in-process).")
