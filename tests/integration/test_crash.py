@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_signals import assert_run_consistent, subprocess_env, write_run_config
 
 from grpokit.train.checkpoint import list_checkpoints
-from test_signals import assert_run_consistent, subprocess_env, write_run_config
 
 MAX_STEPS, KILLS, SEED = 8, 10, 1234
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import WORDS
 from safetensors.torch import load_file
 
-from conftest import WORDS
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TARGET_REWARD
 from safetensors.torch import load_file
 
-from conftest import TARGET_REWARD
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore

@@ -16,7 +16,12 @@ import yaml
 
 from grpokit.cli import main
 from grpokit.config import ConfigError, GRPOConfig, load_config, parse_overrides
-from grpokit.data.prompts import DataError, PromptSource, check_reward_columns, reward_columns
+from grpokit.data.prompts import (
+    DataError,
+    PromptSource,
+    check_reward_columns,
+    reward_columns,
+)
 from grpokit.testing import build_word_tokenizer
 from grpokit.train import setup
 
@@ -58,7 +63,7 @@ def test_bad_input_fails_fast_with_its_message(name, in_corpus, tmp_path, capsys
         run.mkdir()
         (run / "config.yaml").write_text(load_config(case["existing_run"], [f"output_dir={run}"]).to_yaml())
     code = main(["train", case["config"], *case.get("overrides", []), f"output_dir={run}"])
-    out, err = capsys.readouterr()
+    err = capsys.readouterr().err
     assert code == 2, err
     assert err.startswith("grpokit: error: ") and err.count("grpokit: error:") == 1
     assert case["expect"] in err, err
@@ -71,7 +76,7 @@ def test_bad_input_through_the_installed_command(name, tmp_path):
     case = MANIFEST[name]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BAD), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1")
     proc = subprocess.run([sys.executable, "-m", "grpokit.cli", "train", case["config"], f"output_dir={tmp_path / 'run'}"],
-                          cwd=BAD, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=BAD, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2, proc.stderr
     assert case["expect"] in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""

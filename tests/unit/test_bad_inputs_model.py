@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import WORDS
+
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer

@@ -10,7 +10,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpokit.config import CHOICES, FIELD_SECTION, REPORT_SINKS, SECTIONS, ConfigError, GRPOConfig, load_config, parse_overrides
+from grpokit.config import (
+    CHOICES,
+    FIELD_SECTION,
+    REPORT_SINKS,
+    SECTIONS,
+    ConfigError,
+    GRPOConfig,
+    load_config,
+    parse_overrides,
+)
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)  # no lone surrogates: not writable as UTF-8
 FINITE = dict(allow_nan=False, allow_infinity=False)

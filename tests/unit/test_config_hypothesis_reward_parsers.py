@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 
 from grpokit.rewards.format import FormatReward
 from grpokit.rewards.length import overlong_penalty, target_length_penalty
-from grpokit.rewards.math import AccuracyReward, extract_answer, normalise, reference_answer
+from grpokit.rewards.math import (
+    AccuracyReward,
+    extract_answer,
+    normalise,
+    reference_answer,
+)
 
 TEXT = st.text(max_size=60)
 # text built from the characters the parsers look for, so the odd cases are actually reached
