@@ -32,7 +32,7 @@ from grpokit.rewards.registry import resolve_reward
 class RewardResult:
     """Rewards of N completions from F functions.
 
-    ``per_func`` [N, F] float32, NaN where a function gave None, failed or timed out;
+    ``per_func`` [N, F] float64, NaN where a function gave None, failed or timed out;
     ``combined`` [N] the weighted sum of the present values (NaN when none is present);
     ``errors`` one message per completion (``"name: Error: message"``, several joined by
     ``"; "``) or None; ``error_counts`` the number of completions each function failed on.
@@ -134,7 +134,7 @@ class RewardRunner:
             raise ValueError(f"reward weights must be finite, got {list(weights)}")
         self.names = _unique([name for name, _, _ in resolved])
         self.functions: list[Callable] = [fn for _, fn, _ in resolved]
-        self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float32)  # [F]
+        self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float64)  # [F]
         self.timeout = float(timeout)
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
@@ -170,7 +170,8 @@ class RewardRunner:
             calls = [TimedCall(fn, prompts, completions, columns) for fn in self.functions]
             outcomes = [[(slice(0, n), *call.result(self.timeout))] for call in calls]
 
-        per_func = torch.full((n, len(self.names)), math.nan, dtype=torch.float32)  # [N, F]
+        # float64: any finite Python float fits, so a huge reward is a value, not an overflow
+        per_func = torch.full((n, len(self.names)), math.nan, dtype=torch.float64)  # [N, F]
         errors: list[list[str]] = [[] for _ in range(n)]
         error_counts = {name: 0 for name in self.names}
         for f, (name, chunks) in enumerate(zip(self.names, outcomes)):

@@ -64,7 +64,6 @@ class GRPOTrainer:
             check_reward_columns(self.eval_rows, reward_fns, args.prompt_column, "eval_dataset")
         self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args)
         ensure_pad_token(self.tokenizer)
-        self.autocast_dtype = None
 
         source_kw = dict(prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow)
         self.train_source = PromptSource(self.train_rows, self.tokenizer, seed=args.seed, shuffle=args.shuffle, **source_kw)
@@ -138,7 +137,7 @@ class GRPOTrainer:
         t2 = time.perf_counter()
         all_advantages = compute_advantages(all_rewards.combined, G, args.advantage_estimator, args.scale_rewards)  # [N_global]
         n = rollouts.completion_ids.size(0)
-        advantages = all_advantages[dist.rank * n : (dist.rank + 1) * n].to(self.device)  # [N] this rank's rows
+        advantages = all_advantages[dist.rank * n : (dist.rank + 1) * n].float().to(self.device)  # [N] this rank's rows
         loss_mask = rollouts.completion_mask.to(self.device)  # [N, T]
         if args.mask_truncated_completions:
             loss_mask = loss_mask * (~rollouts.truncated).to(self.device)[:, None].float()

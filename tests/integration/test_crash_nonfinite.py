@@ -124,11 +124,9 @@ def test_huge_rewards_overflow_the_gradient_and_the_cli_exits_1(tmp_path, tiny_m
         assert torch.equal(initial[name], final[name]), name
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="RewardRunner writes each value into a float32 tensor, and 1e39 "
-                   "overflows it with a RuntimeError (grpokit/rewards/runner.py); it should count as a non-finite value")
 def test_a_reward_beyond_float32_does_not_crash_the_run(tmp_path, tiny_model_dir):
     config = write_cli_config(tmp_path, tiny_model_dir, "[1e39 * (i % 2) for i in range(len(completions))]")
-    assert main(["train", str(config)]) in (0, 1)
+    assert main(["train", str(config)]) == 0  # rewards are float64, so 1e39 is a value and group scaling keeps A finite
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])

@@ -33,7 +33,7 @@ def test_weighted_sum_ignores_none():
     # Rows: 2*1 + 0.5*0 = 2;  0.5*2 = 1;  2*0.5 = 1;  nothing present -> NaN.
     assert result.combined[:3].tolist() == [2.0, 1.0, 1.0]
     assert math.isnan(result.combined[3])
-    assert result.per_func.dtype == torch.float32 and result.per_func.shape == (4, 2)
+    assert result.per_func.dtype == torch.float64 and result.per_func.shape == (4, 2)
     assert torch.isnan(result.per_func[1, 0]) and result.per_func[1, 1] == 2.0
     assert result.errors == [None] * 4 and result.error_counts == {"reward": 0, "reward_2": 0}
 
@@ -256,7 +256,7 @@ def test_process_pool_matches_in_process(tmp_path):
     assert runner._pool is None  # closed on exit
     # odd_fails fails on any batch holding "boom": the whole batch in-process, but with 2 chunks
     # ([0:2] and [2:5]) only the first, so the pool adds 1.0 (weight 1) to rows 2, 3 and 4.
-    odd_fails = torch.tensor([math.nan, math.nan, 1.0, 1.0, 1.0])
+    odd_fails = torch.tensor([math.nan, math.nan, 1.0, 1.0, 1.0], dtype=torch.float64)
     assert expected.error_counts["odd_fails"] == 5
     assert torch.isnan(expected.per_func[:, 3]).all()
     for result in (first, second):
