@@ -127,6 +127,7 @@ class AccuracyReward:
 
     def __init__(self, answer_column: str = "answer"):
         self.answer_column = answer_column
+        self.required_columns = (answer_column,)  # checked against the dataset before the model loads
 
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any

@@ -75,6 +75,11 @@ class FileFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._load()(*args, **kwargs)
 
+    @property
+    def __wrapped__(self) -> Callable:
+        # inspect.signature follows this, so the loaded function's required columns can be checked
+        return self._load()
+
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "function": self.function, "name": self.name, "_fn": None}
 

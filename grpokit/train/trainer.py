@@ -373,6 +373,8 @@ class GRPOTrainer:
             return {}
 
         def handler(signum, frame):
+            if self.interrupted_by is not None:  # a second signal: stop now, without the checkpoint
+                raise KeyboardInterrupt
             self.interrupted_by = signum
             self.stop_reason = f"received {signal.Signals(signum).name}; saved a checkpoint, resume with resume_from=latest"
 
