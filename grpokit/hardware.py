@@ -1,6 +1,9 @@
-"""Device and dtype choice: CUDA (bf16 where supported), then MPS, then CPU float32."""
+"""Device and dtype choice: CUDA (bf16 where supported), then MPS, then CPU (float32 weights, bf16
+autocast where the CPU has native bf16 matmul)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -43,3 +46,29 @@ def cpu_supports_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+# Below this many parameters, bf16 autocast on CPU costs more (casts, small matmuls) than it saves.
+MIN_AUTOCAST_PARAMS = 10_000_000
+
+
+def autocast_dtype(requested: str, device: torch.device, model: torch.nn.Module | None = None) -> torch.dtype | None:
+    """The dtype of the autocast regions (generation, log-prob passes, forward and backward), or None.
+
+    ``auto`` on a CPU with native bf16 matmul, for a model of at least ``MIN_AUTOCAST_PARAMS``
+    parameters: bfloat16 over float32 weights, i.e. mixed precision. Matmuls run in bf16 with
+    float32 accumulation; weights, gradients, optimizer state, norms, softmax and the loss stay
+    float32. Otherwise None: the weights' dtype (:func:`pick_dtype`) is the compute dtype.
+    """
+    if requested != "auto" or device.type != "cpu" or not cpu_supports_bf16():
+        return None
+    if model is not None and sum(p.numel() for p in model.parameters()) < MIN_AUTOCAST_PARAMS:
+        return None
+    return torch.bfloat16
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """``torch.autocast`` to ``dtype`` on ``device``, or a no-op context when ``dtype`` is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

@@ -1,8 +1,12 @@
 """grpokit's own sampling loop: G completions per prompt with a shared-prefix KV cache.
 
 Hugging Face models: the B prompts are left-padded and prefilled once, the KV cache is repeated G
-times (the prompt is computed once per group, not G times), then tokens are decoded one at a time.
-Rows that reach EOS leave the batch, so late steps only pay for the sequences still running.
+times (the prompt is computed once per group, not G times), then tokens are decoded one at a time
+into a cache allocated once for the whole completion (:mod:`grpokit.rollout.kv_cache`). Rows that
+reach EOS leave the batch, so late steps only pay for the sequences still running.
+
+With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul), the whole generation runs in one
+autocast region, so each weight is cast once per call rather than once per decoded token.
 
 Custom models (``forward(input_ids) -> logits``): no cache and no attention mask are assumed, so
 each group (whose G rows share one prompt length, hence need no padding) is decoded with full
@@ -15,7 +19,9 @@ from typing import Protocol
 
 import torch
 
+from grpokit.hardware import autocast
 from grpokit.modeling import is_hf_model, logits_of
+from grpokit.rollout.kv_cache import preallocate
 from grpokit.rollout.sampling import sample_next
 from grpokit.rollout.types import Rollouts, SamplingParams
 
@@ -41,8 +47,10 @@ def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[
 class HFRolloutEngine:
     """Samples from a local policy model (HF causal LM or a custom logits module)."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, device: torch.device, seed: int = 0):
+    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, device: torch.device, seed: int = 0,
+                 autocast_dtype: torch.dtype | None = None):
         self.model = model
+        self.autocast_dtype = autocast_dtype
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), device=device)
         self.pad_token_id = pad_token_id
         self.device = device
@@ -54,11 +62,8 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            if is_hf_model(self.model):
-                tokens, logprobs, lengths, stopped = self._generate_cached(prompt_ids, num_generations, params)
-            else:
-                parts = [self._generate_plain(p, num_generations, params) for p in prompt_ids]
-                tokens, logprobs, lengths, stopped = (torch.cat(x) for x in zip(*parts))
+            with autocast(self.device, self.autocast_dtype):
+                tokens, logprobs, lengths, stopped = self._generate(prompt_ids, num_generations, params)
         finally:
             self.model.train(was_training)
         width = max(int(lengths.max()), 1)
@@ -73,18 +78,27 @@ class HFRolloutEngine:
             policy_version=self.policy_version,
         )
 
+    def _generate(self, prompt_ids, G, params):
+        """tokens [N, T], logprobs [N, T], lengths [N], stopped [N] for the prompts' groups."""
+        if is_hf_model(self.model):
+            return self._generate_cached(prompt_ids, G, params)
+        parts = [self._generate_plain(p, G, params) for p in prompt_ids]
+        return tuple(torch.cat(x) for x in zip(*parts))
+
     def _generate_cached(self, prompt_ids, G, params):
         """Shared-prefix decoding for HF models; returns tokens [N, T], logprobs [N, T], lengths [N], stopped [N]."""
         ids, mask = left_pad(prompt_ids, self.pad_token_id, self.device)  # [B, P]
         position = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1)
+        N, P, T = ids.size(0) * G, ids.size(1), params.max_completion_length
         cache = out.past_key_values
         cache.batch_repeat_interleave(G)  # [B, ...] -> [N, ...]: one prefill per group
+        preallocate(cache, P + T)
         logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [N, V]
-        mask = mask.repeat_interleave(G, dim=0)  # [N, P]
+        # the attention mask of every step is a prefix of one [N, P+T] mask, built once
+        mask = torch.cat([mask, mask.new_ones(ids.size(0), T)], dim=1).repeat_interleave(G, dim=0)  # [N, P+T]
         position = position[:, -1:].repeat_interleave(G, dim=0) + 1  # [N, 1]
 
-        N, T = ids.size(0) * G, params.max_completion_length
         tokens = torch.full((N, T), self.pad_token_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((N, T), dtype=torch.float32, device=self.device)
         lengths = torch.full((N,), T, dtype=torch.long, device=self.device)
@@ -105,8 +119,8 @@ class HFRolloutEngine:
                 cache.batch_select_indices(keep)
             if t == T - 1:
                 break
-            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)  # [A, P+t+1]
-            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+            out = self.model(input_ids=token[:, None], attention_mask=mask[:, : P + t + 1], position_ids=position,
+                             past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]  # [A, V]
             position = position + 1
         return tokens, logprobs, lengths, stopped

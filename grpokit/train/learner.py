@@ -3,16 +3,22 @@
 One call to :meth:`Learner.update` consumes one generated batch: the reference pass (skipped when
 beta = 0), the old-policy pass (only when num_iterations > 1; otherwise old = logp.detach(), as in
 TRL), then ``num_iterations`` optimizer steps, each accumulating gradients over micro-batches.
+
+With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the forward passes and their
+backward run under autocast; weights, gradients and AdamW stay float32 and the loss is computed
+from float32 log-probs. The update's metrics include the time of each phase (``time/policy_logprobs``,
+``time/backward``, ``time/optimizer``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
+import time
 
 import torch
 
 from grpokit.algos import policy_loss
+from grpokit.hardware import autocast
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
 
@@ -27,10 +33,7 @@ class Learner:
         self.autocast_dtype = autocast_dtype
 
     def autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        device_type = next(self.model.parameters()).device.type
-        return torch.autocast(device_type=device_type, dtype=self.autocast_dtype)
+        return autocast(next(self.model.parameters()).device, self.autocast_dtype)
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
         """[N, T] reference log-probs, or None when beta = 0."""
@@ -57,6 +60,7 @@ class Learner:
         num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
         num_micro = math.ceil(len(batch) / mb)
         history: list[dict] = []
+        clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
         for _ in range(cfg.num_iterations):
             self.model.train()
             parts: list[dict] = []
@@ -64,6 +68,7 @@ class Learner:
             loss_total = 0.0
             for start in range(0, len(batch), mb):
                 rows = slice(start, start + mb)
+                t0 = time.perf_counter()
                 with self.autocast():
                     logprobs, entropy = completion_logprobs(self.model, batch.rows(rows), cfg.temperature, with_entropy=True)
                 loss, m = policy_loss(
@@ -82,13 +87,18 @@ class Learner:
                 )
                 # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
                 scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
+                t1 = time.perf_counter()
                 scaled.backward()
+                clock["time/policy_logprobs"] += t1 - t0
+                clock["time/backward"] += time.perf_counter() - t1
                 loss_total += float(scaled.detach())
                 parts.append(m)
                 logprob_parts.append(logprobs.detach().float())
                 entropy_parts.append(entropy.float())
+            t0 = time.perf_counter()
             history.append(self._optimizer_step(loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts), loss_mask, ref_logprobs))
-        return history[-1] | {"nonfinite": float(any(h["nonfinite"] for h in history))}
+            clock["time/optimizer"] += time.perf_counter() - t0
+        return history[-1] | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
 
     def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask, ref_logprobs) -> dict:
         """Clip, check finiteness, step. Metrics of the iteration."""

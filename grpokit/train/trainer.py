@@ -24,6 +24,7 @@ from grpokit.distributed.torch_dist import (
     wrap_data_parallel,
 )
 from grpokit.eval.evaluator import evaluate
+from grpokit.hardware import autocast_dtype
 from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
@@ -71,7 +72,9 @@ class GRPOTrainer:
 
         torch.manual_seed(args.seed)
         eos = eos_token_ids(self.model, self.tokenizer)
-        self.engine = HFRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, self.device, seed=args.seed)
+        self.autocast_dtype = autocast_dtype(args.dtype, self.device, self.model)
+        self.engine = HFRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, self.device, seed=args.seed,
+                                      autocast_dtype=self.autocast_dtype)
         self.sampling = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k)
         # Rollouts must not depend on how a step's prompts are split over processes or Ray workers.
         self.seed_per_group = args.seed_per_group or args.backend == "ray" or self.dist.enabled
@@ -85,7 +88,8 @@ class GRPOTrainer:
         total = args.max_steps * args.num_iterations
         warmup = args.warmup_steps or int(args.warmup_ratio * total)
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)
-        self.learner = Learner(wrap_data_parallel(self.model, self.dist, self.device), self.reference, self.optimizer, self.scheduler, args)
+        self.learner = Learner(wrap_data_parallel(self.model, self.dist, self.device), self.reference, self.optimizer, self.scheduler, args,
+                               autocast_dtype=self.autocast_dtype)
         self.step = 0
         self.stop_reason: str | None = None
         self.interrupted_by: int | None = None

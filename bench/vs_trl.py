@@ -1,0 +1,376 @@
+"""grpokit against TRL's GRPOTrainer: step time, phases, peak memory and MFU on one model and config.
+
+Both trainers run the same GRPO steps on the same locally built model (random-init Qwen2-style,
+hidden 512, 8 layers, 8 heads / 2 KV heads, MLP 1408, vocabulary 32,000, tied embeddings: ~39M
+parameters), word-level tokenizer, 512 prompts of 32 tokens and a cheap reward: B prompts x G = 8
+completions per optimizer step (micro-batches of 8), beta 0.04, num_iterations 1, lr 1e-6, CPU.
+Each configuration runs in its own process (so peak resident memory is its own), with the same
+thread count. Nothing is downloaded.
+
+    pip install trl psutil            # the bench extra: pip install 'grpokit[bench]'
+    python bench/vs_trl.py            # 1 warm-up + 5 timed steps per config, then long completions
+    python bench/vs_trl.py --quick    # 1 warm-up + 2 timed steps, main shape only (while developing)
+
+Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), TRL bf16 without
+checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32.
+Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens).
+
+MFU counts the FLOPs a step needs, not the ones an implementation happens to spend: a forward
+pass is 2 x (N_body x body tokens + N_head x completion tokens), with body tokens = each prompt once
+(its G completions share it) + the completion tokens, N_body the non-embedding weights and N_head
+the tied LM head (vocab x hidden); training is 3 forward passes. The attention score and value
+matmuls (< 3 % here) are left out, so MFU is slightly understated. The peak is the best large
+matmul of this CPU measured in the same run (before and after the configurations).
+
+Ends with ``key=value`` lines; ratios are grpokit / TRL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, MLP = 32_000, 512, 8, 8, 2, 1408
+NUM_PROMPTS, PROMPT_TOKENS, G = 512, 32, 8
+
+SHAPES = {  # name -> (prompts per step, max_completion_length)
+    "main": (4, 64),
+    "long": (2, 256),
+}
+
+CONFIGS = {  # name -> worker settings
+    "trl_default": {"impl": "trl", "bf16": True, "checkpointing": True},
+    "trl_bf16": {"impl": "trl", "bf16": True, "checkpointing": False},
+    "trl_fp32": {"impl": "trl", "bf16": False, "checkpointing": False},
+    "grpokit": {"impl": "grpokit", "dtype": "auto"},
+    "grpokit_fp32": {"impl": "grpokit", "dtype": "float32"},
+}
+TRL_CONFIGS = [name for name, c in CONFIGS.items() if c["impl"] == "trl"]
+
+PHASES = ("generate", "reward", "ref_logprobs", "policy_logprobs", "backward", "optimizer_other")
+
+
+# ---- shared inputs ----------------------------------------------------------------------------
+def build_inputs(workdir: Path) -> None:
+    """The model folder (model + tokenizer) and prompts.jsonl, built once and shared by all workers."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from grpokit.testing import build_word_tokenizer
+
+    if (workdir / "prompts.jsonl").exists():
+        return
+    tokenizer = build_word_tokenizer([f"w{i}" for i in range(VOCAB - 4)])  # 4 special tokens + words = VOCAB
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS, intermediate_size=MLP, max_position_embeddings=1024, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    import torch
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(workdir / "model")
+    tokenizer.save_pretrained(workdir / "model")
+    rng = random.Random(0)
+    with open(workdir / "prompts.jsonl", "w") as f:
+        for _ in range(NUM_PROMPTS):
+            words = " ".join(f"w{rng.randrange(VOCAB - 4)}" for _ in range(PROMPT_TOKENS))
+            f.write(json.dumps({"prompt": words}) + "\n")
+
+
+def cheap_reward(prompts, completions, **kwargs) -> list[float]:
+    """Fraction of completion words whose number is even: cheap, and it varies within a group."""
+    out = []
+    for text in completions:
+        words = text.split()
+        out.append(sum(w[-1:] in "02468" for w in words) / max(len(words), 1))
+    return out
+
+
+def load_tokenizer(workdir: Path):
+    """The word-level tokenizer; loaded by class, since AutoTokenizer would map a qwen2 folder to Qwen2's BPE class."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(workdir / "model")
+
+
+def model_sizes(workdir: Path) -> dict:
+    """Parameter counts: total, the tied LM head (vocab x hidden) and the rest (the body)."""
+    cfg = json.loads((workdir / "model" / "config.json").read_text())
+    head = cfg["vocab_size"] * cfg["hidden_size"]
+    h, kv = cfg["hidden_size"], cfg["hidden_size"] // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
+    per_layer = h * h * 2 + h * kv * 2 + 2 * kv + h + 3 * h * cfg["intermediate_size"] + 2 * h  # attn + biases + MLP + norms
+    body = cfg["num_hidden_layers"] * per_layer + h
+    return {"total": head + body, "head": head, "body": body}
+
+
+def matmul_peak(threads: int, seconds: float = 3.0) -> dict[str, float]:
+    """Best GFLOP/s of large square matmuls in float32 and bfloat16 on ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    peak = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        best = 0.0
+        for n in (1024, 2048, 3072):
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            a @ b
+            stop = time.perf_counter() + seconds / 3
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                a @ b
+                best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
+        peak[name] = best
+    return peak
+
+
+# ---- workers (one process per configuration) ---------------------------------------------------
+class PhaseClock:
+    """Accumulates wall time per phase within the current step."""
+
+    def __init__(self):
+        self.current: dict[str, float] = {}
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.current[phase] = self.current.get(phase, 0.0) + seconds
+
+    def wrap(self, phase, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(phase, time.perf_counter() - t)
+        return timed
+
+
+def run_trl(workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path) -> list[dict]:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
+    checkpointing = {"activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+                     else "gradient_checkpointing": settings["checkpointing"]}
+    args = GRPOConfig(
+        output_dir=str(out_dir), use_cpu=True, bf16=settings["bf16"], **checkpointing,
+        per_device_train_batch_size=G, gradient_accumulation_steps=prompts, num_generations=G,
+        max_completion_length=completion_length, beta=0.04, num_iterations=1, learning_rate=1e-6,
+        max_steps=steps, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
+    )
+    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=cheap_reward, args=args,
+                          train_dataset=Dataset.from_list(rows), processing_class=load_tokenizer(workdir))
+    clock, records = PhaseClock(), []
+    trainer._generate = clock.wrap("generate", trainer._generate)
+    trainer._calculate_rewards = clock.wrap("reward", trainer._calculate_rewards)
+    logps = trainer._get_per_token_logps_and_entropies
+
+    def timed_logps(*a, **k):
+        return clock.wrap("policy_logprobs" if torch.is_grad_enabled() else "ref_logprobs", logps)(*a, **k)
+
+    trainer._get_per_token_logps_and_entropies = timed_logps
+    trainer.accelerator.backward = clock.wrap("backward", trainer.accelerator.backward)
+    lengths: list[float] = []
+    log = trainer.log
+
+    def keep_lengths(logs, *a, **k):
+        if "completions/mean_length" in logs:
+            lengths.append(float(logs["completions/mean_length"]))
+        return log(logs, *a, **k)
+
+    trainer.log = keep_lengths
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            clock.current = {}
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            records.append({"step_time": time.perf_counter() - self.t0, "phases": dict(clock.current)})
+
+    trainer.add_callback(StepClock())
+    trainer.train()
+    for record, mean_length in zip(records, lengths):
+        record["completion_tokens"] = mean_length * prompts * G
+    return records
+
+
+def run_grpokit(workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path) -> list[dict]:
+    from grpokit import GRPOConfig, GRPOTrainer
+
+    rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
+    args = GRPOConfig(
+        dtype=settings["dtype"], per_device_train_batch_size=G, gradient_accumulation_steps=prompts, num_generations=G,
+        max_completion_length=completion_length, beta=0.04, num_iterations=1, learning_rate=1e-6, max_steps=steps,
+        output_dir=str(out_dir), report_to=["jsonl"], progress_bar=False, save_steps=0, seed=0,
+    )
+    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=cheap_reward, args=args, train_dataset=rows,
+                          tokenizer=load_tokenizer(workdir))
+    records = []
+    step_fn = trainer._train_step
+
+    def timed_step(step):
+        t = time.perf_counter()
+        m = step_fn(step)
+        records.append({
+            "step_time": time.perf_counter() - t,
+            "completion_tokens": m["completion_length/mean"] * prompts * G,
+            "phases": {"generate": m["time/generate"], "reward": m["time/reward"], "ref_logprobs": m["time/logprobs"],
+                       "policy_logprobs": m.get("time/policy_logprobs", 0.0), "backward": m.get("time/backward", m["time/update"])},
+        })
+        return m
+
+    trainer._train_step = timed_step
+    trainer.train()
+    for r in records:
+        r["autocast"] = str(trainer.autocast_dtype).replace("torch.", "")
+    return records
+
+
+def worker(argv: list[str]) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workdir", type=Path)
+    p.add_argument("--config")
+    p.add_argument("--shape")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--threads", type=int)
+    a = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    prompts, completion_length = SHAPES[a.shape]
+    settings = CONFIGS[a.config]
+    run = run_trl if settings["impl"] == "trl" else run_grpokit
+    with tempfile.TemporaryDirectory(dir=a.workdir) as out:
+        records = run(a.workdir, settings, prompts, completion_length, a.steps, Path(out) / "run")
+    for r in records:
+        r["phases"]["optimizer_other"] = r["step_time"] - sum(r["phases"].values())
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps({"records": records, "peak_rss_mb": peak_rss_mb, "autocast": records[0].get("autocast")}), flush=True)
+
+
+# ---- driver --------------------------------------------------------------------------------------
+def run_config(args, config: str, shape: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, __file__, "--worker", "--workdir", str(args.workdir), "--config", config, "--shape", shape,
+           "--steps", str(args.steps), "--threads", str(args.threads)]
+    print(f"  running {config} ({shape}) ...", flush=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        raise SystemExit(f"{config} ({shape}) failed with exit code {proc.returncode}")
+    result = json.loads(lines[-1][len("RESULT "):])
+    timed = result["records"][1:]  # the first step is the warm-up
+    result["step_time"] = statistics.median(r["step_time"] for r in timed)
+    result["phases"] = {p: statistics.median(r["phases"].get(p, 0.0) for r in timed) for p in PHASES}
+    result["completion_tokens"] = statistics.median(r["completion_tokens"] for r in timed)
+    return result
+
+
+def forward_flops(sizes: dict, prompts: int, completion_tokens: float) -> float:
+    """Required FLOPs of one forward pass over a step's sequences (see the module docstring)."""
+    body_tokens = prompts * PROMPT_TOKENS + completion_tokens
+    return 2 * (sizes["body"] * body_tokens + sizes["head"] * completion_tokens)
+
+
+def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
+    prompts, T = SHAPES[shape]
+    n = prompts * G
+    print(f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, "
+          f"{args.threads} threads, median of {args.steps - 1} steps after 1 warm-up ==")
+    head = f"{'config':<14}{'step s':>8}" + "".join(f"{p[:10]:>11}" for p in PHASES) + f"{'compl/s':>9}{'tokens':>8}{'peak MB':>9}"
+    print(head)
+    for name, r in results.items():
+        print(f"{name:<14}{r['step_time']:>8.2f}" + "".join(f"{r['phases'][p]:>11.2f}" for p in PHASES)
+              + f"{n / r['step_time']:>9.2f}{r['completion_tokens']:>8.0f}{r['peak_rss_mb']:>9.0f}")
+    out = {}
+    trl = {k: v for k, v in results.items() if k in TRL_CONFIGS}
+    if "grpokit" in results and trl:
+        fastest = min(trl, key=lambda k: trl[k]["step_time"])
+        ratios = {}
+        if "trl_default" in trl:
+            ratios["step_time_ratio_vs_trl_default"] = results["grpokit"]["step_time"] / trl["trl_default"]["step_time"]
+            ratios["peak_rss_ratio_vs_trl"] = results["grpokit"]["peak_rss_mb"] / trl["trl_default"]["peak_rss_mb"]
+        ratios["step_time_ratio_vs_trl_tuned"] = results["grpokit"]["step_time"] / trl[fastest]["step_time"]
+        if "grpokit_fp32" in results and "trl_fp32" in trl:
+            ratios["step_time_ratio_fp32"] = results["grpokit_fp32"]["step_time"] / trl["trl_fp32"]["step_time"]
+        print(f"ratios grpokit / TRL (TRL's fastest configuration here: {fastest}):")
+        for k, v in ratios.items():
+            print(f"  {k:<34}{v:.3f}")
+        out.update(ratios)
+    for name, dtype in (("grpokit_fp32", "float32"), ("grpokit", None)):
+        if name not in results:
+            continue
+        r = results[name]
+        dtype = dtype or ("bfloat16" if r.get("autocast") == "bfloat16" else "float32")
+        fwd = forward_flops(sizes, prompts, r["completion_tokens"])
+        ph = r["phases"]
+        train_time = ph["policy_logprobs"] + ph["backward"] + ph["optimizer_other"]
+        mfu = {
+            "generate": fwd / ph["generate"] / 1e9 / peak[dtype],
+            "ref_logprobs": fwd / max(ph["ref_logprobs"], 1e-9) / 1e9 / peak[dtype],
+            "train": 3 * fwd / train_time / 1e9 / peak[dtype],
+        }
+        print(f"MFU {name} ({dtype}, peak {peak[dtype]:.0f} GFLOP/s): "
+              + ", ".join(f"{k} {v:.2f} ({v * peak[dtype]:.0f} GFLOP/s)" for k, v in mfu.items()))
+        out[f"train_mfu_{'fp32' if dtype == 'float32' else 'bf16'}"] = mfu["train"]
+    return out
+
+
+def main() -> None:
+    if "--worker" in sys.argv:
+        return worker([a for a in sys.argv[1:] if a != "--worker"])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 steps, main shape only")
+    parser.add_argument("--steps", type=int, help="steps per config including 1 warm-up (default 6; 3 with --quick)")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
+    parser.add_argument("--shapes", help="comma-separated subset of main, long (default both; main with --quick)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--workdir", type=Path, help="where the model and prompts are built (default: a temp folder)")
+    args = parser.parse_args()
+    args.steps = args.steps or (3 if args.quick else 6)
+    shapes = (args.shapes or ("main" if args.quick else "main,long")).split(",")
+    configs = args.configs.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        args.workdir = args.workdir or Path(tmp)
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        build_inputs(args.workdir)
+        sizes = model_sizes(args.workdir)
+        print(f"model: {sizes['total'] / 1e6:.1f}M parameters ({sizes['head'] / 1e6:.1f}M tied embedding / LM head), "
+              f"threads {args.threads}, torch {_version('torch')}, transformers {_version('transformers')}, trl {_version('trl')}")
+        peaks = [matmul_peak(args.threads)]
+        runs = {shape: {c: run_config(args, c, shape) for c in configs} for shape in shapes}
+        peaks.append(matmul_peak(args.threads))
+    peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
+    print(f"matmul peak (best of before and after): float32 {peak['float32']:.0f} GFLOP/s, bfloat16 {peak['bfloat16']:.0f} GFLOP/s")
+    summary = {}
+    for shape, results in runs.items():
+        values = report(shape, results, sizes, peak, args)
+        summary.update(values if shape == "main" else {f"long_{k}": v for k, v in values.items()})
+    print()
+    for key, value in summary.items():
+        print(f"{key}={value:.3f}")
+
+
+def _version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    main()
