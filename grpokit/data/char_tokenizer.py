@@ -8,7 +8,7 @@ The result is an ordinary ``transformers.PreTrainedTokenizerFast``: it saves wit
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 PAD_TOKEN = "<pad>"
