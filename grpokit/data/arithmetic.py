@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 import random
 import re
-from typing import Callable
+from collections.abc import Callable
 
 PROMPT_TEMPLATE = "{a}{op}{b}="
 # Every character a prompt or an answer can contain; the demo's char tokenizer is built from it.
