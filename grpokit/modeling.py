@@ -55,18 +55,40 @@ def ensure_pad_token(tokenizer) -> None:
             tokenizer.pad_token_id = tokenizer.eos_token_id
 
 
-def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False):
-    """A HF causal LM from a local folder or hub id, in ``dtype`` on ``device``."""
+def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False,
+               load_in_4bit: bool = False):
+    """A HF causal LM from a local folder or hub id, in ``dtype`` on ``device``.
+
+    ``load_in_4bit``: weights quantised to 4-bit NF4 with double quantisation and ``dtype`` compute
+    (QLoRA, Dettmers et al. 2023), through bitsandbytes; CUDA only.
+    """
     from transformers import AutoModelForCausalLM
 
     local = Path(name_or_path)
     looks_local = name_or_path.startswith((".", "/", "~")) or local.exists()
     if looks_local and not local.expanduser().is_dir():
         raise FileNotFoundError(f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as 'Qwen/Qwen2.5-0.5B'.")
-    model = AutoModelForCausalLM.from_pretrained(
-        str(local.expanduser()) if looks_local else name_or_path, dtype=dtype, trust_remote_code=trust_remote_code
-    )
-    return model.to(device)
+    source = str(local.expanduser()) if looks_local else name_or_path
+    if load_in_4bit:
+        # quantised weights cannot be moved with .to(): they are placed on the device while loading
+        return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                    quantization_config=four_bit_config(dtype, device), device_map={"": device})
+    return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code).to(device)
+
+
+def four_bit_config(dtype: torch.dtype, device: torch.device):
+    """The ``BitsAndBytesConfig`` of QLoRA: NF4 weights, double quantisation, ``dtype`` compute."""
+    if device.type != "cuda":
+        raise RuntimeError(f"load_in_4bit needs a CUDA GPU (bitsandbytes 4-bit kernels), but the device is {device}; "
+                           "set load_in_4bit: false, or run on CUDA.")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ImportError("load_in_4bit needs bitsandbytes: pip install bitsandbytes") from None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=dtype)
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:

@@ -33,7 +33,10 @@ class Reference:
 
     @torch.no_grad()
     def sync(self, alpha: float) -> None:
-        """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref (for LoRA: on the adapter weights' base, not supported)."""
+        """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref, parameter by parameter.
+
+        Not with LoRA: there the reference is the frozen base under the adapters, with no weights of its own.
+        """
         if self.use_adapters:
             raise ValueError("ref_model_sync_steps is not supported with LoRA: the reference is the base model itself; set ref_model_sync_steps: 0.")
         for ref_p, p in zip(self.model.parameters(), self.policy.parameters()):

@@ -30,9 +30,11 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
     model = model if model is not None else args.model_name_or_path
     if model is None:
         raise ConfigError("no model: pass model=... to GRPOTrainer or set model.model_name_or_path in the config.")
+    if args.load_in_4bit and not isinstance(model, str):
+        raise ConfigError("load_in_4bit quantises the model while loading it: give its path or hub id (model.model_name_or_path), not a loaded module.")
     if isinstance(model, str):
         name = model
-        model = load_model(name, dtype, device, args.trust_remote_code)
+        model = load_model(name, dtype, device, args.trust_remote_code, load_in_4bit=args.load_in_4bit)
         if tokenizer is None:
             tokenizer = load_tokenizer(args.tokenizer_name_or_path or name, args.trust_remote_code)
     elif isinstance(model, torch.nn.Module):
@@ -48,20 +50,30 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
     use_lora = args.lora.r > 0
     if use_lora:
         model = apply_lora(model, args)
-    if args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable()
+    if args.gradient_checkpointing and not args.load_in_4bit:  # QLoRA's preparation has enabled it already
+        # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias)
+        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(model, "gradient_checkpointing_enable", None)
+        if enable is not None:
+            enable()
     model.train()
     return model, tokenizer, device, use_lora
 
 
 def apply_lora(model: torch.nn.Module, args: GRPOConfig) -> torch.nn.Module:
-    """Wrap the policy with peft LoRA adapters (only the adapters train)."""
+    """Wrap the policy with peft LoRA adapters (Hu et al. 2021): only the adapters train.
+
+    With ``load_in_4bit`` the 4-bit base is first prepared as in QLoRA (peft's
+    ``prepare_model_for_kbit_training``: norms in float32, inputs that carry gradients).
+    The reference policy is this same model with its adapters disabled (see reference.py).
+    """
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     except ImportError:
         raise ImportError("lora.r > 0 needs peft: pip install 'grpokit[lora]'.") from None
     if not is_hf_model(model):
         raise ConfigError("LoRA (lora.r > 0) is supported for Hugging Face models; for a custom module, train it fully (lora.r: 0).")
+    if args.load_in_4bit:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
     lora = args.lora
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
     return get_peft_model(model, config)

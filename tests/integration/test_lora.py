@@ -1,0 +1,117 @@
+"""LoRA (peft): only adapters train, the reference is the frozen base (adapters disabled, no copy),
+the saved adapter and the merged weights reload to the trained policy; QLoRA on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.config import ConfigError
+from grpokit.train.logprobs import batched_logprobs, build_batch
+
+peft = pytest.importorskip("peft")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The models here are tiny: splitting their matmuls over threads costs more than it saves, badly so on busy cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def target_reward(prompts, completions, target, **columns):
+    return [c.split().count(t) / max(1, len(c.split())) for c, t in zip(completions, target)]
+
+
+def lora_args(tmp_path, **overrides) -> GRPOConfig:
+    base = dict(
+        lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]},
+        num_generations=4, per_device_train_batch_size=8, max_completion_length=6, beta=0.1,
+        learning_rate=5e-2, lr_scheduler_type="constant", max_steps=2, seed=0,
+        output_dir=str(tmp_path / "run"), save_steps=0, report_to=["jsonl"], progress_bar=False,
+    )
+    return GRPOConfig(**{**base, **overrides})
+
+
+def logprobs_of(model, trainer, rollouts):
+    batch = build_batch(model, rollouts, trainer.tokenizer.pad_token_id, trainer.device)
+    return batched_logprobs(model.eval(), batch, trainer.args.temperature, 8)
+
+
+def test_lora_trains_adapters_reference_is_base_and_saves(tmp_path, tiny_model_dir, word_prompts):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=target_reward, args=lora_args(tmp_path, merge_on_save=True),
+                          train_dataset=word_prompts)
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert trainer.reference.model is None  # no second copy of the weights
+    trainer.train()
+
+    lora_b = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    assert any(p.abs().max() > 0 for p in lora_b)  # B starts at zero; training moved it
+
+    rollouts = trainer.engine.generate([trainer.train_source.ids[i] for i in range(4)], 4, trainer.sampling)
+    batch = build_batch(trainer.model, rollouts, trainer.tokenizer.pad_token_id, trainer.device)
+    reference = trainer.learner.reference_logprobs(batch)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    policy = logprobs_of(trainer.model, trainer, rollouts)
+    torch.testing.assert_close(reference, logprobs_of(base, trainer, rollouts))
+    assert (policy - reference).abs().max() > 1e-3  # the adapters do change the policy
+
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_config.json").is_file()
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), final)
+    torch.testing.assert_close(logprobs_of(reloaded, trainer, rollouts), policy)
+    merged = AutoModelForCausalLM.from_pretrained(final / "merged")
+    torch.testing.assert_close(logprobs_of(merged, trainer, rollouts), policy, atol=1e-4, rtol=1e-4)
+
+
+def test_lora_rejects_reference_resync_and_custom_modules(tmp_path, word_prompts):
+    from grpokit.testing import TinyGPT, build_word_tokenizer
+
+    with pytest.raises(ConfigError, match="ref_model_sync_steps"):
+        lora_args(tmp_path, ref_model_sync_steps=5)
+    tokenizer = build_word_tokenizer(["a", "b"])
+    with pytest.raises(ConfigError, match="Hugging Face models"):
+        GRPOTrainer(model=TinyGPT(len(tokenizer)), tokenizer=tokenizer, reward_funcs=target_reward,
+                    args=lora_args(tmp_path), train_dataset=word_prompts)
+
+
+def test_load_in_4bit_needs_lora_and_a_path(tmp_path, tiny_model_dir, word_prompts):
+    with pytest.raises(ConfigError, match="lora.r > 0"):
+        GRPOConfig(load_in_4bit=True)
+    from transformers import AutoModelForCausalLM
+
+    with pytest.raises(ConfigError, match="path or hub id"):
+        GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), reward_funcs=target_reward,
+                    args=lora_args(tmp_path, load_in_4bit=True), train_dataset=word_prompts)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
+def test_load_in_4bit_without_cuda_says_so(tmp_path, tiny_model_dir, word_prompts):
+    with pytest.raises(RuntimeError, match="CUDA"):
+        GRPOTrainer(model=str(tiny_model_dir), reward_funcs=target_reward, args=lora_args(tmp_path, load_in_4bit=True),
+                    train_dataset=word_prompts)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="QLoRA needs CUDA (bitsandbytes 4-bit kernels)")
+def test_qlora_trains_on_4bit_base(tmp_path, tiny_model_dir, word_prompts):
+    pytest.importorskip("bitsandbytes")
+    from bitsandbytes.nn import Linear4bit
+
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=target_reward,
+                          args=lora_args(tmp_path, load_in_4bit=True, device="cuda", dtype="bfloat16"), train_dataset=word_prompts)
+    base = trainer.model.get_base_model()
+    assert any(isinstance(m, Linear4bit) for m in base.modules())
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    metrics = trainer.train()
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert "kl" in metrics  # the reference pass ran on the 4-bit base with adapters disabled
+    assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()
