@@ -1,32 +1,20 @@
-"""``grpokit demo``: warm start (cached), then GRPO on held-out-evaluated arithmetic, on a CPU.
+"""``grpokit demo``: warm start (cached), then GRPO on arithmetic, evaluated on held-out questions.
 
-The demo runs single-threaded: this model's matrices are too small for a second thread to pay
-off, and a busy laptop makes two threads contend and run several times slower.
+The whole demo runs single-threaded, for the reason given in :mod:`grpokit.demo.warmstart`.
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from grpokit.demo.warmstart import WarmStartConfig, ensure_demo_policy
+from grpokit.demo.warmstart import WarmStartConfig, ensure_demo_policy, single_thread
 
 CONFIG_PATH = Path(__file__).with_name("config.yaml")
 SHOWN_QUESTIONS = 6
 REWARD_WINDOW = 5
-
-
-@contextmanager
-def _single_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 @torch.no_grad()
@@ -62,7 +50,7 @@ def run_demo(steps: int | None = None, output_dir: str | Path = "runs/demo", reb
 
     console = Console()
     start = time.perf_counter()
-    with _single_thread():
+    with single_thread():
         console.print("[bold]grpokit demo[/bold]: GRPO teaches a tiny model to add, on this CPU")
         policy = ensure_demo_policy(cache_dir, force=rebuild, config=warm_start, log=console.print)
         settings = {"model_name_or_path": str(policy), "output_dir": str(output_dir), **(overrides or {})}

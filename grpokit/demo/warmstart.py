@@ -20,6 +20,10 @@ and improves far more slowly.
 
 The model is a Llama-style decoder: its rotary positions make left-padded batches (as in batched
 sampling) behave exactly like unpadded ones.
+
+Training runs single-threaded (:func:`single_thread`): this model's matrices are too small for a
+second thread to pay off, and on a busy 2-core machine two threads contend and run many times
+slower (measured: 1.8 s against 0.12 s for the same GRPO step).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import random
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,6 +67,17 @@ class WarmStartConfig:
     """Probability that a sloppy label is right; otherwise it is one too many."""
     seed: int = 0
     """Seed of model init, batch order and label noise."""
+
+
+@contextmanager
+def single_thread():
+    """Run the block with one torch intra-op thread, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def default_cache_root() -> Path:
@@ -185,7 +201,8 @@ def ensure_demo_policy(
         return target
 
     root.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = train_warm_start(config, log=log)
+    with single_thread():
+        model, tokenizer = train_warm_start(config, log=log)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{target.name}-"))
     try:
         model.save_pretrained(tmp)

@@ -3,10 +3,16 @@
 import json
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit.demo import WarmStartConfig, ensure_demo_policy, run_demo
-from grpokit.demo.warmstart import STAMP_FILE, VERSION, default_cache_root
+from grpokit.demo.warmstart import (
+    STAMP_FILE,
+    VERSION,
+    default_cache_root,
+    single_thread,
+)
 
 TINY = WarmStartConfig(hidden_size=16, num_layers=1, num_heads=2, clean_steps=3, sloppy_steps=2, batch_size=8)
 
@@ -69,6 +75,16 @@ def test_cache_root_from_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert default_cache_root() == tmp_path / "home" / ".cache" / "grpokit"
+
+
+def test_single_thread_restores_the_thread_count():
+    torch.set_num_threads(2)
+    try:
+        with single_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(2)
 
 
 def test_run_demo_end_to_end_tiny(tmp_path):
