@@ -175,16 +175,18 @@ class PromptSource:
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.usable)
 
     def next_indices(self, batch_size: int) -> list[int]:
-        """The next ``batch_size`` row indices, wrapping into a new (reshuffled) epoch as needed."""
-        out: list[int] = []
-        while len(out) < batch_size:
-            if self.position >= len(self._order):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._make_order()
-            take = self._order[self.position : self.position + batch_size - len(out)]
-            out.extend(int(i) for i in take)
-            self.position += len(take)
+        """The next ``batch_size`` distinct row indices. A batch never spans two epochs (the last
+        ``len % batch_size`` prompts of an epoch are skipped, a different few each shuffled epoch),
+        so no prompt appears twice in one step."""
+        if batch_size > len(self._order):
+            raise DataError(f"a step needs {batch_size} distinct prompts but only {len(self._order)} are usable; "
+                            "add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations.")
+        if self.position + batch_size > len(self._order):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._make_order()
+        out = [int(i) for i in self._order[self.position : self.position + batch_size]]
+        self.position += batch_size
         return out
 
     def state_dict(self) -> dict:

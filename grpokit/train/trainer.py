@@ -16,7 +16,7 @@ import torch
 
 from grpokit.algos import compute_advantages, zero_variance_groups
 from grpokit.config import GRPOConfig
-from grpokit.data.prompts import PromptSource, check_reward_columns, load_rows
+from grpokit.data.prompts import DataError, PromptSource, check_reward_columns, load_rows
 from grpokit.distributed.seeding import generate_per_group, group_seed
 from grpokit.distributed.torch_dist import (
     gather_reward_result,
@@ -61,6 +61,9 @@ class GRPOTrainer:
         self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args)
         reward_fns = dict(zip(self.rewards.names, self.rewards.functions))
         check_reward_columns(self.train_rows, reward_fns, args.prompt_column)
+        if len(self.train_rows) < args.prompts_per_step(self.dist.world_size):
+            raise DataError(f"train_dataset has {len(self.train_rows)} prompts but a step takes {args.prompts_per_step(self.dist.world_size)} "
+                            "distinct ones; add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations.")
         if self.eval_rows:
             check_reward_columns(self.eval_rows, reward_fns, args.prompt_column, "eval_dataset")
         self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args)
