@@ -74,6 +74,6 @@ def test_chat_prompts_need_a_chat_template(tmp_path, capsys):
     tokenizer = build_word_tokenizer(WORDS)
     model_dir = tmp_path / "model"
     build_tiny_causal_lm(model_dir, tokenizer, hidden_size=16, num_layers=1, num_heads=2)
-    rows = [{"prompt": [{"role": "user", "content": "w1 w2"}]}]
+    rows = [{"prompt": [{"role": "user", "content": f"w{i} w2"}]} for i in range(4)]
     assert main(["train", write_cli_run(tmp_path, model_dir, rows)]) == 2
     assert "a prompt is a list of chat messages but the tokenizer has no chat_template" in capsys.readouterr().err
