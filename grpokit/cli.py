@@ -99,7 +99,9 @@ def cmd_explain(args) -> int:
 def cmd_demo(args) -> int:
     from grpokit.demo import run_demo
 
-    run_demo(output_dir=args.output_dir, steps=args.steps, rebuild=args.rebuild)
+    result = run_demo(output_dir=args.output_dir, steps=args.steps, rebuild=args.rebuild)
+    for key in ("pass1_before", "pass1_after", "pass8_before", "pass8_after", "wall_seconds"):
+        print(f"{key}={result[key]:.4f}")  # machine-readable, one key=value per line
     return 0
 
 

@@ -90,6 +90,8 @@ def run_demo(steps: int | None = None, output_dir: str | Path = "runs/demo", reb
         summary.add_column(column)
     for label, key in (("pass@1 (sampled)", "pass1"), ("pass@8", "pass8"), ("greedy", "greedy")):
         summary.add_row(label, f"{result[key + '_before']:.2f}", f"{result[key + '_after']:.2f}")
+    summary.add_row(f"train reward (first / last {window} steps)", f"{result['reward_start']:.2f}", f"{result['reward_end']:.2f}")
+    summary.add_row("wall time (s)", "", f"{wall:.0f}")
     console.print(examples, summary)
     console.print(f"done in {wall:.0f}s; run folder {trainer.run_dir} (grpokit inspect / report.html)")
     return result
