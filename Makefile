@@ -1,32 +1,37 @@
 # Two entry points for a fresh machine:  make demo  and  make test.
-# The tested versions are pinned in constraints.txt; torch is the CPU build 2.13.0.
+# The tested versions are pinned in constraints.txt; torch is the CPU build 2.13.0, installed first
+# so that no dependency pulls a CUDA build.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= test,math,chem,lora,tensorboard
+PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: demo test test-fast bench clean
 
-$(BIN)/grpokit: pyproject.toml constraints.txt
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
-	touch $(BIN)/grpokit
 
-install: $(BIN)/grpokit
+$(VENV)/.demo: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) -e .
+	touch $@
 
-demo: install
+$(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) -e ".[test,math,chem,lora,tensorboard,wandb,ray]"
+	touch $@
+
+demo: $(VENV)/.demo
 	$(BIN)/grpokit demo
 
-test: install
+test: $(VENV)/.test
 	$(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: $(VENV)/.test
 	$(BIN)/python -m pytest -q -m "not slow"
 
-bench: install
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[bench]"
+bench: $(VENV)/.test
+	$(PIP) -e ".[bench]"
 	$(BIN)/python bench/vs_trl.py
 
 clean:
