@@ -39,7 +39,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A HF tokenizer with a pad token (EOS is used as pad when the tokenizer has none)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    tokenizer = _from_pretrained(AutoTokenizer, name_or_path, "tokenizer", trust_remote_code=trust_remote_code)
     ensure_pad_token(tokenizer)
     return tokenizer
 
@@ -71,9 +71,20 @@ def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trus
     source = str(local.expanduser()) if looks_local else name_or_path
     if load_in_4bit:
         # quantised weights cannot be moved with .to(): they are placed on the device while loading
-        return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code,
-                                                    quantization_config=four_bit_config(dtype, device), device_map={"": device})
-    return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code).to(device)
+        return _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code,
+                                quantization_config=four_bit_config(dtype, device), device_map={"": device})
+    return _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code).to(device)
+
+
+def _from_pretrained(cls, source: str, what: str, **kwargs):
+    """``cls.from_pretrained`` with one clear message when the folder or hub id cannot be read
+    (a typo, no network, a gated repo) instead of a transformers traceback."""
+    try:
+        return cls.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FileNotFoundError(f"cannot load the {what} {source!r} ({first}); check the hub id or path, "
+                                "or download it and give the local folder (set HF_HUB_OFFLINE=1 to stay offline).") from None
 
 
 def four_bit_config(dtype: torch.dtype, device: torch.device):
