@@ -104,7 +104,7 @@ def four_bit_config(dtype: torch.dtype, device: torch.device):
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
     """Token ids of a prompt. A chat template already holds BOS, so no special tokens are added then."""
-    if hasattr(tokenizer, "__call__") and hasattr(tokenizer, "pad_token_id") and hasattr(tokenizer, "convert_ids_to_tokens"):
+    if callable(tokenizer) and hasattr(tokenizer, "pad_token_id") and hasattr(tokenizer, "convert_ids_to_tokens"):
         return tokenizer(text, add_special_tokens=not chat)["input_ids"]
     return list(tokenizer.encode(text))
 

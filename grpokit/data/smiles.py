@@ -55,7 +55,7 @@ class SmilesTokenizer:
         self.pad_token_id, self.bos_token_id, self.eos_token_id = 0, 1, 2
 
     @classmethod
-    def from_smiles(cls, smiles: Iterable[str]) -> "SmilesTokenizer":
+    def from_smiles(cls, smiles: Iterable[str]) -> SmilesTokenizer:
         """A tokenizer whose alphabet is every character of ``smiles``."""
         return cls(ch for s in smiles for ch in s)
 
@@ -78,7 +78,7 @@ class SmilesTokenizer:
         (folder / TOKENIZER_FILE).write_text(json.dumps({"vocab": self.vocab}))
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path) -> "SmilesTokenizer":
+    def from_pretrained(cls, folder: str | Path) -> SmilesTokenizer:
         vocab = json.loads((Path(folder) / TOKENIZER_FILE).read_text())["vocab"]
         tokenizer = cls(vocab[3:])
         if tokenizer.vocab != vocab:
@@ -88,8 +88,9 @@ class SmilesTokenizer:
 
 def canonical_smiles(smiles: str) -> str | None:
     """RDKit's canonical SMILES, or None when the string is not a valid molecule."""
-    from grpokit.rewards.molecule import parse_smiles
     from rdkit import Chem
+
+    from grpokit.rewards.molecule import parse_smiles
 
     molecule = parse_smiles(smiles)
     return None if molecule is None else Chem.MolToSmiles(molecule)
@@ -106,9 +107,10 @@ def molecule_metrics(generated: Sequence[str], training_set: set[str]) -> dict[s
     ``training_set`` holds canonical SMILES (:func:`canonical_set`). Ratios over an empty
     denominator (no valid molecule) are 0; qed and sa are NaN then.
     """
-    from grpokit.rewards.molecule import _sascorer, parse_smiles
     from rdkit import Chem
     from rdkit.Chem import QED
+
+    from grpokit.rewards.molecule import _sascorer, parse_smiles
 
     molecules = [m for m in map(parse_smiles, generated) if m is not None]
     unique = {Chem.MolToSmiles(m) for m in molecules}

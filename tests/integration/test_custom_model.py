@@ -69,9 +69,9 @@ def a_fraction(prompts, completions, **columns):
 
 
 def args_for(tmp_path, **overrides) -> GRPOConfig:
-    base = dict(num_generations=8, per_device_train_batch_size=16, max_completion_length=8, beta=0.04,
-                learning_rate=1e-2, lr_scheduler_type="constant", max_steps=4, seed=0, ref_model_sync_steps=2,
-                output_dir=str(tmp_path / "run"), save_steps=0, report_to=["jsonl"], progress_bar=False)
+    base = {"num_generations": 8, "per_device_train_batch_size": 16, "max_completion_length": 8, "beta": 0.04,
+                "learning_rate": 1e-2, "lr_scheduler_type": "constant", "max_steps": 4, "seed": 0, "ref_model_sync_steps": 2,
+                "output_dir": str(tmp_path / "run"), "save_steps": 0, "report_to": ["jsonl"], "progress_bar": False}
     return GRPOConfig(**{**base, **overrides})
 
 

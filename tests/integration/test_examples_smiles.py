@@ -6,7 +6,12 @@ import math
 
 import pytest
 
-from grpokit.data.smiles import SmilesTokenizer, canonical_set, molecule_metrics, read_smiles
+from grpokit.data.smiles import (
+    SmilesTokenizer,
+    canonical_set,
+    molecule_metrics,
+    read_smiles,
+)
 
 
 def test_tokenizer_round_trip_specials_and_save(tmp_path):

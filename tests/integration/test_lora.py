@@ -27,12 +27,12 @@ def target_reward(prompts, completions, target, **columns):
 
 
 def lora_args(tmp_path, **overrides) -> GRPOConfig:
-    base = dict(
-        lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]},
-        num_generations=4, per_device_train_batch_size=8, max_completion_length=6, beta=0.1,
-        learning_rate=5e-2, lr_scheduler_type="constant", max_steps=2, seed=0,
-        output_dir=str(tmp_path / "run"), save_steps=0, report_to=["jsonl"], progress_bar=False,
-    )
+    base = {
+        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]},
+        "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 6, "beta": 0.1,
+        "learning_rate": 5e-2, "lr_scheduler_type": "constant", "max_steps": 2, "seed": 0,
+        "output_dir": str(tmp_path / "run"), "save_steps": 0, "report_to": ["jsonl"], "progress_bar": False,
+    }
     return GRPOConfig(**{**base, **overrides})
 
 
