@@ -5,7 +5,10 @@ Two kinds of model are supported without changes to them:
 * Hugging Face causal LMs (and peft-wrapped ones): called with attention_mask, position_ids,
   a KV cache and ``logits_to_keep`` so only the positions that matter reach the LM head.
 * Any ``torch.nn.Module`` whose ``forward(input_ids)`` returns logits [B, L, V] (or an object with
-  ``.logits``), with a tokenizer that has ``encode``/``decode`` and ``eos_token_id``.
+  ``.logits``, or a tuple whose first item is the logits), with a tokenizer that has
+  ``encode``/``decode`` and ``eos_token_id``: a transformers tokenizer or a plain Python object
+  (``pad_token_id`` is optional, EOS pads when it is missing; ``decode`` need not take
+  ``skip_special_tokens``). Such a model is sampled without a KV cache.
 """
 
 from __future__ import annotations

@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"pre-trained model: {folder} ({time.perf_counter() - t0:.0f}s)")
     training_set = canonical_set(smiles)
 
-    # Unconditional generation: every prompt is the start token; a prompt's G samples form one group.
-    trainer = GRPOTrainer(model=model, tokenizer=tokenizer, args=args, train_dataset=[{"prompt": BOS}])
+    # Unconditional generation: every prompt is the start token, and each prompt's G samples form one
+    # group. A step draws distinct rows, so the dataset holds one identical row per group of a step.
+    rows = [{"prompt": BOS}] * args.prompts_per_step()
+    trainer = GRPOTrainer(model=model, tokenizer=tokenizer, args=args, train_dataset=rows)
     torch.manual_seed(args.seed)
     before = molecule_metrics(sample(trainer, opts.samples), training_set)
     t1 = time.perf_counter()
