@@ -181,14 +181,6 @@ def run_trl(workdir: Path, settings: dict, prompts: int, completion_length: int,
     trainer._get_per_token_logps_and_entropies = timed_logps
     trainer.accelerator.backward = clock.wrap("backward", trainer.accelerator.backward)
     lengths: list[float] = []
-    log = trainer.log
-
-    def keep_lengths(logs, *a, **k):
-        if "completions/mean_length" in logs:
-            lengths.append(float(logs["completions/mean_length"]))
-        return log(logs, *a, **k)
-
-    trainer.log = keep_lengths
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -197,6 +189,10 @@ def run_trl(workdir: Path, settings: dict, prompts: int, completion_length: int,
 
         def on_step_end(self, *a, **k):
             records.append({"step_time": time.perf_counter() - self.t0, "phases": dict(clock.current)})
+
+        def on_log(self, args, state, control, logs=None, **k):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
 
     trainer.add_callback(StepClock())
     trainer.train()

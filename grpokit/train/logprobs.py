@@ -20,6 +20,7 @@ longest completion (right padding past it is dropped, and the results are padded
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ from grpokit.algos import entropy_from_logits, selective_logprobs
 from grpokit.modeling import is_hf_model, logits_of
 from grpokit.rollout.engine import left_pad
 from grpokit.rollout.types import Rollouts
+from grpokit.train.fused_head import fused_head_logprobs
 
 
 @dataclass
@@ -86,32 +88,77 @@ def shares_prefix(model: torch.nn.Module) -> bool:
     return not checkpointing
 
 
-def completion_logits(model: torch.nn.Module, batch: Batch, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Logits that predict the first ``width`` completion tokens, as (logits [n, t, V], token ids [n, t])
-    pieces that together cover the ``width`` positions in order (one piece, or two for a shared prefix)."""
+def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder, lm_head) when ``model``'s logits are exactly ``lm_head(decoder(...).last_hidden_state)``,
+    else None (custom models, DDP, non-Linear heads, and architectures that scale or soft-cap their logits).
+
+    Checked once per model by comparing both on a 4-token input, so an architecture that post-processes
+    its logits in a way not listed anywhere still takes the (slower, exact) logits path.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel) or not is_hf_model(model):
+        return None
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if base not in _HEADS:
+        _HEADS[base] = _check_plain_head(model, base)
+    return _HEADS[base]
+
+
+_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _check_plain_head(model: torch.nn.Module, base: torch.nn.Module):
+    head = base.get_output_embeddings()
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if type(head) is not torch.nn.Linear or decoder is None or decoder is base:
+        return None
+    ids = (torch.arange(1, 5, device=head.weight.device) % head.weight.size(0))[None]  # [1, 4]
+    was_training = base.training
+    base.eval()  # no dropout, so both computations see the same network
+    try:
+        with torch.no_grad(), torch.autocast(head.weight.device.type, enabled=False):
+            expected = logits_of(model(input_ids=ids)).float()
+            got = F.linear(decoder(input_ids=ids).last_hidden_state, head.weight, head.bias).float()
+    finally:
+        base.train(was_training)
+    return (decoder, head) if got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-4, atol=1e-4) else None
+
+
+def _run(model, head, keep: int, **inputs):
+    """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV cache."""
+    if head is not None:
+        out = model(**inputs)
+        return out.last_hidden_state[:, -keep:], out.past_key_values
+    out = model(**inputs, logits_to_keep=keep)
+    return out.logits[:, -keep:], out.past_key_values
+
+
+def completion_features(model: torch.nn.Module, head: torch.nn.Linear | None, batch: Batch, width: int) -> torch.Tensor:
+    """Hidden states (``head`` given, ``model`` its decoder) or logits at the positions that predict the
+    first ``width`` completion tokens: [n, w, H or V]."""
     ids = batch.completion_ids[:, :width]  # [n, w]
     if batch.prompt_ids is None:
         logits = logits_of(model(batch.input_ids))  # [n, L, V]
-        index = batch.gather_index[:, :width, None].expand(-1, -1, logits.size(-1))  # [n, w, V]
-        return [(logits.gather(1, index), ids)]  # [n, w, V]
+        return logits.gather(1, batch.gather_index[:, :width, None].expand(-1, -1, logits.size(-1)))  # [n, w, V]
     groups, inverse = torch.unique(batch.group_index, return_inverse=True)  # [g], [n]
     prompt_ids, prompt_mask = _trim_left(batch.prompt_ids[groups], batch.prompt_mask[groups])  # [g, P]
     prompt_position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [g, P]
     if not shares_prefix(model):
         mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
-        out = model(input_ids=torch.cat([prompt_ids[inverse], ids], dim=1), attention_mask=mask,
-                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False, logits_to_keep=width + 1)
-        return [(out.logits[:, :-1], ids)]  # [n, w, V]
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_position, use_cache=True, logits_to_keep=1)
-    pieces = [(out.logits[inverse], ids[:, :1])]  # [n, 1, V]: the prompt's last position predicts token 0
-    if width > 1:
-        cache = out.past_key_values
-        cache.batch_select_indices(inverse)  # [g, ...] -> [n, ...]
-        mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, : width - 1].long()], dim=1)  # [n, P+w-1]
-        position = prompt_position[inverse, -1:] + torch.arange(1, width, device=ids.device)  # [n, w-1]
-        rest = model(input_ids=ids[:, :-1], attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
-        pieces.append((rest.logits, ids[:, 1:]))  # [n, w-1, V]: completion token t predicts token t+1
-    return pieces
+        features, _ = _run(model, head, width + 1, input_ids=torch.cat([prompt_ids[inverse], ids], dim=1), attention_mask=mask,
+                           position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
+        return features[:, :-1]  # [n, w, D]
+    first, cache = _run(model, head, 1, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_position, use_cache=True)
+    first = first[inverse]  # [n, 1, D]: the prompt's last position predicts completion token 0
+    if width == 1:
+        return first
+    cache.batch_select_indices(inverse)  # [g, ...] -> [n, ...]
+    mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, : width - 1].long()], dim=1)  # [n, P+w-1]
+    position = prompt_position[inverse, -1:] + torch.arange(1, width, device=ids.device)  # [n, w-1]
+    rest, _ = _run(model, head, width - 1, input_ids=ids[:, :-1], attention_mask=mask, position_ids=position,
+                   past_key_values=cache, use_cache=True)  # completion token t predicts token t+1
+    return torch.cat([first, rest], dim=1)  # [n, w, D]
 
 
 def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,16 +168,33 @@ def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def completion_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool = False):
-    """(logprobs [n, T], entropy [n, T] or None) of the completion tokens at ``temperature``; 0 past each
-    micro-batch's longest completion."""
+    """(logprobs [n, T], entropy [n, T] or None) of the completion tokens at ``temperature``.
+
+    With a plain LM head (:func:`plain_head`) the head runs fused with the log-softmax on real
+    completion positions only (padding costs nothing, and 0 is returned there); otherwise logits
+    are computed up to the micro-batch's longest completion and reduced by ``selective_logprobs``
+    (0 past that width).
+    """
     T = batch.completion_ids.size(1)
     width = max(int(batch.completion_mask.sum(1).max()), 1)
-    pieces = completion_logits(model, batch, width)
-    logprobs = torch.cat([selective_logprobs(logits, ids, temperature=temperature) for logits, ids in pieces], dim=1)  # [n, w]
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = torch.cat([entropy_from_logits(logits.detach(), temperature=temperature) for logits, _ in pieces], dim=1)
+    ids = batch.completion_ids[:, :width]  # [n, w]
+    found = plain_head(model)
+    if found is not None:
+        decoder, head = found
+        hidden = completion_features(decoder, head, batch, width)  # [n, w, H]
+        real = batch.completion_mask[:, :width].bool()  # [n, w]
+        logprobs, entropy = fused_head_logprobs(hidden[real], head.weight, head.bias, ids[real], temperature, with_entropy)  # [m]
+        logprobs = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(real, logprobs)  # [n, w]
+        if entropy is not None:
+            entropy = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(real, entropy)
+    else:
+        logits = completion_features(model, None, batch, width)  # [n, w, V]
+        logprobs = selective_logprobs(logits, ids, temperature=temperature)  # [n, w]
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), temperature=temperature)  # [n, w]
+    if entropy is not None:
         entropy = F.pad(entropy, (0, T - width))  # [n, T]
     return F.pad(logprobs, (0, T - width)), entropy  # [n, T]
 

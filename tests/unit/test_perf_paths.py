@@ -1,7 +1,8 @@
 """The learner's fast paths give the numbers of the plain computation.
 
-Shared-prefix log-probs and gradients equal one unpadded forward pass per sequence (float32, 1e-5);
-the full-forward fallback too; the bf16 autocast update stays within a stated tolerance of float32.
+Shared-prefix log-probs and gradients equal one unpadded forward pass per sequence (float32, 1e-5),
+through the fused LM head and through the logits path; the full-forward fallback too; the fused
+head equals log_softmax by hand; the bf16 autocast update stays within a stated tolerance of float32.
 """
 
 import copy
@@ -14,11 +15,22 @@ from grpokit.config import GRPOConfig
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+from grpokit.train import logprobs as logprobs_module
+from grpokit.train.fused_head import fused_head_logprobs
 from grpokit.train.learner import Learner
-from grpokit.train.logprobs import batched_logprobs, build_batch, completion_logprobs, shares_prefix
+from grpokit.train.logprobs import batched_logprobs, build_batch, completion_logprobs, plain_head, shares_prefix
 from grpokit.train.reference import Reference
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared machine extra threads only wait."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 G = 4
 PROMPTS = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]]
 
@@ -47,8 +59,16 @@ def plain_logprobs(model, rollouts, n, temperature=0.7):
 SLICES = [slice(0, 12), slice(4, 8), slice(2, 7), slice(9, 10)]
 
 
+@pytest.fixture(params=["fused_head", "logits"])
+def head_path(request, monkeypatch):
+    """Run a test through the fused LM head, and again through full logits + selective_logprobs."""
+    if request.param == "logits":
+        monkeypatch.setattr(logprobs_module, "plain_head", lambda model: None)
+    return request.param
+
+
 @pytest.mark.parametrize("rows", SLICES, ids=lambda s: f"rows{s.start}-{s.stop}")
-def test_shared_prefix_logprobs_equal_plain_forward(setup, rows):
+def test_shared_prefix_logprobs_equal_plain_forward(setup, rows, head_path):
     model, rollouts, batch = setup
     assert shares_prefix(model)
     with torch.no_grad():
@@ -61,7 +81,7 @@ def test_shared_prefix_logprobs_equal_plain_forward(setup, rows):
     assert (logprobs[:, width:] == 0).all() and (entropy[:, width:] == 0).all()
 
 
-def test_shared_prefix_gradients_equal_plain_forward(setup):
+def test_shared_prefix_gradients_equal_plain_forward(setup, head_path):
     # the G rows of a group share one prompt pass; its gradient is the sum over the rows, as over G copies
     model, rollouts, batch = setup
     rows = slice(2, 7)
@@ -76,7 +96,7 @@ def test_shared_prefix_gradients_equal_plain_forward(setup):
     model.zero_grad()
 
 
-def test_full_forward_fallback_equals_plain_forward(setup):
+def test_full_forward_fallback_equals_plain_forward(setup, head_path):
     # gradient checkpointing turns the KV cache off: the learner then runs [prompt | completion] whole
     model, rollouts, batch = setup
     fallback = copy.deepcopy(model)
@@ -102,6 +122,56 @@ def test_no_grad_passes_return_ordinary_tensors(setup):
     logprobs, _ = completion_logprobs(model, batch, 0.7)
     ((ref - logprobs).exp() * batch.completion_mask).sum().backward()  # k3-style use of the reference
     model.zero_grad()
+
+
+def test_fused_head_by_hand():
+    # hidden [1, 0] and [0, 1]; W rows (0, 0), (ln 3, 0), (0, ln 3) -> logits [0, ln 3, 0] and [0, 0, ln 3]
+    # -> p = [0.2, 0.6, 0.2] and [0.2, 0.2, 0.6]; log p(token 1) = ln 0.6 = -0.510826, log p(token 0) = ln 0.2 = -1.609438
+    # H = -(2 * 0.2 ln 0.2 + 0.6 ln 0.6) = 0.643775 + 0.306495 = 0.950271 for both rows
+    # d log p(y) / dz = onehot(y) - p: row 1 -> [-0.2, 0.4, -0.2]; dW = sum over rows of (onehot - p) h^T,
+    # row 2 (token 0) -> [0.8, -0.2, -0.6] on hidden [0, 1]; so dW[:, 0] = [-0.2, 0.4, -0.2], dW[:, 1] = [0.8, -0.2, -0.6]
+    log3 = torch.log(torch.tensor(3.0))
+    weight = torch.tensor([[0.0, 0.0], [log3, 0.0], [0.0, log3]], requires_grad=True)
+    hidden = torch.eye(2, requires_grad=True)
+    logprobs, entropy = fused_head_logprobs(hidden, weight, None, torch.tensor([1, 0]), with_entropy=True, chunk_elements=2)
+    torch.testing.assert_close(logprobs, torch.tensor([-0.510826, -1.609438]))
+    torch.testing.assert_close(entropy, torch.tensor([0.950271, 0.950271]))
+    logprobs.sum().backward()
+    torch.testing.assert_close(weight.grad, torch.tensor([[-0.2, 0.8], [0.4, -0.2], [-0.2, -0.6]]))
+    # dh = (onehot - p) W: row 1 -> [-0.2, 0.4, -0.2] W = [0.4 ln 3, -0.2 ln 3]
+    torch.testing.assert_close(hidden.grad[0], torch.tensor([0.4, -0.2]) * log3)
+
+
+@pytest.mark.parametrize("chunk_elements", [7, 64, 2**22])
+def test_fused_head_equals_log_softmax(chunk_elements):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(13, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(40, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(40, generator=gen, dtype=torch.float64, requires_grad=True)
+    tokens = torch.randint(0, 40, (13,), generator=gen)
+    upstream = torch.randn(13, generator=gen, dtype=torch.float64)
+    z = (hidden @ weight.t() + bias) / 0.7
+    expected = torch.log_softmax(z, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    expected_grads = torch.autograd.grad((expected * upstream).sum(), [hidden, weight, bias])
+    leaves = [x.detach().float().requires_grad_(True) for x in (hidden, weight, bias)]
+    got, entropy = fused_head_logprobs(*leaves, tokens, temperature=0.7, with_entropy=True, chunk_elements=chunk_elements)
+    (got * upstream.float()).sum().backward()
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy.double(), -(z.softmax(-1) * z.log_softmax(-1)).sum(-1).detach(), atol=1e-5, rtol=0)
+    for leaf, grad in zip(leaves, expected_grads):
+        torch.testing.assert_close(leaf.grad.double(), grad, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_head_detection():
+    from transformers import CohereConfig, CohereForCausalLM
+
+    for arch in ("qwen2", "llama", "gpt2"):
+        model, _ = build_tiny_causal_lm(arch=arch)
+        assert plain_head(model) is not None, arch
+    # Cohere multiplies its logits by logit_scale: the fused head would be wrong, so the logits path is used
+    cohere = CohereForCausalLM(CohereConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                            intermediate_size=64, logit_scale=0.5, eos_token_id=2, bos_token_id=1, pad_token_id=0))
+    assert plain_head(cohere) is None
 
 
 def _update(autocast_dtype, seed=0):

@@ -1,0 +1,104 @@
+"""Log-probs (and entropies) of chosen tokens straight from hidden states: LM head + log-softmax fused.
+
+For m positions with hidden states h [m, H], LM head W [V, H] (bias b) and temperature T:
+
+    z = (h W^T + b) / T,   log p(y) = z_y - lse,   lse = logsumexp(z),   H(p) = -sum_j p_j log p_j,
+    d log p(y) / dz_j = 1[j = y] - p_j,   p_j = exp(z_j - lse).
+
+The [m, V] logits never exist whole (the chunked LM head of Liger and TRL): the forward runs over
+chunks of rows and keeps only lse [m]; the backward recomputes the logits over chunks of the
+vocabulary, where each slice of the weight gradient is written once (no [V, H] temporary per chunk
+and no accumulation into it) and the hidden-state gradient [m, H] is the small sum. A chunk holds
+about 2**22 logits, so its elementwise work stays in cache.
+
+Under autocast the matmuls run in the autocast dtype, as ``F.linear`` would, with the weight cast
+once per call and kept for backward. Softmax, log-probs, entropies and the gradient of the logits
+are float32; the weight gradient is returned in the weight's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Logits per chunk: 2**22 (16 MiB in float32).
+_CHUNK_ELEMENTS = 2**22
+
+
+def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
+    device = weight.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return weight.dtype
+
+
+class _FusedHeadLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_elements, with_entropy):
+        dtype = _compute_dtype(weight)
+        w = weight.to(dtype)  # [V, H], cast once
+        b = None if bias is None else bias.to(dtype)
+        h = hidden.to(dtype)  # [m, H]
+        m, V = h.size(0), w.size(0)
+        rows = max(1, chunk_elements // V)
+        logprobs = torch.empty(m, dtype=torch.float32, device=h.device)  # [m]
+        logsumexp = torch.empty_like(logprobs)  # [m]
+        entropy = torch.empty_like(logprobs) if with_entropy else None
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, m, rows):
+                z = F.linear(h[s : s + rows], w, b).float()  # [c, V]
+                if temperature != 1.0:
+                    z.div_(temperature)
+                logp = torch.log_softmax(z, dim=-1)  # [c, V]
+                index = tokens[s : s + rows, None]  # [c, 1]
+                logprobs[s : s + rows] = logp.gather(-1, index).squeeze(-1)
+                logsumexp[s : s + rows] = z.gather(-1, index).squeeze(-1) - logprobs[s : s + rows]  # z_y - log p(y)
+                if with_entropy:
+                    entropy[s : s + rows] = -(logp.exp() * logp).sum(-1)  # [c, V] -> [c]
+        ctx.save_for_backward(h, w, b, tokens, logsumexp)
+        ctx.temperature, ctx.chunk_elements = temperature, chunk_elements
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        if entropy is not None:
+            ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        h, w, b, tokens, logsumexp = ctx.saved_tensors
+        T, (hidden_dtype, weight_dtype, bias_dtype) = ctx.temperature, ctx.dtypes
+        m, V = h.size(0), w.size(0)
+        cols = max(1, ctx.chunk_elements // max(m, 1))
+        upstream = grad_logprobs.float()[:, None]  # [m, 1]
+        grad_hidden = torch.zeros(h.shape, dtype=torch.float32, device=h.device)  # [m, H]
+        grad_weight = torch.empty((V, h.size(1)), dtype=weight_dtype, device=h.device) if ctx.needs_input_grad[1] else None
+        grad_bias = torch.empty(V, dtype=bias_dtype, device=h.device) if b is not None and ctx.needs_input_grad[2] else None
+        rows = torch.arange(m, device=h.device)
+        with torch.autocast(h.device.type, enabled=False):
+            for v in range(0, V, cols):
+                z = F.linear(h, w[v : v + cols], None if b is None else b[v : v + cols]).float()  # [m, c]
+                if T != 1.0:
+                    z.div_(T)
+                grad_z = z.sub_(logsumexp[:, None]).exp_().mul_(-upstream)  # -p_j * upstream, [m, c]
+                here = (tokens >= v) & (tokens < v + cols)  # [m] rows whose token is in this slice
+                grad_z.index_put_((rows[here], tokens[here] - v), upstream[here, 0], accumulate=True)
+                if T != 1.0:
+                    grad_z.div_(T)
+                grad_z = grad_z.to(h.dtype)
+                grad_hidden += grad_z @ w[v : v + cols]  # [m, c] x [c, H]
+                if grad_weight is not None:
+                    grad_weight[v : v + cols] = grad_z.t() @ h  # [c, m] x [m, H]
+                if grad_bias is not None:
+                    grad_bias[v : v + cols] = grad_z.float().sum(0)
+        return grad_hidden.to(hidden_dtype), grad_weight, grad_bias, None, None, None, None
+
+
+def fused_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
+                        temperature: float = 1.0, with_entropy: bool = False, chunk_elements: int = _CHUNK_ELEMENTS):
+    """(log p(tokens) [m], entropy [m] or None), float32, for hidden [m, H] under the head (weight [V, H], bias [V]).
+
+    Differentiable in ``hidden``, ``weight`` and ``bias`` (the entropy is a metric: not differentiated).
+    ``chunk_elements``: logits per chunk; results do not depend on it.
+    """
+    if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden must be [m, H] and tokens [m]; got {tuple(hidden.shape)} and {tuple(tokens.shape)}")
+    return _FusedHeadLogprobs.apply(hidden, weight, bias, tokens.long(), float(temperature), chunk_elements, with_entropy)
