@@ -4,23 +4,31 @@ Both trainers run the same GRPO steps on the same locally built model (random-in
 hidden 512, 8 layers, 8 heads / 2 KV heads, MLP 1408, vocabulary 32,000, tied embeddings: ~39M
 parameters), word-level tokenizer, 512 prompts of 32 tokens and a cheap reward: B prompts x G = 8
 completions per optimizer step (micro-batches of 8), beta 0.04, num_iterations 1, lr 1e-6, CPU.
-Each configuration runs in its own process (so peak resident memory is its own), with the same
-thread count. Nothing is downloaded.
+Nothing is downloaded.
 
     pip install trl psutil            # the bench extra: pip install 'grpokit[bench]'
-    python bench/vs_trl.py            # 1 warm-up + 5 timed steps per config, then long completions
-    python bench/vs_trl.py --quick    # 1 warm-up + 2 timed steps, main shape only (while developing)
+    python bench/vs_trl.py            # 2 rounds x (1 warm-up + 3 timed steps) per config, both shapes
+    python bench/vs_trl.py --quick    # 1 round x (1 warm-up + 2 timed steps), main shape only
 
 Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), TRL bf16 without
 checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32.
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens).
+
+Each run is its own process (so its peak resident memory is its own) with the same thread count
+and environment. Runs are interleaved in rounds (every config once per round) and the medians pool
+the timed steps of all rounds, so a burst of load from other processes hits both libraries alike.
+Workers get OMP_WAIT_POLICY=passive (both libraries): on a shared VM, OpenMP threads that spin
+between parallel regions lose a whole scheduler time slice (~8 ms here) per region whenever another
+process holds a core, which turns each small op into milliseconds; ``--omp-wait-policy default``
+measures without it.
 
 MFU counts the FLOPs a step needs, not the ones an implementation happens to spend: a forward
 pass is 2 x (N_body x body tokens + N_head x completion tokens), with body tokens = each prompt once
 (its G completions share it) + the completion tokens, N_body the non-embedding weights and N_head
 the tied LM head (vocab x hidden); training is 3 forward passes. The attention score and value
 matmuls (< 3 % here) are left out, so MFU is slightly understated. The peak is the best large
-matmul of this CPU measured in the same run (before and after the configurations).
+matmul of this CPU measured in the same run (before and after the configurations), in a worker
+with the same settings.
 
 Ends with ``key=value`` lines; ratios are grpokit / TRL.
 """
@@ -240,7 +248,11 @@ def worker(argv: list[str]) -> None:
     p.add_argument("--shape")
     p.add_argument("--steps", type=int)
     p.add_argument("--threads", type=int)
+    p.add_argument("--peak", action="store_true")
     a = p.parse_args(argv)
+    if a.peak:
+        print("RESULT " + json.dumps(matmul_peak(a.threads)), flush=True)
+        return
     import torch
 
     torch.set_num_threads(a.threads)
@@ -256,22 +268,34 @@ def worker(argv: list[str]) -> None:
 
 
 # ---- driver --------------------------------------------------------------------------------------
-def run_config(args, config: str, shape: str) -> dict:
+def worker_env(args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, __file__, "--worker", "--workdir", str(args.workdir), "--config", config, "--shape", shape,
-           "--steps", str(args.steps), "--threads", str(args.threads)]
-    print(f"  running {config} ({shape}) ...", flush=True)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if args.omp_wait_policy != "default":
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
+    return env
+
+
+def run_worker(args, worker_args: list[str], label: str) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--workdir", str(args.workdir), "--threads", str(args.threads), *worker_args]
+    proc = subprocess.run(cmd, env=worker_env(args), capture_output=True, text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-        raise SystemExit(f"{config} ({shape}) failed with exit code {proc.returncode}")
-    result = json.loads(lines[-1][len("RESULT "):])
-    timed = result["records"][1:]  # the first step is the warm-up
-    result["step_time"] = statistics.median(r["step_time"] for r in timed)
-    result["phases"] = {p: statistics.median(r["phases"].get(p, 0.0) for r in timed) for p in PHASES}
-    result["completion_tokens"] = statistics.median(r["completion_tokens"] for r in timed)
-    return result
+        raise SystemExit(f"{label} failed with exit code {proc.returncode}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Medians over every timed step of every round (each run's first step is its warm-up); peak memory of the worst run."""
+    timed = [r for run in runs for r in run["records"][1:]]
+    return {
+        "step_time": statistics.median(r["step_time"] for r in timed),
+        "phases": {p: statistics.median(r["phases"].get(p, 0.0) for r in timed) for p in PHASES},
+        "completion_tokens": statistics.median(r["completion_tokens"] for r in timed),
+        "peak_rss_mb": max(run["peak_rss_mb"] for run in runs),
+        "autocast": runs[0]["autocast"],
+        "steps": len(timed),
+    }
 
 
 def forward_flops(sizes: dict, prompts: int, completion_tokens: float) -> float:
@@ -283,8 +307,9 @@ def forward_flops(sizes: dict, prompts: int, completion_tokens: float) -> float:
 def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
     prompts, T = SHAPES[shape]
     n = prompts * G
-    print(f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, "
-          f"{args.threads} threads, median of {args.steps - 1} steps after 1 warm-up ==")
+    steps = min(r["steps"] for r in results.values())
+    print(f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, {args.threads} threads, "
+          f"median of {steps} steps ({args.rounds} rounds x {args.steps - 1} after a warm-up step) ==")
     head = f"{'config':<14}{'step s':>8}" + "".join(f"{p[:10]:>11}" for p in PHASES) + f"{'compl/s':>9}{'tokens':>8}{'peak MB':>9}"
     print(head)
     for name, r in results.items():
@@ -328,14 +353,18 @@ def main() -> None:
     if "--worker" in sys.argv:
         return worker([a for a in sys.argv[1:] if a != "--worker"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 steps, main shape only")
-    parser.add_argument("--steps", type=int, help="steps per config including 1 warm-up (default 6; 3 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 3 steps, main shape only")
+    parser.add_argument("--steps", type=int, help="steps per run including 1 warm-up (default 4; 3 with --quick)")
+    parser.add_argument("--rounds", type=int, help="runs of every config, interleaved, pooled (default 2; 1 with --quick)")
+    parser.add_argument("--omp-wait-policy", default="passive", choices=["passive", "active", "default"],
+                        help="OMP_WAIT_POLICY of every worker (see the module docstring)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
     parser.add_argument("--shapes", help="comma-separated subset of main, long (default both; main with --quick)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--workdir", type=Path, help="where the model and prompts are built (default: a temp folder)")
     args = parser.parse_args()
-    args.steps = args.steps or (3 if args.quick else 6)
+    args.steps = args.steps or (3 if args.quick else 4)
+    args.rounds = args.rounds or (1 if args.quick else 2)
     shapes = (args.shapes or ("main" if args.quick else "main,long")).split(",")
     configs = args.configs.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -345,9 +374,16 @@ def main() -> None:
         sizes = model_sizes(args.workdir)
         print(f"model: {sizes['total'] / 1e6:.1f}M parameters ({sizes['head'] / 1e6:.1f}M tied embedding / LM head), "
               f"threads {args.threads}, torch {_version('torch')}, transformers {_version('transformers')}, trl {_version('trl')}")
-        peaks = [matmul_peak(args.threads)]
-        runs = {shape: {c: run_config(args, c, shape) for c in configs} for shape in shapes}
-        peaks.append(matmul_peak(args.threads))
+        peaks = [run_worker(args, ["--peak"], "matmul peak")]
+        raw: dict = {shape: {c: [] for c in configs} for shape in shapes}
+        for round_ in range(1, args.rounds + 1):
+            for shape in shapes:
+                for config in configs:
+                    print(f"  round {round_}/{args.rounds}: {config} ({shape}), load average {os.getloadavg()[0]:.1f}", flush=True)
+                    raw[shape][config].append(run_worker(args, ["--config", config, "--shape", shape, "--steps", str(args.steps)],
+                                                         f"{config} ({shape})"))
+        peaks.append(run_worker(args, ["--peak"], "matmul peak"))
+        runs = {shape: {c: summarise(raw[shape][c]) for c in configs} for shape in shapes}
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
     print(f"matmul peak (best of before and after): float32 {peak['float32']:.0f} GFLOP/s, bfloat16 {peak['bfloat16']:.0f} GFLOP/s")
     summary = {}
@@ -360,11 +396,11 @@ def main() -> None:
 
 
 def _version(name: str) -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version(name)
-    except Exception:
+    except PackageNotFoundError:
         return "not installed"
 
 

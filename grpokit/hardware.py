@@ -42,7 +42,8 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
 def cpu_supports_bf16() -> bool:
     """True when this x86 CPU has native bf16 matmul (AVX512-BF16 or AMX)."""
     try:
-        flags = open("/proc/cpuinfo").read()
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags

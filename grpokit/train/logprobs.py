@@ -45,8 +45,8 @@ class Batch:
     input_ids: torch.Tensor | None = None  # [N, L] prompt + completion, right-padded (custom layout)
     gather_index: torch.Tensor | None = None  # [N, T] logit positions of completion tokens (custom layout)
 
-    def rows(self, index: slice) -> "Batch":
-        pick = lambda x: None if x is None else x[index]  # noqa: E731
+    def rows(self, index: slice) -> Batch:
+        pick = lambda x: None if x is None else x[index]
         return Batch(pick(self.completion_ids), pick(self.completion_mask), pick(self.group_index), self.prompt_ids,
                      self.prompt_mask, pick(self.input_ids), pick(self.gather_index))
 

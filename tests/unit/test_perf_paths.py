@@ -18,7 +18,13 @@ from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train import logprobs as logprobs_module
 from grpokit.train.fused_head import fused_head_logprobs
 from grpokit.train.learner import Learner
-from grpokit.train.logprobs import batched_logprobs, build_batch, completion_logprobs, plain_head, shares_prefix
+from grpokit.train.logprobs import (
+    batched_logprobs,
+    build_batch,
+    completion_logprobs,
+    plain_head,
+    shares_prefix,
+)
 from grpokit.train.reference import Reference
 
 CPU = torch.device("cpu")
