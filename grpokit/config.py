@@ -35,7 +35,7 @@ class ModelConfig:
     tokenizer_name_or_path: Optional[str] = None
     """Tokenizer folder or hub id; defaults to the model's."""
     dtype: str = "auto"
-    """Compute dtype: auto (bf16 on CUDA that supports it, else float32) | float32 | bfloat16 | float16."""
+    """auto (CUDA: bf16 weights where supported; CPU with native bf16: float32 weights + bf16 autocast; else float32) | float32 | bfloat16 | float16."""
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:N | mps."""
     trust_remote_code: bool = False
