@@ -97,6 +97,8 @@ class HFRolloutEngine:
         logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [N, V]
         # the attention mask of every step is a prefix of one [N, P+T] mask, built once
         mask = torch.cat([mask, mask.new_ones(ids.size(0), T)], dim=1).repeat_interleave(G, dim=0)  # [N, P+T]
+        if self._prepared_step_mask():
+            mask = mask.bool()[:, None, None, :]  # [N, 1, 1, P+T]
         position = position[:, -1:].repeat_interleave(G, dim=0) + 1  # [N, 1]
 
         tokens = torch.full((N, T), self.pad_token_id, dtype=torch.long, device=self.device)
@@ -119,11 +121,22 @@ class HFRolloutEngine:
                 cache.batch_select_indices(keep)
             if t == T - 1:
                 break
-            out = self.model(input_ids=token[:, None], attention_mask=mask[:, : P + t + 1], position_ids=position,
+            out = self.model(input_ids=token[:, None], attention_mask=mask[..., : P + t + 1], position_ids=position,
                              past_key_values=cache, use_cache=True)
             logits = out.logits[:, -1]  # [A, V]
             position = position + 1
         return tokens, logprobs, lengths, stopped
+
+    def _prepared_step_mask(self) -> bool:
+        """Whether decoding steps get a prepared 4D mask instead of the 2D padding mask.
+
+        Given an all-ones 2D mask for a one-token step, HF drops it and calls SDPA with enable_gqa,
+        which on CPU in bf16 is ~6x slower than the grouped-query layout HF uses when a mask is
+        present (1.0 vs 0.16 ms per layer at 32 rows x 8 heads, 2 KV heads). A 4D boolean mask
+        (True = attend, HF's own SDPA format) is passed through as is and keeps that layout.
+        """
+        config = getattr(self.model, "config", None)
+        return self.device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa"
 
     def _generate_plain(self, prompt: list[int], G: int, params: SamplingParams):
         """Full-forward decoding of one group for models without a KV cache."""
