@@ -106,3 +106,19 @@ def test_config_error_is_one_clear_message(tmp_path, tiny_model_dir, word_prompt
     config = write_config(tmp_path, tiny_model_dir, word_prompts)
     assert main(["train", str(config), "num_generation=3"]) == 2
     assert "unknown config key 'num_generation'. Did you mean 'num_generations'?" in capsys.readouterr().err
+
+
+def test_max_kl_stops_with_a_checkpoint_and_eval_cli_reads_the_run(tmp_path, tiny_model_dir, word_prompts, capsys):
+    # lr 0.05 moves this tiny policy far from its reference in one step; max_kl 1e-6 then trips at once
+    config = write_config(tmp_path, tiny_model_dir, word_prompts, algo={"max_kl": 1e-6, "max_kl_patience": 2},
+                          optim={"learning_rate": 0.05, "max_steps": 10}, eval={"num_generations_eval": 2, "pass_at_k": [1, 2]})
+    assert main(["train", str(config)]) == 0
+    run = tmp_path / "run"
+    steps = [m["step"] for m in read_metrics(run)]
+    assert steps == [1, 2, 3]  # kl is 0 at step 1 (policy == reference), over max_kl at steps 2 and 3
+    assert "exceeded max_kl=1e-06 for 2 step(s)" in capsys.readouterr().err
+    assert (run / "checkpoints" / "step-3").is_dir() and (run / "final").is_dir()
+    data = tmp_path / "train.jsonl"
+    assert main(["eval", str(run), f"eval_dataset={data}", "max_eval_prompts=4"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert 0.0 <= metrics["eval/pass@1"] <= metrics["eval/pass@2"] <= 1.0 and metrics["eval/num_prompts"] == 4.0
