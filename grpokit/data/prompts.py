@@ -195,3 +195,12 @@ class PromptSource:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._make_order()
+
+
+def reward_inputs(rows: list[dict], indices: list[int], num_generations: int, prompt_column: str,
+                  completion_lengths: list[int]) -> dict[str, list]:
+    """The columns passed to reward functions for G completions of each prompt in ``indices``:
+    every dataset column but the prompt, repeated G times, plus ``completion_lengths`` (tokens)."""
+    columns = {k: [rows[i].get(k) for i in indices for _ in range(num_generations)] for k in rows[indices[0]] if k != prompt_column}
+    columns["completion_lengths"] = list(completion_lengths)
+    return columns

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from grpokit.algos import pass_at_k
+from grpokit.data.prompts import reward_inputs
 from grpokit.modeling import decode
 from grpokit.rollout.types import SamplingParams
 
@@ -40,6 +41,5 @@ def _score(engine, tokenizer, source, rows, reward_runner, chunk, n, params, pro
     rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
     texts = [decode(tokenizer, ids[: int(length)].tolist()) for ids, length in zip(rollouts.completion_ids, rollouts.completion_lengths)]
     prompts = [source.texts[i] for i in chunk for _ in range(n)]
-    columns = {k: [rows[i].get(k) for i in chunk for _ in range(n)] for k in rows[chunk[0]] if k != prompt_column}
-    columns["completion_lengths"] = rollouts.completion_lengths.tolist()
+    columns = reward_inputs(rows, chunk, n, prompt_column, rollouts.completion_lengths.tolist())
     return reward_runner.score(prompts, texts, columns).combined  # [len(chunk) * n]

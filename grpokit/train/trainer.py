@@ -16,7 +16,7 @@ import torch
 
 from grpokit.algos import compute_advantages, zero_variance_groups
 from grpokit.config import GRPOConfig
-from grpokit.data.prompts import DataError, PromptSource, check_reward_columns, load_rows
+from grpokit.data.prompts import DataError, PromptSource, check_reward_columns, load_rows, reward_inputs
 from grpokit.distributed.seeding import generate_per_group, group_seed
 from grpokit.distributed.torch_dist import (
     gather_reward_result,
@@ -302,10 +302,7 @@ class GRPOTrainer:
         return [decode(self.tokenizer, ids[: int(n)].tolist()) for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)]
 
     def _columns(self, indices: list[int], rollouts: Rollouts, rows: list[dict]) -> dict[str, list]:
-        G, column = rollouts.num_generations, self.args.prompt_column
-        columns = {k: [rows[i].get(k) for i in indices for _ in range(G)] for k in rows[indices[0]] if k != column}
-        columns["completion_lengths"] = rollouts.completion_lengths.tolist()
-        return columns
+        return reward_inputs(rows, indices, rollouts.num_generations, self.args.prompt_column, rollouts.completion_lengths.tolist())
 
     def _store_rows(self, indices, rollouts, completions, reward, advantages) -> list[dict]:
         G = rollouts.num_generations
