@@ -38,15 +38,16 @@ def weights(model) -> dict[str, torch.Tensor]:
 
 
 def inject_nan_in_training(model, steps: set[int], trainer_ref: list) -> None:
-    """NaN logits in the forward passes that build the loss (grad enabled) at the given steps only;
-    sampling and the reference pass run without grad and stay finite."""
+    """NaN hidden states in the forward passes that build the loss (grad enabled) at the given steps
+    only; sampling and the reference pass run without grad and stay finite. The hook sits on the
+    decoder's final norm, which every log-prob path (plain logits or the fused LM head) runs."""
 
     def hook(module, inputs, output):
         if torch.is_grad_enabled() and trainer_ref[0].step in steps:
-            output.logits = output.logits * float("nan")
+            return output * float("nan")
         return output
 
-    model.register_forward_hook(hook)
+    model.get_decoder().norm.register_forward_hook(hook)
 
 
 def test_nan_every_step_skips_updates_and_stops_after_max_in_a_row(tmp_path, tiny_model_dir, capsys):
