@@ -73,3 +73,18 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def store_linears_in(module: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Keep the weights and biases of ``module``'s Linear layers in ``dtype``; returns how many were cast.
+
+    For a frozen model that only ever runs under ``autocast(dtype)`` this changes no number: autocast
+    casts a Linear's float32 weight and bias to ``dtype`` on every call, and the stored cast is the
+    same value. It halves those layers' memory and drops the per-call casts. Layers sharing their
+    weight with an embedding (a tied LM head) are left alone: the lookup must stay float32.
+    """
+    embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
+    linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear) and id(m.weight) not in embedding_weights]
+    for linear in linears:
+        linear.to(dtype)
+    return len(linears)

@@ -6,7 +6,8 @@ TRL), then ``num_iterations`` optimizer steps, each accumulating gradients over 
 
 With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the forward passes and their
 backward run under autocast; weights, gradients and AdamW stay float32 and the loss is computed
-from float32 log-probs. The update's metrics include the time of each phase (``time/policy_logprobs``,
+from float32 log-probs. The frozen reference copy keeps its Linear weights in the autocast dtype
+(the same values autocast computes with; half the memory). The update's metrics include the time of each phase (``time/policy_logprobs``,
 ``time/backward``, ``time/optimizer``).
 """
 
@@ -18,7 +19,7 @@ import time
 import torch
 
 from grpokit.algos import policy_loss
-from grpokit.hardware import autocast
+from grpokit.hardware import autocast, store_linears_in
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
 
@@ -31,6 +32,10 @@ class Learner:
         self.scheduler = scheduler
         self.cfg = cfg
         self.autocast_dtype = autocast_dtype
+        if autocast_dtype is not None and reference is not None and reference.model is not None and not cfg.ref_model_sync_steps:
+            # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
+            # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32
+            store_linears_in(reference.model, autocast_dtype)
 
     def autocast(self):
         return autocast(next(self.model.parameters()).device, self.autocast_dtype)
@@ -104,6 +109,9 @@ class Learner:
         """Clip, check finiteness, step. Metrics of the iteration."""
         cfg = self.cfg
         params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is not None and p.grad.is_sparse:  # an untied embedding (see logprobs.sparse_embedding_grad)
+                p.grad = p.grad.to_dense()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))

@@ -20,6 +20,7 @@ longest completion (right padding past it is dropped, and the results are padded
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 
@@ -117,12 +118,32 @@ def _check_plain_head(model: torch.nn.Module, base: torch.nn.Module):
     was_training = base.training
     base.eval()  # no dropout, so both computations see the same network
     try:
-        with torch.no_grad(), torch.autocast(head.weight.device.type, enabled=False):
+        with torch.no_grad():  # in the caller's autocast state: both sides run the same ops
             expected = logits_of(model(input_ids=ids)).float()
             got = F.linear(decoder(input_ids=ids).last_hidden_state, head.weight, head.bias).float()
     finally:
         base.train(was_training)
     return (decoder, head) if got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-4, atol=1e-4) else None
+
+
+@contextlib.contextmanager
+def sparse_embedding_grad(decoder: torch.nn.Module):
+    """Make the decoder's token embedding give a sparse gradient (rows of the tokens seen) while inside.
+
+    The dense gradient of an embedding lookup is a zero-filled [V, H] tensor per call (two calls
+    per micro-batch with a shared prefix: 2 x 64 MiB at V = 32,000, H = 512); the sparse one holds
+    the looked-up rows only. A tied LM head adds its dense gradient to it in place; an untied
+    embedding's sparse gradient is made dense once per optimizer step by the learner.
+    """
+    embedding = decoder.get_input_embeddings() if hasattr(decoder, "get_input_embeddings") else None
+    if not isinstance(embedding, torch.nn.Embedding) or not embedding.weight.requires_grad or embedding.sparse:
+        yield
+        return
+    embedding.sparse = True
+    try:
+        yield
+    finally:
+        embedding.sparse = False
 
 
 def _run(model, head, keep: int, **inputs):
@@ -181,7 +202,8 @@ def completion_logprobs(model: torch.nn.Module, batch: Batch, temperature: float
     found = plain_head(model)
     if found is not None:
         decoder, head = found
-        hidden = completion_features(decoder, head, batch, width)  # [n, w, H]
+        with sparse_embedding_grad(decoder):
+            hidden = completion_features(decoder, head, batch, width)  # [n, w, H]
         real = batch.completion_mask[:, :width].bool()  # [n, w]
         logprobs, entropy = fused_head_logprobs(hidden[real], head.weight, head.bias, ids[real], temperature, with_entropy)  # [m]
         logprobs = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(real, logprobs)  # [n, w]

@@ -87,7 +87,9 @@ class GRPOTrainer:
 
         self.reference = Reference(self.model, use_adapters=self.use_lora) if args.beta > 0 else None
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay)
+        # fused: one kernel per parameter, no foreach temporaries (on CPU ~4x faster than the default)
+        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay,
+                                           fused=self.device.type in ("cpu", "cuda"))
         total = args.max_steps * args.num_iterations
         warmup = args.warmup_steps or int(args.warmup_ratio * total)
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)

@@ -218,6 +218,18 @@ def test_bf16_autocast_update_is_close_to_float32():
     assert torch.cosine_similarity(step16, step32, dim=0) > 0.99
 
 
+def test_reference_linears_in_bf16_change_no_number(setup):
+    # under bf16 autocast a Linear computes with its weight cast to bf16 anyway: storing it so is exact
+    model, _, batch = setup
+    reference = copy.deepcopy(model)
+    assert hardware.store_linears_in(reference, torch.bfloat16) == 2 * 7  # q k v o gate up down per layer; not the tied head
+    assert reference.get_input_embeddings().weight.dtype == torch.float32
+    with hardware.autocast(CPU, torch.bfloat16):
+        expected = batched_logprobs(model, batch, 0.7, micro_batch_size=12)
+        got = batched_logprobs(reference, batch, 0.7, micro_batch_size=12)
+    assert torch.equal(got, expected)
+
+
 def test_autocast_choice(monkeypatch):
     big = torch.nn.Linear(4000, 3000)  # 12M parameters
     small = torch.nn.Linear(10, 10)
