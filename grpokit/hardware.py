@@ -4,6 +4,8 @@ autocast where the CPU has native bf16 matmul)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import sys
 
 import torch
 
@@ -88,3 +90,23 @@ def store_linears_in(module: torch.nn.Module, dtype: torch.dtype) -> int:
     for linear in linears:
         linear.to(dtype)
     return len(linears)
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory for reuse instead of handing it back to the OS; True if applied.
+
+    By default glibc serves big blocks with fresh mmaps and trims the heap top when enough is free,
+    so every training step faults its large temporaries in again, page by page (~250,000 minor
+    faults per update of the 39M-parameter benchmark, ~10 % of a bf16 update on CPU). With mmap off
+    and no trimming, a step reuses the previous step's memory: no faults. The process keeps its
+    high-water mark (peak RSS within a few % either way: 1.60-1.67 vs 1.58-1.62 GB in the benchmark).
+    Linux with glibc only; a no-op elsewhere.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl)
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # mallopt parameter numbers from malloc.h
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**30))

@@ -12,17 +12,50 @@ and no accumulation into it) and the hidden-state gradient [m, H] is the small s
 about 2**22 logits, so its elementwise work stays in cache.
 
 Under autocast the matmuls run in the autocast dtype, as ``F.linear`` would, with the weight cast
-once per call and kept for backward. Softmax, log-probs, entropies and the gradient of the logits
-are float32; the weight gradient is returned in the weight's dtype.
+once per call and kept for backward (once per :func:`reuse_weight_casts` block: the micro-batches
+of one optimizer step share it). Softmax, log-probs, entropies and the gradient of the logits are
+float32; the weight gradient is returned in the weight's dtype.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
 
 # Logits per chunk: 2**22 (16 MiB in float32).
 _CHUNK_ELEMENTS = 2**22
+
+# (id, version, dtype) of a weight -> its cast, while a reuse_weight_casts block is open.
+_casts: dict | None = None
+
+
+@contextlib.contextmanager
+def reuse_weight_casts():
+    """Cast each head weight to the autocast dtype once inside this block, not once per call.
+
+    A cast is reused only while the weight is unchanged (same tensor version), so an optimizer
+    step inside the block simply leads to a new cast.
+    """
+    global _casts
+    outer, _casts = _casts, {} if _casts is None else _casts
+    try:
+        yield
+    finally:
+        _casts = outer
+
+
+def _cast(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if weight.dtype == dtype:
+        return weight
+    if _casts is None:
+        return weight.to(dtype)
+    key = (id(weight), weight._version, dtype)
+    if key not in _casts:
+        _casts.clear()  # one weight at a time: a stale cast of an updated weight is never kept
+        _casts[key] = weight.detach().to(dtype)
+    return _casts[key]
 
 
 def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -36,7 +69,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_elements, with_entropy):
         dtype = _compute_dtype(weight)
-        w = weight.to(dtype)  # [V, H], cast once
+        w = _cast(weight, dtype)  # [V, H]
         b = None if bias is None else bias.to(dtype)
         h = hidden.to(dtype)  # [m, H]
         m, V = h.size(0), w.size(0)

@@ -20,6 +20,7 @@ import torch
 
 from grpokit.algos import policy_loss
 from grpokit.hardware import autocast, store_linears_in
+from grpokit.train.fused_head import reuse_weight_casts
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
 
@@ -44,7 +45,7 @@ class Learner:
         """[N, T] reference log-probs, or None when beta = 0."""
         if self.reference is None or self.cfg.beta == 0:
             return None
-        with self.reference.active() as ref, self.autocast():
+        with self.reference.active() as ref, self.autocast(), reuse_weight_casts():
             return batched_logprobs(ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size)
 
     def update(self, batch: Batch, advantages: torch.Tensor, loss_mask: torch.Tensor, ref_logprobs: torch.Tensor | None,
@@ -59,51 +60,60 @@ class Learner:
         mb = cfg.per_device_train_batch_size
         if old_logprobs is None and cfg.num_iterations > 1:
             self.model.eval()
-            with self.autocast():
+            with self.autocast(), reuse_weight_casts():
                 old_logprobs = batched_logprobs(self.model, batch, cfg.temperature, mb)
             self.model.train()
         num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
-        num_micro = math.ceil(len(batch) / mb)
         history: list[dict] = []
         clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
         for _ in range(cfg.num_iterations):
             self.model.train()
-            parts: list[dict] = []
-            logprob_parts, entropy_parts = [], []
-            loss_total = 0.0
-            for start in range(0, len(batch), mb):
-                rows = slice(start, start + mb)
-                t0 = time.perf_counter()
-                with self.autocast():
-                    logprobs, entropy = completion_logprobs(self.model, batch.rows(rows), cfg.temperature, with_entropy=True)
-                loss, m = policy_loss(
-                    logprobs.float(),
-                    None if old_logprobs is None else old_logprobs[rows],
-                    advantages[rows],
-                    loss_mask[rows],
-                    loss_type=cfg.loss_type,
-                    epsilon=cfg.epsilon,
-                    epsilon_high=cfg.epsilon_high,
-                    beta=cfg.beta,
-                    ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
-                    importance_sampling_level=cfg.importance_sampling_level,
-                    max_completion_length=cfg.max_completion_length,
-                    num_items_in_batch=num_items,
-                )
-                # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
-                scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
-                t1 = time.perf_counter()
-                scaled.backward()
-                clock["time/policy_logprobs"] += t1 - t0
-                clock["time/backward"] += time.perf_counter() - t1
-                loss_total += float(scaled.detach())
-                parts.append(m)
-                logprob_parts.append(logprobs.detach().float())
-                entropy_parts.append(entropy.float())
+            with reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
+                loss, parts, logprobs, entropy = self._accumulate(batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock)
             t0 = time.perf_counter()
-            history.append(self._optimizer_step(loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts), loss_mask, ref_logprobs))
+            history.append(self._optimizer_step(loss, parts, logprobs, entropy, loss_mask, ref_logprobs))
             clock["time/optimizer"] += time.perf_counter() - t0
         return history[-1] | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
+
+    def _accumulate(self, batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock):
+        """Forward and backward over the micro-batches, gradients summed; (loss, per-micro-batch metrics,
+        logprobs [N, T], entropy [N, T])."""
+        cfg = self.cfg
+        mb = cfg.per_device_train_batch_size
+        num_micro = math.ceil(len(batch) / mb)
+        parts: list[dict] = []
+        logprob_parts, entropy_parts = [], []
+        loss_total = 0.0
+        for start in range(0, len(batch), mb):
+            rows = slice(start, start + mb)
+            t0 = time.perf_counter()
+            with self.autocast():
+                logprobs, entropy = completion_logprobs(self.model, batch.rows(rows), cfg.temperature, with_entropy=True)
+            loss, m = policy_loss(
+                logprobs.float(),
+                None if old_logprobs is None else old_logprobs[rows],
+                advantages[rows],
+                loss_mask[rows],
+                loss_type=cfg.loss_type,
+                epsilon=cfg.epsilon,
+                epsilon_high=cfg.epsilon_high,
+                beta=cfg.beta,
+                ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
+                importance_sampling_level=cfg.importance_sampling_level,
+                max_completion_length=cfg.max_completion_length,
+                num_items_in_batch=num_items,
+            )
+            # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
+            scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
+            t1 = time.perf_counter()
+            scaled.backward()
+            clock["time/policy_logprobs"] += t1 - t0
+            clock["time/backward"] += time.perf_counter() - t1
+            loss_total += float(scaled.detach())
+            parts.append(m)
+            logprob_parts.append(logprobs.detach().float())
+            entropy_parts.append(entropy.float())
+        return loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts)
 
     def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask, ref_logprobs) -> dict:
         """Clip, check finiteness, step. Metrics of the iteration."""

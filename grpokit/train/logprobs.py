@@ -33,6 +33,9 @@ from grpokit.rollout.engine import left_pad
 from grpokit.rollout.types import Rollouts
 from grpokit.train.fused_head import fused_head_logprobs
 
+# Completion positions per chunk of a no-grad pass through the fused head.
+NO_GRAD_POSITIONS = 4096
+
 
 @dataclass
 class Batch:
@@ -222,12 +225,19 @@ def completion_logprobs(model: torch.nn.Module, batch: Batch, temperature: float
 
 
 def batched_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor:
-    """Log-probs [N, T] without grad, micro-batch by micro-batch (reference and old-policy passes).
+    """Log-probs [N, T] without grad, chunk by chunk (reference and old-policy passes).
 
+    Chunks are ``micro_batch_size`` rows, or more through the fused head, which holds no [rows, T, V]
+    logits: up to ``NO_GRAD_POSITIONS`` completion positions (bigger matmuls, fewer per-chunk costs;
+    the reference pass of the benchmark is 20 % faster in one chunk of 32 rows than in 4 of 8).
     Runs in inference mode (no autograd bookkeeping at all); the result is cloned out of it so it
     can meet the policy's graph in the loss.
     """
+    rows = micro_batch_size
+    if plain_head(model) is not None:
+        rows = max(rows, NO_GRAD_POSITIONS // max(batch.completion_ids.size(1), 1))
     with torch.inference_mode():
-        out = torch.cat([completion_logprobs(model, batch.rows(slice(i, i + micro_batch_size)), temperature)[0].float()
-                         for i in range(0, len(batch), micro_batch_size)])
+        out = torch.cat([completion_logprobs(model, batch.rows(slice(i, i + rows)), temperature)[0].float()
+                         for i in range(0, len(batch), rows)])
     return out.clone()
+

@@ -24,7 +24,7 @@ from grpokit.distributed.torch_dist import (
     wrap_data_parallel,
 )
 from grpokit.eval.evaluator import evaluate
-from grpokit.hardware import autocast_dtype
+from grpokit.hardware import autocast_dtype, keep_freed_memory
 from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
@@ -76,6 +76,8 @@ class GRPOTrainer:
         torch.manual_seed(args.seed)
         eos = eos_token_ids(self.model, self.tokenizer)
         self.autocast_dtype = autocast_dtype(args.dtype, self.device, self.model)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # CPU steps reuse their memory instead of page-faulting it in again
         self.engine = HFRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, self.device, seed=args.seed,
                                       autocast_dtype=self.autocast_dtype)
         self.sampling = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k)
