@@ -104,6 +104,20 @@ class GenerationConfig:
     """Nucleus sampling threshold; 1 = off."""
     top_k: int = 0
     """Top-k sampling; 0 = off."""
+    min_p: float = 0.0
+    """Min-p sampling: drop tokens whose probability is below min_p x the top token's; 0 = off."""
+    engine: str = "hf"
+    """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps while the learner trains)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """engine vllm: fraction of the GPU's memory vLLM may take for weights, activations and KV cache."""
+    vllm_max_model_length: Optional[int] = None
+    """engine vllm: context length (prompt + completion); null = max_prompt_length + max_completion_length (the model's own without max_prompt_length)."""
+    vllm_enable_sleep_mode: bool = True
+    """engine vllm: free vLLM's KV cache and weights while the learner trains; weights are reloaded from the learner on each wake."""
+    vllm_importance_sampling_correction: bool = True
+    """engine vllm: weight each token's policy-gradient term by min(exp(logp_learner - logp_vllm), cap) (truncated importance sampling)."""
+    vllm_importance_sampling_cap: float = 3.0
+    """engine vllm: cap C of the truncated importance weight (>= 1)."""
 
 
 @dataclass
@@ -245,6 +259,7 @@ CHOICES = {
     "lr_scheduler_type": ("constant", "linear", "cosine"),
     "prompt_overflow": ("truncate", "drop", "error"),
     "backend": ("none", "ray"),
+    "engine": ("hf", "vllm"),
 }
 
 REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
@@ -350,6 +365,7 @@ class GRPOConfig:
         _check(g.temperature > 0, f"temperature={g.temperature} must be > 0 (use a small value such as 0.1 for near-greedy sampling).")
         _check(0 < g.top_p <= 1, f"top_p={g.top_p} must be in (0, 1].")
         _check(g.top_k >= 0, f"top_k={g.top_k} must be >= 0 (0 = off).")
+        _check(0 <= g.min_p < 1, f"min_p={g.min_p} must be in [0, 1) (0 = off).")
         _check(o.learning_rate >= 0, f"learning_rate={o.learning_rate} must be >= 0.")
         _check(o.max_steps >= 1, f"max_steps={o.max_steps} must be >= 1.")
         _check(o.per_device_train_batch_size >= 1, f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.")
@@ -396,7 +412,23 @@ class GRPOConfig:
         _check(d.num_rollout_workers >= 1, f"num_rollout_workers={d.num_rollout_workers} must be >= 1.")
         _check(d.rollout_worker_cpus >= 0 and d.rollout_worker_gpus >= 0, "rollout_worker_cpus and rollout_worker_gpus must be >= 0.")
         _check(not d.async_rollouts or d.backend == "ray", "async_rollouts needs backend: ray (rollouts are sampled by Ray workers while the learner trains).")
+        if g.engine == "vllm":
+            self._validate_vllm()
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
+
+
+    def _validate_vllm(self) -> None:
+        """Settings engine: vllm cannot run with (the CUDA and package checks are the trainer's, at start)."""
+        g = self.generation
+        fix = "or set generation.engine: hf"
+        _check(self.distributed.backend == "none", f"generation.engine: vllm samples in the learner process; it cannot be combined with distributed.backend: {self.distributed.backend} (set backend: none, {fix}).")
+        _check(self.model.device == "auto" or self.model.device.startswith("cuda"), f"generation.engine: vllm runs on CUDA, but model.device={self.model.device!r}; set device: auto or cuda, {fix}.")
+        _check(not self.model.load_in_4bit, f"generation.engine: vllm cannot load the learner's 4-bit (QLoRA) weights; set load_in_4bit: false, {fix}.")
+        _check(g.temperature <= 2.0, f"temperature={g.temperature}: vLLM samples at temperatures up to 2; lower it, {fix}.")
+        _check(0 < g.vllm_gpu_memory_utilization <= 1, f"vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the GPU's memory, e.g. 0.3).")
+        _check(g.vllm_max_model_length is None or g.vllm_max_model_length > g.max_completion_length,
+               f"vllm_max_model_length={g.vllm_max_model_length} leaves no room for a prompt: it must exceed max_completion_length={g.max_completion_length} (or be null).")
+        _check(g.vllm_importance_sampling_cap >= 1, f"vllm_importance_sampling_cap={g.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at it; 1 never up-weights a token).")
 
 
 def _check(ok: bool, message: str) -> None:

@@ -11,7 +11,7 @@ from grpokit.algos.advantages import (
 )
 from grpokit.algos.kl import KL_ESTIMATORS, kl_estimate
 from grpokit.algos.logprobs import entropy_from_logits, selective_logprobs
-from grpokit.algos.losses import IMPORTANCE_SAMPLING_LEVELS, importance_log_ratio, policy_loss
+from grpokit.algos.losses import IMPORTANCE_SAMPLING_LEVELS, importance_log_ratio, policy_loss, truncated_importance_weights
 from grpokit.algos.masked import LOSS_TYPES, aggregate, masked_mean, masked_sum
 from grpokit.algos.passk import pass_at_k
 
@@ -34,5 +34,6 @@ __all__ = [
     "reinforce_pp_advantages",
     "rloo_advantages",
     "selective_logprobs",
+    "truncated_importance_weights",
     "zero_variance_groups",
 ]

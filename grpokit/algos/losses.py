@@ -34,6 +34,20 @@ def importance_log_ratio(
     return masked_mean(log_ratio, completion_mask, dim=-1).unsqueeze(-1)  # [N, T] -> [N] -> [N, 1]
 
 
+def truncated_importance_weights(old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+    """[N, T] truncated importance weights w_t = min(exp(old_logp_t - sampling_logp_t), cap), no gradient.
+
+    Truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings
+    You Off-Policy RL Training"; TRL's ``vllm_importance_sampling_correction``, token_truncate): the
+    tokens were drawn by a different implementation of the policy (vLLM's kernels and sampler), whose
+    log-probs ``sampling_logprobs`` differ from the learner's ``old_logprobs`` for the same weights.
+    The weight turns the sampler's distribution into the learner's; the cap bounds its variance. A
+    NaN difference (a log-prob the sampler did not report) gives weight 1.
+    """
+    log_weights = torch.nan_to_num(old_logprobs.detach() - sampling_logprobs, nan=0.0)  # [N, T]
+    return torch.exp(log_weights).clamp(max=cap)  # [N, T]; inf -> cap on padding
+
+
 def _batch_mean(values: torch.Tensor, completion_mask: torch.Tensor, level: str) -> float:
     """Masked token mean at token level; at sequence level, where values are [N, 1] (one per
     sequence), the plain mean over sequences (as TRL)."""
@@ -57,6 +71,8 @@ def policy_loss(
     importance_sampling_level: str = "token",
     max_completion_length: int | None = None,
     num_items_in_batch: int | float | torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
+    sampling_cap: float = 3.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss with optional KL penalty; returns (scalar loss, metrics).
 
@@ -79,6 +95,9 @@ def policy_loss(
         beta: KL coefficient; ``ref_logprobs`` [N, T] is required when beta > 0.
         max_completion_length: required by ``dr_grpo``.
         num_items_in_batch: completion tokens in the whole generation batch, for ``dapo``.
+        sampling_logprobs: [N, T] log-probs reported by a separate sampler (vLLM); when given, each
+            token's surrogate term (not the KL term) is multiplied by
+            ``truncated_importance_weights(old_logprobs, sampling_logprobs, sampling_cap)``.
 
     Metrics (python floats): clip_ratio/low_mean (ratio < 1-eps with A < 0), clip_ratio/high_mean
     (ratio > 1+eps_high with A > 0), clip_ratio/region_mean (either), as fractions of masked tokens
@@ -104,6 +123,9 @@ def policy_loss(
     advantages = advantages.unsqueeze(-1)  # [N] -> [N, 1]
     surrogate = -torch.min(ratio * advantages, clipped_ratio * advantages)  # [N, T] or [N, 1]
     surrogate = surrogate.expand_as(logprobs)  # [N, 1] -> [N, T] at sequence level
+    if sampling_logprobs is not None:
+        is_weights = truncated_importance_weights(old_logprobs, sampling_logprobs, sampling_cap)  # [N, T]
+        surrogate = surrogate * is_weights
     aggregation = {"max_completion_length": max_completion_length, "num_items_in_batch": num_items_in_batch}
     pg_loss = aggregate(surrogate, completion_mask, loss_type, **aggregation)  # [N, T] -> []
     loss = pg_loss
@@ -118,6 +140,11 @@ def policy_loss(
             "ratio_mean": _batch_mean(ratio, completion_mask, importance_sampling_level),
             "policy_loss": pg_loss.item(),
         }
+        if sampling_logprobs is not None:
+            metrics["sampling_is/weight_mean"] = masked_mean(is_weights, completion_mask).item()
+            metrics["sampling_is/capped_fraction"] = masked_mean((is_weights >= sampling_cap).float(), completion_mask).item()
+            mismatch = torch.nan_to_num(old_logprobs - sampling_logprobs, nan=0.0, posinf=0.0, neginf=0.0).abs()  # [N, T]
+            metrics["sampling_is/logprob_abs_diff"] = masked_mean(mismatch, completion_mask).item()
     if beta > 0:
         kl = kl_estimate(logprobs, ref_logprobs, "k3")  # [N, T]
         loss = pg_loss + beta * aggregate(kl, completion_mask, loss_type, **aggregation)  # []

@@ -24,7 +24,10 @@ def group_seed(seed: int, step: int, group: int) -> int:
 
 def generate_per_group(engine, prompt_ids: list[list[int]], seeds: list[int], num_generations: int,
                        params: SamplingParams) -> Rollouts:
-    """Sample each prompt's group with ``engine`` after seeding its generator with that group's seed."""
+    """Sample each prompt's group with ``engine`` after seeding its generator with that group's seed
+    (an engine that seeds groups itself, such as vLLM's, takes the seeds in one call)."""
+    if getattr(engine, "takes_group_seeds", False):
+        return engine.generate(prompt_ids, num_generations, params, seeds=seeds)
     parts = []
     for prompt, seed in zip(prompt_ids, seeds):
         engine.generator.manual_seed(seed)

@@ -1,4 +1,4 @@
-"""Next-token sampling: temperature, top-k, top-p, and the log-prob of the sampled token.
+"""Next-token sampling: temperature, min-p, top-k, top-p, and the log-prob of the sampled token.
 
 This runs once per decoded token on [N, V] logits, so each full pass over the vocabulary counts
 (at V = 32,000 one pass is ~1-2 ms on a CPU core, as much as a layer of a small model): one fused
@@ -19,7 +19,7 @@ _BLOCK = 256
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row.
+    """Sample one token per row (filters in vLLM's order: min-p, then top-k, then top-p).
 
     logits: [N, V] raw next-token logits. Returns (tokens [N] long, logprobs [N] float32) where the
     log-prob is log softmax(logits / temperature) at the chosen token, before top-k / top-p filtering:
@@ -31,6 +31,8 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
         tokens = probs.argmax(dim=-1)  # [N]
     else:
         weights = probs
+        if params.min_p > 0:  # as vLLM: min-p first, on the probabilities at the sampling temperature
+            weights = weights.masked_fill(weights < params.min_p * weights.amax(dim=-1, keepdim=True), 0.0)
         if params.top_k > 0 and params.top_k < weights.size(-1):
             kth = torch.topk(weights, params.top_k, dim=-1).values[:, -1:]  # [N, 1]
             weights = weights.masked_fill(weights < kth, 0.0)

@@ -16,6 +16,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
+    min_p: float = 0.0
 
 
 @dataclass
@@ -28,7 +29,9 @@ class Rollouts:
     prompt_ids: list[list[int]]  # B lists of prompt token ids (unpadded)
     completion_ids: torch.Tensor  # [N, T] long
     completion_mask: torch.Tensor  # [N, T] float, 1 = a real completion token (EOS included)
-    logprobs: torch.Tensor  # [N, T] float32, sampling log-probs at the sampling temperature
+    # [N, T] float32, sampling log-probs at the sampling temperature; the HF engine's are before
+    # min-p/top-k/top-p filtering, vLLM's after it (the distribution the token was drawn from)
+    logprobs: torch.Tensor
     finish_reasons: list[str]  # N values: "stop" (EOS) | "length" (hit max_completion_length)
     num_generations: int  # G
     policy_version: int = 0  # optimizer steps of the policy that sampled these

@@ -49,12 +49,15 @@ class Learner:
             return batched_logprobs(ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size)
 
     def update(self, batch: Batch, advantages: torch.Tensor, loss_mask: torch.Tensor, ref_logprobs: torch.Tensor | None,
-               old_logprobs: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None) -> dict:
+               old_logprobs: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None,
+               sampling_logprobs: torch.Tensor | None = None) -> dict:
         """Run num_iterations optimizer steps on one batch. advantages [N], loss_mask [N, T]. Returns metrics.
 
         ``old_logprobs`` [N, T]: the sampling policy's log-probs, for a batch sampled by an older policy
         (async rollouts); by default they are recomputed (num_iterations > 1) or equal logp.detach().
         ``num_items_in_batch``: dapo's token denominator; default this batch's completion tokens.
+        ``sampling_logprobs`` [N, T]: a separate sampler's (vLLM's) log-probs; when given, each token's
+        surrogate term gets its truncated importance weight (``algos.truncated_importance_weights``).
         """
         cfg = self.cfg
         mb = cfg.per_device_train_batch_size
@@ -69,13 +72,14 @@ class Learner:
         for _ in range(cfg.num_iterations):
             self.model.train()
             with reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
-                loss, parts, logprobs, entropy = self._accumulate(batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock)
+                loss, parts, logprobs, entropy = self._accumulate(batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock,
+                                                                  sampling_logprobs)
             t0 = time.perf_counter()
             history.append(self._optimizer_step(loss, parts, logprobs, entropy, loss_mask, ref_logprobs))
             clock["time/optimizer"] += time.perf_counter() - t0
         return history[-1] | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
 
-    def _accumulate(self, batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock):
+    def _accumulate(self, batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs=None):
         """Forward and backward over the micro-batches, gradients summed; (loss, per-micro-batch metrics,
         logprobs [N, T], entropy [N, T])."""
         cfg = self.cfg
@@ -102,6 +106,8 @@ class Learner:
                 importance_sampling_level=cfg.importance_sampling_level,
                 max_completion_length=cfg.max_completion_length,
                 num_items_in_batch=num_items,
+                sampling_logprobs=None if sampling_logprobs is None else sampling_logprobs[rows],
+                sampling_cap=cfg.vllm_importance_sampling_cap,
             )
             # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
             scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
@@ -141,8 +147,10 @@ class Learner:
             "entropy": float((entropy * loss_mask).sum() / mask_sum),
             "completion_logprob_mean": float((logprobs * loss_mask).sum() / mask_sum),
         }
-        for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean"):
-            metrics[key] = sum(p[key] for p in parts) / len(parts)
+        for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean",
+                    "sampling_is/weight_mean", "sampling_is/capped_fraction", "sampling_is/logprob_abs_diff"):
+            if key in parts[0]:
+                metrics[key] = sum(p[key] for p in parts) / len(parts)
         # dapo parts share the batch-wide denominator, so they add up; the others are micro-batch means
         policy = sum(p["policy_loss"] for p in parts)
         metrics["policy_loss"] = policy if cfg.loss_type == "dapo" else policy / len(parts)

@@ -7,6 +7,7 @@ Tracker.log; evaluation every eval_steps, checkpoints every save_steps.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -52,6 +53,10 @@ class GRPOTrainer:
         self.args = args = args or GRPOConfig()
         self.dist = init_distributed()  # rank and world size under torchrun; one process otherwise
         args.validate(self.dist.world_size)
+        if args.engine == "vllm":
+            from grpokit.rollout.vllm_engine import check_vllm_environment
+
+            check_vllm_environment(self.dist.enabled)
         # Everything that can be checked without a model is checked first.
         self.train_rows = load_rows(train_dataset if train_dataset is not None else args.train_dataset, args.prompt_column)
         eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
@@ -78,9 +83,12 @@ class GRPOTrainer:
         self.autocast_dtype = autocast_dtype(args.dtype, self.device, self.model)
         if self.device.type == "cpu":
             keep_freed_memory()  # CPU steps reuse their memory instead of page-faulting it in again
-        self.engine = HFRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, self.device, seed=args.seed,
-                                      autocast_dtype=self.autocast_dtype)
-        self.sampling = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k)
+        if args.engine == "vllm":
+            self.engine = self._start_vllm(model, eos)
+        else:
+            self.engine = HFRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, self.device, seed=args.seed,
+                                          autocast_dtype=self.autocast_dtype)
+        self.sampling = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k, min_p=args.min_p)
         # Rollouts must not depend on how a step's prompts are split over processes or Ray workers.
         self.seed_per_group = args.seed_per_group or args.backend == "ray" or self.dist.enabled
         self.remote = self._start_ray(eos) if args.backend == "ray" else None
@@ -158,8 +166,12 @@ class GRPOTrainer:
         num_items = dist.sum(loss_mask.sum()).clamp(min=1.0) / dist.world_size
         # Async rollouts come from an older policy: the ratio is taken against their sampling log-probs.
         old_logprobs = rollouts.logprobs.to(self.device) if args.async_rollouts else None
+        # vLLM's log-probs differ from the learner's for the same weights: they weight tokens (TIS), never replace old_logprobs.
+        tis = args.engine == "vllm" and args.vllm_importance_sampling_correction
+        sampling_logprobs = rollouts.logprobs.to(self.device) if tis else None
         t3 = time.perf_counter()
-        update = dist.mean_metrics(self.learner.update(batch, advantages, loss_mask, ref_logprobs, old_logprobs=old_logprobs, num_items_in_batch=num_items))
+        update = dist.mean_metrics(self.learner.update(batch, advantages, loss_mask, ref_logprobs, old_logprobs=old_logprobs, num_items_in_batch=num_items,
+                                                       sampling_logprobs=sampling_logprobs))
         self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
         t4 = time.perf_counter()
 
@@ -246,6 +258,23 @@ class GRPOTrainer:
         return RayRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, args.num_rollout_workers,
                                 args.rollout_worker_cpus, args.rollout_worker_gpus)
 
+    def _start_vllm(self, model: Any, eos: list[int]):
+        """The colocated vLLM engine, built from the policy's folder or hub id (a loaded module: from its config)."""
+        from grpokit.config import ConfigError
+        from grpokit.modeling import is_hf_model
+        from grpokit.rollout.vllm_engine import VLLMRolloutEngine
+
+        if not is_hf_model(self.model):
+            raise ConfigError("generation.engine: vllm samples Hugging Face causal LMs; a custom forward(input_ids) module needs generation.engine: hf.")
+        args = self.args
+        source = model if isinstance(model, str) else args.model_name_or_path if model is None else None
+        max_len = args.vllm_max_model_length
+        if max_len is None and args.max_prompt_length is not None:
+            max_len = args.max_prompt_length + args.max_completion_length
+        return VLLMRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, source=source and os.path.expanduser(source),
+                                 gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=max_len,
+                                 enable_sleep_mode=args.vllm_enable_sleep_mode, seed=args.seed, trust_remote_code=args.trust_remote_code)
+
     def _train_other_rank(self) -> dict:
         """Ranks > 0 under torchrun: the same steps (metrics are averaged over ranks, so every rank
         stops together), without the run folder, evaluation or checkpoints, which rank 0 owns."""
@@ -290,7 +319,7 @@ class GRPOTrainer:
         if self.eval_source is None:
             raise ValueError("evaluate() needs an eval_dataset (argument or data.eval_dataset).")
         args = self.args
-        params = SamplingParams(args.max_completion_length, args.eval_temperature or args.temperature, args.top_p, args.top_k)
+        params = SamplingParams(args.max_completion_length, args.eval_temperature or args.temperature, args.top_p, args.top_k, min_p=args.min_p)
         return evaluate(self.engine, self.tokenizer, self.eval_source, self.eval_rows, self.rewards,
                         num_samples=args.num_generations_eval, ks=args.pass_at_k, params=params,
                         success_threshold=args.success_threshold, prompt_column=args.prompt_column,

@@ -56,6 +56,9 @@ VALID = {
 def valid_values(draw) -> dict:
     names = draw(st.lists(st.sampled_from(sorted(VALID)), unique=True, max_size=len(VALID)))
     values = {name: draw(VALID[name]) for name in names}
+    if values.get("engine") == "vllm":  # vLLM samples in the learner process (no Ray), at temperatures up to 2
+        values["backend"] = "none"
+        values["temperature"] = min(values.get("temperature", 1.0), 2.0)
     g = draw(st.integers(2, 16))
     values["num_generations"] = g
     values["per_device_train_batch_size"] = g * draw(st.integers(1, 4))
