@@ -127,6 +127,7 @@ class GRPOTrainer:
             self.tracker.close()
             self._write_report()
             self.store.close()
+            self.rewards.close()  # reward workers (a later evaluate() starts them again)
             if self.remote is not None:
                 self.remote.shutdown()
         if self.stop_reason:
@@ -141,7 +142,7 @@ class GRPOTrainer:
         t1 = time.perf_counter()
         completions = self._decode(rollouts)
         reward = self.rewards.score(
-            [self.train_source.texts[i] for i in indices for _ in range(G)], completions, self._columns(indices, rollouts, self.train_rows)
+            [self.train_source.texts[i] for i in indices for _ in range(G)], completions, self._columns(indices, rollouts, self.train_rows), group_size=G
         )
         # Every rank's rewards, so groups are complete and batch-level scaling sees the whole batch.
         all_rewards = gather_reward_result(dist, reward)
