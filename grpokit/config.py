@@ -404,6 +404,11 @@ class GRPOConfig:
         _check(d.reward_worker_cpus >= 0, f"reward_worker_cpus={d.reward_worker_cpus} must be >= 0.")
         _check(d.num_reward_workers == 0 or d.backend == "ray", f"num_reward_workers={d.num_reward_workers} needs backend: ray (Ray reward actors); "
                "without Ray use reward.reward_workers for a process pool in the learner.")
+        if d.backend == "ray" and d.address is None and d.ray_num_cpus is not None:
+            wanted = d.num_rollout_workers * d.rollout_worker_cpus + d.num_reward_workers * d.reward_worker_cpus
+            _check(wanted <= d.ray_num_cpus, f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + num_reward_workers x "
+                   f"reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so some would never start; "
+                   "lower the workers or their CPUs, or raise ray_num_cpus.")
         _check(d.num_reward_workers == 0 or self.reward.reward_workers == 0, f"num_reward_workers={d.num_reward_workers} (Ray actors) and reward_workers="
                f"{self.reward.reward_workers} (a process pool in the learner) are two places to run the rewards; set one of them to 0.")
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
