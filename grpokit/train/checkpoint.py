@@ -62,8 +62,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
     save_model(model, str(tmp / "model.safetensors"))
     if reference_model is not None:
         save_model(reference_model, str(tmp / "reference.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_states,
-                "pending_rollouts": pending_rollouts}, tmp / "states.pt")
+    states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_states}
+    if pending_rollouts is not None:
+        states["pending_rollouts"] = pending_rollouts
+    torch.save(states, tmp / "states.pt")
     state = dict(trainer_state, step=step, grpokit_version=grpokit.__version__)
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     _fsync_dir(tmp)

@@ -63,6 +63,9 @@ USER_FILE = textwrap.dedent(
 
     def always_dies(prompts, completions, **columns):
         os._exit(1)
+
+    def always_raises(prompts, completions, **columns):
+        raise ValueError(f"cannot score {len(completions)} completions")
     """
 )
 
@@ -182,7 +185,8 @@ def test_a_chunk_whose_worker_always_dies_gives_none_and_an_error(reward_file):
     runner.close()
 
 
-def run_cli(tmp_path: Path, tiny_model_dir: Path, word_prompts: list[dict], name: str, reward_file: Path, **distributed) -> Path:
+def run_cli(tmp_path: Path, tiny_model_dir: Path, word_prompts: list[dict], name: str, reward_file: Path, rewards=(), max_steps=3,
+            **distributed) -> Path:
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in word_prompts))
     run = tmp_path / name
@@ -191,10 +195,11 @@ def run_cli(tmp_path: Path, tiny_model_dir: Path, word_prompts: list[dict], name
         "data": {"train_dataset": str(data)},
         "algo": {"num_generations": 4, "beta": 0.04},
         "generation": {"max_completion_length": 6},
-        "optim": {"learning_rate": 1e-2, "per_device_train_batch_size": 16, "max_steps": 3, "lr_scheduler_type": "constant"},
+        "optim": {"learning_rate": 1e-2, "per_device_train_batch_size": 16, "max_steps": max_steps, "lr_scheduler_type": "constant"},
         "run": {"output_dir": str(run), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
         "distributed": {"backend": "ray", "num_rollout_workers": 1, "rollout_worker_cpus": 0.5, **distributed},
-        "rewards": [{"name": f"{reward_file}:length", "log": str(tmp_path / f"{name}.pids")}, {"name": "length", "target_length": 30, "unit": "chars"}],
+        "rewards": [{"name": f"{reward_file}:length", "log": str(tmp_path / f"{name}.pids")}, {"name": "length", "target_length": 30, "unit": "chars"},
+                    *rewards],
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -204,8 +209,9 @@ def run_cli(tmp_path: Path, tiny_model_dir: Path, word_prompts: list[dict], name
 
 @pytest.mark.slow
 def test_cli_rewards_on_ray_workers_equal_in_process_rewards(tmp_path, tiny_model_dir, word_prompts, reward_file):
-    local = run_cli(tmp_path, tiny_model_dir, word_prompts, "local", reward_file)
-    remote = run_cli(tmp_path, tiny_model_dir, word_prompts, "remote", reward_file, num_reward_workers=2, reward_worker_cpus=0.5)
+    raising = [f"{reward_file}:always_raises"]
+    local = run_cli(tmp_path, tiny_model_dir, word_prompts, "local", reward_file, raising)
+    remote = run_cli(tmp_path, tiny_model_dir, word_prompts, "remote", reward_file, raising, num_reward_workers=2, reward_worker_cpus=0.5)
 
     assert set(pids(tmp_path / "local.pids")) == {os.getpid()}  # in the learner (this process)
     workers = pids(tmp_path / "remote.pids")
@@ -215,10 +221,22 @@ def test_cli_rewards_on_ray_workers_equal_in_process_rewards(tmp_path, tiny_mode
     mb = [json.loads(line) for line in (remote / "metrics.jsonl").read_text().splitlines()]
     assert len(ma) == len(mb) == 3
     for a, b in zip(ma, mb):
-        for key in ("reward", "rewards/length/mean", "rewards/length_2/mean", "loss", "kl", "grad_norm", "advantage/std"):
+        assert b["rewards/always_raises/errors"] == 16
+        for key in ("reward", "rewards/length/mean", "rewards/length_2/mean", "rewards/always_raises/errors", "loss", "kl", "grad_norm", "advantage/std"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
     with RolloutStore(local / "rollouts.sqlite", readonly=True) as sa, RolloutStore(remote / "rollouts.sqlite", readonly=True) as sb:
         ra, rb = sa.rollouts(), sb.rollouts()
     key = lambda r: (r["step"], r["prompt_index"], r["completion_index"])
     assert len(rb) == len({key(r) for r in rb}) == 3 * 16  # every rollout once
     assert [(key(r), r["completion"], r["rewards"], r["reward"]) for r in ra] == [(key(r), r["completion"], r["rewards"], r["reward"]) for r in rb]
+    # a raising reward: None and its error with every completion (the chunk's size in the message: 2 workers x 8)
+    assert {r["rewards"]["always_raises"] for r in rb} == {None}
+    assert {r["error"] for r in rb} == {"always_raises: ValueError: cannot score 8 completions"}
+    assert {r["error"] for r in ra} == {"always_raises: ValueError: cannot score 16 completions"}
+
+
+@pytest.mark.slow
+def test_cli_wrong_length_from_a_ray_worker_stops_the_run_naming_the_function(tmp_path, tiny_model_dir, word_prompts, reward_file):
+    with pytest.raises(RewardError, match=r"reward 'one_value' returned 1 values for 8 completions"):
+        run_cli(tmp_path, tiny_model_dir, word_prompts, "short", reward_file, [f"{reward_file}:one_value"], max_steps=1,
+                num_reward_workers=2, reward_worker_cpus=0.5)
