@@ -71,6 +71,7 @@ class RayRewardPool:
         self.workers = workers
         self.worker_cpus = worker_cpus
         self.actors: list = []
+        self._actor = None  # the Ray actor class, made at start
         self._functions_ref = None
 
     def _start(self) -> None:
