@@ -218,6 +218,10 @@ class DistributedConfig:
     """Seed each group's sampler from (seed, step, group) so rollouts do not depend on how prompts are split; always on with Ray or several processes."""
     async_rollouts: bool = False
     """One-step-off (Ray): sample step k+1 while step k trains; ratios use the sampling log-probs."""
+    num_reward_workers: int = 0
+    """Ray reward actors (backend: ray); a batch is split over them by whole groups. 0 = rewards run in the learner process."""
+    reward_worker_cpus: float = 1.0
+    """CPUs Ray reserves for each reward actor."""
 
 
 @dataclass
@@ -412,6 +416,17 @@ class GRPOConfig:
         _check(d.num_rollout_workers >= 1, f"num_rollout_workers={d.num_rollout_workers} must be >= 1.")
         _check(d.rollout_worker_cpus >= 0 and d.rollout_worker_gpus >= 0, "rollout_worker_cpus and rollout_worker_gpus must be >= 0.")
         _check(not d.async_rollouts or d.backend == "ray", "async_rollouts needs backend: ray (rollouts are sampled by Ray workers while the learner trains).")
+        _check(d.num_reward_workers >= 0, f"num_reward_workers={d.num_reward_workers} must be >= 0 (0 = rewards in the learner process).")
+        _check(d.reward_worker_cpus >= 0, f"reward_worker_cpus={d.reward_worker_cpus} must be >= 0.")
+        _check(d.num_reward_workers == 0 or d.backend == "ray", f"num_reward_workers={d.num_reward_workers} needs backend: ray (Ray reward actors); "
+               "without Ray use reward.reward_workers for a process pool in the learner.")
+        if d.backend == "ray" and d.address is None and d.ray_num_cpus is not None:
+            wanted = d.num_rollout_workers * d.rollout_worker_cpus + d.num_reward_workers * d.reward_worker_cpus
+            _check(wanted <= d.ray_num_cpus, f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + num_reward_workers x "
+                   f"reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so some would never start; "
+                   "lower the workers or their CPUs, or raise ray_num_cpus.")
+        _check(d.num_reward_workers == 0 or self.reward.reward_workers == 0, f"num_reward_workers={d.num_reward_workers} (Ray actors) and reward_workers="
+               f"{self.reward.reward_workers} (a process pool in the learner) are two places to run the rewards; set one of them to 0.")
         if g.engine == "vllm":
             self._validate_vllm()
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")

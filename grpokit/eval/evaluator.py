@@ -42,4 +42,4 @@ def _score(engine, tokenizer, source, rows, reward_runner, chunk, n, params, pro
     texts = [decode(tokenizer, ids[: int(length)].tolist()) for ids, length in zip(rollouts.completion_ids, rollouts.completion_lengths)]
     prompts = [source.texts[i] for i in chunk for _ in range(n)]
     columns = reward_inputs(rows, chunk, n, prompt_column, rollouts.completion_lengths.tolist())
-    return reward_runner.score(prompts, texts, columns).combined  # [len(chunk) * n]
+    return reward_runner.score(prompts, texts, columns, group_size=n).combined  # [len(chunk) * n]

@@ -2,12 +2,14 @@
 
 Each function runs on the whole batch with a timeout (per batch); in-process the functions run
 concurrently on daemon threads, so slow I/O-bound rewards (async judges) overlap. With
-``workers=N > 0`` every function's batch is split into N contiguous chunks that run in a
-process pool (spawn), for CPU-heavy rewards; the pool is created once and reused, and each
-worker receives the functions once, when it starts. As with any spawn pool, a script that creates one must guard its entry point with
-``if __name__ == "__main__":``.
+``workers=N > 0`` the batch is split into at most N contiguous chunks of whole groups
+(``group_size`` completions of one prompt stay together) that run on workers, for CPU-heavy
+rewards: a process pool (spawn) in this process (``backend="process"``), or Ray actors
+(``backend="ray"``, :mod:`grpokit.distributed.ray_rewards`). Workers are started at the first
+batch and reused, and receive the functions once, when they start. As with any spawn pool, a
+script that creates a process pool must guard its entry point with ``if __name__ == "__main__":``.
 
-The combined reward is the weighted sum over the functions that gave a value,
+Whatever runs them, the results are checked and combined here, in the order of the batch:
 ``combined_i = sum_{f: r_if present} w_f * r_if`` (as TRL's ``nansum``), NaN when none did.
 """
 
@@ -94,11 +96,75 @@ def _score_in_worker(
     return TimedCall(_worker_functions[index], prompts, completions, columns).result(timeout)
 
 
-def _chunks(n: int, parts: int) -> list[slice]:
-    """At most ``parts`` contiguous, non-empty slices of near-equal size covering range(n)."""
-    parts = max(1, min(parts, n))
-    bounds = [round(k * n / parts) for k in range(parts + 1)]
+def _chunks(n: int, parts: int, group_size: int = 1) -> list[slice]:
+    """At most ``parts`` contiguous, non-empty slices covering range(n), each a whole number of
+    groups of ``group_size`` (which divides n), with near-equal numbers of groups."""
+    groups = n // group_size
+    parts = max(1, min(parts, groups))
+    bounds = [round(k * groups / parts) * group_size for k in range(parts + 1)]
     return [slice(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+class ProcessPool:
+    """Reward functions on a spawn process pool in this process (``RewardRunner(backend="process")``)."""
+
+    def __init__(self, names: list[str], functions: list[Callable], workers: int):
+        for name, fn in zip(names, functions):
+            try:
+                pickle.dumps(fn)
+            except Exception as exc:
+                raise RewardError(
+                    f"reward {name!r} cannot be sent to worker processes (workers={workers}): "
+                    f"{exc}. Define it at module level, or use workers=0"
+                ) from exc
+        self.functions = functions
+        self.workers = workers
+        self._executor: ProcessPoolExecutor | None = None
+
+    def run(self, rows: list[slice], prompts, completions, columns, timeout: float) -> list[list[tuple[slice, Any, str | None]]]:
+        """Every function on every chunk of ``rows``: [F][chunk] (rows, output, error)."""
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.functions,),
+            )
+        futures: list[list[Future]] = []  # [F][chunk]
+        for f in range(len(self.functions)):
+            futures.append([])
+            for r in rows:
+                chunk_columns = {key: column[r] for key, column in columns.items()}
+                futures[f].append(
+                    self._executor.submit(
+                        _score_in_worker, f, prompts[r], completions[r], chunk_columns, timeout
+                    )
+                )
+        outcomes = []
+        recycle = False
+        for per_function in futures:
+            results = []
+            for r, future in zip(rows, per_function):
+                try:
+                    output, error = future.result()
+                except RewardError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a worker died (BrokenProcessPool)
+                    output, error = None, f"{type(exc).__name__}: {exc}"
+                    recycle = True
+                recycle = recycle or (error is not None and error.startswith(TIMED_OUT))
+                results.append((r, output, error))
+            outcomes.append(results)
+        if recycle:
+            # Ending the workers ends the abandoned calls still running on their threads.
+            self.close()
+        return outcomes
+
+    def close(self) -> None:
+        """Shut the process pool down (a later ``run`` starts a new one)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
 
 class RewardRunner:
@@ -107,7 +173,8 @@ class RewardRunner:
     ``specs``: reward specs (see :func:`~grpokit.rewards.registry.resolve_reward`).
     ``weights``: one weight per spec; when given it replaces the specs' own weights.
     ``timeout``: seconds allowed per function per batch (per chunk with workers).
-    ``workers``: 0 to run in this process, N > 0 for a pool of N processes; ``close()`` ends it.
+    ``workers``: 0 to run in this process, N > 0 for N workers; ``close()`` ends them.
+    ``backend``: ``process`` (a process pool here) or ``ray`` (Ray actors of ``worker_cpus`` CPUs each).
     """
 
     def __init__(
@@ -116,6 +183,8 @@ class RewardRunner:
         weights: Sequence[float] | None = None,
         timeout: float = 10.0,
         workers: int = 0,
+        backend: str = "process",
+        worker_cpus: float = 1.0,
     ):
         if isinstance(specs, (str, Mapping)) or callable(specs):
             specs = [specs]
@@ -125,6 +194,8 @@ class RewardRunner:
             raise ValueError(f"timeout must be > 0, got {timeout}")
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
+        if backend not in ("process", "ray"):
+            raise ValueError(f"backend must be 'process' or 'ray', got {backend!r}")
         resolved = [resolve_reward(spec) for spec in specs]
         if weights is None:
             weights = [weight for _, _, weight in resolved]
@@ -137,24 +208,25 @@ class RewardRunner:
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float64)  # [F]
         self.timeout = float(timeout)
         self.workers = workers
-        self._pool: ProcessPoolExecutor | None = None
-        if workers:
-            for name, fn in zip(self.names, self.functions):
-                try:
-                    pickle.dumps(fn)
-                except Exception as exc:
-                    raise RewardError(
-                        f"reward {name!r} cannot be sent to worker processes (workers={workers}): "
-                        f"{exc}. Define it at module level, or use workers=0"
-                    ) from exc
+        self._pool = None  # ProcessPool or RayRewardPool: run(rows, prompts, completions, columns, timeout), close()
+        if workers and backend == "ray":
+            from grpokit.distributed.ray_rewards import RayRewardPool
+
+            self._pool = RayRewardPool(self.names, self.functions, workers, worker_cpus)
+        elif workers:
+            self._pool = ProcessPool(self.names, self.functions, workers)
 
     def score(
         self,
         prompts: Sequence[str],
         completions: Sequence[str],
         columns: Mapping[str, Sequence[Any]] | None = None,
+        group_size: int = 1,
     ) -> RewardResult:
-        """Rewards of each completion from each function, and their weighted combination."""
+        """Rewards of each completion from each function, and their weighted combination.
+
+        ``group_size``: completions per prompt (adjacent); workers get whole groups.
+        """
         n = len(completions)
         columns = dict(columns or {})
         if len(prompts) != n:
@@ -162,10 +234,12 @@ class RewardRunner:
         for key, column in columns.items():
             if len(column) != n:
                 raise ValueError(f"column {key!r} has {len(column)} values for {n} completions")
+        if group_size < 1 or n % group_size:
+            raise ValueError(f"group_size={group_size} must be >= 1 and divide the {n} completions")
         prompts, completions = list(prompts), list(completions)
         columns = {key: list(column) for key, column in columns.items()}
-        if self.workers:
-            outcomes = self._run_pool(prompts, completions, columns)
+        if self._pool is not None:
+            outcomes = self._pool.run(_chunks(n, self.workers, group_size), prompts, completions, columns, self.timeout)
         else:
             calls = [TimedCall(fn, prompts, completions, columns) for fn in self.functions]
             outcomes = [[(slice(0, n), *call.result(self.timeout))] for call in calls]
@@ -200,51 +274,10 @@ class RewardRunner:
             error_counts=error_counts,
         )
 
-    def _run_pool(self, prompts, completions, columns) -> list[list[tuple[slice, Any, str | None]]]:
-        """Every function on every chunk in the process pool: [F][chunk] (rows, output, error)."""
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(self.functions,),
-            )
-        rows = _chunks(len(completions), self.workers)
-        futures: list[list[Future]] = []  # [F][chunk]
-        for f in range(len(self.functions)):
-            futures.append([])
-            for r in rows:
-                chunk_columns = {key: column[r] for key, column in columns.items()}
-                futures[f].append(
-                    self._pool.submit(
-                        _score_in_worker, f, prompts[r], completions[r], chunk_columns, self.timeout
-                    )
-                )
-        outcomes = []
-        recycle = False
-        for per_function in futures:
-            results = []
-            for r, future in zip(rows, per_function):
-                try:
-                    output, error = future.result()
-                except RewardError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - a worker died (BrokenProcessPool)
-                    output, error = None, f"{type(exc).__name__}: {exc}"
-                    recycle = True
-                recycle = recycle or (error is not None and error.startswith(TIMED_OUT))
-                results.append((r, output, error))
-            outcomes.append(results)
-        if recycle:
-            # Ending the workers ends the abandoned calls still running on their threads.
-            self.close()
-        return outcomes
-
     def close(self) -> None:
-        """Shut the process pool down (a later ``score`` starts a new one)."""
+        """Stop the workers (a later ``score`` starts them again)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+            self._pool.close()
 
     def __enter__(self) -> RewardRunner:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self

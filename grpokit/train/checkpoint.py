@@ -48,7 +48,10 @@ def resolve_resume(run_dir: str | Path, resume_from: str) -> Path | None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler, trainer_state: dict,
-                    rng_states: dict, reference_model=None, save_total_limit: int | None = None) -> Path:
+                    rng_states: dict, reference_model=None, save_total_limit: int | None = None,
+                    pending_rollouts: dict | None = None) -> Path:
+    """Write ``step-N`` atomically. ``pending_rollouts``: async mode's rollouts of step N+1, sampled
+    before the checkpoint (a dict of tensors and lists, kept in states.pt)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".*-step-*"):  # left by a run killed while saving or deleting
@@ -59,7 +62,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
     save_model(model, str(tmp / "model.safetensors"))
     if reference_model is not None:
         save_model(reference_model, str(tmp / "reference.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_states}, tmp / "states.pt")
+    states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_states}
+    if pending_rollouts is not None:
+        states["pending_rollouts"] = pending_rollouts
+    torch.save(states, tmp / "states.pt")
     state = dict(trainer_state, step=step, grpokit_version=grpokit.__version__)
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     _fsync_dir(tmp)
@@ -81,7 +87,9 @@ def _remove(folder: Path) -> None:
 
 
 def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_model=None) -> tuple[dict, dict]:
-    """Restore weights and optimizer/scheduler in place; return (trainer_state, rng_states)."""
+    """Restore weights and optimizer/scheduler in place; return (trainer_state, rng_states).
+
+    trainer_state gets ``pending_rollouts`` from states.pt (None when none were saved)."""
     path = Path(path)
     try:
         state = json.loads((path / "trainer_state.json").read_text())
@@ -103,6 +111,7 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
         raise
     except Exception as exc:  # truncated or foreign files surface as many different errors
         raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); it may be truncated. Resume from an earlier step-N folder.") from None
+    state["pending_rollouts"] = states.get("pending_rollouts")
     return state, states["rng"]
 
 

@@ -18,8 +18,11 @@ def build_reward_runner(reward_funcs: Any, args: GRPOConfig):
         raise ConfigError("no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy).")
     specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     try:
-        return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout, workers=args.reward_workers)
-    except (ValueError, TypeError, ImportError, OSError) as exc:  # a bad spec: unknown name, missing file, bad params
+        on_ray = args.num_reward_workers > 0  # Ray reward actors, else reward_workers processes in the learner (0 = none)
+        return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout,
+                            workers=args.num_reward_workers if on_ray else args.reward_workers,
+                            backend="ray" if on_ray else "process", worker_cpus=args.reward_worker_cpus)
+    except (ValueError, TypeError, ImportError, OSError) as exc:  # a bad spec: unknown name, missing file, bad params, not picklable
         raise ConfigError(f"rewards: {exc}") from exc
 
 

@@ -7,6 +7,7 @@ Tracker.log; evaluation every eval_steps, checkpoints every save_steps.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -92,7 +93,7 @@ class GRPOTrainer:
         # Rollouts must not depend on how a step's prompts are split over processes or Ray workers.
         self.seed_per_group = args.seed_per_group or args.backend == "ray" or self.dist.enabled
         self.remote = self._start_ray(eos) if args.backend == "ray" else None
-        self._pending = None  # async: (prompt indices, rollouts in flight) of the next step
+        self._pending = None  # async: (prompt indices, PendingRollouts in flight or collected Rollouts) of the next step
         self._resume_indices: list[int] | None = None
 
         self.reference = Reference(self.model, use_adapters=self.use_lora) if args.beta > 0 else None
@@ -135,6 +136,7 @@ class GRPOTrainer:
             self.tracker.close()
             self._write_report()
             self.store.close()
+            self.rewards.close()  # reward workers (a later evaluate() starts them again)
             if self.remote is not None:
                 self.remote.shutdown()
         if self.stop_reason:
@@ -149,7 +151,7 @@ class GRPOTrainer:
         t1 = time.perf_counter()
         completions = self._decode(rollouts)
         reward = self.rewards.score(
-            [self.train_source.texts[i] for i in indices for _ in range(G)], completions, self._columns(indices, rollouts, self.train_rows)
+            [self.train_source.texts[i] for i in indices for _ in range(G)], completions, self._columns(indices, rollouts, self.train_rows), group_size=G
         )
         # Every rank's rewards, so groups are complete and batch-level scaling sees the whole batch.
         all_rewards = gather_reward_result(dist, reward)
@@ -210,9 +212,10 @@ class GRPOTrainer:
         """This rank's prompt indices for ``step`` and their rollouts. In async mode they were sampled
         while the previous step trained, and the next step's sampling starts here."""
         if self._pending is not None:
-            indices, pending = self._pending
+            indices, rollouts = self._pending
             self._pending = None
-            rollouts = self.remote.collect(pending)
+            if not isinstance(rollouts, Rollouts):  # still in flight (a checkpoint collects them)
+                rollouts = self.remote.collect(rollouts)
         else:
             indices = self._resume_indices or self._draw()
             self._resume_indices = None
@@ -362,10 +365,18 @@ class GRPOTrainer:
 
     def _save_checkpoint(self) -> None:
         synced = self.args.ref_model_sync_steps and self.reference is not None and self.reference.model is not None
+        pending = None
+        if self._pending is not None:  # async: the next step's rollouts are saved, so a resume trains on the same data
+            indices, rollouts = self._pending
+            if not isinstance(rollouts, Rollouts):
+                rollouts = self.remote.collect(rollouts)
+                self._pending = (indices, rollouts)
+            pending = dataclasses.asdict(rollouts)
         state = {"data": self.train_source.state_dict(), "policy_version": self.engine.policy_version, "counters": self._counters,
                  "pending_indices": self._pending[0] if self._pending else None}  # async: drawn, not yet trained on
         checkpoint.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.scheduler, state, self._rng_states(),
-                                   reference_model=self.reference.model if synced else None, save_total_limit=self.args.save_total_limit)
+                                   reference_model=self.reference.model if synced else None, save_total_limit=self.args.save_total_limit,
+                                   pending_rollouts=pending)
 
     def resume(self, path: str | Path) -> None:
         """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder."""
@@ -376,6 +387,8 @@ class GRPOTrainer:
         self.engine.policy_version = int(state["policy_version"])
         self._counters = dict(state["counters"])
         self._resume_indices = state.get("pending_indices")
+        if state["pending_rollouts"] is not None:  # async: the step after the checkpoint was sampled before it
+            self._pending, self._resume_indices = (self._resume_indices, Rollouts(**state["pending_rollouts"])), None
         torch.set_rng_state(rng["torch"])
         self.engine.generator.set_state(rng["sampler"])
 

@@ -119,10 +119,10 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_requeued(tmp_path):
     trainer, flag = custom_run(tmp_path)
     score = trainer.rewards.score
 
-    def score_then_arm(prompts, completions, columns=None):
+    def score_then_arm(prompts, completions, columns=None, **kwargs):
         if trainer.step == 1:
             flag.touch()  # step 2's sampling will kill one worker in the middle of its chunk
-        return score(prompts, completions, columns)
+        return score(prompts, completions, columns, **kwargs)
 
     trainer.rewards.score = score_then_arm
     trainer.train()

@@ -234,6 +234,22 @@ USER_FILE = textwrap.dedent(
 )
 
 
+def test_chunks_hold_whole_groups():
+    from grpokit.rewards.runner import _chunks
+
+    # 12 completions in groups of 4 = 3 groups over 2 workers: bounds round(k * 3 / 2) groups = 0, 2, 3
+    # (Python rounds 1.5 to 2), i.e. rows [0, 8) and [8, 12).
+    assert _chunks(12, 2, group_size=4) == [slice(0, 8), slice(8, 12)]
+    # more workers than groups: one group per chunk
+    assert _chunks(8, 5, group_size=4) == [slice(0, 4), slice(4, 8)]
+    # group_size 1 is the old split: 5 rows over 2 -> round(2.5) = 2 -> [0, 2), [2, 5)
+    assert _chunks(5, 2) == [slice(0, 2), slice(2, 5)]
+    with pytest.raises(ValueError, match="group_size=4 must be >= 1 and divide the 6 completions"):
+        RewardRunner([boom]).score(["p"] * 6, ["c"] * 6, group_size=4)
+    with pytest.raises(ValueError, match="backend must be 'process' or 'ray'"):
+        RewardRunner([boom], workers=1, backend="dask")
+
+
 @pytest.mark.slow
 def test_process_pool_matches_in_process(tmp_path):
     path = tmp_path / "pool_rewards.py"
@@ -250,10 +266,10 @@ def test_process_pool_matches_in_process(tmp_path):
     expected = RewardRunner(specs).score(prompts, completions, columns)
     with RewardRunner(specs, workers=2) as runner:
         first = runner.score(prompts, completions, columns)
-        pool = runner._pool
+        pool = runner._pool._executor
         second = runner.score(prompts, completions, columns)
-        assert runner._pool is pool  # created once, reused
-    assert runner._pool is None  # closed on exit
+        assert runner._pool._executor is pool  # created once, reused
+    assert runner._pool._executor is None  # closed on exit
     # odd_fails fails on any batch holding "boom": the whole batch in-process, but with 2 chunks
     # ([0:2] and [2:5]) only the first, so the pool adds 1.0 (weight 1) to rows 2, 3 and 4.
     odd_fails = torch.tensor([math.nan, math.nan, 1.0, 1.0, 1.0], dtype=torch.float64)
@@ -276,6 +292,6 @@ def test_process_pool_timeout_recycles_the_pool(tmp_path):
     result = runner.score(["p", "p"], ["!", "!!"])
     assert result.errors == ["sleepy: timed out after 1 s"] * 2
     assert result.per_func[:, 1].tolist() == [1.0, 2.0]
-    assert runner._pool is None  # shut down, which ends the abandoned call with its process
+    assert runner._pool._executor is None  # shut down, which ends the abandoned call with its process
     assert runner.score(["p"], ["!!!"]).per_func[0, 1] == 3.0  # a new pool on the next batch
     runner.close()
