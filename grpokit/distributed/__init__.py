@@ -3,7 +3,12 @@
 Ray is imported only by :mod:`grpokit.distributed.ray_rollout`, so ``import grpokit`` works without it.
 """
 
-from grpokit.distributed.seeding import concat_rollouts, generate_per_group, group_seed
+from grpokit.distributed.seeding import (
+    concat_rollouts,
+    generate_per_group,
+    group_seed,
+    split_rollouts,
+)
 from grpokit.distributed.torch_dist import (
     DistContext,
     gather_reward_result,
@@ -11,4 +16,4 @@ from grpokit.distributed.torch_dist import (
     wrap_data_parallel,
 )
 
-__all__ = ["DistContext", "concat_rollouts", "gather_reward_result", "generate_per_group", "group_seed", "init_distributed", "wrap_data_parallel"]
+__all__ = ["DistContext", "concat_rollouts", "gather_reward_result", "generate_per_group", "group_seed", "init_distributed", "split_rollouts", "wrap_data_parallel"]

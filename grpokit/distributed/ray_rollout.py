@@ -45,12 +45,14 @@ def connect(address: str | None, num_cpus: int | None) -> None:
 class RolloutWorker:
     """A Ray actor: one policy copy and a rollout engine on its own device."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, use_gpu: bool):
+    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, use_gpu: bool,
+                 autocast_dtype: torch.dtype | None = None):
         from grpokit.rollout.engine import HFRolloutEngine
 
         device = torch.device("cuda" if use_gpu else "cpu")
         self.model = model.to(device)
-        self.engine = HFRolloutEngine(self.model, eos_token_ids, pad_token_id, device)
+        # the learner's autocast dtype: the same numbers as sampling in the learner process
+        self.engine = HFRolloutEngine(self.model, eos_token_ids, pad_token_id, device, autocast_dtype=autocast_dtype)
         self.version: int | None = None  # nothing published loaded yet
 
     def generate(self, weights: list, version: int, prompt_ids: list[list[int]], seeds: list[int],
@@ -87,13 +89,13 @@ class RayRolloutEngine:
     """Training rollouts from ``num_workers`` Ray actors; see the module docstring."""
 
     def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, num_workers: int,
-                 worker_cpus: float = 1.0, worker_gpus: float = 0.0):
+                 worker_cpus: float = 1.0, worker_gpus: float = 0.0, autocast_dtype: torch.dtype | None = None):
         ray = import_ray()
         self.pad_token_id = pad_token_id
         # The architecture ships once (the driver's copy stays where it is); weights follow by version.
         self._model_ref = ray.put(_cpu_copy(model))
         self._actor = ray.remote(num_cpus=worker_cpus, num_gpus=worker_gpus)(RolloutWorker)
-        self._worker_args = (eos_token_ids, pad_token_id, worker_gpus > 0)
+        self._worker_args = (eos_token_ids, pad_token_id, worker_gpus > 0, autocast_dtype)
         self.workers = [self._spawn() for _ in range(num_workers)]
         self.restarts = 0
         self.version: int | None = None
@@ -102,10 +104,10 @@ class RayRolloutEngine:
     def _spawn(self):
         return self._actor.remote(self._model_ref, *self._worker_args)
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
-        """Put the trainable weights in the object store as ``version`` (only they change in training)."""
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Put ``state`` (the trainable weights, full tensors on the CPU; see
+        :func:`grpokit.distributed.torch_dist.trainable_state`) in the object store as ``version``."""
         ray = import_ray()
-        state = {name: p.detach().cpu() for name, p in model.named_parameters() if p.requires_grad}
         self._weights = [ray.put(state)]
         self.version = version
 

@@ -35,6 +35,27 @@ def generate_per_group(engine, prompt_ids: list[list[int]], seeds: list[int], nu
     return concat_rollouts(parts, engine.pad_token_id)
 
 
+def split_rollouts(rollouts: Rollouts, parts: int) -> list[Rollouts]:
+    """``rollouts`` of B groups cut into ``parts`` contiguous shares of B / parts groups (B divisible by parts).
+
+    The shares are copies, not views: a pickled view would carry the whole batch's storage.
+    """
+    G, size = rollouts.num_generations, len(rollouts.prompt_ids) // parts
+    rows = size * G
+    return [
+        Rollouts(
+            prompt_ids=rollouts.prompt_ids[k * size : (k + 1) * size],
+            completion_ids=rollouts.completion_ids[k * rows : (k + 1) * rows].clone(),  # [rows, T]
+            completion_mask=rollouts.completion_mask[k * rows : (k + 1) * rows].clone(),  # [rows, T]
+            logprobs=rollouts.logprobs[k * rows : (k + 1) * rows].clone(),  # [rows, T]
+            finish_reasons=rollouts.finish_reasons[k * rows : (k + 1) * rows],
+            num_generations=G,
+            policy_version=rollouts.policy_version,
+        )
+        for k in range(parts)
+    ]
+
+
 def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
     """Join Rollouts of the same G and policy version, right-padding to the longest completion."""
     width = max(p.completion_ids.size(1) for p in parts)

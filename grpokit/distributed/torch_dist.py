@@ -56,6 +56,14 @@ class DistContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def scatter_objects(self, parts: list | None):
+        """Rank 0 passes one picklable object per rank (others pass None); each rank gets its own."""
+        if not self.enabled:
+            return parts[0]
+        out = [None]
+        dist.scatter_object_list(out, parts if self.is_main else None, src=0)
+        return out[0]
+
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """Sum of ``value`` over ranks (a copy)."""
         if not self.enabled:
@@ -124,3 +132,8 @@ def wrap_data_parallel(model: torch.nn.Module, ctx: DistContext, device: torch.d
     ids = [device.index if device.index is not None else ctx.local_rank] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids)
 
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the trainable parameters by name: what a rollout worker loads after an update."""
+    return {name: p.detach().cpu() for name, p in model.named_parameters() if p.requires_grad}

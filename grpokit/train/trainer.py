@@ -19,10 +19,11 @@ import torch
 from grpokit.algos import compute_advantages, zero_variance_groups
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import DataError, PromptSource, check_reward_columns, load_rows, reward_inputs
-from grpokit.distributed.seeding import generate_per_group, group_seed
+from grpokit.distributed.seeding import generate_per_group, group_seed, split_rollouts
 from grpokit.distributed.torch_dist import (
     gather_reward_result,
     init_distributed,
+    trainable_state,
     wrap_data_parallel,
 )
 from grpokit.eval.evaluator import evaluate
@@ -92,8 +93,10 @@ class GRPOTrainer:
         self.sampling = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k, min_p=args.min_p)
         # Rollouts must not depend on how a step's prompts are split over processes or Ray workers.
         self.seed_per_group = args.seed_per_group or args.backend == "ray" or self.dist.enabled
-        self.remote = self._start_ray(eos) if args.backend == "ray" else None
-        self._pending = None  # async: (prompt indices, PendingRollouts in flight or collected Rollouts) of the next step
+        self.remote = self._start_ray(eos) if args.backend == "ray" and self.dist.is_main else None
+        # async: (global batch of prompt indices, the next step's rollouts: rank 0's PendingRollouts in flight
+        # or collected Rollouts; None on other ranks until scattered) of the next step
+        self._pending = None
         self._resume_indices: list[int] | None = None
 
         self.reference = Reference(self.model, use_adapters=self.use_lora) if args.beta > 0 else None
@@ -212,54 +215,67 @@ class GRPOTrainer:
         """This rank's prompt indices for ``step`` and their rollouts. In async mode they were sampled
         while the previous step trained, and the next step's sampling starts here."""
         if self._pending is not None:
-            indices, rollouts = self._pending
+            batch, pending = self._pending
             self._pending = None
-            if not isinstance(rollouts, Rollouts):  # still in flight (a checkpoint collects them)
-                rollouts = self.remote.collect(rollouts)
+            if pending is not None and not isinstance(pending, Rollouts):  # rank 0, still in flight (a checkpoint collects them)
+                pending = self.remote.collect(pending)
+            rollouts = self._scatter(pending)
         else:
-            indices = self._resume_indices or self._draw()
+            batch = self._resume_indices or self._draw()
             self._resume_indices = None
-            rollouts = self._sample(step, indices)
+            rollouts = self._sample(step, batch)
         if self.args.async_rollouts and step < self.args.max_steps:
             upcoming = self._draw()
-            self._publish()
-            self._pending = (upcoming, self.remote.submit(*self._prompts_and_seeds(step + 1, upcoming), self.args.num_generations, self.sampling))
+            self._pending = (upcoming, self._submit(step + 1, upcoming))
+        indices, _ = self.dist.shard(batch)
         return indices, rollouts
 
     def _draw(self) -> list[int]:
-        """This rank's share of the next global batch of prompts (every rank draws the same batch)."""
-        indices, _ = self.dist.shard(self.train_source.next_indices(self.args.prompts_per_step(self.dist.world_size)))
-        return indices
+        """The next global batch of prompt indices (every rank draws the same batch)."""
+        return self.train_source.next_indices(self.args.prompts_per_step(self.dist.world_size))
 
-    def _prompts_and_seeds(self, step: int, indices: list[int]) -> tuple[list[list[int]], list[int]]:
-        first = self.dist.rank * len(indices)  # position of this rank's first group in the global batch
+    def _prompts_and_seeds(self, step: int, indices: list[int], first: int) -> tuple[list[list[int]], list[int]]:
+        """Token ids and group seeds of ``indices``, whose first group is group ``first`` of the step's global batch."""
         seeds = [group_seed(self.args.seed, step, first + j) for j in range(len(indices))]
         return [self.train_source.ids[i] for i in indices], seeds
 
-    def _sample(self, step: int, indices: list[int]) -> Rollouts:
+    def _sample(self, step: int, batch: list[int]) -> Rollouts:
+        """This rank's share of the rollouts of the global ``batch``."""
         G = self.args.num_generations
-        if self.remote is not None:
-            self._publish()
-            return self.remote.generate(*self._prompts_and_seeds(step, indices), G, self.sampling)
+        if self.args.backend == "ray":
+            pending = self._submit(step, batch)
+            return self._scatter(None if pending is None else self.remote.collect(pending))
+        indices, first = self.dist.shard(batch)
         if self.seed_per_group:
-            return generate_per_group(self.engine, *self._prompts_and_seeds(step, indices), G, self.sampling)
+            return generate_per_group(self.engine, *self._prompts_and_seeds(step, indices, first), G, self.sampling)
         return self.engine.generate([self.train_source.ids[i] for i in indices], G, self.sampling)
 
+    def _submit(self, step: int, batch: list[int]):
+        """Start sampling the whole global ``batch`` on the Ray workers; rank 0 drives them and gets the
+        pending handle, other ranks get None (their share arrives through :meth:`_scatter`)."""
+        self._publish()
+        if self.remote is None:
+            return None
+        return self.remote.submit(*self._prompts_and_seeds(step, batch, 0), self.args.num_generations, self.sampling)
+
+    def _scatter(self, rollouts: Rollouts | None) -> Rollouts:
+        """Rank 0's rollouts of the global batch -> this rank's contiguous share (the groups ``dist.shard`` gives it)."""
+        return self.dist.scatter_objects(split_rollouts(rollouts, self.dist.world_size) if self.dist.is_main else None)
+
     def _publish(self) -> None:
-        """Send the current weights to the Ray workers unless they already have this version."""
-        if self.remote.version != self.engine.policy_version:
-            self.remote.publish(self.model, self.engine.policy_version)
+        """Send the current weights to the Ray workers unless they already have this version (rank 0
+        publishes; under torchrun every rank holds the same weights)."""
+        if self.remote is not None and self.remote.version != self.engine.policy_version:
+            self.remote.publish(trainable_state(self.model), self.engine.policy_version)
 
     def _start_ray(self, eos: list[int]):
-        from grpokit.config import ConfigError
+        """Rank 0 (the only process without torchrun) connects to Ray and starts the rollout workers."""
         from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
 
-        if self.dist.enabled:
-            raise ConfigError("backend: ray runs one learner process; start it with `grpokit train`, not torchrun.")
         args = self.args
         connect(args.address, args.ray_num_cpus)
         return RayRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, args.num_rollout_workers,
-                                args.rollout_worker_cpus, args.rollout_worker_gpus)
+                                args.rollout_worker_cpus, args.rollout_worker_gpus, self.autocast_dtype)
 
     def _start_vllm(self, model: Any, eos: list[int]):
         """The colocated vLLM engine, built from the policy's folder or hub id (a loaded module: from its config)."""

@@ -118,3 +118,30 @@ def test_async_rollouts_need_ray():
 
     with pytest.raises(ConfigError, match="async_rollouts needs backend: ray"):
         GRPOConfig(async_rollouts=True)
+
+
+def test_split_rollouts_gives_each_rank_its_groups():
+    from grpokit.distributed import split_rollouts
+    from grpokit.rollout.types import Rollouts
+
+    # 4 groups of G = 2: rows 0-1 are group 0, ..., rows 6-7 group 3; 2 ranks take groups {0, 1} and {2, 3}.
+    ids = torch.arange(8 * 3).reshape(8, 3)  # [N, T]
+    rollouts = Rollouts(prompt_ids=[[10], [11], [12], [13]], completion_ids=ids, completion_mask=torch.ones(8, 3),
+                        logprobs=-ids.float(), finish_reasons=["stop", "length"] * 4, num_generations=2, policy_version=5)
+    first, second = split_rollouts(rollouts, 2)
+    assert first.prompt_ids == [[10], [11]] and second.prompt_ids == [[12], [13]]
+    assert torch.equal(second.completion_ids, ids[4:]) and torch.equal(second.logprobs, -ids[4:].float())
+    assert second.finish_reasons == ["stop", "length"] * 2 and second.policy_version == 5
+    assert second.completion_ids.untyped_storage().size() == 4 * 3 * 8  # a copy of its rows, not a view of all 8
+    joined = concat_rollouts([first, second], pad_token_id=0)
+    assert torch.equal(joined.completion_ids, ids) and joined.finish_reasons == rollouts.finish_reasons
+    assert DistContext().scatter_objects([first]) is first  # one process: its own share
+
+
+def test_ray_reward_workers_are_refused_under_torchrun():
+    from grpokit.config import ConfigError
+
+    args = GRPOConfig(backend="ray", num_reward_workers=2)
+    args.validate(world_size=1)
+    with pytest.raises(ConfigError, match="Ray reward workers are not combined with torchrun yet"):
+        args.validate(world_size=2)
