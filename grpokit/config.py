@@ -222,6 +222,8 @@ class DistributedConfig:
     """Ray reward actors (backend: ray); a batch is split over them by whole groups. 0 = rewards run in the learner process."""
     reward_worker_cpus: float = 1.0
     """CPUs Ray reserves for each reward actor."""
+    strategy: str = "ddp"
+    """Data parallelism under torchrun: ddp (a whole policy per process) | fsdp (parameters, gradients and AdamW states sharded over processes)."""
 
 
 @dataclass
@@ -264,6 +266,7 @@ CHOICES = {
     "prompt_overflow": ("truncate", "drop", "error"),
     "backend": ("none", "ray"),
     "engine": ("hf", "vllm"),
+    "strategy": ("ddp", "fsdp"),
 }
 
 REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
@@ -432,6 +435,8 @@ class GRPOConfig:
                f"{self.reward.reward_workers} (a process pool in the learner) are two places to run the rewards; set one of them to 0.")
         if g.engine == "vllm":
             self._validate_vllm()
+        _check(d.strategy != "fsdp" or self.lora.r == 0, "strategy: fsdp shards full fine-tuning; LoRA trains small adapters (lora.r > 0), which "
+               "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.")
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
 
 

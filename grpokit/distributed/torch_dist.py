@@ -119,21 +119,36 @@ def init_distributed() -> DistContext:
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank)
 
 
-def wrap_data_parallel(model: torch.nn.Module, ctx: DistContext, device: torch.device) -> torch.nn.Module:
-    """The module the learner trains: DDP around ``model`` when there are several processes.
+def wrap_data_parallel(model: torch.nn.Module, ctx: DistContext, device: torch.device, strategy: str = "ddp") -> torch.nn.Module:
+    """The module the learner trains when there are several processes: DDP around ``model``, or
+    ``model`` itself sharded in place with FSDP (:mod:`grpokit.distributed.fsdp`).
 
-    Generation and the reference pass keep using the bare ``model``: they need no gradient sync.
-    DDP broadcasts rank 0's weights at construction, so every rank starts from the same policy.
+    With DDP, generation and the reference pass keep using the bare ``model``: they need no gradient
+    sync. Every rank starts from rank 0's weights: DDP broadcasts them at construction; for FSDP they
+    are broadcast before each rank keeps its shard.
     """
     if not ctx.enabled:
         return model
+    if strategy == "fsdp":
+        from grpokit.distributed.fsdp import shard_model
+
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(tensor, src=0)
+        return shard_model(model)
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index if device.index is not None else ctx.local_rank] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids)
 
 
-
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of the trainable parameters by name: what a rollout worker loads after an update."""
-    return {name: p.detach().cpu() for name, p in model.named_parameters() if p.requires_grad}
+    """The trainable parameters by name, detached, on the CPU (what a rollout worker loads after an
+    update; ``ray.put`` copies them). A sharded (FSDP) model's are gathered to rank 0 (collective;
+    {} on other ranks)."""
+    from grpokit.distributed.fsdp import full_state_dict, is_sharded
+
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if is_sharded(model):
+        return {name: t for name, t in full_state_dict(model).items() if name in trainable}
+    return {name: p.detach().cpu() for name, p in model.named_parameters() if name in trainable}

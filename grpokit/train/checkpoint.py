@@ -16,9 +16,10 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 import grpokit
+from grpokit.distributed.fsdp import full_optimizer_state, full_state_dict, is_sharded, load_full_state
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -49,9 +50,21 @@ def resolve_resume(run_dir: str | Path, resume_from: str) -> Path | None:
 
 def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler, trainer_state: dict,
                     rng_states: dict, reference_model=None, save_total_limit: int | None = None,
-                    pending_rollouts: dict | None = None) -> Path:
+                    pending_rollouts: dict | None = None) -> Path | None:
     """Write ``step-N`` atomically. ``pending_rollouts``: async mode's rollouts of step N+1, sampled
-    before the checkpoint (a dict of tensors and lists, kept in states.pt)."""
+    before the checkpoint (a dict of tensors and lists, kept in states.pt).
+
+    With an FSDP-sharded ``model`` every rank calls this: the full weights and optimizer state are
+    gathered to rank 0, which writes them (other ranks return None), in the same files as an
+    unsharded run."""
+    if is_sharded(model):
+        weights = {"model": full_state_dict(model), "reference": None if reference_model is None else full_state_dict(reference_model)}
+        optimizer_state = full_optimizer_state(model, optimizer)
+        if torch.distributed.get_rank() != 0:
+            return None
+    else:
+        weights = {"model": model, "reference": reference_model}
+        optimizer_state = optimizer.state_dict()
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".*-step-*"):  # left by a run killed while saving or deleting
@@ -59,10 +72,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    if reference_model is not None:
-        save_model(reference_model, str(tmp / "reference.safetensors"))
-    states = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_states}
+    for name, value in weights.items():
+        if value is not None:
+            _save_weights(value, tmp / f"{name}.safetensors")
+    states = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
     if pending_rollouts is not None:
         states["pending_rollouts"] = pending_rollouts
     torch.save(states, tmp / "states.pt")
@@ -77,6 +90,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
         for old in list_checkpoints(run_dir)[:-save_total_limit]:
             _remove(old)
     return final
+
+
+def _save_weights(value, file: Path) -> None:
+    """A module (tied weights written once) or a gathered full state dict (FSDP)."""
+    if isinstance(value, torch.nn.Module):
+        save_model(value, str(file))
+    else:
+        save_file(value, str(file), metadata={"format": "pt"})
 
 
 def _remove(folder: Path) -> None:
@@ -100,12 +121,15 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
             f"{path} was written by grpokit {state.get('grpokit_version')!r}, this is {grpokit.__version__}; "
             "resume it with that version, or start a new run from its weights (model.safetensors)."
         )
+    reference_file = path / "reference.safetensors"
     try:
-        _load_weights(model, path / "model.safetensors")
-        if reference_model is not None and (path / "reference.safetensors").is_file():
-            _load_weights(reference_model, path / "reference.safetensors")
         states = torch.load(path / "states.pt", weights_only=True, map_location="cpu")
-        optimizer.load_state_dict(states["optimizer"])
+        sharded = is_sharded(model)  # then every rank reads the full state and keeps its shard (collective)
+        _load_weights(model, path / "model.safetensors", *((optimizer, states["optimizer"]) if sharded else ()))
+        if reference_model is not None and reference_file.is_file():
+            _load_weights(reference_model, reference_file)
+        if not sharded:
+            optimizer.load_state_dict(states["optimizer"])
         scheduler.load_state_dict(states["scheduler"])
     except CheckpointError:
         raise
@@ -115,9 +139,13 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
     return state, states["rng"]
 
 
-def _load_weights(model, file: Path) -> None:
+def _load_weights(model, file: Path, optimizer=None, optimizer_state: dict | None = None) -> None:
+    """Weights into ``model``; for a sharded model also ``optimizer_state`` (FSDP loads both together)."""
     try:
-        missing, unexpected = load_model(model, str(file), strict=False)
+        if is_sharded(model):
+            missing, unexpected = load_full_state(model, load_file(str(file)), optimizer, optimizer_state)
+        else:
+            missing, unexpected = load_model(model, str(file), strict=False)
     except Exception as exc:
         raise CheckpointError(f"{file}: cannot load weights ({type(exc).__name__}: {exc}); the file may be truncated or from another model.") from None
     if missing or unexpected:

@@ -19,6 +19,7 @@ import time
 import torch
 
 from grpokit.algos import policy_loss
+from grpokit.distributed.fsdp import is_sharded
 from grpokit.hardware import autocast, store_linears_in
 from grpokit.train.fused_head import reuse_weight_casts
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
@@ -33,9 +34,11 @@ class Learner:
         self.scheduler = scheduler
         self.cfg = cfg
         self.autocast_dtype = autocast_dtype
-        if autocast_dtype is not None and reference is not None and reference.model is not None and not cfg.ref_model_sync_steps:
+        if (autocast_dtype is not None and reference is not None and reference.model is not None and not cfg.ref_model_sync_steps
+                and not is_sharded(reference.model)):
             # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
-            # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32
+            # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32,
+            # nor once FSDP has sharded it (its shards must keep the dtype they were sharded with)
             store_linears_in(reference.model, autocast_dtype)
 
     def autocast(self):
@@ -129,7 +132,8 @@ class Learner:
             if p.grad is not None and p.grad.is_sparse:  # an untied embedding (see logprobs.sparse_embedding_grad)
                 p.grad = p.grad.to_dense()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: a DTensor
         nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))
         lr = self.scheduler.get_last_lr()[0]
         if nonfinite:

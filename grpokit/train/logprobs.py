@@ -8,8 +8,8 @@ policy passes. Three ways to run a model over it:
   computed once per group instead of G times, in the no-grad passes and in training alike (the
   gather is differentiable, so the G rows' gradients add up on the shared prompt, as they would
   over G copies). Same numbers as a full forward pass (tests check it within 1e-5 in float32).
-* full forward (HF models under DDP, which cannot take two forward calls before one backward, or
-  with gradient checkpointing, which turns the KV cache off): [left-padded prompt | completion]
+* full forward (HF models under DDP or FSDP, see :func:`data_parallel`, or with gradient
+  checkpointing, which turns the KV cache off): [left-padded prompt | completion]
   with an attention mask, position ids and ``logits_to_keep`` (TRL's layout).
 * custom models (no attention mask): each row is prompt + completion, right-padded, which leaves
   every real position unaffected under a causal model; logits are gathered at completion positions.
@@ -77,13 +77,20 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
     return Batch(completion_ids, completion_mask, group_index, input_ids=input_ids, gather_index=gather_index)
 
 
-def shares_prefix(model: torch.nn.Module) -> bool:
-    """True when ``model`` can run a prompt once and its completions on the prompt's KV cache."""
+def data_parallel(model: torch.nn.Module) -> bool:
+    """True for DDP and FSDP modules: one plain forward call per micro-batch, through the module's own
+    forward (DDP cannot take two forward calls before one backward; FSDP gathers a layer's weights
+    inside its forward only, so the fused head could not read the LM head's weight)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    if isinstance(model, DistributedDataParallel):
-        return False
-    if not is_hf_model(model):
+    from grpokit.distributed.fsdp import is_sharded
+
+    return isinstance(model, DistributedDataParallel) or is_sharded(model)
+
+
+def shares_prefix(model: torch.nn.Module) -> bool:
+    """True when ``model`` can run a prompt once and its completions on the prompt's KV cache."""
+    if data_parallel(model) or not is_hf_model(model):
         return False
     # transformers 5 renamed is_gradient_checkpointing (deprecated) to is_activation_checkpointing
     checkpointing = getattr(model, "is_activation_checkpointing", None)
@@ -94,14 +101,12 @@ def shares_prefix(model: torch.nn.Module) -> bool:
 
 def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
     """(decoder, lm_head) when ``model``'s logits are exactly ``lm_head(decoder(...).last_hidden_state)``,
-    else None (custom models, DDP, non-Linear heads, and architectures that scale or soft-cap their logits).
+    else None (custom models, DDP and FSDP, non-Linear heads, and architectures that scale or soft-cap their logits).
 
     Checked once per model by comparing both on a 4-token input, so an architecture that post-processes
     its logits in a way not listed anywhere still takes the (slower, exact) logits path.
     """
-    from torch.nn.parallel import DistributedDataParallel
-
-    if isinstance(model, DistributedDataParallel) or not is_hf_model(model):
+    if data_parallel(model) or not is_hf_model(model):
         return None
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if base not in _HEADS:
@@ -230,13 +235,17 @@ def batched_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, m
     Chunks are ``micro_batch_size`` rows, or more through the fused head, which holds no [rows, T, V]
     logits: up to ``NO_GRAD_POSITIONS`` completion positions (bigger matmuls, fewer per-chunk costs;
     the reference pass of the benchmark is 20 % faster in one chunk of 32 rows than in 4 of 8).
-    Runs in inference mode (no autograd bookkeeping at all); the result is cloned out of it so it
-    can meet the policy's graph in the loss.
+    Runs in inference mode (no autograd bookkeeping at all; no_grad for an FSDP module); the result
+    is cloned out of it so it can meet the policy's graph in the loss.
     """
     rows = micro_batch_size
     if plain_head(model) is not None:
         rows = max(rows, NO_GRAD_POSITIONS // max(batch.completion_ids.size(1), 1))
-    with torch.inference_mode():
+    from grpokit.distributed.fsdp import is_sharded
+
+    # FSDP sets up a module's gathered and sharded parameters on its first forward: inside inference
+    # mode they would become inference tensors, which the reference resync could not update in place.
+    with torch.no_grad() if is_sharded(model) else torch.inference_mode():
         out = torch.cat([completion_logprobs(model, batch.rows(slice(i, i + rows)), temperature)[0].float()
                          for i in range(0, len(batch), rows)])
     return out.clone()

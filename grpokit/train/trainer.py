@@ -19,6 +19,7 @@ import torch
 from grpokit.algos import compute_advantages, zero_variance_groups
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import DataError, PromptSource, check_reward_columns, load_rows, reward_inputs
+from grpokit.distributed.fsdp import full_state_dict, is_sharded, unsharded
 from grpokit.distributed.seeding import generate_per_group, group_seed, split_rollouts
 from grpokit.distributed.torch_dist import (
     gather_reward_result,
@@ -97,9 +98,15 @@ class GRPOTrainer:
         # async: (global batch of prompt indices, the next step's rollouts: rank 0's PendingRollouts in flight
         # or collected Rollouts; None on other ranks until scattered) of the next step
         self._pending = None
+        self._published: int | None = None  # weights version last sent to the Ray workers
         self._resume_indices: list[int] | None = None
 
         self.reference = Reference(self.model, use_adapters=self.use_lora) if args.beta > 0 else None
+        # FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them;
+        # the reference copy is sharded the same way (its pass and its resync stay shard by shard).
+        trained = wrap_data_parallel(self.model, self.dist, self.device, args.strategy)
+        if is_sharded(trained) and self.reference is not None and self.reference.model is not None:
+            wrap_data_parallel(self.reference.model, self.dist, self.device, args.strategy)
         params = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel per parameter, no foreach temporaries (on CPU ~4x faster than the default)
         self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay,
@@ -107,8 +114,7 @@ class GRPOTrainer:
         total = args.max_steps * args.num_iterations
         warmup = args.warmup_steps or int(args.warmup_ratio * total)
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)
-        self.learner = Learner(wrap_data_parallel(self.model, self.dist, self.device), self.reference, self.optimizer, self.scheduler, args,
-                               autocast_dtype=self.autocast_dtype)
+        self.learner = Learner(trained, self.reference, self.optimizer, self.scheduler, args, autocast_dtype=self.autocast_dtype)
         self.step = 0
         self.stop_reason: str | None = None
         self.interrupted_by: int | None = None
@@ -130,10 +136,7 @@ class GRPOTrainer:
                 self.step += 1
                 metrics = self._train_step(self.step)
                 self._after_step(metrics)
-            self._save_checkpoint()
-            if self._eval_enabled() and self.step % args.eval_steps != 0 and self.interrupted_by is None:
-                self._evaluate_and_log(self.step)
-            self._save_final_model()
+            self._finish()
         finally:
             self._restore_signal_handlers(previous_handlers)
             self.tracker.close()
@@ -246,9 +249,10 @@ class GRPOTrainer:
             pending = self._submit(step, batch)
             return self._scatter(None if pending is None else self.remote.collect(pending))
         indices, first = self.dist.shard(batch)
-        if self.seed_per_group:
-            return generate_per_group(self.engine, *self._prompts_and_seeds(step, indices, first), G, self.sampling)
-        return self.engine.generate([self.train_source.ids[i] for i in indices], G, self.sampling)
+        with unsharded(self.model):  # FSDP: whole weights for sampling, gathered once
+            if self.seed_per_group:
+                return generate_per_group(self.engine, *self._prompts_and_seeds(step, indices, first), G, self.sampling)
+            return self.engine.generate([self.train_source.ids[i] for i in indices], G, self.sampling)
 
     def _submit(self, step: int, batch: list[int]):
         """Start sampling the whole global ``batch`` on the Ray workers; rank 0 drives them and gets the
@@ -263,10 +267,15 @@ class GRPOTrainer:
         return self.dist.scatter_objects(split_rollouts(rollouts, self.dist.world_size) if self.dist.is_main else None)
 
     def _publish(self) -> None:
-        """Send the current weights to the Ray workers unless they already have this version (rank 0
-        publishes; under torchrun every rank holds the same weights)."""
-        if self.remote is not None and self.remote.version != self.engine.policy_version:
-            self.remote.publish(trainable_state(self.model), self.engine.policy_version)
+        """Send the current weights to the Ray workers unless they already have this version. Rank 0
+        publishes: with DDP it holds the whole policy; FSDP gathers it there from every rank."""
+        version = self.engine.policy_version
+        if self._published == version or not (self.dist.is_main or is_sharded(self.model)):
+            return
+        state = trainable_state(self.model)
+        if self.remote is not None:
+            self.remote.publish(state, version)
+        self._published = version
 
     def _start_ray(self, eos: list[int]):
         """Rank 0 (the only process without torchrun) connects to Ray and starts the rollout workers."""
@@ -296,17 +305,29 @@ class GRPOTrainer:
 
     def _train_other_rank(self) -> dict:
         """Ranks > 0 under torchrun: the same steps (metrics are averaged over ranks, so every rank
-        stops together), without the run folder, evaluation or checkpoints, which rank 0 owns."""
+        stops together), without the run folder; rank 0 alone evaluates and writes checkpoints (these
+        ranks join in only to gather FSDP-sharded weights)."""
+        self.run_dir = Path(self.args.output_dir)  # read for resuming, never written here
         if self.args.resume_from is not None:
             found = checkpoint.resolve_resume(self.args.output_dir, self.args.resume_from)
             if found is not None:
                 self.resume(found)
+        if self.step == 0 and self._eval_enabled():
+            self._evaluate_and_log(0)  # rank 0 evaluates; FSDP needs every rank to gather the weights
         metrics: dict = {}
         while self.step < self.args.max_steps and self.stop_reason is None:
             self.step += 1
             metrics = self._train_step(self.step)
             self._after_step(metrics)
+        self._finish()
         return metrics
+
+    def _finish(self) -> None:
+        """Last checkpoint, evaluation and final model (every rank calls it: FSDP gathers the weights)."""
+        self._save_checkpoint()
+        if self._eval_enabled() and self.step % self.args.eval_steps != 0 and self.interrupted_by is None:
+            self._evaluate_and_log(self.step)
+        self._save_final_model()
 
     def _after_step(self, metrics: dict) -> None:
         args, step = self.args, self.step
@@ -322,8 +343,6 @@ class GRPOTrainer:
                 self.stop_reason = f"mean KL {metrics['kl']:.4f} exceeded max_kl={args.max_kl} for {args.max_kl_patience} step(s)."
         else:
             self._counters["kl_over"] = 0
-        if not self.dist.is_main:
-            return
         if self._eval_enabled() and step % args.eval_steps == 0:
             self._evaluate_and_log(step)
         if args.save_steps and step % args.save_steps == 0 and step < args.max_steps:
@@ -345,7 +364,11 @@ class GRPOTrainer:
                         max_prompts=args.max_eval_prompts)
 
     def _evaluate_and_log(self, step: int) -> None:
-        metrics = self.evaluate()
+        """Rank 0 evaluates; under FSDP every rank joins to gather the weights for it."""
+        with unsharded(self.model):
+            if not self.dist.is_main:
+                return
+            metrics = self.evaluate()
         self.store.write_eval(step, "eval", metrics)
         self.tracker.log_eval(metrics, step)
 
@@ -380,9 +403,12 @@ class GRPOTrainer:
         return {"torch": torch.get_rng_state(), "sampler": self.engine.generator.get_state()}
 
     def _save_checkpoint(self) -> None:
+        """Rank 0 writes; under FSDP every rank joins to gather the weights and optimizer state."""
+        if not (self.dist.is_main or is_sharded(self.model)):
+            return
         synced = self.args.ref_model_sync_steps and self.reference is not None and self.reference.model is not None
         pending = None
-        if self._pending is not None:  # async: the next step's rollouts are saved, so a resume trains on the same data
+        if self._pending is not None and self.dist.is_main:  # async: the next step's rollouts are saved, so a resume trains on the same data
             indices, rollouts = self._pending
             if not isinstance(rollouts, Rollouts):
                 rollouts = self.remote.collect(rollouts)
@@ -409,18 +435,31 @@ class GRPOTrainer:
         self.engine.generator.set_state(rng["sampler"])
 
     def _save_final_model(self) -> None:
+        """Rank 0 writes ``final/``; under FSDP every rank joins to gather the weights."""
+        if is_sharded(self.model):
+            state = full_state_dict(self.model)
+            if self.dist.is_main:
+                self._save_final_weights(state)
+        elif self.dist.is_main:
+            self._save_final_weights(None)
+
+    def _save_final_weights(self, state: dict | None) -> None:
+        """``state``: the gathered full state dict of a sharded model, None to save the module's own."""
         final = self.run_dir / "final"
         if hasattr(self.model, "save_pretrained"):
-            self.model.save_pretrained(final)
+            self.model.save_pretrained(final, state_dict=state)
             if self.use_lora and self.args.merge_on_save:
                 import copy
 
                 copy.deepcopy(self.model).merge_and_unload().save_pretrained(final / "merged")
         else:
-            from safetensors.torch import save_model
+            from safetensors.torch import save_file, save_model
 
             final.mkdir(parents=True, exist_ok=True)
-            save_model(self.model, str(final / "model.safetensors"))
+            if state is None:
+                save_model(self.model, str(final / "model.safetensors"))
+            else:
+                save_file(state, str(final / "model.safetensors"), metadata={"format": "pt"})
         if hasattr(self.tokenizer, "save_pretrained"):
             self.tokenizer.save_pretrained(final)
 

@@ -145,3 +145,17 @@ def test_ray_reward_workers_are_refused_under_torchrun():
     args.validate(world_size=1)
     with pytest.raises(ConfigError, match="Ray reward workers are not combined with torchrun yet"):
         args.validate(world_size=2)
+
+
+def test_trainable_state_and_unsharded_on_a_plain_module():
+    from grpokit.distributed.fsdp import is_sharded, unsharded
+    from grpokit.distributed.torch_dist import trainable_state
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    model[0].requires_grad_(False)  # frozen: never published to the rollout workers
+    state = trainable_state(model)
+    assert sorted(state) == ["1.bias", "1.weight"]
+    assert torch.equal(state["1.weight"], model[1].weight) and not state["1.weight"].requires_grad
+    assert not is_sharded(model)
+    with unsharded(model):  # nothing to gather
+        assert model(torch.ones(1, 2)).shape == (1, 1)

@@ -1,5 +1,5 @@
 """torchrun and Ray together: rank 0 drives the Ray rollout workers for the global batch and
-scatters each rank's share; the ranks train with DDP (gloo)."""
+scatters each rank's share; the ranks train with DDP or FSDP (gloo)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def torchrun(config: Path) -> None:
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "grpokit", "train", str(config)],
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    first_error = proc.stderr.find("Traceback")  # a rank's own traceback, before torchrun's summary
+    assert proc.returncode == 0, proc.stderr[first_error : first_error + 4000] if first_error >= 0 else proc.stderr[-3000:]
 
 
 def rollouts_of(run: Path) -> list[dict]:
@@ -68,9 +69,10 @@ def test_two_gloo_processes_with_ray_workers_match_one_process(tmp_path, tiny_mo
     assert all(r["policy_version"] == r["step"] - 1 for r in r2)
 
 
-def test_async_rollouts_under_torchrun(tmp_path, tiny_model_dir, word_prompts):
+def test_async_rollouts_under_torchrun_with_fsdp(tmp_path, tiny_model_dir, word_prompts):
+    # FSDP: publishing gathers the sharded weights to rank 0 (every rank joins), which puts them in Ray
     config = with_ray(write_config(tmp_path, tiny_model_dir, word_prompts, "async", per_device_train_batch_size=4,
-                                   gradient_accumulation_steps=1), async_rollouts=True)
+                                   gradient_accumulation_steps=1), async_rollouts=True, strategy="fsdp")
     torchrun(config)
     rows = rollouts_of(tmp_path / "async")
     assert len(rows) == len({key(r) for r in rows}) == 3 * 8
