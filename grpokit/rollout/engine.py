@@ -6,7 +6,9 @@ into a cache allocated once for the whole completion (:mod:`grpokit.rollout.kv_c
 reach EOS leave the batch, so late steps only pay for the sequences still running.
 
 With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul), the whole generation runs in one
-autocast region, so each weight is cast once per call rather than once per decoded token.
+autocast region, so each weight is cast once per call rather than once per decoded token. On CPU
+the Linear weights are also packed once per call for oneDNN (:mod:`grpokit.rollout.packed_linear`),
+which the few-row matmuls of decoding run much faster on.
 
 Custom models (``forward(input_ids) -> logits``): no cache and no attention mask are assumed, so
 each group (whose G rows share one prompt length, hence need no padding) is decoded with full
@@ -22,6 +24,7 @@ import torch
 from grpokit.hardware import autocast
 from grpokit.modeling import is_hf_model, logits_of
 from grpokit.rollout.kv_cache import preallocate
+from grpokit.rollout.packed_linear import packed_linears
 from grpokit.rollout.sampling import sample_next
 from grpokit.rollout.types import Rollouts, SamplingParams
 
@@ -62,7 +65,8 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with autocast(self.device, self.autocast_dtype):
+            rows = len(prompt_ids) * num_generations
+            with autocast(self.device, self.autocast_dtype), packed_linears(self.model, self.autocast_dtype, rows, self.device):
                 tokens, logprobs, lengths, stopped = self._generate(prompt_ids, num_generations, params)
         finally:
             self.model.train(was_training)

@@ -1,0 +1,60 @@
+"""Linear layers with pre-packed weights for sampling on CPU (oneDNN), same numbers as ``F.linear``.
+
+A decoding step multiplies a few rows (the sequences still running) by every weight of the model.
+At that size ``F.linear`` spends much of its time re-laying the weight out for the matmul kernel on
+every call: on this project's 2-core benchmark CPU, a [32, 512] x [512, 32000] LM head takes 7.4 ms
+in bf16 and 21 ms in float32, against 4.1 and 7.1 ms with the weight packed once beforehand
+(MLP layers: 0.37 -> 0.23 ms bf16). :func:`packed_linears` packs the weights of a model's
+``nn.Linear`` layers once per sampling call, with oneDNN's own packing (the one
+``torch.compile`` uses on CPU after freezing), and routes those layers through it until the block
+ends. In bf16 the results are bitwise those of ``F.linear``; in float32 they differ by rounding
+only (another summation order, ~1e-6 relative).
+
+Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's inner layers are
+plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def packing_available(device: torch.device) -> bool:
+    """Whether this torch build can pack Linear weights for ``device`` (CPU with oneDNN)."""
+    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class _Packed:
+    """The forward of one Linear with its weight packed for ``rows``-row inputs, in ``dtype``."""
+
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype, rows: int):
+        self.dtype = dtype
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype), rows)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
+
+
+@contextlib.contextmanager
+def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int, device: torch.device):
+    """Run ``model``'s Linear layers on weights packed in ``dtype`` (None: each weight's own dtype)
+    inside this block; ``rows`` is the expected rows per call (any count works). No-op where
+    packing is unavailable (not CPU, no oneDNN) and for dtypes it does not serve."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear] if packing_available(device) else []
+    patched = []
+    try:
+        for linear in linears:
+            wanted = dtype or linear.weight.dtype
+            if wanted not in (torch.float32, torch.bfloat16) or linear.weight.device.type != "cpu":
+                continue
+            linear.forward = _Packed(linear, wanted, rows)  # instance attribute shadows nn.Linear.forward
+            patched.append(linear)
+        yield len(patched)
+    finally:
+        for linear in patched:
+            del linear.forward
+
