@@ -1,8 +1,9 @@
 """Atomic, exactly-resumable checkpoints.
 
-``RUN/checkpoints/step-N/`` holds the policy weights (safetensors), the reference weights when the
-reference is resynced, optimizer and scheduler states, RNG states and the trainer state (step, data
-position, counters) with the grpokit version. Each folder is written under a temporary name and
+``RUN/checkpoints/step-N/`` holds the policy weights (safetensors; when some parameters are frozen,
+as with LoRA, only the trainable ones: the frozen base is loaded from the source on resume), the
+reference weights when the reference is resynced, optimizer and scheduler states, RNG states and
+the trainer state (step, data position, counters) with the grpokit version. Each folder is written under a temporary name and
 renamed into place, and renamed away before it is deleted, so a folder named step-N is always
 complete, even after a kill at any moment.
 """
@@ -16,12 +17,15 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 import grpokit
 from grpokit.distributed.fsdp import full_optimizer_state, full_state_dict, is_sharded, load_full_state
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
+# safetensors metadata of a model.safetensors that holds the trainable parameters only (names as in named_parameters)
+TRAINABLE_ONLY = {"format": "pt", "grpokit_weights": "trainable-only"}
 
 
 class CheckpointError(RuntimeError):
@@ -57,13 +61,15 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
     With an FSDP-sharded ``model`` every rank calls this: the full weights and optimizer state are
     gathered to rank 0, which writes them (other ranks return None), in the same files as an
     unsharded run."""
+    trainable = None  # FSDP + LoRA is refused by the config: a sharded model is saved whole
     if is_sharded(model):
         weights = {"model": full_state_dict(model), "reference": None if reference_model is None else full_state_dict(reference_model)}
         optimizer_state = full_optimizer_state(model, optimizer)
         if torch.distributed.get_rank() != 0:
             return None
     else:
-        weights = {"model": model, "reference": reference_model}
+        trainable = trainable_parameters(model)
+        weights = {"model": model if trainable is None else trainable, "reference": reference_model}
         optimizer_state = optimizer.state_dict()
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -74,7 +80,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
     tmp.mkdir()
     for name, value in weights.items():
         if value is not None:
-            _save_weights(value, tmp / f"{name}.safetensors")
+            _save_weights(value, tmp / f"{name}.safetensors", trainable_only=value is trainable)
     states = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
     if pending_rollouts is not None:
         states["pending_rollouts"] = pending_rollouts
@@ -92,12 +98,19 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
     return final
 
 
-def _save_weights(value, file: Path) -> None:
-    """A module (tied weights written once) or a gathered full state dict (FSDP)."""
+def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The trainable parameters by name when some parameters are frozen (LoRA), else None (the whole model is saved)."""
+    params = dict(model.named_parameters())
+    trainable = {name: p.detach().cpu().contiguous() for name, p in params.items() if p.requires_grad}
+    return trainable if trainable and len(trainable) < len(params) else None
+
+
+def _save_weights(value, file: Path, trainable_only: bool = False) -> None:
+    """A module (tied weights written once), a gathered full state dict (FSDP) or the trainable parameters (LoRA)."""
     if isinstance(value, torch.nn.Module):
         save_model(value, str(file))
     else:
-        save_file(value, str(file), metadata={"format": "pt"})
+        save_file(value, str(file), metadata=TRAINABLE_ONLY if trainable_only else {"format": "pt"})
 
 
 def _remove(folder: Path) -> None:
@@ -119,7 +132,7 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
     if state.get("grpokit_version") != grpokit.__version__:
         raise CheckpointError(
             f"{path} was written by grpokit {state.get('grpokit_version')!r}, this is {grpokit.__version__}; "
-            "resume it with that version, or start a new run from its weights (model.safetensors)."
+            "resume it with that version, or start a new run from its weights (model.safetensors; with LoRA, the adapters only)."
         )
     reference_file = path / "reference.safetensors"
     try:
@@ -142,14 +155,41 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
 def _load_weights(model, file: Path, optimizer=None, optimizer_state: dict | None = None) -> None:
     """Weights into ``model``; for a sharded model also ``optimizer_state`` (FSDP loads both together)."""
     try:
+        if _is_trainable_only(file):
+            return _load_trainable(model, file)
         if is_sharded(model):
             missing, unexpected = load_full_state(model, load_file(str(file)), optimizer, optimizer_state)
         else:
             missing, unexpected = load_model(model, str(file), strict=False)
+    except CheckpointError:
+        raise
     except Exception as exc:
         raise CheckpointError(f"{file}: cannot load weights ({type(exc).__name__}: {exc}); the file may be truncated or from another model.") from None
     if missing or unexpected:
         raise CheckpointError(f"{file} does not match the model (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}); resume with the same model.")
+
+
+def _is_trainable_only(file: Path) -> bool:
+    with safe_open(str(file), framework="pt") as f:
+        return (f.metadata() or {}).get("grpokit_weights") == TRAINABLE_ONLY["grpokit_weights"]
+
+
+@torch.no_grad()
+def _load_trainable(model: torch.nn.Module, file: Path) -> None:
+    """The trainable parameters (LoRA adapters) into a model whose frozen base came from the source."""
+    saved = load_file(str(file))
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    missing, unexpected = sorted(params.keys() - saved.keys()), sorted(saved.keys() - params.keys())
+    if missing or unexpected:
+        raise CheckpointError(f"{file} holds the trainable parameters only (LoRA adapters) and they do not match this model's "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}); resume with the same model and lora settings "
+                              "(r, target_modules).")
+    for name, p in params.items():
+        if saved[name].shape != p.shape:
+            raise CheckpointError(f"{file}: {name} has shape {list(saved[name].shape)} in the checkpoint and {list(p.shape)} in this model; "
+                                  "resume with the same model and lora settings (r, target_modules).")
+    for name, p in params.items():
+        p.copy_(saved[name])
 
 
 def _fsync_dir(path: Path) -> None:

@@ -52,6 +52,7 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
         raise ConfigError("no tokenizer: pass tokenizer=... (an HF tokenizer or any object with encode/decode and eos_token_id).")
     use_lora = args.lora.r > 0
     if use_lora:
+        torch.manual_seed(args.seed)  # the adapters' random init (lora_A) follows the seed, not whatever ran before
         model = apply_lora(model, args)
     if args.gradient_checkpointing and not args.load_in_4bit:  # QLoRA's preparation has enabled it already
         # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias)
