@@ -8,10 +8,9 @@ in bf16 and 21 ms in float32, against 4.1 and 7.1 ms with the weight packed once
 ``nn.Linear`` layers once per sampling call, with oneDNN's own packing (the one
 ``torch.compile`` uses on CPU after freezing), and routes those layers through it until the block
 ends. In bf16 the results are bitwise those of ``F.linear``; in float32 they differ by rounding
-only (another summation order, ~1e-6 relative). The learner's no-grad passes (reference, old
-policy) use it too when they compute in float32, where oneDNN's matmul also beats the default
-one at a few hundred rows (~15 % per reference pass on the benchmark); under bf16 autocast those
-larger passes gain nothing from packing and skip it.
+only (another summation order, ~1e-6 relative). The learner's passes do not use it: under bf16
+autocast they gain nothing from it at a few hundred rows, and in float32 (~15 % faster reference
+pass) it broke the bitwise-exact resume of a LoRA run, for a reason not yet found.
 
 Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's inner layers are
 plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.

@@ -13,7 +13,6 @@ from float32 log-probs. The frozen reference copy keeps its Linear weights in th
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
@@ -22,7 +21,6 @@ import torch
 from grpokit.algos import policy_loss
 from grpokit.distributed.fsdp import is_sharded
 from grpokit.hardware import autocast, store_linears_in
-from grpokit.rollout.packed_linear import packed_linears
 from grpokit.train.fused_head import reuse_weight_casts
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
@@ -46,22 +44,12 @@ class Learner:
     def autocast(self):
         return autocast(next(self.model.parameters()).device, self.autocast_dtype)
 
-    @contextlib.contextmanager
-    def no_grad_pass(self, model: torch.nn.Module, rows: int):
-        """The setting of the reference and old-policy passes: autocast, one head cast, and in float32
-        compute, Linear weights packed for oneDNN (~15 % faster there on CPU; no gain under bf16 autocast)."""
-        device = next(self.model.parameters()).device
-        packed = packed_linears(model, None, rows, device) if self.autocast_dtype is None else contextlib.nullcontext()
-        with self.autocast(), reuse_weight_casts(), packed:
-            yield
-
     def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
         """[N, T] reference log-probs, or None when beta = 0."""
         if self.reference is None or self.cfg.beta == 0:
             return None
-        mb = self.cfg.per_device_train_batch_size
-        with self.reference.active() as ref, self.no_grad_pass(ref, mb * batch.completion_ids.size(1)):
-            return batched_logprobs(ref, batch, self.cfg.temperature, mb)
+        with self.reference.active() as ref, self.autocast(), reuse_weight_casts():
+            return batched_logprobs(ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size)
 
     def update(self, batch: Batch, advantages: torch.Tensor, loss_mask: torch.Tensor, ref_logprobs: torch.Tensor | None,
                old_logprobs: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None,
@@ -78,7 +66,7 @@ class Learner:
         mb = cfg.per_device_train_batch_size
         if old_logprobs is None and cfg.num_iterations > 1:
             self.model.eval()
-            with self.no_grad_pass(self.model, mb * batch.completion_ids.size(1)):
+            with self.autocast(), reuse_weight_casts():
                 old_logprobs = batched_logprobs(self.model, batch, cfg.temperature, mb)
             self.model.train()
         num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
