@@ -33,3 +33,15 @@ def word_prompts():
 
 REWARD_FILE = os.path.join(os.path.dirname(__file__), "integration", "rewards_for_tests.py")
 TARGET_REWARD = f"{REWARD_FILE}:target_fraction"
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads: splitting their matmuls costs more than it saves, badly
+    so on busy cores. Modules that use it: ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

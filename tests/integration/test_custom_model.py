@@ -28,13 +28,7 @@ def nano_gpt(vocab_size: int, seed: int = 0) -> torch.nn.Module:
     return chargpt.CharGPT(chargpt.GPTConfig(vocab_size, block_size=32, d_model=32, n_layers=2, n_heads=2))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The models here are tiny: splitting their matmuls over threads costs more than it saves, badly so on busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 class CharTokenizer:

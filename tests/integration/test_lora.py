@@ -13,13 +13,7 @@ from grpokit.train.logprobs import batched_logprobs, build_batch
 peft = pytest.importorskip("peft")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The models here are tiny: splitting their matmuls over threads costs more than it saves, badly so on busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def target_reward(prompts, completions, target, **columns):

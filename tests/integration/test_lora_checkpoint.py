@@ -24,13 +24,7 @@ LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: splitting their matmuls over threads costs more than it saves, badly so on busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def config(run: Path, **overrides) -> GRPOConfig:

@@ -12,7 +12,8 @@ from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(not packing_available(CPU), reason="this torch build has no oneDNN Linear packing")
+pytestmark = [pytest.mark.skipif(not packing_available(CPU), reason="this torch build has no oneDNN Linear packing"),
+              pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

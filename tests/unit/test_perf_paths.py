@@ -30,13 +30,7 @@ from grpokit.train.reference import Reference
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared machine extra threads only wait."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 G = 4
 PROMPTS = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]]
 
