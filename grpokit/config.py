@@ -219,7 +219,7 @@ class DistributedConfig:
     async_rollouts: bool = False
     """One-step-off (Ray): sample step k+1 while step k trains; ratios use the sampling log-probs."""
     num_reward_workers: int = 0
-    """Ray reward actors (backend: ray); a batch is split over them by whole groups. 0 = rewards run in the learner process."""
+    """Ray reward actors (backend: ray); a batch is split over them by whole groups (under torchrun rank 0 scores every rank's rows). 0 = rewards run in the learner process."""
     reward_worker_cpus: float = 1.0
     """CPUs Ray reserves for each reward actor."""
     strategy: str = "ddp"
@@ -423,9 +423,6 @@ class GRPOConfig:
         _check(d.reward_worker_cpus >= 0, f"reward_worker_cpus={d.reward_worker_cpus} must be >= 0.")
         _check(d.num_reward_workers == 0 or d.backend == "ray", f"num_reward_workers={d.num_reward_workers} needs backend: ray (Ray reward actors); "
                "without Ray use reward.reward_workers for a process pool in the learner.")
-        _check(d.num_reward_workers == 0 or world_size == 1, f"num_reward_workers={d.num_reward_workers}: Ray reward workers are not combined with "
-               f"torchrun yet ({world_size} processes); set num_reward_workers: 0 (each process scores its share, with reward.reward_workers "
-               "processes if needed) or run one learner process (`grpokit train`).")
         if d.backend == "ray" and d.address is None and d.ray_num_cpus is not None:
             wanted = d.num_rollout_workers * d.rollout_worker_cpus + d.num_reward_workers * d.reward_worker_cpus
             _check(wanted <= d.ray_num_cpus, f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + num_reward_workers x "

@@ -104,6 +104,43 @@ def gather_reward_result(ctx: DistContext, result):
     )
 
 
+def score_rewards(ctx: DistContext, runner, prompts: list[str], completions: list[str], columns: dict, group_size: int,
+                  on_main: bool = False):
+    """(this rank's RewardResult, the global batch's: every rank's rows in rank order).
+
+    ``on_main=False``: every rank scores its own rows and the results are gathered. ``on_main=True``
+    (Ray reward workers, which only rank 0 is connected to): every rank sends its rows to rank 0
+    (``gather_object``), rank 0 scores the global batch with its runner and broadcasts the checked
+    values, and every rank keeps its rows (equal shares). An error on rank 0 (a wrong length, a
+    lost Ray connection) is broadcast instead and raised on every rank as a RewardError with the
+    same message, so the other ranks stop instead of waiting.
+    """
+    if not (ctx.enabled and on_main):
+        reward = runner.score(prompts, completions, columns, group_size=group_size)
+        return reward, gather_reward_result(ctx, reward)
+    from grpokit.rewards.contract import RewardError
+
+    parts = [None] * ctx.world_size if ctx.is_main else None
+    dist.gather_object((prompts, completions, columns), parts, dst=0)
+    payload, failure = None, None
+    if ctx.is_main:
+        try:
+            payload = runner.score_values([p for part in parts for p in part[0]], [c for part in parts for c in part[1]],
+                                          {key: [v for part in parts for v in part[2][key]] for key in columns}, group_size)
+        except Exception as exc:  # noqa: BLE001 - sent to the other ranks, raised again here below
+            failure = exc
+            payload = str(exc) if isinstance(exc, RewardError) else f"rank 0 could not score the rewards: {type(exc).__name__}: {exc}"
+    box = [payload]
+    dist.broadcast_object_list(box, src=0)
+    if failure is not None:
+        raise failure
+    if isinstance(box[0], str):
+        raise RewardError(box[0])
+    n = len(completions)
+    mine = box[0].rows(slice(ctx.rank * n, (ctx.rank + 1) * n))
+    return runner.combine(mine), runner.combine(box[0])
+
+
 def init_distributed() -> DistContext:
     """Join the process group that torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK); a single
     process without those variables gets the trivial context."""

@@ -62,6 +62,20 @@ class RewardResult:
         return metrics
 
 
+@dataclass
+class RewardValues:
+    """The checked outputs of F functions on N completions, before :meth:`RewardRunner.combine`:
+    ``per_func`` [N, F] float64 (NaN where absent) and ``messages`` [N][F], the error of function f on
+    completion i or None. Unlike a :class:`RewardResult` it can be cut into rows (torchrun: rank 0
+    scores the global batch and every rank keeps its rows)."""
+
+    per_func: torch.Tensor  # [N, F]
+    messages: list[list[str | None]]  # [N][F]
+
+    def rows(self, rows: slice) -> RewardValues:
+        return RewardValues(self.per_func[rows].clone(), self.messages[rows])
+
+
 def _nan_mean_std(values: torch.Tensor) -> tuple[float, float]:
     present = values[~torch.isnan(values)]
     mean = present.mean().item() if present.numel() else math.nan
@@ -227,6 +241,16 @@ class RewardRunner:
 
         ``group_size``: completions per prompt (adjacent); workers get whole groups.
         """
+        return self.combine(self.score_values(prompts, completions, columns, group_size))
+
+    def score_values(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+        group_size: int = 1,
+    ) -> RewardValues:
+        """Each function's checked values and errors per completion, not yet combined (see :meth:`score`)."""
         n = len(completions)
         columns = dict(columns or {})
         if len(prompts) != n:
@@ -246,8 +270,7 @@ class RewardRunner:
 
         # float64: any finite Python float fits, so a huge reward is a value, not an overflow
         per_func = torch.full((n, len(self.names)), math.nan, dtype=torch.float64)  # [N, F]
-        errors: list[list[str]] = [[] for _ in range(n)]
-        error_counts = {name: 0 for name in self.names}
+        messages: list[list[str | None]] = [[None] * len(self.names) for _ in range(n)]  # [N][F]
         for f, (name, chunks) in enumerate(zip(self.names, outcomes)):
             for rows, output, error in chunks:
                 size = rows.stop - rows.start
@@ -255,24 +278,21 @@ class RewardRunner:
                     chunk_values, chunk_errors = [None] * size, [error] * size
                 else:
                     chunk_values, chunk_errors = check_output(name, output, size)
-                for i, value, message in zip(
-                    range(rows.start, rows.stop), chunk_values, chunk_errors
-                ):
+                for i, value, message in zip(range(rows.start, rows.stop), chunk_values, chunk_errors):
                     if value is not None:
                         per_func[i, f] = value
-                    if message is not None:
-                        errors[i].append(f"{name}: {message}")
-                        error_counts[name] += 1
+                    messages[i][f] = message
+        return RewardValues(per_func, messages)
+
+    def combine(self, values: RewardValues) -> RewardResult:
+        """The weighted sum of checked ``values`` and their errors (named by function)."""
+        per_func = values.per_func  # [N, F]
         present = ~torch.isnan(per_func)  # [N, F]
         combined = torch.nansum(per_func * self.weights, dim=1)  # [N]
         combined[~present.any(dim=1)] = math.nan
-        return RewardResult(
-            names=list(self.names),
-            per_func=per_func,
-            combined=combined,
-            errors=["; ".join(messages) if messages else None for messages in errors],
-            error_counts=error_counts,
-        )
+        errors = ["; ".join(f"{name}: {m}" for name, m in zip(self.names, row) if m is not None) or None for row in values.messages]
+        error_counts = {name: sum(row[f] is not None for row in values.messages) for f, name in enumerate(self.names)}
+        return RewardResult(names=list(self.names), per_func=per_func, combined=combined, errors=errors, error_counts=error_counts)
 
     def close(self) -> None:
         """Stop the workers (a later ``score`` starts them again)."""

@@ -22,8 +22,8 @@ from grpokit.data.prompts import DataError, PromptSource, check_reward_columns, 
 from grpokit.distributed.fsdp import full_state_dict, is_sharded, unsharded
 from grpokit.distributed.seeding import generate_per_group, group_seed, split_rollouts
 from grpokit.distributed.torch_dist import (
-    gather_reward_result,
     init_distributed,
+    score_rewards,
     trainable_state,
     wrap_data_parallel,
 )
@@ -66,7 +66,8 @@ class GRPOTrainer:
         self.eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset") if eval_source is not None else None
         if self.dist.is_main:  # only rank 0 owns the run folder
             check_run_dir(args)
-        self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args)
+        # Ray reward workers live on rank 0, the only rank connected to Ray; it scores every rank's rows.
+        self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args, ray_workers=self.dist.is_main)
         reward_fns = dict(zip(self.rewards.names, self.rewards.functions))
         check_reward_columns(self.train_rows, reward_fns, args.prompt_column)
         if len(self.train_rows) < args.prompts_per_step(self.dist.world_size):
@@ -156,11 +157,9 @@ class GRPOTrainer:
         staleness = self.engine.policy_version - rollouts.policy_version  # updates since the sampling policy
         t1 = time.perf_counter()
         completions = self._decode(rollouts)
-        reward = self.rewards.score(
-            [self.train_source.texts[i] for i in indices for _ in range(G)], completions, self._columns(indices, rollouts, self.train_rows), group_size=G
-        )
-        # Every rank's rewards, so groups are complete and batch-level scaling sees the whole batch.
-        all_rewards = gather_reward_result(dist, reward)
+        # This rank's rewards and every rank's, so groups are complete and batch-level scaling sees the whole batch.
+        reward, all_rewards = score_rewards(dist, self.rewards, [self.train_source.texts[i] for i in indices for _ in range(G)], completions,
+                                            self._columns(indices, rollouts, self.train_rows), G, on_main=args.num_reward_workers > 0)
         t2 = time.perf_counter()
         all_advantages = compute_advantages(all_rewards.combined, G, args.advantage_estimator, args.scale_rewards)  # [N_global]
         n = rollouts.completion_ids.size(0)

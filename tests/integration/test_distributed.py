@@ -21,6 +21,7 @@ from grpokit.distributed import (
     generate_per_group,
     group_seed,
 )
+from grpokit.rewards import RewardRunner
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.store import RolloutStore
@@ -138,13 +139,78 @@ def test_split_rollouts_gives_each_rank_its_groups():
     assert DistContext().scatter_objects([first]) is first  # one process: its own share
 
 
-def test_ray_reward_workers_are_refused_under_torchrun():
-    from grpokit.config import ConfigError
+# Under torchrun with Ray reward workers, rank 0 scores every rank's rows (score_rewards(on_main=True)).
+# 4 groups of G = 2; rank 0 holds rows 0-3, rank 1 rows 4-7 ("boom" is in rank 1's rows).
+SHARED_COMPLETIONS = ["!", "!!", "a", "b!", "boom", "!!!", "c", "!!!!"]
+SCORED_BY: list[int] = []  # lengths of the batches this process's exclaim scored
 
-    args = GRPOConfig(backend="ray", num_reward_workers=2)
-    args.validate(world_size=1)
-    with pytest.raises(ConfigError, match="Ray reward workers are not combined with torchrun yet"):
-        args.validate(world_size=2)
+
+def exclaim(prompts, completions, **columns):
+    SCORED_BY.append(len(completions))
+    return [float(c.count("!")) for c in completions]
+
+
+def raises_on_boom(prompts, completions, **columns):
+    if any(c == "boom" for c in completions):
+        raise RuntimeError("boom in the batch")
+    return [1.0] * len(completions)
+
+
+def one_value(prompts, completions, **columns):
+    return [1.0]
+
+
+def _rank_scores(rank: int, init_file: str, out_dir: str) -> None:
+    import datetime
+    import pickle
+
+    import torch.distributed as tdist
+
+    from grpokit.distributed.torch_dist import score_rewards
+    from grpokit.rewards import RewardRunner
+
+    # a hang (a rank waiting for a broadcast that never comes) fails the test instead of blocking it
+    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    ctx = DistContext(rank=rank, world_size=2)
+    rows = slice(4 * rank, 4 * rank + 4)
+    args = (["p"] * 4, SHARED_COMPLETIONS[rows], {"n": list(range(8))[rows]}, 2)
+    outcomes = {}
+    for case in ("ok", "wrong_length", "crash"):
+        runner = RewardRunner([exclaim, raises_on_boom] if case != "wrong_length" else [exclaim, one_value])
+        if case == "crash" and rank == 0:  # e.g. the Ray cluster went away under rank 0's pool
+            def lost(*a, **k):
+                raise ConnectionError("lost the Ray cluster")
+            runner.score_values = lost
+        try:
+            outcomes[case] = ("ok", *score_rewards(ctx, runner, *args, on_main=True), list(SCORED_BY))
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            outcomes[case] = ("error", type(exc).__name__, str(exc))
+    (Path(out_dir) / f"{rank}.pkl").write_bytes(pickle.dumps(outcomes))
+    tdist.destroy_process_group()
+
+
+def test_rank_0_scores_the_global_batch_and_its_errors_reach_every_rank(tmp_path):
+    import pickle
+
+    torch.multiprocessing.spawn(_rank_scores, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [pickle.loads((tmp_path / f"{r}.pkl").read_bytes()) for r in range(2)]
+    expected = RewardRunner([exclaim, raises_on_boom]).score(["p"] * 8, SHARED_COMPLETIONS, group_size=2)
+    for rank, outcomes in enumerate(ranks):
+        status, mine, everyone, scored = outcomes["ok"]
+        assert status == "ok"
+        # exclaim ran once, on rank 0, on all 8 rows; never on rank 1
+        assert scored == ([8] if rank == 0 else [])
+        # "!" counts of the 8 completions; raises_on_boom failed on the whole batch (it holds "boom")
+        assert everyone.per_func[:, 0].tolist() == [1.0, 2.0, 0.0, 1.0, 0.0, 3.0, 0.0, 4.0]
+        torch.testing.assert_close(everyone.combined, expected.combined)
+        assert everyone.errors == ["raises_on_boom: RuntimeError: boom in the batch"] * 8
+        assert everyone.error_counts == {"exclaim": 0, "raises_on_boom": 8}
+        assert mine.per_func[:, 0].tolist() == everyone.per_func[4 * rank : 4 * rank + 4, 0].tolist()
+        assert mine.errors == everyone.errors[:4] and mine.error_counts == {"exclaim": 0, "raises_on_boom": 4}
+        # a contract violation stops every rank with the same RewardError naming the function
+        assert outcomes["wrong_length"] == ("error", "RewardError", "reward 'one_value' returned 1 values for 8 completions: [1.0]")
+    assert ranks[0]["crash"] == ("error", "ConnectionError", "lost the Ray cluster")
+    assert ranks[1]["crash"] == ("error", "RewardError", "rank 0 could not score the rewards: ConnectionError: lost the Ray cluster")
 
 
 def test_trainable_state_and_unsharded_on_a_plain_module():

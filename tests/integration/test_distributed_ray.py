@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TARGET_REWARD
 from test_distributed import read_metrics, write_config
 
 from grpokit.cli import main
@@ -67,6 +68,48 @@ def test_two_gloo_processes_with_ray_workers_match_one_process(tmp_path, tiny_mo
     assert {key(r): r["completion"] for r in r1} == {key(r): r["completion"] for r in r2}
     # rank 0 published the weights after every update: step k is sampled by version k - 1
     assert all(r["policy_version"] == r["step"] - 1 for r in r2)
+
+
+def with_logged_reward(config: Path, log: Path) -> Path:
+    """The config's target_fraction reward replaced by the same function logging each call (rewards_for_tests.py)."""
+    data = yaml.safe_load(config.read_text())
+    assert data["rewards"][0] == TARGET_REWARD
+    data["rewards"][0] = {"name": TARGET_REWARD.replace(":target_fraction", ":target_fraction_logged"), "log": str(log)}
+    config.write_text(yaml.safe_dump(data))
+    return config
+
+
+def test_ray_reward_workers_under_torchrun_match_one_process_with_rewards_in_the_learner(tmp_path, tiny_model_dir, word_prompts):
+    # Same global batch (8 completions = 2 groups of G = 4 per rank); rank 0 sends the 8 to 2 Ray reward actors.
+    one = with_logged_reward(write_config(tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4,
+                                          gradient_accumulation_steps=2, max_steps=2), tmp_path / "one.log")
+    two = with_logged_reward(with_ray(write_config(tmp_path, tiny_model_dir, word_prompts, "two", per_device_train_batch_size=4,
+                                                   gradient_accumulation_steps=1, max_steps=2), num_reward_workers=2, reward_worker_cpus=0.5),
+                             tmp_path / "two.log")
+    torchrun(two)
+    assert main(["train", str(one)]) == 0  # one process, no Ray, rewards in the learner
+
+    calls = [line.split() for line in (tmp_path / "two.log").read_text().splitlines()]
+    # 2 steps x 2 chunks of one group each (whole groups of the 8-row global batch), each on a Ray actor
+    # that is not a torch.distributed rank; the 2 actors are 2 processes
+    assert len(calls) == 4 and {(rank, actor, n) for _, rank, actor, n in calls} == {("0", "1", "4")}
+    assert len({pid for pid, *_ in calls}) == 2
+    local = [line.split() for line in (tmp_path / "one.log").read_text().splitlines()]
+    assert {(pid, actor, n) for pid, _, actor, n in local} == {(str(os.getpid()), "0", "8")}  # in the learner
+
+    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [m["step"] for m in m2] == [1, 2]
+    for a, b in zip(m1, m2):
+        for k in ("reward", "rewards/target_fraction_logged/mean", "rewards/length/mean", "advantage/std"):
+            assert a[k] == pytest.approx(b[k], abs=1e-6), k
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-5)
+    assert all(m["advantage/std"] > 0 for m in m1)  # every step trains on non-zero advantages
+    r1, r2 = rollouts_of(tmp_path / "one"), rollouts_of(tmp_path / "two")
+    assert len(r2) == len({key(r) for r in r2}) == 2 * 8  # every rollout of the global batch, once
+    fields = lambda r: (r["completion"], r["rewards"], r["reward"], r["error"])
+    assert {key(r): fields(r) for r in r1} == {key(r): fields(r) for r in r2}
+    assert all(abs(a["advantage"] - b["advantage"]) < 1e-6 for a, b in zip(sorted(r1, key=key), sorted(r2, key=key)))
 
 
 def test_async_rollouts_under_torchrun_with_fsdp(tmp_path, tiny_model_dir, word_prompts):

@@ -89,6 +89,24 @@ def test_errors_of_two_functions_are_joined():
     assert math.isnan(result.combined[0])
 
 
+def test_values_cut_into_rows_combine_to_the_rows_of_the_whole_result():
+    # What a torchrun rank keeps of rank 0's global batch: its rows' values, errors and error counts.
+    nan_on_third = fixed([1.0, 2.0, math.nan, 4.0])  # row 2: "returned nan", no value
+    runner = RewardRunner([nan_on_third, fixed([0.5, None, 1.0, 1.0])], weights=[2.0, 1.0])
+    values = runner.score_values(["p"] * 4, ["c"] * 4, group_size=2)
+    assert values.messages == [[None, None], [None, None], ["returned nan", None], [None, None]]
+    whole = runner.combine(values)
+    assert whole.combined.tolist() == RewardRunner([nan_on_third, fixed([0.5, None, 1.0, 1.0])], weights=[2.0, 1.0]).score(
+        ["p"] * 4, ["c"] * 4).combined.tolist()
+    second = runner.combine(values.rows(slice(2, 4)))
+    # row 2: reward absent, 1 * 1.0 = 1.0; row 3: 2 * 4 + 1 * 1 = 9.0
+    assert second.combined.tolist() == [1.0, 9.0]
+    assert second.errors == ["reward: returned nan", None] and second.error_counts == {"reward": 1, "reward_2": 0}
+    first = runner.combine(values.rows(slice(0, 2)))
+    # row 0: 2 * 1 + 0.5 = 2.5; row 1: 2 * 2 (second absent) = 4.0
+    assert first.combined.tolist() == [2.5, 4.0] and first.errors == [None, None] and first.error_counts == {"reward": 0, "reward_2": 0}
+
+
 def test_hanging_reward_times_out():
     release = threading.Event()
     finished = threading.Event()
