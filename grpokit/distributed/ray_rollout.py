@@ -37,7 +37,14 @@ def connect(address: str | None, num_cpus: int | None) -> None:
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, log_to_driver=False)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as exc:
+            from grpokit.config import ConfigError
+
+            raise ConfigError(f"distributed.address={address!r}: no Ray cluster to join ({exc}). Start one with `ray start --head` "
+                              "(on every other node: `ray start --address HEAD:6379`), or set distributed.address: null to let grpokit "
+                              "start a local cluster.") from None
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
