@@ -2,17 +2,18 @@
 
 A decoding step multiplies a few rows (the sequences still running) by every weight of the model.
 At that size ``F.linear`` spends much of its time re-laying the weight out for the matmul kernel on
-every call: on this project's 2-core benchmark CPU, a [32, 512] x [512, 32000] LM head takes 7.4 ms
-in bf16 and 21 ms in float32, against 4.1 and 7.1 ms with the weight packed once beforehand
-(MLP layers: 0.37 -> 0.23 ms bf16). :func:`packed_linears` packs the weights of a model's
-``nn.Linear`` layers once per sampling call, with oneDNN's own packing (the one
-``torch.compile`` uses on CPU after freezing), and routes those layers through it until the block
-ends. The rollout engine uses it for float32 compute: inside the trainer, generation on the
-benchmark model took 2.8 instead of 4.6 s per step in float32, while under bf16 autocast (where
-the weights must also be cast every call) it took 2.8 instead of 2.6 s, so it is not used there. In bf16 the results are bitwise those of ``F.linear``; in float32 they differ by rounding
-only (another summation order, ~1e-6 relative). The learner's passes do not use it: under bf16
-autocast they gain nothing from it at a few hundred rows, and in float32 (~15 % faster reference
-pass) it broke the bitwise-exact resume of a LoRA run, for a reason not yet found.
+every call: on this project's 2-core benchmark CPU, a [32, 512] x [512, 32000] LM head takes 21 ms
+in float32 (7.4 ms in bf16), against 7.1 ms (4.1 ms) with the weight packed once beforehand.
+:func:`packed_linears` packs the weights of a model's ``nn.Linear`` layers once, with oneDNN's
+own packing (the one ``torch.compile`` uses on CPU after freezing), and routes those layers
+through it until the block ends. Results: bitwise those of ``F.linear`` in bf16; in float32 equal
+up to rounding (another summation order, ~1e-6 relative).
+
+Where it is used: the rollout engine, for float32 compute. Inside the trainer on the benchmark
+model, generation took 2.8 instead of 4.6 s per step in float32; under bf16 autocast (weights cast
+and packed every call) it took 2.8 instead of 2.6 s, so not there. The learner's passes do not use
+it: in float32 the reference pass was ~15 % faster, but it broke the bitwise-exact resume of a
+LoRA run (adapters off by 2e-6), for a reason not yet found.
 
 Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's inner layers are
 plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.
