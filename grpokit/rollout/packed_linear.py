@@ -44,6 +44,16 @@ class _Packed:
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
 
 
+def _packing_dtype(weight: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype to pack ``weight`` in (``dtype``, or its own), or None to leave its layer on F.linear."""
+    if type(weight.data) is not torch.Tensor or weight.device.type != "cpu":
+        return None  # sharded (DTensor) or non-CPU weights
+    wanted = dtype or weight.dtype
+    if wanted not in (torch.float32, torch.bfloat16) or weight.dtype not in (wanted, torch.float32):
+        return None  # oneDNN packs these two; the only cast allowed is float32 -> wanted, as autocast does
+    return wanted
+
+
 @contextlib.contextmanager
 def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int, device: torch.device):
     """Run ``model``'s Linear layers on weights packed in ``dtype`` (None: each weight's own dtype)
@@ -53,11 +63,10 @@ def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int,
     patched = []
     try:
         for linear in linears:
-            wanted = dtype or linear.weight.dtype
-            if wanted not in (torch.float32, torch.bfloat16) or (dtype is not None and linear.weight.dtype not in (dtype, torch.float32)) or type(linear.weight.data) is not torch.Tensor or linear.weight.device.type != "cpu":
-                continue  # other dtypes, sharded (DTensor) or non-CPU weights keep F.linear
-            linear.forward = _Packed(linear, wanted, rows)  # instance attribute shadows nn.Linear.forward
-            patched.append(linear)
+            wanted = _packing_dtype(linear.weight, dtype)
+            if wanted is not None:
+                linear.forward = _Packed(linear, wanted, rows)  # instance attribute shadows nn.Linear.forward
+                patched.append(linear)
         yield len(patched)
     finally:
         for linear in patched:
