@@ -24,6 +24,7 @@ import torch
 
 from grpokit.hardware import autocast
 from grpokit.modeling import is_hf_model, logits_of
+from grpokit.rollout.fused_decoder import FusedDecoder, fused_decoder
 from grpokit.rollout.kv_cache import preallocate
 from grpokit.rollout.packed_linear import packed_linears
 from grpokit.rollout.sampling import sample_next
@@ -69,9 +70,14 @@ class HFRolloutEngine:
             # float32 compute on CPU: Linear weights packed once per call (0.6x generation time on the bench
             # model); under bf16 autocast the per-call cast and packing cost about what they save, so not there
             rows = len(prompt_ids) * num_generations
-            packed = packed_linears(self.model, None, rows, self.device) if self.autocast_dtype is None else contextlib.nullcontext()
+            decoder = fused_decoder(self.model, self.autocast_dtype or next(self.model.parameters()).dtype, rows)
+            use_packed = self.autocast_dtype is None and decoder is None  # the fused decoder packs its own weights
+            packed = packed_linears(self.model, None, rows, self.device) if use_packed else contextlib.nullcontext()
             with autocast(self.device, self.autocast_dtype), packed:
-                tokens, logprobs, lengths, stopped = self._generate(prompt_ids, num_generations, params)
+                if decoder is not None:
+                    tokens, logprobs, lengths, stopped = self._generate_cached(prompt_ids, num_generations, params, decoder)
+                else:
+                    tokens, logprobs, lengths, stopped = self._generate(prompt_ids, num_generations, params)
         finally:
             self.model.train(was_training)
         width = max(int(lengths.max()), 1)
@@ -93,8 +99,9 @@ class HFRolloutEngine:
         parts = [self._generate_plain(p, G, params) for p in prompt_ids]
         return tuple(torch.cat(x) for x in zip(*parts))
 
-    def _generate_cached(self, prompt_ids, G, params):
-        """Shared-prefix decoding for HF models; returns tokens [N, T], logprobs [N, T], lengths [N], stopped [N]."""
+    def _generate_cached(self, prompt_ids, G, params, decoder: FusedDecoder | None = None):
+        """Shared-prefix decoding for HF models; returns tokens [N, T], logprobs [N, T], lengths [N], stopped [N].
+        With ``decoder``, the decoding steps run through it instead of the model's forward."""
         ids, mask = left_pad(prompt_ids, self.pad_token_id, self.device)  # [B, P]
         position = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1)
@@ -105,7 +112,7 @@ class HFRolloutEngine:
         logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [N, V]
         # the attention mask of every step is a prefix of one [N, P+T] mask, built once
         mask = torch.cat([mask, mask.new_ones(ids.size(0), T)], dim=1).repeat_interleave(G, dim=0)  # [N, P+T]
-        if self._prepared_step_mask():
+        if decoder is not None or self._prepared_step_mask():
             mask = mask.bool()[:, None, None, :]  # [N, 1, 1, P+T]
         position = position[:, -1:].repeat_interleave(G, dim=0) + 1  # [N, 1]
 
@@ -129,9 +136,12 @@ class HFRolloutEngine:
                 cache.batch_select_indices(keep)
             if t == T - 1:
                 break
-            out = self.model(input_ids=token[:, None], attention_mask=mask[..., : P + t + 1], position_ids=position,
-                             past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1]  # [A, V]
+            if decoder is not None:
+                logits = decoder.step(token, position, mask[..., : P + t + 1], cache)  # [A, V]
+            else:
+                out = self.model(input_ids=token[:, None], attention_mask=mask[..., : P + t + 1], position_ids=position,
+                                 past_key_values=cache, use_cache=True)
+                logits = out.logits[:, -1]  # [A, V]
             position = position + 1
         return tokens, logprobs, lengths, stopped
 

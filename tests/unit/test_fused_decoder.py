@@ -1,0 +1,116 @@
+"""The fused decoding step: same logits as the HF forward, same generations, and a safe fallback."""
+
+import pytest
+import torch
+
+import grpokit.rollout.engine as engine_module
+from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.fused_decoder import FusedDecoder, fused_decoder
+from grpokit.rollout.kv_cache import preallocate
+from grpokit.rollout.types import SamplingParams
+from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+
+CPU = torch.device("cpu")
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
+
+
+def tiny_model(arch: str, **config_overrides):
+    """A random-init tiny model of ``arch`` (GQA: 4 heads, 2 KV heads), in eval mode."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    tokenizer = build_word_tokenizer([f"w{i}" for i in range(60)])
+    if arch == "gpt2":
+        return build_tiny_causal_lm(tokenizer=tokenizer, arch="gpt2")[0].eval(), tokenizer
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}[arch]
+    config = cls(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=96, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
+                 eos_token_id=tokenizer.eos_token_id, **config_overrides)
+    if arch == "mistral":
+        config.sliding_window = config_overrides.get("sliding_window")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # random non-zero biases and norm weights, so each one is exercised
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_decoding_steps_give_the_logits_of_a_full_forward_pass(arch):
+    model, _ = tiny_model(arch)
+    ids = torch.tensor([[5, 9, 11, 14, 20, 21, 30], [7, 7, 8, 40, 41, 2, 3]])  # [2, 7]
+    decoder = fused_decoder(model, torch.float32, rows=2)
+    assert decoder is not None
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits  # [2, 7, V]
+        cache = model(input_ids=ids[:, :4], use_cache=True).past_key_values
+        preallocate(cache, 7)
+        mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+        for t in range(4, 7):  # three steps, each attending to everything before it
+            got = decoder.step(ids[:, t], torch.full((2, 1), t), mask[..., : t + 1], cache)
+            torch.testing.assert_close(got, expected[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_weights_stay_close_to_float32():
+    model, _ = tiny_model("qwen2")
+    ids = torch.tensor([[5, 9, 11, 14, 20]])
+    decoder = fused_decoder(model, torch.bfloat16, rows=1)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits[:, -1]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cache = model(input_ids=ids[:, :4], use_cache=True).past_key_values
+            preallocate(cache, 5)
+            got = decoder.step(ids[:, 4], torch.tensor([[4]]), None, cache)
+    assert got.dtype == torch.bfloat16
+    # bf16 matmuls: ~3 significant digits; the logits here are O(1)
+    torch.testing.assert_close(got.float(), expected, atol=0.05, rtol=0.02)
+
+
+def sample(model, tokenizer, seed=3, **engine_kwargs):
+    engine = HFRolloutEngine(model, list(range(2, 12)), tokenizer.pad_token_id, CPU, seed=seed, **engine_kwargs)
+    return engine.generate([[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]], 4, SamplingParams(max_completion_length=10))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_generation_with_the_fused_decoder_equals_the_hf_forward(arch, monkeypatch):
+    """Same seed, float32: the same tokens (left-padded prompts, rows leaving the batch at stop ids)
+    and log-probs equal up to rounding, with and without the fused step."""
+    model, tokenizer = tiny_model(arch)
+    steps = []
+    real_step = FusedDecoder.step
+    monkeypatch.setattr(FusedDecoder, "step", lambda self, *a: steps.append(1) or real_step(self, *a))
+    fused = sample(model, tokenizer)
+    assert steps, "the engine decodes a supported model through the fused step"
+    assert len(set(fused.completion_lengths.tolist())) > 1, "rows should stop at different steps"
+    monkeypatch.setattr(engine_module, "fused_decoder", lambda *a, **k: None)
+    plain = sample(model, tokenizer)
+    assert torch.equal(fused.completion_ids, plain.completion_ids)
+    torch.testing.assert_close(fused.logprobs, plain.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_models_are_not_fused():
+    assert fused_decoder(tiny_model("gpt2")[0], torch.float32, 1) is None  # another architecture
+    assert fused_decoder(tiny_model("mistral", sliding_window=4)[0], torch.float32, 1) is None  # windowed attention
+    assert fused_decoder(tiny_model("llama", hidden_act="gelu")[0], torch.float32, 1) is None  # another MLP activation
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(tiny_model("llama")[0], LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert fused_decoder(lora, torch.float32, 1) is None  # adapters: the HF forward applies them
+
+
+def test_a_model_that_computes_differently_falls_back_to_its_own_forward():
+    """A twist the structure check cannot see (here: a layer whose MLP output is doubled) fails the
+    one-time comparison with the HF forward, so generation keeps using the model's own forward."""
+    model, tokenizer = tiny_model("llama")
+    mlp = model.model.layers[0].mlp
+    mlp.forward = lambda x, _forward=type(mlp).forward: 2 * _forward(mlp, x)
+    assert fused_decoder(model, torch.float32, 1) is None
+    rollouts = sample(model, tokenizer)
+    n, length = 0, int(rollouts.completion_lengths[0])
+    with torch.no_grad():  # the sampled log-probs are those of the doubled model
+        seq = torch.tensor([[20, 21, 22] + rollouts.completion_ids[n, :length].tolist()])
+        logp = torch.log_softmax(model(seq).logits[0].double(), dim=-1)
+    expected = logp[torch.arange(2, 2 + length), rollouts.completion_ids[n, :length]].float()
+    torch.testing.assert_close(rollouts.logprobs[n, :length], expected, atol=1e-5, rtol=0)
