@@ -5,10 +5,13 @@ For m positions with hidden states h [m, H], LM head W [V, H] (bias b) and tempe
     z = (h W^T + b) / T,   log p(y) = z_y - lse,   lse = logsumexp(z),   H(p) = -sum_j p_j log p_j,
     d log p(y) / dz_j = 1[j = y] - p_j,   p_j = exp(z_j - lse).
 
-The [m, V] logits never exist whole (the chunked LM head of Liger and TRL): the forward runs over
-chunks of rows and keeps only lse [m]; the backward recomputes the logits over chunks of the
+The float32 [m, V] log-softmax never exists whole (the chunked LM head of Liger and TRL): the
+forward runs over chunks of rows and keeps lse [m]; the backward goes over chunks of the
 vocabulary, so each slice of the weight gradient is computed once, and the hidden-state gradient
 [m, H] is the small sum. A chunk holds about 2**22 logits, so its elementwise work stays in cache.
+The backward needs the logits again: up to 64 MiB of them (in the compute dtype) are kept from
+the forward, one micro-batch of the benchmark (512 positions x 32,000); bigger ones are recomputed
+there, a third more LM-head matmul FLOPs instead of the memory.
 
 The weight gradient of a trainable leaf weight is added straight into ``weight.grad`` (the
 gradient-accumulation fusion of Megatron-LM) instead of being returned: a returned [V, H] gradient
@@ -32,6 +35,10 @@ import torch.nn.functional as F
 
 # Logits per chunk: 2**22 (16 MiB in float32).
 _CHUNK_ELEMENTS = 2**22
+
+# Largest [m, V] logits (in the compute dtype) kept from the forward for the backward; bigger ones are
+# recomputed there. 64 MiB: a benchmark micro-batch (512 positions x 32,000) in bf16 or float32.
+_SAVED_LOGITS_BYTES = 2**26
 
 # (id, version, dtype) of a weight -> its cast, while a reuse_weight_casts block is open.
 _casts: dict | None = None
@@ -73,7 +80,7 @@ def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
 
 class _FusedHeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_elements, with_entropy):
+    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_elements, with_entropy, saved_logits_bytes):
         dtype = _compute_dtype(weight)
         w = _cast(weight, dtype)  # [V, H]
         b = None if bias is None else bias.to(dtype)
@@ -83,9 +90,13 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         logprobs = torch.empty(m, dtype=torch.float32, device=h.device)  # [m]
         logsumexp = torch.empty_like(logprobs)  # [m]
         entropy = torch.empty_like(logprobs) if with_entropy else None
+        # small enough: all logits in one matmul, kept for the backward (which then skips its matmul)
+        keep = any(ctx.needs_input_grad[:3]) and m * V * w.element_size() <= saved_logits_bytes
         with torch.autocast(h.device.type, enabled=False):
+            logits = F.linear(h, w, b) if keep else None  # [m, V]
             for s in range(0, m, rows):
-                z = F.linear(h[s : s + rows], w, b).float()  # [c, V]
+                # a fresh float32 chunk [c, V] (the kept logits must not change in place)
+                z = logits[s : s + rows].to(torch.float32, copy=True) if keep else F.linear(h[s : s + rows], w, b).float()
                 if temperature != 1.0:
                     z.div_(temperature)
                 logp = torch.log_softmax(z, dim=-1)  # [c, V] (one fused kernel: ~2x faster than logsumexp)
@@ -95,7 +106,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                 del z  # at most two [c, V] float32 temporaries at a time
                 if with_entropy:
                     entropy[s : s + rows] = -logp.exp().mul_(logp).sum(-1)  # H = -sum p log p: [c, V] -> [c]
-        ctx.save_for_backward(h, w, b, tokens, logsumexp)
+        ctx.save_for_backward(h, w, b, tokens, logsumexp, logits)
         # a trainable leaf weight gets its gradient added straight into .grad (see backward)
         ctx.accumulate_into = weight if weight.is_leaf and weight.requires_grad else None
         ctx.temperature, ctx.chunk_elements = temperature, chunk_elements
@@ -106,7 +117,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
-        h, w, b, tokens, logsumexp = ctx.saved_tensors
+        h, w, b, tokens, logsumexp, logits = ctx.saved_tensors
         T, (hidden_dtype, weight_dtype, bias_dtype) = ctx.temperature, ctx.dtypes
         m, V = h.size(0), w.size(0)
         cols = max(1, ctx.chunk_elements // max(m, 1))
@@ -123,7 +134,10 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         rows = torch.arange(m, device=h.device)
         with torch.autocast(h.device.type, enabled=False):
             for v in range(0, V, cols):
-                z = F.linear(h, w[v : v + cols], None if b is None else b[v : v + cols]).float()  # [m, c]
+                if logits is not None:
+                    z = logits[:, v : v + cols].to(torch.float32, copy=True)  # [m, c]
+                else:
+                    z = F.linear(h, w[v : v + cols], None if b is None else b[v : v + cols]).float()  # [m, c]
                 if T != 1.0:
                     z.div_(T)
                 grad_z = z.sub_(logsumexp[:, None]).exp_().mul_(-upstream)  # -p_j * upstream, [m, c]
@@ -139,17 +153,20 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                     grad_bias[v : v + cols] = grad_z.float().sum(0)
         if ctx.accumulate_into is not None:
             grad_weight = None  # already in .grad
-        return grad_hidden.to(hidden_dtype), grad_weight, grad_bias, None, None, None, None
+        return grad_hidden.to(hidden_dtype), grad_weight, grad_bias, None, None, None, None, None
 
 
 def fused_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
-                        temperature: float = 1.0, with_entropy: bool = False, chunk_elements: int = _CHUNK_ELEMENTS):
+                        temperature: float = 1.0, with_entropy: bool = False, chunk_elements: int = _CHUNK_ELEMENTS,
+                        saved_logits_bytes: int = _SAVED_LOGITS_BYTES):
     """(log p(tokens) [m], entropy [m] or None), float32, for hidden [m, H] under the head (weight [V, H], bias [V]).
 
     Differentiable in ``hidden``, ``weight`` and ``bias`` (the entropy is a metric: not differentiated);
     a trainable leaf ``weight`` receives its gradient in ``weight.grad`` directly (module docstring).
-    ``chunk_elements``: logits per chunk; results do not depend on it.
+    ``chunk_elements``: logits per chunk; ``saved_logits_bytes``: the largest logits kept for the
+    backward instead of recomputed there. Results do not depend on either (up to matmul rounding).
     """
     if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be [m, H] and tokens [m]; got {tuple(hidden.shape)} and {tuple(tokens.shape)}")
-    return _FusedHeadLogprobs.apply(hidden, weight, bias, tokens.long(), float(temperature), chunk_elements, with_entropy)
+    return _FusedHeadLogprobs.apply(hidden, weight, bias, tokens.long(), float(temperature), chunk_elements, with_entropy,
+                                    saved_logits_bytes)

@@ -133,7 +133,8 @@ def test_fused_head_by_hand():
     log3 = torch.log(torch.tensor(3.0))
     weight = torch.tensor([[0.0, 0.0], [log3, 0.0], [0.0, log3]], requires_grad=True)
     hidden = torch.eye(2, requires_grad=True)
-    logprobs, entropy = fused_head_logprobs(hidden, weight, None, torch.tensor([1, 0]), with_entropy=True, chunk_elements=2)
+    logprobs, entropy = fused_head_logprobs(hidden, weight, None, torch.tensor([1, 0]), with_entropy=True, chunk_elements=2,
+                                            saved_logits_bytes=0)  # logits recomputed in the backward
     torch.testing.assert_close(logprobs, torch.tensor([-0.510826, -1.609438]))
     torch.testing.assert_close(entropy, torch.tensor([0.950271, 0.950271]))
     logprobs.sum().backward()
@@ -143,7 +144,8 @@ def test_fused_head_by_hand():
 
 
 @pytest.mark.parametrize("chunk_elements", [7, 64, 2**22])
-def test_fused_head_equals_log_softmax(chunk_elements):
+@pytest.mark.parametrize("saved_logits_bytes", [0, 2**20], ids=["recomputed", "kept"])
+def test_fused_head_equals_log_softmax(chunk_elements, saved_logits_bytes, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(13, 8, generator=gen, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(40, 8, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -154,8 +156,15 @@ def test_fused_head_equals_log_softmax(chunk_elements):
     expected = torch.log_softmax(z, -1).gather(-1, tokens[:, None]).squeeze(-1)
     expected_grads = torch.autograd.grad((expected * upstream).sum(), [hidden, weight, bias])
     leaves = [x.detach().float().requires_grad_(True) for x in (hidden, weight, bias)]
-    got, entropy = fused_head_logprobs(*leaves, tokens, temperature=0.7, with_entropy=True, chunk_elements=chunk_elements)
+    got, entropy = fused_head_logprobs(*leaves, tokens, temperature=0.7, with_entropy=True, chunk_elements=chunk_elements,
+                                       saved_logits_bytes=saved_logits_bytes)
+    import grpokit.train.fused_head as fused_head
+
+    calls = []
+    linear = fused_head.F.linear
+    monkeypatch.setattr(fused_head.F, "linear", lambda *a: calls.append(1) or linear(*a))
     (got * upstream.float()).sum().backward()
+    assert bool(calls) == (saved_logits_bytes == 0), "the backward recomputes the logits only when they were not kept"
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy.double(), -(z.softmax(-1) * z.log_softmax(-1)).sum(-1).detach(), atol=1e-5, rtol=0)
     for leaf, grad in zip(leaves, expected_grads):
