@@ -15,8 +15,9 @@ Architectures: Llama, Qwen2, Qwen3 (q/k norms) and Mistral, i.e. pre-norm decode
 SiLU-gated MLP, rotary embeddings and no sliding window in effect; the prefill stays on the HF
 forward. :func:`fused_decoder` builds one only after checking, once per model, that its logits
 match the HF forward's on a short sequence (float32, 1e-4), so a variant with some other twist
-falls back to the HF forward instead of decoding wrongly. LoRA (peft) models, custom models and
-sharded weights are not fused.
+falls back to the HF forward instead of decoding wrongly. With LoRA (peft), each adapted layer's
+weight is its base weight plus the active adapters' B A x scaling (merged for the copy, as vLLM
+does); DoRA and other variants, quantised or sharded weights and custom models are not fused.
 """
 
 from __future__ import annotations
@@ -37,10 +38,28 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class _Linear:
-    """y = x W^T + b for a weight prepared in ``dtype`` (packed for oneDNN on CPU when available)."""
+def _weight_and_bias(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The (weight, bias) a layer computes with: a plain ``nn.Linear``'s own, or for a peft LoRA Linear
+    its base weight plus the deltas of its active adapters (B A x scaling); None for anything else."""
+    if type(linear) is torch.nn.Linear:
+        return linear.weight, linear.bias
+    base = getattr(linear, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(linear, "get_delta_weight") or getattr(linear, "lora_variant", None):
+        return None  # not LoRA, or a variant (DoRA, ...) that is not a plain weight delta
+    weight = base.weight
+    if not linear.disable_adapters and not linear.merged:
+        for name in linear.active_adapters:
+            if name in linear.lora_A:
+                weight = weight + linear.get_delta_weight(name)
+    return weight, base.bias
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype, rows: int):
+
+class _Linear:
+    """y = x W^T + b for the effective weights of some layers stacked (:func:`_weight_and_bias`),
+    prepared in ``dtype`` (packed for oneDNN on CPU when available)."""
+
+    def __init__(self, layers: list[torch.nn.Module], dtype: torch.dtype, rows: int):
+        weights, biases = zip(*(_weight_and_bias(layer) for layer in layers))
         weight = torch.cat([w.detach() for w in weights]).to(dtype)  # [out, in]
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b.detach() if b is not None else w.new_zeros(w.size(0)) for w, b in zip(weights, biases)]).to(dtype)
@@ -107,21 +126,18 @@ class FusedDecoder:
     """
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype, rows: int):
-        self.model = model
-        self.base = model.model
+        hf = _hf_model(model)
+        self.base = hf.model
         self.layers = []
         for layer in self.base.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(_Layer(
                 attn=a, input_norm=layer.input_layernorm, post_norm=layer.post_attention_layernorm,
-                qkv=_Linear([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], dtype, rows),
-                o=_Linear([a.o_proj.weight], [a.o_proj.bias], dtype, rows),
-                gate_up=_Linear([m.gate_proj.weight, m.up_proj.weight], [m.gate_proj.bias, m.up_proj.bias], dtype, rows),
-                down=_Linear([m.down_proj.weight], [m.down_proj.bias], dtype, rows),
+                qkv=_Linear([a.q_proj, a.k_proj, a.v_proj], dtype, rows), o=_Linear([a.o_proj], dtype, rows),
+                gate_up=_Linear([m.gate_proj, m.up_proj], dtype, rows), down=_Linear([m.down_proj], dtype, rows),
                 split=(a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
             ))
-        head = model.get_output_embeddings()
-        self.head = _Linear([head.weight], [head.bias], dtype, rows)
+        self.head = _Linear([hf.get_output_embeddings()], dtype, rows)
 
     def step(self, tokens: torch.Tensor, position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
         """Next-token logits [A, V] for ``tokens`` [A] at ``position`` [A, 1], attending under ``mask``
@@ -146,19 +162,27 @@ class FusedDecoder:
         return self.head(_rms_norm(self.base.norm, x))[:, -1]  # [A, V]
 
 
+def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model itself (inside a peft wrapper)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _fusable(model: torch.nn.Module) -> bool:
-    """Structure check: a supported architecture whose parts are the plain modules the step reads."""
-    config = getattr(model, "config", None)
-    if not is_hf_model(model) or hasattr(model, "peft_config") or getattr(config, "model_type", None) not in SUPPORTED:
+    """Structure check: a supported architecture whose parts are the modules the step reads."""
+    if not is_hf_model(model):
         return False
-    base = getattr(model, "model", None)
+    hf = _hf_model(model)
+    config = hf.config
+    if getattr(config, "model_type", None) not in SUPPORTED:
+        return False
+    base = getattr(hf, "model", None)
     if base is None or not all(hasattr(base, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")):
         return False
     if getattr(config, "hidden_act", None) != "silu" or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []) or getattr(config, "sliding_window", None):
         return False  # sliding-window layers (Mistral's window, Qwen's use_sliding_window) attend differently
-    linears = [model.get_output_embeddings()]
+    linears = [hf.get_output_embeddings()]
     for layer in base.layers:
         a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         try:
@@ -167,13 +191,14 @@ def _fusable(model: torch.nn.Module) -> bool:
             return False
         if not all(hasattr(n, "variance_epsilon") for n in (layer.input_layernorm, layer.post_attention_layernorm)):
             return False
-    return all(type(l) is torch.nn.Linear and type(l.weight.data) is torch.Tensor for l in linears)
+    found = [_weight_and_bias(linear) for linear in linears]
+    return all(wb is not None and type(wb[0].data) is torch.Tensor for wb in found)  # not quantised, not sharded
 
 
 def _matches_hf(model: torch.nn.Module) -> bool:
     """Whether a fused step gives the HF forward's logits (float32, 1e-4) on a 5-token sequence."""
     device = next(model.parameters()).device
-    ids = (torch.arange(3, 8, device=device) % model.config.vocab_size)[None]  # [1, 5]
+    ids = (torch.arange(3, 8, device=device) % _hf_model(model).config.vocab_size)[None]  # [1, 5]
     was_training = model.training
     model.eval()
     try:

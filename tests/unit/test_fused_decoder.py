@@ -96,8 +96,46 @@ def test_unsupported_models_are_not_fused():
     assert fused_decoder(tiny_model("llama", hidden_act="gelu")[0], torch.float32, 1) is None  # another MLP activation
     from peft import LoraConfig, get_peft_model
 
-    lora = get_peft_model(tiny_model("llama")[0], LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    assert fused_decoder(lora, torch.float32, 1) is None  # adapters: the HF forward applies them
+    dora = get_peft_model(tiny_model("llama")[0], LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
+    assert fused_decoder(dora, torch.float32, 1) is None  # DoRA is not a plain weight delta
+
+
+def lora_model():
+    """A tiny Qwen2 with LoRA on attention and MLP, B made non-zero so the adapters change the outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny_model("qwen2")
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    return lora.eval(), tokenizer
+
+
+def test_lora_adapters_are_merged_into_the_fused_weights():
+    lora, _ = lora_model()
+    ids = torch.tensor([[5, 9, 11, 14, 20]])
+    decoder = fused_decoder(lora, torch.float32, rows=1)
+    assert decoder is not None
+    with torch.no_grad():
+        expected = lora(input_ids=ids).logits[:, -1]
+        with lora.disable_adapter():
+            base = lora(input_ids=ids).logits[:, -1]
+        assert not torch.allclose(expected, base, atol=1e-3), "the adapters should matter here"
+        cache = lora(input_ids=ids[:, :4], use_cache=True).past_key_values
+        preallocate(cache, 5)
+        got = decoder.step(ids[:, 4], torch.tensor([[4]]), None, cache)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_generation_equals_the_peft_forward(monkeypatch):
+    lora, tokenizer = lora_model()
+    fused = sample(lora, tokenizer)
+    monkeypatch.setattr(engine_module, "fused_decoder", lambda *a, **k: None)
+    plain = sample(lora, tokenizer)
+    assert torch.equal(fused.completion_ids, plain.completion_ids)
+    torch.testing.assert_close(fused.logprobs, plain.logprobs, atol=1e-5, rtol=1e-5)
 
 
 def test_a_model_that_computes_differently_falls_back_to_its_own_forward():
