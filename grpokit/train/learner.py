@@ -13,6 +13,7 @@ from float32 log-probs. The frozen reference copy keeps its Linear weights in th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -91,37 +92,44 @@ class Learner:
         parts: list[dict] = []
         logprob_parts, entropy_parts = [], []
         loss_total = 0.0
-        for start in range(0, len(batch), mb):
-            rows = slice(start, start + mb)
-            t0 = time.perf_counter()
-            with self.autocast():
-                logprobs, entropy = completion_logprobs(self.model, batch.rows(rows), cfg.temperature, with_entropy=True)
-            loss, m = policy_loss(
-                logprobs.float(),
-                None if old_logprobs is None else old_logprobs[rows],
-                advantages[rows],
-                loss_mask[rows],
-                loss_type=cfg.loss_type,
-                epsilon=cfg.epsilon,
-                epsilon_high=cfg.epsilon_high,
-                beta=cfg.beta,
-                ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
-                importance_sampling_level=cfg.importance_sampling_level,
-                max_completion_length=cfg.max_completion_length,
-                num_items_in_batch=num_items,
-                sampling_logprobs=None if sampling_logprobs is None else sampling_logprobs[rows],
-                sampling_cap=cfg.vllm_importance_sampling_cap,
-            )
-            # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
-            scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
-            t1 = time.perf_counter()
-            scaled.backward()
-            clock["time/policy_logprobs"] += t1 - t0
-            clock["time/backward"] += time.perf_counter() - t1
-            loss_total += float(scaled.detach())
-            parts.append(m)
-            logprob_parts.append(logprobs.detach().float())
-            entropy_parts.append(entropy.float())
+        no_autocast = torch.autocast(next(self.model.parameters()).device.type, enabled=False)
+        # One autocast region around all micro-batches: autocast keeps its casts of trainable weights
+        # until its outermost region ends, so each weight is cast once per optimizer step instead of once
+        # per micro-batch. The loss and the backward run with autocast off inside it, as they would
+        # outside. Not under FSDP, whose gathered weights are new tensors at every forward.
+        with self.autocast() if not is_sharded(self.model) else contextlib.nullcontext():
+            for start in range(0, len(batch), mb):
+                rows = slice(start, start + mb)
+                t0 = time.perf_counter()
+                with self.autocast():
+                    logprobs, entropy = completion_logprobs(self.model, batch.rows(rows), cfg.temperature, with_entropy=True)
+                with no_autocast:
+                    loss, m = policy_loss(
+                        logprobs.float(),
+                        None if old_logprobs is None else old_logprobs[rows],
+                        advantages[rows],
+                        loss_mask[rows],
+                        loss_type=cfg.loss_type,
+                        epsilon=cfg.epsilon,
+                        epsilon_high=cfg.epsilon_high,
+                        beta=cfg.beta,
+                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
+                        importance_sampling_level=cfg.importance_sampling_level,
+                        max_completion_length=cfg.max_completion_length,
+                        num_items_in_batch=num_items,
+                        sampling_logprobs=None if sampling_logprobs is None else sampling_logprobs[rows],
+                        sampling_cap=cfg.vllm_importance_sampling_cap,
+                    )
+                    # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
+                    scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
+                    t1 = time.perf_counter()
+                    scaled.backward()
+                clock["time/policy_logprobs"] += t1 - t0
+                clock["time/backward"] += time.perf_counter() - t1
+                loss_total += float(scaled.detach())
+                parts.append(m)
+                logprob_parts.append(logprobs.detach().float())
+                entropy_parts.append(entropy.float())
         return loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts)
 
     def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask, ref_logprobs) -> dict:
