@@ -27,6 +27,15 @@ def is_hf_model(model: torch.nn.Module) -> bool:
     return isinstance(base, PreTrainedModel)
 
 
+def activation_checkpointing(model: torch.nn.Module) -> bool:
+    """True when an HF model (or a peft wrapper of one) recomputes activations in backward."""
+    # transformers 5 renamed is_gradient_checkpointing (deprecated) to is_activation_checkpointing
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return bool(checkpointing)
+
+
 def logits_of(output: Any) -> torch.Tensor:
     """Logits from a model output: a tensor, a tuple whose first item is the logits, or an object with .logits."""
     if isinstance(output, torch.Tensor):

@@ -15,7 +15,9 @@ policy passes. Three ways to run a model over it:
   every real position unaffected under a causal model; logits are gathered at completion positions.
 
 In every case only completion positions reach the LM head, and a micro-batch runs only up to its
-longest completion (right padding past it is dropped, and the results are padded back).
+longest completion (right padding past it is dropped, and the results are padded back). HF models on
+"sdpa" attention run these passes on :mod:`grpokit.attention` (plain attention while its probabilities
+are small, on CPU; transformers' SDPA otherwise).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.algos import entropy_from_logits, selective_logprobs
-from grpokit.modeling import is_hf_model, logits_of
+from grpokit.modeling import activation_checkpointing, is_hf_model, logits_of
 from grpokit.rollout.engine import left_pad
 from grpokit.rollout.types import Rollouts
 from grpokit.train.fused_head import fused_head_logprobs
@@ -90,13 +92,7 @@ def data_parallel(model: torch.nn.Module) -> bool:
 
 def shares_prefix(model: torch.nn.Module) -> bool:
     """True when ``model`` can run a prompt once and its completions on the prompt's KV cache."""
-    if data_parallel(model) or not is_hf_model(model):
-        return False
-    # transformers 5 renamed is_gradient_checkpointing (deprecated) to is_activation_checkpointing
-    checkpointing = getattr(model, "is_activation_checkpointing", None)
-    if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    return not checkpointing
+    return not data_parallel(model) and is_hf_model(model) and not activation_checkpointing(model)
 
 
 def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
@@ -155,12 +151,19 @@ def sparse_embedding_grad(decoder: torch.nn.Module):
 
 
 def _run(model, head, keep: int, **inputs):
-    """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV cache."""
-    if head is not None:
-        out = model(**inputs)
-        return out.last_hidden_state[:, -keep:], out.past_key_values
-    out = model(**inputs, logits_to_keep=keep)
-    return out.logits[:, -keep:], out.past_key_values
+    """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV cache.
+
+    An HF model on "sdpa" attention runs on :func:`grpokit.attention.small_attention` here (faster on CPU at
+    small shapes; the same numbers)."""
+    # imported here: grpokit.attention imports transformers' modeling code, needed only once a model runs
+    from grpokit.attention import small_attention
+
+    with small_attention(model):
+        if head is not None:
+            out = model(**inputs)
+            return out.last_hidden_state[:, -keep:], out.past_key_values
+        out = model(**inputs, logits_to_keep=keep)
+        return out.logits[:, -keep:], out.past_key_values
 
 
 def completion_features(model: torch.nn.Module, head: torch.nn.Linear | None, batch: Batch, width: int) -> torch.Tensor:
