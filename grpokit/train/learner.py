@@ -4,11 +4,12 @@ One call to :meth:`Learner.update` consumes one generated batch: the reference p
 beta = 0), the old-policy pass (only when num_iterations > 1; otherwise old = logp.detach(), as in
 TRL), then ``num_iterations`` optimizer steps, each accumulating gradients over micro-batches.
 
-With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the forward passes and their
-backward run under autocast; weights, gradients and AdamW stay float32 and the loss is computed
+With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the forward passes run under
+autocast, in one region per optimizer step (each weight cast once per step), and their backward
+replays the recorded dtypes; weights, gradients and AdamW stay float32 and the loss is computed
 from float32 log-probs. The frozen reference copy keeps its Linear weights in the autocast dtype
-(the same values autocast computes with; half the memory). The update's metrics include the time of each phase (``time/policy_logprobs``,
-``time/backward``, ``time/optimizer``).
+(the same values autocast computes with; half the memory). The update's metrics include the time
+of each phase (``time/policy_logprobs``, ``time/backward``, ``time/optimizer``).
 """
 
 from __future__ import annotations
