@@ -6,9 +6,9 @@ layer makes seven matmul calls (q, k, v, o, gate, up, down), each casting its in
 autocast, plus ~25 small ops for norms and rotary embeddings. :class:`FusedDecoder` runs the same
 layer from weights prepared once per generation: q/k/v in one matrix, gate/up in one matrix, all
 in the compute dtype (the values autocast would use) and, on CPU, packed for oneDNN
-(:mod:`grpokit.rollout.packed_linear`): four matmuls per layer. Norms, rotary embeddings (the
-model's own rotary module) and the KV cache (:mod:`grpokit.rollout.kv_cache`) are the same as in
-the HF forward, in the same dtypes; attention of the single new token is two small float32 matmuls
+(:mod:`grpokit.rollout.packed_linear`): four matmuls per layer. Norms (the model's own modules),
+rotary embeddings (its own rotary module) and the KV cache (:mod:`grpokit.rollout.kv_cache`) are
+the same as in the HF forward, in the same dtypes; attention of the single new token is two small float32 matmuls
 (:func:`_decode_attention`).
 
 Architectures: Llama, Qwen2, Qwen3 (q/k norms) and Mistral, i.e. pre-norm decoders with RMSNorm,
@@ -23,6 +23,7 @@ does); DoRA and other variants, quantised or sharded weights and custom models a
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 from grpokit.modeling import is_hf_model
 from grpokit.rollout.kv_cache import PreallocatedLayer, preallocate
-from grpokit.rollout.packed_linear import packing_available
+from grpokit.rollout.packed_linear import PackedLinear, packing_available
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -54,24 +55,16 @@ def _weight_and_bias(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tenso
     return weight, base.bias
 
 
-class _Linear:
-    """y = x W^T + b for the effective weights of some layers stacked (:func:`_weight_and_bias`),
-    prepared in ``dtype`` (packed for oneDNN on CPU when available)."""
-
-    def __init__(self, layers: list[torch.nn.Module], dtype: torch.dtype, rows: int):
-        weights, biases = zip(*(_weight_and_bias(layer) for layer in layers))
-        weight = torch.cat([w.detach() for w in weights]).to(dtype)  # [out, in]
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [b.detach() if b is not None else w.new_zeros(w.size(0)) for w, b in zip(weights, biases)]).to(dtype)
-        self.packed = packing_available(weight.device) and dtype in (torch.float32, torch.bfloat16)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows) if self.packed else weight
-        self.dtype = dtype
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.dtype)
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+def _fused_linear(layers: list[torch.nn.Module], dtype: torch.dtype, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> x W^T + b for the effective weights of ``layers`` stacked (:func:`_weight_and_bias`), in
+    ``dtype``, packed for oneDNN on CPU when available."""
+    weights, biases = zip(*(_weight_and_bias(layer) for layer in layers))
+    weight = torch.cat([w.detach() for w in weights]).to(dtype)  # [out, in]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b.detach() if b is not None else w.new_zeros(w.size(0)) for w, b in zip(weights, biases)]).to(dtype)
+    if packing_available(weight.device) and dtype in (torch.float32, torch.bfloat16):
+        return PackedLinear(weight, bias, dtype, rows)
+    return lambda x: F.linear(x.to(dtype), weight, bias)
 
 
 @dataclass
@@ -79,18 +72,11 @@ class _Layer:
     attn: torch.nn.Module  # the HF attention module (its norms, scaling and config are reused)
     input_norm: torch.nn.Module
     post_norm: torch.nn.Module
-    qkv: _Linear
-    o: _Linear
-    gate_up: _Linear
-    down: _Linear
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    o: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor]
     split: tuple[int, int, int]  # q, k, v widths
-
-
-def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The HF RMSNorm: weight * (x / rms(x)) in float32, back in x's dtype, weight applied last."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
 
 
 def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
@@ -133,11 +119,11 @@ class FusedDecoder:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(_Layer(
                 attn=a, input_norm=layer.input_layernorm, post_norm=layer.post_attention_layernorm,
-                qkv=_Linear([a.q_proj, a.k_proj, a.v_proj], dtype, rows), o=_Linear([a.o_proj], dtype, rows),
-                gate_up=_Linear([m.gate_proj, m.up_proj], dtype, rows), down=_Linear([m.down_proj], dtype, rows),
+                qkv=_fused_linear([a.q_proj, a.k_proj, a.v_proj], dtype, rows), o=_fused_linear([a.o_proj], dtype, rows),
+                gate_up=_fused_linear([m.gate_proj, m.up_proj], dtype, rows), down=_fused_linear([m.down_proj], dtype, rows),
                 split=(a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
             ))
-        self.head = _Linear([hf.get_output_embeddings()], dtype, rows)
+        self.head = _fused_linear([hf.get_output_embeddings()], dtype, rows)
 
     def step(self, tokens: torch.Tensor, position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
         """Next-token logits [A, V] for ``tokens`` [A] at ``position`` [A, 1], attending under ``mask``
@@ -149,7 +135,7 @@ class FusedDecoder:
         rows = x.size(0)
         for i, layer in enumerate(self.layers):
             a = layer.attn
-            q, k, v = layer.qkv(_rms_norm(layer.input_norm, x)).split(layer.split, dim=-1)  # [A, 1, heads * d]
+            q, k, v = layer.qkv(layer.input_norm(x)).split(layer.split, dim=-1)  # [A, 1, heads * d]
             q, k, v = (t.view(rows, 1, -1, a.head_dim) for t in (q, k, v))  # [A, 1, heads, d]
             if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over the head dimension
                 q, k = a.q_norm(q), a.k_norm(k)
@@ -157,9 +143,9 @@ class FusedDecoder:
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             k, v = cache.layers[i].update(k, v)
             x = x + layer.o(_decode_attention(q, k, v, mask, a.scaling))
-            gate, up = layer.gate_up(_rms_norm(layer.post_norm, x)).chunk(2, dim=-1)
+            gate, up = layer.gate_up(layer.post_norm(x)).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        return self.head(_rms_norm(self.base.norm, x))[:, -1]  # [A, V]
+        return self.head(self.base.norm(x))[:, -1]  # [A, V]
 
 
 def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -188,8 +174,6 @@ def _fusable(model: torch.nn.Module) -> bool:
         try:
             linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
         except AttributeError:
-            return False
-        if not all(hasattr(n, "variance_epsilon") for n in (layer.input_layernorm, layer.post_attention_layernorm)):
             return False
     found = [_weight_and_bias(linear) for linear in linears]
     return all(wb is not None and type(wb[0].data) is torch.Tensor for wb in found)  # not quantised, not sharded

@@ -33,13 +33,14 @@ def packing_available(device: torch.device) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-class _Packed:
-    """The forward of one Linear with its weight packed for ``rows``-row inputs, in ``dtype``."""
+class PackedLinear:
+    """y = x W^T + b with ``weight`` [out, in] packed once for oneDNN in ``dtype`` (float32 or bf16);
+    ``rows`` is the expected rows per call (any count works)."""
 
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype, rows: int):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, rows: int):
         self.dtype = dtype
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(dtype), rows)
-        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), rows)
+        self.bias = None if bias is None else bias.detach().to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
@@ -66,7 +67,7 @@ def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int,
         for linear in linears:
             wanted = _packing_dtype(linear.weight, dtype)
             if wanted is not None:
-                linear.forward = _Packed(linear, wanted, rows)  # instance attribute shadows nn.Linear.forward
+                linear.forward = PackedLinear(linear.weight, linear.bias, wanted, rows)  # instance attribute shadows nn.Linear.forward
                 patched.append(linear)
         yield len(patched)
     finally:

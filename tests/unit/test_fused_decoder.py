@@ -152,3 +152,19 @@ def test_a_model_that_computes_differently_falls_back_to_its_own_forward():
         logp = torch.log_softmax(model(seq).logits[0].double(), dim=-1)
     expected = logp[torch.arange(2, 2 + length), rollouts.completion_ids[n, :length]].float()
     torch.testing.assert_close(rollouts.logprobs[n, :length], expected, atol=1e-5, rtol=0)
+
+
+def test_decode_attention_by_hand():
+    # one row, 2 query heads sharing 1 KV head, head_dim 1; keys [0, 1], values [10, 20], scaling ln 3.
+    # head 0 (q = 1): scores [0, ln 3] -> softmax [1/4, 3/4] -> 10/4 + 60/4 = 17.5
+    # head 1 (q = 0): scores [0, 0] -> [1/2, 1/2] -> 15
+    # masking key 0 leaves key 1 alone for both heads -> 20, 20
+    from grpokit.rollout.fused_decoder import _decode_attention
+
+    q = torch.tensor([1.0, 0.0]).view(1, 2, 1, 1)
+    k = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1)
+    v = torch.tensor([10.0, 20.0]).view(1, 1, 2, 1)
+    scaling = float(torch.log(torch.tensor(3.0)))
+    torch.testing.assert_close(_decode_attention(q, k, v, None, scaling), torch.tensor([[[17.5, 15.0]]]))
+    mask = torch.tensor([False, True]).view(1, 1, 1, 2)
+    torch.testing.assert_close(_decode_attention(q, k, v, mask, scaling), torch.tensor([[[20.0, 20.0]]]))
