@@ -18,7 +18,7 @@ $(VENV)/.demo: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) -e ".[test,math,chem,lora,tensorboard,wandb,ray]"
+	$(PIP) -e ".[test,math,chem,lora,tensorboard,wandb,ray,bench]"  # bench: TRL, for the parity test
 	touch $@
 
 demo: $(VENV)/.demo
@@ -31,7 +31,6 @@ test-fast: $(VENV)/.test
 	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(VENV)/.test
-	$(PIP) -e ".[bench]"
 	$(BIN)/python bench/vs_trl.py
 
 clean:

@@ -68,6 +68,7 @@ def policy_loss(
     epsilon_high: float | None = None,
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    use_bias_correction_kl: bool = False,
     importance_sampling_level: str = "token",
     max_completion_length: int | None = None,
     num_items_in_batch: int | float | torch.Tensor | None = None,
@@ -93,6 +94,10 @@ def policy_loss(
         completion_mask: [N, T], 1 for real completion tokens (float or bool).
         epsilon_high: upper clip range; defaults to ``epsilon``.
         beta: KL coefficient; ``ref_logprobs`` [N, T] is required when beta > 0.
+        use_bias_correction_kl: use r * k3 as each token's KL term (DeepSeek-V3.2's importance-weighted
+            k3, TRL's ``use_bias_correction_kl``): its gradient is the unbiased reverse-KL gradient for
+            samples drawn from the old policy. r is differentiable, so this changes the gradient even
+            on-policy (r = 1): grad(r k3) = k3 grad(logp) + grad(k3). The ``kl`` metric stays plain k3.
         max_completion_length: required by ``dr_grpo``.
         num_items_in_batch: completion tokens in the whole generation batch, for ``dapo``.
         sampling_logprobs: [N, T] log-probs reported by a separate sampler (vLLM); when given, each
@@ -147,6 +152,7 @@ def policy_loss(
             metrics["sampling_is/logprob_abs_diff"] = masked_mean(mismatch, completion_mask).item()
     if beta > 0:
         kl = kl_estimate(logprobs, ref_logprobs, "k3")  # [N, T]
-        loss = pg_loss + beta * aggregate(kl, completion_mask, loss_type, **aggregation)  # []
+        penalty = kl * ratio if use_bias_correction_kl else kl  # [N, T] (ratio [N, 1] at sequence level)
+        loss = pg_loss + beta * aggregate(penalty, completion_mask, loss_type, **aggregation)  # []
         metrics["kl"] = masked_mean(kl.detach(), completion_mask).item()
     return loss, metrics

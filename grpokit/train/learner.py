@@ -115,6 +115,7 @@ class Learner:
                         epsilon_high=cfg.epsilon_high,
                         beta=cfg.beta,
                         ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
+                        use_bias_correction_kl=cfg.use_bias_correction_kl,
                         importance_sampling_level=cfg.importance_sampling_level,
                         max_completion_length=cfg.max_completion_length,
                         num_items_in_batch=num_items,

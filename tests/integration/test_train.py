@@ -122,3 +122,21 @@ def test_max_kl_stops_with_a_checkpoint_and_eval_cli_reads_the_run(tmp_path, tin
     assert main(["eval", str(run), f"eval_dataset={data}", "max_eval_prompts=4"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert 0.0 <= metrics["eval/pass@1"] <= metrics["eval/pass@2"] <= 1.0 and metrics["eval/num_prompts"] == 4.0
+
+
+def test_bias_corrected_kl_is_wired_from_the_config(tmp_path, tiny_model_dir, word_prompts):
+    # The importance-weighted KL r * k3 has the value of k3 on-policy (r = 1) but another gradient
+    # (k3 grad logp is added), and both vanish at step 1, where the policy is the reference: the two
+    # runs agree through step 2's metrics and part from step 3 on, whose rollouts come from different weights.
+    runs = {}
+    for corrected in (False, True):
+        folder = tmp_path / str(corrected)
+        folder.mkdir()
+        config = write_config(folder, tiny_model_dir, word_prompts, algo={"use_bias_correction_kl": corrected, "beta": 0.5},
+                              optim={"max_steps": 3})
+        assert main(["train", str(config)]) == 0
+        runs[corrected] = read_metrics(folder / "run")
+    plain, corrected = runs[False], runs[True]
+    for key in ("reward", "loss", "kl"):
+        assert [m[key] for m in plain[:2]] == pytest.approx([m[key] for m in corrected[:2]], abs=1e-6), key
+    assert plain[2]["kl"] != pytest.approx(corrected[2]["kl"], abs=1e-9)

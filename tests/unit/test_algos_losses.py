@@ -159,6 +159,25 @@ def test_kl_penalty_by_hand():
         policy_loss(logprobs, None, torch.zeros(2), MASK, beta=0.1)
 
 
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_bias_corrected_kl_by_hand(level):
+    # one token: logp = ln 0.5, old = ln 0.25 -> r = 2; ref = ln 0.25 -> d = ref - logp = -ln 2,
+    # k3 = e^d - d - 1 = 0.5 + 0.693147 - 1 = 0.193147. A = 0 (no surrogate), beta = 1:
+    # plain: loss = k3 = 0.193147, dloss/dlogp = 1 - e^d = 0.5
+    # corrected: loss = r k3 = 0.386294, dloss/dlogp = r k3 + r (1 - e^d) = 0.386294 + 1 = 1.386294
+    # (a single token: the sequence-level ratio is the same r)
+    old, ref, mask = torch.tensor([[math.log(0.25)]]), torch.tensor([[math.log(0.25)]]), torch.ones(1, 1)
+    expected = {False: (0.193147, 0.5), True: (0.386294, 1.386294)}
+    for corrected, (value, grad) in expected.items():
+        logprobs = torch.tensor([[math.log(0.5)]], requires_grad=True)
+        loss, metrics = policy_loss(logprobs, old, torch.zeros(1), mask, loss_type="grpo", beta=1.0, ref_logprobs=ref,
+                                    use_bias_correction_kl=corrected, importance_sampling_level=level)
+        loss.backward()
+        assert loss.item() == pytest.approx(value, abs=1e-6)
+        assert logprobs.grad.item() == pytest.approx(grad, abs=1e-6)
+        assert metrics["kl"] == pytest.approx(0.193147, abs=1e-6)  # the metric is plain k3 either way
+
 def test_gspo_sequence_ratio_on_ragged_mask():
     # log ratio seq 1 [0.3, -0.1, 0.1] -> mean 0.1; seq 2 [0.2, 0.4, pad=9] -> mean 0.3
     # r = [e^0.1, e^0.3] = [1.105171, 1.349859]; A = [1, 1], eps 0.2:

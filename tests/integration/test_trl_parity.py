@@ -1,0 +1,119 @@
+"""grpokit computes what TRL's GRPOTrainer computes, on the same model and the same batch.
+
+The benchmark (bench/vs_trl.py) times both libraries on "the same GRPO steps"; this checks that the
+steps are the same work. TRL's own code (``GRPOTrainer._get_per_token_logps_and_entropies`` and
+``_compute_loss``, TRL pinned in constraints.txt) is run on a batch sampled by grpokit, next to
+grpokit's learner functions on a second copy of the model loaded from the same folder:
+
+* per-token log-probs: grpokit's shared-prefix pass through the fused LM head against TRL's full
+  forward over [left-padded prompt | completion] (float32, 1e-5);
+* the loss and its gradient for each loss type both libraries define (grpo, bnpo, dr_grpo, dapo,
+  and GSPO's sequence-level ratio), off-policy (old log-probs away from the current ones, so the
+  clipping is active on both sides) and with the k3 KL to a reference that differs from the policy,
+  plain (grpokit's default) and importance-weighted (``use_bias_correction_kl``, TRL's default).
+
+TRL runs in eval mode, where its loss is not divided by the accumulation steps (grpokit's learner
+does that division itself, outside ``policy_loss``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpokit.algos import policy_loss
+from grpokit.modeling import load_model
+from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.types import SamplingParams
+from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+from grpokit.train.logprobs import build_batch, completion_logprobs
+
+trl = pytest.importorskip("trl", reason="the TRL parity test needs TRL: pip install 'grpokit[bench]' (make test installs it)")
+pytestmark = pytest.mark.slow
+
+CPU = torch.device("cpu")
+G, T, TEMPERATURE, BETA = 4, 10, 0.7, 0.04
+PROMPTS = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40, 41]]  # ragged: left padding in TRL's layout
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """(TRL trainer, its model, grpokit's model, the grpokit batch, the TRL inputs without loss terms)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer = build_word_tokenizer([f"w{i}" for i in range(60)])
+    build_tiny_causal_lm(folder, tokenizer=tokenizer, arch="qwen2", num_kv_heads=2)
+    ours = load_model(str(folder), torch.float32, CPU)
+    engine = HFRolloutEngine(ours, list(range(2, 12)), tokenizer.pad_token_id, CPU, seed=5)
+    rollouts = engine.generate(PROMPTS, G, SamplingParams(max_completion_length=T, temperature=TEMPERATURE))
+    assert len(set(rollouts.completion_lengths.tolist())) > 2  # ragged completions: right padding too
+    batch = build_batch(ours, rollouts, tokenizer.pad_token_id, CPU)
+
+    checkpointing = {"activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+                     else "gradient_checkpointing": False}
+    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("trl")), use_cpu=True, bf16=False, **checkpointing,
+                      per_device_train_batch_size=len(PROMPTS) * G, num_generations=G, max_completion_length=T,
+                      temperature=TEMPERATURE, beta=BETA, report_to="none", disable_tqdm=True, seed=0)
+    trainer = GRPOTrainer(model=str(folder), reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                          train_dataset=Dataset.from_list([{"prompt": "w1 w2"}] * 4), processing_class=tokenizer)
+    theirs = trainer.model.float().eval()
+    ours.eval()
+    inputs = {
+        "prompt_ids": batch.prompt_ids[batch.group_index],  # [N, P] left-padded, one row per completion
+        "prompt_mask": batch.prompt_mask[batch.group_index],
+        "completion_ids": batch.completion_ids,  # [N, T] right-padded
+        "completion_mask": batch.completion_mask.long(),
+    }
+    return trainer, theirs, ours, batch, inputs
+
+
+def trl_logprobs(trainer, model, inputs):
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    return trainer._get_per_token_logps_and_entropies(model, input_ids, mask, inputs["completion_ids"].size(1))[0]
+
+
+def test_logprobs_equal_trl(both):
+    trainer, theirs, ours, batch, inputs = both
+    with torch.no_grad():
+        expected = trl_logprobs(trainer, theirs, inputs)  # [N, T]
+        got, _ = completion_logprobs(ours, batch, TEMPERATURE)
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("corrected", [False, True], ids=["k3", "bias_corrected_kl"])
+@pytest.mark.parametrize("loss_type,level", [("grpo", "token"), ("bnpo", "token"), ("dr_grpo", "token"), ("dapo", "token"),
+                                             ("grpo", "sequence")], ids=["grpo", "bnpo", "dr_grpo", "dapo", "gspo"])
+def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
+    trainer, theirs, ours, batch, inputs = both
+    mask = batch.completion_mask.float()
+    noise = lambda seed: torch.randn(mask.shape, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        current = trl_logprobs(trainer, theirs, inputs)
+    old = (current + 0.3 * noise(1)) * mask  # ratios well beyond 1 +- 0.28: both clip branches are taken
+    ref = (current + 0.5 * noise(2)) * mask
+    advantages = torch.linspace(-1.5, 1.5, len(batch))
+    num_items = mask.sum()
+    trainer.loss_type, trainer.importance_sampling_level = loss_type, level
+    trainer.epsilon_low, trainer.epsilon_high = 0.2, 0.28
+    trainer.args.use_bias_correction_kl = corrected
+
+    theirs.zero_grad(set_to_none=True)
+    trl_loss = trainer._compute_loss(theirs, inputs | {"advantages": advantages, "old_per_token_logps": old,
+                                                       "ref_per_token_logps": ref, "num_items_in_batch": num_items})
+    trl_loss.backward()
+
+    ours.zero_grad(set_to_none=True)
+    logprobs, _ = completion_logprobs(ours, batch, TEMPERATURE)
+    loss, _ = policy_loss(logprobs, old, advantages, mask, loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, beta=BETA,
+                          ref_logprobs=ref, use_bias_correction_kl=corrected, importance_sampling_level=level,
+                          max_completion_length=T, num_items_in_batch=num_items)
+    loss.backward()
+
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-7)
+    expected = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name].grad, atol=1e-6, rtol=1e-4, msg=name)
