@@ -12,8 +12,11 @@ grpokit's learner functions on a second copy of the model loaded from the same f
   clipping is active on both sides) and with the k3 KL to a reference that differs from the policy,
   plain (grpokit's default) and importance-weighted (``use_bias_correction_kl``, TRL's default).
 
-TRL runs in eval mode, where its loss is not divided by the accumulation steps (grpokit's learner
-does that division itself, outside ``policy_loss``).
+* the gradient of a whole ``Learner.update`` over two micro-batches against TRL's two accumulation
+  steps on the same halves (the learner's micro-batch scaling against TRL's normalizers).
+
+The per-micro-batch checks run TRL in eval mode, where its loss is not divided by the accumulation
+steps (grpokit's learner does that division itself, outside ``policy_loss``).
 """
 
 from __future__ import annotations
@@ -117,3 +120,59 @@ def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
     expected = dict(theirs.named_parameters())
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, expected[name].grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+class _Capture(torch.optim.Optimizer):
+    """Records the gradients it is asked to step with (and changes nothing)."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 1.0})
+        self.grads = None
+
+    def step(self, closure=None):
+        self.grads = [p.grad.clone() for group in self.param_groups for p in group["params"]]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_accumulated_update_equals_trl(both, loss_type):
+    # Learner.update over 2 micro-batches of 6 rows against TRL's _compute_loss in train mode on the same
+    # two halves with 2 accumulation steps: the summed gradients (grpokit divides by the micro-batch count,
+    # except dapo, normalised by the whole batch's tokens; TRL the same through its normalizers).
+    from grpokit.config import GRPOConfig
+    from grpokit.train.learner import Learner
+
+    trainer, theirs, ours, batch, inputs = both
+    mask = batch.completion_mask.float()
+    with torch.no_grad():
+        current = trl_logprobs(trainer, theirs, inputs)
+    old = (current + 0.3 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(3))) * mask
+    ref = (current + 0.5 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(4))) * mask
+    advantages = torch.linspace(-1.5, 1.5, len(batch))
+
+    trainer.loss_type, trainer.importance_sampling_level = loss_type, "token"
+    trainer.epsilon_low, trainer.epsilon_high = 0.2, 0.28
+    trainer.args.use_bias_correction_kl = False
+    trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = 2
+    theirs.zero_grad(set_to_none=True)
+    theirs.train()
+    try:
+        for rows in (slice(0, 6), slice(6, 12)):
+            part = {k: v[rows] for k, v in inputs.items()} | {"advantages": advantages[rows], "old_per_token_logps": old[rows],
+                                                                "ref_per_token_logps": ref[rows], "num_items_in_batch": mask.sum()}
+            trainer._compute_loss(theirs, part).backward()
+    finally:
+        theirs.eval()
+
+    cfg = GRPOConfig(num_generations=G, per_device_train_batch_size=6, gradient_accumulation_steps=2, beta=BETA,
+                     loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, max_completion_length=T, temperature=TEMPERATURE,
+                     max_grad_norm=0.0)
+    optimizer = _Capture(ours.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    ours.zero_grad(set_to_none=True)
+    try:
+        Learner(ours, None, optimizer, scheduler, cfg).update(batch, advantages, batch.completion_mask, ref, old_logprobs=old)
+    finally:
+        ours.eval()
+    expected = dict(theirs.named_parameters())
+    for (name, _), grad in zip(ours.named_parameters(), optimizer.grads):
+        torch.testing.assert_close(grad, expected[name].grad, atol=1e-6, rtol=1e-4, msg=name)
