@@ -69,7 +69,7 @@ class AlgoConfig:
     beta: float = 0.04
     """KL coefficient against the reference model; 0 skips the reference pass."""
     use_bias_correction_kl: bool = False
-    """Multiply each token's k3 KL term by its importance ratio (DeepSeek-V3.2; TRL's default since 1.x)."""
+    """Multiply each token's k3 KL term by its importance ratio (DeepSeek-V3.2; TRL 1.16's default)."""
     epsilon: float = 0.2
     """Lower clip range of the importance ratio."""
     epsilon_high: Optional[float] = None
