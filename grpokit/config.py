@@ -5,7 +5,8 @@ A config has sections (``model``, ``data``, ``algo``, ``generation``, ``optim``,
 key (``num_generations=16``) names the one field of that name in whichever section holds it; the
 seeds' aliases (``group_size``, ``kl_coef``, ``kl_beta``, ``clip_range``) are accepted too.
 
-Defaults follow TRL's GRPOConfig where the concept exists there, except ``beta = 0.04``.
+Defaults follow TRL's GRPOConfig where the concept exists there, except ``beta = 0.04`` and
+``use_bias_correction_kl = False`` (plain k3, the formula of docs/architecture.md; TRL 1.16: True).
 Every error is raised before any model is loaded, as a :class:`ConfigError` naming the problem
 and the fix.
 """
