@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import TARGET_REWARD
-from test_distributed import read_metrics, write_config
+from test_distributed import rank_error, read_metrics, torchrun_env, write_config
 
 from grpokit.cli import main
 from grpokit.store import RolloutStore
@@ -30,13 +30,11 @@ def with_ray(config: Path, **extra) -> Path:
 
 
 def torchrun(config: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "grpokit", "train", str(config)],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
+        env=torchrun_env(), capture_output=True, text=True, timeout=600, check=False,
     )
-    first_error = proc.stderr.find("Traceback")  # a rank's own traceback, before torchrun's summary
-    assert proc.returncode == 0, proc.stderr[first_error : first_error + 4000] if first_error >= 0 else proc.stderr[-3000:]
+    assert proc.returncode == 0, rank_error(proc.stderr)
 
 
 def rollouts_of(run: Path) -> list[dict]:
