@@ -10,8 +10,7 @@ grpokit's learner functions on a second copy of the model loaded from the same f
 * the loss and its gradient for each loss type both libraries define (grpo, bnpo, dr_grpo, dapo,
   and GSPO's sequence-level ratio), off-policy (old log-probs away from the current ones, so the
   clipping is active on both sides) and with the k3 KL to a reference that differs from the policy,
-  plain (grpokit's default) and importance-weighted (``use_bias_correction_kl``, TRL's default).
-
+  plain (grpokit's default) and importance-weighted (``use_bias_correction_kl``, TRL's default);
 * the gradient of a whole ``Learner.update`` over two micro-batches against TRL's two accumulation
   steps on the same halves (the learner's micro-batch scaling against TRL's normalizers).
 
@@ -78,6 +77,27 @@ def trl_logprobs(trainer, model, inputs):
     return trainer._get_per_token_logps_and_entropies(model, input_ids, mask, inputs["completion_ids"].size(1))[0]
 
 
+def loss_terms(trainer, model, inputs, mask, seed):
+    """(old, ref, advantages): old log-probs away from the current ones (ratios well beyond 1 +- 0.28, so
+    both clip branches are taken), a reference that differs from the policy, advantages of both signs."""
+    noise = lambda k: torch.randn(mask.shape, generator=torch.Generator().manual_seed(seed + k))
+    with torch.no_grad():
+        current = trl_logprobs(trainer, model, inputs)
+    return (current + 0.3 * noise(0)) * mask, (current + 0.5 * noise(1)) * mask, torch.linspace(-1.5, 1.5, mask.size(0))
+
+
+def set_trl_loss(trainer, loss_type, level, corrected):
+    trainer.loss_type, trainer.importance_sampling_level = loss_type, level
+    trainer.epsilon_low, trainer.epsilon_high = 0.2, 0.28
+    trainer.args.use_bias_correction_kl = corrected
+
+
+def assert_same_gradients(ours, grads, theirs):
+    expected = dict(theirs.named_parameters())
+    for (name, _), grad in zip(ours.named_parameters(), grads):
+        torch.testing.assert_close(grad, expected[name].grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
 def test_logprobs_equal_trl(both):
     trainer, theirs, ours, batch, inputs = both
     with torch.no_grad():
@@ -93,16 +113,9 @@ def test_logprobs_equal_trl(both):
 def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
     trainer, theirs, ours, batch, inputs = both
     mask = batch.completion_mask.float()
-    noise = lambda seed: torch.randn(mask.shape, generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        current = trl_logprobs(trainer, theirs, inputs)
-    old = (current + 0.3 * noise(1)) * mask  # ratios well beyond 1 +- 0.28: both clip branches are taken
-    ref = (current + 0.5 * noise(2)) * mask
-    advantages = torch.linspace(-1.5, 1.5, len(batch))
+    old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=1)
     num_items = mask.sum()
-    trainer.loss_type, trainer.importance_sampling_level = loss_type, level
-    trainer.epsilon_low, trainer.epsilon_high = 0.2, 0.28
-    trainer.args.use_bias_correction_kl = corrected
+    set_trl_loss(trainer, loss_type, level, corrected)
 
     theirs.zero_grad(set_to_none=True)
     trl_loss = trainer._compute_loss(theirs, inputs | {"advantages": advantages, "old_per_token_logps": old,
@@ -117,9 +130,7 @@ def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
     loss.backward()
 
     assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-7)
-    expected = dict(theirs.named_parameters())
-    for name, p in ours.named_parameters():
-        torch.testing.assert_close(p.grad, expected[name].grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert_same_gradients(ours, [p.grad for p in ours.parameters()], theirs)
 
 
 class _Capture(torch.optim.Optimizer):
@@ -143,15 +154,8 @@ def test_accumulated_update_equals_trl(both, loss_type):
 
     trainer, theirs, ours, batch, inputs = both
     mask = batch.completion_mask.float()
-    with torch.no_grad():
-        current = trl_logprobs(trainer, theirs, inputs)
-    old = (current + 0.3 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(3))) * mask
-    ref = (current + 0.5 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(4))) * mask
-    advantages = torch.linspace(-1.5, 1.5, len(batch))
-
-    trainer.loss_type, trainer.importance_sampling_level = loss_type, "token"
-    trainer.epsilon_low, trainer.epsilon_high = 0.2, 0.28
-    trainer.args.use_bias_correction_kl = False
+    old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=3)
+    set_trl_loss(trainer, loss_type, "token", False)
     trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = 2
     theirs.zero_grad(set_to_none=True)
     theirs.train()
@@ -173,6 +177,4 @@ def test_accumulated_update_equals_trl(both, loss_type):
         Learner(ours, None, optimizer, scheduler, cfg).update(batch, advantages, batch.completion_mask, ref, old_logprobs=old)
     finally:
         ours.eval()
-    expected = dict(theirs.named_parameters())
-    for (name, _), grad in zip(ours.named_parameters(), optimizer.grads):
-        torch.testing.assert_close(grad, expected[name].grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert_same_gradients(ours, optimizer.grads, theirs)
