@@ -373,7 +373,8 @@ def main() -> None:
         build_inputs(args.workdir)
         sizes = model_sizes(args.workdir)
         print(f"model: {sizes['total'] / 1e6:.1f}M parameters ({sizes['head'] / 1e6:.1f}M tied embedding / LM head), "
-              f"threads {args.threads}, torch {_version('torch')}, transformers {_version('transformers')}, trl {_version('trl')}")
+              f"threads {args.threads}, grpokit {_commit()}, torch {_version('torch')}, transformers {_version('transformers')}, "
+              f"trl {_version('trl')}")
         peaks = [run_worker(args, ["--peak"], "matmul peak")]
         raw: dict = {shape: {c: [] for c in configs} for shape in shapes}
         for round_ in range(1, args.rounds + 1):
@@ -393,6 +394,18 @@ def main() -> None:
     print()
     for key, value in summary.items():
         print(f"{key}={value:.3f}")
+
+
+def _commit() -> str:
+    """The grpokit git commit the benchmark runs (with "+changes" for a dirty tree), or its package version."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return _version("grpokit")
+    return head + ("+changes" if dirty else "")
 
 
 def _version(name: str) -> str:
