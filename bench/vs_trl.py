@@ -397,15 +397,12 @@ def main() -> None:
 
 
 def _commit() -> str:
-    """The grpokit git commit the benchmark runs (with "+changes" for a dirty tree), or its package version."""
-    here = Path(__file__).resolve().parent
+    """The grpokit git commit the benchmark runs ("+changes" for a dirty tree), or its package version."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True,
-                               check=True).stdout.strip()
+        return subprocess.run(["git", "describe", "--always", "--dirty=+changes"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return _version("grpokit")
-    return head + ("+changes" if dirty else "")
 
 
 def _version(name: str) -> str:
