@@ -54,11 +54,17 @@ def _overrides(items: list[str]) -> list[str]:
 
 def cmd_train(args) -> int:
     from grpokit.config import load_config
+    from grpokit.distributed import shutdown_distributed
     from grpokit.train.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))
-    trainer = GRPOTrainer(args=cfg)
-    trainer.train()
+    finished = False
+    try:
+        trainer = GRPOTrainer(args=cfg)
+        trainer.train()
+        finished = trainer.interrupted_by is None
+    finally:
+        shutdown_distributed(finished)  # under torchrun: leave the process group before the interpreter exits
     if trainer.interrupted_by is not None:
         return 128 + int(trainer.interrupted_by)  # 130 for SIGINT, 143 for SIGTERM
     if trainer.stop_reason and "non-finite" in trainer.stop_reason:

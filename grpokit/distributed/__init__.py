@@ -13,7 +13,8 @@ from grpokit.distributed.torch_dist import (
     DistContext,
     gather_reward_result,
     init_distributed,
+    shutdown_distributed,
     wrap_data_parallel,
 )
 
-__all__ = ["DistContext", "concat_rollouts", "gather_reward_result", "generate_per_group", "group_seed", "init_distributed", "split_rollouts", "wrap_data_parallel"]
+__all__ = ["DistContext", "concat_rollouts", "gather_reward_result", "generate_per_group", "group_seed", "init_distributed", "shutdown_distributed", "split_rollouts", "wrap_data_parallel"]

@@ -156,6 +156,18 @@ def init_distributed() -> DistContext:
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank)
 
 
+def shutdown_distributed(finished: bool) -> None:
+    """Leave the process group, if one was joined: after a ``finished`` run all ranks meet first, then
+    the group is destroyed. Left to interpreter exit, gloo's teardown races the other rank closing its
+    connections, which can abort (SIGABRT) a rank that finished fine. Without ``finished`` (a rank
+    stopped early) there is no barrier: the others may never reach it."""
+    if not dist.is_initialized():
+        return
+    if finished:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def wrap_data_parallel(model: torch.nn.Module, ctx: DistContext, device: torch.device, strategy: str = "ddp") -> torch.nn.Module:
     """The module the learner trains when there are several processes: DDP around ``model``, or
     ``model`` itself sharded in place with FSDP (:mod:`grpokit.distributed.fsdp`).

@@ -50,16 +50,23 @@ def read_metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def torchrun_env() -> dict:
-    """One thread per rank, quiet warnings, and faulthandler on: a rank that dies in native code
-    (a signal, no Python exception) still prints where each of its threads was."""
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONFAULTHANDLER="1")
+def torchrun(config: Path) -> None:
+    """``grpokit train config`` in two processes under torchrun. One thread per rank, quiet warnings,
+    and faulthandler on: a rank that dies in native code (a signal, no Python exception) still prints
+    where each of its threads was."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONFAULTHANDLER="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "grpokit", "train", str(config)],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, rank_error(proc.stderr)
 
 
 def rank_error(stderr: str) -> str:
-    """The first rank's own error in torchrun's stderr (a crash dump or a traceback), else its tail."""
+    """The first rank's own error in torchrun's stderr (a crash dump or a traceback, with what native
+    code printed just before it, such as a C++ exception), else its tail."""
     found = [i for i in (stderr.find("Fatal Python error"), stderr.find("Traceback")) if i >= 0]
-    return stderr[min(found) : min(found) + 4000] if found else stderr[-3000:]
+    return stderr[max(min(found) - 1500, 0) : min(found) + 4000] if found else stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -67,11 +74,7 @@ def test_two_gloo_processes_match_one_process(tmp_path, tiny_model_dir, word_pro
     # Same global batch: 1 process x 4 per micro-batch x 2 accumulation = 2 processes x 4 x 1 = 8 completions.
     one = write_config(tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4, gradient_accumulation_steps=2)
     two = write_config(tmp_path, tiny_model_dir, word_prompts, "two", per_device_train_batch_size=4, gradient_accumulation_steps=1)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "grpokit", "train", str(two)],
-        env=torchrun_env(), capture_output=True, text=True, timeout=300, check=False,
-    )
-    assert proc.returncode == 0, rank_error(proc.stderr)
+    torchrun(two)
     assert main(["train", str(one)]) == 0
 
     m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")

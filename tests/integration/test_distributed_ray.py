@@ -4,14 +4,12 @@ scatters each rank's share; the ranks train with DDP or FSDP (gloo)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import TARGET_REWARD
-from test_distributed import rank_error, read_metrics, torchrun_env, write_config
+from test_distributed import read_metrics, torchrun, write_config
 
 from grpokit.cli import main
 from grpokit.store import RolloutStore
@@ -27,14 +25,6 @@ def with_ray(config: Path, **extra) -> Path:
     data["distributed"].update(RAY, **extra)
     config.write_text(yaml.safe_dump(data))
     return config
-
-
-def torchrun(config: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "grpokit", "train", str(config)],
-        env=torchrun_env(), capture_output=True, text=True, timeout=600, check=False,
-    )
-    assert proc.returncode == 0, rank_error(proc.stderr)
 
 
 def rollouts_of(run: Path) -> list[dict]:

@@ -10,8 +10,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from test_distributed import read_metrics, write_config
-from test_distributed_ray import torchrun
+from test_distributed import read_metrics, torchrun, write_config
 
 from grpokit.cli import main
 from grpokit.store import RolloutStore
