@@ -3,21 +3,7 @@
 from __future__ import annotations
 
 from grpokit.config import GRPOConfig
-
-
-def count_parameters(model_name_or_path: str, trust_remote_code: bool = False) -> tuple[int, int, int] | None:
-    """(parameters, vocabulary size, hidden size) of a HF model, built on the meta device (no weights read)."""
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config = AutoConfig.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-        params = sum(p.numel() for p in model.parameters())
-        return params, int(config.vocab_size), int(getattr(config, "hidden_size", 0) or getattr(config, "n_embd", 0))
-    except Exception:  # explain must work even when the model cannot be inspected offline
-        return None
+from grpokit.memory import build_meta_model, estimate_memory
 
 
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
@@ -31,22 +17,25 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
         f"optimizer steps in total:  {cfg.max_steps * cfg.num_iterations}  (max_steps {cfg.max_steps} x num_iterations {cfg.num_iterations})",
         f"tokens per step (at most): {B * P + N * T:,}  (prompts {B} x {P} once per group + completions {N} x {T})",
     ]
-    info = count_parameters(cfg.model_name_or_path, cfg.trust_remote_code) if cfg.model_name_or_path else None
-    if info is None:
-        lines.append("memory estimate:           unavailable (model config not readable here)")
+    try:  # explain works even when the model cannot be inspected here (offline, not a HF model, peft missing)
+        model = build_meta_model(cfg) if cfg.model_name_or_path else None
+        m = estimate_memory(cfg, model) if model is not None else None
+    except Exception as exc:  # noqa: BLE001 - any failure only means no estimate
+        model, m = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    if model is None:
+        lines.append(f"memory estimate:           unavailable ({m or 'no model_name_or_path'})")
         return "\n".join(lines)
-    params, vocab, _ = info
-    trainable = params if cfg.lora.r == 0 else 0
-    weight_bytes = 2 if cfg.dtype in ("bfloat16", "float16") else 4
-    weights = params * weight_bytes
-    reference = weights if cfg.beta > 0 and cfg.lora.r == 0 else 0
-    optimizer = trainable * 4 * 3  # grads + two AdamW moments in float32
-    logits = cfg.per_device_train_batch_size * T * vocab * 4 * 2  # logits and their grad for one micro-batch
-    total = weights + reference + optimizer + logits
-    unit, scale = ("GiB", 1024**3) if total >= 1024**3 else ("MiB", 1024**2)
-    lines += [
-        f"parameters:                {params:,}",
-        f"memory estimate:           {total / scale:.2f} {unit}  = weights {weights / scale:.2f} + reference {reference / scale:.2f}"
-        f" + grads/AdamW {optimizer / scale:.2f} + logits {logits / scale:.2f} (activations extra)",
-    ]
+    params = sum(p.numel() for p in model.parameters())
+    parts = [("weights", m.weights), ("reference", m.reference), ("gradients", m.gradients), ("AdamW moments", m.adamw),
+             ("one micro-batch", m.micro_batch), ("generation", m.generation)]
+    lines.append(f"parameters:                {params:,}")
+    lines.append(f"memory estimate (tensors): {_size(m.peak)} at the peak = weights + reference + AdamW"
+                 " + max(gradients + micro-batch, generation); see grpokit/memory.py")
+    lines += [f"  {name + ':':<24}{_size(value)}" for name, value in parts]
+    lines.append("  plus the process itself (runtime, allocator, buffers in flight): 0.5-0.9 GiB more at the peak"
+                 " in bench/memory_estimate.py's CPU runs")
     return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

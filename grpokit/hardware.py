@@ -85,11 +85,16 @@ def store_linears_in(module: torch.nn.Module, dtype: torch.dtype) -> int:
     same value. It halves those layers' memory and drops the per-call casts. Layers sharing their
     weight with an embedding (a tied LM head) are left alone: the lookup must stay float32.
     """
-    embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
-    linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear) and id(m.weight) not in embedding_weights]
+    linears = untied_linears(module)
     for linear in linears:
         linear.to(dtype)
     return len(linears)
+
+
+def untied_linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    """``module``'s Linear layers, except those sharing their weight with an embedding (a tied LM head)."""
+    embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear) and id(m.weight) not in embedding_weights]
 
 
 def keep_freed_memory() -> bool:

@@ -76,16 +76,28 @@ def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trus
     """
     from transformers import AutoModelForCausalLM
 
-    local = Path(name_or_path)
-    looks_local = name_or_path.startswith((".", "/", "~")) or local.exists()
-    if looks_local and not local.expanduser().is_dir():
-        raise FileNotFoundError(f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as 'Qwen/Qwen2.5-0.5B'.")
-    source = str(local.expanduser()) if looks_local else name_or_path
+    source = model_source(name_or_path)
     if load_in_4bit:
         # quantised weights cannot be moved with .to(): they are placed on the device while loading
         return _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code,
                                 quantization_config=four_bit_config(dtype, device), device_map={"": device})
     return _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code).to(device)
+
+
+def model_source(name_or_path: str) -> str:
+    """A local folder (``~`` expanded; it must exist) or a hub id, as ``from_pretrained`` takes it."""
+    local = Path(name_or_path)
+    looks_local = name_or_path.startswith((".", "/", "~")) or local.exists()
+    if looks_local and not local.expanduser().is_dir():
+        raise FileNotFoundError(f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as 'Qwen/Qwen2.5-0.5B'.")
+    return str(local.expanduser()) if looks_local else name_or_path
+
+
+def model_config(name_or_path: str, trust_remote_code: bool = False):
+    """The HF config of a local folder or hub id (no weights read)."""
+    from transformers import AutoConfig
+
+    return _from_pretrained(AutoConfig, model_source(name_or_path), "model config", trust_remote_code=trust_remote_code)
 
 
 def _from_pretrained(cls, source: str, what: str, **kwargs):

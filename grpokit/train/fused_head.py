@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 
 # Logits per chunk: 2**22 (16 MiB in float32).
-_CHUNK_ELEMENTS = 2**22
+CHUNK_ELEMENTS = 2**22
 
 # Largest [m, V] logits (in the compute dtype) kept from the forward for the backward; bigger ones are
 # recomputed there. 64 MiB: a benchmark micro-batch (512 positions x 32,000) in bf16 or float32.
-_SAVED_LOGITS_BYTES = 2**26
+SAVED_LOGITS_BYTES = 2**26
 
 # (id, version, dtype) of a weight -> its cast, while a reuse_weight_casts block is open.
 _casts: dict | None = None
@@ -157,8 +157,8 @@ class _FusedHeadLogprobs(torch.autograd.Function):
 
 
 def fused_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
-                        temperature: float = 1.0, with_entropy: bool = False, chunk_elements: int = _CHUNK_ELEMENTS,
-                        saved_logits_bytes: int = _SAVED_LOGITS_BYTES):
+                        temperature: float = 1.0, with_entropy: bool = False, chunk_elements: int = CHUNK_ELEMENTS,
+                        saved_logits_bytes: int = SAVED_LOGITS_BYTES):
     """(log p(tokens) [m], entropy [m] or None), float32, for hidden [m, H] under the head (weight [V, H], bias [V]).
 
     Differentiable in ``hidden``, ``weight`` and ``bias`` (the entropy is a metric: not differentiated);

@@ -100,6 +100,16 @@ def test_explain_prints_sizes(tmp_path, tiny_model_dir, word_prompts, capsys):
     out = capsys.readouterr().out
     assert "completions per step:      16  (num_generations 8 x 2 prompts)" in out
     assert "parameters:" in out and not (tmp_path / "run").exists()
+    assert "memory estimate (tensors):" in out
+    for part in ("weights:", "reference:", "gradients:", "AdamW moments:", "one micro-batch:", "generation:"):
+        assert f"  {part}" in out, part
+
+
+def test_explain_says_why_there_is_no_memory_estimate(tmp_path, tiny_model_dir, word_prompts, capsys):
+    config = write_config(tmp_path, tiny_model_dir, word_prompts, model={"model_name_or_path": str(tmp_path / "missing")})
+    assert main(["explain", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "memory estimate:           unavailable (FileNotFoundError: model path" in out and "does not exist" in out
 
 
 def test_config_error_is_one_clear_message(tmp_path, tiny_model_dir, word_prompts, capsys):

@@ -1,0 +1,89 @@
+"""grpokit.memory: the estimate's parts by hand, and its exact parts against a real trainer's tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from grpokit import GRPOConfig, GRPOTrainer, memory
+from grpokit.memory import build_meta_model, estimate_memory
+
+CPU = torch.device("cpu")
+
+# A Llama with vocabulary 100, hidden 16, MLP 32, 2 layers, 2 heads (head_dim 8), 1 KV head, tied embeddings:
+#   embedding 100 x 16 = 1600; per layer q 256 + k 128 + v 128 + o 256 + gate 512 + up 512 + down 512 = 2304 Linear
+#   weights + 2 norms x 16 = 2336; 2 layers 4672; final norm 16: 6288 parameters, 4608 in untied Linears.
+
+
+@pytest.fixture()
+def config_dir(tmp_path):
+    LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, tie_word_embeddings=True).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def _cfg(path, **overrides) -> GRPOConfig:
+    values = {"model_name_or_path": str(path), "num_generations": 4, "per_device_train_batch_size": 8,
+              "gradient_accumulation_steps": 2, "max_completion_length": 6, "max_prompt_length": 10, "beta": 0.04}
+    return GRPOConfig(**(values | overrides))
+
+
+def test_parts_by_hand_float32(config_dir):
+    m = estimate_memory(_cfg(config_dir), build_meta_model(_cfg(config_dir)), CPU)  # < 10M parameters: no autocast
+    assert m.weights == 6288 * 4 == 25152
+    assert m.reference == 25152  # a float32 copy
+    assert m.gradients == 25152 and m.adamw == 2 * 25152
+    # micro-batch of 8 rows x T = 6 and their 2 groups' prompts once: 8 * 6 + 2 * 10 = 68 tokens, context 10 + 6 = 16;
+    # per token and layer 39 * 16 + 14 * 32 + 4 * 2 heads * 16 = 624 + 448 + 128 = 1200 B: 68 * 2 layers * 1200 = 163200;
+    # logits 8 * 6 * 100 * 4 B = 19200 kept; head chunks 2 x min(2**22, 4800) x 4 B = 38400
+    assert m.micro_batch == 163200 + 19200 + 38400 == 220800
+    # generation: 16 rows x 16 positions x 2 layers x (K, V) x 1 KV head x 8 x 4 B = 32768; fused-decoder copies of all
+    # Linear weights, the tied head included: (4608 + 1600) x 4 B = 24832
+    assert m.generation == 32768 + 24832 == 57600
+    assert m.peak == 25152 + 25152 + 50304 + max(25152 + 220800, 57600) == 346560
+
+
+def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
+    monkeypatch.setattr(memory, "autocast_dtype", lambda *a: torch.bfloat16)  # what a >= 10M-parameter model gets on a bf16 CPU
+    m = estimate_memory(_cfg(config_dir), build_meta_model(_cfg(config_dir)), CPU)
+    assert m.weights == 25152 and m.gradients == 25152  # float32 master weights
+    assert m.reference == 4608 * 2 + (6288 - 4608) * 4 == 15936  # untied Linears stored in bf16, the rest float32
+    # per token and layer 33 * 16 + 7 * 32 + 6 * 2 * 16 = 528 + 224 + 192 = 944 B: 68 * 2 * 944 = 128384; logits in bf16
+    # 8 * 6 * 100 * 2 = 9600; head chunks 38400; casts of every trainable Linear weight: (4608 + 1600) * 2 = 12416
+    assert m.micro_batch == 128384 + 9600 + 38400 + 12416
+    # the KV cache stays float32 under autocast; the fused copies are bf16
+    assert m.generation == 32768 + 6208 * 2
+    ref_sync = estimate_memory(_cfg(config_dir, ref_model_sync_steps=10), build_meta_model(_cfg(config_dir)), CPU)
+    assert ref_sync.reference == 25152  # mixed with the policy: kept float32
+
+
+def test_lora_and_checkpointing_by_hand(config_dir):
+    lora = _cfg(config_dir, lora={"r": 2}, beta=0.04)
+    m = estimate_memory(lora, build_meta_model(lora), CPU)
+    # all-linear adapters, r x (in + out) each: q 2*32 + k 2*24 + v 2*24 + o 2*32 + gate 2*48 + up 2*48 + down 2*48 = 512 per
+    # layer, 1024 in all; the reference is the base with adapters off: no copy
+    assert m.reference == 0 and m.gradients == 1024 * 4 and m.adamw == 2 * 1024 * 4
+    assert m.weights == 25152
+    ckpt = _cfg(config_dir, gradient_checkpointing=True)
+    c = estimate_memory(ckpt, build_meta_model(ckpt), CPU)
+    # full rows: 8 * 16 = 128 tokens; each layer's input (16 x 4 B per token and layer) plus one layer's activations
+    # (39 * 16 + 14 * 32 = 1072 B; no attention probabilities: checkpointed layers run on SDPA)
+    assert c.micro_batch == 128 * (2 * 16 * 4 + 1072) + 19200 + 38400
+
+
+def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_path):
+    # weights, reference, gradients and AdamW state are exactly what a trainer holds after a step
+    args = GRPOConfig(model_name_or_path=str(tiny_model_dir), num_generations=4, per_device_train_batch_size=8,
+                      gradient_accumulation_steps=1, max_completion_length=4, max_prompt_length=8, beta=0.04, max_steps=1,
+                      output_dir=str(tmp_path / "run"), report_to=["jsonl"], progress_bar=False, save_steps=0)
+    estimate = estimate_memory(args, build_meta_model(args))
+    trainer = GRPOTrainer(reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions], args=args,
+                          train_dataset=word_prompts)
+    trainer.train()
+    nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)
+    assert estimate.weights == nbytes(trainer.model.parameters())
+    assert estimate.reference == nbytes(trainer.reference.model.parameters())
+    assert estimate.gradients == nbytes(p for p in trainer.model.parameters() if p.requires_grad)
+    state = trainer.optimizer.state.values()
+    assert estimate.adamw == nbytes(t for s in state for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
