@@ -25,14 +25,13 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
     if model is None:
         lines.append(f"memory estimate:           unavailable ({m or 'no model_name_or_path'})")
         return "\n".join(lines)
-    params = sum(p.numel() for p in model.parameters())
     parts = [("weights", m.weights), ("reference", m.reference), ("gradients", m.gradients), ("AdamW moments", m.adamw),
              ("one micro-batch", m.micro_batch), ("generation", m.generation)]
-    lines.append(f"parameters:                {params:,}")
+    lines.append(f"parameters:                {m.parameters:,}" + (f" ({m.trainable:,} trainable: LoRA)" if cfg.lora.r > 0 else ""))
     lines.append(f"memory estimate (tensors): {_size(m.peak)} at the peak = weights + reference + AdamW"
                  " + max(gradients + micro-batch, generation); see grpokit/memory.py")
     lines += [f"  {name + ':':<24}{_size(value)}" for name, value in parts]
-    lines.append("  plus the process itself (runtime, allocator, buffers in flight): 0.5-0.9 GiB more at the peak"
+    lines.append("  plus the process itself (runtime, allocator, buffers in flight): 0.5-0.8 GiB more at the peak"
                  " in bench/memory_estimate.py's CPU runs")
     return "\n".join(lines)
 

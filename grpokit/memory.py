@@ -1,7 +1,7 @@
 """How much memory a training process needs, from the model's config alone (for ``grpokit explain``).
 
-The model is built on the meta device (no weights read; with LoRA, peft wraps it there too), and
-each part is what grpokit itself allocates, in bytes, per process:
+The model is built on the meta device (no weights read; with LoRA, peft wraps a copy there to count
+the adapters), and each part is what grpokit itself allocates, in bytes, per process:
 
     weights      P x b                    P parameters in the weights' dtype (b bytes; 4-bit: Linear
                                           weights at 0.5 B, the rest 2 B)
@@ -19,7 +19,7 @@ each part is what grpokit itself allocates, in bytes, per process:
                                     h 768, i 768); at 256-token completions the estimate was 10 % low.
                                     With activation checkpointing: layer inputs plus one layer.
                  logits kept for the backward (up to 64 MiB, else recomputed) and the head's chunks
-                 autocast's cast of every trainable Linear weight (2 B each)
+                 autocast's cast of every Linear weight, saved for the backward (2 B each)
     generation   KV cache: completions x (prompt + T) x layers x 2 x kv_heads x head_dim (float32 under
                  autocast) and, for Llama-family models, the fused decoder's copy of the Linear weights
 
@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import copy
+
 import torch
 
 from grpokit.attention import PROBS_BUDGET
@@ -47,6 +49,8 @@ from grpokit.train.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
 
 @dataclass
 class MemoryEstimate:
+    parameters: int
+    trainable: int
     weights: int
     reference: int
     gradients: int
@@ -69,11 +73,11 @@ def build_meta_model(cfg: GRPOConfig) -> torch.nn.Module:
 
 
 def lora_parameters(model: torch.nn.Module, cfg: GRPOConfig) -> int:
-    """Parameters of the LoRA adapters training would add to ``model`` (which peft wraps in place)."""
+    """Parameters of the LoRA adapters training would add to ``model`` (a meta-device model; left as it is)."""
     from peft import LoraConfig, get_peft_model
 
     lora = cfg.lora
-    wrapped = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+    wrapped = get_peft_model(copy.deepcopy(model), LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                target_modules=lora.target_modules, task_type="CAUSAL_LM"))
     return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
 
@@ -96,7 +100,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     if cfg.beta > 0 and cfg.lora.r == 0:
         in_bf16 = untied if mixed and not cfg.ref_model_sync_steps else 0
         reference = in_bf16 * 2 + (params - in_bf16) * b
-    trainable = lora_parameters(model, cfg) if cfg.lora.r > 0 else params  # after the counts above: peft wraps in place
+    trainable = lora_parameters(model, cfg) if cfg.lora.r > 0 else params
 
     h, i = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     layers, heads = config.num_hidden_layers, config.num_attention_heads
@@ -116,12 +120,13 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         activations = tokens * layers * per_token
     logits = mb * T * config.vocab_size * compute
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
-    casts = (trainable if cfg.lora.r > 0 else linear) * 2 if mixed else 0  # LoRA: the adapters are the trainable Linears
+    # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's adapters besides
+    casts = (linear + (trainable if cfg.lora.r > 0 else 0)) * 2 if mixed else 0
     head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * config.vocab_size) * 4  # two float32 chunks of logits at a time
     micro_batch = activations + kept_logits + head_chunks + casts
 
     rows = mb * cfg.gradient_accumulation_steps  # a step's completions, sampled together
     kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
     fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
-    return MemoryEstimate(weights=weights, reference=reference, gradients=trainable * trainable_bytes, adamw=2 * trainable * trainable_bytes,
+    return MemoryEstimate(parameters=params, trainable=trainable, weights=weights, reference=reference, gradients=trainable * trainable_bytes, adamw=2 * trainable * trainable_bytes,
                           micro_batch=micro_batch, generation=kv_cache + (linear * compute if fused else 0))

@@ -56,11 +56,17 @@ def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
     assert m.generation == 32768 + 6208 * 2
     ref_sync = estimate_memory(_cfg(config_dir, ref_model_sync_steps=10), build_meta_model(_cfg(config_dir)), CPU)
     assert ref_sync.reference == 25152  # mixed with the policy: kept float32
+    lora = estimate_memory(_cfg(config_dir, lora={"r": 2}), build_meta_model(_cfg(config_dir)), CPU)
+    # frozen Linear weights are cast too (saved for the input's gradient), plus the 1024 adapter weights (next test)
+    assert lora.micro_batch == 128384 + 9600 + 38400 + (6208 + 1024) * 2
 
 
 def test_lora_and_checkpointing_by_hand(config_dir):
     lora = _cfg(config_dir, lora={"r": 2}, beta=0.04)
-    m = estimate_memory(lora, build_meta_model(lora), CPU)
+    model = build_meta_model(lora)
+    m = estimate_memory(lora, model, CPU)
+    assert m.parameters == 6288 and m.trainable == 1024
+    assert not hasattr(model, "peft_config")  # counted on a copy: the caller's model is left alone
     # all-linear adapters, r x (in + out) each: q 2*32 + k 2*24 + v 2*24 + o 2*32 + gate 2*48 + up 2*48 + down 2*48 = 512 per
     # layer, 1024 in all; the reference is the base with adapters off: no copy
     assert m.reference == 0 and m.gradients == 1024 * 4 and m.adamw == 2 * 1024 * 4
