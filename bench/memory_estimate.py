@@ -63,7 +63,7 @@ def main() -> None:
         print(f"{'micro-batch':>11} {'accum':>5} {'dtype':>8} {'T':>4} {'LoRA r':>6} {'estimate MiB':>13} {'peak RSS MiB':>13} {'difference':>11}")
         for setting in SETTINGS:
             cfg = config(workdir, *setting, out=str(workdir / "run"))
-            estimate = estimate_memory(cfg, build_meta_model(cfg)).peak / 2**20
+            estimate = estimate_memory(cfg, build_meta_model(cfg.model_name_or_path)).peak / 2**20
             proc = subprocess.run([sys.executable, __file__, "--worker", str(workdir), json.dumps(setting)],
                                   capture_output=True, text=True, check=True)
             rss = int(proc.stdout.split("RESULT")[-1]) / 2**20

@@ -18,7 +18,7 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
         f"tokens per step (at most): {B * P + N * T:,}  (prompts {B} x {P} once per group + completions {N} x {T})",
     ]
     try:  # explain works even when the model cannot be inspected here (offline, not a HF model, peft missing)
-        model = build_meta_model(cfg) if cfg.model_name_or_path else None
+        model = build_meta_model(cfg.model_name_or_path, cfg.trust_remote_code) if cfg.model_name_or_path else None
         m = estimate_memory(cfg, model) if model is not None else None
     except Exception as exc:  # noqa: BLE001 - any failure only means no estimate
         model, m = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]

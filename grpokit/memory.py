@@ -33,9 +33,8 @@ resident memory of real runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import copy
+from dataclasses import dataclass
 
 import torch
 
@@ -63,13 +62,13 @@ class MemoryEstimate:
         return self.weights + self.reference + self.adamw + max(self.gradients + self.micro_batch, self.generation)
 
 
-def build_meta_model(cfg: GRPOConfig) -> torch.nn.Module:
-    """The policy's architecture on the meta device: shapes, no weights."""
+def build_meta_model(name_or_path: str, trust_remote_code: bool = False) -> torch.nn.Module:
+    """A HF causal LM's architecture (local folder or hub id) on the meta device: shapes, no weights."""
     from transformers import AutoModelForCausalLM
 
-    config = model_config(cfg.model_name_or_path, cfg.trust_remote_code)
+    config = model_config(name_or_path, trust_remote_code)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def lora_parameters(model: torch.nn.Module, cfg: GRPOConfig) -> int:
@@ -130,3 +129,37 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
     return MemoryEstimate(parameters=params, trainable=trainable, weights=weights, reference=reference, gradients=trainable * trainable_bytes, adamw=2 * trainable * trainable_bytes,
                           micro_batch=micro_batch, generation=kv_cache + (linear * compute if fused else 0))
+
+
+# What a CPU training process holds beyond its tensors (runtime, allocator): 0.5-0.8 GiB in bench/memory_estimate.py.
+PROCESS_OVERHEAD = 2**29
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for a new process on ``device``: the GPU's free memory, or the host's MemAvailable (Linux); else None."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def memory_warning(cfg: GRPOConfig, name_or_path: str, device: torch.device, processes: int = 1) -> str | None:
+    """A message when ``processes`` processes on this host training ``name_or_path`` would need more memory than
+    ``device`` has free, else None (also when the model's config cannot be read: not a HF model, a hub id offline)."""
+    try:
+        estimate = estimate_memory(cfg, build_meta_model(name_or_path, cfg.trust_remote_code), device)
+    except Exception:  # noqa: BLE001 - no estimate, no warning; training reports its own errors
+        return None
+    per_process = estimate.peak + (PROCESS_OVERHEAD if device.type == "cpu" else 0)
+    needed, free = per_process * (processes if device.type == "cpu" else 1), available_bytes(device)
+    if free is None or needed <= free:
+        return None
+    return (f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) but "
+            f"{free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller per_device_train_batch_size, "
+            "LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model.")

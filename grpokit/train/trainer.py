@@ -11,6 +11,7 @@ import dataclasses
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from grpokit.distributed.torch_dist import (
     wrap_data_parallel,
 )
 from grpokit.eval.evaluator import evaluate
-from grpokit.hardware import autocast_dtype, keep_freed_memory
+from grpokit.hardware import autocast_dtype, keep_freed_memory, pick_device
+from grpokit.memory import memory_warning
 from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
@@ -75,6 +77,11 @@ class GRPOTrainer:
                             "distinct ones; add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations.")
         if self.eval_rows:
             check_reward_columns(self.eval_rows, reward_fns, args.prompt_column, "eval_dataset")
+        path = model if isinstance(model, str) else args.model_name_or_path if model is None else None
+        if path and self.dist.is_main:  # a model given by path or hub id: its size is known before it is loaded
+            warning = memory_warning(args, path, pick_device(args.device), processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            if warning:
+                warnings.warn(f"grpokit: {warning}", stacklevel=2)
         self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args)
         ensure_pad_token(self.tokenizer)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -30,7 +32,7 @@ def _cfg(path, **overrides) -> GRPOConfig:
 
 
 def test_parts_by_hand_float32(config_dir):
-    m = estimate_memory(_cfg(config_dir), build_meta_model(_cfg(config_dir)), CPU)  # < 10M parameters: no autocast
+    m = estimate_memory(_cfg(config_dir), build_meta_model(str(config_dir)), CPU)  # < 10M parameters: no autocast
     assert m.weights == 6288 * 4 == 25152
     assert m.reference == 25152  # a float32 copy
     assert m.gradients == 25152 and m.adamw == 2 * 25152
@@ -46,7 +48,7 @@ def test_parts_by_hand_float32(config_dir):
 
 def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
     monkeypatch.setattr(memory, "autocast_dtype", lambda *a: torch.bfloat16)  # what a >= 10M-parameter model gets on a bf16 CPU
-    m = estimate_memory(_cfg(config_dir), build_meta_model(_cfg(config_dir)), CPU)
+    m = estimate_memory(_cfg(config_dir), build_meta_model(str(config_dir)), CPU)
     assert m.weights == 25152 and m.gradients == 25152  # float32 master weights
     assert m.reference == 4608 * 2 + (6288 - 4608) * 4 == 15936  # untied Linears stored in bf16, the rest float32
     # per token and layer 33 * 16 + 7 * 32 + 6 * 2 * 16 = 528 + 224 + 192 = 944 B: 68 * 2 * 944 = 128384; logits in bf16
@@ -54,16 +56,16 @@ def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
     assert m.micro_batch == 128384 + 9600 + 38400 + 12416
     # the KV cache stays float32 under autocast; the fused copies are bf16
     assert m.generation == 32768 + 6208 * 2
-    ref_sync = estimate_memory(_cfg(config_dir, ref_model_sync_steps=10), build_meta_model(_cfg(config_dir)), CPU)
+    ref_sync = estimate_memory(_cfg(config_dir, ref_model_sync_steps=10), build_meta_model(str(config_dir)), CPU)
     assert ref_sync.reference == 25152  # mixed with the policy: kept float32
-    lora = estimate_memory(_cfg(config_dir, lora={"r": 2}), build_meta_model(_cfg(config_dir)), CPU)
+    lora = estimate_memory(_cfg(config_dir, lora={"r": 2}), build_meta_model(str(config_dir)), CPU)
     # frozen Linear weights are cast too (saved for the input's gradient), plus the 1024 adapter weights (next test)
     assert lora.micro_batch == 128384 + 9600 + 38400 + (6208 + 1024) * 2
 
 
 def test_lora_and_checkpointing_by_hand(config_dir):
     lora = _cfg(config_dir, lora={"r": 2}, beta=0.04)
-    model = build_meta_model(lora)
+    model = build_meta_model(lora.model_name_or_path)
     m = estimate_memory(lora, model, CPU)
     assert m.parameters == 6288 and m.trainable == 1024
     assert not hasattr(model, "peft_config")  # counted on a copy: the caller's model is left alone
@@ -72,7 +74,7 @@ def test_lora_and_checkpointing_by_hand(config_dir):
     assert m.reference == 0 and m.gradients == 1024 * 4 and m.adamw == 2 * 1024 * 4
     assert m.weights == 25152
     ckpt = _cfg(config_dir, gradient_checkpointing=True)
-    c = estimate_memory(ckpt, build_meta_model(ckpt), CPU)
+    c = estimate_memory(ckpt, build_meta_model(ckpt.model_name_or_path), CPU)
     # full rows: 8 * 16 = 128 tokens; each layer's input (16 x 4 B per token and layer) plus one layer's activations
     # (39 * 16 + 14 * 32 = 1072 B; no attention probabilities: checkpointed layers run on SDPA)
     assert c.micro_batch == 128 * (2 * 16 * 4 + 1072) + 19200 + 38400
@@ -83,7 +85,7 @@ def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_
     args = GRPOConfig(model_name_or_path=str(tiny_model_dir), num_generations=4, per_device_train_batch_size=8,
                       gradient_accumulation_steps=1, max_completion_length=4, max_prompt_length=8, beta=0.04, max_steps=1,
                       output_dir=str(tmp_path / "run"), report_to=["jsonl"], progress_bar=False, save_steps=0)
-    estimate = estimate_memory(args, build_meta_model(args))
+    estimate = estimate_memory(args, build_meta_model(args.model_name_or_path))
     trainer = GRPOTrainer(reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions], args=args,
                           train_dataset=word_prompts)
     trainer.train()
@@ -93,3 +95,30 @@ def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_
     assert estimate.gradients == nbytes(p for p in trainer.model.parameters() if p.requires_grad)
     state = trainer.optimizer.state.values()
     assert estimate.adamw == nbytes(t for s in state for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+
+
+def test_memory_warning_names_the_need_and_the_fixes(config_dir, monkeypatch):
+    cfg = _cfg(config_dir)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**40)
+    assert memory.memory_warning(cfg, str(config_dir), CPU) is None
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**20)  # 1 MiB free
+    warning = memory.memory_warning(cfg, str(config_dir), CPU, processes=2)
+    # two CPU processes: 2 x (346560 B of tensors + 0.5 GiB of process) = 1.0 GiB
+    assert "needs about 1.0 GiB of cpu memory" in warning and "0.0 GiB is free" in warning
+    assert "per_device_train_batch_size" in warning and "lora.r" in warning and "gradient_checkpointing" in warning
+    assert memory.memory_warning(cfg, str(config_dir / "missing"), CPU) is None  # no config: no estimate, no warning
+
+
+def test_trainer_warns_before_loading_a_model_that_will_not_fit(tiny_model_dir, word_prompts, tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**20)
+    args = GRPOConfig(model_name_or_path=str(tiny_model_dir), num_generations=4, per_device_train_batch_size=8, max_steps=1,
+                      output_dir=str(tmp_path / "run"), report_to=["jsonl"], progress_bar=False)
+    with pytest.warns(UserWarning, match="may run out of memory"):
+        GRPOTrainer(reward_funcs=lambda prompts, completions, **k: [0.0] * len(completions), args=args, train_dataset=word_prompts)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo (Linux)")
+def test_available_bytes_reads_this_host():
+    psutil = pytest.importorskip("psutil")
+    # the same kernel figure (MemAvailable), read a moment apart
+    assert memory.available_bytes(CPU) == pytest.approx(psutil.virtual_memory().available, rel=0.05)
