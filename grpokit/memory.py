@@ -44,6 +44,7 @@ from grpokit.hardware import autocast_dtype, pick_device, pick_dtype, untied_lin
 from grpokit.modeling import model_config
 from grpokit.rollout.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
 from grpokit.train.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
+from grpokit.train.setup import lora_config
 
 
 @dataclass
@@ -73,11 +74,9 @@ def build_meta_model(name_or_path: str, trust_remote_code: bool = False) -> torc
 
 def lora_parameters(model: torch.nn.Module, cfg: GRPOConfig) -> int:
     """Parameters of the LoRA adapters training would add to ``model`` (a meta-device model; left as it is)."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    lora = cfg.lora
-    wrapped = get_peft_model(copy.deepcopy(model), LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                               target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    wrapped = get_peft_model(copy.deepcopy(model), lora_config(cfg))
     return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
 
 
@@ -127,11 +126,13 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     rows = mb * cfg.gradient_accumulation_steps  # a step's completions, sampled together
     kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
     fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
-    return MemoryEstimate(parameters=params, trainable=trainable, weights=weights, reference=reference, gradients=trainable * trainable_bytes, adamw=2 * trainable * trainable_bytes,
+    return MemoryEstimate(parameters=params, trainable=trainable, weights=weights, reference=reference,
+                          gradients=trainable * trainable_bytes, adamw=2 * trainable * trainable_bytes,
                           micro_batch=micro_batch, generation=kv_cache + (linear * compute if fused else 0))
 
 
-# What a CPU training process holds beyond its tensors (runtime, allocator): 0.5-0.8 GiB in bench/memory_estimate.py.
+# What a CPU training process holds beyond its tensors (runtime, allocator): 0.5-0.8 GiB in bench/memory_estimate.py;
+# the warning counts the low end, so it errs toward staying quiet.
 PROCESS_OVERHEAD = 2**29
 
 

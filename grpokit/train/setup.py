@@ -73,13 +73,19 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig) -> torch.nn.Module:
     The reference policy is this same model with its adapters disabled (see reference.py).
     """
     try:
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+        from peft import get_peft_model, prepare_model_for_kbit_training
     except ImportError:
         raise ImportError("lora.r > 0 needs peft: pip install 'grpokit[lora]'.") from None
     if not is_hf_model(model):
         raise ConfigError("LoRA (lora.r > 0) is supported for Hugging Face models; for a custom module, train it fully (lora.r: 0).")
     if args.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
+    return get_peft_model(model, lora_config(args))
+
+
+def lora_config(args: GRPOConfig):
+    """peft's LoraConfig for ``args.lora``."""
+    from peft import LoraConfig
+
     lora = args.lora
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
