@@ -54,22 +54,24 @@ def _overrides(items: list[str]) -> list[str]:
 
 def cmd_train(args) -> int:
     from grpokit.config import load_config
-    from grpokit.distributed import shutdown_distributed
+    from grpokit.distributed import exit_process, shutdown_distributed
     from grpokit.train.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))
-    finished = False
+    finished = distributed = False
     try:
         trainer = GRPOTrainer(args=cfg)
         trainer.train()
         finished = trainer.interrupted_by is None
     finally:
-        shutdown_distributed(finished)  # under torchrun: leave the process group before the interpreter exits
+        distributed = shutdown_distributed(finished)  # under torchrun: leave the process group before exiting
     if trainer.interrupted_by is not None:
-        return 128 + int(trainer.interrupted_by)  # 130 for SIGINT, 143 for SIGTERM
-    if trainer.stop_reason and "non-finite" in trainer.stop_reason:
-        return 1
-    return 0
+        code = 128 + int(trainer.interrupted_by)  # 130 for SIGINT, 143 for SIGTERM
+    else:
+        code = 1 if trainer.stop_reason and "non-finite" in trainer.stop_reason else 0
+    if distributed:
+        exit_process(code)  # a torchrun rank skips the interpreter's teardown (see exit_process)
+    return code
 
 
 def cmd_eval(args) -> int:

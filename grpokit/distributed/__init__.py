@@ -11,10 +11,11 @@ from grpokit.distributed.seeding import (
 )
 from grpokit.distributed.torch_dist import (
     DistContext,
+    exit_process,
     gather_reward_result,
     init_distributed,
     shutdown_distributed,
     wrap_data_parallel,
 )
 
-__all__ = ["DistContext", "concat_rollouts", "gather_reward_result", "generate_per_group", "group_seed", "init_distributed", "shutdown_distributed", "split_rollouts", "wrap_data_parallel"]
+__all__ = ["DistContext", "concat_rollouts", "exit_process", "gather_reward_result", "generate_per_group", "group_seed", "init_distributed", "shutdown_distributed", "split_rollouts", "wrap_data_parallel"]
