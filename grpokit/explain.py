@@ -17,13 +17,14 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
         f"optimizer steps in total:  {cfg.max_steps * cfg.num_iterations}  (max_steps {cfg.max_steps} x num_iterations {cfg.num_iterations})",
         f"tokens per step (at most): {B * P + N * T:,}  (prompts {B} x {P} once per group + completions {N} x {T})",
     ]
+    m, reason = None, "no model_name_or_path"
     try:  # explain works even when the model cannot be inspected here (offline, not a HF model, peft missing)
-        model = build_meta_model(cfg.model_name_or_path, cfg.trust_remote_code) if cfg.model_name_or_path else None
-        m = estimate_memory(cfg, model) if model is not None else None
+        if cfg.model_name_or_path:
+            m = estimate_memory(cfg, build_meta_model(cfg.model_name_or_path, cfg.trust_remote_code))
     except Exception as exc:  # noqa: BLE001 - any failure only means no estimate
-        model, m = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-    if model is None:
-        lines.append(f"memory estimate:           unavailable ({m or 'no model_name_or_path'})")
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    if m is None:
+        lines.append(f"memory estimate:           unavailable ({reason})")
         return "\n".join(lines)
     parts = [("weights", m.weights), ("reference", m.reference), ("gradients", m.gradients), ("AdamW moments", m.adamw),
              ("one micro-batch", m.micro_batch), ("generation", m.generation)]

@@ -175,10 +175,10 @@ def exit_process(code: int) -> None:
 
     Even after :func:`shutdown_distributed`, a rank that had written everything could still die at exit
     with "terminate called without an active exception" (SIGABRT, no Python frame): a native
-    destructor run during interpreter finalization (three times in about fifteen clean-clone CI runs,
-    in the two-process FSDP and gloo + Ray tests). Everything a run writes is closed by then (checkpoints, rollout store, metrics,
-    trackers), so the rank flushes its streams and logging, stops Ray if it started it, and exits
-    without running native destructors.
+    destructor run during interpreter finalization (three times in about fifteen clean-clone CI
+    runs, in the two-process FSDP and gloo + Ray tests). Everything a run writes is closed by then
+    (checkpoints, rollout store, metrics, trackers), so the rank flushes its streams and logging,
+    stops Ray if it started it, and exits without running native destructors.
     """
     import logging
 
