@@ -1,5 +1,5 @@
 """Device and dtype choice: CUDA (bf16 where supported), then MPS, then CPU (float32 weights, bf16
-autocast where the CPU has native bf16 matmul)."""
+autocast where the CPU has native bf16 matmul, as :mod:`grpokit.cpu_caps` reports)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import ctypes
 import sys
 
 import torch
+
+from grpokit.cpu_caps import cpu_caps
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,14 +43,12 @@ def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def cpu_supports_bf16() -> bool:
-    """True when this x86 CPU has native bf16 matmul (AVX512-BF16 or AMX)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+def slow_dtype_warning(requested: str, device: torch.device) -> str | None:
+    """Why ``requested`` will be slow on ``device``, or None: bf16 on a CPU without native bf16 matmul."""
+    if requested != "bfloat16" or device.type != "cpu" or cpu_caps().native_bf16:
+        return None
+    return ("dtype=bfloat16 on a CPU without native bf16 matmul (no AVX512-BF16 or AMX-BF16): its bf16 matmuls are "
+            "emulated and run slower than float32. The results are correct; dtype=auto (float32 here) is faster.")
 
 
 # Below this many parameters, bf16 autocast on CPU costs more (casts, small matmuls) than it saves.
@@ -63,7 +63,7 @@ def autocast_dtype(requested: str, device: torch.device, model: torch.nn.Module 
     float32 accumulation; weights, gradients, optimizer state, norms, softmax and the loss stay
     float32. Otherwise None: the weights' dtype (:func:`pick_dtype`) is the compute dtype.
     """
-    if requested != "auto" or device.type != "cpu" or not cpu_supports_bf16():
+    if requested != "auto" or device.type != "cpu" or not cpu_caps().native_bf16:
         return None
     if model is not None and sum(p.numel() for p in model.parameters()) < MIN_AUTOCAST_PARAMS:
         return None

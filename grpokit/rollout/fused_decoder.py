@@ -5,8 +5,8 @@ so its cost is per-call overhead and weight traffic, not FLOPs. Through the Hugg
 layer makes seven matmul calls (q, k, v, o, gate, up, down), each casting its input under
 autocast, plus ~25 small ops for norms and rotary embeddings. :class:`FusedDecoder` runs the same
 layer from weights prepared once per generation: q/k/v in one matrix, gate/up in one matrix, all
-in the compute dtype (the values autocast would use) and, on CPU, packed for oneDNN
-(:mod:`grpokit.rollout.packed_linear`): four matmuls per layer. Norms (the model's own modules),
+in the compute dtype (the values autocast would use) and, on CPUs that support it, packed for
+oneDNN (:mod:`grpokit.rollout.packed_linear`): four matmuls per layer. Norms (the model's own modules),
 rotary embeddings (its own rotary module) and the KV cache (:mod:`grpokit.rollout.kv_cache`) are
 the same as in the HF forward, in the same dtypes; attention of the single new token is two small float32 matmuls
 (:func:`_decode_attention`).
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from grpokit.modeling import is_hf_model
 from grpokit.rollout.kv_cache import PreallocatedLayer, preallocate
-from grpokit.rollout.packed_linear import PackedLinear, packing_available
+from grpokit.rollout.packed_linear import pack
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -57,14 +57,14 @@ def _weight_and_bias(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tenso
 
 def _fused_linear(layers: list[torch.nn.Module], dtype: torch.dtype, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """x -> x W^T + b for the effective weights of ``layers`` stacked (:func:`_weight_and_bias`), in
-    ``dtype``, packed for oneDNN on CPU when available."""
+    ``dtype``: packed for oneDNN where this CPU supports it (:func:`grpokit.rollout.packed_linear.pack`),
+    else ``F.linear``."""
     weights, biases = zip(*(_weight_and_bias(layer) for layer in layers))
     weight = torch.cat([w.detach() for w in weights]).to(dtype)  # [out, in]
     bias = None if all(b is None for b in biases) else torch.cat(
         [b.detach() if b is not None else w.new_zeros(w.size(0)) for w, b in zip(weights, biases)]).to(dtype)
-    if packing_available(weight.device) and dtype in (torch.float32, torch.bfloat16):
-        return PackedLinear(weight, bias, dtype, rows)
-    return lambda x: F.linear(x.to(dtype), weight, bias)
+    packed = pack(weight, bias, dtype, rows) if dtype in (torch.float32, torch.bfloat16) else None
+    return packed if packed is not None else (lambda x: F.linear(x.to(dtype), weight, bias))
 
 
 @dataclass

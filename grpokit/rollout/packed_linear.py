@@ -18,19 +18,32 @@ LoRA run (adapters off by 2e-6), for a reason not yet found.
 
 Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's inner layers are
 plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.
+
+Which CPUs: :func:`packing_available` asks :func:`grpokit.cpu_caps.cpu_caps` (float32 on x86-64,
+bf16 only where oneDNN has bf16 kernels). Should the packing op still refuse a dtype, :func:`pack`
+warns once and that dtype stays on ``F.linear`` for the rest of the process: the same numbers, slower.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
+from grpokit.cpu_caps import cpu_caps
 
-def packing_available(device: torch.device) -> bool:
-    """Whether this torch build can pack Linear weights for ``device`` (CPU with oneDNN)."""
-    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+# dtypes the packing op refused on this machine (see pack)
+_refused: set[torch.dtype] = set()
+
+
+def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether Linear weights can be packed in ``dtype`` for ``device``: CPU, oneDNN, a CPU it supports."""
+    return device.type == "cpu" and dtype not in _refused and cpu_caps().packs(dtype)
+
+
+def _reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
 class PackedLinear:
@@ -39,11 +52,26 @@ class PackedLinear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, rows: int):
         self.dtype = dtype
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), rows)
+        self.weight = _reorder(weight.detach().to(dtype), rows)
         self.bias = None if bias is None else bias.detach().to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
+
+
+def pack(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, rows: int) -> PackedLinear | None:
+    """A :class:`PackedLinear`, or None (the caller uses ``F.linear``) when packing in ``dtype`` is
+    unavailable here or the packing op refuses it; a refusal is warned about once per dtype."""
+    if not packing_available(weight.device, dtype):
+        return None
+    try:
+        return PackedLinear(weight, bias, dtype, rows)
+    except RuntimeError as exc:
+        _refused.add(dtype)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        warnings.warn(f"grpokit: oneDNN cannot pack {dtype} Linear weights on this CPU ({reason}); using F.linear instead "
+                      "(same numbers, slower). `grpokit env` shows what this CPU supports.", RuntimeWarning, stacklevel=2)
+        return None
 
 
 def _packing_dtype(weight: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype | None:
@@ -60,14 +88,16 @@ def _packing_dtype(weight: torch.Tensor, dtype: torch.dtype | None) -> torch.dty
 def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int, device: torch.device):
     """Run ``model``'s Linear layers on weights packed in ``dtype`` (None: each weight's own dtype)
     inside this block; ``rows`` is the expected rows per call (any count works). No-op where
-    packing is unavailable (not CPU, no oneDNN) and for dtypes it does not serve."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear] if packing_available(device) else []
+    packing is unavailable (not CPU, no oneDNN, a CPU without the dtype's kernels) and for dtypes it
+    does not serve; yields the number of layers packed."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear] if device.type == "cpu" else []
     patched = []
     try:
         for linear in linears:
             wanted = _packing_dtype(linear.weight, dtype)
-            if wanted is not None:
-                linear.forward = PackedLinear(linear.weight, linear.bias, wanted, rows)  # instance attribute shadows nn.Linear.forward
+            packed = pack(linear.weight, linear.bias, wanted, rows) if wanted is not None else None
+            if packed is not None:
+                linear.forward = packed  # instance attribute shadows nn.Linear.forward
                 patched.append(linear)
         yield len(patched)
     finally:

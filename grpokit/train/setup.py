@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.hardware import pick_device, pick_dtype
+from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.modeling import is_hf_model, load_model, load_tokenizer
 
 
@@ -32,6 +33,9 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
     """(model in train mode on its device, tokenizer, device, uses_lora)."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
+    slow = slow_dtype_warning(args.dtype, device)
+    if slow:
+        warnings.warn(f"grpokit: {slow}", stacklevel=3)
     model = model if model is not None else args.model_name_or_path
     if model is None:
         raise ConfigError("no model: pass model=... to GRPOTrainer or set model.model_name_or_path in the config.")

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import grpokit.rollout.engine as engine_module
+import grpokit.rollout.fused_decoder as fused_module
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.fused_decoder import FusedDecoder, fused_decoder
 from grpokit.rollout.kv_cache import preallocate
@@ -168,3 +169,29 @@ def test_decode_attention_by_hand():
     torch.testing.assert_close(_decode_attention(q, k, v, None, scaling), torch.tensor([[[17.5, 15.0]]]))
     mask = torch.tensor([False, True]).view(1, 1, 1, 2)
     torch.testing.assert_close(_decode_attention(q, k, v, mask, scaling), torch.tensor([[[20.0, 20.0]]]))
+
+
+@pytest.mark.parametrize("dtype, cpu", [(torch.bfloat16, "avx2"), (torch.float32, "aarch64")])
+def test_generation_without_weight_packing_gives_the_same_numbers(dtype, cpu, monkeypatch):
+    """The fused decoder on a CPU whose probe rules oneDNN packing out (bf16 on an AVX2-only CPU, anything
+    on Arm) runs F.linear on the same fused weights: the same tokens and log-probs as with packing."""
+    from grpokit.rollout.packed_linear import packing_available
+
+    if not packing_available(CPU, dtype):
+        pytest.skip(f"compares {dtype} weight packing with its fallback: this CPU cannot pack {dtype} (oneDNN "
+                    "needs x86-64, and for bf16 AVX512BW + AVX512VL + AVX512DQ or AVX-NE-CONVERT)")
+    model, tokenizer = tiny_model("qwen2")
+    autocast = None if dtype == torch.float32 else dtype
+    steps, packs = [], []
+    real_step, real_pack = FusedDecoder.step, fused_module.pack
+    monkeypatch.setattr(FusedDecoder, "step", lambda self, *a: steps.append(1) or real_step(self, *a))
+    monkeypatch.setattr(fused_module, "pack", lambda *a: packs.append(real_pack(*a)) or packs[-1])
+    packed = sample(model, tokenizer, autocast_dtype=autocast)
+    assert packs and all(p is not None for p in packs)
+    packs.clear()
+    monkeypatch.setenv("GRPOKIT_CPU_CAPS", cpu)
+    fallback = sample(model, tokenizer, autocast_dtype=autocast)
+    assert packs and all(p is None for p in packs)
+    assert len(steps) > 2, "both generations decode through the fused step"
+    assert torch.equal(packed.completion_ids, fallback.completion_ids)
+    torch.testing.assert_close(packed.logprobs, fallback.logprobs, atol=1e-5, rtol=1e-5)

@@ -12,6 +12,7 @@ import torch
 
 from grpokit import hardware
 from grpokit.config import GRPOConfig
+from grpokit.cpu_caps import CpuCaps
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
@@ -236,9 +237,16 @@ def test_reference_linears_in_bf16_change_no_number(setup):
 def test_autocast_choice(monkeypatch):
     big = torch.nn.Linear(4000, 3000)  # 12M parameters
     small = torch.nn.Linear(10, 10)
-    monkeypatch.setattr(hardware, "cpu_supports_bf16", lambda: True)
+    sapphire_rapids = CpuCaps("x86_64", "", frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"}),
+                              onednn=True, onednn_bf16=True, torch_capability="AVX512")
+    monkeypatch.setattr(hardware, "cpu_caps", lambda: sapphire_rapids)
     assert hardware.autocast_dtype("auto", CPU, big) is torch.bfloat16
     assert hardware.autocast_dtype("auto", CPU, small) is None  # casts cost more than they save
     assert hardware.autocast_dtype("float32", CPU, big) is None
-    monkeypatch.setattr(hardware, "cpu_supports_bf16", lambda: False)
-    assert hardware.autocast_dtype("auto", CPU, big) is None
+    zen3 = CpuCaps("x86_64", "", frozenset({"avx2"}), onednn=True, onednn_bf16=False, torch_capability="AVX2")
+    monkeypatch.setattr(hardware, "cpu_caps", lambda: zen3)
+    assert hardware.autocast_dtype("auto", CPU, big) is None  # emulated bf16: float32 is faster
+    graviton3 = CpuCaps("aarch64", "", frozenset({"asimd", "sve", "bf16"}), onednn=True, onednn_bf16=True,
+                        torch_capability="SVE256")
+    monkeypatch.setattr(hardware, "cpu_caps", lambda: graviton3)
+    assert hardware.autocast_dtype("auto", CPU, big) is None  # not measured on Arm: float32
