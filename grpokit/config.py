@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -507,6 +508,16 @@ def _flatten(values: dict) -> dict:
     return flat
 
 
+# Fields holding a filesystem path (or a hub id / keyword, which expansion leaves alone). Reward files
+# (`path/to/file.py:function`) are expanded where they are loaded (rewards/registry.py), with expand_path.
+PATH_FIELDS = ("model_name_or_path", "tokenizer_name_or_path", "train_dataset", "eval_dataset", "output_dir", "resume_from")
+
+
+def expand_path(path: str) -> str:
+    """``~`` and environment variables (``$VAR``, ``${VAR}``) expanded, as a shell would; other text unchanged."""
+    return os.path.expanduser(os.path.expandvars(path))
+
+
 def _coerce(cls: type, name: str, value: Any) -> Any:
     """Check a value against the field's annotation; accept ints for floats and strings from the CLI."""
     hints = typing.get_type_hints(cls)
@@ -546,7 +557,7 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
             return number
     elif expected is str:
         if isinstance(value, str):
-            return value
+            return expand_path(value) if name in PATH_FIELDS else value
     elif expected is list:
         if isinstance(value, (list, tuple)):
             return list(value)

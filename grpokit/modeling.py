@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from grpokit.config import expand_path
+
 
 def is_hf_model(model: torch.nn.Module) -> bool:
     """True for transformers models and peft wrappers of them (they accept attention_mask and a KV cache)."""
@@ -51,7 +53,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A HF tokenizer with a pad token (EOS is used as pad when the tokenizer has none)."""
     from transformers import AutoTokenizer
 
-    tokenizer = _from_pretrained(AutoTokenizer, name_or_path, "tokenizer", trust_remote_code=trust_remote_code)
+    tokenizer = _from_pretrained(AutoTokenizer, expand_path(name_or_path), "tokenizer", trust_remote_code=trust_remote_code)
     ensure_pad_token(tokenizer)
     return tokenizer
 
@@ -85,12 +87,12 @@ def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trus
 
 
 def model_source(name_or_path: str) -> str:
-    """A local folder (``~`` expanded; it must exist) or a hub id, as ``from_pretrained`` takes it."""
-    local = Path(name_or_path)
-    looks_local = name_or_path.startswith((".", "/", "~")) or local.exists()
-    if looks_local and not local.expanduser().is_dir():
+    """A local folder (``~`` and variables expanded; it must exist) or a hub id, as ``from_pretrained`` takes it."""
+    local = Path(expand_path(name_or_path))
+    looks_local = name_or_path.startswith((".", "/", "~", "$")) or local.exists()
+    if looks_local and not local.is_dir():
         raise FileNotFoundError(f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as 'Qwen/Qwen2.5-0.5B'.")
-    return str(local.expanduser()) if looks_local else name_or_path
+    return str(local) if looks_local else name_or_path
 
 
 def model_config(name_or_path: str, trust_remote_code: bool = False):

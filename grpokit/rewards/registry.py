@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from grpokit.config import expand_path
 from grpokit.rewards.format import FormatReward
 from grpokit.rewards.judge import RewardModelReward
 from grpokit.rewards.length import LengthReward
@@ -61,7 +62,7 @@ class FileFunction:
     """
 
     def __init__(self, path: str | Path, function: str):
-        self.path = str(Path(path).expanduser().resolve())
+        self.path = str(Path(expand_path(str(path))).resolve())
         self.function = function
         self.name = function
         self._fn: Callable | None = None
