@@ -1,4 +1,4 @@
-"""Command line: grpokit train | eval | explain | demo | inspect | report."""
+"""Command line: grpokit train | eval | explain | demo | inspect | report | env."""
 
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the example config's)")
     p.add_argument("--rebuild", action="store_true", help="rebuild the cached warm-start policy")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("env", help="print versions, CPU/GPU and what grpokit would pick here (paste it into bug reports)")
+    p.set_defaults(func=cmd_env)
 
     from grpokit.store.cli import register
 
@@ -110,6 +113,13 @@ def cmd_demo(args) -> int:
     result = run_demo(output_dir=args.output_dir, steps=args.steps, rebuild=args.rebuild)
     for key in ("pass1_before", "pass1_after", "pass8_before", "pass8_after", "wall_seconds"):
         print(f"{key}={result[key]:.4f}")  # machine-readable, one key=value per line
+    return 0
+
+
+def cmd_env(args) -> int:
+    from grpokit.env import format_report, report
+
+    print(format_report(report()))
     return 0
 
 

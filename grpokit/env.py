@@ -1,0 +1,111 @@
+"""`grpokit env`: the facts a bug report needs, as ``trl env`` and ``transformers env`` print them.
+
+Versions (grpokit, its dependencies, the optional extras that are installed), Python and the OS, the
+CPU (model, the instruction sets the fast paths depend on, cores, memory), GPUs, and what grpokit
+would choose on this machine: device, dtype, bf16 autocast and each fast path, all from the same
+probes training uses (:mod:`grpokit.hardware`, :mod:`grpokit.cpu_caps`), so ``GRPOKIT_CPU_CAPS``
+shows here too.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import sys
+
+import torch
+
+import grpokit
+from grpokit.cpu_caps import ENV, cpu_caps, describe
+from grpokit.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
+from grpokit.memory import available_bytes
+
+
+def _requirements() -> tuple[list[str], dict[str, list[str]]] | None:
+    """(core dependency names, {extra: names}) from grpokit's installed metadata, or None when not installed."""
+    try:
+        requires = importlib.metadata.requires("grpokit") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    core, extras = [], {}
+    for requirement in requires:
+        name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", requirement)
+        if extra:
+            extras.setdefault(extra.group(1), []).append(name)
+        else:
+            core.append(name)
+    return core, extras
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def report() -> dict[str, str]:
+    """The report as ordered ``label -> value`` pairs."""
+    out = {"grpokit": grpokit.__version__, "Python": f"{platform.python_version()} ({sys.executable})",
+           "OS": platform.platform()}
+    requirements = _requirements()
+    if requirements is None:
+        out["dependencies"] = "unknown: grpokit is not installed (pip install -e .)"
+    else:
+        core, extras = requirements
+        out["dependencies"] = ", ".join(f"{n} {_version(n) or 'MISSING'}" for n in core)
+        out["extras"] = "; ".join(
+            f"{extra}: " + ", ".join(f"{n} {_version(n) or 'not installed'}" for n in names) for extra, names in extras.items())
+    caps = cpu_caps()
+    out["CPU"] = f"{caps.model or 'unknown model'} ({caps.machine}), {os.cpu_count()} cores, torch uses {torch.get_num_threads()} threads"
+    out["CPU instruction sets"] = describe(caps) + (f" (restricted by {ENV}={caps.forced})" if caps.forced else "")
+    out["torch CPU kernels"] = (f"{caps.torch_capability}, oneDNN {'yes' if caps.onednn else 'no'}, "
+                                f"oneDNN bf16 {'yes' if caps.onednn_bf16 else 'no'}")
+    out["memory"] = f"{_gib(_total_memory())} total, {_gib(available_bytes(torch.device('cpu')))} available"
+    gpus = [f"{torch.cuda.get_device_name(i)} ({_gib(torch.cuda.get_device_properties(i).total_memory)})"
+            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    out["GPUs"] = ", ".join(gpus) if gpus else "none (CUDA " + ("built" if torch.version.cuda else "not built") + " in torch)"
+    out["MPS"] = "available" if torch.backends.mps.is_available() else "no"
+    out.update(choices())
+    return out
+
+
+def choices() -> dict[str, str]:
+    """What training would pick here with ``device: auto`` and ``dtype: auto`` (and with ``dtype: bfloat16``); no label holds ": "."""
+    device = pick_device("auto")
+    weights = pick_dtype("auto", device)
+    out = {"device (auto)": str(device), "weights with dtype auto": str(weights).replace("torch.", "")}
+    if device.type != "cpu":
+        out["fast paths"] = f"fused decoder, fused LM head, preallocated KV cache on {device.type}"
+        return out
+    caps = cpu_caps()
+    if caps.native_bf16:
+        out["bf16 autocast with dtype auto"] = f"yes, for models of >= {MIN_AUTOCAST_PARAMS // 10**6}M parameters (native bf16 matmul)"
+        out["with dtype bfloat16"] = "native bf16 matmul"
+    else:
+        out["bf16 autocast with dtype auto"] = "no: no native bf16 matmul (AVX512-BF16 or AMX-BF16), float32 is faster"
+        out["with dtype bfloat16"] = "runs, emulated: slower than float32"
+    packing = [name for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)) if caps.packs(dtype)]
+    out["oneDNN weight packing"] = ", ".join(packing) if packing else "no (F.linear)"
+    out["fast paths"] = ("fused decoder (Llama/Qwen2/Qwen3/Mistral), fused LM head, plain attention for small learner calls, "
+                         "preallocated KV cache")
+    return out
+
+
+def format_report(items: dict[str, str]) -> str:
+    """``- label: value`` lines, ready to paste into an issue."""
+    return "\n".join(f"- {label}: {value}" for label, value in items.items())

@@ -1,0 +1,74 @@
+"""`grpokit env`: versions, hardware and what grpokit would pick, honouring the forced CPU probe."""
+
+import platform
+import re
+import sys
+
+import pytest
+import torch
+
+import grpokit
+from grpokit.cli import main
+
+
+def env_lines(capsys) -> dict[str, str]:
+    assert main(["env"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.startswith("- ") for line in lines)
+    return dict(line[2:].split(": ", 1) for line in lines)
+
+
+def test_versions_system_and_hardware(capsys, monkeypatch):
+    monkeypatch.delenv("GRPOKIT_CPU_CAPS", raising=False)
+    info = env_lines(capsys)
+    assert info["grpokit"] == grpokit.__version__
+    assert info["Python"].startswith(platform.python_version()) and sys.executable in info["Python"]
+    assert f"torch {torch.__version__}" in info["dependencies"]
+    assert "transformers " in info["dependencies"]
+    assert re.search(r"lora: peft (\d|not installed)", info["extras"])
+    assert f"{torch.get_num_threads()} threads" in info["CPU"]
+    assert re.fullmatch(r"[\d.]+ GiB total, ([\d.]+ GiB|unknown) available", info["memory"])
+    assert info["device (auto)"] == ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64", reason="reads x86 /proc/cpuinfo")
+def test_instruction_sets_are_this_cpus(capsys, monkeypatch):
+    monkeypatch.delenv("GRPOKIT_CPU_CAPS", raising=False)
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    info = env_lines(capsys)
+    assert f"AVX2 {'yes' if 'avx2' in flags else 'no'}" in info["CPU instruction sets"]
+    assert f"AVX512-BF16 {'yes' if 'avx512_bf16' in flags else 'no'}" in info["CPU instruction sets"]
+    assert f"AMX {'yes' if 'amx_bf16' in flags else 'no'}" in info["CPU instruction sets"]
+    assert f"oneDNN bf16 {'yes' if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 'no'}" in info["torch CPU kernels"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="describes CPU training")
+def test_a_forced_avx2_only_cpu_is_reported_with_its_choices(capsys, monkeypatch):
+    if platform.machine() != "x86_64":
+        pytest.skip("simulates an x86-64 CPU: needs one")
+    monkeypatch.setenv("GRPOKIT_CPU_CAPS", "avx2")
+    info = env_lines(capsys)
+    assert info["CPU instruction sets"].startswith("AVX2 yes, AVX-512 no, AVX512-BF16 no, AMX no")
+    assert info["CPU instruction sets"].endswith("(restricted by GRPOKIT_CPU_CAPS=avx2)")
+    assert info["weights with dtype auto"] == "float32"
+    assert info["bf16 autocast with dtype auto"].startswith("no: no native bf16 matmul")
+    assert info["with dtype bfloat16"] == "runs, emulated: slower than float32"
+    assert info["oneDNN weight packing"] == "float32"
+    monkeypatch.setenv("GRPOKIT_CPU_CAPS", "aarch64")
+    info = env_lines(capsys)
+    assert info["oneDNN weight packing"] == "no (F.linear)"
+    assert info["CPU instruction sets"].startswith("aarch64: NEON no")
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="describes CPU training")
+def test_native_bf16_cpu_choices(capsys, monkeypatch):
+    from grpokit import cpu_caps, env
+
+    sapphire_rapids = cpu_caps.CpuCaps("x86_64", "Xeon", frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                                                                     "amx_bf16"}), onednn=True, onednn_bf16=True,
+                                       torch_capability="AVX512")
+    monkeypatch.setattr(env, "cpu_caps", lambda: sapphire_rapids)
+    info = env_lines(capsys)
+    assert info["bf16 autocast with dtype auto"].startswith("yes, for models of >= 10M parameters")
+    assert info["oneDNN weight packing"] == "float32, bf16"
+    assert "AMX yes" in info["CPU instruction sets"]
