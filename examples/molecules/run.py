@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads; the models are so small that one thread beats several (their matmuls are too small to split)")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # options and key=value overrides in any order
 
 
 def main(argv: list[str] | None = None) -> dict:

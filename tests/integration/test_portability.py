@@ -46,3 +46,15 @@ def test_a_training_step_on_an_avx2_only_cpu(dtype, tmp_path, tiny_model_dir, wo
     assert "cannot pack" not in result.stderr  # the probe kept the packing op from being tried
     slow = result.stderr.count("dtype=bfloat16 on a CPU without native bf16 matmul")
     assert slow == (1 if dtype == "bfloat16" else 0), result.stderr[-3000:]
+
+
+def test_the_fast_path_tests_pass_on_an_avx2_only_cpu(tmp_path):
+    """The unit tests of every CPU fast path (packed linears, fused decoder, sampling with the KV cache under
+    bf16 autocast, fused head, attention, the bf16 learner) on the simulated CPU: they pass, or skip naming
+    the instruction set they need."""
+    unit = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "unit")
+    files = [os.path.join(unit, f"test_{name}.py") for name in ("packed_linear", "fused_decoder", "engine", "attention", "perf_paths")]
+    result = run_simulated(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files], tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:]
+    skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert skips and all("AVX512BW + AVX512VL + AVX512DQ" in line for line in skips), skips

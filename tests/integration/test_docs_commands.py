@@ -1,0 +1,212 @@
+"""Every shell command and Python snippet in the docs runs: README.md, docs/*.md, examples/*/README.md.
+
+Fenced blocks are found generically (```bash / sh / shell / console: one command per line, ```python: one
+script), so a block added to the docs is run without touching this file. Each runs in a fresh folder
+holding what the docs' placeholders name: ``path/to/causal-lm`` (a tiny local model), ``train.jsonl`` /
+``eval.jsonl``, ``my_rewards.py``, a ``# config.yaml`` YAML block of the same page written as that file,
+and links to ``examples/``, ``bench/`` and ``docs/``. ``HOME`` is a folder of its own.
+
+A command runs exactly as documented, or with arguments appended (``APPENDED``: shortening overrides
+such as ``max_steps=1``, and a local model where the docs name a hub model), or is listed in
+``NOT_RUNNABLE`` with the reason. Python snippets get ``PYTHON_SHORTENING`` (``max_steps=1``, ...).
+A documented command that fails fails this test; so does a table entry no page documents any more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("*/README.md"))]
+SHELL, PYTHON = ("bash", "sh", "shell", "console"), ("python", "py")
+TIMEOUT = 300
+
+# ---- the per-command table -------------------------------------------------------------------------
+# A documented command (comments stripped, whitespace normalised) -> why it is not run here.
+NOT_RUNNABLE = {
+    "make demo": "creates .venv and installs packages (network); `grpokit demo` runs in tests/integration/test_demo.py",
+    "make test": "is this test suite (CI runs it through .ci/run)",
+    "make test-fast": "is this test suite without the slow tests",
+    "make bench": "the benchmark: installs packages and runs ~30 min",
+    "python bench/vs_trl.py": "the benchmark: ~30 min",
+    "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",
+    "pip install 'grpokit[ray]'": "installs packages (network)",
+    "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml": "4 processes; tests/integration/test_distributed.py runs torchrun with 2",
+    "torchrun --nnodes 2 --node_rank 0 --master_addr HOST --nproc_per_node 8 -m grpokit train config.yaml":
+        "two nodes of 8 processes",
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.strategy=fsdp":
+        "4 processes; tests/integration/test_fsdp.py runs FSDP with 2",
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.backend=ray":
+        "4 processes and Ray; tests/integration/test_distributed_ray.py runs torchrun and Ray with 2",
+    "ray start --head --port 6379 --dashboard-host 0.0.0.0": "starts a multi-node Ray cluster's head",
+    "ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
+    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": "needs a Ray cluster's head node",
+}
+
+TINY_MODEL = ["model_name_or_path=path/to/causal-lm"]  # the docs' hub model -> the local tiny one
+SHORT_RUN = ["max_steps=1", "save_steps=1", "eval_steps=0", "max_completion_length=8"]
+MOLECULES_SHORT = ["--cache-dir", "cache", "--samples", "16", "--pretrain-steps", "30", "--pretrain-d-model", "32",
+                   "--pretrain-n-layers", "1", "--pretrain-batch-size", "16", "max_steps=1", "num_generations=8",
+                   "per_device_train_batch_size=8", "max_completion_length=20", "output_dir=runs/molecules"]
+FILL_IN_SHORT = ["--cache-dir", "cache", "--n-eval", "16", "--policy-steps", "10", "--policy-hidden-size", "32",
+                 "--judge-steps", "10", "--judge-d-model", "32", "max_steps=1", "num_generations=4",
+                 "per_device_train_batch_size=16", "output_dir=runs/fill_in"]
+# A documented command's start (the longest one that matches) -> arguments appended to it.
+APPENDED = {
+    "grpokit explain config.yaml": TINY_MODEL,
+    "grpokit train config.yaml": TINY_MODEL + SHORT_RUN,
+    "grpokit train config.yaml resume_from=latest": TINY_MODEL + SHORT_RUN[1:] + ["max_steps=2"],  # one step more
+    "grpokit inspect runs/my-run --step 100": ["--step", "1"],  # the short run has one step (argparse: the last one wins)
+    "python examples/molecules/run.py": MOLECULES_SHORT,
+    "python examples/fill_in/run.py": FILL_IN_SHORT,
+}
+# Python snippets: (pattern, replacement) applied to every snippet.
+PYTHON_SHORTENING = [(r"\bmax_steps=\d+", "max_steps=1"), (r"\bmax_completion_length=\d+", "max_completion_length=8")]
+
+
+@dataclass
+class Block:
+    path: Path
+    line: int
+    lang: str
+    text: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(path: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown file."""
+    found, lang, start, lines = [], None, 0, []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fence = re.match(r"^\s*```(\S*)", line)
+        if fence and lang is None:
+            lang, start, lines = fence.group(1).lower(), number, []
+        elif fence:
+            found.append(Block(path, start, lang, "\n".join(lines) + "\n"))
+            lang = None
+        elif lang is not None:
+            lines.append(line)
+    return found
+
+
+def commands(text: str) -> list[str]:
+    """The commands of a shell block: continuation lines joined, comments dropped, whitespace normalised."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    out = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        if words:
+            out.append(shlex.join(words).replace("'\"'\"'", "'"))
+    return out
+
+
+def normalise(command: str) -> str:
+    return " ".join(shlex.split(command, comments=True))
+
+
+def _normalised(table: dict) -> dict:
+    return {normalise(k): v for k, v in table.items()}
+
+
+ALL = [b for path in DOCS for b in blocks(path)]
+RUNNABLE = [b for b in ALL if b.lang in SHELL + PYTHON]
+
+
+def appended(command: str) -> list[str]:
+    words, table = normalise(command), _normalised(APPENDED)
+    matches = [k for k in table if words == k or words.startswith(k + " ")]
+    return table[max(matches, key=len)] if matches else []
+
+
+@pytest.fixture()
+def workdir(tmp_path, tiny_model_dir):
+    """A folder with what the docs' placeholders name (see the module docstring)."""
+    (tmp_path / "path" / "to").mkdir(parents=True)
+    (tmp_path / "path" / "to" / "causal-lm").symlink_to(tiny_model_dir)
+    for name in ("examples", "bench", "docs"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": str(i)} for i in range(16)]
+    for name in ("train.jsonl", "eval.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "my_rewards.py").write_text("def brevity(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n")
+    (tmp_path / "home").mkdir()
+    return tmp_path
+
+
+def environment(workdir: Path) -> dict[str, str]:
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # python / grpokit of this venv
+    return {**os.environ, "PATH": path, "HOME": str(workdir / "home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def write_named_yaml(block: Block, workdir: Path) -> None:
+    """Write the page's YAML blocks that start with ``# NAME.yaml`` into the folder as NAME.yaml."""
+    for other in blocks(block.path):
+        named = re.match(r"#\s*(\S+\.ya?ml)\s*\n", other.text)
+        if other.lang in ("yaml", "yml") and named:
+            (workdir / named.group(1)).write_text(other.text)
+
+
+def run(args: list[str] | str, workdir: Path, shell: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=workdir, env=environment(workdir), capture_output=True, text=True, timeout=TIMEOUT,
+                          shell=shell, executable="/bin/bash" if shell else None)
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
+def test_documented_block_runs(block, workdir):
+    write_named_yaml(block, workdir)
+    if block.lang in PYTHON:
+        script = block.text
+        for pattern, replacement in PYTHON_SHORTENING:
+            script = re.sub(pattern, replacement, script)
+        (workdir / "snippet.py").write_text(script)
+        result = run([sys.executable, "snippet.py"], workdir)
+        assert result.returncode == 0, f"{block.id}: the Python snippet failed:\n{result.stderr[-4000:]}"
+        return
+    skipped, ran, not_runnable = [], 0, _normalised(NOT_RUNNABLE)
+    for command in commands(block.text):
+        if normalise(command) in not_runnable:
+            skipped.append(f"{command!r}: {not_runnable[normalise(command)]}")
+            continue
+        full = " ".join([command, *map(shlex.quote, appended(command))])
+        result = run(full, workdir, shell=True)
+        assert result.returncode == 0, f"{block.id}: `{full}` failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+        ran += 1
+    if not ran:
+        pytest.skip("not runnable here: " + "; ".join(skipped))
+
+
+def test_the_tables_name_documented_commands():
+    documented = {normalise(c) for b in RUNNABLE if b.lang in SHELL for c in commands(b.text)}
+    assert not set(_normalised(NOT_RUNNABLE)) - documented, "NOT_RUNNABLE lists commands no page documents any more"
+    stale = [k for k in _normalised(APPENDED) if not any(d == k or d.startswith(k + " ") for d in documented)]
+    assert not stale, f"APPENDED lists commands no page documents any more: {stale}"
+
+
+def test_readme_arithmetic_example_command(tmp_path):
+    """`grpokit train examples/arithmetic/config.yaml`, the README's example (its model path keeps its `~`),
+    after the demo's warm start exists (a tiny one here, in a HOME of its own)."""
+    from grpokit.demo import WarmStartConfig, ensure_demo_policy
+
+    home = tmp_path / "home"
+    ensure_demo_policy(home / ".cache" / "grpokit", config=WarmStartConfig(hidden_size=16, num_layers=1, num_heads=2,
+                                                                          clean_steps=2, sloppy_steps=1, batch_size=8))
+    env = {k: v for k, v in environment(tmp_path).items() if k not in ("GRPOKIT_CACHE", "XDG_CACHE_HOME")}
+    command = ["grpokit", "train", str(ROOT / "examples/arithmetic/config.yaml"), "max_steps=1", "eval_steps=0",
+               f"output_dir={tmp_path / 'run'}"]
+    assert "grpokit train examples/arithmetic/config.yaml" in (ROOT / "README.md").read_text()
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
