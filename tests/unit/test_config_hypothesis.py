@@ -15,8 +15,10 @@ from grpokit.config import (
     FIELD_SECTION,
     REPORT_SINKS,
     SECTIONS,
+    PATH_FIELDS,
     ConfigError,
     GRPOConfig,
+    expand_path,
     load_config,
     parse_overrides,
 )
@@ -102,7 +104,8 @@ def test_overrides_round_trip(data):
     cfg = load_config(None, args)
     assert cfg == GRPOConfig(**values)
     for name, value in values.items():
-        assert getattr(cfg, name) == value, name
+        expected = expand_path(value) if name in PATH_FIELDS and isinstance(value, str) else value  # ~ and $VAR expanded
+        assert getattr(cfg, name) == expected, name
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -115,9 +118,10 @@ def test_yaml_round_trip(data, tmp_path):
 
 
 def test_string_fields_keep_their_text_on_the_command_line():
-    # YAML would read these as 7, True and None; the field is a string, so the text is kept
+    # YAML would read these as 7, True and None; the field is a string, so the text is kept (a path's ~ expanded)
     cfg = load_config(None, ["output_dir=007", "prompt_column=yes", "model_name_or_path=~/models/x"])
-    assert (cfg.output_dir, cfg.prompt_column, cfg.model_name_or_path) == ("007", "yes", "~/models/x")
+    assert (cfg.output_dir, cfg.prompt_column, cfg.model_name_or_path) == ("007", "yes", expand_path("~/models/x"))
+    assert cfg.model_name_or_path != "~/models/x"
     assert load_config(None, ["resume_from=null"]).resume_from is None
 
 
