@@ -20,8 +20,9 @@ Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's i
 plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.
 
 Which CPUs: :func:`packing_available` asks :func:`grpokit.cpu_caps.cpu_caps` (float32 on x86-64,
-bf16 only where oneDNN has bf16 kernels). Should the packing op still refuse a dtype, :func:`pack`
-warns once and that dtype stays on ``F.linear`` for the rest of the process: the same numbers, slower.
+bf16 only where oneDNN has bf16 kernels). Should oneDNN still refuse a dtype (when packing, or at the
+first call, which :func:`pack` makes once per dtype), :func:`pack` warns once and that dtype stays on
+``F.linear`` for the rest of the process: the same numbers, slower.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ import torch
 
 from grpokit.cpu_caps import cpu_caps
 
-# dtypes the packing op refused on this machine (see pack)
+# dtypes oneDNN refused on this machine, and dtypes whose packed layers ran once here (see pack)
 _refused: set[torch.dtype] = set()
+_working: set[torch.dtype] = set()
 
 
 def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
@@ -44,6 +46,10 @@ def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) 
 
 def _reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def _linear_pointwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 class PackedLinear:
@@ -56,16 +62,21 @@ class PackedLinear:
         self.bias = None if bias is None else bias.detach().to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, self.bias, "none", [], "")
+        return _linear_pointwise(x.to(self.dtype), self.weight, self.bias)
 
 
 def pack(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, rows: int) -> PackedLinear | None:
     """A :class:`PackedLinear`, or None (the caller uses ``F.linear``) when packing in ``dtype`` is
-    unavailable here or the packing op refuses it; a refusal is warned about once per dtype."""
+    unavailable here or oneDNN refuses it, when packing or at the first use (a one-row call, once per
+    dtype and process); a refusal is warned about once per dtype."""
     if not packing_available(weight.device, dtype):
         return None
     try:
-        return PackedLinear(weight, bias, dtype, rows)
+        packed = PackedLinear(weight, bias, dtype, rows)
+        if dtype not in _working:
+            packed(weight.new_zeros((1, weight.size(1)), dtype=dtype))
+            _working.add(dtype)
+        return packed
     except RuntimeError as exc:
         _refused.add(dtype)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

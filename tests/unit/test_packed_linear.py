@@ -126,20 +126,22 @@ def test_arm_cpu_packs_nothing(monkeypatch, tiny):
     torch.testing.assert_close(logits, packed_logits, atol=1e-5, rtol=1e-5)
 
 
-def test_packing_op_refusing_falls_back_once_with_a_warning(monkeypatch, tiny):
-    """The probe said yes but the op raises (as torch does on a CPU without bf16 kernels): F.linear, the
-    same logits, one warning for the whole model, and no further attempt."""
+@pytest.mark.parametrize("op", ["_reorder", "_linear_pointwise"])
+def test_packing_op_refusing_falls_back_once_with_a_warning(op, monkeypatch, tiny):
+    """The probe said yes but oneDNN raises, when packing (as torch does on a CPU without bf16 kernels) or
+    at the first call: F.linear, the same logits, one warning for the whole model, and no further attempt."""
     model, _ = tiny
     ids = torch.randint(4, 60, (3, 7))
     monkeypatch.setattr(packed_linear, "_refused", set())
+    monkeypatch.setattr(packed_linear, "_working", set())
     attempts = []
 
-    def refuse(weight, rows):
+    def refuse(*args):
         attempts.append(1)
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, "
                            "avx512vl and avx512dq")
 
-    monkeypatch.setattr(packed_linear, "_reorder", refuse)
+    monkeypatch.setattr(packed_linear, op, refuse)
     with torch.no_grad():
         expected = model(ids).logits
         with warnings.catch_warnings(record=True) as caught:
