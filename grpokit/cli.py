@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rebuild", action="store_true", help="rebuild the cached warm-start policy")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("env", help="print versions, CPU/GPU and what grpokit would pick here (paste it into bug reports)")
+    p = sub.add_parser("env", help="print versions, hardware and what grpokit picks here (for bug reports)")
     p.set_defaults(func=cmd_env)
 
     from grpokit.store.cli import register

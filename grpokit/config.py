@@ -510,7 +510,8 @@ def _flatten(values: dict) -> dict:
 
 # Fields holding a filesystem path (or a hub id / keyword, which expansion leaves alone). Reward files
 # (`path/to/file.py:function`) are expanded where they are loaded (rewards/registry.py), with expand_path.
-PATH_FIELDS = ("model_name_or_path", "tokenizer_name_or_path", "train_dataset", "eval_dataset", "output_dir", "resume_from")
+PATH_FIELDS = ("model_name_or_path", "tokenizer_name_or_path", "train_dataset", "eval_dataset", "output_dir",
+               "resume_from")
 
 
 def expand_path(path: str) -> str:

@@ -96,8 +96,9 @@ def _detected() -> CpuCaps:
         onednn_bf16 = onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         onednn_bf16 = False
-    return CpuCaps(machine=machine, model=model or platform.processor(), flags=frozenset(f for f in cpu_flags if f in known),
-                   onednn=onednn, onednn_bf16=onednn_bf16, torch_capability=capability)
+    return CpuCaps(machine=machine, model=model or platform.processor(),
+                   flags=frozenset(f for f in cpu_flags if f in known), onednn=onednn, onednn_bf16=onednn_bf16,
+                   torch_capability=capability)
 
 
 def _proc_cpuinfo() -> tuple[str, set[str] | None]:
@@ -131,6 +132,8 @@ def describe(caps: CpuCaps) -> str:
         return "yes" if flag else "no"
 
     if not caps.x86:
-        return f"{caps.machine}: NEON {yes('asimd' in caps.flags)}, SVE {yes('sve' in caps.flags)}, BF16 {yes('bf16' in caps.flags)}"
-    return (f"AVX2 {yes('avx2' in caps.flags)}, AVX-512 {yes(caps.avx512)}, AVX512-BF16 {yes('avx512_bf16' in caps.flags)}, "
-            f"AMX {yes('amx_bf16' in caps.flags)}, AVX-NE-CONVERT {yes('avx_ne_convert' in caps.flags)}")
+        return (f"{caps.machine}: NEON {yes('asimd' in caps.flags)}, SVE {yes('sve' in caps.flags)}, "
+                f"BF16 {yes('bf16' in caps.flags)}")
+    return (f"AVX2 {yes('avx2' in caps.flags)}, AVX-512 {yes(caps.avx512)}, "
+            f"AVX512-BF16 {yes('avx512_bf16' in caps.flags)}, AMX {yes('amx_bf16' in caps.flags)}, "
+            f"AVX-NE-CONVERT {yes('avx_ne_convert' in caps.flags)}")

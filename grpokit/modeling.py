@@ -53,7 +53,8 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A HF tokenizer with a pad token (EOS is used as pad when the tokenizer has none)."""
     from transformers import AutoTokenizer
 
-    tokenizer = _from_pretrained(AutoTokenizer, expand_path(name_or_path), "tokenizer", trust_remote_code=trust_remote_code)
+    tokenizer = _from_pretrained(AutoTokenizer, expand_path(name_or_path), "tokenizer",
+                                 trust_remote_code=trust_remote_code)
     ensure_pad_token(tokenizer)
     return tokenizer
 

@@ -41,7 +41,8 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
-    "torchrun --nproc_per_node 4 -m grpokit train config.yaml": "4 processes; tests/integration/test_distributed.py runs torchrun with 2",
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml":
+        "4 processes; tests/integration/test_distributed.py runs torchrun with 2",
     "torchrun --nnodes 2 --node_rank 0 --master_addr HOST --nproc_per_node 8 -m grpokit train config.yaml":
         "two nodes of 8 processes",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.strategy=fsdp":
@@ -50,7 +51,8 @@ NOT_RUNNABLE = {
         "4 processes and Ray; tests/integration/test_distributed_ray.py runs torchrun and Ray with 2",
     "ray start --head --port 6379 --dashboard-host 0.0.0.0": "starts a multi-node Ray cluster's head",
     "ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
-    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": "needs a Ray cluster's head node",
+    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml":
+        "needs a Ray cluster's head node",
 }
 
 TINY_MODEL = ["model_name_or_path=path/to/causal-lm"]  # the docs' hub model -> the local tiny one
@@ -66,7 +68,8 @@ APPENDED = {
     "grpokit explain config.yaml": TINY_MODEL,
     "grpokit train config.yaml": TINY_MODEL + SHORT_RUN,
     "grpokit train config.yaml resume_from=latest": TINY_MODEL + SHORT_RUN[1:] + ["max_steps=2"],  # one step more
-    "grpokit inspect runs/my-run --step 100": ["--step", "1"],  # the short run has one step (argparse: the last one wins)
+    # the short run has one step (argparse: the last --step wins)
+    "grpokit inspect runs/my-run --step 100": ["--step", "1"],
     "python examples/molecules/run.py": MOLECULES_SHORT,
     "python examples/fill_in/run.py": FILL_IN_SHORT,
 }
@@ -148,13 +151,14 @@ def workdir(tmp_path, tiny_model_dir):
     rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": str(i)} for i in range(16)]
     for name in ("train.jsonl", "eval.jsonl"):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "my_rewards.py").write_text("def brevity(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n")
+    (tmp_path / "my_rewards.py").write_text("def brevity(completions, **kwargs):\n"
+                                            "    return [-len(c) / 100 for c in completions]\n")
     (tmp_path / "home").mkdir()
     return tmp_path
 
 
 def environment(workdir: Path) -> dict[str, str]:
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # python / grpokit of this venv
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # this venv's python, grpokit
     return {**os.environ, "PATH": path, "HOME": str(workdir / "home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
@@ -193,7 +197,7 @@ def test_documented_block_runs(block, workdir):
             continue
         full = " ".join([command, *map(shlex.quote, appended(command))])
         result = run(full, workdir, shell=True)
-        assert result.returncode == 0, f"{block.id}: `{full}` failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+        assert result.returncode == 0, f"{block.id}: `{full}` failed ({result.returncode}):\n{result.stderr[-4000:]}"
         ran += 1
     if not ran:
         pytest.skip("not runnable here: " + "; ".join(skipped))

@@ -27,7 +27,8 @@ def run_simulated(args: list[str], cwd) -> subprocess.CompletedProcess:
 
 def test_the_simulation_has_no_bf16_kernels(tmp_path):
     probe = run_simulated(["-c", "import torch; from grpokit.cpu_caps import cpu_caps; c = cpu_caps(); "
-                           "print(torch.backends.cpu.get_cpu_capability(), torch.ops.mkldnn._is_mkldnn_bf16_supported(), "
+                           "print(torch.backends.cpu.get_cpu_capability(), "
+                           "torch.ops.mkldnn._is_mkldnn_bf16_supported(), "
                            "c.avx512, c.native_bf16, c.packs(torch.bfloat16))"], tmp_path)
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == ["AVX2", "False", "False", "False", "False"]
@@ -53,7 +54,8 @@ def test_the_fast_path_tests_pass_on_an_avx2_only_cpu(tmp_path):
     bf16 autocast, fused head, attention, the bf16 learner) on the simulated CPU: they pass, or skip naming
     the instruction set they need."""
     unit = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "unit")
-    files = [os.path.join(unit, f"test_{name}.py") for name in ("packed_linear", "fused_decoder", "engine", "attention", "perf_paths")]
+    names = ("packed_linear", "fused_decoder", "engine", "attention", "perf_paths")
+    files = [os.path.join(unit, f"test_{name}.py") for name in names]
     result = run_simulated(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files], tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
     skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]

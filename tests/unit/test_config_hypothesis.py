@@ -104,7 +104,8 @@ def test_overrides_round_trip(data):
     cfg = load_config(None, args)
     assert cfg == GRPOConfig(**values)
     for name, value in values.items():
-        expected = expand_path(value) if name in PATH_FIELDS and isinstance(value, str) else value  # ~ and $VAR expanded
+        # ~ and $VAR expanded in paths
+        expected = expand_path(value) if name in PATH_FIELDS and isinstance(value, str) else value
         assert getattr(cfg, name) == expected, name
 
 

@@ -40,7 +40,8 @@ def test_every_path_field_is_expanded(home):
 
 def test_yaml_and_command_line_paths_are_expanded(home):
     config = home / "c.yaml"
-    config.write_text("model:\n  model_name_or_path: ~/m\n  tokenizer_name_or_path: ~/t\nrun:\n  output_dir: $DATA/out\n")
+    config.write_text("model:\n  model_name_or_path: ~/m\n  tokenizer_name_or_path: ~/t\n"
+                      "run:\n  output_dir: $DATA/out\n")
     cfg = load_config(config, ["train_dataset=~/d.jsonl"])
     assert (cfg.model_name_or_path, cfg.tokenizer_name_or_path) == (f"{home}/home/m", f"{home}/home/t")
     assert (cfg.output_dir, cfg.train_dataset) == (f"{home}/data/out", f"{home}/home/d.jsonl")

@@ -28,10 +28,12 @@ def test_versions_system_and_hardware(capsys, monkeypatch):
     assert re.search(r"lora: peft (\d|not installed)", info["extras"])
     assert f"{torch.get_num_threads()} threads" in info["CPU"]
     assert re.fullmatch(r"[\d.]+ GiB total, ([\d.]+ GiB|unknown) available", info["memory"])
-    assert info["device (auto)"] == ("cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu")
+    auto = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert info["device (auto)"] == auto
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64", reason="reads x86 /proc/cpuinfo")
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64",
+                    reason="reads x86 /proc/cpuinfo")
 def test_instruction_sets_are_this_cpus(capsys, monkeypatch):
     monkeypatch.delenv("GRPOKIT_CPU_CAPS", raising=False)
     flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
@@ -64,8 +66,8 @@ def test_a_forced_avx2_only_cpu_is_reported_with_its_choices(capsys, monkeypatch
 def test_native_bf16_cpu_choices(capsys, monkeypatch):
     from grpokit import cpu_caps, env
 
-    sapphire_rapids = cpu_caps.CpuCaps("x86_64", "Xeon", frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-                                                                     "amx_bf16"}), onednn=True, onednn_bf16=True,
+    flags = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"})
+    sapphire_rapids = cpu_caps.CpuCaps("x86_64", "Xeon", flags, onednn=True, onednn_bf16=True,
                                        torch_capability="AVX512")
     monkeypatch.setattr(env, "cpu_caps", lambda: sapphire_rapids)
     info = env_lines(capsys)

@@ -14,10 +14,13 @@ from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
 CPU = torch.device("cpu")
-pytestmark = [pytest.mark.skipif(not packing_available(CPU), reason="packs Linear weights: needs an x86-64 CPU and a torch "
-                                 "build with oneDNN"), pytest.mark.usefixtures("one_thread")]
-needs_bf16_packing = pytest.mark.skipif(not packing_available(CPU, torch.bfloat16), reason="packs bf16 weights: needs a CPU "
-                                        "with oneDNN's bf16 kernels (AVX512BW + AVX512VL + AVX512DQ, or AVX-NE-CONVERT)")
+pytestmark = [pytest.mark.skipif(not packing_available(CPU),
+                                 reason="packs Linear weights: needs an x86-64 CPU and a torch build with oneDNN"),
+              pytest.mark.usefixtures("one_thread")]
+needs_bf16_packing = pytest.mark.skipif(
+    not packing_available(CPU, torch.bfloat16),
+    reason="packs bf16 weights: needs a CPU with oneDNN's bf16 kernels "
+           "(AVX512BW + AVX512VL + AVX512DQ, or AVX-NE-CONVERT)")
 
 
 @pytest.fixture(scope="module")

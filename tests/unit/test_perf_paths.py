@@ -237,8 +237,8 @@ def test_reference_linears_in_bf16_change_no_number(setup):
 def test_autocast_choice(monkeypatch):
     big = torch.nn.Linear(4000, 3000)  # 12M parameters
     small = torch.nn.Linear(10, 10)
-    sapphire_rapids = CpuCaps("x86_64", "", frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"}),
-                              onednn=True, onednn_bf16=True, torch_capability="AVX512")
+    flags = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"})
+    sapphire_rapids = CpuCaps("x86_64", "", flags, onednn=True, onednn_bf16=True, torch_capability="AVX512")
     monkeypatch.setattr(hardware, "cpu_caps", lambda: sapphire_rapids)
     assert hardware.autocast_dtype("auto", CPU, big) is torch.bfloat16
     assert hardware.autocast_dtype("auto", CPU, small) is None  # casts cost more than they save
