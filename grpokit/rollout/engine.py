@@ -11,8 +11,8 @@ layer (bench model, one process A/B: generation 1.82 vs 2.43 s in bf16, 2.74 vs 
 float32). Other HF models decode through their own forward: with ``autocast_dtype`` (bf16 on CPUs
 with native bf16 matmul) the whole generation runs in one autocast region, so each weight is cast
 once per call rather than once per decoded token; in float32 on CPU the Linear weights are packed
-once per call for oneDNN instead (:mod:`grpokit.rollout.packed_linear`), which the few-row matmuls
-of decoding run much faster on.
+once per call for oneDNN instead (:mod:`grpokit.rollout.packed_linear`, on CPUs that support it), which
+the few-row matmuls of decoding run much faster on.
 
 Custom models (``forward(input_ids) -> logits``): no cache and no attention mask are assumed, so
 each group (whose G rows share one prompt length, hence need no padding) is decoded with full
