@@ -2,7 +2,9 @@
 
 
 def target_fraction(prompts, completions, target, **columns):
-    return [c.split().count(t) / max(1, len(c.split())) for c, t in zip(completions, target)]
+    """The fraction of the completion's words that are ``target`` (chat completions: of its message)."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [c.split().count(t) / max(1, len(c.split())) for c, t in zip(texts, target)]
 
 
 def target_fraction_logged(prompts, completions, target, log, **columns):
@@ -26,7 +28,7 @@ def recording(prompts, completions, completion_ids, trainer_state, log_metric, l
     log_metric("recording/global_step", float(trainer_state.global_step))
     log_extra("n_ids", [len(ids) for ids in completion_ids])
     log_extra("state", [f"{trainer_state.global_step}/{trainer_state.max_steps}"] * len(completions))
-    return target_fraction(prompts, [c[0]["content"] if isinstance(c, list) else c for c in completions], target)
+    return target_fraction(prompts, completions, target)
 
 
 def always_raises(prompts, completions, **kwargs):

@@ -204,3 +204,18 @@ def test_sequence_classifier_module_is_scored_as_trl_does(tmp_path):
             expected.append(model(**ids).logits[0, 0].item())
     assert result.per_func[:, 0].tolist() == pytest.approx(expected, abs=1e-5)
     assert not math.isnan(result.combined[0])
+
+
+def test_torch_works_in_a_worker_forked_after_the_trainer_used_its_thread_pool():
+    import torch
+
+    x = torch.randn(256, 256)
+    (x @ x).sum()  # the parent's intra-op pool is running
+
+    def torchy(completions, **kwargs):
+        y = torch.ones(128, 128)
+        return [(y @ y).mean().item()] * len(completions)  # 128
+
+    runner = RewardRunner([torchy], timeout=30)
+    assert runner.score(["p"], ["c"]).combined.tolist() == [128.0]
+    runner.close()
