@@ -112,9 +112,13 @@ class RewardLog:
 
     def log_metric(self, name: str, value: float) -> None:
         """Add ``value`` to the step's metric ``name`` (the step logs the mean of its values)."""
-        if not isinstance(name, str) or not isinstance(value, (numbers.Real, np.generic)):
+        try:
+            number = float(value)  # a Python, numpy or one-element torch number
+        except (TypeError, ValueError):
+            number = None
+        if not isinstance(name, str) or number is None:
             raise TypeError(f"log_metric(name, value) takes a str and a number, got {name!r}, {value!r}")
-        self.metrics.setdefault(name, []).append(float(value))
+        self.metrics.setdefault(name, []).append(number)
 
     def log_extra(self, column: str, values: Sequence[Any]) -> None:
         """Store ``values`` (one per completion of the batch) as ``column`` with the rollouts."""

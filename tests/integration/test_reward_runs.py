@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import REWARD_FILE, TARGET_REWARD, WORDS
 
@@ -122,3 +123,48 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state not in ("Z", "X")
+
+
+def _shape(kwargs: dict) -> dict:
+    """What a reward function can tell about its keywords: names, element types, alignment."""
+    n = len(kwargs["completions"])
+    return {
+        "names": sorted(k for k in kwargs if k != "global_step_then"),
+        "prompt": type(kwargs["prompts"][0]).__name__,
+        "completion": [sorted(m) for m in kwargs["completions"][0]],
+        "completion_role": kwargs["completions"][0][0]["role"],
+        "ids": (type(kwargs["completion_ids"][0]).__name__, type(kwargs["completion_ids"][0][0]).__name__),
+        "state": [hasattr(kwargs["trainer_state"], k) for k in ("global_step", "max_steps", "epoch")],
+        "global_step": kwargs["global_step_then"],
+        "callables": [callable(kwargs["log_metric"]), callable(kwargs["log_extra"])],
+        "aligned": [len(kwargs[k]) == n for k in ("prompts", "completion_ids", "target")],
+    }
+
+
+@pytest.mark.slow
+def test_the_same_keywords_types_and_alignment_as_trl(tmp_path, tiny_model_dir):
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    calls = {"trl": [], "grpokit": []}
+
+    def recorder(name):
+        def recording(**kwargs):
+            # TRL passes its live TrainerState: read the step now, not after training
+            calls[name].append({**kwargs, "global_step_then": kwargs["trainer_state"].global_step})
+            return [0.0] * len(kwargs["completions"])
+        return recording
+
+    rows = chat_prompts()[:4]
+    trl_args = TRLConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
+                         max_completion_length=4, max_steps=1, report_to="none", disable_tqdm=True, save_strategy="no", logging_steps=1)
+    TRLTrainer(model=str(tiny_model_dir), reward_funcs=recorder("trl"), args=trl_args, train_dataset=Dataset.from_list(rows),
+               processing_class=AutoTokenizer.from_pretrained(tiny_model_dir)).train()
+    GRPOTrainer(str(tiny_model_dir), recorder("grpokit"), args=args(tmp_path, num_generations=2, per_device_train_batch_size=4, max_steps=1,
+                                                                   reward_isolation=False), train_dataset=rows).train()
+    theirs, ours = _shape(calls["trl"][0]), _shape(calls["grpokit"][0])
+    assert set(ours.pop("names")) - set(theirs.pop("names")) == {"completion_lengths"}  # grpokit adds token counts
+    assert ours == theirs
