@@ -3,7 +3,8 @@ default) against threads in the trainer's process (``false``); prints ratios iso
 
 1. A 64 x 1,000-character batch scored by the built-ins accuracy, format and length.
 2. The demo config (examples/arithmetic/config.yaml) for ``--steps`` steps: mean ``time/reward``
-   and ``step_time`` per step. Builds the demo's warm-start policy first if it is not cached.
+   and ``step_time`` per step, on the cached demo policy (``grpokit demo`` builds it) or else an
+   untrained model of its architecture.
 
     python bench/reward_isolation.py [--batches 50] [--steps 5] [--skip-demo]
 """
@@ -40,15 +41,31 @@ def batch_ms(isolate: bool, batches: int, size: int = 64, chars: int = 1000) -> 
     return 1000 * statistics.median(times)
 
 
+def demo_model(folder: Path) -> Path:
+    """The cached warm-started demo policy; without it, the same architecture and tokenizer untrained
+    (the reward work per step is the same: 128 completions of at most 4 tokens, two rewards)."""
+    from grpokit.data.arithmetic import ALPHABET
+    from grpokit.data.char_tokenizer import build_char_tokenizer
+    from grpokit.demo.warmstart import VERSION, WarmStartConfig, _is_current, build_model, default_cache_root
+
+    cached = default_cache_root() / f"demo-policy-v{VERSION}"
+    if _is_current(cached, WarmStartConfig()):
+        return cached
+    tokenizer = build_char_tokenizer(ALPHABET)
+    build_model(tokenizer, WarmStartConfig()).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    print(f"(no cached demo policy at {cached}: an untrained model of its architecture)")
+    return folder
+
+
 def demo_step(isolate: bool, steps: int) -> tuple[float, float]:
     """(mean time/reward, mean step_time) in ms over ``steps`` demo steps."""
     from grpokit.config import load_config
-    from grpokit.demo.warmstart import ensure_demo_policy
     from grpokit.train.trainer import GRPOTrainer
 
-    policy = ensure_demo_policy()
     config = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "config.yaml"
     with tempfile.TemporaryDirectory() as out:
+        policy = demo_model(Path(out) / "policy")
         cfg = load_config(str(config), [f"model_name_or_path={policy}", f"max_steps={steps}", "eval_steps=0",
                                         f"output_dir={out}", "progress_bar=false", "report_to=[jsonl]",
                                         f"reward_isolation={str(isolate).lower()}"])
