@@ -21,7 +21,8 @@ from pathlib import Path
 
 from grpokit.rewards import RewardRunner
 
-SPECS = ["accuracy", {"name": "format", "pattern": r"(?s).*\\boxed\{.*\}.*"}, {"name": "length", "max_length": 1200, "cache_length": 200}]
+SPECS = ["accuracy", {"name": "format", "pattern": r"(?s).*\\boxed\{.*\}.*"},
+         {"name": "length", "max_length": 1200, "cache_length": 200}]
 
 
 def batch_ms(isolate: bool, batches: int, size: int = 64, chars: int = 1000) -> float:
@@ -95,8 +96,9 @@ def main() -> None:
           f"ratio_isolated_over_in_process={isolated / threads:.2f}")
     if not args.skip_demo:
         (r0, s0), (r1, s1) = demo_step(False, args.steps), demo_step(True, args.steps)
-        print(f"demo step: in_process reward_ms={r0:.2f} step_ms={s0:.1f}; isolated reward_ms={r1:.2f} step_ms={s1:.1f}; "
-              f"reward ratio={r1 / r0:.2f} step ratio={s1 / s0:.3f} (extra per step {r1 - r0:.2f} ms = {100 * (r1 - r0) / s0:.2f} % of a step)")
+        print(f"demo step: in_process reward_ms={r0:.2f} step_ms={s0:.1f}; isolated reward_ms={r1:.2f} "
+              f"step_ms={s1:.1f}; reward ratio={r1 / r0:.2f} step ratio={s1 / s0:.3f} "
+              f"(extra per step {r1 - r0:.2f} ms = {100 * (r1 - r0) / s0:.2f} % of a step)")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ def evaluate(engine, tokenizer, source, rows: list[dict], reward_runner, *, num_
     return metrics
 
 
-def _score(engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state, logged) -> torch.Tensor:
+def _score(engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state,
+           logged) -> torch.Tensor:
     rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
     ids = [row[: int(length)].tolist() for row, length in zip(rollouts.completion_ids, rollouts.completion_lengths)]
     texts = [decode(tokenizer, row) for row in ids]

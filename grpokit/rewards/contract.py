@@ -127,7 +127,8 @@ class RewardLog:
         sized = hasattr(values, "__len__") and not isinstance(values, (str, bytes, Mapping))
         if not isinstance(column, str) or not sized or len(values) != self.n:
             got = f"{len(values)} values" if sized else f"a {type(values).__name__}"
-            raise ValueError(f"log_extra({column!r}, values) needs a list of one value per completion ({self.n}), got {got}")
+            raise ValueError(f"log_extra({column!r}, values) needs a list of one value per completion ({self.n}), "
+                             f"got {got}")
         self.extra[column] = list(values)
 
 
@@ -152,7 +153,8 @@ def _accepted(fn: RewardFn) -> set[str] | None:
         return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name for p in params if p.kind in named}
 
 
 def call_reward(fn: RewardFn, payload: Mapping[str, Any], log: RewardLog) -> Any:

@@ -205,8 +205,8 @@ class ClassifierReward:
         rewards: list[float] = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                inputs = self.processing_class(text=texts[start : start + self.batch_size], return_tensors="pt", padding=True,
-                                               padding_side="right", add_special_tokens=False)
+                inputs = self.processing_class(text=texts[start : start + self.batch_size], return_tensors="pt",
+                                               padding=True, padding_side="right", add_special_tokens=False)
                 logits = self.model(**{k: v.to(device) for k, v in inputs.items()}).logits  # [B, C]
                 rewards.extend(logits[:, 0].float().tolist())
         return rewards

@@ -170,7 +170,7 @@ class RewardRunner:
         if processing_classes is not None and len(processing_classes) != len(specs):
             raise ValueError(f"got {len(processing_classes)} reward processing classes for {len(specs)} rewards")
         classes = list(processing_classes) if processing_classes is not None else [None] * len(specs)
-        resolved = [_classifier(*resolve_reward(spec), processing_class) for spec, processing_class in zip(specs, classes)]
+        resolved = [_classifier(*resolve_reward(spec), tokenizer) for spec, tokenizer in zip(specs, classes)]
         if weights is None:
             weights = [weight for _, _, weight in resolved]
         elif len(weights) != len(resolved):
@@ -222,7 +222,8 @@ class RewardRunner:
         TRL's conversational form when the prompts are messages); ``group_size``: completions per
         prompt (adjacent), workers get whole groups.
         """
-        result = self.combine(self.score_values(prompts, completions, columns, group_size, completion_ids, trainer_state))
+        values = self.score_values(prompts, completions, columns, group_size, completion_ids, trainer_state)
+        result = self.combine(values)
         self.check_signal(result)
         return result
 
@@ -291,7 +292,8 @@ class RewardRunner:
             return self._pool.run(rows, [payload(r) for r in rows], self.timeout)
         deadline = time.monotonic() + self.timeout
         whole = slice(0, n)
-        threads = {f: TimedCall(fn, payload(whole), n) for f, fn in enumerate(self.functions) if self._processes[f] is None}
+        threads = {f: TimedCall(fn, payload(whole), n)
+                   for f, fn in enumerate(self.functions) if self._processes[f] is None}
         calls, where = [], []  # where: (function, rows) of each process call
         for f, processes in enumerate(self._processes):
             if processes is not None:
@@ -311,8 +313,9 @@ class RewardRunner:
             return
         self._announced.add((name, error))
         detail = f"\n{trace.rstrip()}" if trace else ""
-        print(f"grpokit: reward {name!r} failed: {error}{detail}\n(printed once; its value is None where it fails, counted in "
-              f"rewards/{name}/errors and stored with the rollouts: grpokit inspect RUN --errors)", file=sys.stderr, flush=True)
+        print(f"grpokit: reward {name!r} failed: {error}{detail}\n(printed once; its value is None where it fails, "
+              f"counted in rewards/{name}/errors and stored with the rollouts: grpokit inspect RUN --errors)",
+              file=sys.stderr, flush=True)
 
     def check_signal(self, result: RewardResult) -> None:
         """Raise :class:`RewardError` when every function failed on every completion of the first
@@ -332,10 +335,11 @@ class RewardRunner:
         present = ~torch.isnan(per_func)  # [N, F]
         combined = torch.nansum(per_func * self.weights, dim=1)  # [N]
         combined[~present.any(dim=1)] = math.nan
-        errors = ["; ".join(f"{name}: {m}" for name, m in zip(self.names, row) if m is not None) or None for row in values.messages]
+        errors = ["; ".join(f"{name}: {m}" for name, m in zip(self.names, row) if m is not None) or None
+                  for row in values.messages]
         error_counts = {name: sum(row[f] is not None for row in values.messages) for f, name in enumerate(self.names)}
-        return RewardResult(names=list(self.names), per_func=per_func, combined=combined, errors=errors, error_counts=error_counts,
-                            logged=values.logged, extra=values.extra)
+        return RewardResult(names=list(self.names), per_func=per_func, combined=combined, errors=errors,
+                            error_counts=error_counts, logged=values.logged, extra=values.extra)
 
     def close(self) -> None:
         """Stop the worker processes (a later ``score`` starts them again)."""

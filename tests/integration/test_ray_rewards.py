@@ -64,6 +64,11 @@ USER_FILE = textwrap.dedent(
     def always_dies(prompts, completions, **columns):
         os._exit(1)
 
+    def gil_hog(prompts, completions, **columns):
+        import re
+        re.match(r"^(a+)+$", "a" * 40 + "b")  # holds the GIL for minutes: the actor's timeout thread cannot return
+        return [0.0] * len(completions)
+
     def always_raises(prompts, completions, **columns):
         raise ValueError(f"cannot score {len(completions)} completions")
     """
@@ -155,6 +160,20 @@ def test_ray_worker_timeout_gives_none_and_replaces_the_worker(reward_file, tmp_
     runner.close()
 
 
+def test_a_ray_worker_holding_the_gil_is_killed_past_its_timeout(reward_file):
+    runner = RewardRunner([f"{reward_file}:gil_hog", f"{reward_file}:exclaim"], timeout=1.0, workers=1, backend="ray", worker_cpus=0.5)
+    runner._pool.grace = 2.0  # seconds past the timeout before the actor is killed (default: time for a restart)
+    runner._pool._start()
+    actor = runner._pool.actors[0]
+    # score() would stop: no function gave a value. The actor never answers, so exclaim's value, computed
+    # beside gil_hog in it, is lost too.
+    result = runner.combine(runner.score_values(["p", "p"], ["!", "!!"], group_size=2))
+    message = "timed out after 1 s (its Ray worker was killed)"
+    assert result.errors == [f"gil_hog: {message}; exclaim: {message}"] * 2
+    assert runner._pool.actors[0] is not actor  # replaced
+    runner.close()
+
+
 def test_a_reward_worker_killed_mid_scoring_is_restarted_and_its_chunk_scored_once(reward_file, tmp_path):
     flag, log = tmp_path / "kill-a-worker", tmp_path / "calls.log"
     spec = {"name": f"{reward_file}:dies_once", "flag": str(flag), "log": str(log)}
@@ -178,7 +197,8 @@ def test_a_chunk_whose_worker_always_dies_gives_none_and_an_error(reward_file):
     from grpokit.distributed.ray_rewards import MAX_TRIES
 
     runner = RewardRunner([f"{reward_file}:always_dies", f"{reward_file}:exclaim"], workers=1, backend="ray", worker_cpus=0.5)
-    result = runner.score(["p", "p"], ["!", "!!"], group_size=2)
+    # score() would stop here, no function having given a value (RewardRunner.check_signal)
+    result = runner.combine(runner.score_values(["p", "p"], ["!", "!!"], group_size=2))
     assert torch.isnan(result.per_func).all() and torch.isnan(result.combined).all()
     assert all(e.startswith(f"always_dies: reward worker lost ({MAX_TRIES} tries): ") for e in result.errors), result.errors
     assert result.error_counts == {"always_dies": 2, "exclaim": 2}

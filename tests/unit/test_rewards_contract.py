@@ -219,3 +219,24 @@ def test_torch_works_in_a_worker_forked_after_the_trainer_used_its_thread_pool()
     runner = RewardRunner([torchy], timeout=30)
     assert runner.score(["p"], ["c"]).combined.tolist() == [128.0]
     runner.close()
+
+
+def test_an_interrupt_while_a_worker_holds_the_gil_propagates_and_kills_it():
+    import signal
+
+    runner = RewardRunner([gil_hog], timeout=300)
+    worker = runner._processes[0][0]._process
+
+    def interrupt(signum, frame):  # as the trainer's handler does on a second Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.score(["p"], ["c"])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not worker.is_alive() and worker.exitcode == -signal.SIGKILL
+    runner.close()
