@@ -164,12 +164,13 @@ class GRPOTrainer:
         indices, rollouts = self._next_rollouts(step)  # this rank's prompts, G rollouts each
         staleness = self.engine.policy_version - rollouts.policy_version  # updates since the sampling policy
         t1 = time.perf_counter()
-        completions = self._decode(rollouts)
+        completion_ids = [ids[: int(n)].tolist() for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)]
+        completions = [decode(self.tokenizer, ids) for ids in completion_ids]
         # This rank's rewards and every rank's, so groups are complete and batch-level scaling sees the whole batch.
         # Rewards get the prompts as the dataset holds them (chat messages stay messages), as TRL passes them.
         reward, all_rewards = score_rewards(dist, self.rewards, [self.train_rows[i][args.prompt_column] for i in indices for _ in range(G)],
                                             completions, self._columns(indices, rollouts, self.train_rows), G, on_main=args.num_reward_workers > 0,
-                                            completion_ids=self._completion_ids(rollouts), trainer_state=self._reward_state(step))
+                                            completion_ids=completion_ids, trainer_state=self._reward_state(step))
         t2 = time.perf_counter()
         all_advantages = compute_advantages(all_rewards.combined, G, args.advantage_estimator, args.scale_rewards)  # [N_global]
         n = rollouts.completion_ids.size(0)
@@ -382,13 +383,6 @@ class GRPOTrainer:
         self.tracker.log_eval(metrics, step)
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _decode(self, rollouts: Rollouts) -> list[str]:
-        return [decode(self.tokenizer, ids[: int(n)].tolist()) for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)]
-
-    @staticmethod
-    def _completion_ids(rollouts: Rollouts) -> list[list[int]]:
-        return [ids[: int(n)].tolist() for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)]
-
     def _reward_state(self, step: int) -> RewardState:
         """``trainer_state`` for the reward functions while step ``step`` is scored (TRL passes its state
         before the step's update: ``global_step`` counts the updates done)."""
