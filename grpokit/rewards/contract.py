@@ -183,10 +183,18 @@ def run_call(fn: RewardFn, payload: Mapping[str, Any], n: int) -> Outcome:
     except RewardError as exc:
         return Outcome(log=log, fatal=exc)
     except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported
-        return Outcome(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), log=log)
+        return Outcome(error=f"{type(exc).__name__}: {exc}", traceback=_user_traceback(exc), log=log)
     if hasattr(output, "tolist"):  # numpy / torch: plain values, cheap to send between processes
         output = output.tolist()
     return Outcome(output=output, log=log)
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` from the reward function's frame on (this module's frames left out)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 class TimedCall:
