@@ -83,7 +83,9 @@ def test_ray_reward_workers_under_torchrun_match_one_process_with_rewards_in_the
     assert len(calls) == 4 and {(rank, actor, n) for _, rank, actor, n in calls} == {("0", "1", "4")}
     assert len({pid for pid, *_ in calls}) == 2
     local = [line.split() for line in (tmp_path / "one.log").read_text().splitlines()]
-    assert {(pid, actor, n) for pid, _, actor, n in local} == {(str(os.getpid()), "0", "8")}  # in the learner
+    # in the learner's worker process for that reward: one process, not this one, not a Ray actor
+    assert {(actor, n) for _, _, actor, n in local} == {("0", "8")}
+    assert len({pid for pid, *_ in local}) == 1 and str(os.getpid()) not in {pid for pid, *_ in local}
 
     m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [m["step"] for m in m2] == [1, 2]
