@@ -13,8 +13,6 @@ Two kinds of model are supported without changes to them:
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +122,7 @@ def four_bit_config(dtype: torch.dtype):
     from packaging.version import Version
 
     try:
-        with _quiet_bitsandbytes_import():
-            import bitsandbytes
+        import bitsandbytes
     except ImportError:
         raise ImportError("load_in_4bit needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
     if Version(bitsandbytes.__version__) < Version(MIN_BITSANDBYTES):
@@ -135,19 +132,6 @@ def four_bit_config(dtype: torch.dtype):
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=dtype)
-
-
-@contextlib.contextmanager
-def _quiet_bitsandbytes_import():
-    """Hide the warning bitsandbytes logs on import on CPUs with AVX512-BF16 when the optional ``kernels``
-    package (kernels fetched from the Hugging Face hub) is missing: grpokit does not use those kernels."""
-    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def keep_4bit_layout(model: torch.nn.Module) -> int:
