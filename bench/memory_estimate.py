@@ -4,7 +4,7 @@ On the model of bench/vs_trl.py (built locally, no download), each setting train
 process (peak memory is per process), and prints the estimate of its tensors (grpokit/memory.py),
 the measured peak RSS, and the difference: what the process adds (runtime, allocator).
 
-    python bench/memory_estimate.py        # the LoRA row needs peft, the QLoRA row bitsandbytes: pip install 'grpokit[qlora]'
+    python bench/memory_estimate.py        # LoRA row: peft, QLoRA row: bitsandbytes (pip install 'grpokit[qlora]')
     python bench/memory_estimate.py 5 6    # only these rows (1-based)
 """
 
@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import vs_trl  # the benchmark model, prompts, tokenizer and reward
 
-SETTINGS = [  # (per_device_train_batch_size, gradient_accumulation_steps, dtype, max_completion_length, LoRA rank, 4-bit)
+# (per_device_train_batch_size, gradient_accumulation_steps, dtype, max_completion_length, LoRA rank, 4-bit)
+SETTINGS = [
     (8, 4, "auto", 64, 0, False),
     (4, 8, "auto", 64, 0, False),
     (16, 2, "auto", 64, 0, False),
@@ -72,8 +73,9 @@ def main() -> None:
             proc = subprocess.run([sys.executable, __file__, "--worker", str(workdir), json.dumps(setting)],
                                   capture_output=True, text=True, check=True)
             rss = int(proc.stdout.split("RESULT")[-1]) / 2**20
-            print(f"{setting[0]:>11} {setting[1]:>5} {setting[2]:>8} {setting[3]:>4} {setting[4]:>6} {str(setting[5]):>5} "
-                  f"{estimate:>13.0f} {rss:>13.0f} {rss - estimate:>11.0f}", flush=True)
+            mb, accumulation, dtype, T, rank, four_bit = setting
+            print(f"{mb:>11} {accumulation:>5} {dtype:>8} {T:>4} {rank:>6} {str(four_bit):>5} {estimate:>13.0f}"
+                  f" {rss:>13.0f} {rss - estimate:>11.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,12 @@ def train(workdir: Path, method: str, prompts: int, completion_length: int, step
 
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     with tempfile.TemporaryDirectory(dir=workdir) as out:
-        args = GRPOConfig(per_device_train_batch_size=vs_trl.G, gradient_accumulation_steps=prompts, num_generations=vs_trl.G,
-                          max_completion_length=completion_length, beta=0.04, learning_rate=1e-6, max_steps=steps,
-                          output_dir=out + "/run", report_to=["jsonl"], progress_bar=False, save_steps=0, seed=0,
-                          **METHODS[method])
-        trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=vs_trl.cheap_reward, args=args, train_dataset=rows,
-                              tokenizer=vs_trl.load_tokenizer(workdir))
+        args = GRPOConfig(per_device_train_batch_size=vs_trl.G, gradient_accumulation_steps=prompts,
+                          num_generations=vs_trl.G, max_completion_length=completion_length, beta=0.04,
+                          learning_rate=1e-6, max_steps=steps, output_dir=out + "/run", report_to=["jsonl"],
+                          progress_bar=False, save_steps=0, seed=0, **METHODS[method])
+        trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=vs_trl.cheap_reward, args=args,
+                              train_dataset=rows, tokenizer=vs_trl.load_tokenizer(workdir))
         times, step_fn = [], trainer._train_step
 
         def timed_step(step):
@@ -136,7 +136,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="prompts per optimizer step (x G = 8 completions)")
     parser.add_argument("--completion-length", type=int, default=64)
     parser.add_argument("--steps", type=int, default=4, help="steps per run, the first a warm-up")
-    parser.add_argument("--sampling-repeats", type=int, default=3, help="timed generations per sampling variant (0: skip)")
+    parser.add_argument("--sampling-repeats", type=int, default=3, help="timed generations per sampling way (0: skip)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     shape = [str(args.prompts), str(args.completion_length)]
@@ -151,8 +151,8 @@ def main() -> None:
             r = run_worker(workdir, args.threads, method, *shape, str(args.steps))
             results[method] = (r["peak_rss_mb"], statistics.median(r["step_times"][1:]))
             rss, step = results[method]
-            print(f"{method:>6} {rss:>13.0f} {step:>7.2f} {rss / results['full'][0]:>11.2f} {step / results['full'][1]:>12.2f}",
-                  flush=True)
+            full_rss, full_step = results["full"]
+            print(f"{method:>6} {rss:>13.0f} {step:>7.2f} {rss / full_rss:>11.2f} {step / full_step:>12.2f}", flush=True)
         if args.sampling_repeats:
             s = run_worker(workdir, args.threads, "sampling", *shape, str(args.sampling_repeats))
             print(f"sampling from the 4-bit base: HF forward {s['hf_forward']:.2f} s, dequantise once + fused decoder "

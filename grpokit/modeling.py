@@ -78,7 +78,8 @@ def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trus
 
     source = model_source(name_or_path)
     if not load_in_4bit:
-        return _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code).to(device)
+        model = _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code)
+        return model.to(device)
     # quantised weights cannot be moved with .to(): they are placed on the device while loading
     model = _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code,
                              quantization_config=four_bit_config(dtype), device_map={"": device})

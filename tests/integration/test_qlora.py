@@ -39,14 +39,15 @@ def model_dir(tmp_path_factory):
     from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-llama-64")
-    build_tiny_causal_lm(path, build_word_tokenizer(WORDS), hidden_size=64, num_layers=2, num_heads=2, tie_word_embeddings=False)
+    build_tiny_causal_lm(path, build_word_tokenizer(WORDS), hidden_size=64, num_layers=2, num_heads=2,
+                         tie_word_embeddings=False)
     return path
 
 
 def qlora_args(run: Path, **overrides) -> GRPOConfig:
-    values = dict(lora=LORA, load_in_4bit=True, num_generations=8, per_device_train_batch_size=16, max_completion_length=6,
-                  beta=0.0, learning_rate=5e-2, lr_scheduler_type="constant", max_steps=8, save_steps=0, seed=0,
-                  output_dir=str(run), report_to=["jsonl"], progress_bar=False)
+    values = dict(lora=LORA, load_in_4bit=True, num_generations=8, per_device_train_batch_size=16,
+                  max_completion_length=6, beta=0.0, learning_rate=5e-2, lr_scheduler_type="constant", max_steps=8,
+                  save_steps=0, seed=0, output_dir=str(run), report_to=["jsonl"], progress_bar=False)
     return GRPOConfig(**(values | overrides))
 
 
@@ -62,7 +63,8 @@ def logprobs_of(model, rollouts, pad_id: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def trained(model_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("qlora") / "run"
-    trainer = GRPOTrainer(str(model_dir), low_words, args=qlora_args(run, beta=0.05, save_steps=4), train_dataset=PROMPTS)
+    args = qlora_args(run, beta=0.05, save_steps=4)
+    trainer = GRPOTrainer(str(model_dir), low_words, args=args, train_dataset=PROMPTS)
     trainer.train()
     return trainer, run
 
@@ -99,7 +101,8 @@ def test_qlora_checkpoints_hold_the_adapters_and_reload_with_peft(trained, model
     pad = trainer.tokenizer.pad_token_id
     rollouts = trainer.engine.generate([trainer.train_source.ids[i] for i in range(4)], 4, trainer.sampling)
     policy = logprobs_of(trainer.model, rollouts, pad)
-    reloaded = PeftModel.from_pretrained(load_model(str(model_dir), torch.float32, CPU, load_in_4bit=True), run / "final")
+    base = load_model(str(model_dir), torch.float32, CPU, load_in_4bit=True)
+    reloaded = PeftModel.from_pretrained(base, run / "final")
     torch.testing.assert_close(logprobs_of(reloaded, rollouts, pad), policy, rtol=0, atol=1e-6)
     # the sampler's log-probs (HF forward through the 4-bit layers) are the learner's
     torch.testing.assert_close(rollouts.logprobs, policy * rollouts.completion_mask, rtol=0, atol=1e-4)
@@ -111,17 +114,25 @@ def test_qlora_reference_is_the_4bit_base(trained, model_dir):
     batch = build_batch(trainer.model, rollouts, trainer.tokenizer.pad_token_id, CPU)
     reference = trainer.learner.reference_logprobs(batch)
     base = load_model(str(model_dir), torch.float32, CPU, load_in_4bit=True)
-    torch.testing.assert_close(reference, logprobs_of(base, rollouts, trainer.tokenizer.pad_token_id), rtol=0, atol=1e-6)
-    assert (logprobs_of(trainer.model, rollouts, trainer.tokenizer.pad_token_id) - reference).abs().max() > 1e-2
+    pad = trainer.tokenizer.pad_token_id
+    torch.testing.assert_close(reference, logprobs_of(base, rollouts, pad), rtol=0, atol=1e-6)
+    assert (logprobs_of(trainer.model, rollouts, pad) - reference).abs().max() > 1e-2
 
 
 def test_qlora_resume_equals_a_straight_run(model_dir, tmp_path):
-    compared = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "learning_rate", "completion_logprob_mean")
-    settings = dict(max_steps=4, beta=0.1, num_iterations=2, save_steps=2, per_device_train_batch_size=8, num_generations=4)
+    compared = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "learning_rate",
+                "completion_logprob_mean")
+    settings = dict(max_steps=4, beta=0.1, num_iterations=2, save_steps=2, per_device_train_batch_size=8,
+                    num_generations=4)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    GRPOTrainer(str(model_dir), low_words, args=qlora_args(straight, **settings), train_dataset=PROMPTS).train()
-    GRPOTrainer(str(model_dir), low_words, args=qlora_args(resumed, **(settings | {"max_steps": 2})), train_dataset=PROMPTS).train()
-    GRPOTrainer(str(model_dir), low_words, args=qlora_args(resumed, **settings, resume_from="latest"), train_dataset=PROMPTS).train()
+
+    def train(run: Path, **overrides):
+        args = qlora_args(run, **(settings | overrides))
+        GRPOTrainer(str(model_dir), low_words, args=args, train_dataset=PROMPTS).train()
+
+    train(straight)
+    train(resumed, max_steps=2)
+    train(resumed, resume_from="latest")
     a, b = metrics(straight), metrics(resumed)
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4]
     for x, y in zip(a, b):

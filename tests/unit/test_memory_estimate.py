@@ -82,8 +82,9 @@ def test_lora_and_checkpointing_by_hand(config_dir):
 
 def test_qlora_weights_by_hand(config_dir, monkeypatch):
     # one NF4 weight of n values: n / 2 B of codes, an 8-bit absmax per 64 values, a float32 absmax per 256 blocks, and
-    # per weight 256 + 16 float32 code-book entries and a float32 offset (1092 B). q_proj 16 x 16 = 256 values: 128 + 4 + 4
-    # + 1092 = 1228; k and v (8 x 16 = 128): 64 + 2 + 4 + 1092 = 1162; o 1228; gate, up, down (512): 256 + 8 + 4 + 1092 = 1360.
+    # per weight 256 + 16 float32 code-book entries and a float32 offset (1092 B). q_proj 16 x 16 = 256 values:
+    # 128 + 4 + 4 + 1092 = 1228; k and v (8 x 16 = 128): 64 + 2 + 4 + 1092 = 1162; o 1228; gate, up, down (512):
+    # 256 + 8 + 4 + 1092 = 1360.
     # Per layer 2 x 1228 + 2 x 1162 + 3 x 1360 = 8860, two layers 17720; the rest (embedding = tied head 1600, norms 80)
     # float32: 1680 x 4 = 6720.
     assert memory.nf4_bytes(256) == 1228 and memory.nf4_bytes(128) == 1162 and memory.nf4_bytes(512) == 1360
@@ -96,7 +97,7 @@ def test_qlora_weights_by_hand(config_dir, monkeypatch):
     assert m.generation == 32768  # the KV cache only: 4-bit layers decode through the HF forward, no fused copies
     monkeypatch.setattr(memory, "autocast_dtype", lambda *a: torch.bfloat16)
     mixed = estimate_memory(qlora, build_meta_model(str(config_dir)), CPU)
-    # bf16 casts saved for the backward: the tied head (1600) and the adapters (1024); the 4-bit layers keep theirs 4-bit
+    # bf16 casts saved for the backward: the tied head (1600) and the adapters (1024); 4-bit layers save 4-bit weights
     assert mixed.micro_batch == 128384 + 9600 + 38400 + (1600 + 1024) * 2
 
 
@@ -112,8 +113,8 @@ def test_qlora_weights_match_a_trainers_tensors(word_prompts, tmp_path):
                       per_device_train_batch_size=8, max_completion_length=4, beta=0.04, max_steps=1,
                       output_dir=str(tmp_path / "run"), report_to=["jsonl"], progress_bar=False, save_steps=0)
     estimate = estimate_memory(args, build_meta_model(str(model_dir)))
-    trainer = GRPOTrainer(reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions], args=args,
-                          train_dataset=word_prompts)
+    reward = lambda prompts, completions, **k: [float(len(c)) for c in completions]  # noqa: E731
+    trainer = GRPOTrainer(reward_funcs=reward, args=args, train_dataset=word_prompts)
     trainer.train()
 
     def nbytes(p):
