@@ -4,7 +4,8 @@ On the model of bench/vs_trl.py (built locally, no download), each setting train
 process (peak memory is per process), and prints the estimate of its tensors (grpokit/memory.py),
 the measured peak RSS, and the difference: what the process adds (runtime, allocator).
 
-    python bench/memory_estimate.py        # the LoRA row needs peft: pip install 'grpokit[lora]'
+    python bench/memory_estimate.py        # LoRA row: peft, QLoRA row: bitsandbytes (pip install 'grpokit[qlora]')
+    python bench/memory_estimate.py 5 6    # only these rows (1-based)
 """
 
 from __future__ import annotations
@@ -19,23 +20,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import vs_trl  # the benchmark model, prompts, tokenizer and reward
 
-SETTINGS = [  # (per_device_train_batch_size, gradient_accumulation_steps, dtype, max_completion_length, LoRA rank)
-    (8, 4, "auto", 64, 0),
-    (4, 8, "auto", 64, 0),
-    (16, 2, "auto", 64, 0),
-    (8, 4, "float32", 64, 0),
-    (8, 2, "auto", 256, 0),
-    (8, 4, "auto", 64, 16),
+# (per_device_train_batch_size, gradient_accumulation_steps, dtype, max_completion_length, LoRA rank, 4-bit)
+SETTINGS = [
+    (8, 4, "auto", 64, 0, False),
+    (4, 8, "auto", 64, 0, False),
+    (16, 2, "auto", 64, 0, False),
+    (8, 4, "float32", 64, 0, False),
+    (8, 2, "auto", 256, 0, False),
+    (8, 4, "auto", 64, 16, False),
+    (8, 1, "auto", 32, 16, True),  # QLoRA: one prompt of 8 completions per step, 4-bit layers are slow on CPU
 ]
 
 
-def config(workdir: Path, mb: int, accumulation: int, dtype: str, T: int, lora_rank: int, out: str):
+def config(workdir: Path, mb: int, accumulation: int, dtype: str, T: int, lora_rank: int, four_bit: bool, out: str):
     from grpokit import GRPOConfig
 
     return GRPOConfig(model_name_or_path=str(workdir / "model"), dtype=dtype, per_device_train_batch_size=mb,
                       gradient_accumulation_steps=accumulation, num_generations=vs_trl.G, max_completion_length=T,
                       max_prompt_length=vs_trl.PROMPT_TOKENS, beta=0.04, learning_rate=1e-6, max_steps=3, output_dir=out,
-                      report_to=["jsonl"], progress_bar=False, save_steps=0, seed=0, lora={"r": lora_rank})
+                      report_to=["jsonl"], progress_bar=False, save_steps=0, seed=0, lora={"r": lora_rank},
+                      load_in_4bit=four_bit)
 
 
 def worker(workdir: Path, setting: list) -> None:
@@ -60,15 +64,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         vs_trl.build_inputs(workdir)
-        print(f"{'micro-batch':>11} {'accum':>5} {'dtype':>8} {'T':>4} {'LoRA r':>6} {'estimate MiB':>13} {'peak RSS MiB':>13} {'difference':>11}")
-        for setting in SETTINGS:
+        rows = [SETTINGS[int(i) - 1] for i in sys.argv[1:]] or SETTINGS
+        print(f"{'micro-batch':>11} {'accum':>5} {'dtype':>8} {'T':>4} {'LoRA r':>6} {'4-bit':>5} {'estimate MiB':>13} "
+              f"{'peak RSS MiB':>13} {'difference':>11}")
+        for setting in rows:
             cfg = config(workdir, *setting, out=str(workdir / "run"))
             estimate = estimate_memory(cfg, build_meta_model(cfg.model_name_or_path)).peak / 2**20
             proc = subprocess.run([sys.executable, __file__, "--worker", str(workdir), json.dumps(setting)],
                                   capture_output=True, text=True, check=True)
             rss = int(proc.stdout.split("RESULT")[-1]) / 2**20
-            print(f"{setting[0]:>11} {setting[1]:>5} {setting[2]:>8} {setting[3]:>4} {setting[4]:>6} {estimate:>13.0f} {rss:>13.0f} {rss - estimate:>11.0f}",
-                  flush=True)
+            mb, accumulation, dtype, T, rank, four_bit = setting
+            print(f"{mb:>11} {accumulation:>5} {dtype:>8} {T:>4} {rank:>6} {str(four_bit):>5} {estimate:>13.0f}"
+                  f" {rss:>13.0f} {rss - estimate:>11.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (slower)."""
     load_in_4bit: bool = False
-    """QLoRA: load the base weights in 4-bit NF4 (bitsandbytes, CUDA only); needs lora.r > 0."""
+    """QLoRA: load the base weights in 4-bit NF4 (bitsandbytes >= 0.48, CPU or CUDA: the qlora extra); needs lora.r > 0."""
 
 
 @dataclass

@@ -3,8 +3,10 @@
 The model is built on the meta device (no weights read; with LoRA, peft wraps a copy there to count
 the adapters), and each part is what grpokit itself allocates, in bytes, per process:
 
-    weights      P x b                    P parameters in the weights' dtype (b bytes; 4-bit: Linear
-                                          weights at 0.5 B, the rest 2 B)
+    weights      P x b                    P parameters in the weights' dtype (b bytes); 4-bit (QLoRA): the
+                                          Linear weights but the LM head in NF4 with their quantisation
+                                          constants (:func:`nf4_bytes`), the rest float32 (peft's k-bit
+                                          preparation upcasts it)
     reference    beta > 0 without LoRA: a frozen copy; under bf16 autocast its Linear layers are
                  kept in bf16 (``hardware.store_linears_in``); with LoRA: none (adapters disabled)
     gradients    P_t x b                  P_t trainable parameters (all, or LoRA's adapters; float32 under 4-bit)
@@ -19,9 +21,11 @@ the adapters), and each part is what grpokit itself allocates, in bytes, per pro
                                     h 768, i 768); at 256-token completions the estimate was 10 % low.
                                     With activation checkpointing: layer inputs plus one layer.
                  logits kept for the backward (up to 64 MiB, else recomputed) and the head's chunks
-                 autocast's cast of every Linear weight, saved for the backward (2 B each)
+                 autocast's cast of every Linear weight, saved for the backward (2 B each; 4-bit layers
+                 save their 4-bit weight and dequantise it again in the backward)
     generation   KV cache: completions x (prompt + T) x layers x 2 x kv_heads x head_dim (float32 under
                  autocast) and, for Llama-family models, the fused decoder's copy of the Linear weights
+                 (none with a 4-bit base: its layers decode through the HF forward)
 
     peak = weights + reference + AdamW + max(gradients + micro-batch, generation)
 
@@ -72,6 +76,26 @@ def build_meta_model(name_or_path: str, trust_remote_code: bool = False) -> torc
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
+# bitsandbytes' NF4 with double quantisation, as ``modeling.four_bit_config`` asks for it
+NF4_BLOCK = 64  # values per absmax
+NF4_NESTED_BLOCK = 256  # absmax values per float32 second-level absmax
+
+
+def nf4_bytes(n: int) -> int:
+    """Bytes of one weight of ``n`` values in NF4 with double quantisation (QLoRA, Dettmers et al. 2023), as
+    bitsandbytes holds it: the 4-bit codes (n / 2), one 8-bit absmax per block of 64 values, one float32 absmax
+    per 256 blocks, and per weight its two code books (256 and 16 float32) and a float32 offset. For a large
+    weight that is 4 + 8 / 64 + 32 / (64 x 256) = 4.127 bits per value."""
+    blocks = -(-n // NF4_BLOCK)
+    return -(-n // 2) + blocks + 4 * -(-blocks // NF4_NESTED_BLOCK) + (256 + 16 + 1) * 4
+
+
+def four_bit_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The Linear layers ``load_in_4bit`` quantises: all but the LM head (transformers leaves it unquantised)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+
+
 def lora_parameters(model: torch.nn.Module, cfg: GRPOConfig) -> int:
     """Parameters of the LoRA adapters training would add to ``model`` (a meta-device model; left as it is)."""
     from peft import get_peft_model
@@ -91,8 +115,9 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     params = sum(p.numel() for p in model.parameters())
     untied = sum(p.numel() for m in untied_linears(model) for p in m.parameters(recurse=False))
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # a tied head included
-    # QLoRA: 4-bit Linear weights, the rest bf16, float32 adapters
-    weights = untied // 2 + (params - untied) * 2 if cfg.load_in_4bit else params * b
+    quantised = [m.weight.numel() for m in four_bit_linears(model)] if cfg.load_in_4bit else []
+    # QLoRA: NF4 Linear weights, the rest and the adapters float32
+    weights = sum(map(nf4_bytes, quantised)) + (params - sum(quantised)) * 4 if cfg.load_in_4bit else params * b
     trainable_bytes = 4 if cfg.load_in_4bit else b
     reference = 0
     if cfg.beta > 0 and cfg.lora.r == 0:
@@ -119,7 +144,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     logits = mb * T * config.vocab_size * compute
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
     # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's adapters besides
-    casts = (linear + (trainable if cfg.lora.r > 0 else 0)) * 2 if mixed else 0
+    casts = (linear - sum(quantised) + (trainable if cfg.lora.r > 0 else 0)) * 2 if mixed else 0
     head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * config.vocab_size) * 4  # two float32 chunks of logits at a time
     micro_batch = activations + kept_logits + head_chunks + casts
 

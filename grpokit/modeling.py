@@ -74,17 +74,20 @@ def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trus
                load_in_4bit: bool = False):
     """A HF causal LM from a local folder or hub id, in ``dtype`` on ``device``.
 
-    ``load_in_4bit``: weights quantised to 4-bit NF4 with double quantisation and ``dtype`` compute
-    (QLoRA, Dettmers et al. 2023), through bitsandbytes; CUDA only.
+    ``load_in_4bit``: the Linear layers' weights (not the LM head) quantised to 4-bit NF4 with double
+    quantisation, computing in ``dtype`` (QLoRA, Dettmers et al. 2023), through bitsandbytes, on CUDA or CPU.
     """
     from transformers import AutoModelForCausalLM
 
     source = model_source(name_or_path)
-    if load_in_4bit:
-        # quantised weights cannot be moved with .to(): they are placed on the device while loading
-        return _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code,
-                                quantization_config=four_bit_config(dtype, device), device_map={"": device})
-    return _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code).to(device)
+    if not load_in_4bit:
+        model = _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code)
+        return model.to(device)
+    # quantised weights cannot be moved with .to(): they are placed on the device while loading
+    model = _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code,
+                             quantization_config=four_bit_config(dtype), device_map={"": device})
+    keep_4bit_layout(model)
+    return model
 
 
 def model_source(name_or_path: str) -> str:
@@ -114,19 +117,42 @@ def _from_pretrained(cls, source: str, what: str, **kwargs):
                                 "or download it and give the local folder (set HF_HUB_OFFLINE=1 to stay offline).") from None
 
 
-def four_bit_config(dtype: torch.dtype, device: torch.device):
+# bitsandbytes runs Linear4bit on CPU from this version on
+MIN_BITSANDBYTES = "0.48"
+
+
+def four_bit_config(dtype: torch.dtype):
     """The ``BitsAndBytesConfig`` of QLoRA: NF4 weights, double quantisation, ``dtype`` compute."""
-    if device.type != "cuda":
-        raise RuntimeError(f"load_in_4bit needs a CUDA GPU (bitsandbytes 4-bit kernels), but the device is {device}; "
-                           "set load_in_4bit: false, or run on CUDA.")
+    from packaging.version import Version
+
     try:
-        import bitsandbytes  # noqa: F401
+        import bitsandbytes
     except ImportError:
-        raise ImportError("load_in_4bit needs bitsandbytes: pip install bitsandbytes") from None
+        raise ImportError("load_in_4bit needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
+    if Version(bitsandbytes.__version__) < Version(MIN_BITSANDBYTES):
+        raise ImportError(f"load_in_4bit needs bitsandbytes >= {MIN_BITSANDBYTES} (4-bit layers on CPU and CUDA), "
+                          f"but {bitsandbytes.__version__} is installed: pip install -U 'grpokit[qlora]'.")
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=dtype)
+
+
+def keep_4bit_layout(model: torch.nn.Module) -> int:
+    """Keep ``model``'s bitsandbytes 4-bit layers on their training layout; returns how many there are.
+
+    On CPUs with AVX512-BF16, a Linear4bit called in eval mode without gradients (as in sampling) rewrites
+    its weight in place into a CPU-only packed layout and from then on multiplies with a bf16 kernel that has
+    no backward, whatever the mode: the adapters below it get no gradient, silently, and the numbers differ
+    from those of the training pass. With this off, every call dequantises the NF4 weight and runs
+    ``F.linear`` in the compute dtype, in training as in sampling.
+    """
+    from bitsandbytes.nn import Linear4bit
+
+    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False
+    return len(layers)
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:

@@ -80,6 +80,56 @@ def test_lora_and_checkpointing_by_hand(config_dir):
     assert c.micro_batch == 128 * (2 * 16 * 4 + 1072) + 19200 + 38400
 
 
+def test_qlora_weights_by_hand(config_dir, monkeypatch):
+    # one NF4 weight of n values: n / 2 B of codes, an 8-bit absmax per 64 values, a float32 absmax per 256 blocks, and
+    # per weight 256 + 16 float32 code-book entries and a float32 offset (1092 B). q_proj 16 x 16 = 256 values:
+    # 128 + 4 + 4 + 1092 = 1228; k and v (8 x 16 = 128): 64 + 2 + 4 + 1092 = 1162; o 1228; gate, up, down (512):
+    # 256 + 8 + 4 + 1092 = 1360.
+    # Per layer 2 x 1228 + 2 x 1162 + 3 x 1360 = 8860, two layers 17720; the rest (embedding = tied head 1600, norms 80)
+    # float32: 1680 x 4 = 6720.
+    assert memory.nf4_bytes(256) == 1228 and memory.nf4_bytes(128) == 1162 and memory.nf4_bytes(512) == 1360
+    # a 4096 x 4096 weight: 8388608 + 262144 + 4 x 1024 + 1092 = 8655940 B, 4.127 bits per value
+    assert memory.nf4_bytes(4096 * 4096) == 8655940
+    qlora = _cfg(config_dir, lora={"r": 2}, load_in_4bit=True)
+    m = estimate_memory(qlora, build_meta_model(str(config_dir)), CPU)
+    assert m.weights == 17720 + 6720 == 24440
+    assert m.reference == 0 and m.gradients == 1024 * 4 and m.adamw == 2 * 1024 * 4  # float32 adapters, no copy
+    assert m.generation == 32768  # the KV cache only: 4-bit layers decode through the HF forward, no fused copies
+    monkeypatch.setattr(memory, "autocast_dtype", lambda *a: torch.bfloat16)
+    mixed = estimate_memory(qlora, build_meta_model(str(config_dir)), CPU)
+    # bf16 casts saved for the backward: the tied head (1600) and the adapters (1024); 4-bit layers save 4-bit weights
+    assert mixed.micro_batch == 128384 + 9600 + 38400 + (1600 + 1024) * 2
+
+
+def test_qlora_weights_match_a_trainers_tensors(word_prompts, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from bitsandbytes.nn import Params4bit
+
+    from grpokit.testing import build_tiny_causal_lm
+
+    model_dir = tmp_path / "model"
+    build_tiny_causal_lm(model_dir, hidden_size=64, num_layers=2, num_heads=2, tie_word_embeddings=False)
+    args = GRPOConfig(model_name_or_path=str(model_dir), lora={"r": 4}, load_in_4bit=True, num_generations=4,
+                      per_device_train_batch_size=8, max_completion_length=4, beta=0.04, max_steps=1,
+                      output_dir=str(tmp_path / "run"), report_to=["jsonl"], progress_bar=False, save_steps=0)
+    estimate = estimate_memory(args, build_meta_model(str(model_dir)))
+    reward = lambda prompts, completions, **k: [float(len(c)) for c in completions]  # noqa: E731
+    trainer = GRPOTrainer(reward_funcs=reward, args=args, train_dataset=word_prompts)
+    trainer.train()
+
+    def nbytes(p):
+        if not isinstance(p, Params4bit):
+            return p.numel() * p.element_size()
+        q = p.quant_state
+        constants = (q.absmax, q.code, q.offset, q.state2.absmax, q.state2.code)
+        return p.numel() * p.element_size() + sum(t.numel() * t.element_size() for t in constants)
+
+    base = [p for n, p in trainer.model.named_parameters() if not p.requires_grad]
+    assert sum(isinstance(p, Params4bit) for p in base) == 14
+    assert estimate.weights == sum(map(nbytes, base))
+    assert estimate.gradients == sum(map(nbytes, (p for p in trainer.model.parameters() if p.requires_grad)))
+
+
 def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_path):
     # weights, reference, gradients and AdamW state are exactly what a trainer holds after a step
     args = GRPOConfig(model_name_or_path=str(tiny_model_dir), num_generations=4, per_device_train_batch_size=8,

@@ -17,3 +17,33 @@ def test_unreachable_hub_id_names_the_model_and_the_fix(monkeypatch):
 def test_missing_local_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model(str(tmp_path / "absent"), torch.float32, torch.device("cpu"))
+
+
+def test_four_bit_config_is_nf4_with_double_quantisation_in_the_run_dtype():
+    pytest.importorskip("bitsandbytes")
+    from grpokit.modeling import four_bit_config
+
+    config = four_bit_config(torch.float32)
+    assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4" and config.bnb_4bit_use_double_quant
+    assert config.bnb_4bit_compute_dtype == torch.float32
+
+
+def test_missing_bitsandbytes_names_the_qlora_extra(monkeypatch):
+    import sys
+
+    from grpokit.modeling import four_bit_config
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import bitsandbytes raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'grpokit\[qlora\]'"):
+        four_bit_config(torch.float32)
+
+
+def test_old_bitsandbytes_is_refused_naming_the_version(monkeypatch):
+    import sys
+    import types
+
+    from grpokit.modeling import four_bit_config
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", types.SimpleNamespace(__version__="0.45.5"))
+    with pytest.raises(ImportError, match=r"bitsandbytes >= 0\.48 .* but 0\.45\.5 is installed"):
+        four_bit_config(torch.float32)
