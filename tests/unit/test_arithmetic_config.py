@@ -1,5 +1,6 @@
 """The demo's packaged GRPO config and examples/arithmetic/config.yaml stay in step."""
 
+import os
 from pathlib import Path
 
 from grpokit.config import load_config
@@ -12,7 +13,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arithmetic" / "con
 def test_example_config_is_the_demo_config_plus_a_model():
     demo = load_config(CONFIG_PATH).to_dict()
     example = load_config(EXAMPLE).to_dict()
-    assert example["model"]["model_name_or_path"] == f"~/.cache/grpokit/demo-policy-v{VERSION}"
+    # paths are expanded at load time (config.expand_path)
+    assert example["model"]["model_name_or_path"] == os.path.expanduser(f"~/.cache/grpokit/demo-policy-v{VERSION}")
     for config in (demo, example):
         config["model"].pop("model_name_or_path")
         config["run"].pop("output_dir")
