@@ -154,7 +154,7 @@ class GRPOTrainer:
             if self.remote is not None:
                 self.remote.shutdown()
         if self.stop_reason:
-            self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]")
+            self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]", soft_wrap=True)  # one line
         return metrics
 
     def _train_step(self, step: int) -> dict:
