@@ -30,7 +30,8 @@ def run_summary(run_dir: Path, metrics: list[dict], evals: list[dict], written_a
     first and last step timestamps (None without a store). Unknown values are None."""
     config = _read_config(run_dir / "config.yaml")
     algo = config.get("algo") or {}
-    steps = [row["step"] for row in metrics if row.get("step", 0) > 0 and any(not k.startswith("eval/") for k in row if k != "step")]
+    steps = [row["step"] for row in metrics
+             if row.get("step", 0) > 0 and any(not k.startswith("eval/") for k in row if k != "step")]
     wall = None
     if written_at is not None and None not in written_at and steps:
         first_step_time = next((row.get("step_time") for row in metrics if row["step"] == min(steps)), None)
@@ -79,7 +80,8 @@ def summary_html(summary: dict) -> str:
              ("wall time", _duration(summary["wall_seconds"]))]
     facts += [(name, f"{value:g}") for name, value in summary["counts"].items()]
     rows = "".join(
-        f"<tr><td>{escape(c['name'])}</td><td>{_num(c['first'])} <span class=\"at\">(step {c['first_step']})</span></td>"
+        f"<tr><td>{escape(c['name'])}</td>"
+        f"<td>{_num(c['first'])} <span class=\"at\">(step {c['first_step']})</span></td>"
         f"<td>{_num(c['last'])} <span class=\"at\">(step {c['last_step']})</span></td>"
         f"<td class=\"{'up' if c['change'] > 0 else 'down' if c['change'] < 0 else ''}\">{c['change']:+.4g}</td></tr>"
         for c in summary["changes"])

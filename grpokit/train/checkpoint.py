@@ -177,8 +177,9 @@ def _check_shapes(model: torch.nn.Module, file: Path) -> None:
         for name in f.keys():
             saved = list(f.get_slice(name).get_shape())
             if name in own and saved != list(own[name].shape):
-                raise CheckpointError(f"{file} holds the weights of another model: {name} has shape {saved} there and "
-                                      f"{list(own[name].shape)} in this model; resume with the model the run was trained from.")
+                raise CheckpointError(f"{file} holds the weights of another model: {name} has shape {saved} there "
+                                      f"and {list(own[name].shape)} in this model; resume with the model the run was "
+                                      "trained from.")
 
 
 def _is_trainable_only(file: Path) -> bool:

@@ -154,7 +154,9 @@ class GRPOTrainer:
             if self.remote is not None:
                 self.remote.shutdown()
         if self.stop_reason:
-            self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]", soft_wrap=True)  # one line
+            # soft_wrap: one line, however narrow the terminal
+            self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]",
+                                       soft_wrap=True)
         return metrics
 
     def _train_step(self, step: int) -> dict:
@@ -335,8 +337,9 @@ class GRPOTrainer:
             self._save_checkpoint()
         if self.interrupted_by is not None:
             name = interrupt.signal_name(self.interrupted_by)
-            self.stop_reason = (f"received {name}; saved checkpoint step-{self.step}, resume with resume_from=latest" if self.step
-                                else f"received {name} before the first step finished; there was nothing to save")
+            self.stop_reason = (f"received {name}; saved checkpoint step-{self.step}, resume with resume_from=latest"
+                                if self.step else
+                                f"received {name} before the first step finished; there was nothing to save")
             return
         if self._eval_enabled() and self.step % self.args.eval_steps != 0:
             self._evaluate_and_log(self.step)
@@ -490,7 +493,8 @@ class GRPOTrainer:
         (see :mod:`grpokit.train.interrupt`); a second signal stops at once."""
         if self.interrupted_by is not None:
             last = f"checkpoint step-{self._saved_step}" if self._saved_step else "no checkpoint"
-            raise interrupt.Interrupted(signum, f"stopped at once by a second {interrupt.signal_name(signum)}, during step {self.step}; "
+            name = interrupt.signal_name(signum)
+            raise interrupt.Interrupted(signum, f"stopped at once by a second {name}, during step {self.step}; "
                                                 f"the last saved state is {last} (resume_from=latest)")
         self.interrupted_by = signum
         self.stop_reason = f"received {interrupt.signal_name(signum)}"

@@ -58,8 +58,8 @@ def demo_shaped_run(run: Path) -> None:
             if step:
                 reward = 0.45 + 0.5 * step / 100 + 0.03 * math.sin(step)
                 store.write_step(step, [], {"reward": reward, "rewards/arithmetic_correct/mean": reward - 0.1,
-                                            "rewards/arithmetic_format/mean": 1.0, "kl": 0.0, "entropy": 1.2 - step / 200,
-                                            "step_time": 1.5})
+                                            "rewards/arithmetic_format/mean": 1.0, "kl": 0.0,
+                                            "entropy": 1.2 - step / 200, "step_time": 1.5})
             if step in EVAL_STEPS:
                 i = EVAL_STEPS.index(step)
                 store.write_eval(step, "eval", {"eval/reward": EVAL_REWARD[i], "eval/num_prompts": 100.0,
@@ -113,7 +113,7 @@ def test_summary_opens_the_report_with_the_first_and_last_eval_values(tmp_path):
     demo_shaped_run(run)
     html = write_report(run).read_text()
     assert html.index('<section class="summary">') < html.index("<h2>Curves</h2>")
-    summary = json.loads(re.search(r'<script type="application/json" id="grpokit-summary">(.*?)</script>', html).group(1))
+    summary = json.loads(re.search(r'id="grpokit-summary">(.*?)</script>', html).group(1))
     assert summary["model"] == "demo-policy-v1" and summary["steps"] == 100 and summary["max_steps"] == 100
     assert summary["algorithm"] == {"loss_type": "dapo", "beta": 0.0}
     assert summary["counts"] == {"eval/num_prompts": 100.0}

@@ -119,7 +119,8 @@ def stop_lines(stderr: str) -> list[str]:
 @pytest.mark.parametrize("phase, signame, code, resume", [
     ("sampling", "SIGINT", 130, True), ("update", "SIGTERM", 143, False), ("reference", "SIGINT", 130, False),
     ("evaluation", "SIGTERM", 143, False), ("checkpointing", "SIGINT", 130, False)])
-def test_signal_stops_after_the_step_with_a_checkpoint_that_resumes(tmp_path, tiny_model_dir, phase, signame, code, resume):
+def test_signal_stops_after_the_step_with_a_checkpoint_that_resumes(tmp_path, tiny_model_dir, phase, signame, code,
+                                                                     resume):
     """A signal in any phase of step 2 finishes that step (and its evaluation), saves it once,
     prints one line and exits 128 + signum; nothing after the step is written, and a resume continues."""
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
@@ -155,7 +156,8 @@ def test_signal_while_a_slow_reward_runs(tmp_path, tiny_model_dir):
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 143, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert stop_lines(proc.stderr) == ["stopped at step 2: received SIGTERM; saved checkpoint step-2, resume with resume_from=latest"]
+    assert stop_lines(proc.stderr) == ["stopped at step 2: received SIGTERM; saved checkpoint step-2, "
+                                       "resume with resume_from=latest"]
     assert_run_consistent(tmp_path / "run", last_step=2)
 
 
@@ -166,7 +168,8 @@ def test_signal_before_the_first_step_finished_saves_nothing(tmp_path, tiny_mode
     overrides = [x.format(data=tmp_path / "train.jsonl") for x in EVAL]
     proc = run_driver(tmp_path, config, "grpokit.train.trainer:GRPOTrainer.evaluate", 1, "SIGINT", *overrides)
     assert proc.returncode == 130, proc.stderr
-    assert stop_lines(proc.stderr) == ["stopped at step 0: received SIGINT before the first step finished; there was nothing to save"]
+    assert stop_lines(proc.stderr) == ["stopped at step 0: received SIGINT before the first step finished; "
+                                       "there was nothing to save"]
     assert list_checkpoints(tmp_path / "run") == [] and not (tmp_path / "run" / "final").exists()
 
 
@@ -177,8 +180,8 @@ def test_second_signal_stops_at_once_leaving_the_last_checkpoint(tmp_path, tiny_
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
     proc = run_driver(tmp_path, config, "grpokit.train.learner:Learner.update", 2, "SIGINT,SIGINT")
     assert proc.returncode == 130, proc.stderr
-    assert stop_lines(proc.stderr) == ["grpokit: stopped at once by a second SIGINT, during step 2; the last saved state is "
-                                       "checkpoint step-1 (resume_from=latest)"]
+    assert stop_lines(proc.stderr) == ["grpokit: stopped at once by a second SIGINT, during step 2; "
+                                       "the last saved state is checkpoint step-1 (resume_from=latest)"]
     run = tmp_path / "run"
     assert [p.name for p in list_checkpoints(run)] == ["step-1"]
     assert_run_consistent(run, last_step=1)

@@ -30,7 +30,8 @@ def finished_run(tmp_path_factory, tiny_model_dir):
     """A finished 2-step run (checkpoints step-1 and step-2, final/) and a tiny model of another size."""
     root = tmp_path_factory.mktemp("finished")
     data = root / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(12)))
+    rows = [{"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"} for i in range(12)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = root / "config.yaml"
     config.write_text(yaml.safe_dump({
         "model": {"model_name_or_path": str(tiny_model_dir)},
