@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("explain", help="print the resolved config and derived sizes, without training")
-    p.add_argument("config")
+    p.add_argument("config", help="a YAML config or a run folder")
     p.add_argument("overrides", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_explain)
 
@@ -40,16 +40,39 @@ def main(argv: list[str] | None = None) -> int:
 
     register(sub)
     args = parser.parse_args(argv)
+    from grpokit.train import interrupt
+
+    previous = interrupt.install(interrupt.raise_interrupted)  # the trainer has its own handler while it trains
+    try:
+        return int(args.func(args) or 0)
+    except interrupt.Interrupted as exc:
+        print(f"grpokit: {exc.message}", file=sys.stderr)
+        return 128 + exc.signum
+    except KeyboardInterrupt:  # Python's own SIGINT handler: main() runs outside the main thread
+        print("grpokit: stopped by SIGINT", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise
+        print(f"grpokit: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        interrupt.restore(previous)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Errors grpokit raises on purpose, with a message that names the problem and the fix: the CLI prints
+    them as one line (exit 2) instead of a traceback. An ImportError raised by grpokit to name a missing
+    extra has no module name; one from a failed import statement has it and stays a traceback."""
     from grpokit.config import ConfigError
     from grpokit.data.prompts import DataError
     from grpokit.rewards.contract import RewardError
+    from grpokit.store.store import StoreError
     from grpokit.train.checkpoint import CheckpointError
 
-    try:
-        return int(args.func(args) or 0)
-    except (ConfigError, DataError, CheckpointError, RewardError, FileNotFoundError) as exc:
-        print(f"grpokit: error: {exc}", file=sys.stderr)
-        return 2
+    if isinstance(exc, ImportError):
+        return exc.name is None
+    return isinstance(exc, (ConfigError, DataError, CheckpointError, StoreError, RewardError, FileNotFoundError))
 
 
 def _overrides(items: list[str]) -> list[str]:
@@ -81,12 +104,12 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import json
 
-    from grpokit.config import load_config
+    from grpokit.config import ConfigError, load_config
     from grpokit.train.trainer import GRPOTrainer
 
     target = Path(args.target)
     if target.is_dir():
-        cfg = load_config(target / "config.yaml", _overrides(args.overrides))
+        cfg = load_config(_run_config(target), _overrides(args.overrides))
         final = target / "final"
         if not final.is_dir():
             raise FileNotFoundError(f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model.")
@@ -94,6 +117,8 @@ def cmd_eval(args) -> int:
         cfg.resume_from = None
     else:
         cfg = load_config(target, _overrides(args.overrides))
+    if cfg.eval_dataset is None:
+        raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
     trainer = GRPOTrainer(args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None))
     metrics = trainer.evaluate()
     print(json.dumps(metrics, indent=2))
@@ -104,8 +129,20 @@ def cmd_explain(args) -> int:
     from grpokit.config import load_config
     from grpokit.explain import explain
 
-    print(explain(load_config(args.config, _overrides(args.overrides))))
+    path = Path(args.config)
+    print(explain(load_config(_run_config(path) if path.is_dir() else path, _overrides(args.overrides))))
     return 0
+
+
+def _run_config(run: Path) -> Path:
+    """RUN/config.yaml of a run folder, or a ConfigError saying the folder is not one."""
+    from grpokit.config import ConfigError
+
+    config = run / "config.yaml"
+    if not config.is_file():
+        raise ConfigError(f"{run} is a folder without config.yaml, so not a grpokit run folder; give a run folder "
+                          "(the output_dir of `grpokit train`) or a YAML config.")
+    return config
 
 
 def cmd_demo(args) -> int:

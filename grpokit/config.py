@@ -639,7 +639,9 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, algo:, ...), got {type(data).__name__}.")
     if isinstance(overrides, list):

@@ -29,18 +29,29 @@ def find_chromium() -> str:
     raise SystemExit("no Chromium found: install it (apt-get install chromium) or set CHROMIUM")
 
 
-def screenshot(html: Path, out: Path, width: int = 1280, height: int = 2400) -> None:
+def run_headless(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Headless Chromium with ``args``, in a throwaway profile with every background network feature off."""
     with tempfile.TemporaryDirectory(prefix="grpokit-chromium-") as profile:
         command = [
             find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
             "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}",
-            f"--screenshot={out.resolve()}", f"--window-size={width},{height}",
-            html.resolve().as_uri(),
+            "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}", *args,
         ]
-        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+        return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout)
+
+
+def screenshot(html: Path, out: Path, width: int = 1280, height: int = 2400) -> None:
+    result = run_headless(f"--screenshot={out.resolve()}", f"--window-size={width},{height}", html.resolve().as_uri())
     if result.returncode != 0 or not out.is_file():
         raise SystemExit(f"chromium failed ({result.returncode}):\n{result.stderr[-2000:]}")
+
+
+def dump_dom(html: Path, width: int = 1280) -> str:
+    """The page's DOM after its scripts ran (what tests read layout measurements from)."""
+    result = run_headless("--dump-dom", f"--window-size={width},2400", html.resolve().as_uri())
+    if result.returncode != 0:
+        raise SystemExit(f"chromium failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    return result.stdout
 
 
 def main(argv: list[str] | None = None) -> int:

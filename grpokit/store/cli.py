@@ -1,4 +1,6 @@
-"""The `inspect` and `report` subcommands; grpokit/cli.py adds them with `register(subparsers)`."""
+"""The `inspect` and `report` subcommands; grpokit/cli.py adds them with `register(subparsers)`.
+
+Their StoreErrors reach the user as `grpokit: error: ...` (exit 2) through grpokit/cli.py's main."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import webbrowser
 
 from grpokit.store.inspect import inspect_run
 from grpokit.store.report import write_report
-from grpokit.store.store import StoreError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,21 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    try:
-        output = inspect_run(args.run, step=args.step, top=args.top, bottom=args.bottom,
-                             prompt=args.prompt, errors=args.errors, sql=args.sql,
-                             as_json=args.json)
-    except StoreError as err:
-        raise SystemExit(f"grpokit inspect: {err}") from err
+    output = inspect_run(args.run, step=args.step, top=args.top, bottom=args.bottom,
+                         prompt=args.prompt, errors=args.errors, sql=args.sql, as_json=args.json)
     sys.stdout.write(output)
     return 0
 
 
 def run_report(args: argparse.Namespace) -> int:
-    try:
-        path = write_report(args.run)
-    except StoreError as err:
-        raise SystemExit(f"grpokit report: {err}") from err
+    path = write_report(args.run)
     print(f"wrote {path}")
     if args.open:
         webbrowser.open(path.resolve().as_uri())

@@ -1,33 +1,41 @@
-"""`grpokit report RUN`: RUN/report.html, one self-contained page of curves and sample completions.
+"""`grpokit report RUN`: RUN/report.html, one self-contained page: a summary (model, algorithm,
+steps, wall time, first and last eval values), curves and sample completions.
 
 The page needs no network and no JavaScript: charts are inline SVG, styles are inline CSS. The
-curves' numbers are also embedded as JSON (`<script type="application/json" id="grpokit-data">`)
-so they can be read back without parsing the SVG.
+curves' numbers and the summary are also embedded as JSON (`<script type="application/json">`
+elements `grpokit-data` and `grpokit-summary`) so they can be read back without parsing the page.
+Series are labelled with the metric names as logged; each chart holds metrics of one kind (counts
+such as eval/num_prompts are in the summary, never on an axis with fractions).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from html import escape
 from pathlib import Path
 
 from grpokit.store.store import RolloutStore, StoreError, resolve_store_path
+from grpokit.store.summary import eval_label, is_count, run_summary, summary_html
 from grpokit.store.svg import Series, line_chart
 
 REPORT_FILENAME = "report.html"
 METRICS_FILENAME = "metrics.jsonl"
 
-# (chart title, metric names); "rewards/*/mean" stands for every reward function's mean.
+# (chart title, metric names); "rewards/*/mean" stands for every reward function's mean. A series
+# goes to the first chart that names it; counts (num_*) go to none.
 CHARTS = (
+    ("Eval: pass@k and greedy accuracy (fraction of prompts)", ("eval/pass@*", "eval/greedy_accuracy")),
+    ("Eval: mean reward", ("eval/reward",)),
+    ("Eval: other metrics", ("eval/*",)),
     ("Reward", ("reward", "rewards/*/mean")),
     ("KL to the reference", ("kl",)),
     ("Entropy", ("entropy",)),
     ("Completion length (tokens)", ("completion_length/mean",)),
     ("Clipped fraction (region mean)", ("clip_ratio/region_mean",)),
     ("Learning rate", ("learning_rate",)),
-    ("Eval", ("eval/*",)),
 )
 
 _STYLE = """
@@ -40,6 +48,12 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32
 .chart .grid { stroke: #eee; } .chart .axis { stroke: #999; }
 .sample { border: 1px solid #ddd; border-radius: 4px; margin: 8px 0; padding: 8px 12px; }
 .sample.best { border-left: 4px solid #59a14f; } .sample.worst { border-left: 4px solid #e15759; }
+.summary dl { display: grid; grid-template-columns: max-content auto; gap: 2px 16px; margin: 8px 0; }
+.summary dt { color: #666; } .summary dd { margin: 0; }
+.changes { border-collapse: collapse; margin: 8px 0; } .changes td, .changes th { padding: 3px 12px;
+  border-bottom: 1px solid #eee; text-align: right; } .changes td:first-child, .changes th:first-child
+  { text-align: left; font-family: ui-monospace, monospace; } .at { color: #888; font-size: 12px; }
+.up { color: #2e7d32; font-weight: 600; } .down { color: #c62828; font-weight: 600; }
 .sample pre { white-space: pre-wrap; word-break: break-word; margin: 6px 0; font-size: 13px;
   background: #f7f7f7; padding: 6px; } .prompt { color: #555; } .error { color: #b00; }
 """
@@ -58,17 +72,21 @@ def write_report(run_dir: str | Path, steps: list[int] | None = None) -> Path:
     store_path = resolve_store_path(run_dir)
     if not store_path.is_file() and not (run_dir / METRICS_FILENAME).is_file():
         raise StoreError(f"{run_dir} has neither {store_path.name} nor {METRICS_FILENAME}")
-    metrics, evals, samples, run_id = [], [], [], run_dir.name
+    metrics, evals, samples, run_id, written_at = [], [], [], run_dir.name, None
     if store_path.is_file():
         with RolloutStore(store_path, readonly=True) as store:
             run_id = store.run_id
             metrics, evals = store.metrics(), store.evals()
             samples = _samples(store, steps)
+            written_at = tuple(store.query("SELECT min(written_at), max(written_at) FROM steps")[1][0])
     if not any(len(row) > 1 for row in metrics):
         metrics = _read_metrics_jsonl(run_dir / METRICS_FILENAME)
     curves = _curves(metrics, evals)
+    summary = run_summary(run_dir, metrics, evals, written_at)
     path = run_dir / REPORT_FILENAME
-    path.write_text(_page(run_dir.name, run_id, curves, samples), encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")  # a stop while writing never leaves a torn report
+    tmp.write_text(_page(run_dir.name, run_id, curves, samples, summary), encoding="utf-8")
+    os.replace(tmp, path)
     return path
 
 
@@ -77,10 +95,12 @@ def _read_metrics_jsonl(path: Path) -> list[dict]:
         return []
     rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
+        try:
             row = json.loads(line)
-            if "step" in row:
-                rows.append(row)
+        except json.JSONDecodeError:  # blank, or the last line torn by a kill mid-write
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
     return rows
 
 
@@ -89,26 +109,36 @@ def _numeric(value) -> bool:
 
 
 def _curves(metrics: list[dict], evals: list[dict]) -> dict[str, dict[str, Series]]:
-    """{chart title: {series name: [(step, value), ...]}} for the charts that have data."""
+    """{chart title: {series name: [(step, value), ...]}} for the charts that have data.
+
+    Eval values come from the store's evals, or from the metric rows' eval/ names when it has none
+    (metrics.jsonl holds both, under the same names)."""
     series: dict[str, Series] = {}
+    kinds: dict[str, str] = {}  # label -> the name CHARTS' patterns are matched against
     for row in metrics:
         for name, value in row.items():
-            if name != "step" and _numeric(value):
+            if name != "step" and _numeric(value) and not (evals and name.startswith("eval/")):
                 series.setdefault(name, []).append((row["step"], value))
+                kinds[name] = name
     for row in evals:
         for name, value in row.items():
             if name not in ("step", "dataset") and _numeric(value):
-                series.setdefault(f"eval/{row['dataset']}/{name}", []).append((row["step"], value))
-    curves = {}
+                label = eval_label(name, row["dataset"])
+                series.setdefault(label, []).append((row["step"], value))
+                kinds[label] = name if name.startswith("eval/") else f"eval/{name}"
+    curves: dict[str, dict[str, Series]] = {}
+    placed = {name for name in series if is_count(name)}
     for title, patterns in CHARTS:
         chosen = {name: sorted(points) for pattern in patterns
-                  for name, points in sorted(series.items()) if _matches(name, pattern)}
+                  for name, points in sorted(series.items()) if name not in placed and _matches(kinds[name], pattern)}
+        placed |= chosen.keys()
         if chosen:
             curves[title] = chosen
     return curves
 
 
 def _matches(name: str, pattern: str) -> bool:
+    """``pattern`` with one optional "*" standing for any non-empty text."""
     if "*" not in pattern:
         return name == pattern
     prefix, suffix = pattern.split("*")
@@ -133,21 +163,24 @@ def _samples(store: RolloutStore, steps: list[int] | None) -> list[dict]:
 
 
 def _page(title: str, run_id: str, curves: dict[str, dict[str, Series]],
-          samples: list[dict]) -> str:
+          samples: list[dict], summary: dict) -> str:
     charts = "\n".join(line_chart(name, series) for name, series in curves.items())
     data = {chart: {name: [list(p) for p in points] for name, points in series.items()}
             for chart, series in curves.items()}
     # "</" inside a script element would end it early; "<\/" is the same JSON string.
     data_json = json.dumps(data).replace("</", "<\\/")
+    summary_json = json.dumps(summary).replace("</", "<\\/")
     sample_html = "\n".join(_sample_section(s) for s in samples) or "<p>No rollouts stored.</p>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>grpokit report: {escape(title)}</title>
 <style>{_STYLE}</style>
 <script type="application/json" id="grpokit-data">{data_json}</script>
+<script type="application/json" id="grpokit-summary">{summary_json}</script>
 </head><body>
 <h1>grpokit report: {escape(title)}</h1>
 <p class="meta">run {escape(run_id)} · generated {time.strftime("%Y-%m-%d %H:%M:%S")}</p>
+{summary_html(summary)}
 <h2>Curves</h2>
 <div class="charts">
 {charts or "<p>No metrics logged.</p>"}

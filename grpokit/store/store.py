@@ -117,7 +117,8 @@ class RolloutStore:
 
     def _connect_readonly(self) -> sqlite3.Connection:
         if not self.path.is_file():
-            raise StoreError(f"no rollout store at {self.path}")
+            raise StoreError(f"no rollout store at {self.path}: not a run folder, or a run that has not written "
+                             "a step yet (its metrics.jsonl, if any, still gives `grpokit report`)")
         uri = f"{self.path.resolve().as_uri()}?mode=ro"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None)
         # A reader waits for the trainer's commit instead of failing with "database is locked".

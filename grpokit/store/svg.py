@@ -10,6 +10,9 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
            "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 # Above this many points per series the markers (and their hover titles) would be clutter.
 _MAX_MARKERS = 150
+# Legend text is 11px; 7px per character is above the widest common sans-serif average (digits and
+# lower case), so entries laid out by this estimate never overlap. Swatch 12px + 4px gap before the text.
+_LEGEND_CHAR_PX, _LEGEND_SWATCH_PX, _LEGEND_GAP_PX, _LEGEND_ROW_PX = 7.0, 16, 14, 16
 
 Series = list[tuple[float, float]]
 
@@ -48,6 +51,19 @@ def _label(value: float) -> str:
     return f"{value:.3g}"
 
 
+def legend_layout(names: list[str], width: float) -> list[tuple[float, int]]:
+    """(x offset, row) of each legend entry: entries flow left to right and wrap to a new row when
+    the next would pass ``width``, each as wide as its estimated text plus swatch and gap."""
+    placed, x, row = [], 0.0, 0
+    for name in names:
+        entry = _LEGEND_SWATCH_PX + _LEGEND_CHAR_PX * len(name)
+        if x > 0 and x + entry > width:
+            x, row = 0.0, row + 1
+        placed.append((x, row))
+        x += entry + _LEGEND_GAP_PX
+    return placed
+
+
 def line_chart(title: str, series: dict[str, Series], width: int = 560, height: int = 260) -> str:
     """An SVG chart with one line per named series of (step, value) points, with axes and legend.
 
@@ -56,7 +72,11 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
     series = {name: points for name, points in series.items() if points}
     if not series:
         return ""
-    left, right, top, bottom = 64, 16, 28, 40 + 16 * ((len(series) + 2) // 3)
+    left, right, top = 64, 16, 28
+    legend = legend_layout(list(series), width - left - right)
+    rows = legend[-1][1] + 1
+    height += _LEGEND_ROW_PX * (rows - 1)  # the plot keeps its height however many legend rows there are
+    bottom = 40 + _LEGEND_ROW_PX * rows
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [x for points in series.values() for x, _ in points]
     ys = [y for points in series.values() for _, y in points]
@@ -102,8 +122,8 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
                 parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" '
                              f'fill="{color}"><title>{escape(name)} step {_label(x)}: '
                              f'{y:.6g}</title></circle>')
-        legend_x = left + (i % 3) * (plot_w / 3)
-        legend_y = top + plot_h + 48 + 16 * (i // 3)
+        legend_x = left + legend[i][0]
+        legend_y = top + plot_h + 48 + _LEGEND_ROW_PX * legend[i][1]
         parts.append(f'<rect x="{legend_x:.1f}" y="{legend_y - 9}" width="12" height="3" '
                      f'fill="{color}"/>')
         parts.append(f'<text x="{legend_x + 16:.1f}" y="{legend_y - 4}" class="legend">'

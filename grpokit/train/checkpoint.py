@@ -160,6 +160,7 @@ def _load_weights(model, file: Path, optimizer=None, optimizer_state: dict | Non
         if is_sharded(model):
             missing, unexpected = load_full_state(model, load_file(str(file)), optimizer, optimizer_state)
         else:
+            _check_shapes(model, file)
             missing, unexpected = load_model(model, str(file), strict=False)
     except CheckpointError:
         raise
@@ -167,6 +168,18 @@ def _load_weights(model, file: Path, optimizer=None, optimizer_state: dict | Non
         raise CheckpointError(f"{file}: cannot load weights ({type(exc).__name__}: {exc}); the file may be truncated or from another model.") from None
     if missing or unexpected:
         raise CheckpointError(f"{file} does not match the model (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}); resume with the same model.")
+
+
+def _check_shapes(model: torch.nn.Module, file: Path) -> None:
+    """One clear line for weights of another model (torch would list every mismatched tensor)."""
+    own = model.state_dict()
+    with safe_open(str(file), framework="pt") as f:
+        for name in f.keys():
+            saved = list(f.get_slice(name).get_shape())
+            if name in own and saved != list(own[name].shape):
+                raise CheckpointError(f"{file} holds the weights of another model: {name} has shape {saved} there "
+                                      f"and {list(own[name].shape)} in this model; resume with the model the run was "
+                                      "trained from.")
 
 
 def _is_trainable_only(file: Path) -> bool:

@@ -19,7 +19,9 @@ RESUME_FREE_KEYS = {"resume_from", "overwrite", "max_steps", "progress_bar", "re
 
 
 def check_run_dir(args) -> None:
-    """Refuse an ``output_dir`` that holds another run, unless resuming or overwriting (before any model loads)."""
+    """Refuse an ``output_dir`` that cannot be a run folder, or holds another run unless resuming or
+    overwriting (before any model loads)."""
+    _check_folder_path(Path(args.output_dir))
     if args.resume_from not in (None, "latest"):
         checkpoint.resolve_resume(args.output_dir, args.resume_from)  # raises when it is not a checkpoint folder
     config_file = Path(args.output_dir) / "config.yaml"
@@ -32,13 +34,20 @@ def check_run_dir(args) -> None:
 
 
 def prepare_run_dir(trainer):
-    """Create or reopen ``output_dir`` (clearing it when overwriting), resume from a checkpoint when
-    asked, and open the store and the tracker."""
+    """Resume from a checkpoint when asked, create or reopen ``output_dir`` (clearing it when
+    overwriting), and open the store and the tracker. The checkpoint is loaded before anything is
+    written, so one that does not fit the model leaves the run folder as it was."""
     args = trainer.args
     check_run_dir(args)
     run_dir = Path(args.output_dir)
     config_file = run_dir / "config.yaml"
     resuming = args.resume_from is not None
+    start = 0
+    if resuming:
+        found = checkpoint.resolve_resume(run_dir, args.resume_from)
+        if found is not None:
+            trainer.resume(found)
+            start = trainer.step
     if config_file.exists() and not resuming:
         for name in ("rollouts.sqlite", "rollouts.sqlite-wal", "rollouts.sqlite-shm", "metrics.jsonl", "report.html"):
             (run_dir / name).unlink(missing_ok=True)
@@ -46,18 +55,25 @@ def prepare_run_dir(trainer):
             shutil.rmtree(run_dir / name, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_atomic(config_file, args.to_yaml())
-
-    start = 0
-    if resuming:
-        found = checkpoint.resolve_resume(run_dir, args.resume_from)
-        if found is not None:
-            trainer.resume(found)
-            start = trainer.step
     store = RolloutStore(run_dir / "rollouts.sqlite", run_id=run_dir.name)
     store.rollback_after(start)  # steps after the checkpoint are redone exactly once
     _truncate_metrics(run_dir / "metrics.jsonl", start)
     tracker = Tracker(run_dir, args.report_to, args.to_dict(), args.max_steps, args.logging_steps, args.progress_bar, start_step=start)
     return run_dir, store, tracker
+
+
+def _check_folder_path(path: Path) -> None:
+    """``path`` is a folder, or can be made one: no part of it is a regular file, and the first
+    existing ancestor is writable."""
+    for part in (path, *path.parents):
+        if part.exists():
+            if not part.is_dir():
+                what = "is a file" if part == path else f"is below {str(part)!r}, which is a file"
+                raise ConfigError(f"output_dir {str(path)!r} {what}, not a folder; choose another output_dir.")
+            if not os.access(part, os.W_OK | os.X_OK):
+                raise ConfigError(f"output_dir {str(path)!r} cannot be written: no write permission on {str(part)!r}; "
+                                  "choose another output_dir.")
+            return
 
 
 def _differences(old: dict, new: dict) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import time
 import warnings
 from pathlib import Path
@@ -35,7 +34,7 @@ from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
-from grpokit.train import checkpoint
+from grpokit.train import checkpoint, interrupt
 from grpokit.train.learner import Learner
 from grpokit.train.logprobs import build_batch
 from grpokit.train.reference import Reference
@@ -126,7 +125,8 @@ class GRPOTrainer:
         self.learner = Learner(trained, self.reference, self.optimizer, self.scheduler, args, autocast_dtype=self.autocast_dtype)
         self.step = 0
         self.stop_reason: str | None = None
-        self.interrupted_by: int | None = None
+        self.interrupted_by: int | None = None  # the signal that stopped training
+        self._saved_step = 0  # the step of the newest checkpoint on disk (0: none)
         self._counters = {"kl_over": 0, "nonfinite": 0}
 
     # ---- the loop --------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class GRPOTrainer:
         if not self.dist.is_main:
             return self._train_other_rank()
         self.run_dir, self.store, self.tracker = prepare_run_dir(self)
-        previous_handlers = self._install_signal_handlers()
+        previous_handlers = interrupt.install(self._on_signal)
         metrics: dict = {}
         try:
             if self.step == 0 and self._eval_enabled():
@@ -147,7 +147,7 @@ class GRPOTrainer:
                 self._after_step(metrics)
             self._finish()
         finally:
-            self._restore_signal_handlers(previous_handlers)
+            interrupt.restore(previous_handlers)
             self.tracker.close()
             self._write_report()
             self.store.close()
@@ -155,7 +155,9 @@ class GRPOTrainer:
             if self.remote is not None:
                 self.remote.shutdown()
         if self.stop_reason:
-            self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]")
+            # soft_wrap: one line, however narrow the terminal
+            self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]",
+                                       soft_wrap=True)
         return metrics
 
     def _train_step(self, step: int) -> dict:
@@ -333,9 +335,17 @@ class GRPOTrainer:
         return metrics
 
     def _finish(self) -> None:
-        """Last checkpoint, evaluation and final model (every rank calls it: FSDP gathers the weights)."""
-        self._save_checkpoint()
-        if self._eval_enabled() and self.step % self.args.eval_steps != 0 and self.interrupted_by is None:
+        """Last checkpoint, evaluation and final model (every rank calls it: FSDP gathers the weights).
+        Stopped by a signal: only the checkpoint of the last finished step, if it is not on disk yet."""
+        if self.step > self._saved_step:
+            self._save_checkpoint()
+        if self.interrupted_by is not None:
+            name = interrupt.signal_name(self.interrupted_by)
+            self.stop_reason = (f"received {name}; saved checkpoint step-{self.step}, resume with resume_from=latest"
+                                if self.step else
+                                f"received {name} before the first step finished; there was nothing to save")
+            return
+        if self._eval_enabled() and self.step % self.args.eval_steps != 0:
             self._evaluate_and_log(self.step)
         self._save_final_model()
 
@@ -433,12 +443,13 @@ class GRPOTrainer:
         checkpoint.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.scheduler, state, self._rng_states(),
                                    reference_model=self.reference.model if synced else None, save_total_limit=self.args.save_total_limit,
                                    pending_rollouts=pending)
+        self._saved_step = self.step
 
     def resume(self, path: str | Path) -> None:
         """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder."""
         ref_model = self.reference.model if self.reference is not None else None
         state, rng = checkpoint.load_checkpoint(path, self.model, self.optimizer, self.scheduler, ref_model)
-        self.step = int(state["step"])
+        self.step = self._saved_step = int(state["step"])
         self.train_source.load_state_dict(state["data"])
         self.engine.policy_version = int(state["policy_version"])
         self._counters = dict(state["counters"])
@@ -485,21 +496,14 @@ class GRPOTrainer:
         except Exception as exc:  # a report must never cost the run its results
             self.tracker.console.print(f"[yellow]could not write report.html: {exc}[/yellow]")
 
-    def _install_signal_handlers(self) -> dict:
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def handler(signum, frame):
-            if self.interrupted_by is not None:  # a second signal: stop now, without the checkpoint
-                raise KeyboardInterrupt
-            self.interrupted_by = signum
-            self.stop_reason = f"received {signal.Signals(signum).name}; saved a checkpoint, resume with resume_from=latest"
-
-        return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _restore_signal_handlers(self, previous: dict) -> None:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    def _on_signal(self, signum: int, frame) -> None:
+        """SIGINT / SIGTERM during training: finish the step in progress, then stop with its checkpoint
+        (see :mod:`grpokit.train.interrupt`); a second signal stops at once."""
+        if self.interrupted_by is not None:
+            last = f"checkpoint step-{self._saved_step}" if self._saved_step else "no checkpoint"
+            name = interrupt.signal_name(signum)
+            raise interrupt.Interrupted(signum, f"stopped at once by a second {name}, during step {self.step}; "
+                                                f"the last saved state is {last} (resume_from=latest)")
+        self.interrupted_by = signum
+        self.stop_reason = f"received {interrupt.signal_name(signum)}"
 

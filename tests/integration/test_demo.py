@@ -1,6 +1,7 @@
 """The demo's warm-start cache and run_demo, with tiny settings (the full-size run is marked slow)."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -97,6 +98,28 @@ def test_run_demo_end_to_end_tiny(tmp_path):
     assert result["pass1_before"] <= result["pass8_before"]
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "cache" / f"demo-policy-v{VERSION}" / STAMP_FILE).is_file()
+    assert_report_shows_pass_at_1(tmp_path / "run", result)
+
+
+def assert_report_shows_pass_at_1(run, result):
+    """report.html opens with the held-out pass@1 before and after training, as metrics.jsonl logged it and
+    run_demo returned it, and plots it on its own fraction panel from the first to the last eval."""
+    html = (run / "report.html").read_text()
+    summary = json.loads(re.search(r'id="grpokit-summary">(.*?)</script>', html).group(1))
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [row for row in logged if "eval/pass@1" in row]
+    pass1 = next(c for c in summary["changes"] if c["name"] == "eval/pass@1")
+    assert (pass1["first_step"], pass1["first"]) == (0, evals[0]["eval/pass@1"])
+    assert pass1["last"] == evals[-1]["eval/pass@1"]
+    # as run_demo returned them (`grpokit demo` prints 4 decimals)
+    assert pass1["first"] == pytest.approx(result["pass1_before"], abs=5e-5)
+    assert pass1["last"] == pytest.approx(result["pass1_after"], abs=5e-5)
+    assert pass1["change"] == pytest.approx(result["pass1_after"] - result["pass1_before"])
+    assert f"<tr><td>eval/pass@1</td><td>{pass1['first']:.4g} " in html
+    curves = json.loads(re.search(r'id="grpokit-data">(.*?)</script>', html).group(1))
+    panel = curves["Eval: pass@k and greedy accuracy (fraction of prompts)"]
+    assert panel["eval/pass@1"] == [[row["step"], row["eval/pass@1"]] for row in evals]
+    return pass1
 
 
 @pytest.mark.slow
@@ -112,3 +135,4 @@ def test_full_demo_improves_held_out_pass_at_1_by_30_points(tmp_path, monkeypatc
     assert set(result) == {"pass1_before", "pass1_after", "pass8_before", "pass8_after", "wall_seconds"}
     assert result["pass1_after"] - result["pass1_before"] >= 0.30, result
     assert result["pass8_before"] >= 0.5, result  # the warm start left GRPO something to sharpen
+    assert assert_report_shows_pass_at_1(tmp_path / "run", result)["change"] >= 0.30  # the report shows the rise

@@ -28,7 +28,7 @@ from grpokit.train import setup
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad_inputs"
 MANIFEST = yaml.safe_load((BAD / "manifest.yaml").read_text())
 # config files used by the cases but not cases themselves
-HELPERS = {"valid.yaml", "other_run.yaml", "manifest.yaml"}
+HELPERS = {"valid.yaml", "other_run.yaml", "manifest.yaml", "run_folders.yaml"}
 
 
 @pytest.fixture()

@@ -7,6 +7,7 @@ from html import escape
 
 import pytest
 
+from grpokit.cli import main
 from grpokit.store import RolloutStore, StoreError, inspect_run, write_report
 from grpokit.store.cli import register
 from grpokit.store.svg import line_chart, nice_ticks
@@ -140,6 +141,9 @@ def report_data(html: str) -> dict:
     return json.loads(match.group(1))
 
 
+PASS_CHART = "Eval: pass@k and greedy accuracy (fraction of prompts)"
+
+
 def test_report_curves(run):
     path = write_report(run)
     assert path == run / "report.html"
@@ -149,9 +153,10 @@ def test_report_curves(run):
                               "rewards/accuracy/mean": [[1, 0.3333], [2, 0.5], [3, 0.25]]}
     assert data["KL to the reference"] == {"kl": [[1, 0.0], [2, 0.01], [3, 0.03]]}
     assert data["Learning rate"] == {"learning_rate": [[1, 1e-6], [2, 2e-6], [3, 2e-6]]}
-    assert data["Eval"] == {"eval/gsm8k/pass@1": [[2, 0.25]], "eval/gsm8k/pass@4": [[2, 0.5]]}
+    # an eval of another dataset than the trainer's "eval": the names as written, with the dataset
+    assert data[PASS_CHART] == {"pass@1 (gsm8k)": [[2, 0.25]], "pass@4 (gsm8k)": [[2, 0.5]]}
     # Metrics the run did not log have no chart.
-    assert set(data) == {"Reward", "KL to the reference", "Learning rate", "Eval"}
+    assert set(data) == {"Reward", "KL to the reference", "Learning rate", PASS_CHART}
     assert html.count("<svg") == 4
     assert "Entropy" not in html
 
@@ -248,12 +253,10 @@ def test_cli_inspect(run, capsys):
 
 
 def test_cli_inspect_errors(run, tmp_path, capsys):
-    args = parser().parse_args(["inspect", str(tmp_path / "nope")])
-    with pytest.raises(SystemExit, match="grpokit inspect: no run folder"):
-        args.func(args)
-    args = parser().parse_args(["inspect", str(run), "--sql", "SELECT * FROM nope"])
-    with pytest.raises(SystemExit, match="no such table: nope"):
-        args.func(args)
+    assert main(["inspect", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == f"grpokit: error: no run folder at {tmp_path / 'nope'}\n"
+    assert main(["inspect", str(run), "--sql", "SELECT * FROM nope"]) == 2
+    assert "no such table: nope" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         parser().parse_args(["inspect", str(run), "--top", "1", "--bottom", "1"])
     assert exc.value.code == 2
