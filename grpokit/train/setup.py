@@ -11,25 +11,30 @@ from grpokit.hardware import pick_device, pick_dtype
 from grpokit.modeling import is_hf_model, load_model, load_tokenizer
 
 
-def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool = True):
+def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool = True, processing_classes: Any = None):
     """The RewardRunner of ``reward_funcs``. ``ray_workers=False`` (torchrun ranks other than 0): no
-    Ray reward workers even with ``num_reward_workers > 0``, since rank 0 scores every rank's rows on them."""
+    Ray reward workers even with ``num_reward_workers > 0``, since rank 0 scores every rank's rows on them.
+    ``processing_classes``: TRL's ``reward_processing_classes``, tokenizers of ``nn.Module`` reward models."""
     from grpokit.rewards import RewardRunner
 
     if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
         raise ConfigError("no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy).")
     specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    extra = {}
+    if processing_classes is not None:
+        extra["processing_classes"] = processing_classes if isinstance(processing_classes, list) else [processing_classes]
     try:
         on_ray = args.num_reward_workers > 0  # Ray reward actors, else reward_workers processes in the learner (0 = none)
         return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout,
                             workers=(args.num_reward_workers if ray_workers else 0) if on_ray else args.reward_workers,
-                            backend="ray" if on_ray else "process", worker_cpus=args.reward_worker_cpus)
+                            backend="ray" if on_ray else "process", worker_cpus=args.reward_worker_cpus, **extra)
     except (ValueError, TypeError, ImportError, OSError) as exc:  # a bad spec: unknown name, missing file, bad params, not picklable
         raise ConfigError(f"rewards: {exc}") from exc
 
 
-def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
-    """(model in train mode on its device, tokenizer, device, uses_lora)."""
+def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any = None):
+    """(model in train mode on its device, tokenizer, device, uses_lora). ``peft_config``: a peft LoraConfig
+    used as given (its settings are in ``args.lora`` too, see :func:`lora_settings`)."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     model = model if model is not None else args.model_name_or_path
@@ -55,7 +60,7 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
     use_lora = args.lora.r > 0
     if use_lora:
         torch.manual_seed(args.seed)  # the adapters' random init (lora_A) follows the seed, not whatever ran before
-        model = apply_lora(model, args)
+        model = apply_lora(model, args, peft_config)
     if args.gradient_checkpointing and not args.load_in_4bit:  # QLoRA's preparation has enabled it already
         # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias)
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(model, "gradient_checkpointing_enable", None)
@@ -65,7 +70,7 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
     return model, tokenizer, device, use_lora
 
 
-def apply_lora(model: torch.nn.Module, args: GRPOConfig) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, args: GRPOConfig, peft_config: Any = None) -> torch.nn.Module:
     """Wrap the policy with peft LoRA adapters (Hu et al. 2021): only the adapters train.
 
     With ``load_in_4bit`` the 4-bit base is first prepared as in QLoRA (peft's
@@ -80,7 +85,28 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig) -> torch.nn.Module:
         raise ConfigError("LoRA (lora.r > 0) is supported for Hugging Face models; for a custom module, train it fully (lora.r: 0).")
     if args.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
-    return get_peft_model(model, lora_config(args))
+    return get_peft_model(model, lora_config(args) if peft_config is None else _causal_lm(peft_config))
+
+
+def lora_settings(peft_config: Any) -> dict:
+    """grpokit's ``lora`` section for a peft ``LoraConfig`` (TRL's ``peft_config=``)."""
+    if type(peft_config).__name__ != "LoraConfig" or not hasattr(peft_config, "r"):
+        raise ConfigError(f"peft_config is a {type(peft_config).__name__}; grpokit trains LoRA adapters: pass a peft.LoraConfig.")
+    targets = peft_config.target_modules
+    if isinstance(targets, (set, frozenset, tuple)):
+        targets = sorted(targets)
+    return {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": peft_config.lora_dropout, "target_modules": targets}
+
+
+def _causal_lm(peft_config: Any):
+    """A copy of ``peft_config`` with task_type CAUSAL_LM when it has none (TRL sets it the same way)."""
+    import copy
+
+    if peft_config.task_type is not None:
+        return peft_config
+    peft_config = copy.deepcopy(peft_config)
+    peft_config.task_type = "CAUSAL_LM"
+    return peft_config
 
 
 def lora_config(args: GRPOConfig):
