@@ -545,6 +545,9 @@ def _flatten(values: dict) -> dict:
     flat: dict[str, Any] = {}
     for key, value in values.items():
         key = str(key).lstrip("-").replace("-", "_")
+        if key in SECTIONS and key in trl_compat.TRL_DEFAULTS and not isinstance(value, dict):
+            flat[key] = value  # TRL's `optim` (the optimizer's name), not grpokit's section
+            continue
         if key in SECTIONS:
             if value is None:
                 continue

@@ -63,7 +63,7 @@ class Tracker:
             self._progress.update(self._task, completed=step, description=desc)
         if "console" in self.sinks and step % self.logging_steps == 0 and "reward" in clean:
             parts = [f"{k}={clean[k]:.4g}" for k in CONSOLE_KEYS if k in clean]
-            self.console.print(f"step {step}: " + "  ".join(parts))
+            self.console.print(f"step {step}: " + "  ".join(parts), soft_wrap=True)  # one line per step, greppable
 
     def log_eval(self, metrics: dict, step: int) -> None:
         self.log(metrics, step)

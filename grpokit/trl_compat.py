@@ -111,7 +111,7 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     explicit = set(values)
 
     def put(key: str, value: Any, source: str) -> None:
-        if key in explicit and values[key] != value:
+        if key in explicit and key in values and values[key] != value:
             raise TRLValueError(f"{source} sets {key}={value!r}, but {key}={values[key]!r} is given too; keep one of them.")
         values[key] = value
 
@@ -136,12 +136,12 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
             if not isinstance(max_steps, int) or max_steps < 1:
                 raise TRLValueError(f"{key}={values[key]} is a fraction of max_steps, which is not set; give {key} in steps.")
             values[key] = max(1, math.ceil(values[key] * max_steps))
-    if values.get("eval_strategy") == "no":
-        put("eval_steps", 0, "eval_strategy='no'")
-    elif values.get("eval_strategy") == "steps" and values.get("eval_steps") is None:
-        values["eval_steps"] = context.get("logging_steps") or 1  # TRL: eval_steps defaults to logging_steps
     if "eval_steps" in values and values["eval_steps"] is None:
         del values["eval_steps"]
+    if values.get("eval_strategy") == "no":
+        values["eval_steps"] = 0  # TRL ignores eval_steps then
+    elif values.get("eval_strategy") == "steps" and "eval_steps" not in values:
+        values["eval_steps"] = context.get("logging_steps") or 1  # TRL: eval_steps defaults to logging_steps
 
     if trl.get("bf16") and trl.get("fp16"):
         raise TRLValueError("bf16=True and fp16=True: choose one.")

@@ -393,7 +393,7 @@ class GRPOTrainer:
         losses = [h["loss"] for h in self.state.log_history if "loss" in h]
         summary = {"train_runtime": seconds, "train_steps_per_second": self.step / seconds if seconds else 0.0,
                    "train_loss": sum(losses) / len(losses) if losses else metrics.get("loss", 0.0)}
-        self.state.log_history.append({**summary, "epoch": self.state.epoch, "step": self.step})
+        self.callbacks.log(summary)
         self.tracker.summary(self.step, summary, metrics)
         self.callbacks.event("on_train_end")
 
