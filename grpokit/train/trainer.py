@@ -369,6 +369,7 @@ class GRPOTrainer:
         while self.step < self.args.max_steps and self.stop_reason is None:
             metrics = self._run_step()
         self._finish()
+        self._close_epoch()
         self.callbacks.event("on_train_end")
         return metrics
 
@@ -393,9 +394,15 @@ class GRPOTrainer:
         losses = [h["loss"] for h in self.state.log_history if "loss" in h]
         summary = {"train_runtime": seconds, "train_steps_per_second": self.step / seconds if seconds else 0.0,
                    "train_loss": sum(losses) / len(losses) if losses else metrics.get("loss", 0.0)}
+        self._close_epoch()
         self.callbacks.log(summary)
         self.tracker.summary(self.step, summary, metrics)
         self.callbacks.event("on_train_end")
+
+    def _close_epoch(self) -> None:
+        """on_epoch_end for an epoch the run ended inside (transformers ends its epoch loop that way too)."""
+        if self.step % self.steps_per_epoch:
+            self.callbacks.event("on_epoch_end")
 
     def _finish(self) -> None:
         """Last checkpoint (save_strategy no: only on a signal), evaluation and final model (every rank calls it:
