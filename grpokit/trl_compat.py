@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from typing import Any
 
 TRL_VERSION = "1.16.0"
@@ -174,12 +175,14 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     resume = trl.get("resume_from_checkpoint")
     if resume:
         put("resume_from", "latest" if resume is True else str(resume), f"resume_from_checkpoint={resume!r}")
-    accumulation = values.get("gradient_accumulation_steps", context.get("gradient_accumulation_steps"))
-    checks = {
+    accumulation = values.get("gradient_accumulation_steps", context.get("gradient_accumulation_steps")) or 1
+    per_step = (values.get("per_device_train_batch_size", context.get("per_device_train_batch_size")) or 8) * accumulation
+    per_step *= int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes
+    checks = {  # values that ask for what grpokit does anyway
         "optim": lambda v: str(v).startswith("adamw_torch"),  # grpokit's optimizer is torch's AdamW (fused on CPU/CUDA)
         "logging_strategy": lambda v: v == "steps",
         "steps_per_generation": lambda v: v is None or v == accumulation,  # grpokit samples once per optimizer step
-        "generation_batch_size": lambda v: v is None,
+        "generation_batch_size": lambda v: v is None or v == per_step,
     }
     for key, value in trl.items():
         if key in checks:

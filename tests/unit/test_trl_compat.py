@@ -119,6 +119,7 @@ def test_report_to_all_and_unsupported_integrations():
     ({"min_p": None, "output_dir": None}, "min_p", 0.0),  # TRL's None keeps grpokit's default
     ({"optim": "adamw_torch"}, "adam_epsilon", 1e-8),
     ({"steps_per_generation": 2, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
+    ({"generation_batch_size": 16, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
 ])
 def test_trl_keys_map_onto_grpokit_fields(given, field, value):
     cfg = quiet(**given)
@@ -158,3 +159,11 @@ def test_trl_keys_in_yaml_and_on_the_command_line(tmp_path):
     saved = tmp_path / "saved.yaml"
     saved.write_text(cfg.to_yaml())
     assert load_config(saved) == cfg  # the translated config round-trips as grpokit's own keys
+
+
+def test_from_trl_doc_names_every_trl_key():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "from_trl.md").read_text()
+    missing = [key for key in TRL_DEFAULTS if f"`{key}" not in doc]
+    assert missing == [], "docs/from_trl.md does not say what grpokit does with these TRL keys"
