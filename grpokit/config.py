@@ -350,14 +350,14 @@ class GRPOConfig:
     def __setattr__(self, name: str, value: Any) -> None:
         key = ALIASES.get(name, name)
         section = FIELD_SECTION.get(key)
-        if section is None and key in trl_compat.TRL_DEFAULTS:  # a TRL-only key: translated and validated like a constructor's
+        if section is None and key in trl_compat.TRL_DEFAULTS:  # TRL-only: translated and validated as in the constructor
             new = self.replace(**{key: value})
             self.__dict__.update({k: getattr(new, k) for k in (*SECTIONS, "trl_settings", "unused_trl_settings")})
             return
         if section is None:
             raise ConfigError(_unknown_key_message(name))
         values, _, _ = _from_trl({key: value}, {**self._flat(), key: value})
-        for k, v in values.items():  # a TRL form (report_to="none") becomes grpokit's value; a TRL None keeps the current one
+        for k, v in values.items():  # a TRL form (report_to="none") becomes grpokit's value; TRL's None keeps the current one
             setattr(getattr(self, FIELD_SECTION[k]), k, _coerce(SECTIONS[FIELD_SECTION[k]], k, v))
 
     def _flat(self) -> dict:
@@ -373,7 +373,8 @@ class GRPOConfig:
         unused = _from_trl(trl_given, {**merged_flat, **values})[2] if trl_given else {}
         new = object.__new__(GRPOConfig)
         new._build(overrides.get("rewards", merged["rewards"]), {**merged_flat, **values}, trl_given, unused)
-        fresh = {k: v for k, v in unused.items() if k not in self.unused_trl_settings or v != self.unused_trl_settings[k]}
+        before = self.unused_trl_settings
+        fresh = {k: v for k, v in unused.items() if k not in before or v != before[k]}
         if fresh:
             warnings.warn(trl_compat.unused_message(fresh), UserWarning, stacklevel=2)
         return new
@@ -424,7 +425,8 @@ class GRPOConfig:
         _check(g.top_k >= 0, f"top_k={g.top_k} must be >= 0 (0 = off).")
         _check(0 <= g.min_p < 1, f"min_p={g.min_p} must be in [0, 1) (0 = off).")
         _check(o.learning_rate >= 0, f"learning_rate={o.learning_rate} must be >= 0.")
-        _check(o.max_steps >= 1 or o.max_steps == -1, f"max_steps={o.max_steps} must be >= 1, or -1 to train num_train_epochs.")
+        _check(o.max_steps >= 1 or o.max_steps == -1,
+               f"max_steps={o.max_steps} must be >= 1, or -1 to train num_train_epochs.")
         _check(o.num_train_epochs > 0, f"num_train_epochs={o.num_train_epochs} must be > 0.")
         _check(o.adam_epsilon > 0, f"adam_epsilon={o.adam_epsilon} must be > 0.")
         _check(o.per_device_train_batch_size >= 1, f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.")
@@ -522,8 +524,8 @@ def _from_trl(given: dict, context: dict) -> tuple[dict, dict, dict]:
 
 
 def _unknown_key_message(key: str) -> str:
-    candidates = (list(FIELD_SECTION) + list(ALIASES) + [f"{s}.{k}" for k, s in FIELD_SECTION.items()] + list(SECTIONS) + ["rewards"]
-                  + list(trl_compat.TRL_DEFAULTS))
+    candidates = (list(FIELD_SECTION) + list(ALIASES) + [f"{s}.{k}" for k, s in FIELD_SECTION.items()] + list(SECTIONS)
+                  + ["rewards"] + list(trl_compat.TRL_DEFAULTS))
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else " Run `grpokit explain CONFIG` to see every key."
     return f"unknown config key {key!r}.{hint}"

@@ -40,10 +40,12 @@ class Tracker:
             self._wandb = wandb.init(project="grpokit", name=run_name or self.run_dir.name, dir=str(self.run_dir), config=config, resume="allow")
         self._progress = None
         if progress_bar:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
 
-            self._progress = Progress(TextColumn("[bold]grpo"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("<"),
-                                      TimeRemainingColumn(), TextColumn("{task.description}"), console=self.console, transient=True)
+            self._progress = Progress(TextColumn("[bold]grpo"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                      TextColumn("<"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                                      console=self.console, transient=True)
             self._task = self._progress.add_task("", total=max_steps, completed=start_step)
             self._progress.start()
 

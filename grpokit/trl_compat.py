@@ -85,13 +85,15 @@ INTEGRATIONS = ("azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvc
 GRPOKIT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
 
 # Keys with a grpokit default that TRL writes as None: None keeps grpokit's default.
-NONE_KEEPS_DEFAULT = ("output_dir", "min_p", "num_generations_eval", "vllm_importance_sampling_cap", "vllm_max_model_length")
+NONE_KEEPS_DEFAULT = ("output_dir", "min_p", "num_generations_eval", "vllm_importance_sampling_cap",
+                      "vllm_max_model_length")
 
 # Unused keys named even at TRL's default, because grpokit does something else there.
 ALWAYS_NAMED = ("vllm_importance_sampling_mode",)
 
 # TRL keys grpokit acts on without a field of that name (handled in from_trl).
-TRANSLATED = ("bf16", "fp16", "activation_checkpointing", "use_cpu", "disable_tqdm", "shuffle_dataset", "use_vllm", "vllm_mode", "sync_ref_model",
+TRANSLATED = ("bf16", "fp16", "activation_checkpointing", "use_cpu", "disable_tqdm", "shuffle_dataset", "use_vllm",
+              "vllm_mode", "sync_ref_model",
               "vllm_importance_sampling_clip_max", "resume_from_checkpoint", "optim", "logging_strategy",
               "steps_per_generation", "generation_batch_size", "do_train", "do_eval", "do_predict", "local_rank")
 
@@ -113,7 +115,8 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
 
     def put(key: str, value: Any, source: str) -> None:
         if key in explicit and key in values and values[key] != value:
-            raise TRLValueError(f"{source} sets {key}={value!r}, but {key}={values[key]!r} is given too; keep one of them.")
+            raise TRLValueError(f"{source} sets {key}={value!r}, but {key}={values[key]!r} is given too; "
+                                "keep one of them.")
         values[key] = value
 
     for key in NONE_KEEPS_DEFAULT:
@@ -135,7 +138,8 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     for key in ("logging_steps", "save_steps", "eval_steps"):
         if isinstance(values.get(key), float) and 0 < values[key] < 1:  # TRL: a fraction of max_steps
             if not isinstance(max_steps, int) or max_steps < 1:
-                raise TRLValueError(f"{key}={values[key]} is a fraction of max_steps, which is not set; give {key} in steps.")
+                raise TRLValueError(f"{key}={values[key]} is a fraction of max_steps, which is not set; "
+                                    f"give {key} in steps.")
             values[key] = max(1, math.ceil(values[key] * max_steps))
     if "eval_steps" in values and values["eval_steps"] is None:
         del values["eval_steps"]
@@ -162,8 +166,8 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         put("shuffle", bool(trl["shuffle_dataset"]), f"shuffle_dataset={trl['shuffle_dataset']}")
     if trl.get("use_vllm"):
         if trl.get("vllm_mode", "colocate") != "colocate":
-            raise TRLValueError(f"vllm_mode={trl['vllm_mode']!r}: grpokit's vLLM engine runs in the training process; set "
-                                "vllm_mode='colocate' (no server to start).")
+            raise TRLValueError(f"vllm_mode={trl['vllm_mode']!r}: grpokit's vLLM engine runs in the training "
+                                "process; set vllm_mode='colocate' (no server to start).")
         put("engine", "vllm", "use_vllm=True")
     elif trl.get("use_vllm") is False:
         put("engine", "hf", "use_vllm=False")
@@ -171,12 +175,14 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         steps = values.get("ref_model_sync_steps", TRL_DEFAULTS["ref_model_sync_steps"]) if trl["sync_ref_model"] else 0
         values["ref_model_sync_steps"] = steps
     if trl.get("vllm_importance_sampling_clip_max") is not None:
-        put("vllm_importance_sampling_cap", trl["vllm_importance_sampling_clip_max"], "vllm_importance_sampling_clip_max")
+        clip = trl["vllm_importance_sampling_clip_max"]
+        put("vllm_importance_sampling_cap", clip, "vllm_importance_sampling_clip_max")
     resume = trl.get("resume_from_checkpoint")
     if resume:
         put("resume_from", "latest" if resume is True else str(resume), f"resume_from_checkpoint={resume!r}")
     accumulation = values.get("gradient_accumulation_steps", context.get("gradient_accumulation_steps")) or 1
-    per_step = (values.get("per_device_train_batch_size", context.get("per_device_train_batch_size")) or 8) * accumulation
+    micro_batch = values.get("per_device_train_batch_size", context.get("per_device_train_batch_size")) or 8
+    per_step = micro_batch * accumulation
     per_step *= int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes
     checks = {  # values that ask for what grpokit does anyway
         "optim": lambda v: str(v).startswith("adamw_torch"),  # grpokit's optimizer is torch's AdamW (fused on CPU/CUDA)

@@ -17,7 +17,8 @@ from typing import Any
 class CallbackRunner:
     """The run's callbacks, ``state`` (global_step, max_steps, epoch, log_history ...) and ``control``."""
 
-    def __init__(self, callbacks: list | None, args, max_steps: int, steps_per_epoch: int, is_main: bool, **objects: Any):
+    def __init__(self, callbacks: list | None, args, max_steps: int, steps_per_epoch: int, is_main: bool,
+                 **objects: Any):
         from transformers.trainer_callback import TrainerControl, TrainerState
 
         self.callbacks = []

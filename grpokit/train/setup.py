@@ -22,7 +22,8 @@ def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool =
     specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     extra = {}
     if processing_classes is not None:
-        extra["processing_classes"] = processing_classes if isinstance(processing_classes, list) else [processing_classes]
+        listed = isinstance(processing_classes, list)
+        extra["processing_classes"] = processing_classes if listed else [processing_classes]
     try:
         on_ray = args.num_reward_workers > 0  # Ray reward actors, else reward_workers processes in the learner (0 = none)
         return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout,
@@ -91,11 +92,13 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig, peft_config: Any = None
 def lora_settings(peft_config: Any) -> dict:
     """grpokit's ``lora`` section for a peft ``LoraConfig`` (TRL's ``peft_config=``)."""
     if type(peft_config).__name__ != "LoraConfig" or not hasattr(peft_config, "r"):
-        raise ConfigError(f"peft_config is a {type(peft_config).__name__}; grpokit trains LoRA adapters: pass a peft.LoraConfig.")
+        raise ConfigError(f"peft_config is a {type(peft_config).__name__}; grpokit trains LoRA adapters: "
+                          "pass a peft.LoraConfig.")
     targets = peft_config.target_modules
     if isinstance(targets, (set, frozenset, tuple)):
         targets = sorted(targets)
-    return {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": peft_config.lora_dropout, "target_modules": targets}
+    return {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": peft_config.lora_dropout,
+            "target_modules": targets}
 
 
 def _causal_lm(peft_config: Any):

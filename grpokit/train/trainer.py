@@ -85,14 +85,15 @@ class GRPOTrainer:
         if self.dist.is_main:  # only rank 0 owns the run folder
             check_run_dir(args)
         # Ray reward workers live on rank 0, the only rank connected to Ray; it scores every rank's rows.
-        self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args, ray_workers=self.dist.is_main,
-                                           processing_classes=reward_processing_classes)
+        self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args,
+                                           ray_workers=self.dist.is_main, processing_classes=reward_processing_classes)
         reward_fns = dict(zip(self.rewards.names, self.rewards.functions))
         check_reward_columns(self.train_rows, reward_fns, args.prompt_column)
         if len(self.train_rows) < args.prompts_per_step(self.dist.world_size):
             raise DataError(f"train_dataset has {len(self.train_rows)} prompts but a step takes {args.prompts_per_step(self.dist.world_size)} "
                             "distinct ones; add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations.")
-        self.steps_per_epoch = len(self.train_rows) // args.prompts_per_step(self.dist.world_size)  # TRL drops a last partial batch too
+        # prompts // prompts per step: TRL drops a last partial batch too
+        self.steps_per_epoch = len(self.train_rows) // args.prompts_per_step(self.dist.world_size)
         if args.max_steps == -1:  # TRL: train num_train_epochs passes over the dataset
             self.args = args = args.replace(max_steps=max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch)))
         if self.eval_rows:
@@ -137,8 +138,8 @@ class GRPOTrainer:
             wrap_data_parallel(self.reference.model, self.dist, self.device, args.strategy)
         optimizer, scheduler = optimizers
         if optimizer is not None and is_sharded(trained):
-            raise ConfigError("optimizers=(optimizer, ...) cannot be used with strategy: fsdp, which replaces the parameters the "
-                              "optimizer holds; leave optimizers out (grpokit's AdamW) or use strategy: ddp.")
+            raise ConfigError("optimizers=(optimizer, ...) cannot be used with strategy: fsdp, which replaces the parameters "
+                              "the optimizer holds; leave optimizers out (grpokit's AdamW) or use strategy: ddp.")
         params = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel per parameter, no foreach temporaries (on CPU ~4x faster than the default)
         self.optimizer = optimizer or torch.optim.AdamW(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
@@ -152,13 +153,15 @@ class GRPOTrainer:
         self.stop_reason: str | None = None
         self.interrupted_by: int | None = None
         self._counters = {"kl_over": 0, "nonfinite": 0}
-        self.callbacks = CallbackRunner(callbacks, args, args.max_steps, self.steps_per_epoch, self.dist.is_main, model=self.model,
-                                        processing_class=self.tokenizer, optimizer=self.optimizer, lr_scheduler=self.scheduler)
+        self._saved_step: int | None = None  # the step of the last checkpoint, so the final one is not written twice
+        self.callbacks = CallbackRunner(callbacks, args, args.max_steps, self.steps_per_epoch, self.dist.is_main,
+                                        model=self.model, processing_class=self.tokenizer, optimizer=self.optimizer,
+                                        lr_scheduler=self.scheduler)
         self.callbacks.event("on_init_end")
 
     @property
     def state(self):
-        """transformers ``TrainerState`` of the run (TRL's ``trainer.state``): global_step, max_steps, epoch, log_history."""
+        """The run's transformers ``TrainerState`` (TRL's ``trainer.state``): global_step, max_steps, epoch, log_history."""
         return self.callbacks.state
 
     @property
@@ -407,7 +410,7 @@ class GRPOTrainer:
     def _finish(self) -> None:
         """Last checkpoint (save_strategy no: only on a signal), evaluation and final model (every rank calls it:
         FSDP gathers the weights)."""
-        if self.args.save_strategy != "no" or self.interrupted_by is not None:
+        if (self.args.save_strategy != "no" or self.interrupted_by is not None) and self._saved_step != self.step:
             self._save_checkpoint()
         if self._eval_enabled() and not self._due("eval", self.step) and self.interrupted_by is None:
             self._evaluate_and_log(self.step)
@@ -415,7 +418,8 @@ class GRPOTrainer:
 
     def _due(self, kind: str, step: int) -> bool:
         """Whether ``step`` is an evaluation / checkpoint step of the run's ``eval_strategy`` / ``save_strategy``."""
-        strategy, every = (self.args.eval_strategy, self.args.eval_steps) if kind == "eval" else (self.args.save_strategy, self.args.save_steps)
+        args = self.args
+        strategy, every = (args.eval_strategy, args.eval_steps) if kind == "eval" else (args.save_strategy, args.save_steps)
         if strategy == "epoch":
             every = self.steps_per_epoch
         return strategy != "no" and every > 0 and step % every == 0
@@ -435,10 +439,10 @@ class GRPOTrainer:
         else:
             self._counters["kl_over"] = 0
         self.callbacks.set_step(step)
-        control = self.callbacks.event("on_step_end")  # a callback may ask for a log, an evaluation, a checkpoint or the end
+        control = self.callbacks.event("on_step_end")  # a callback may ask for a log, an evaluation, a checkpoint, the end
         if step % args.logging_steps == 0 or control.should_log:
             self.callbacks.log(metrics)
-        if (self._eval_enabled() and self._due("eval", step)) or (control.should_evaluate and self.eval_source is not None):
+        if self._due("eval", step) and self._eval_enabled() or control.should_evaluate and self.eval_source is not None:
             self._evaluate_and_log(step)
         if (self._due("save", step) and step < args.max_steps) or control.should_save:
             self._save_checkpoint()
@@ -451,7 +455,8 @@ class GRPOTrainer:
 
     # ---- evaluation ------------------------------------------------------------------------
     def _eval_enabled(self) -> bool:
-        return self.eval_source is not None and self.args.eval_strategy != "no" and (self.args.eval_steps > 0 or self.args.eval_strategy == "epoch")
+        strategy = self.args.eval_strategy
+        return self.eval_source is not None and (strategy == "epoch" or strategy == "steps" and self.args.eval_steps > 0)
 
     def evaluate(self) -> dict[str, float]:
         """pass@k (k in args.pass_at_k), mean reward and greedy accuracy on the eval dataset."""
@@ -510,6 +515,7 @@ class GRPOTrainer:
         if not (self.dist.is_main or is_sharded(self.model)):
             return
         synced = self.args.ref_model_sync_steps and self.reference is not None and self.reference.model is not None
+        self._saved_step = self.step
         pending = None
         if self._pending is not None and self.dist.is_main:  # async: the next step's rollouts are saved, so a resume trains on the same data
             indices, rollouts = self._pending
