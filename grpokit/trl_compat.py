@@ -93,7 +93,7 @@ ALWAYS_NAMED = ("vllm_importance_sampling_mode",)
 
 # TRL keys grpokit acts on without a field of that name (handled in from_trl).
 TRANSLATED = ("bf16", "fp16", "activation_checkpointing", "use_cpu", "disable_tqdm", "shuffle_dataset", "use_vllm",
-              "vllm_mode", "sync_ref_model",
+              "vllm_mode", "sync_ref_model", "model_init_kwargs", "run_name",
               "vllm_importance_sampling_clip_max", "resume_from_checkpoint", "optim", "logging_strategy",
               "steps_per_generation", "generation_batch_size", "do_train", "do_eval", "do_predict", "local_rank")
 
@@ -148,6 +148,7 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     elif values.get("eval_strategy") == "steps" and "eval_steps" not in values:
         values["eval_steps"] = context.get("logging_steps") or 1  # TRL: eval_steps defaults to logging_steps
 
+    # bf16 / fp16 first: model_init_kwargs' dtype, the weights' own, comes after and wins
     if trl.get("bf16") and trl.get("fp16"):
         raise TRLValueError("bf16=True and fp16=True: choose one.")
     if trl.get("bf16"):
@@ -156,6 +157,16 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         put("dtype", "float16", "fp16=True")
     elif trl.get("bf16") is False:
         put("dtype", "float32", "bf16=False")
+    init = trl.get("model_init_kwargs")
+    if isinstance(init, dict):  # from_pretrained's arguments: grpokit has dtype and trust_remote_code
+        rest = dict(init)
+        dtype = rest.pop("dtype", rest.pop("torch_dtype", None))
+        if dtype is not None:
+            put("dtype", str(dtype).removeprefix("torch."), "model_init_kwargs")
+        if "trust_remote_code" in rest:
+            put("trust_remote_code", bool(rest.pop("trust_remote_code")), "model_init_kwargs")
+        if rest:
+            unused["model_init_kwargs"] = rest
     if trl.get("activation_checkpointing") is not None:  # TRL's newer name
         put("gradient_checkpointing", bool(trl["activation_checkpointing"]), "activation_checkpointing")
     if trl.get("use_cpu"):

@@ -64,6 +64,8 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg.replace(max_steps=3)  # the same settings are not named again
+    with pytest.warns(UserWarning, match=r"model_init_kwargs=\{'attn_implementation': 'eager'\}"):
+        assert GRPOConfig(model_init_kwargs={"dtype": "float32", "attn_implementation": "eager"}).dtype == "float32"
 
 
 def test_typos_are_still_refused_with_a_suggestion():
@@ -118,6 +120,8 @@ def test_report_to_all_and_unsupported_integrations():
     ({"eval_strategy": "no", "eval_steps": None}, "eval_steps", 0),
     ({"min_p": None, "output_dir": None}, "min_p", 0.0),  # TRL's None keeps grpokit's default
     ({"optim": "adamw_torch"}, "adam_epsilon", 1e-8),
+    ({"model_init_kwargs": {"torch_dtype": "bfloat16"}, "bf16": False}, "dtype", "bfloat16"),  # the weights' dtype wins
+    ({"model_init_kwargs": {"dtype": "float32", "trust_remote_code": True}}, "trust_remote_code", True),
     ({"steps_per_generation": 2, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
     ({"generation_batch_size": 16, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
 ])
