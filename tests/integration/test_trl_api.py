@@ -173,3 +173,22 @@ def test_log_completions_prints_a_table(tmp_path, tiny_model_dir, capsys):
                 train_dataset=PROMPTS).train()
     err = capsys.readouterr().err
     assert "completions at step 1" in err and "advantage" in err
+
+
+def test_cli_takes_trl_keys(tmp_path, tiny_model_dir):
+    import yaml
+
+    from conftest import TARGET_REWARD
+    from grpokit.cli import main
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "train_dataset": str(data), "num_generations": 4,
+                                      "per_device_train_batch_size": 8, "max_completion_length": 4, "rewards": [TARGET_REWARD],
+                                      "output_dir": str(tmp_path / "run")}))
+    assert main(["train", str(config), "max_steps=-1", "num_train_epochs=0.5", "bf16=false", "report_to=none",
+                 "save_strategy=no", "--disable_tqdm"]) == 0
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["dtype"] == "float32" and saved["run"]["save_strategy"] == "no" and saved["optim"]["max_steps"] == 2
+    assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
