@@ -39,11 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from grpokit.config import ConfigError
     from grpokit.data.prompts import DataError
+    from grpokit.rewards.contract import RewardError
     from grpokit.train.checkpoint import CheckpointError
 
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, CheckpointError, RewardError, FileNotFoundError) as exc:
         print(f"grpokit: error: {exc}", file=sys.stderr)
         return 2
 

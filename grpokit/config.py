@@ -249,9 +249,11 @@ class RewardSettings:
     reward_weights: Optional[list] = None
     """Weights of the reward functions (one per function); default 1 each."""
     reward_timeout: float = 10.0
-    """Seconds a reward function may take per batch before its values become None."""
+    """Seconds a reward function may take per batch before its values become None (its worker process is killed)."""
     reward_workers: int = 0
-    """Process pool size for CPU-heavy rewards; 0 = in-process."""
+    """Worker processes per reward function, each scoring a chunk of whole groups (CPU-heavy rewards); 0 = one."""
+    reward_isolation: bool = True
+    """Run each reward function in a worker process that is killed at its timeout; false = threads in the trainer, where a timeout cannot stop code that holds the GIL."""
 
 
 SECTIONS: dict[str, type] = {
@@ -465,7 +467,7 @@ class GRPOConfig:
         _check(not self.model.load_in_4bit or self.lora.r > 0, "load_in_4bit: true trains LoRA adapters on frozen 4-bit weights (QLoRA); set lora.r > 0 (e.g. lora.r: 16).")
         _check(self.lora.alpha > 0, f"lora.alpha={self.lora.alpha} must be > 0.")
         _check(0 <= self.lora.dropout < 1, f"lora.dropout={self.lora.dropout} must be in [0, 1).")
-        _check(self.reward.reward_workers >= 0, f"reward_workers={self.reward.reward_workers} must be >= 0 (0 = in-process).")
+        _check(self.reward.reward_workers >= 0, f"reward_workers={self.reward.reward_workers} must be >= 0 (0 = one process per function).")
         weights = self.reward.reward_weights
         for w in weights or []:
             _check(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w), f"reward_weights contains {w!r}; each weight must be a finite number.")
@@ -478,14 +480,14 @@ class GRPOConfig:
         _check(d.num_reward_workers >= 0, f"num_reward_workers={d.num_reward_workers} must be >= 0 (0 = rewards in the learner process).")
         _check(d.reward_worker_cpus >= 0, f"reward_worker_cpus={d.reward_worker_cpus} must be >= 0.")
         _check(d.num_reward_workers == 0 or d.backend == "ray", f"num_reward_workers={d.num_reward_workers} needs backend: ray (Ray reward actors); "
-               "without Ray use reward.reward_workers for a process pool in the learner.")
+               "without Ray use reward.reward_workers for worker processes of the learner.")
         if d.backend == "ray" and d.address is None and d.ray_num_cpus is not None:
             wanted = d.num_rollout_workers * d.rollout_worker_cpus + d.num_reward_workers * d.reward_worker_cpus
             _check(wanted <= d.ray_num_cpus, f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + num_reward_workers x "
                    f"reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so some would never start; "
                    "lower the workers or their CPUs, or raise ray_num_cpus.")
         _check(d.num_reward_workers == 0 or self.reward.reward_workers == 0, f"num_reward_workers={d.num_reward_workers} (Ray actors) and reward_workers="
-               f"{self.reward.reward_workers} (a process pool in the learner) are two places to run the rewards; set one of them to 0.")
+               f"{self.reward.reward_workers} (worker processes of the learner) are two places to run the rewards; set one of them to 0.")
         if g.engine == "vllm":
             self._validate_vllm()
         _check(d.strategy != "fsdp" or self.lora.r == 0, "strategy: fsdp shards full fine-tuning; LoRA trains small adapters (lora.r > 0), which "

@@ -49,10 +49,14 @@ def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dat
     return rows
 
 
+# What the trainer passes to every reward function besides the dataset's columns (TRL's keywords).
+REWARD_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra", "completion_lengths")
+
+
 def reward_columns(fn: Any) -> list[str]:
     """Dataset columns a reward function needs: its ``required_columns`` attribute when it has one,
-    else the parameters after (prompts, completions) that have no default, as in
-    ``def exact(prompts, completions, answer, **columns)``."""
+    else its named parameters without a default that are not the trainer's own keywords, as
+    ``answer`` in ``def exact(prompts, completions, answer, **columns)``."""
     declared = getattr(fn, "required_columns", None)
     if declared is not None:
         return list(declared)
@@ -61,16 +65,13 @@ def reward_columns(fn: Any) -> list[str]:
     except (TypeError, ValueError):  # builtins and some C callables have no signature
         return []
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in params[2:] if p.kind in named and p.default is inspect.Parameter.empty]
+    return [p.name for p in params if p.kind in named and p.default is inspect.Parameter.empty and p.name not in REWARD_KEYWORDS]
 
 
 def check_reward_columns(rows: list[dict], rewards: dict[str, Any], prompt_column: str = "prompt", name: str = "train_dataset") -> None:
-    """Fail before training when a reward needs a column that a row lacks. ``rewards``: {name: function}.
-    ``completion_lengths`` is always given by the trainer, so it never needs to be in the data."""
+    """Fail before training when a reward needs a column that a row lacks. ``rewards``: {name: function}."""
     for reward, fn in rewards.items():
         for column in reward_columns(fn):
-            if column == "completion_lengths":
-                continue
             missing = next((i for i, row in enumerate(rows) if column not in row), None)
             if missing is not None:
                 columns = ", ".join(repr(k) for k in rows[missing] if k != prompt_column) or "none"

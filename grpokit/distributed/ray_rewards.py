@@ -5,7 +5,8 @@ whole groups per batch; :class:`~grpokit.rewards.runner.RewardRunner` splits the
 outputs and combines them in the batch's order, exactly as it does in-process. In the actor every
 function runs with the runner's timeout (:class:`~grpokit.rewards.contract.TimedCall`): a function
 that raises or times out gives None and an error; a :class:`RewardError` (wrong length, non-number,
-missing column) is sent back and raised in the learner.
+missing column) is sent back and raised in the learner. An actor that does not answer within a
+few seconds of the timeout (a function holding the GIL) is killed and replaced.
 
 Shipping: the functions are pickled with Ray's cloudpickle. Functions from a ``file.py`` (loaded by
 path) and from modules that are not installed packages (your own code: not grpokit, the standard
@@ -24,17 +25,20 @@ from __future__ import annotations
 import functools
 import sys
 import sysconfig
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from grpokit.distributed.ray_rollout import import_ray
-from grpokit.rewards.contract import TIMED_OUT, RewardError, TimedCall
+from grpokit.rewards.contract import TIMED_OUT, Outcome, RewardError, TimedCall
 from grpokit.rewards.registry import FileFunction
 
 # Tries of a chunk whose worker process dies (the first run included): a reward that kills its
 # process on some input should not loop forever.
 MAX_TRIES = 3
+# Seconds past the timeout the learner waits for an actor's answer before killing the actor.
+GRACE = 5.0
 
 
 class RewardWorker:
@@ -43,16 +47,10 @@ class RewardWorker:
     def __init__(self, functions: list[Callable]):
         self.functions = functions
 
-    def score(self, prompts: list[str], completions: list[str], columns: dict, timeout: float):
-        """``([(output, error)] per function, RewardError or None)``."""
-        calls = [TimedCall(fn, prompts, completions, columns) for fn in self.functions]
-        results = []
-        for call in calls:
-            try:
-                results.append(call.result(timeout))
-            except RewardError as exc:  # returned, not raised: the learner raises it with its own message
-                return None, exc
-        return results, None
+    def score(self, payload: dict, n: int, timeout: float) -> list[Outcome]:
+        """One Outcome per function (a RewardError travels in it, raised in the learner)."""
+        calls = [TimedCall(fn, payload, n) for fn in self.functions]
+        return [call.result(timeout) for call in calls]
 
 
 class RayRewardPool:
@@ -81,27 +79,30 @@ class RayRewardPool:
         self._actor = ray.remote(num_cpus=self.worker_cpus, max_restarts=-1, max_task_retries=MAX_TRIES - 1)(RewardWorker)
         self.actors = [self._actor.remote(self._functions_ref) for _ in range(self.workers)]
 
-    def run(self, rows: list[slice], prompts, completions, columns, timeout: float) -> list[list[tuple[slice, Any, str | None]]]:
-        """Every function on every chunk of ``rows`` (chunk c on actor c): [F][chunk] (rows, output, error)."""
+    def run(self, rows: list[slice], payloads: list[dict], timeout: float) -> list[list[tuple[slice, Outcome]]]:
+        """Every function on every chunk of ``rows`` (chunk c on actor c, keywords ``payloads[c]``):
+        [F][chunk] (rows, Outcome). An actor that has not answered shortly after the timeout (a call
+        that holds the GIL keeps even its timeout thread from returning) is killed."""
         ray = import_ray()
-        from ray.exceptions import RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         if not self.actors:
             self._start()
-        refs = [self.actors[c].score.remote(prompts[r], completions[r], {k: v[r] for k, v in columns.items()}, timeout)
-                for c, r in enumerate(rows)]
-        outcomes: list[list[tuple[slice, Any, str | None]]] = [[] for _ in self.functions]
+        refs = [self.actors[c].score.remote(payload, r.stop - r.start, timeout) for c, (r, payload) in enumerate(zip(rows, payloads))]
+        deadline = time.monotonic() + timeout + GRACE
+        outcomes: list[list[tuple[slice, Outcome]]] = [[] for _ in self.functions]
         for c, (r, ref) in enumerate(zip(rows, refs)):
+            replace = False
             try:
-                results, reward_error = ray.get(ref)
+                results = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except GetTimeoutError:
+                results, replace = [Outcome(error=f"{TIMED_OUT} after {timeout:g} s (its Ray worker was killed)")] * len(self.functions), True
             except RayActorError as exc:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                results, reward_error = [(None, f"reward worker lost ({MAX_TRIES} tries): {type(exc).__name__}: {reason}")] * len(self.functions), None
-            if reward_error is not None:
-                raise reward_error
-            for f, (output, error) in enumerate(results):
-                outcomes[f].append((r, output, error))
-            if any(error is not None and error.startswith(TIMED_OUT) for _, error in results):
+                results = [Outcome(error=f"reward worker lost ({MAX_TRIES} tries): {type(exc).__name__}: {reason}")] * len(self.functions)
+            for f, outcome in enumerate(results):
+                outcomes[f].append((r, outcome))
+            if replace or any(o.error is not None and o.error.startswith(TIMED_OUT) for o in results):
                 # A new actor in a new process; the abandoned call ends with the old one.
                 ray.kill(self.actors[c], no_restart=True)
                 self.actors[c] = self._actor.remote(self._functions_ref)

@@ -102,12 +102,16 @@ def gather_reward_result(ctx: DistContext, result):
         combined=torch.cat([p.combined for p in parts]),  # [N_global]
         errors=[e for p in parts for e in p.errors],
         error_counts={name: sum(p.error_counts[name] for p in parts) for name in parts[0].names},
+        logged={name: [v for p in parts for v in p.logged.get(name, [])] for name in sorted({k for p in parts for k in p.logged})},
+        extra={column: [v for p in parts for v in p.extra.get(column, [None] * len(p.errors))]
+               for column in sorted({k for p in parts for k in p.extra})},
     )
 
 
-def score_rewards(ctx: DistContext, runner, prompts: list[str], completions: list[str], columns: dict, group_size: int,
-                  on_main: bool = False):
-    """(this rank's RewardResult, the global batch's: every rank's rows in rank order).
+def score_rewards(ctx: DistContext, runner, prompts: list, completions: list[str], columns: dict, group_size: int,
+                  on_main: bool = False, completion_ids: list[list[int]] | None = None, trainer_state=None):
+    """(this rank's RewardResult, the global batch's: every rank's rows in rank order). The global
+    result goes through ``runner.check_signal`` (the same on every rank, so every rank stops together).
 
     ``on_main=False``: every rank scores its own rows and the results are gathered. ``on_main=True``
     (Ray reward workers, which only rank 0 is connected to): every rank sends its rows to rank 0
@@ -117,17 +121,20 @@ def score_rewards(ctx: DistContext, runner, prompts: list[str], completions: lis
     same message, so the other ranks stop instead of waiting.
     """
     if not (ctx.enabled and on_main):
-        reward = runner.score(prompts, completions, columns, group_size=group_size)
-        return reward, gather_reward_result(ctx, reward)
+        reward = runner.combine(runner.score_values(prompts, completions, columns, group_size, completion_ids, trainer_state))
+        everyone = gather_reward_result(ctx, reward)
+        runner.check_signal(everyone)
+        return reward, everyone
     from grpokit.rewards.contract import RewardError
 
     parts = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object((prompts, completions, columns), parts, dst=0)
+    dist.gather_object((prompts, completions, columns, completion_ids), parts, dst=0)
     payload, failure = None, None
     if ctx.is_main:
         try:
             payload = runner.score_values([p for part in parts for p in part[0]], [c for part in parts for c in part[1]],
-                                          {key: [v for part in parts for v in part[2][key]] for key in columns}, group_size)
+                                          {key: [v for part in parts for v in part[2][key]] for key in columns}, group_size,
+                                          None if completion_ids is None else [ids for part in parts for ids in part[3]], trainer_state)
         except Exception as exc:  # noqa: BLE001 - sent to the other ranks, raised again here below
             failure = exc
             payload = str(exc) if isinstance(exc, RewardError) else f"rank 0 could not score the rewards: {type(exc).__name__}: {exc}"
@@ -139,7 +146,9 @@ def score_rewards(ctx: DistContext, runner, prompts: list[str], completions: lis
         raise RewardError(box[0])
     n = len(completions)
     mine = box[0].rows(slice(ctx.rank * n, (ctx.rank + 1) * n))
-    return runner.combine(mine), runner.combine(box[0])
+    everyone = runner.combine(box[0])
+    runner.check_signal(everyone)
+    return runner.combine(mine), everyone
 
 
 def init_distributed() -> DistContext:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from grpokit.algos import pass_at_k
@@ -12,21 +14,27 @@ from grpokit.rollout.types import SamplingParams
 
 def evaluate(engine, tokenizer, source, rows: list[dict], reward_runner, *, num_samples: int, ks: list[int],
              params: SamplingParams, success_threshold: float, prompt_column: str = "prompt",
-             prompts_per_batch: int = 16, max_prompts: int | None = None) -> dict[str, float]:
-    """Metrics ``eval/reward``, ``eval/pass@k`` for each k, ``eval/greedy_accuracy``.
+             prompts_per_batch: int = 16, max_prompts: int | None = None, trainer_state=None) -> dict[str, float]:
+    """Metrics ``eval/reward``, ``eval/pass@k`` for each k, ``eval/greedy_accuracy``, and
+    ``eval/<name>`` for each name the reward functions logged with ``log_metric`` (the mean).
+
+    The rewards are called as in training (:mod:`grpokit.rewards.contract`), with ``trainer_state``.
 
     A sample is correct when its combined reward >= ``success_threshold``; pass@k per prompt is the
     unbiased estimator over its n samples (Chen et al. 2021), averaged over prompts.
     """
     indices = [int(i) for i in source.usable][:max_prompts]
     rewards, correct, greedy_correct = [], [], []
+    logged: dict[str, list[float]] = {}
+    score = functools.partial(_score, engine, tokenizer, source, rows, reward_runner, prompt_column=prompt_column,
+                              trainer_state=trainer_state, logged=logged)
     for start in range(0, len(indices), prompts_per_batch):
         chunk = indices[start : start + prompts_per_batch]
-        sampled = _score(engine, tokenizer, source, rows, reward_runner, chunk, num_samples, params, prompt_column)
+        sampled = score(chunk, num_samples, params)
         rewards.append(sampled)
         correct.append((sampled.nan_to_num(float("-inf")) >= success_threshold).view(len(chunk), num_samples).sum(1))
         greedy = SamplingParams(params.max_completion_length, greedy=True)
-        g = _score(engine, tokenizer, source, rows, reward_runner, chunk, 1, greedy, prompt_column)
+        g = score(chunk, 1, greedy)
         greedy_correct.append(g.nan_to_num(float("-inf")) >= success_threshold)
     rewards_all = torch.cat(rewards)  # [P*n]
     correct_all = torch.cat(correct)  # [P]
@@ -34,12 +42,17 @@ def evaluate(engine, tokenizer, source, rows: list[dict], reward_runner, *, num_
     for k in ks:
         metrics[f"eval/pass@{k}"] = sum(pass_at_k(num_samples, int(c), k) for c in correct_all) / len(indices)
     metrics["eval/greedy_accuracy"] = float(torch.cat(greedy_correct).float().mean())
+    metrics.update({f"eval/{name}": sum(values) / len(values) for name, values in logged.items()})
     return metrics
 
 
-def _score(engine, tokenizer, source, rows, reward_runner, chunk, n, params, prompt_column) -> torch.Tensor:
+def _score(engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state, logged) -> torch.Tensor:
     rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
-    texts = [decode(tokenizer, ids[: int(length)].tolist()) for ids, length in zip(rollouts.completion_ids, rollouts.completion_lengths)]
-    prompts = [source.texts[i] for i in chunk for _ in range(n)]
+    ids = [row[: int(length)].tolist() for row, length in zip(rollouts.completion_ids, rollouts.completion_lengths)]
+    texts = [decode(tokenizer, row) for row in ids]
+    prompts = [rows[i][prompt_column] for i in chunk for _ in range(n)]
     columns = reward_inputs(rows, chunk, n, prompt_column, rollouts.completion_lengths.tolist())
-    return reward_runner.score(prompts, texts, columns, group_size=n).combined  # [len(chunk) * n]
+    result = reward_runner.score(prompts, texts, columns, group_size=n, completion_ids=ids, trainer_state=trainer_state)
+    for name, values in result.logged.items():
+        logged.setdefault(name, []).extend(values)
+    return result.combined  # [len(chunk) * n]

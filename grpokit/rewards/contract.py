@@ -1,8 +1,19 @@
-"""The reward-function contract, and calling one function safely.
+"""The reward-function contract (TRL's), and calling one function on one batch.
 
-A reward function is ``fn(prompts, completions, **columns) -> list[float | None]``: ``columns``
-are the dataset's other columns, each a list aligned with ``completions``; ``None`` means "does
-not apply". It may be a coroutine function. It must accept keyword columns it does not use.
+A reward function is called with keywords only, as TRL's GRPOTrainer calls it::
+
+    fn(prompts=..., completions=..., completion_ids=..., trainer_state=...,
+       log_metric=..., log_extra=..., **columns) -> list[float | None]
+
+``columns`` are the dataset's other columns, each a list aligned with ``completions``;
+``completion_ids`` are lists of ints; ``trainer_state`` has ``global_step``, ``max_steps`` and
+``epoch``; ``log_metric(name, value)`` adds a scalar to the step's metrics and
+``log_extra(column, values)`` a column to the stored rollouts. A function takes what it names and
+``**kwargs`` for the rest; one without ``**kwargs`` gets only the keywords it names. ``None``
+means "does not apply". It may be a coroutine function.
+
+Conversational data (prompts that are lists of chat messages): ``prompts`` are those lists and each
+completion is ``[{"role": "assistant", "content": text}]``.
 
 Two kinds of failure are told apart on purpose:
 
@@ -16,11 +27,14 @@ Two kinds of failure are told apart on purpose:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import numbers
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,59 +65,147 @@ def require_column(columns: Mapping[str, Any], column: str, reward: str) -> Sequ
     return columns[column]
 
 
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
+@dataclass
+class RewardState:
+    """What ``trainer_state`` tells a reward function (the fields of transformers' TrainerState
+    that TRL's rewards read): optimizer steps done, steps planned, epochs of the data consumed."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
 
 
-def call_reward(
-    fn: RewardFn, prompts: list[str], completions: list[str], columns: Mapping[str, list]
-) -> Any:
-    """Call ``fn`` once on a batch; an awaitable result is run to completion with asyncio.run."""
-    output = fn(prompts, completions, **columns)
-    if hasattr(output, "__await__"):
-        # A fresh event loop per call: this runs on a worker thread, which has none of its own.
+def is_conversational(prompt: Any) -> bool:
+    """A prompt given as chat messages: a list of dicts with a ``role``."""
+    return isinstance(prompt, list) and all(isinstance(m, Mapping) and "role" in m for m in prompt)
+
+
+def as_completions(prompts: Sequence[Any], texts: Sequence[str]) -> list[Any]:
+    """Completions in the form TRL passes them: ``[{"role": "assistant", "content": text}]`` each
+    when the prompts are chat messages, else the texts."""
+    if prompts and is_conversational(prompts[0]):
+        return [[{"role": "assistant", "content": text}] for text in texts]
+    return list(texts)
+
+
+def text_of(item: Any) -> str:
+    """The text of a prompt or completion: a string as it is, chat messages as their contents
+    joined by newlines (what built-in rewards read)."""
+    if isinstance(item, str):
+        return item
+    if is_conversational(item):
+        return "\n".join(str(m.get("content", "")) for m in item)
+    return str(item)
+
+
+def texts_of(items: Sequence[Any]) -> list[str]:
+    return [text_of(item) for item in items]
+
+
+@dataclass
+class RewardLog:
+    """What one call logged through ``log_metric`` and ``log_extra``, for ``n`` completions."""
+
+    n: int
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, list] = field(default_factory=dict)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Add ``value`` to the step's metric ``name`` (the step logs the mean of its values)."""
+        if not isinstance(name, str) or not isinstance(value, (numbers.Real, np.generic)):
+            raise TypeError(f"log_metric(name, value) takes a str and a number, got {name!r}, {value!r}")
+        self.metrics.setdefault(name, []).append(float(value))
+
+    def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        """Store ``values`` (one per completion of the batch) as ``column`` with the rollouts."""
+        if hasattr(values, "tolist"):
+            values = values.tolist()
+        sized = hasattr(values, "__len__") and not isinstance(values, (str, bytes, Mapping))
+        if not isinstance(column, str) or not sized or len(values) != self.n:
+            got = f"{len(values)} values" if sized else f"a {type(values).__name__}"
+            raise ValueError(f"log_extra({column!r}, values) needs a list of one value per completion ({self.n}), got {got}")
+        self.extra[column] = list(values)
+
+
+@dataclass
+class Outcome:
+    """One function's call on one batch (or chunk): its raw ``output``, or an ``error`` message
+    (with the ``traceback`` text when it raised), what it logged, and a :class:`RewardError` it
+    raised (``fatal``), which the runner raises again."""
+
+    output: Any = None
+    error: str | None = None
+    traceback: str | None = None
+    log: RewardLog | None = None
+    fatal: RewardError | None = None
+
+
+def _accepted(fn: RewardFn) -> set[str] | None:
+    """The keywords ``fn`` names, or None when it takes ``**kwargs`` (or has no signature)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+
+
+def call_reward(fn: RewardFn, payload: Mapping[str, Any], log: RewardLog) -> Any:
+    """Call ``fn`` once with the keywords of ``payload`` plus ``log_metric`` / ``log_extra``; an
+    awaitable result is run to completion with asyncio.run (a fresh loop: this runs on a worker
+    thread or process, which has none of its own)."""
+    kwargs = {**payload, "log_metric": log.log_metric, "log_extra": log.log_extra}
+    accepted = _accepted(fn)
+    if accepted is not None:
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    output = fn(**kwargs)
+    if inspect.isawaitable(output):
         output = asyncio.run(_await(output))
     return output
 
 
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def run_call(fn: RewardFn, payload: Mapping[str, Any], n: int) -> Outcome:
+    """``call_reward`` with every failure caught into the :class:`Outcome`."""
+    log = RewardLog(n)
+    try:
+        output = call_reward(fn, payload, log)
+    except RewardError as exc:
+        return Outcome(log=log, fatal=exc)
+    except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported
+        return Outcome(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(), log=log)
+    if hasattr(output, "tolist"):  # numpy / torch: plain values, cheap to send between processes
+        output = output.tolist()
+    return Outcome(output=output, log=log)
+
+
 class TimedCall:
-    """One reward call started on a daemon thread, abandoned if it runs past its timeout.
+    """One reward call started on a daemon thread in this process, abandoned past its timeout.
 
     Python cannot kill a thread, so an abandoned call keeps running in the background until it
-    returns; being a daemon thread it never blocks interpreter exit. With worker processes
-    (``RewardRunner(workers=N)``) the process pool is recycled after a timeout, which ends it.
+    returns (a call that holds the GIL stalls this process meanwhile); being a daemon thread it
+    never blocks interpreter exit. Worker processes (:mod:`grpokit.rewards.workers`) are killed instead.
     """
 
-    def __init__(
-        self, fn: RewardFn, prompts: list[str], completions: list[str], columns: Mapping[str, list]
-    ):
-        self._output: Any = None
-        self._exception: BaseException | None = None
+    def __init__(self, fn: RewardFn, payload: Mapping[str, Any], n: int):
+        self._outcome: Outcome | None = None
         self._started = time.monotonic()
-        self._thread = threading.Thread(
-            target=self._run, args=(fn, prompts, completions, columns), daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(fn, payload, n), daemon=True)
         self._thread.start()
 
-    def _run(self, fn, prompts, completions, columns) -> None:
-        try:
-            self._output = call_reward(fn, prompts, completions, columns)
-        except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported
-            self._exception = exc
+    def _run(self, fn: RewardFn, payload: Mapping[str, Any], n: int) -> None:
+        self._outcome = run_call(fn, payload, n)
 
-    def result(self, timeout: float) -> tuple[Any, str | None]:
-        """Wait until ``timeout`` seconds after the start; return ``(output, error message)``.
-
-        Raises the function's own :class:`RewardError` (a contract or configuration error).
-        """
+    def result(self, timeout: float) -> Outcome:
+        """Wait until ``timeout`` seconds after the start; a call still running is timed out."""
         self._thread.join(max(0.0, self._started + timeout - time.monotonic()))
         if self._thread.is_alive():
-            return None, f"{TIMED_OUT} after {timeout:g} s"
-        if isinstance(self._exception, RewardError):
-            raise self._exception
-        if self._exception is not None:
-            return None, f"{type(self._exception).__name__}: {self._exception}"
-        return self._output, None
+            return Outcome(error=f"{TIMED_OUT} after {timeout:g} s")
+        return self._outcome
 
 
 def check_output(name: str, output: Any, n: int) -> tuple[list[float | None], list[str | None]]:

@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from grpokit.rewards.contract import texts_of
+
 # Tag contents may not open or close the same tag again, so "<think>a</think><think>b</think>"
 # is not a single well-formed think block.
 LAYOUTS = {
@@ -51,4 +53,4 @@ class FormatReward:
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
     ) -> list[float]:
         match = self._regex.fullmatch if self.mode == "fullmatch" else self._regex.search
-        return [1.0 if match(completion) else 0.0 for completion in completions]
+        return [1.0 if match(completion) else 0.0 for completion in texts_of(completions)]

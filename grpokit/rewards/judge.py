@@ -4,6 +4,12 @@ The model is either a local folder holding a Hugging Face ``AutoModelForSequence
 (with its tokenizer), or any ``torch.nn.Module`` mapping token ids [B, L] (and, if its forward
 takes it, ``attention_mask`` [B, L]) to one score per sequence [B] or [B, 1], or to class
 logits [B, C]. Sequences are right-padded, scored in batches under ``torch.inference_mode``.
+
+:class:`ClassifierReward` is an ``nn.Module`` given directly as a reward function, scored as TRL
+scores it: ``logits[:, 0]`` of the prompt + completion text (chat-templated for conversational data).
+
+Both run in the trainer's process (``in_process``): they hold a model, maybe on a GPU, and torch's
+kernels release the GIL, so their timeout still works.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 
 import torch
 
-from grpokit.rewards.contract import RewardError
+from grpokit.rewards.contract import RewardError, is_conversational, text_of
 
 OUTPUTS = ("sigmoid", "logit", "prob")
 TEXTS = ("prompt+completion", "completion")
@@ -58,6 +64,7 @@ class RewardModelReward:
     """
 
     name = "reward_model"
+    in_process = True
 
     def __init__(
         self,
@@ -141,9 +148,9 @@ class RewardModelReward:
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
     ) -> list[float]:
         if self.text == "completion":
-            texts = list(completions)
+            texts = [text_of(c) for c in completions]
         else:
-            texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+            texts = [_joined(self.tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
         rewards: list[float] = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
@@ -153,4 +160,53 @@ class RewardModelReward:
                 else:
                     raw = self.model(input_ids)
                 rewards.extend(self._scores(raw, len(input_ids)).tolist())
+        return rewards
+
+
+def _joined(tokenizer: Any, prompt: Any, completion: Any) -> str:
+    """Prompt + completion as one text: chat messages through the tokenizer's chat template when it
+    has one (as TRL does), else their contents."""
+    if is_conversational(prompt) and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+    return text_of(prompt) + text_of(completion)
+
+
+class ClassifierReward:
+    """An ``nn.Module`` sequence classifier as a reward, as TRL's GRPOTrainer uses one: the
+    ``processing_class`` tokenizes prompt + completion (right padding, no special tokens added) and
+    the reward is ``model(**inputs).logits[:, 0]``. Without a ``processing_class``, the tokenizer is
+    loaded from the model's ``config._name_or_path``; a tokenizer without a pad token pads with eos."""
+
+    in_process = True
+
+    def __init__(self, model: torch.nn.Module, processing_class: Any = None, batch_size: int = 32):
+        config = getattr(model, "config", None)
+        if processing_class is None:
+            path = getattr(config, "_name_or_path", None)
+            if not path:
+                raise ValueError(f"reward {type(model).__name__}: an nn.Module reward needs its tokenizer; "
+                                 "pass reward_processing_classes=[tokenizer]")
+            from transformers import AutoTokenizer
+
+            processing_class = AutoTokenizer.from_pretrained(path)
+        if processing_class.pad_token_id is None:
+            processing_class.pad_token = processing_class.eos_token
+        if config is not None:
+            config.pad_token_id = processing_class.pad_token_id
+        self.model = model.eval().requires_grad_(False)
+        self.processing_class = processing_class
+        self.batch_size = batch_size
+        path = getattr(config, "_name_or_path", None)
+        self.name = path.rstrip("/").split("/")[-1] if path else type(model).__name__
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+        texts = [_joined(self.processing_class, p, c) for p, c in zip(prompts, completions, strict=True)]
+        device = next(self.model.parameters()).device
+        rewards: list[float] = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), self.batch_size):
+                inputs = self.processing_class(text=texts[start : start + self.batch_size], return_tensors="pt", padding=True,
+                                               padding_side="right", add_special_tokens=False)
+                logits = self.model(**{k: v.to(device) for k, v in inputs.items()}).logits  # [B, C]
+                rewards.extend(logits[:, 0].float().tolist())
         return rewards

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.rewards.contract import require_column
+from grpokit.rewards.contract import require_column, texts_of
 
 UNITS = ("auto", "tokens", "chars")
 LENGTH_COLUMN = "completion_lengths"
@@ -78,7 +78,7 @@ class LengthReward:
     def lengths(self, completions: Sequence[str], columns: dict[str, Any]) -> Sequence[int]:
         """Length of each completion in the configured unit."""
         if self.unit == "chars" or (self.unit == "auto" and LENGTH_COLUMN not in columns):
-            return [len(completion) for completion in completions]
+            return [len(completion) for completion in texts_of(completions)]
         return require_column(columns, LENGTH_COLUMN, self.name)
 
     def __call__(

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from grpokit.rewards.contract import require_column
+from grpokit.rewards.contract import require_column, texts_of
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _HASHES = re.compile(r"####\s*([^\n]*)")
@@ -133,7 +133,7 @@ class AccuracyReward:
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
     ) -> list[float | None]:
         references = require_column(columns, self.answer_column, self.name)
-        return [self.score(c, r) for c, r in zip(completions, references, strict=True)]
+        return [self.score(c, r) for c, r in zip(texts_of(completions), references, strict=True)]
 
     @staticmethod
     def score(completion: str, reference: Any) -> float | None:

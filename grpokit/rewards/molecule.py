@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from grpokit.rewards.contract import texts_of
+
 METRICS = ("validity", "qed", "sa")
 
 
@@ -79,4 +81,4 @@ class MoleculeReward:
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
     ) -> list[float]:
-        return [self.score(smiles) for smiles in completions]
+        return [self.score(smiles) for smiles in texts_of(completions)]

@@ -1,33 +1,43 @@
 """Score a batch of completions with several reward functions and combine them.
 
-Each function runs on the whole batch with a timeout (per batch); in-process the functions run
-concurrently on daemon threads, so slow I/O-bound rewards (async judges) overlap. With
-``workers=N > 0`` the batch is split into at most N contiguous chunks of whole groups
-(``group_size`` completions of one prompt stay together) that run on workers, for CPU-heavy
-rewards: a process pool (spawn) in this process (``backend="process"``), or Ray actors
-(``backend="ray"``, :mod:`grpokit.distributed.ray_rewards`). Workers are started at the first
-batch and reused, and receive the functions once, when they start. As with any spawn pool, a
-script that creates a process pool must guard its entry point with ``if __name__ == "__main__":``.
+Where a function runs: by default (``isolate=True``) in its own worker process
+(:mod:`grpokit.rewards.workers`), which is killed at the function's timeout whatever the function
+does; with ``workers=N > 0`` in N processes per function, each scoring a contiguous chunk of whole
+groups (``group_size`` completions of one prompt stay together), for CPU-heavy rewards; with
+``backend="ray"`` on N Ray actors (:mod:`grpokit.distributed.ray_rewards`). Reward models (a
+``reward_model`` or an ``nn.Module``, marked ``in_process``), and every function with
+``isolate=False``, run on daemon threads in this process, where a timeout cannot stop code that
+holds the GIL. All functions of a batch run at the same time; the timeout counts per function and
+batch (per chunk with workers).
 
 Whatever runs them, the results are checked and combined here, in the order of the batch:
 ``combined_i = sum_{f: r_if present} w_f * r_if`` (as TRL's ``nansum``), NaN when none did.
+A function's first failure of each kind is printed at once with its traceback
+(:meth:`RewardRunner.score`), and a batch on which every function failed on every completion
+counts towards :meth:`RewardRunner.check_signal`, which stops a run that has nothing to learn from.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import multiprocessing
-import pickle
+import sys
+import time
+import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from grpokit.rewards.contract import TIMED_OUT, RewardError, TimedCall, check_output
+from grpokit.rewards.contract import RewardError, TimedCall, as_completions, check_output
 from grpokit.rewards.registry import resolve_reward
+from grpokit.rewards.workers import RewardProcess, process_context, run_calls
+
+# Batches in a row on which every function failed on every completion before a run stops
+# (the first batch of a run stops it at once).
+MAX_FAILED_BATCHES = 3
 
 
 @dataclass
@@ -37,7 +47,9 @@ class RewardResult:
     ``per_func`` [N, F] float64, NaN where a function gave None, failed or timed out;
     ``combined`` [N] the weighted sum of the present values (NaN when none is present);
     ``errors`` one message per completion (``"name: Error: message"``, several joined by
-    ``"; "``) or None; ``error_counts`` the number of completions each function failed on.
+    ``"; "``) or None; ``error_counts`` the number of completions each function failed on;
+    ``logged`` the values each ``log_metric`` name got; ``extra`` each ``log_extra`` column [N]
+    (None where no function logged it).
     """
 
     names: list[str]
@@ -45,9 +57,12 @@ class RewardResult:
     combined: torch.Tensor  # [N]
     errors: list[str | None]
     error_counts: dict[str, int]
+    logged: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, list] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """``rewards/<name>/mean|std|errors``, ``reward`` and ``reward_std``, ignoring NaN.
+        """``rewards/<name>/mean|std|errors``, ``reward`` and ``reward_std``, ignoring NaN, and the
+        mean of each ``log_metric`` name (under that name, as TRL logs it).
 
         std is the sample standard deviation (Bessel-corrected, as torch.std); NaN when fewer
         than two values are present, and a mean over no values is NaN too.
@@ -59,21 +74,32 @@ class RewardResult:
             metrics[f"rewards/{name}/std"] = std
             metrics[f"rewards/{name}/errors"] = float(self.error_counts[name])
         metrics["reward"], metrics["reward_std"] = _nan_mean_std(self.combined)
+        for name, values in self.logged.items():
+            metrics[name] = sum(values) / len(values)
         return metrics
+
+    def all_failed(self) -> bool:
+        """Every function failed (raised, timed out, returned NaN) on every completion."""
+        return bool(self.errors) and all(e is not None for e in self.errors) and all(
+            count == len(self.errors) for count in self.error_counts.values())
 
 
 @dataclass
 class RewardValues:
     """The checked outputs of F functions on N completions, before :meth:`RewardRunner.combine`:
-    ``per_func`` [N, F] float64 (NaN where absent) and ``messages`` [N][F], the error of function f on
-    completion i or None. Unlike a :class:`RewardResult` it can be cut into rows (torchrun: rank 0
-    scores the global batch and every rank keeps its rows)."""
+    ``per_func`` [N, F] float64 (NaN where absent), ``messages`` [N][F], the error of function f on
+    completion i or None, and what the functions logged. Unlike a :class:`RewardResult` it can be cut
+    into rows (torchrun: rank 0 scores the global batch and every rank keeps its rows)."""
 
     per_func: torch.Tensor  # [N, F]
     messages: list[list[str | None]]  # [N][F]
+    logged: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, list] = field(default_factory=dict)
 
     def rows(self, rows: slice) -> RewardValues:
-        return RewardValues(self.per_func[rows].clone(), self.messages[rows])
+        """These rows; the logged metrics belong to the whole batch and stay with every part."""
+        return RewardValues(self.per_func[rows].clone(), self.messages[rows], self.logged,
+                            {column: values[rows] for column, values in self.extra.items()})
 
 
 def _nan_mean_std(values: torch.Tensor) -> tuple[float, float]:
@@ -95,21 +121,6 @@ def _unique(names: list[str]) -> list[str]:
     return unique
 
 
-# The reward functions of the runner that started this worker process: sent once when the pool
-# starts rather than pickled with every chunk, which matters for a reward model's weights.
-_worker_functions: list[Callable] = []
-
-
-def _init_worker(functions: list[Callable]) -> None:
-    _worker_functions.extend(functions)
-
-
-def _score_in_worker(
-    index: int, prompts: list[str], completions: list[str], columns: dict, timeout: float
-) -> tuple[Any, str | None]:
-    return TimedCall(_worker_functions[index], prompts, completions, columns).result(timeout)
-
-
 def _chunks(n: int, parts: int, group_size: int = 1) -> list[slice]:
     """At most ``parts`` contiguous, non-empty slices covering range(n), each a whole number of
     groups of ``group_size`` (which divides n), with near-equal numbers of groups."""
@@ -119,76 +130,20 @@ def _chunks(n: int, parts: int, group_size: int = 1) -> list[slice]:
     return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
-class ProcessPool:
-    """Reward functions on a spawn process pool in this process (``RewardRunner(backend="process")``)."""
-
-    def __init__(self, names: list[str], functions: list[Callable], workers: int):
-        for name, fn in zip(names, functions):
-            try:
-                pickle.dumps(fn)
-            except Exception as exc:
-                raise RewardError(
-                    f"reward {name!r} cannot be sent to worker processes (workers={workers}): "
-                    f"{exc}. Define it at module level, or use workers=0"
-                ) from exc
-        self.functions = functions
-        self.workers = workers
-        self._executor: ProcessPoolExecutor | None = None
-
-    def run(self, rows: list[slice], prompts, completions, columns, timeout: float) -> list[list[tuple[slice, Any, str | None]]]:
-        """Every function on every chunk of ``rows``: [F][chunk] (rows, output, error)."""
-        if self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(self.functions,),
-            )
-        futures: list[list[Future]] = []  # [F][chunk]
-        for f in range(len(self.functions)):
-            futures.append([])
-            for r in rows:
-                chunk_columns = {key: column[r] for key, column in columns.items()}
-                futures[f].append(
-                    self._executor.submit(
-                        _score_in_worker, f, prompts[r], completions[r], chunk_columns, timeout
-                    )
-                )
-        outcomes = []
-        recycle = False
-        for per_function in futures:
-            results = []
-            for r, future in zip(rows, per_function):
-                try:
-                    output, error = future.result()
-                except RewardError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - a worker died (BrokenProcessPool)
-                    output, error = None, f"{type(exc).__name__}: {exc}"
-                    recycle = True
-                recycle = recycle or (error is not None and error.startswith(TIMED_OUT))
-                results.append((r, output, error))
-            outcomes.append(results)
-        if recycle:
-            # Ending the workers ends the abandoned calls still running on their threads.
-            self.close()
-        return outcomes
-
-    def close(self) -> None:
-        """Shut the process pool down (a later ``run`` starts a new one)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
 
 
 class RewardRunner:
     """Run reward functions safely on batches of completions.
 
-    ``specs``: reward specs (see :func:`~grpokit.rewards.registry.resolve_reward`).
+    ``specs``: reward specs (see :func:`~grpokit.rewards.registry.resolve_reward`); an ``nn.Module``
+    is a sequence classifier scored as TRL does (:class:`~grpokit.rewards.judge.ClassifierReward`).
     ``weights``: one weight per spec; when given it replaces the specs' own weights.
     ``timeout``: seconds allowed per function per batch (per chunk with workers).
-    ``workers``: 0 to run in this process, N > 0 for N workers; ``close()`` ends them.
-    ``backend``: ``process`` (a process pool here) or ``ray`` (Ray actors of ``worker_cpus`` CPUs each).
+    ``workers``: processes (or Ray actors) per function, each scoring a chunk; 0 = one process each
+    (``isolate``) or none. ``isolate=False`` runs the functions on threads in this process.
+    ``backend``: ``process`` or ``ray`` (Ray actors of ``worker_cpus`` CPUs each).
+    ``processing_classes``: one tokenizer (or None) per spec, used by ``nn.Module`` rewards.
+    ``close()`` ends the processes (a later ``score`` starts them again).
     """
 
     def __init__(
@@ -199,6 +154,8 @@ class RewardRunner:
         workers: int = 0,
         backend: str = "process",
         worker_cpus: float = 1.0,
+        isolate: bool = True,
+        processing_classes: Sequence[Any] | None = None,
     ):
         if isinstance(specs, (str, Mapping)) or callable(specs):
             specs = [specs]
@@ -210,7 +167,10 @@ class RewardRunner:
             raise ValueError(f"workers must be >= 0, got {workers}")
         if backend not in ("process", "ray"):
             raise ValueError(f"backend must be 'process' or 'ray', got {backend!r}")
-        resolved = [resolve_reward(spec) for spec in specs]
+        if processing_classes is not None and len(processing_classes) != len(specs):
+            raise ValueError(f"got {len(processing_classes)} reward processing classes for {len(specs)} rewards")
+        classes = list(processing_classes) if processing_classes is not None else [None] * len(specs)
+        resolved = [_classifier(*resolve_reward(spec), processing_class) for spec, processing_class in zip(specs, classes)]
         if weights is None:
             weights = [weight for _, _, weight in resolved]
         elif len(weights) != len(resolved):
@@ -222,67 +182,149 @@ class RewardRunner:
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float64)  # [F]
         self.timeout = float(timeout)
         self.workers = workers
-        self._pool = None  # ProcessPool or RayRewardPool: run(rows, prompts, completions, columns, timeout), close()
+        self._announced: set[tuple[str, str]] = set()
+        self._batches = self._failed_in_a_row = 0
+        self._pool = None  # RayRewardPool: run(rows, payloads, timeout), close()
+        # [F]: a function's worker processes (one per chunk), or None to run it on a thread here
+        self._processes: list[list[RewardProcess] | None] = [None] * len(self.functions)
         if workers and backend == "ray":
             from grpokit.distributed.ray_rewards import RayRewardPool
 
             self._pool = RayRewardPool(self.names, self.functions, workers, worker_cpus)
-        elif workers:
-            self._pool = ProcessPool(self.names, self.functions, workers)
+        elif isolate or workers:
+            self._start_processes(max(1, workers))
+        weakref.finalize(self, _kill_all, self._processes)
+
+    def _start_processes(self, count: int) -> None:
+        for f, (name, fn) in enumerate(zip(self.names, self.functions)):
+            if getattr(fn, "in_process", False):
+                continue
+            context, why = process_context(fn)
+            if context is None:
+                warnings.warn(f"grpokit: reward {name!r} runs in the trainer's process, where its timeout cannot stop "
+                              f"code that holds the GIL, because {why}.", stacklevel=3)
+                continue
+            self._processes[f] = [RewardProcess(fn, context) for _ in range(count)]
 
     def score(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Any],
         completions: Sequence[str],
         columns: Mapping[str, Sequence[Any]] | None = None,
         group_size: int = 1,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        trainer_state: Any = None,
     ) -> RewardResult:
-        """Rewards of each completion from each function, and their weighted combination.
+        """Rewards of each completion from each function, and their weighted combination; raises
+        :class:`RewardError` when this batch leaves the run without reward signal (:meth:`check_signal`).
 
-        ``group_size``: completions per prompt (adjacent); workers get whole groups.
+        ``prompts``: strings or chat-message lists; ``completions``: texts (given to the functions in
+        TRL's conversational form when the prompts are messages); ``group_size``: completions per
+        prompt (adjacent), workers get whole groups.
         """
-        return self.combine(self.score_values(prompts, completions, columns, group_size))
+        result = self.combine(self.score_values(prompts, completions, columns, group_size, completion_ids, trainer_state))
+        self.check_signal(result)
+        return result
 
     def score_values(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Any],
         completions: Sequence[str],
         columns: Mapping[str, Sequence[Any]] | None = None,
         group_size: int = 1,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        trainer_state: Any = None,
     ) -> RewardValues:
         """Each function's checked values and errors per completion, not yet combined (see :meth:`score`)."""
         n = len(completions)
         columns = dict(columns or {})
         if len(prompts) != n:
             raise ValueError(f"got {len(prompts)} prompts for {n} completions")
+        if completion_ids is not None and len(completion_ids) != n:
+            raise ValueError(f"got {len(completion_ids)} completion_ids for {n} completions")
         for key, column in columns.items():
             if len(column) != n:
                 raise ValueError(f"column {key!r} has {len(column)} values for {n} completions")
         if group_size < 1 or n % group_size:
             raise ValueError(f"group_size={group_size} must be >= 1 and divide the {n} completions")
-        prompts, completions = list(prompts), list(completions)
-        columns = {key: list(column) for key, column in columns.items()}
-        if self._pool is not None:
-            outcomes = self._pool.run(_chunks(n, self.workers, group_size), prompts, completions, columns, self.timeout)
-        else:
-            calls = [TimedCall(fn, prompts, completions, columns) for fn in self.functions]
-            outcomes = [[(slice(0, n), *call.result(self.timeout))] for call in calls]
+        batch = {
+            "prompts": list(prompts),
+            "completions": as_completions(prompts, completions),
+            "completion_ids": None if completion_ids is None else [[int(t) for t in ids] for ids in completion_ids],
+            **{key: list(column) for key, column in columns.items()},
+        }
 
+        def payload(rows: slice) -> dict[str, Any]:
+            return {**{k: v if v is None else v[rows] for k, v in batch.items()}, "trainer_state": trainer_state}
+
+        outcomes = self._run(n, group_size, payload)
         # float64: any finite Python float fits, so a huge reward is a value, not an overflow
         per_func = torch.full((n, len(self.names)), math.nan, dtype=torch.float64)  # [N, F]
         messages: list[list[str | None]] = [[None] * len(self.names) for _ in range(n)]  # [N][F]
+        logged: dict[str, list[float]] = {}
+        extra: dict[str, list] = {}
         for f, (name, chunks) in enumerate(zip(self.names, outcomes)):
-            for rows, output, error in chunks:
+            for rows, outcome in chunks:
+                if outcome.fatal is not None:
+                    raise outcome.fatal
                 size = rows.stop - rows.start
-                if error is not None:
-                    chunk_values, chunk_errors = [None] * size, [error] * size
+                if outcome.error is not None:
+                    self._announce(name, outcome.error, outcome.traceback)
+                    chunk_values, chunk_errors = [None] * size, [outcome.error] * size
                 else:
-                    chunk_values, chunk_errors = check_output(name, output, size)
+                    chunk_values, chunk_errors = check_output(name, outcome.output, size)
+                if outcome.log is not None:
+                    for metric, values in outcome.log.metrics.items():
+                        logged.setdefault(metric, []).extend(values)
+                    for column, values in outcome.log.extra.items():
+                        extra.setdefault(column, [None] * n)[rows] = values
                 for i, value, message in zip(range(rows.start, rows.stop), chunk_values, chunk_errors):
                     if value is not None:
                         per_func[i, f] = value
                     messages[i][f] = message
-        return RewardValues(per_func, messages)
+        return RewardValues(per_func, messages, logged, extra)
+
+    def _run(self, n: int, group_size: int, payload: Callable[[slice], dict]) -> list[list[tuple[slice, Any]]]:
+        """Every function on its chunks, all at once: [F][chunk] (rows, Outcome)."""
+        if self._pool is not None:
+            rows = _chunks(n, self.workers, group_size)
+            return self._pool.run(rows, [payload(r) for r in rows], self.timeout)
+        deadline = time.monotonic() + self.timeout
+        whole = slice(0, n)
+        threads = {f: TimedCall(fn, payload(whole), n) for f, fn in enumerate(self.functions) if self._processes[f] is None}
+        calls, where = [], []  # where: (function, rows) of each process call
+        for f, processes in enumerate(self._processes):
+            if processes is not None:
+                for proc, rows in zip(processes, _chunks(n, len(processes), group_size)):
+                    calls.append((proc, payload(rows), rows.stop - rows.start))
+                    where.append((f, rows))
+        outcomes: list[list[tuple[slice, Any]]] = [[] for _ in self.functions]
+        for (f, rows), outcome in zip(where, run_calls(calls, self.timeout, deadline)):
+            outcomes[f].append((rows, outcome))
+        for f, call in threads.items():
+            outcomes[f].append((whole, call.result(self.timeout)))
+        return outcomes
+
+    def _announce(self, name: str, error: str, trace: str | None) -> None:
+        """Print a function's error the first time it occurs, with its traceback."""
+        if (name, error) in self._announced:
+            return
+        self._announced.add((name, error))
+        detail = f"\n{trace.rstrip()}" if trace else ""
+        print(f"grpokit: reward {name!r} failed: {error}{detail}\n(printed once; its value is None where it fails, counted in "
+              f"rewards/{name}/errors and stored with the rollouts: grpokit inspect RUN --errors)", file=sys.stderr, flush=True)
+
+    def check_signal(self, result: RewardResult) -> None:
+        """Raise :class:`RewardError` when every function failed on every completion of the first
+        batch this runner scored, or of MAX_FAILED_BATCHES batches in a row: training on such
+        batches learns nothing, and every later batch would most likely fail the same way."""
+        self._batches += 1
+        self._failed_in_a_row = self._failed_in_a_row + 1 if result.all_failed() else 0
+        if self._failed_in_a_row and (self._batches == 1 or self._failed_in_a_row >= MAX_FAILED_BATCHES):
+            which = "the first batch" if self._batches == 1 else f"{self._failed_in_a_row} batches in a row"
+            first = next(e for e in result.errors if e is not None)
+            raise RewardError(f"every reward function failed on every completion of {which}, so there is nothing to "
+                              f"train on: {first}. Fix the reward function (its traceback is printed above).")
 
     def combine(self, values: RewardValues) -> RewardResult:
         """The weighted sum of checked ``values`` and their errors (named by function)."""
@@ -292,15 +334,35 @@ class RewardRunner:
         combined[~present.any(dim=1)] = math.nan
         errors = ["; ".join(f"{name}: {m}" for name, m in zip(self.names, row) if m is not None) or None for row in values.messages]
         error_counts = {name: sum(row[f] is not None for row in values.messages) for f, name in enumerate(self.names)}
-        return RewardResult(names=list(self.names), per_func=per_func, combined=combined, errors=errors, error_counts=error_counts)
+        return RewardResult(names=list(self.names), per_func=per_func, combined=combined, errors=errors, error_counts=error_counts,
+                            logged=values.logged, extra=values.extra)
 
     def close(self) -> None:
-        """Stop the workers (a later ``score`` starts them again)."""
+        """Stop the worker processes (a later ``score`` starts them again)."""
         if self._pool is not None:
             self._pool.close()
+        for processes in self._processes:
+            for proc in processes or ():
+                proc.close()
 
     def __enter__(self) -> RewardRunner:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _kill_all(processes: list[list[RewardProcess] | None]) -> None:
+    for group in processes:
+        for proc in group or ():
+            proc.kill()
+
+
+def _classifier(name: str, fn: Callable, weight: float, processing_class: Any) -> tuple[str, Callable, float]:
+    """An ``nn.Module`` reward as TRL scores it; any other function as it is."""
+    if isinstance(fn, torch.nn.Module):
+        from grpokit.rewards.judge import ClassifierReward
+
+        classifier = ClassifierReward(fn, processing_class)
+        return classifier.name, classifier, weight
+    return name, fn, weight

@@ -86,6 +86,8 @@ def _render_rollouts(rollouts: list[dict]) -> str:
         body.append(_shorten(r["prompt"], _MAX_PROMPT_CHARS), style="dim")
         body.append("\n")
         body.append(_shorten(r["completion"], _MAX_COMPLETION_CHARS))
+        for column, value in sorted((r.get("extra") or {}).items()):
+            body.append(f"\n{column}: {_shorten(_format(value), _MAX_PROMPT_CHARS)}", style="cyan")
         if r["error"] is not None:
             body.append(f"\nerror: {r['error']}", style="red")
         panels.append(Panel(body, title=Text(title), title_align="left"))

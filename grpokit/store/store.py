@@ -31,13 +31,13 @@ _FILE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 _ROLLOUT_COLUMNS = (
     "run_id", "step", "prompt_index", "completion_index", "prompt", "completion",
     "prompt_tokens", "completion_tokens", "finish_reason", "rewards", "reward", "advantage",
-    "policy_version", "error",
+    "policy_version", "error", "extra",
 )
 _INSERT_ROLLOUT = (
     f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
 )
-_ROLLOUT_KEYS = _ROLLOUT_COLUMNS[2:]  # what a rollout dict must carry besides run_id and step
+_ROLLOUT_KEYS = _ROLLOUT_COLUMNS[2:-1]  # what a rollout dict must carry besides run_id and step (extra is optional)
 _LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
 # What a read-only query may do: read tables and views, call functions, recurse in a CTE.
 _QUERY_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
@@ -107,6 +107,8 @@ class RolloutStore:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA busy_timeout=10000")
             self._conn.executescript(SCHEMA)
+            if "extra" not in self._table_columns():  # a store written before log_extra existed
+                self._conn.execute("ALTER TABLE rollouts ADD COLUMN extra TEXT")
             self._init_meta(run_id or self.path.resolve().parent.name)
         except sqlite3.DatabaseError as err:
             self._conn.close()
@@ -121,6 +123,9 @@ class RolloutStore:
         # A reader waits for the trainer's commit instead of failing with "database is locked".
         conn.execute("PRAGMA busy_timeout=10000")
         return conn
+
+    def _table_columns(self) -> list[str]:
+        return [row[1] for row in self._conn.execute("PRAGMA table_info(rollouts)")]
 
     def _init_meta(self, run_id: str) -> None:
         with self._transaction():
@@ -164,7 +169,8 @@ class RolloutStore:
 
         Each rollout dict has prompt_index, completion_index, prompt, completion, prompt_tokens,
         completion_tokens, finish_reason, rewards (name -> float | None), reward, advantage,
-        policy_version and error (str | None). Non-finite reward values are stored as null.
+        policy_version and error (str | None), and optionally extra (a JSON-able dict of the
+        ``log_extra`` columns). Non-finite reward values are stored as null.
         """
         rows = [self._rollout_row(step, i, r) for i, r in enumerate(rollouts)]
         metric_rows = [(step, name, _finite_or_none(value)) for name, value in metrics.items()]
@@ -194,6 +200,7 @@ class RolloutStore:
             rollout["completion_tokens"], rollout["finish_reason"], json.dumps(rewards),
             _finite_or_none(rollout["reward"]), _finite_or_none(rollout["advantage"]),
             rollout["policy_version"], rollout["error"],
+            None if rollout.get("extra") is None else json.dumps(rollout["extra"], default=str, ensure_ascii=False),
         )
 
     def _has_step(self, step: int) -> bool:
@@ -272,7 +279,8 @@ class RolloutStore:
             if order_by_reward not in ("asc", "desc"):
                 raise ValueError(f"order_by_reward must be 'asc' or 'desc', not {order_by_reward!r}")
             order = f"reward IS NULL, reward {order_by_reward.upper()}, {order}"
-        sql = f"SELECT {', '.join(_ROLLOUT_COLUMNS)} FROM rollouts"
+        columns = [c for c in _ROLLOUT_COLUMNS if c != "extra" or "extra" in self._table_columns()]
+        sql = f"SELECT {', '.join(columns)} FROM rollouts"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY {order}"
@@ -281,8 +289,9 @@ class RolloutStore:
             params.append(int(limit))
         result = []
         for row in self._conn.execute(sql, params):
-            rollout = dict(zip(_ROLLOUT_COLUMNS, row))
+            rollout = dict(zip(columns, row))
             rollout["rewards"] = json.loads(rollout["rewards"])
+            rollout["extra"] = json.loads(rollout["extra"]) if rollout.get("extra") else None
             result.append(rollout)
         return result
 

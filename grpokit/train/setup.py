@@ -14,21 +14,19 @@ from grpokit.modeling import is_hf_model, load_model, load_tokenizer
 def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool = True, processing_classes: Any = None):
     """The RewardRunner of ``reward_funcs``. ``ray_workers=False`` (torchrun ranks other than 0): no
     Ray reward workers even with ``num_reward_workers > 0``, since rank 0 scores every rank's rows on them.
-    ``processing_classes``: TRL's ``reward_processing_classes``, tokenizers of ``nn.Module`` reward models."""
+    ``processing_classes``: TRL's ``reward_processing_classes`` (a tokenizer or a list, one per function)."""
     from grpokit.rewards import RewardRunner
 
     if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
         raise ConfigError("no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy).")
     specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-    extra = {}
-    if processing_classes is not None:
-        listed = isinstance(processing_classes, list)
-        extra["processing_classes"] = processing_classes if listed else [processing_classes]
     try:
         on_ray = args.num_reward_workers > 0  # Ray reward actors, else reward_workers processes in the learner (0 = none)
         return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout,
                             workers=(args.num_reward_workers if ray_workers else 0) if on_ray else args.reward_workers,
-                            backend="ray" if on_ray else "process", worker_cpus=args.reward_worker_cpus, **extra)
+                            backend="ray" if on_ray else "process", worker_cpus=args.reward_worker_cpus, isolate=args.reward_isolation,
+                            processing_classes=processing_classes if processing_classes is None or isinstance(processing_classes, list)
+                            else [processing_classes] * len(specs))
     except (ValueError, TypeError, ImportError, OSError) as exc:  # a bad spec: unknown name, missing file, bad params, not picklable
         raise ConfigError(f"rewards: {exc}") from exc
 

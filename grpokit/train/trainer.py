@@ -33,6 +33,7 @@ from grpokit.eval.evaluator import evaluate
 from grpokit.hardware import autocast_dtype, keep_freed_memory, pick_device
 from grpokit.memory import memory_warning
 from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
+from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.train import checkpoint
@@ -213,8 +214,10 @@ class GRPOTrainer:
         t1 = time.perf_counter()
         completions = self._decode(rollouts)
         # This rank's rewards and every rank's, so groups are complete and batch-level scaling sees the whole batch.
-        reward, all_rewards = score_rewards(dist, self.rewards, [self.train_source.texts[i] for i in indices for _ in range(G)], completions,
-                                            self._columns(indices, rollouts, self.train_rows), G, on_main=args.num_reward_workers > 0)
+        # Rewards get the prompts as the dataset holds them (chat messages stay messages), as TRL passes them.
+        reward, all_rewards = score_rewards(dist, self.rewards, [self.train_rows[i][args.prompt_column] for i in indices for _ in range(G)],
+                                            completions, self._columns(indices, rollouts, self.train_rows), G, on_main=args.num_reward_workers > 0,
+                                            completion_ids=self._completion_ids(rollouts), trainer_state=self._reward_state(step))
         t2 = time.perf_counter()
         all_advantages = compute_advantages(all_rewards.combined, G, args.advantage_estimator, args.scale_rewards)  # [N_global]
         n = rollouts.completion_ids.size(0)
@@ -464,7 +467,7 @@ class GRPOTrainer:
             raise ValueError("evaluate() needs an eval_dataset (argument or data.eval_dataset).")
         args = self.args
         params = SamplingParams(args.max_completion_length, args.eval_temperature or args.temperature, args.top_p, args.top_k, min_p=args.min_p)
-        return evaluate(self.engine, self.tokenizer, self.eval_source, self.eval_rows, self.rewards,
+        return evaluate(self.engine, self.tokenizer, self.eval_source, self.eval_rows, self.rewards, trainer_state=self._reward_state(self.step + 1),
                         num_samples=args.num_generations_eval, ks=args.pass_at_k, params=params,
                         success_threshold=args.success_threshold, prompt_column=args.prompt_column,
                         max_prompts=args.max_eval_prompts)
@@ -483,6 +486,16 @@ class GRPOTrainer:
     # ---- helpers ---------------------------------------------------------------------------
     def _decode(self, rollouts: Rollouts) -> list[str]:
         return [decode(self.tokenizer, ids[: int(n)].tolist()) for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)]
+
+    @staticmethod
+    def _completion_ids(rollouts: Rollouts) -> list[list[int]]:
+        return [ids[: int(n)].tolist() for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)]
+
+    def _reward_state(self, step: int) -> RewardState:
+        """``trainer_state`` for the reward functions while step ``step`` is scored (TRL passes its state
+        before the step's update: ``global_step`` counts the updates done)."""
+        source = self.train_source
+        return RewardState(global_step=step - 1, max_steps=self.args.max_steps, epoch=source.epoch + source.position / len(source.usable))
 
     def _columns(self, indices: list[int], rollouts: Rollouts, rows: list[dict]) -> dict[str, list]:
         return reward_inputs(rows, indices, rollouts.num_generations, self.args.prompt_column, rollouts.completion_lengths.tolist())
@@ -504,6 +517,7 @@ class GRPOTrainer:
                 "advantage": float(advantages[n]),
                 "policy_version": rollouts.policy_version,
                 "error": reward.errors[n],
+                "extra": {column: values[n] for column, values in reward.extra.items()} or None,
             })
         return rows
 

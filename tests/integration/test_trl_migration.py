@@ -160,7 +160,10 @@ def model_dir(tmp_path_factory):
 
 
 def describe(value, top: bool = True):
-    """The shape of a reward argument: types all the way down, the length of the outer list only."""
+    """The shape of a reward argument: types all the way down, the length of the outer list only; for
+    ``trainer_state`` the types of the fields TRL's rewards read (grpokit passes a lighter object)."""
+    if hasattr(value, "global_step"):
+        return ("state", *(type(getattr(value, name)).__name__ for name in ("global_step", "max_steps", "epoch")))
     if isinstance(value, list):
         inner = describe(value[0], top=False) if value else None
         return ("list", len(value), inner) if top else ("list", inner)

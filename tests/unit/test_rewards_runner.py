@@ -84,7 +84,8 @@ def test_raising_reward_gives_none_and_error():
 
 
 def test_errors_of_two_functions_are_joined():
-    result = RewardRunner([boom, fixed([math.nan])]).score(["p"], ["a"])
+    runner = RewardRunner([boom, fixed([math.nan])])
+    result = runner.combine(runner.score_values(["p"], ["a"]))  # score() would stop: no function gave a value
     assert result.errors == ["boom: ZeroDivisionError: division by zero; reward: returned nan"]
     assert math.isnan(result.combined[0])
 
@@ -120,7 +121,8 @@ def test_hanging_reward_times_out():
     watchdog = threading.Timer(30.0, release.set)
     watchdog.start()
     try:
-        result = RewardRunner([hang, fixed([0.5, 0.5])], timeout=0.5).score(["p", "p"], ["a", "b"])
+        # on threads in this process (isolate=False), where a timed-out call is abandoned, not killed
+        result = RewardRunner([hang, fixed([0.5, 0.5])], timeout=0.5, isolate=False).score(["p", "p"], ["a", "b"])
         assert not finished.is_set()  # the runner returned while the call was still stuck
     finally:
         release.set()
@@ -199,7 +201,7 @@ def test_async_reward_and_async_timeout():
 
     result = RewardRunner([slow_judge, never], timeout=0.5).score(["p", "p"], ["ab", "abc"])
     assert result.per_func[:, 0].tolist() == [2.0, 3.0]
-    assert result.errors == ["never: timed out after 0.5 s"] * 2
+    assert result.errors == ["never: timed out after 0.5 s (its worker process was killed)"] * 2
 
     async def caller():  # score() also works from inside a running event loop
         return RewardRunner([slow_judge]).score(["p"], ["abcd"])
@@ -230,8 +232,6 @@ def test_bad_arguments():
         RewardRunner([boom]).score(["p", "p"], ["a", "b"], {"answer": ["x"]})
     with pytest.raises(ValueError, match="1 prompts for 2"):
         RewardRunner([boom]).score(["p"], ["a", "b"])
-    with pytest.raises(RewardError, match="cannot be sent to worker processes"):
-        RewardRunner([lambda p, c, **k: [0.0] * len(c)], workers=2)
 
 
 USER_FILE = textwrap.dedent(
@@ -268,8 +268,7 @@ def test_chunks_hold_whole_groups():
         RewardRunner([boom], workers=1, backend="dask")
 
 
-@pytest.mark.slow
-def test_process_pool_matches_in_process(tmp_path):
+def test_workers_match_one_process(tmp_path):
     path = tmp_path / "pool_rewards.py"
     path.write_text(USER_FILE)
     specs = [
@@ -281,15 +280,15 @@ def test_process_pool_matches_in_process(tmp_path):
     completions = ["#### 4!", "boom 5", "the answer is 7!!", r"\boxed{6}", "x" * 18]
     columns = {"answer": ["4", "5", "7", None, "1"], "completion_lengths": [3, 17, 21, 5, 18]}
     prompts = ["q"] * len(completions)
-    expected = RewardRunner(specs).score(prompts, completions, columns)
+    expected = RewardRunner(specs, isolate=False).score(prompts, completions, columns)
     with RewardRunner(specs, workers=2) as runner:
+        pids = [proc.pid for proc in runner._processes[2]]
         first = runner.score(prompts, completions, columns)
-        pool = runner._pool._executor
         second = runner.score(prompts, completions, columns)
-        assert runner._pool._executor is pool  # created once, reused
-    assert runner._pool._executor is None  # closed on exit
+        assert [proc.pid for proc in runner._processes[2]] == pids and len(set(pids)) == 2  # started once, reused
+    assert all(proc.pid is None for procs in runner._processes for proc in procs or ())  # closed on exit
     # odd_fails fails on any batch holding "boom": the whole batch in-process, but with 2 chunks
-    # ([0:2] and [2:5]) only the first, so the pool adds 1.0 (weight 1) to rows 2, 3 and 4.
+    # ([0:2] and [2:5]) only the first, so the workers add 1.0 (weight 1) to rows 2, 3 and 4.
     odd_fails = torch.tensor([math.nan, math.nan, 1.0, 1.0, 1.0], dtype=torch.float64)
     assert expected.error_counts["odd_fails"] == 5
     assert torch.isnan(expected.per_func[:, 3]).all()
@@ -302,14 +301,14 @@ def test_process_pool_matches_in_process(tmp_path):
     assert first.errors[2:] == [None] * 3
 
 
-@pytest.mark.slow
-def test_process_pool_timeout_recycles_the_pool(tmp_path):
+def test_timeout_kills_the_worker_and_a_new_one_scores_the_next_batch(tmp_path):
     path = tmp_path / "pool_rewards.py"
     path.write_text(USER_FILE)
     runner = RewardRunner([f"{path}:sleepy", f"{path}:exclaim"], timeout=1.0, workers=1)
+    old = runner._processes[0][0]._process
     result = runner.score(["p", "p"], ["!", "!!"])
-    assert result.errors == ["sleepy: timed out after 1 s"] * 2
+    assert result.errors == ["sleepy: timed out after 1 s (its worker process was killed)"] * 2
     assert result.per_func[:, 1].tolist() == [1.0, 2.0]
-    assert runner._pool._executor is None  # shut down, which ends the abandoned call with its process
-    assert runner.score(["p"], ["!!!"]).per_func[0, 1] == 3.0  # a new pool on the next batch
+    assert not old.is_alive() and runner._processes[0][0].pid is None  # killed, which ends the abandoned call
+    assert runner.score(["p"], ["!!!"]).per_func[0, 1] == 3.0  # a new worker on the next batch
     runner.close()

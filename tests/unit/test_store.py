@@ -28,12 +28,29 @@ def store(tmp_path):
 def test_write_step_round_trips_every_field(store, tmp_path):
     written = rollout(1, 2, reward=0.75, error="ValueError: bad", finish_reason="length",
                       prompt_tokens=7, completion_tokens=11, policy_version=4, advantage=-1.5,
-                      prompt="p <x>", completion="c 'quoted' \"x\" ünïcode")
+                      prompt="p <x>", completion="c 'quoted' \"x\" ünïcode",
+                      extra={"judge": "fine", "score": [1, 2]})
     store.write_step(3, [written], {"kl": 0.125})
     [read] = store.rollouts()
     assert read == {**written, "rewards": {"accuracy": 0.75, "format": 0.5},
                     "run_id": "run", "step": 3}
     assert store.path == tmp_path / "run" / "rollouts.sqlite"
+    store.write_step(4, [rollout()], {})  # extra is optional and reads as None
+    assert store.rollouts(step=4)[0]["extra"] is None
+
+
+def test_a_store_without_the_extra_column_gets_it_when_opened_for_writing(tmp_path):
+    with RolloutStore(tmp_path / "run") as s:
+        s.write_step(1, [rollout()], {})
+    conn = sqlite3.connect(tmp_path / "run" / "rollouts.sqlite")
+    conn.execute("ALTER TABLE rollouts DROP COLUMN extra")  # as a store written before log_extra
+    conn.commit()
+    conn.close()
+    with RolloutStore(tmp_path / "run", readonly=True) as s:
+        assert s.rollouts()[0]["extra"] is None
+    with RolloutStore(tmp_path / "run") as s:
+        s.write_step(2, [rollout(extra={"why": "x"})], {})
+        assert [r["extra"] for r in s.rollouts()] == [None, {"why": "x"}]
 
 
 def test_path_may_be_the_sqlite_file(tmp_path):

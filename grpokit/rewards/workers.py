@@ -1,0 +1,157 @@
+"""Reward functions in worker processes that can be killed, so no function can hang a run.
+
+A thread cannot be stopped, and a function that holds the GIL (a catastrophic regex, C code)
+stalls the whole process, its timeout thread and its signal handlers included. A
+:class:`RewardProcess` holds one reward function in a child process and runs one call at a time;
+the trainer waits on the pipes with a deadline (:func:`run_calls`) and kills a child that is past
+it, or that is still running when the trainer is interrupted. A new child replaces it at the next call.
+
+On Linux the child is forked: it inherits the function, so lambdas, closures and functions of a
+script without a ``__main__`` guard work, and it starts in milliseconds. It dies with the trainer
+(``PR_SET_PDEATHSIG``), ignores SIGINT (a Ctrl-C reaches the whole process group; the trainer
+decides) and takes SIGTERM's default action. Elsewhere it is spawned, which needs a picklable
+function from an importable module (:func:`process_context` says why one is not).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import wait
+from typing import Any
+
+from grpokit.rewards.contract import TIMED_OUT, Outcome, run_call
+
+_PR_SET_PDEATHSIG = 1
+
+
+def process_context(fn: Callable) -> tuple[Any, str | None]:
+    """(the multiprocessing context to run ``fn`` in, None) or (None, why it must stay in this process)."""
+    if sys.platform == "linux":
+        return multiprocessing.get_context("fork"), None
+    if getattr(fn, "__module__", None) == "__main__":
+        return None, "it is defined in the __main__ script, which a spawned process would run again"
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same
+        return None, f"it cannot be pickled for a spawned process ({exc}); define it at module level"
+    return multiprocessing.get_context("spawn"), None
+
+
+def _serve(conn, fn: Callable, parent: int) -> None:
+    """The child's loop: receive (payload, n), run the call, send the Outcome; None or EOF ends it."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the trainer died before the line above
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        payload, n = task
+        outcome = run_call(fn, payload, n)
+        try:
+            conn.send(outcome)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            conn.send(Outcome(error=f"its output or log cannot be sent back from the worker process: {exc}"))
+
+
+class RewardProcess:
+    """One child process holding one reward function (started now, restarted when needed)."""
+
+    def __init__(self, fn: Callable, context: Any):
+        self.fn = fn
+        self._context = context
+        self._process = None
+        self._conn = None
+        self.start()
+
+    def start(self) -> None:
+        parent_end, child_end = self._context.Pipe()
+        self._process = self._context.Process(target=_serve, args=(child_end, self.fn, os.getpid()),
+                                              name="grpokit-reward", daemon=True)
+        self._process.start()
+        child_end.close()
+        self._conn = parent_end
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def submit(self, payload: Mapping[str, Any], n: int) -> None:
+        """Send one call; a child that died since its last call is replaced first."""
+        if self._process is None or not self._process.is_alive():
+            self.kill()
+            self.start()
+        self._conn.send((dict(payload), n))
+
+    def kill(self) -> None:
+        """End the child at once (SIGKILL) and reap it."""
+        if self._process is not None:
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join()
+            self._conn.close()
+        self._process = self._conn = None
+
+    def close(self) -> None:
+        """Ask an idle child to exit; kill it if it does not within a second."""
+        if self._process is not None and self._process.is_alive():
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._process.join(1.0)
+        self.kill()
+
+
+def _died(proc: RewardProcess) -> Outcome:
+    code = proc._process.exitcode if proc._process is not None else None
+    proc.kill()
+    return Outcome(error=f"the reward worker process died (exit code {code})")
+
+
+def run_calls(calls: list[tuple[RewardProcess, Mapping[str, Any], int]], timeout: float,
+              deadline: float | None = None) -> list[Outcome]:
+    """Run each (process, payload, n) at once and wait until all answered or ``timeout`` seconds
+    passed (``deadline``: a ``time.monotonic()`` to use instead). A process past it is killed and
+    its call times out; an exception while waiting (KeyboardInterrupt) kills every busy process."""
+    deadline = time.monotonic() + timeout if deadline is None else deadline
+    outcomes: list[Outcome | None] = [None] * len(calls)
+    pending: dict[Any, int] = {}
+    try:
+        for i, (proc, payload, n) in enumerate(calls):
+            try:
+                proc.submit(payload, n)
+                pending[proc._conn] = i
+            except OSError:
+                outcomes[i] = _died(proc)
+        while pending:
+            ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for conn in ready:
+                i = pending.pop(conn)
+                try:
+                    outcomes[i] = conn.recv()
+                except (EOFError, OSError):
+                    outcomes[i] = _died(calls[i][0])
+    except BaseException:
+        for i in pending.values():
+            calls[i][0].kill()
+        raise
+    for i in pending.values():
+        calls[i][0].kill()
+        outcomes[i] = Outcome(error=f"{TIMED_OUT} after {timeout:g} s (its worker process was killed)")
+    return outcomes
