@@ -12,6 +12,8 @@ the one of that completion's row, ``completion_ids`` the tokens of ``completions
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import CHAT_TEMPLATE, WORDS
@@ -162,11 +164,11 @@ def model_dir(tmp_path_factory):
 def describe(value, top: bool = True):
     """The shape of a reward argument: types all the way down, the length of the outer list only; for
     ``trainer_state`` the types of the fields TRL's rewards read (grpokit passes a lighter object)."""
-    if hasattr(value, "global_step"):
-        return ("state", *(type(getattr(value, name)).__name__ for name in ("global_step", "max_steps", "epoch")))
+    if hasattr(value, "global_step"):  # TRL's epoch starts as the int 0
+        return ["state", *(type(getattr(value, name)).__name__ for name in ("global_step", "max_steps")), "number"]
     if isinstance(value, list):
         inner = describe(value[0], top=False) if value else None
-        return ("list", len(value), inner) if top else ("list", inner)
+        return ["list", len(value), inner] if top else ["list", inner]
     if isinstance(value, dict):
         return {k: describe(v, top=False) for k, v in sorted(value.items())}
     if callable(value):
@@ -175,19 +177,25 @@ def describe(value, top: bool = True):
 
 
 def run(script: str, library: str, model_dir, out_dir) -> tuple[dict, list[dict]]:
-    """Run ``script`` after ``from <library> import GRPOConfig, GRPOTrainer``; (its namespace, the recorded calls)."""
-    calls: list[dict] = []
+    """Run ``script`` after ``from <library> import GRPOConfig, GRPOTrainer``; (its namespace, the recorded calls).
+
+    The recording reward appends each call to a file: grpokit runs reward functions in worker processes,
+    where a list in this process would not see them."""
+    log = out_dir / "reward_calls.jsonl"
 
     def record_reward(**kwargs):
-        calls.append({"kwargs": kwargs, "shape": {k: describe(v) for k, v in kwargs.items()},
-                      "global_step": kwargs["trainer_state"].global_step})
+        data = {k: v for k, v in kwargs.items() if isinstance(v, list)}
+        with open(log, "a") as f:
+            f.write(json.dumps({"kwargs": data, "shape": {k: describe(v) for k, v in kwargs.items()},
+                                "global_step": kwargs["trainer_state"].global_step}) + "\n")
         kwargs["log_metric"]("recorded", 1.0)
         return [0.0] * len(kwargs["completions"])
 
     source = f"from {library} import GRPOConfig, GRPOTrainer\n" + SCRIPTS[script]
     namespace = {"MODEL": str(model_dir), "OUTPUT_DIR": str(out_dir), "record_reward": record_reward, "__name__": "__main__"}
     exec(compile(source, f"<{script} script on {library}>", "exec"), namespace)
-    return namespace, calls
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return namespace, sorted(calls, key=lambda call: call["global_step"])
 
 
 def prompt_key(prompt) -> str:
@@ -241,8 +249,10 @@ def test_grpokit_passes_what_trl_passes(script, runs, model_dir):
     ours_ns, ours = runs(script, "grpokit")
     assert len(ours) == len(theirs) > 0
     for mine, trls in zip(ours, theirs):
-        assert sorted(mine["shape"]) == sorted(trls["shape"])  # the same keyword names
-        assert mine["shape"] == trls["shape"]  # the same value types and lengths
+        # TRL's keyword names, plus one grpokit documents (docs/from_trl.md): completion_lengths, token counts
+        assert set(mine["shape"]) - set(trls["shape"]) == {"completion_lengths"}
+        assert set(trls["shape"]) <= set(mine["shape"])
+        assert {k: mine["shape"][k] for k in trls["shape"]} == trls["shape"]  # the same value types and lengths
     check_alignment(theirs, theirs_ns, tokenizer)  # the contract holds for TRL ...
     check_alignment(ours, ours_ns, tokenizer)  # ... and for grpokit
     for namespace in (theirs_ns, ours_ns):
