@@ -192,3 +192,31 @@ def test_cli_takes_trl_keys(tmp_path, tiny_model_dir):
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["model"]["dtype"] == "float32" and saved["run"]["save_strategy"] == "no" and saved["optim"]["max_steps"] == 2
     assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_reward_processing_classes_reach_a_sequence_classifier(tmp_path, tiny_model_dir):
+    # An nn.Module reward scored as TRL scores it: logits[:, 0] of prompt + completion, tokenized by its processing class.
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    from grpokit.config import ConfigError
+    from grpokit.modeling import load_tokenizer
+    from grpokit.store import RolloutStore
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    torch.manual_seed(0)
+    judge = AutoModelForSequenceClassification.from_config(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        num_labels=1, pad_token_id=tokenizer.pad_token_id))
+    with pytest.raises(ConfigError, match="reward_processing_classes"):
+        GRPOTrainer(str(tiny_model_dir), judge, args=config(tmp_path / "none", max_steps=1), train_dataset=PROMPTS)
+    run = tmp_path / "run"
+    GRPOTrainer(str(tiny_model_dir), judge, args=config(run, max_steps=1), train_dataset=PROMPTS,
+                reward_processing_classes=[tokenizer]).train()
+    with RolloutStore(run, readonly=True) as store:
+        rows = store.rollouts(step=1)
+    texts = [row["prompt"] + row["completion"] for row in rows]
+    inputs = tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    with torch.no_grad():
+        expected = judge(**inputs).logits[:, 0]
+    got = torch.tensor([next(iter(row["rewards"].values())) for row in rows])
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
