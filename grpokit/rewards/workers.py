@@ -52,6 +52,10 @@ def _serve(conn, fn: Callable, parent: int) -> None:
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if "torch" in sys.modules:
+        # A forked child cannot use the parent's OpenMP thread pool (torch ops would hang); one
+        # thread each, as torch's own DataLoader workers do.
+        sys.modules["torch"].set_num_threads(1)
     while True:
         try:
             task = conn.recv()

@@ -190,7 +190,8 @@ def _rank_scores(rank: int, init_file: str, out_dir: str) -> None:
     args = (["p"] * 4, SHARED_COMPLETIONS[rows], {"n": list(range(8))[rows]}, 2)
     outcomes = {}
     for case in ("ok", "wrong_length", "crash"):
-        runner = RewardRunner([exclaim, raises_on_boom] if case != "wrong_length" else [exclaim, one_value])
+        # on threads here (isolate=False), so SCORED_BY sees the calls
+        runner = RewardRunner([exclaim, raises_on_boom] if case != "wrong_length" else [exclaim, one_value], isolate=False)
         if case == "crash" and rank == 0:  # e.g. the Ray cluster went away under rank 0's pool
             def lost(*a, **k):
                 raise ConnectionError("lost the Ray cluster")

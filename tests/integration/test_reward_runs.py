@@ -1,0 +1,124 @@
+"""Reward functions in whole runs on the tiny model: TRL's keywords, log_metric / log_extra reaching
+metrics.jsonl and the store, loud failures, and rewards that hang holding the GIL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from conftest import REWARD_FILE, TARGET_REWARD, WORDS
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.cli import main
+from grpokit.store import RolloutStore
+from grpokit.store.inspect import inspect_run
+
+
+def args(tmp_path: Path, **overrides) -> GRPOConfig:
+    settings = dict(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8, max_steps=2,
+                    max_completion_length=4, progress_bar=False, report_to=["jsonl"])
+    return GRPOConfig(**{**settings, **overrides})
+
+
+def chat_prompts() -> list[dict]:
+    return [{"prompt": [{"role": "user", "content": " ".join(WORDS[i : i + 3])}], "target": "w7"} for i in range(8)]
+
+
+def test_keywords_log_metric_and_log_extra_in_a_conversational_run(tmp_path, tiny_model_dir):
+    trainer = GRPOTrainer(str(tiny_model_dir), f"{REWARD_FILE}:recording", args=args(tmp_path), train_dataset=chat_prompts())
+    trainer.train()
+    run = tmp_path / "run"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["recording/global_step"] for m in metrics] == [0.0, 1.0]  # trainer_state before each step's update
+    assert [m["rewards/recording/errors"] for m in metrics] == [0.0, 0.0]
+    with RolloutStore(run, readonly=True) as store:
+        rollouts = store.rollouts()
+    assert len(rollouts) == 16
+    for r in rollouts:  # completion_ids were this completion's tokens, aligned with the stored rows
+        assert r["extra"] == {"n_ids": r["completion_tokens"], "state": f"{r['step'] - 1}/2"}
+        assert r["prompt"].startswith("user : ")  # the store keeps the readable (templated) text
+    assert "n_ids: " in inspect_run(run, step=1)
+
+
+def write_config(tmp_path: Path, model_dir: Path, rewards: list, **reward_settings) -> Path:
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20)))
+    config = {
+        "model": {"model_name_or_path": str(model_dir)},
+        "data": {"train_dataset": str(data)},
+        "algo": {"num_generations": 4, "beta": 0.0},
+        "generation": {"max_completion_length": 4},
+        "optim": {"per_device_train_batch_size": 8, "max_steps": 2},
+        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"]},
+        "reward": reward_settings,
+        "rewards": rewards,
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_reward_that_always_raises_stops_the_run_at_step_1(tmp_path, tiny_model_dir, capsys):
+    config = write_config(tmp_path, tiny_model_dir, [f"{REWARD_FILE}:always_raises"])
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "grpokit: error: every reward function failed on every completion of the first batch" in err
+    assert "ValueError: this reward is broken" in err and err.count("Traceback (most recent call last)") == 1
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+def test_a_reward_that_raises_on_one_batch_continues_and_its_error_is_printed_once_and_stored(tmp_path, tiny_model_dir, capsys):
+    config = write_config(tmp_path, tiny_model_dir, [f"{REWARD_FILE}:raises_at_step_3", TARGET_REWARD])
+    assert main(["train", str(config), "max_steps=4"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("reward 'raises_at_step_3' failed: RuntimeError: flaky judge at step 3") == 1
+    with RolloutStore(tmp_path / "run", readonly=True) as store:
+        errors = {r["step"]: r["error"] for r in store.rollouts()}
+    assert errors == {1: None, 2: None, 3: "raises_at_step_3: RuntimeError: flaky judge at step 3", 4: None}
+
+
+def test_a_gil_holding_reward_is_cut_at_its_timeout_and_the_run_completes(tmp_path, tiny_model_dir, capsys):
+    config = write_config(tmp_path, tiny_model_dir, [f"{REWARD_FILE}:gil_hog", TARGET_REWARD])
+    assert main(["train", str(config), "reward_timeout=2", "eval_steps=0"]) == 0
+    assert "reward 'gil_hog' failed: timed out after 2 s" in capsys.readouterr().err
+    with RolloutStore(tmp_path / "run", readonly=True) as store:
+        rollouts = store.rollouts()
+    assert sorted({r["step"] for r in rollouts}) == [1, 2]
+    assert all(r["error"].startswith("gil_hog: timed out after 2 s") and r["rewards"]["gil_hog"] is None for r in rollouts)
+
+
+def test_sigterm_while_a_reward_holds_the_gil_ends_the_run_cleanly(tmp_path, tiny_model_dir):
+    pid_file = tmp_path / "worker.pid"
+    hog = {"name": f"{REWARD_FILE}:gil_hog", "pid_file": str(pid_file)}
+    config = write_config(tmp_path, tiny_model_dir, [hog, TARGET_REWARD], reward_timeout=3)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", "train", str(config), "max_steps=50"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # up to two minutes for the model to load and the first step to sample
+            if pid_file.exists() and pid_file.read_text() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        worker = int(pid_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "concurrent.futures" not in err
+    assert not _alive(worker)  # the worker holding the GIL was killed, not left behind
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
