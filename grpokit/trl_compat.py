@@ -112,6 +112,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     trl = {k: v for k, v in given.items() if k not in grpokit_fields}
     unused: dict[str, Any] = {}
     explicit = set(values)
+    for key, value in trl.items():  # TRL's switches are booleans (None: unset)
+        switch = isinstance(TRL_DEFAULTS.get(key), bool) or key in ("bf16", "tf32", "disable_tqdm")
+        if switch and value is not None and not isinstance(value, bool):
+            raise TRLValueError(f"{key}={value!r} has the wrong type: expected true or false.")
 
     def put(key: str, value: Any, source: str) -> None:
         if key in explicit and key in values and values[key] != value:
@@ -122,8 +126,9 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     for key in NONE_KEEPS_DEFAULT:
         if key in values and values[key] is None:
             del values[key]
-    if "report_to" in values:
-        values["report_to"], extra = report_sinks(values["report_to"])
+    report_to = values.get("report_to")
+    if isinstance(report_to, str) or isinstance(report_to, (list, tuple)) and all(isinstance(x, str) for x in report_to):
+        values["report_to"], extra = report_sinks(report_to)
         if extra:
             unused["report_to"] = extra
     if isinstance(values.get("scale_rewards"), bool):  # TRL's older form
@@ -191,10 +196,9 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     resume = trl.get("resume_from_checkpoint")
     if resume:
         put("resume_from", "latest" if resume is True else str(resume), f"resume_from_checkpoint={resume!r}")
-    accumulation = values.get("gradient_accumulation_steps", context.get("gradient_accumulation_steps")) or 1
-    micro_batch = values.get("per_device_train_batch_size", context.get("per_device_train_batch_size")) or 8
-    per_step = micro_batch * accumulation
-    per_step *= int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes
+    accumulation = _int(values.get("gradient_accumulation_steps", context.get("gradient_accumulation_steps")), 1)
+    micro_batch = _int(values.get("per_device_train_batch_size", context.get("per_device_train_batch_size")), 8)
+    per_step = micro_batch * accumulation * int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes
     checks = {  # values that ask for what grpokit does anyway
         "optim": lambda v: str(v).startswith("adamw_torch"),  # grpokit's optimizer is torch's AdamW (fused on CPU/CUDA)
         "logging_strategy": lambda v: v == "steps",
@@ -235,6 +239,10 @@ def unused_message(unused: dict[str, Any]) -> str:
     names = ", ".join(f"{k}={v!r}" for k, v in unused.items())
     return (f"grpokit: these TRL settings are accepted but not acted on: {names}. "
             "grpokit's behaviour for each is in docs/from_trl.md.")
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
 def _same(a: Any, b: Any) -> bool:
