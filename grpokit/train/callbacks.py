@@ -58,7 +58,7 @@ class CallbackRunner:
         return self.control
 
     def log(self, logs: dict) -> None:
-        """Append ``logs`` (with epoch and step) to ``state.log_history`` and fire on_log."""
-        logs = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
-        self.state.log_history.append({**logs, "epoch": self.state.epoch, "step": self.state.global_step})
+        """Add the epoch to ``logs``, append them with the step to ``state.log_history``, fire on_log (as transformers)."""
+        logs = {**{k: v for k, v in logs.items() if isinstance(v, (int, float))}, "epoch": self.state.epoch}
+        self.state.log_history.append({**logs, "step": self.state.global_step})
         self.event("on_log", logs=logs)

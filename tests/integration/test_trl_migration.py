@@ -288,3 +288,6 @@ def test_callbacks_see_the_same_events(runs):
     assert ours.events == theirs.events
     assert ours.events[-1] == ("train_end", 2)
     assert "reward" in ours.logs[0] and "train_runtime" in ours.logs[-1]
+    for mine, trls in zip(ours.logs, theirs.logs):
+        assert mine["epoch"] == pytest.approx(trls["epoch"])  # 8 prompts, 2 per step: a quarter epoch per step
+        assert {"reward", "reward_std", "loss", "entropy", "learning_rate"} & set(trls) <= set(mine)  # TRL's names
