@@ -127,7 +127,8 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         if key in values and values[key] is None:
             del values[key]
     report_to = values.get("report_to")
-    if isinstance(report_to, str) or isinstance(report_to, (list, tuple)) and all(isinstance(x, str) for x in report_to):
+    listed = isinstance(report_to, (list, tuple)) and all(isinstance(x, str) for x in report_to)
+    if isinstance(report_to, str) or listed:
         values["report_to"], extra = report_sinks(report_to)
         if extra:
             unused["report_to"] = extra

@@ -1,4 +1,4 @@
-"""transformers ``TrainerCallback``s in grpokit's loop, with a ``TrainerState`` and ``TrainerControl`` as TRL keeps them.
+"""transformers ``TrainerCallback``s in grpokit's loop, with a ``TrainerState`` and ``TrainerControl`` as in TRL.
 
 The trainer fires the events transformers' Trainer fires, at the matching points of a grpokit step:
 on_init_end, on_train_begin, on_epoch_begin, on_step_begin, on_step_end, on_log, on_evaluate,
@@ -58,7 +58,7 @@ class CallbackRunner:
         return self.control
 
     def log(self, logs: dict) -> None:
-        """Add the epoch to ``logs``, append them with the step to ``state.log_history``, fire on_log (as transformers)."""
+        """Add the epoch to ``logs``, append them with the step to ``state.log_history``, fire on_log."""
         logs = {**{k: v for k, v in logs.items() if isinstance(v, (int, float))}, "epoch": self.state.epoch}
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.event("on_log", logs=logs)
