@@ -19,11 +19,14 @@ import math
 import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import yaml
+
+from grpokit import trl_compat
 
 
 class ConfigError(ValueError):
@@ -134,6 +137,8 @@ class OptimConfig:
     """AdamW beta1."""
     adam_beta2: float = 0.999
     """AdamW beta2."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm; 0 = off."""
     lr_scheduler_type: str = "linear"
@@ -147,7 +152,9 @@ class OptimConfig:
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step; completions per step = this x per_device_train_batch_size x processes."""
     max_steps: int = 100
-    """Optimizer steps to train."""
+    """Steps to train (each: one generation batch, num_iterations optimizer steps); -1 = num_train_epochs over train_dataset."""
+    num_train_epochs: float = 3.0
+    """With max_steps -1: passes over train_dataset (steps = ceil(epochs x prompts // prompts per step), as TRL)."""
     seed: int = 42
     """Seed of data order, sampling and initialisation."""
 
@@ -160,8 +167,10 @@ class RunConfig:
     """Metric sinks: console, jsonl, tensorboard, wandb."""
     logging_steps: int = 1
     """Console logging interval (jsonl and the store get every step)."""
+    save_strategy: str = "steps"
+    """steps (every save_steps and at the end) | epoch (after each pass over train_dataset and at the end) | no (none, except on a signal)."""
     save_steps: int = 50
-    """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    """save_strategy steps: checkpoint every this many steps (and at the end); 0 = only at the end."""
     save_total_limit: Optional[int] = 2
     """Keep at most this many step checkpoints; null = all."""
     resume_from: Optional[str] = None
@@ -171,13 +180,19 @@ class RunConfig:
     max_nonfinite_steps: int = 3
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
     progress_bar: bool = True
-    """Show a progress bar with live reward and KL."""
+    """Show a progress bar with live reward and KL (TRL's disable_tqdm=True sets it false)."""
+    log_completions: bool = False
+    """Print a table of prompts, completions and rewards every logging_steps (all are stored anyway)."""
+    num_completions_to_print: Optional[int] = None
+    """Rows of that table; null = all of the step's completions."""
 
 
 @dataclass
 class EvalConfig:
+    eval_strategy: str = "steps"
+    """steps (every eval_steps) | epoch (after each pass over train_dataset) | no; evaluation also runs before and after training."""
     eval_steps: int = 0
-    """Evaluate every this many steps (and before and after training when > 0); 0 = off."""
+    """eval_strategy steps: evaluate every this many steps (and before and after training when > 0); 0 = off."""
     num_generations_eval: int = 8
     """Samples per eval prompt (n of pass@k)."""
     pass_at_k: list = field(default_factory=lambda: [1, 8])
@@ -273,6 +288,8 @@ CHOICES = {
     "backend": ("none", "ray"),
     "engine": ("hf", "vllm"),
     "strategy": ("ddp", "fsdp"),
+    "save_strategy": ("steps", "epoch", "no"),
+    "eval_strategy": ("steps", "epoch", "no"),
 }
 
 REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
@@ -303,36 +320,67 @@ class GRPOConfig:
     Accepts sections (``GRPOConfig(algo={"beta": 0.0})``), bare field names
     (``GRPOConfig(num_generations=8, learning_rate=1e-5)``) and the seeds' aliases, in any mix.
     Reading ``cfg.num_generations`` returns the field from its section.
+
+    Every key of TRL's GRPOConfig is accepted too (grpokit/trl_compat.py): those grpokit acts on map
+    onto its fields (``bf16=True`` -> ``dtype: bfloat16``), the others are named in one warning and
+    read back as given (``cfg.push_to_hub``).
     """
 
     def __init__(self, rewards: Optional[list] = None, **kwargs: Any) -> None:
         values = _flatten(kwargs)
+        grpokit_values, trl_given, unused = _from_trl(values, values)
+        self._build(rewards, grpokit_values, trl_given, unused)
+        if unused:
+            warnings.warn(trl_compat.unused_message(unused), UserWarning, stacklevel=2)
+
+    def _build(self, rewards: Optional[list], values: dict, trl_given: dict, unused: dict) -> None:
         for section, cls in SECTIONS.items():
             own = {k: v for k, v in values.items() if FIELD_SECTION[k] == section}
             object.__setattr__(self, section, cls(**{k: _coerce(cls, k, v) for k, v in own.items()}))
         object.__setattr__(self, "rewards", list(rewards or []))
+        object.__setattr__(self, "trl_settings", dict(trl_given))  # TRL-only keys as given
+        object.__setattr__(self, "unused_trl_settings", dict(unused))  # those grpokit does not act on
         self.validate()
 
     def __getattr__(self, name: str) -> Any:
         section = FIELD_SECTION.get(ALIASES.get(name, name))
         if section is None:
+            if name in trl_compat.TRL_DEFAULTS and "trl_settings" in self.__dict__:
+                return self.__dict__["trl_settings"].get(name, trl_compat.TRL_DEFAULTS[name])
             raise AttributeError(_unknown_key_message(name))
         return getattr(object.__getattribute__(self, section), ALIASES.get(name, name))
 
     def __setattr__(self, name: str, value: Any) -> None:
         key = ALIASES.get(name, name)
         section = FIELD_SECTION.get(key)
+        if section is None and key in trl_compat.TRL_DEFAULTS:  # TRL-only: translated and validated as in the constructor
+            new = self.replace(**{key: value})
+            self.__dict__.update({k: getattr(new, k) for k in (*SECTIONS, "trl_settings", "unused_trl_settings")})
+            return
         if section is None:
             raise ConfigError(_unknown_key_message(name))
-        cls = SECTIONS[section]
-        setattr(getattr(self, section), key, _coerce(cls, key, value))
+        values, _, _ = _from_trl({key: value}, {**self._flat(), key: value})
+        for k, v in values.items():  # a TRL form (report_to="none") becomes grpokit's value; TRL's None keeps the current one
+            setattr(getattr(self, FIELD_SECTION[k]), k, _coerce(SECTIONS[FIELD_SECTION[k]], k, v))
+
+    def _flat(self) -> dict:
+        return {k: v for section in SECTIONS for k, v in dataclasses.asdict(getattr(self, section)).items()}
 
     def replace(self, **overrides: Any) -> "GRPOConfig":
         """A copy with overrides applied (same key forms as the constructor), validated."""
         merged = self.to_dict()
-        merged_flat = _flatten({k: v for k, v in merged.items() if k != "rewards"})
-        merged_flat.update(_flatten(overrides))
-        return GRPOConfig(rewards=overrides.get("rewards", merged["rewards"]), **merged_flat)
+        merged_flat = self._flat()
+        given = _flatten({k: v for k, v in overrides.items() if k != "rewards"})
+        values, trl_given, unused = _from_trl(given, {**merged_flat, **given})
+        trl_given = {**self.trl_settings, **trl_given}
+        unused = _from_trl(trl_given, {**merged_flat, **values})[2] if trl_given else {}
+        new = object.__new__(GRPOConfig)
+        new._build(overrides.get("rewards", merged["rewards"]), {**merged_flat, **values}, trl_given, unused)
+        before = self.unused_trl_settings
+        fresh = {k: v for k, v in unused.items() if k not in before or v != before[k]}
+        if fresh:
+            warnings.warn(trl_compat.unused_message(fresh), UserWarning, stacklevel=2)
+        return new
 
     def to_dict(self) -> dict:
         out = {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
@@ -380,7 +428,10 @@ class GRPOConfig:
         _check(g.top_k >= 0, f"top_k={g.top_k} must be >= 0 (0 = off).")
         _check(0 <= g.min_p < 1, f"min_p={g.min_p} must be in [0, 1) (0 = off).")
         _check(o.learning_rate >= 0, f"learning_rate={o.learning_rate} must be >= 0.")
-        _check(o.max_steps >= 1, f"max_steps={o.max_steps} must be >= 1.")
+        _check(o.max_steps >= 1 or o.max_steps == -1,
+               f"max_steps={o.max_steps} must be >= 1, or -1 to train num_train_epochs.")
+        _check(o.num_train_epochs > 0, f"num_train_epochs={o.num_train_epochs} must be > 0.")
+        _check(o.adam_epsilon > 0, f"adam_epsilon={o.adam_epsilon} must be > 0.")
         _check(o.per_device_train_batch_size >= 1, f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.")
         _check(o.gradient_accumulation_steps >= 1, f"gradient_accumulation_steps={o.gradient_accumulation_steps} must be >= 1.")
         _check(0 <= o.warmup_ratio < 1, f"warmup_ratio={o.warmup_ratio} must be in [0, 1).")
@@ -408,6 +459,8 @@ class GRPOConfig:
         _check(r.save_total_limit is None or r.save_total_limit >= 1, f"save_total_limit={r.save_total_limit} must be >= 1 or null.")
         _check(r.max_nonfinite_steps >= 1, f"max_nonfinite_steps={r.max_nonfinite_steps} must be >= 1.")
         _check(r.logging_steps >= 1, f"logging_steps={r.logging_steps} must be >= 1.")
+        _check(r.num_completions_to_print is None or r.num_completions_to_print >= 1,
+               f"num_completions_to_print={r.num_completions_to_print} must be >= 1 or null (= all).")
         for sink in r.report_to:
             _check(sink in REPORT_SINKS, f"report_to contains {sink!r}; valid sinks are {', '.join(REPORT_SINKS)}.")
         _check(self.lora.r >= 0, f"lora.r={self.lora.r} must be >= 0 (0 = no LoRA).")
@@ -466,8 +519,16 @@ def _callable_name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
+def _from_trl(given: dict, context: dict) -> tuple[dict, dict, dict]:
+    try:
+        return trl_compat.from_trl(given, context, set(FIELD_SECTION))
+    except trl_compat.TRLValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _unknown_key_message(key: str) -> str:
-    candidates = list(FIELD_SECTION) + list(ALIASES) + [f"{s}.{k}" for k, s in FIELD_SECTION.items()] + list(SECTIONS) + ["rewards"]
+    candidates = (list(FIELD_SECTION) + list(ALIASES) + [f"{s}.{k}" for k, s in FIELD_SECTION.items()] + list(SECTIONS)
+                  + ["rewards"] + list(trl_compat.TRL_DEFAULTS))
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else " Run `grpokit explain CONFIG` to see every key."
     return f"unknown config key {key!r}.{hint}"
@@ -489,6 +550,9 @@ def _flatten(values: dict) -> dict:
     flat: dict[str, Any] = {}
     for key, value in values.items():
         key = str(key).lstrip("-").replace("-", "_")
+        if key in SECTIONS and key in trl_compat.TRL_DEFAULTS and not isinstance(value, dict):
+            flat[key] = value  # TRL's `optim` (the optimizer's name), not grpokit's section
+            continue
         if key in SECTIONS:
             if value is None:
                 continue
@@ -504,7 +568,7 @@ def _flatten(values: dict) -> dict:
             flat[_field_in_section(section, sub)] = value
             continue
         name = ALIASES.get(key, key)
-        if name not in FIELD_SECTION:
+        if name not in FIELD_SECTION and name not in trl_compat.TRL_DEFAULTS:
             raise ConfigError(_unknown_key_message(key))
         flat[name] = value
     return flat
@@ -674,5 +738,8 @@ def config_reference() -> str:
         "`{name: ..., weight: ..., <params>}`.",
         "",
         "Aliases: " + ", ".join(f"`{k}` = `{v}`" for k, v in ALIASES.items()) + ".",
+        "",
+        f"Every key of TRL {trl_compat.TRL_VERSION}'s `GRPOConfig` is accepted as well (`bf16`, `save_strategy`, "
+        "`report_to=\"none\"` ...): [from_trl.md](from_trl.md) lists how each maps onto the keys above.",
     ]
     return "\n".join(lines)

@@ -14,7 +14,10 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
         f"prompts per step:          {B}",
         f"completions per step:      {N}  (num_generations {cfg.num_generations} x {B} prompts)",
         f"micro-batches per step:    {cfg.gradient_accumulation_steps} of {cfg.per_device_train_batch_size} completions",
-        f"optimizer steps in total:  {cfg.max_steps * cfg.num_iterations}  (max_steps {cfg.max_steps} x num_iterations {cfg.num_iterations})",
+        f"optimizer steps in total:  {cfg.max_steps * cfg.num_iterations}  (max_steps {cfg.max_steps} x num_iterations "
+        f"{cfg.num_iterations})" if cfg.max_steps > 0 else
+        f"steps:                     num_train_epochs {cfg.num_train_epochs:g} x (train prompts // {B}), "
+        "counted when the data is loaded",
         f"tokens per step (at most): {B * P + N * T:,}  (prompts {B} x {P} once per group + completions {N} x {T})",
     ]
     m, reason = None, "no model_name_or_path"

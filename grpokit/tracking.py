@@ -1,4 +1,9 @@
-"""Metric sinks: console (rich, with a progress bar), metrics.jsonl, TensorBoard, W&B."""
+"""Metric sinks: console (rich, with a progress bar), metrics.jsonl, TensorBoard, W&B.
+
+The console shows the same thing from the CLI and from ``trainer.train()`` in Python: a live bar
+(step, reward, KL, seconds per step, elapsed and remaining time; ``progress_bar``, TRL's
+``disable_tqdm``), a line of metrics every ``logging_steps`` and a summary line at the end.
+"""
 
 from __future__ import annotations
 
@@ -35,10 +40,12 @@ class Tracker:
             self._wandb = wandb.init(project="grpokit", name=run_name or self.run_dir.name, dir=str(self.run_dir), config=config, resume="allow")
         self._progress = None
         if progress_bar:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
 
-            self._progress = Progress(TextColumn("[bold]grpo"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                      TextColumn("{task.description}"), console=self.console, transient=True)
+            self._progress = Progress(TextColumn("[bold]grpo"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                      TextColumn("<"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                                      console=self.console, transient=True)
             self._task = self._progress.add_task("", total=max_steps, completed=start_step)
             self._progress.start()
 
@@ -54,15 +61,36 @@ class Tracker:
             self._wandb.log(clean, step=step)
         if self._progress is not None and "reward" in clean:
             desc = f"reward {clean['reward']:.3f}" + (f"  kl {clean['kl']:.4f}" if "kl" in clean else "")
+            desc += f"  {clean['step_time']:.1f}s/step" if "step_time" in clean else ""
             self._progress.update(self._task, completed=step, description=desc)
         if "console" in self.sinks and step % self.logging_steps == 0 and "reward" in clean:
             parts = [f"{k}={clean[k]:.4g}" for k in CONSOLE_KEYS if k in clean]
-            self.console.print(f"step {step}: " + "  ".join(parts))
+            self.console.print(f"step {step}: " + "  ".join(parts), soft_wrap=True)  # one line per step, greppable
 
     def log_eval(self, metrics: dict, step: int) -> None:
         self.log(metrics, step)
         if "console" in self.sinks:
             self.console.print(f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+
+    def log_completions(self, rows: list[dict], step: int, limit: int | None = None) -> None:
+        """TRL's ``log_completions``: a table of the step's prompts, completions, rewards and advantages."""
+        from rich.table import Table
+
+        table = Table(title=f"completions at step {step}", show_lines=True)
+        for column in ("prompt", "completion", "reward", "advantage"):
+            table.add_column(column)
+        for row in rows[:limit]:
+            reward = "-" if row["reward"] is None else f"{row['reward']:.3f}"
+            table.add_row(str(row["prompt"]), str(row["completion"]), reward, f"{row['advantage']:.3f}")
+        self.console.print(table)
+
+    def summary(self, steps: int, summary: dict, metrics: dict) -> None:
+        """The closing line: steps, time and the last step's reward and KL."""
+        if "console" not in self.sinks and self._progress is None:
+            return
+        parts = [f"{steps} steps in {summary['train_runtime']:.1f}s", f"train_loss={summary['train_loss']:.4g}"]
+        parts += [f"{k}={metrics[k]:.4g}" for k in ("reward", "kl") if k in metrics]
+        self.console.print("done: " + "  ".join(parts))
 
     def close(self) -> None:
         if self._progress is not None:

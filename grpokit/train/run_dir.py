@@ -58,7 +58,8 @@ def prepare_run_dir(trainer):
     store = RolloutStore(run_dir / "rollouts.sqlite", run_id=run_dir.name)
     store.rollback_after(start)  # steps after the checkpoint are redone exactly once
     _truncate_metrics(run_dir / "metrics.jsonl", start)
-    tracker = Tracker(run_dir, args.report_to, args.to_dict(), args.max_steps, args.logging_steps, args.progress_bar, start_step=start)
+    tracker = Tracker(run_dir, args.report_to, args.to_dict(), args.max_steps, args.logging_steps, args.progress_bar,
+                      run_name=args.run_name, start_step=start)  # run_name: TRL's key, the W&B run's name
     return run_dir, store, tracker
 
 

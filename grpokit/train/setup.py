@@ -32,8 +32,9 @@ def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool =
         raise ConfigError(f"rewards: {exc}") from exc
 
 
-def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
-    """(model in train mode on its device, tokenizer, device, uses_lora)."""
+def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any = None):
+    """(model in train mode on its device, tokenizer, device, uses_lora). ``peft_config``: a peft LoraConfig
+    used as given (its settings are in ``args.lora`` too, see :func:`lora_settings`)."""
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     slow = slow_dtype_warning(args.dtype, device)
@@ -62,7 +63,7 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
     use_lora = args.lora.r > 0
     if use_lora:
         torch.manual_seed(args.seed)  # the adapters' random init (lora_A) follows the seed, not whatever ran before
-        model = apply_lora(model, args)
+        model = apply_lora(model, args, peft_config)
     if args.gradient_checkpointing and not args.load_in_4bit:  # QLoRA's preparation has enabled it already
         # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias)
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(model, "gradient_checkpointing_enable", None)
@@ -72,7 +73,7 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig):
     return model, tokenizer, device, use_lora
 
 
-def apply_lora(model: torch.nn.Module, args: GRPOConfig) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, args: GRPOConfig, peft_config: Any = None) -> torch.nn.Module:
     """Wrap the policy with peft LoRA adapters (Hu et al. 2021): only the adapters train.
 
     With ``load_in_4bit`` the 4-bit base is first prepared as in QLoRA (peft's
@@ -87,7 +88,30 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig) -> torch.nn.Module:
         raise ConfigError("LoRA (lora.r > 0) is supported for Hugging Face models; for a custom module, train it fully (lora.r: 0).")
     if args.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
-    return get_peft_model(model, lora_config(args))
+    return get_peft_model(model, lora_config(args) if peft_config is None else _causal_lm(peft_config))
+
+
+def lora_settings(peft_config: Any) -> dict:
+    """grpokit's ``lora`` section for a peft ``LoraConfig`` (TRL's ``peft_config=``)."""
+    if type(peft_config).__name__ != "LoraConfig" or not hasattr(peft_config, "r"):
+        raise ConfigError(f"peft_config is a {type(peft_config).__name__}; grpokit trains LoRA adapters: "
+                          "pass a peft.LoraConfig.")
+    targets = peft_config.target_modules
+    if isinstance(targets, (set, frozenset, tuple)):
+        targets = sorted(targets)
+    return {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": peft_config.lora_dropout,
+            "target_modules": targets}
+
+
+def _causal_lm(peft_config: Any):
+    """A copy of ``peft_config`` with task_type CAUSAL_LM when it has none (TRL sets it the same way)."""
+    import copy
+
+    if peft_config.task_type is not None:
+        return peft_config
+    peft_config = copy.deepcopy(peft_config)
+    peft_config.task_type = "CAUSAL_LM"
+    return peft_config
 
 
 def lora_config(args: GRPOConfig):

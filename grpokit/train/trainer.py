@@ -8,6 +8,7 @@ Tracker.log; evaluation every eval_steps, checkpoints every save_steps.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 import warnings
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from grpokit.algos import compute_advantages, zero_variance_groups
-from grpokit.config import GRPOConfig
+from grpokit.config import ConfigError, GRPOConfig
 from grpokit.data.prompts import DataError, PromptSource, check_reward_columns, load_rows, reward_inputs
 from grpokit.distributed.fsdp import full_state_dict, is_sharded, unsharded
 from grpokit.distributed.seeding import generate_per_group, group_seed, split_rollouts
@@ -35,12 +36,13 @@ from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.train import checkpoint, interrupt
+from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.learner import Learner
 from grpokit.train.logprobs import build_batch
 from grpokit.train.reference import Reference
 from grpokit.train.run_dir import check_run_dir, prepare_run_dir
 from grpokit.train.schedule import make_scheduler
-from grpokit.train.setup import build_policy, build_reward_runner
+from grpokit.train.setup import build_policy, build_reward_runner, lora_settings
 
 
 class GRPOTrainer:
@@ -51,11 +53,25 @@ class GRPOTrainer:
     of them (weights in ``args.reward_weights``); defaults to ``args.rewards``.
     Datasets: a ``datasets.Dataset``, a list of dicts, or a JSONL / Parquet / CSV path, with a prompt column;
     the other columns are passed to the reward functions.
+
+    TRL's arguments work as in TRL: ``processing_class`` (``tokenizer`` is the same), ``peft_config`` (a peft
+    ``LoraConfig``: LoRA adapters, recorded in ``args.lora``), ``reward_processing_classes`` (tokenizers of
+    ``nn.Module`` reward models), ``callbacks`` (transformers ``TrainerCallback``s, see train/callbacks.py) and
+    ``optimizers=(optimizer, lr_scheduler)`` (either may be None: grpokit's AdamW / schedule). ``trainer.state``
+    is a transformers ``TrainerState``: ``global_step`` (steps done), ``max_steps``, ``epoch``, ``log_history``.
     """
 
     def __init__(self, model: Any = None, reward_funcs: Any = None, args: GRPOConfig | None = None,
-                 train_dataset: Any = None, eval_dataset: Any = None, tokenizer: Any = None):
-        self.args = args = args or GRPOConfig()
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 reward_processing_classes: Any = None, callbacks: list | None = None,
+                 optimizers: tuple = (None, None), peft_config: Any = None, tokenizer: Any = None):
+        if tokenizer is not None and processing_class is not None and tokenizer is not processing_class:
+            raise ConfigError("processing_class and tokenizer are the same argument; pass one of them.")
+        tokenizer = processing_class if processing_class is not None else tokenizer
+        args = args or GRPOConfig()
+        if peft_config is not None:
+            args = args.replace(lora=lora_settings(peft_config))
+        self.args = args
         self.dist = init_distributed()  # rank and world size under torchrun; one process otherwise
         args.validate(self.dist.world_size)
         if args.engine == "vllm":
@@ -69,12 +85,17 @@ class GRPOTrainer:
         if self.dist.is_main:  # only rank 0 owns the run folder
             check_run_dir(args)
         # Ray reward workers live on rank 0, the only rank connected to Ray; it scores every rank's rows.
-        self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args, ray_workers=self.dist.is_main)
+        self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args,
+                                           ray_workers=self.dist.is_main, processing_classes=reward_processing_classes)
         reward_fns = dict(zip(self.rewards.names, self.rewards.functions))
         check_reward_columns(self.train_rows, reward_fns, args.prompt_column)
         if len(self.train_rows) < args.prompts_per_step(self.dist.world_size):
             raise DataError(f"train_dataset has {len(self.train_rows)} prompts but a step takes {args.prompts_per_step(self.dist.world_size)} "
                             "distinct ones; add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations.")
+        # prompts // prompts per step: TRL drops a last partial batch too
+        self.steps_per_epoch = len(self.train_rows) // args.prompts_per_step(self.dist.world_size)
+        if args.max_steps == -1:  # TRL: train num_train_epochs passes over the dataset
+            self.args = args = args.replace(max_steps=max(1, math.ceil(args.num_train_epochs * self.steps_per_epoch)))
         if self.eval_rows:
             check_reward_columns(self.eval_rows, reward_fns, args.prompt_column, "eval_dataset")
         path = model if isinstance(model, str) else args.model_name_or_path if model is None else None
@@ -82,7 +103,7 @@ class GRPOTrainer:
             warning = memory_warning(args, path, pick_device(args.device), processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
             if warning:
                 warnings.warn(f"grpokit: {warning}", stacklevel=2)
-        self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args)
+        self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args, peft_config)
         ensure_pad_token(self.tokenizer)
 
         source_kw = dict(prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow)
@@ -115,37 +136,63 @@ class GRPOTrainer:
         trained = wrap_data_parallel(self.model, self.dist, self.device, args.strategy)
         if is_sharded(trained) and self.reference is not None and self.reference.model is not None:
             wrap_data_parallel(self.reference.model, self.dist, self.device, args.strategy)
+        optimizer, scheduler = optimizers
+        if optimizer is not None and is_sharded(trained):
+            raise ConfigError("optimizers=(optimizer, ...) cannot be used with strategy: fsdp, which replaces the parameters "
+                              "the optimizer holds; leave optimizers out (grpokit's AdamW) or use strategy: ddp.")
         params = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel per parameter, no foreach temporaries (on CPU ~4x faster than the default)
-        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), weight_decay=args.weight_decay,
-                                           fused=self.device.type in ("cpu", "cuda"))
+        self.optimizer = optimizer or torch.optim.AdamW(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                                                        eps=args.adam_epsilon, weight_decay=args.weight_decay,
+                                                        fused=self.device.type in ("cpu", "cuda"))
         total = args.max_steps * args.num_iterations
         warmup = args.warmup_steps or int(args.warmup_ratio * total)
-        self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)
+        self.scheduler = scheduler or make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)
         self.learner = Learner(trained, self.reference, self.optimizer, self.scheduler, args, autocast_dtype=self.autocast_dtype)
         self.step = 0
         self.stop_reason: str | None = None
         self.interrupted_by: int | None = None  # the signal that stopped training
         self._saved_step = 0  # the step of the newest checkpoint on disk (0: none)
         self._counters = {"kl_over": 0, "nonfinite": 0}
+        self.callbacks = CallbackRunner(callbacks, args, args.max_steps, self.steps_per_epoch, self.dist.is_main,
+                                        model=self.model, processing_class=self.tokenizer, optimizer=self.optimizer,
+                                        lr_scheduler=self.scheduler)
+        self.callbacks.event("on_init_end")
+
+    @property
+    def state(self):
+        """The run's transformers ``TrainerState`` (TRL's ``trainer.state``): global_step, max_steps, epoch, log_history."""
+        return self.callbacks.state
+
+    @property
+    def processing_class(self):
+        return self.tokenizer
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a ``TrainerCallback`` (instance or class), as ``transformers.Trainer.add_callback``."""
+        self.callbacks.add(callback)
 
     # ---- the loop --------------------------------------------------------------------------
-    def train(self) -> dict:
-        """Train to max_steps (or until stopped); returns the last step's metrics."""
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict:
+        """Train to max_steps (or until stopped); returns the last step's metrics.
+
+        ``resume_from_checkpoint`` (TRL's argument): True = the latest checkpoint of output_dir, or a checkpoint folder.
+        """
         args = self.args
+        if resume_from_checkpoint:
+            args.resume_from = "latest" if resume_from_checkpoint is True else str(resume_from_checkpoint)
         if not self.dist.is_main:
             return self._train_other_rank()
         self.run_dir, self.store, self.tracker = prepare_run_dir(self)
         previous_handlers = interrupt.install(self._on_signal)
         metrics: dict = {}
+        started = time.perf_counter()
         try:
-            if self.step == 0 and self._eval_enabled():
-                self._evaluate_and_log(0)
+            self._begin_training()
             while self.step < args.max_steps and self.stop_reason is None:
-                self.step += 1
-                metrics = self._train_step(self.step)
-                self._after_step(metrics)
+                metrics = self._run_step()
             self._finish()
+            self._end_training(metrics, time.perf_counter() - started)
         finally:
             interrupt.restore(previous_handlers)
             self.tracker.close()
@@ -224,6 +271,8 @@ class GRPOTrainer:
         if dist.is_main:
             self.store.write_step(step, [r for part in rows for r in part], metrics)
             self.tracker.log(metrics, step)
+            if args.log_completions and step % args.logging_steps == 0:
+                self.tracker.log_completions([r for part in rows for r in part], step, args.num_completions_to_print)
         return metrics
 
     def _next_rollouts(self, step: int) -> tuple[list[int], Rollouts]:
@@ -300,7 +349,6 @@ class GRPOTrainer:
 
     def _start_vllm(self, model: Any, eos: list[int]):
         """The colocated vLLM engine, built from the policy's folder or hub id (a loaded module: from its config)."""
-        from grpokit.config import ConfigError
         from grpokit.modeling import is_hf_model
         from grpokit.rollout.vllm_engine import VLLMRolloutEngine
 
@@ -324,20 +372,50 @@ class GRPOTrainer:
             found = checkpoint.resolve_resume(self.args.output_dir, self.args.resume_from)
             if found is not None:
                 self.resume(found)
-        if self.step == 0 and self._eval_enabled():
-            self._evaluate_and_log(0)  # rank 0 evaluates; FSDP needs every rank to gather the weights
+        self._begin_training()  # rank 0 evaluates; FSDP needs every rank to gather the weights
         metrics: dict = {}
         while self.step < self.args.max_steps and self.stop_reason is None:
-            self.step += 1
-            metrics = self._train_step(self.step)
-            self._after_step(metrics)
+            metrics = self._run_step()
         self._finish()
+        self._close_epoch()
+        self.callbacks.event("on_train_end")
         return metrics
+
+    def _begin_training(self) -> None:
+        """on_train_begin (and on_epoch_begin), then the evaluation before training."""
+        self.callbacks.set_step(self.step)
+        self.callbacks.state.max_steps = self.args.max_steps
+        self.callbacks.event("on_train_begin")
+        self.callbacks.event("on_epoch_begin")
+        if self.step == 0 and self._eval_enabled():
+            self._evaluate_and_log(0)
+
+    def _run_step(self) -> dict:
+        self.callbacks.event("on_step_begin")
+        self.step += 1
+        metrics = self._train_step(self.step)
+        self._after_step(metrics)
+        return metrics
+
+    def _end_training(self, metrics: dict, seconds: float) -> None:
+        """TRL's closing log entry (train_runtime, train_loss ...), a summary line, on_train_end."""
+        losses = [h["loss"] for h in self.state.log_history if "loss" in h]
+        summary = {"train_runtime": seconds, "train_steps_per_second": self.step / seconds if seconds else 0.0,
+                   "train_loss": sum(losses) / len(losses) if losses else metrics.get("loss", 0.0)}
+        self._close_epoch()
+        self.callbacks.log(summary)
+        self.tracker.summary(self.step, summary, metrics)
+        self.callbacks.event("on_train_end")
+
+    def _close_epoch(self) -> None:
+        """on_epoch_end for an epoch the run ended inside (transformers ends its epoch loop that way too)."""
+        if self.step % self.steps_per_epoch:
+            self.callbacks.event("on_epoch_end")
 
     def _finish(self) -> None:
         """Last checkpoint, evaluation and final model (every rank calls it: FSDP gathers the weights).
         Stopped by a signal: only the checkpoint of the last finished step, if it is not on disk yet."""
-        if self.step > self._saved_step:
+        if self.step > self._saved_step and (self.args.save_strategy != "no" or self.interrupted_by is not None):
             self._save_checkpoint()
         if self.interrupted_by is not None:
             name = interrupt.signal_name(self.interrupted_by)
@@ -345,9 +423,17 @@ class GRPOTrainer:
                                 if self.step else
                                 f"received {name} before the first step finished; there was nothing to save")
             return
-        if self._eval_enabled() and self.step % self.args.eval_steps != 0:
+        if self._eval_enabled() and not self._due("eval", self.step):
             self._evaluate_and_log(self.step)
         self._save_final_model()
+
+    def _due(self, kind: str, step: int) -> bool:
+        """Whether ``step`` is an evaluation / checkpoint step of the run's ``eval_strategy`` / ``save_strategy``."""
+        args = self.args
+        strategy, every = (args.eval_strategy, args.eval_steps) if kind == "eval" else (args.save_strategy, args.save_steps)
+        if strategy == "epoch":
+            every = self.steps_per_epoch
+        return strategy != "no" and every > 0 and step % every == 0
 
     def _after_step(self, metrics: dict) -> None:
         args, step = self.args, self.step
@@ -363,14 +449,25 @@ class GRPOTrainer:
                 self.stop_reason = f"mean KL {metrics['kl']:.4f} exceeded max_kl={args.max_kl} for {args.max_kl_patience} step(s)."
         else:
             self._counters["kl_over"] = 0
-        if self._eval_enabled() and step % args.eval_steps == 0:
+        self.callbacks.set_step(step)
+        control = self.callbacks.event("on_step_end")  # a callback may ask for a log, an evaluation, a checkpoint, the end
+        if step % args.logging_steps == 0 or control.should_log:
+            self.callbacks.log(metrics)
+        if self._due("eval", step) and self._eval_enabled() or control.should_evaluate and self.eval_source is not None:
             self._evaluate_and_log(step)
-        if args.save_steps and step % args.save_steps == 0 and step < args.max_steps:
+        if (self._due("save", step) and step < args.max_steps) or control.should_save:
             self._save_checkpoint()
+        if step % self.steps_per_epoch == 0:
+            self.callbacks.event("on_epoch_end")
+            if step < args.max_steps:
+                self.callbacks.event("on_epoch_begin")
+        if self.callbacks.control.should_training_stop and self.stop_reason is None:
+            self.stop_reason = "a callback set control.should_training_stop"
 
     # ---- evaluation ------------------------------------------------------------------------
     def _eval_enabled(self) -> bool:
-        return self.eval_source is not None and self.args.eval_steps > 0
+        strategy = self.args.eval_strategy
+        return self.eval_source is not None and (strategy == "epoch" or strategy == "steps" and self.args.eval_steps > 0)
 
     def evaluate(self) -> dict[str, float]:
         """pass@k (k in args.pass_at_k), mean reward and greedy accuracy on the eval dataset."""
@@ -391,6 +488,8 @@ class GRPOTrainer:
             metrics = self.evaluate()
         self.store.write_eval(step, "eval", metrics)
         self.tracker.log_eval(metrics, step)
+        self.callbacks.state.log_history.append({**metrics, "epoch": self.state.epoch, "step": step})
+        self.callbacks.event("on_evaluate", metrics=metrics)
 
     # ---- helpers ---------------------------------------------------------------------------
     def _reward_state(self, step: int) -> RewardState:
@@ -444,12 +543,14 @@ class GRPOTrainer:
                                    reference_model=self.reference.model if synced else None, save_total_limit=self.args.save_total_limit,
                                    pending_rollouts=pending)
         self._saved_step = self.step
+        self.callbacks.event("on_save")
 
     def resume(self, path: str | Path) -> None:
         """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder."""
         ref_model = self.reference.model if self.reference is not None else None
         state, rng = checkpoint.load_checkpoint(path, self.model, self.optimizer, self.scheduler, ref_model)
         self.step = self._saved_step = int(state["step"])
+        self.callbacks.set_step(self.step)
         self.train_source.load_state_dict(state["data"])
         self.engine.policy_version = int(state["policy_version"])
         self._counters = dict(state["counters"])

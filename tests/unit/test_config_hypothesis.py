@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import yaml
@@ -22,6 +23,7 @@ from grpokit.config import (
     load_config,
     parse_overrides,
 )
+from grpokit.trl_compat import TRL_DEFAULTS
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)  # no lone surrogates: not writable as UTF-8
 FINITE = dict(allow_nan=False, allow_infinity=False)
@@ -145,6 +147,14 @@ def only_config_errors(build) -> None:
 @given(st.sampled_from(FIELDS), ANY_VALUE)
 def test_any_value_for_any_field_is_accepted_or_a_config_error(name, value):
     only_config_errors(lambda: GRPOConfig(**{name: value}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(TRL_DEFAULTS)), ANY_VALUE)
+def test_any_value_for_any_trl_key_is_accepted_or_a_config_error(name, value):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a key grpokit does not act on is named in a warning: accepted
+        only_config_errors(lambda: GRPOConfig(**{name: value}))
 
 
 @settings(max_examples=300, deadline=None)
