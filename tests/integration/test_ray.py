@@ -117,17 +117,19 @@ def custom_run(tmp_path: Path, **overrides):
 
 def test_a_killed_rollout_worker_is_replaced_and_its_prompts_requeued(tmp_path):
     trainer, flag = custom_run(tmp_path)
-    score = trainer.rewards.score
+    score_values = trainer.rewards.score_values
+    armed = []
 
-    def score_then_arm(prompts, completions, columns=None, **kwargs):
+    def score_then_arm(*args, **kwargs):
         if trainer.step == 1:
+            armed.append(True)
             flag.touch()  # step 2's sampling will kill one worker in the middle of its chunk
-        return score(prompts, completions, columns, **kwargs)
+        return score_values(*args, **kwargs)
 
-    trainer.rewards.score = score_then_arm
+    trainer.rewards.score_values = score_then_arm
     trainer.train()
     metrics = read_metrics(tmp_path / "run")
-    assert not flag.exists()  # a worker did run into it, and died
+    assert armed and not flag.exists()  # the flag was set, and a worker ran into it and died
     assert [m["rollout_worker_restarts"] for m in metrics] == [0, 1, 1]
     assert_each_rollout_once(rollouts_of(tmp_path / "run"), 3, 8)
 
