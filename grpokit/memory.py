@@ -151,9 +151,16 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     rows = mb * cfg.gradient_accumulation_steps  # a step's completions, sampled together
     kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
     fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
-    return MemoryEstimate(parameters=params, trainable=trainable, weights=weights, reference=reference,
-                          gradients=trainable * trainable_bytes, adamw=2 * trainable * trainable_bytes,
-                          micro_batch=micro_batch, generation=kv_cache + (linear * compute if fused else 0))
+    return MemoryEstimate(
+        parameters=params,
+        trainable=trainable,
+        weights=weights,
+        reference=reference,
+        gradients=trainable * trainable_bytes,
+        adamw=2 * trainable * trainable_bytes,
+        micro_batch=micro_batch,
+        generation=kv_cache + (linear * compute if fused else 0),
+    )
 
 
 # What a CPU training process holds beyond its tensors (runtime, allocator): 0.5-0.8 GiB in bench/memory_estimate.py;
@@ -180,12 +187,14 @@ def memory_warning(cfg: GRPOConfig, name_or_path: str, device: torch.device, pro
     ``device`` has free, else None (also when the model's config cannot be read: not a HF model, a hub id offline)."""
     try:
         estimate = estimate_memory(cfg, build_meta_model(name_or_path, cfg.trust_remote_code), device)
-    except Exception:  # noqa: BLE001 - no estimate, no warning; training reports its own errors
+    except Exception:
         return None
     per_process = estimate.peak + (PROCESS_OVERHEAD if device.type == "cpu" else 0)
     needed, free = per_process * (processes if device.type == "cpu" else 1), available_bytes(device)
     if free is None or needed <= free:
         return None
-    return (f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) but "
-            f"{free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller per_device_train_batch_size, "
-            "LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model.")
+    return (
+        f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) but "
+        f"{free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller per_device_train_batch_size, "
+        "LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model."
+    )

@@ -80,9 +80,12 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, ro
     except RuntimeError as exc:
         _refused.add(dtype)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        warnings.warn(f"grpokit: oneDNN cannot pack {dtype} Linear weights on this CPU ({reason}); using F.linear "
-                      "instead (same numbers, slower). `grpokit env` shows what this CPU supports.", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"grpokit: oneDNN cannot pack {dtype} Linear weights on this CPU ({reason}); using F.linear "
+            "instead (same numbers, slower). `grpokit env` shows what this CPU supports.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 
@@ -115,4 +118,3 @@ def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int,
     finally:
         for linear in patched:
             del linear.forward
-

@@ -32,8 +32,9 @@ def test_versions_system_and_hardware(capsys, monkeypatch):
     assert info["device (auto)"] == auto
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64",
-                    reason="reads x86 /proc/cpuinfo")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.machine() != "x86_64", reason="reads x86 /proc/cpuinfo"
+)
 def test_instruction_sets_are_this_cpus(capsys, monkeypatch):
     monkeypatch.delenv("GRPOKIT_CPU_CAPS", raising=False)
     flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
@@ -67,8 +68,9 @@ def test_native_bf16_cpu_choices(capsys, monkeypatch):
     from grpokit import cpu_caps, env
 
     flags = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"})
-    sapphire_rapids = cpu_caps.CpuCaps("x86_64", "Xeon", flags, onednn=True, onednn_bf16=True,
-                                       torch_capability="AVX512")
+    sapphire_rapids = cpu_caps.CpuCaps(
+        "x86_64", "Xeon", flags, onednn=True, onednn_bf16=True, torch_capability="AVX512"
+    )
     monkeypatch.setattr(env, "cpu_caps", lambda: sapphire_rapids)
     info = env_lines(capsys)
     assert info["bf16 autocast with dtype auto"].startswith("yes, for models of >= 10M parameters")

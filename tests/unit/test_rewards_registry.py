@@ -76,9 +76,7 @@ def test_resolve_module_function(tmp_path, monkeypatch):
     name, fn, weight = resolve_reward("grpokit_test_user_rewards:exclaim")
     assert (name, weight) == ("exclaim", 1.0)
     assert fn(["", ""], ["hi!!", "no"]) == [2.0, 0.0]
-    name, fn, weight = resolve_reward(
-        {"name": "grpokit_test_user_rewards:exclaim", "weight": 2.0, "scale": 0.5}
-    )
+    name, fn, weight = resolve_reward({"name": "grpokit_test_user_rewards:exclaim", "weight": 2.0, "scale": 0.5})
     assert isinstance(fn, functools.partial) and (name, weight) == ("exclaim", 2.0)
     assert fn([""], ["!!!!"]) == [2.0]  # 0.5 * 4
 
