@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import math
 import os
 import types
@@ -22,7 +23,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import yaml
 
@@ -306,7 +307,7 @@ def _field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body
     docs = {}
-    for prev, node in zip(body, body[1:]):
+    for prev, node in itertools.pairwise(body):
         if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
             docs[prev.target.id] = str(node.value.value).strip()
     return docs
@@ -797,7 +798,7 @@ def _cli_value(key: str, text: str) -> Any:
     hint = typing.get_type_hints(SECTIONS[section])[name]
     if hint is str:
         return text
-    if hint == Optional[str]:
+    if hint == str | None:
         return None if text in ("null", "~") else text
     return _parse_scalar(text)
 

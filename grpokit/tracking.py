@@ -32,7 +32,8 @@ class Tracker:
         self.sinks = set(report_to)
         self.logging_steps = logging_steps
         self.console = Console(stderr=True)
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if "jsonl" in self.sinks else None
+        # held open for the run, closed in close()
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if "jsonl" in self.sinks else None  # noqa: SIM115
         self._tb = None
         self._wandb = None
         if "tensorboard" in self.sinks:

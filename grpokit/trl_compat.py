@@ -408,7 +408,7 @@ def report_sinks(value: Any) -> tuple[list, list]:
     for item in items:
         if item == "all":
             sinks += [name for name in ("tensorboard", "wandb") if importlib.util.find_spec(name) is not None]
-        elif item in GRPOKIT_SINKS or item not in INTEGRATIONS + ("none",):
+        elif item in GRPOKIT_SINKS or item not in (*INTEGRATIONS, "none"):
             sinks.append(item)
         elif item != "none":
             extra.append(item)

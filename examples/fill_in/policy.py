@@ -60,7 +60,7 @@ def warm_start(texts: list[Text], tokenizer, config: PolicyConfig, log=print):
             text = texts[rng.randrange(len(texts))]
             label = text.answer if rng.random() < config.teacher_accuracy else corrupt(text, rng)
             prompt_ids = tokenizer.encode(text.prompt)
-            label_ids = tokenizer.encode(label) + [eos]
+            label_ids = [*tokenizer.encode(label), eos]
             rows.append(prompt_ids + label_ids)
             targets.append([-100] * len(prompt_ids) + label_ids)  # the prompt carries no loss
         width = max(len(r) for r in rows)

@@ -148,7 +148,7 @@ def corrupt(text: Text, rng: random.Random) -> str:
             i = rng.randrange(len(span))
             wrong = span[:i] + span[i + 1 :]
         elif kind == "extra":  # the visible neighbour on one side, repeated inside the gap
-            wrong = [words[text.start - 1]] + span if rng.random() < 0.5 else span + [words[text.start + text.length]]
+            wrong = [words[text.start - 1], *span] if rng.random() < 0.5 else [*span, words[text.start + text.length]]
         elif kind == "shift":
             step = rng.choice((-2, -1, 1, 2))
             position = [ordered.index(w) + step for w in span]
@@ -159,7 +159,7 @@ def corrupt(text: Text, rng: random.Random) -> str:
             wrong = span[::-1]
         elif kind == "substitute":
             i = rng.randrange(len(span))
-            wrong = span[:i] + [rng.choice(items)] + span[i + 1 :]
+            wrong = [*span[:i], rng.choice(items), *span[i + 1 :]]
         else:
             wrong = rng.sample(items, rng.choice(SPANS))
         if wrong != span:

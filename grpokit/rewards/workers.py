@@ -15,6 +15,7 @@ function from an importable module (:func:`process_context` says why one is not)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -113,10 +114,8 @@ class RewardProcess:
     def close(self) -> None:
         """Ask an idle child to exit; kill it if it does not within a second."""
         if self._process is not None and self._process.is_alive():
-            try:
+            with contextlib.suppress(OSError):
                 self._conn.send(None)
-            except OSError:
-                pass
             self._process.join(1.0)
         self.kill()
 

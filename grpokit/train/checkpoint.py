@@ -196,7 +196,7 @@ def _check_shapes(model: torch.nn.Module, file: Path) -> None:
     """One clear line for weights of another model (torch would list every mismatched tensor)."""
     own = model.state_dict()
     with safe_open(str(file), framework="pt") as f:
-        for name in f.keys():
+        for name in f:
             saved = list(f.get_slice(name).get_shape())
             if name in own and saved != list(own[name].shape):
                 raise CheckpointError(

@@ -558,7 +558,9 @@ class GRPOTrainer:
         )  # a callback may ask for a log, an evaluation, a checkpoint, the end
         if step % args.logging_steps == 0 or control.should_log:
             self.callbacks.log(metrics)
-        if (self._due("eval", step) and self._eval_enabled()) or (control.should_evaluate and self.eval_source is not None):
+        if (self._due("eval", step) and self._eval_enabled()) or (
+            control.should_evaluate and self.eval_source is not None
+        ):
             self._evaluate_and_log(step)
         if (self._due("save", step) and step < args.max_steps) or control.should_save:
             self._save_checkpoint()

@@ -4,6 +4,7 @@ finally completes with every step exactly once in rollouts.sqlite and metrics.js
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import sqlite3
@@ -29,10 +30,8 @@ def metric_steps(run: Path) -> list[int]:
         return []
     steps = []
     for line in path.read_text().splitlines():
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             steps.append(json.loads(line)["step"])
-        except json.JSONDecodeError:
-            pass
     return steps
 
 

@@ -100,7 +100,7 @@ def test_isolated_nonfinite_steps_are_skipped_without_stopping(tmp_path, tiny_mo
 
     assert trainer.step == 5 and trainer.stop_reason is None
     assert [m["nonfinite"] for m in logged(run)] == [0.0, 1.0, 0.0, 1.0, 0.0]
-    before = [start] + snapshots[:-1]
+    before = [start, *snapshots[:-1]]
     name = next(iter(start))
     changed = [not torch.equal(b[name], a[name]) for b, a in zip(before, snapshots)]
     assert changed == [True, False, True, False, True]

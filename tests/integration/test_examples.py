@@ -83,7 +83,7 @@ def test_molecules_example_short_run(tmp_path, load_example):
     cached = list((tmp_path / "cache").glob("chargpt-*"))
     assert len(cached) == 1
     stamp = (cached[0] / "model.safetensors").stat().st_mtime_ns
-    run.main(argv[:-1] + ["max_steps=1", f"output_dir={tmp_path / 'run2'}"])
+    run.main([*argv[:-1], "max_steps=1", f"output_dir={tmp_path / 'run2'}"])
     assert (cached[0] / "model.safetensors").stat().st_mtime_ns == stamp
 
 

@@ -95,7 +95,7 @@ def test_lora_rejects_reference_resync_and_custom_modules(tmp_path, word_prompts
 
 
 def test_load_in_4bit_needs_lora_and_a_path(tmp_path, tiny_model_dir, word_prompts):
-    with pytest.raises(ConfigError, match="lora.r > 0"):
+    with pytest.raises(ConfigError, match=r"lora\.r > 0"):
         GRPOConfig(load_in_4bit=True)
     from transformers import AutoModelForCausalLM
 

@@ -111,9 +111,9 @@ def test_eval_curves_fill_their_panels_and_legends_do_not_overlap(tmp_path):
     assert not any(name.count("eval/") > 1 for name in drawn)
     for title in ("Eval: pass@k and greedy accuracy (fraction of prompts)", "Eval: mean reward"):
         chart = charts[title]
-        fx, fy, fw, fh = chart["frame"]
+        _fx, fy, fw, fh = chart["frame"]
         for line in chart["lines"]:
-            x, y, w, h = line["box"]
+            _x, y, w, h = line["box"]
             assert fy - 1 <= y and y + h <= fy + fh + 1, (title, line)  # inside the plot
             # pass@1 rose 0.65 on an axis from about 0.28 to 1.03: the line spans most of the panel's height,
             # pass@8 (0.22 of it) still a visible part

@@ -128,7 +128,7 @@ def test_sigterm_while_a_reward_holds_the_gil_ends_the_run_cleanly(tmp_path, tin
             time.sleep(0.1)
         worker = int(pid_file.read_text())
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -190,7 +190,7 @@ def test_peft_config_trains_lora_adapters(tmp_path, tiny_model_dir):
 def test_peft_config_must_be_lora(tmp_path, tiny_model_dir):
     from grpokit.config import ConfigError
 
-    with pytest.raises(ConfigError, match="pass a peft.LoraConfig"):
+    with pytest.raises(ConfigError, match=r"pass a peft\.LoraConfig"):
         GRPOTrainer(
             str(tiny_model_dir), has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS, peft_config={"r": 4}
         )

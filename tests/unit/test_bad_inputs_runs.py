@@ -56,7 +56,7 @@ def finished_run(tmp_path_factory, tiny_model_dir):
     other = root / "model2"
     build_tiny_causal_lm(
         other,
-        build_word_tokenizer(WORDS + ["user", "assistant", "system", ":"]),
+        build_word_tokenizer([*WORDS, "user", "assistant", "system", ":"]),
         arch="llama",
         hidden_size=16,
         num_layers=1,

@@ -2,6 +2,7 @@
 
 import platform
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,7 +52,11 @@ def test_forcing_only_takes_away(monkeypatch):
 )
 def test_detected_flags_are_this_cpus(monkeypatch):
     monkeypatch.delenv("GRPOKIT_CPU_CAPS", raising=False)
-    flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split())
+    flags = set(
+        next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        .split(":", 1)[1]
+        .split()
+    )
     real = cpu_caps()
     assert real.flags == frozenset(flags & set(X86_FLAGS))
     assert real.onednn_bf16 == torch.ops.mkldnn._is_mkldnn_bf16_supported()

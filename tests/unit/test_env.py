@@ -3,6 +3,7 @@
 import platform
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ def test_versions_system_and_hardware(capsys, monkeypatch):
 )
 def test_instruction_sets_are_this_cpus(capsys, monkeypatch):
     monkeypatch.delenv("GRPOKIT_CPU_CAPS", raising=False)
-    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
     info = env_lines(capsys)
     assert f"AVX2 {'yes' if 'avx2' in flags else 'no'}" in info["CPU instruction sets"]
     assert f"AVX512-BF16 {'yes' if 'avx512_bf16' in flags else 'no'}" in info["CPU instruction sets"]

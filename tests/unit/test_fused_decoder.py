@@ -157,12 +157,12 @@ def test_a_model_that_computes_differently_falls_back_to_its_own_forward():
     one-time comparison with the HF forward, so generation keeps using the model's own forward."""
     model, tokenizer = tiny_model("llama")
     mlp = model.model.layers[0].mlp
-    mlp.forward = lambda x, _forward=type(mlp).forward: 2 * _forward(mlp, x)
+    mlp.forward = lambda x, _forward=type(mlp).forward: 2 * _forward(mlp, x)  # noqa: B008
     assert fused_decoder(model, torch.float32, 1) is None
     rollouts = sample(model, tokenizer)
     n, length = 0, int(rollouts.completion_lengths[0])
     with torch.no_grad():  # the sampled log-probs are those of the doubled model
-        seq = torch.tensor([[20, 21, 22] + rollouts.completion_ids[n, :length].tolist()])
+        seq = torch.tensor([[20, 21, 22, *rollouts.completion_ids[n, :length].tolist()]])
         logp = torch.log_softmax(model(seq).logits[0].double(), dim=-1)
     expected = logp[torch.arange(2, 2 + length), rollouts.completion_ids[n, :length]].float()
     torch.testing.assert_close(rollouts.logprobs[n, :length], expected, atol=1e-5, rtol=0)

@@ -167,7 +167,7 @@ def test_first_failure_is_printed_once_with_its_traceback(capsys):
 
 def test_no_reward_signal_stops_at_the_first_batch_or_after_three_in_a_row():
     with pytest.raises(
-        RewardError, match="every reward function failed on every completion of the first batch.*ValueError: boom"
+        RewardError, match=r"every reward function failed on every completion of the first batch.*ValueError: boom"
     ):
         RewardRunner([boom], isolate=False).score(["p"], ["c"])
 

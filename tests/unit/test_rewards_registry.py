@@ -49,7 +49,7 @@ def test_get_reward_unknown_name_suggests_and_lists():
 
 
 def test_get_reward_bad_param_names_the_reward():
-    with pytest.raises(ValueError, match="'format'.*colour"):
+    with pytest.raises(ValueError, match=r"'format'.*colour"):
         get_reward("format", colour="red")
 
 
@@ -101,7 +101,7 @@ def test_resolve_relative_file_path(user_file, monkeypatch):
 def test_resolve_errors(user_file):
     with pytest.raises(ValueError, match="cannot import module 'no_such_module_xyz'"):
         resolve_reward("no_such_module_xyz:fn")
-    with pytest.raises(FileNotFoundError, match="missing.py"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.py"):
         resolve_reward(f"{user_file.parent}/missing.py:fn")
     with pytest.raises(ValueError, match="did you mean 'exclaim'"):
         resolve_reward(f"{user_file}:exclain")

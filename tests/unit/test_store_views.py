@@ -237,7 +237,7 @@ def test_report_falls_back_to_metrics_jsonl(tmp_path):
 def test_report_errors(tmp_path):
     with pytest.raises(StoreError, match="no run folder"):
         write_report(tmp_path / "nope")
-    with pytest.raises(StoreError, match="neither rollouts.sqlite nor metrics.jsonl"):
+    with pytest.raises(StoreError, match=r"neither rollouts\.sqlite nor metrics\.jsonl"):
         write_report(tmp_path)
 
 

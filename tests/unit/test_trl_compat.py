@@ -84,7 +84,7 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
 
 
 def test_typos_are_still_refused_with_a_suggestion():
-    with pytest.raises(ConfigError, match="unknown config key 'save_stratgy'. Did you mean 'save_strategy'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'save_stratgy'\. Did you mean 'save_strategy'"):
         GRPOConfig(save_stratgy="no")
     with pytest.raises(ConfigError, match="Did you mean 'disable_tqdm'"):
         GRPOConfig(disable_tdqm=True)
