@@ -360,7 +360,8 @@ def run_worker(args, worker_args: list[str], label: str) -> dict:
 
 
 def summarise(runs: list[dict]) -> dict:
-    """Medians over every timed step of every round (each run's first step is its warm-up); peak memory of the worst run."""
+    """Medians over every timed step of every round (each run's first step is its warm-up); peak memory of the worst
+    run."""
     timed = [r for run in runs for r in run["records"][1:]]
     return {
         "step_time": statistics.median(r["step_time"] for r in timed),
@@ -383,7 +384,8 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
     n = prompts * G
     steps = min(r["steps"] for r in results.values())
     print(
-        f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, {args.threads} threads, "
+        f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, {args.threads} "
+        "threads, "
         f"median of {steps} steps ({args.rounds} rounds x {args.steps - 1} after a warm-up step) =="
     )
     head = (
@@ -465,7 +467,8 @@ def main() -> None:
         sizes = model_sizes(args.workdir)
         print(
             f"model: {sizes['total'] / 1e6:.1f}M parameters ({sizes['head'] / 1e6:.1f}M tied embedding / LM head), "
-            f"threads {args.threads}, grpokit {_commit()}, torch {_version('torch')}, transformers {_version('transformers')}, "
+            f"threads {args.threads}, grpokit {_commit()}, torch {_version('torch')}, transformers "
+            f"{_version('transformers')}, "
             f"trl {_version('trl')}"
         )
         peaks = [run_worker(args, ["--peak"], "matmul peak")]
@@ -488,7 +491,8 @@ def main() -> None:
         runs = {shape: {c: summarise(raw[shape][c]) for c in configs} for shape in shapes}
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
     print(
-        f"matmul peak (best of before and after): float32 {peak['float32']:.0f} GFLOP/s, bfloat16 {peak['bfloat16']:.0f} GFLOP/s"
+        f"matmul peak (best of before and after): float32 {peak['float32']:.0f} GFLOP/s, bfloat16 "
+        f"{peak['bfloat16']:.0f} GFLOP/s"
     )
     summary = {}
     for shape, results in runs.items():

@@ -25,7 +25,8 @@ NAME = "grpokit_small_sdpa"
 # Bytes of the [batch, heads, q_len, k_len] probabilities (compute dtype) up to which the plain form runs, when
 # autograd records the call and in forward-only passes. Per call, plain vs SDPA, ms (8 heads / 2 KV heads,
 # head_dim 64, min of 8, 1 thread, a shared and noisy machine):
-#   forward + backward, bf16: 0.7 MiB 4.6 vs 15.5; 2.5 MiB 15 vs 39; 8.9 MiB 67-73 vs 80-104; 13.7 MiB 112 vs 121; 19.4 MiB 195 vs 155
+# forward + backward, bf16: 0.7 MiB 4.6 vs 15.5; 2.5 MiB 15 vs 39; 8.9 MiB 67-73 vs 80-104; 13.7 MiB 112 vs 121; 19.4
+# MiB 195 vs 155
 #   forward + backward, float32: 1.5 MiB 7.7 vs 9.8; 4.9 MiB 23 vs 24; 7.4 MiB 34 vs 33; 10.4 MiB 53 vs 45
 #   forward only: bf16 0.7 MiB 2.2 vs 4.4; 2.5 MiB 6.9 vs 7.8; 3.7 MiB 16 vs 11; float32 2.9 MiB 5.2 vs 4.7
 # The whole update of the benchmark model (Learner.update, bf16, 2 threads) gained nothing at 8.9 MiB per call

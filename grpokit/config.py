@@ -41,7 +41,8 @@ class ModelConfig:
     tokenizer_name_or_path: str | None = None
     """Tokenizer folder or hub id; defaults to the model's."""
     dtype: str = "auto"
-    """auto (CUDA: bf16 weights where supported; CPU with native bf16: float32 weights + bf16 autocast; else float32) | float32 | bfloat16 | float16."""
+    """auto (CUDA: bf16 weights where supported; CPU with native bf16: float32 weights + bf16 autocast; else float32) |
+    float32 | bfloat16 | float16."""
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:N | mps."""
     trust_remote_code: bool = False
@@ -49,7 +50,8 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (slower)."""
     load_in_4bit: bool = False
-    """QLoRA: load the base weights in 4-bit NF4 (bitsandbytes >= 0.48, CPU or CUDA: the qlora extra); needs lora.r > 0."""
+    """QLoRA: load the base weights in 4-bit NF4 (bitsandbytes >= 0.48, CPU or CUDA: the qlora extra); needs lora.r >
+    0."""
 
 
 @dataclass
@@ -115,15 +117,19 @@ class GenerationConfig:
     min_p: float = 0.0
     """Min-p sampling: drop tokens whose probability is below min_p x the top token's; 0 = off."""
     engine: str = "hf"
-    """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps while the learner trains)."""
+    """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps
+    while the learner trains)."""
     vllm_gpu_memory_utilization: float = 0.3
     """engine vllm: fraction of the GPU's memory vLLM may take for weights, activations and KV cache."""
     vllm_max_model_length: int | None = None
-    """engine vllm: context length (prompt + completion); null = max_prompt_length + max_completion_length (the model's own without max_prompt_length)."""
+    """engine vllm: context length (prompt + completion); null = max_prompt_length + max_completion_length (the model's
+    own without max_prompt_length)."""
     vllm_enable_sleep_mode: bool = True
-    """engine vllm: free vLLM's KV cache and weights while the learner trains; weights are reloaded from the learner on each wake."""
+    """engine vllm: free vLLM's KV cache and weights while the learner trains; weights are reloaded from the learner on
+    each wake."""
     vllm_importance_sampling_correction: bool = True
-    """engine vllm: weight each token's policy-gradient term by min(exp(logp_learner - logp_vllm), cap) (truncated importance sampling)."""
+    """engine vllm: weight each token's policy-gradient term by min(exp(logp_learner - logp_vllm), cap) (truncated
+    importance sampling)."""
     vllm_importance_sampling_cap: float = 3.0
     """engine vllm: cap C of the truncated importance weight (>= 1)."""
 
@@ -153,7 +159,8 @@ class OptimConfig:
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step; completions per step = this x per_device_train_batch_size x processes."""
     max_steps: int = 100
-    """Steps to train (each: one generation batch, num_iterations optimizer steps); -1 = num_train_epochs over train_dataset."""
+    """Steps to train (each: one generation batch, num_iterations optimizer steps); -1 = num_train_epochs over
+    train_dataset."""
     num_train_epochs: float = 3.0
     """With max_steps -1: passes over train_dataset (steps = ceil(epochs x prompts // prompts per step), as TRL)."""
     seed: int = 42
@@ -169,7 +176,8 @@ class RunConfig:
     logging_steps: int = 1
     """Console logging interval (jsonl and the store get every step)."""
     save_strategy: str = "steps"
-    """steps (every save_steps and at the end) | epoch (after each pass over train_dataset and at the end) | no (none, except on a signal)."""
+    """steps (every save_steps and at the end) | epoch (after each pass over train_dataset and at the end) | no (none,
+    except on a signal)."""
     save_steps: int = 50
     """save_strategy steps: checkpoint every this many steps (and at the end); 0 = only at the end."""
     save_total_limit: int | None = 2
@@ -191,7 +199,8 @@ class RunConfig:
 @dataclass
 class EvalConfig:
     eval_strategy: str = "steps"
-    """steps (every eval_steps) | epoch (after each pass over train_dataset) | no; evaluation also runs before and after training."""
+    """steps (every eval_steps) | epoch (after each pass over train_dataset) | no; evaluation also runs before and after
+    training."""
     eval_steps: int = 0
     """eval_strategy steps: evaluate every this many steps (and before and after training when > 0); 0 = off."""
     num_generations_eval: int = 8
@@ -235,15 +244,18 @@ class DistributedConfig:
     ray_num_cpus: int | None = None
     """CPUs of the local Ray cluster grpokit starts when address is null; null = all."""
     seed_per_group: bool = False
-    """Seed each group's sampler from (seed, step, group) so rollouts do not depend on how prompts are split; always on with Ray or several processes."""
+    """Seed each group's sampler from (seed, step, group) so rollouts do not depend on how prompts are split; always on
+    with Ray or several processes."""
     async_rollouts: bool = False
     """One-step-off (Ray): sample step k+1 while step k trains; ratios use the sampling log-probs."""
     num_reward_workers: int = 0
-    """Ray reward actors (backend: ray); a batch is split over them by whole groups (under torchrun rank 0 scores every rank's rows). 0 = rewards run in the learner process."""
+    """Ray reward actors (backend: ray); a batch is split over them by whole groups (under torchrun rank 0 scores every
+    rank's rows). 0 = rewards run in the learner process."""
     reward_worker_cpus: float = 1.0
     """CPUs Ray reserves for each reward actor."""
     strategy: str = "ddp"
-    """Data parallelism under torchrun: ddp (a whole policy per process) | fsdp (parameters, gradients and AdamW states sharded over processes)."""
+    """Data parallelism under torchrun: ddp (a whole policy per process) | fsdp (parameters, gradients and AdamW states
+    sharded over processes)."""
 
 
 @dataclass
@@ -255,7 +267,8 @@ class RewardSettings:
     reward_workers: int = 0
     """Worker processes per reward function, each scoring a chunk of whole groups (CPU-heavy rewards); 0 = one."""
     reward_isolation: bool = True
-    """Run each reward function in a worker process that is killed at its timeout; false = threads in the trainer, where a timeout cannot stop code that holds the GIL."""
+    """Run each reward function in a worker process that is killed at its timeout; false = threads in the trainer,
+    where a timeout cannot stop code that holds the GIL."""
 
 
 SECTIONS: dict[str, type] = {
@@ -300,7 +313,7 @@ FIELD_SECTION: dict[str, str] = {f.name: section for section, cls in SECTIONS.it
 
 
 def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring line under each field (dataclass attribute docstrings), read from the source."""
+    """The docstring under each field (dataclass attribute docstrings) as one line, read from the source."""
     import ast
     import inspect
 
@@ -309,7 +322,7 @@ def _field_docs(cls: type) -> dict[str, str]:
     docs = {}
     for prev, node in itertools.pairwise(body):
         if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            docs[prev.target.id] = str(node.value.value).strip()
+            docs[prev.target.id] = " ".join(str(node.value.value).split())
     return docs
 
 
@@ -419,7 +432,8 @@ class GRPOConfig:
                 raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}.{hint}")
         _check(
             a.num_generations >= 2,
-            f"num_generations={a.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set num_generations >= 2.",
+            f"num_generations={a.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set "
+            "num_generations >= 2.",
         )
         _check(a.epsilon > 0, f"epsilon={a.epsilon} must be > 0 (the clip range, e.g. 0.2).")
         _check(a.epsilon_high is None or a.epsilon_high > 0, f"epsilon_high={a.epsilon_high} must be > 0 or null.")
@@ -488,7 +502,8 @@ class GRPOConfig:
         for k in e.pass_at_k:
             _check(
                 isinstance(k, int) and 1 <= k <= e.num_generations_eval,
-                f"pass_at_k contains {k!r}: each k must be an integer in [1, num_generations_eval={e.num_generations_eval}].",
+                f"pass_at_k contains {k!r}: each k must be an integer in [1, "
+                f"num_generations_eval={e.num_generations_eval}].",
             )
         _check(r.save_steps >= 0, f"save_steps={r.save_steps} must be >= 0 (0 = only at the end).")
         _check(
@@ -506,11 +521,13 @@ class GRPOConfig:
         _check(self.lora.r >= 0, f"lora.r={self.lora.r} must be >= 0 (0 = no LoRA).")
         _check(
             self.lora.r == 0 or a.ref_model_sync_steps == 0,
-            f"ref_model_sync_steps={a.ref_model_sync_steps} cannot be used with LoRA: the reference is the base model under the adapters, which never changes; set ref_model_sync_steps: 0.",
+            f"ref_model_sync_steps={a.ref_model_sync_steps} cannot be used with LoRA: the reference is the base model "
+            "under the adapters, which never changes; set ref_model_sync_steps: 0.",
         )
         _check(
             not self.model.load_in_4bit or self.lora.r > 0,
-            "load_in_4bit: true trains LoRA adapters on frozen 4-bit weights (QLoRA); set lora.r > 0 (e.g. lora.r: 16).",
+            "load_in_4bit: true trains LoRA adapters on frozen 4-bit weights (QLoRA); set lora.r > 0 (e.g. lora.r: "
+            "16).",
         )
         _check(self.lora.alpha > 0, f"lora.alpha={self.lora.alpha} must be > 0.")
         _check(0 <= self.lora.dropout < 1, f"lora.dropout={self.lora.dropout} must be in [0, 1).")
@@ -527,7 +544,8 @@ class GRPOConfig:
         if weights is not None and self.rewards:
             _check(
                 len(weights) == len(self.rewards),
-                f"reward_weights has {len(weights)} values but there are {len(self.rewards)} reward functions; give one weight per function.",
+                f"reward_weights has {len(weights)} values but there are {len(self.rewards)} reward functions; give "
+                "one weight per function.",
             )
         d = self.distributed
         _check(d.num_rollout_workers >= 1, f"num_rollout_workers={d.num_rollout_workers} must be >= 1.")
@@ -553,14 +571,17 @@ class GRPOConfig:
             wanted = d.num_rollout_workers * d.rollout_worker_cpus + d.num_reward_workers * d.reward_worker_cpus
             _check(
                 wanted <= d.ray_num_cpus,
-                f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + num_reward_workers x "
-                f"reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so some would never start; "
+                f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + "
+                "num_reward_workers x "
+                f"reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so some would never "
+                "start; "
                 "lower the workers or their CPUs, or raise ray_num_cpus.",
             )
         _check(
             d.num_reward_workers == 0 or self.reward.reward_workers == 0,
             f"num_reward_workers={d.num_reward_workers} (Ray actors) and reward_workers="
-            f"{self.reward.reward_workers} (worker processes of the learner) are two places to run the rewards; set one of them to 0.",
+            f"{self.reward.reward_workers} (worker processes of the learner) are two places to run the rewards; set "
+            "one of them to 0.",
         )
         if g.engine == "vllm":
             self._validate_vllm()
@@ -577,11 +598,13 @@ class GRPOConfig:
         fix = "or set generation.engine: hf"
         _check(
             self.distributed.backend == "none",
-            f"generation.engine: vllm samples in the learner process; it cannot be combined with distributed.backend: {self.distributed.backend} (set backend: none, {fix}).",
+            "generation.engine: vllm samples in the learner process; it cannot be combined with distributed.backend: "
+            f"{self.distributed.backend} (set backend: none, {fix}).",
         )
         _check(
             self.model.device == "auto" or self.model.device.startswith("cuda"),
-            f"generation.engine: vllm runs on CUDA, but model.device={self.model.device!r}; set device: auto or cuda, {fix}.",
+            f"generation.engine: vllm runs on CUDA, but model.device={self.model.device!r}; set device: auto or cuda, "
+            f"{fix}.",
         )
         _check(
             not self.model.load_in_4bit,
@@ -592,15 +615,18 @@ class GRPOConfig:
         )
         _check(
             0 < g.vllm_gpu_memory_utilization <= 1,
-            f"vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the GPU's memory, e.g. 0.3).",
+            f"vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the GPU's "
+            "memory, e.g. 0.3).",
         )
         _check(
             g.vllm_max_model_length is None or g.vllm_max_model_length > g.max_completion_length,
-            f"vllm_max_model_length={g.vllm_max_model_length} leaves no room for a prompt: it must exceed max_completion_length={g.max_completion_length} (or be null).",
+            f"vllm_max_model_length={g.vllm_max_model_length} leaves no room for a prompt: it must exceed "
+            f"max_completion_length={g.max_completion_length} (or be null).",
         )
         _check(
             g.vllm_importance_sampling_cap >= 1,
-            f"vllm_importance_sampling_cap={g.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at it; 1 never up-weights a token).",
+            f"vllm_importance_sampling_cap={g.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at it; "
+            "1 never up-weights a token).",
         )
 
 
@@ -642,7 +668,8 @@ def _field_in_section(section: str, key: str) -> str:
         return name
     if home is not None:
         raise ConfigError(
-            f"{key!r} is not a key of section {section!r}: it belongs to {home!r}; move it under `{home}:` (or write it at the top level)."
+            f"{key!r} is not a key of section {section!r}: it belongs to {home!r}; move it under `{home}:` (or write "
+            "it at the top level)."
         )
     raise ConfigError(_unknown_key_message(f"{section}.{key}"))
 
@@ -739,7 +766,8 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
         if isinstance(value, (str, int)):
             return [value]
     raise ConfigError(
-        f"{name}={value!r} has the wrong type: expected {expected.__name__}, got {type(value).__name__}{_example(cls, name)}."
+        f"{name}={value!r} has the wrong type: expected {expected.__name__}, got "
+        f"{type(value).__name__}{_example(cls, name)}."
     )
 
 
@@ -768,7 +796,8 @@ def _parse_scalar(text: str) -> Any:
 
 
 def parse_overrides(args: list[str]) -> dict:
-    """Turn ``key=value``, ``section.key=value``, ``--key=value`` / ``--key value`` and a bare ``--flag`` (= true) into a dict."""
+    """Turn ``key=value``, ``section.key=value``, ``--key=value`` / ``--key value`` and a bare ``--flag`` (= true) into
+    a dict."""
     out: dict[str, Any] = {}
     i = 0
     while i < len(args):
@@ -820,7 +849,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
             raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(
-                f"{path}: the top level must be a mapping of sections (model:, data:, algo:, ...), got {type(data).__name__}."
+                f"{path}: the top level must be a mapping of sections (model:, data:, algo:, ...), got "
+                f"{type(data).__name__}."
             )
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)

@@ -13,7 +13,8 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
     lines += [
         f"prompts per step:          {B}",
         f"completions per step:      {N}  (num_generations {cfg.num_generations} x {B} prompts)",
-        f"micro-batches per step:    {cfg.gradient_accumulation_steps} of {cfg.per_device_train_batch_size} completions",
+        f"micro-batches per step:    {cfg.gradient_accumulation_steps} of {cfg.per_device_train_batch_size} "
+        "completions",
         f"optimizer steps in total:  {cfg.max_steps * cfg.num_iterations}  (max_steps {cfg.max_steps} x num_iterations "
         f"{cfg.num_iterations})"
         if cfg.max_steps > 0

@@ -131,7 +131,8 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     head_dim = getattr(config, "head_dim", None) or h // heads
     T, P, mb = cfg.max_completion_length, cfg.max_prompt_length or 0, cfg.per_device_train_batch_size
     context = P + T
-    # attention probabilities are kept only by grpokit's plain CPU attention (small problems, no checkpointing); SDPA keeps none
+    # attention probabilities are kept only by grpokit's plain CPU attention (small problems, no checkpointing); SDPA
+    # keeps none
     plain = device.type == "cpu" and not cfg.gradient_checkpointing and mb * heads * T * context * 4 <= PROBS_BUDGET
     probs = heads * context * (6 if compute == 2 else 4) * plain
     per_token = (33 * h + 7 * i if compute == 2 else 39 * h + 14 * i) + probs
@@ -143,7 +144,8 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         activations = tokens * layers * per_token
     logits = mb * T * config.vocab_size * compute
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
-    # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's adapters besides
+    # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's
+    # adapters besides
     casts = (linear - sum(quantised) + (trainable if cfg.lora.r > 0 else 0)) * 2 if mixed else 0
     head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * config.vocab_size) * 4  # two float32 chunks of logits at a time
     micro_batch = activations + kept_logits + head_chunks + casts
@@ -169,7 +171,8 @@ PROCESS_OVERHEAD = 2**29
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Memory free for a new process on ``device``: the GPU's free memory, or the host's MemAvailable (Linux); else None."""
+    """Memory free for a new process on ``device``: the GPU's free memory, or the host's MemAvailable (Linux); else
+    None."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
@@ -194,7 +197,9 @@ def memory_warning(cfg: GRPOConfig, name_or_path: str, device: torch.device, pro
     if free is None or needed <= free:
         return None
     return (
-        f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) but "
-        f"{free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller per_device_train_batch_size, "
+        f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) "
+        "but "
+        f"{free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller "
+        "per_device_train_batch_size, "
         "LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model."
     )

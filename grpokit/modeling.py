@@ -115,7 +115,8 @@ def model_source(name_or_path: str) -> str:
     looks_local = name_or_path.startswith((".", "/", "~", "$")) or local.exists()
     if looks_local and not local.is_dir():
         raise FileNotFoundError(
-            f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as 'Qwen/Qwen2.5-0.5B'."
+            f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as "
+            "'Qwen/Qwen2.5-0.5B'."
         )
     return str(local) if looks_local else name_or_path
 

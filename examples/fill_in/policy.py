@@ -75,6 +75,7 @@ def warm_start(texts: list[Text], tokenizer, config: PolicyConfig, log=print):
         optimizer.zero_grad(set_to_none=True)
         if log and (step % 200 == 0 or step == config.steps - 1):
             log(
-                f"policy warm start step {step + 1}/{config.steps}  loss {loss.item():.3f}  {time.perf_counter() - start:.0f}s"
+                f"policy warm start step {step + 1}/{config.steps}  loss {loss.item():.3f}  "
+                f"{time.perf_counter() - start:.0f}s"
             )
     return model.eval()

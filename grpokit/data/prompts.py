@@ -36,21 +36,24 @@ def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dat
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise DataError(
-                f"{name} row {i} is a {type(row).__name__}, not a mapping; each row must be a dict with a {prompt_column!r} key."
+                f"{name} row {i} is a {type(row).__name__}, not a mapping; each row must be a dict with a "
+                f"{prompt_column!r} key."
             )
         if prompt_column not in row:
             keys = ", ".join(map(repr, row)) or "none"
             close = difflib.get_close_matches(prompt_column, [str(k) for k in row], n=1)
             hint = f" Did you mean prompt_column: {close[0]}?" if close else ""
             raise DataError(
-                f"{name} row {i} has no {prompt_column!r} column (columns: {keys}); set data.prompt_column to the column that holds the prompt.{hint}"
+                f"{name} row {i} has no {prompt_column!r} column (columns: {keys}); set data.prompt_column to the "
+                f"column that holds the prompt.{hint}"
             )
         prompt = row[prompt_column]
         if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
             raise DataError(f"{name} row {i} has an empty {prompt_column!r}; remove the row or fill in its prompt.")
         if not isinstance(prompt, (str, list)):
             raise DataError(
-                f"{name} row {i}: {prompt_column!r} must be a string or a list of chat messages, got {type(prompt).__name__}."
+                f"{name} row {i}: {prompt_column!r} must be a string or a list of chat messages, got "
+                f"{type(prompt).__name__}."
             )
     return rows
 
@@ -96,8 +99,10 @@ def check_reward_columns(
             if missing is not None:
                 columns = ", ".join(repr(k) for k in rows[missing] if k != prompt_column) or "none"
                 raise DataError(
-                    f"reward {reward!r} needs the column {column!r}, but {name} row {missing} has none (its other columns: "
-                    f"{columns}); add the column {column!r} to the data, or configure the reward to read another column."
+                    f"reward {reward!r} needs the column {column!r}, but {name} row {missing} has none (its other "
+                    "columns: "
+                    f"{columns}); add the column {column!r} to the data, or configure the reward to read another "
+                    "column."
                 )
 
 
@@ -152,7 +157,8 @@ def render_prompt(tokenizer, prompt: str | list) -> tuple[str, bool]:
         return prompt, False
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
-            "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts or a tokenizer with a chat template."
+            "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts or "
+            "a tokenizer with a chat template."
         )
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True), True
 
@@ -187,7 +193,8 @@ class PromptSource:
             if max_prompt_length is not None and len(ids) > max_prompt_length:
                 if overflow == "error":
                     raise DataError(
-                        f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}; raise max_prompt_length or set prompt_overflow: truncate or drop."
+                        f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}; raise "
+                        "max_prompt_length or set prompt_overflow: truncate or drop."
                     )
                 if overflow == "drop":
                     self.num_dropped += 1
@@ -201,7 +208,8 @@ class PromptSource:
             keep.append(i)
         if not keep:
             raise DataError(
-                f"every prompt is longer than max_prompt_length={max_prompt_length} and was dropped; raise max_prompt_length."
+                f"every prompt is longer than max_prompt_length={max_prompt_length} and was dropped; raise "
+                "max_prompt_length."
             )
         self.usable = np.array(keep)
         self.epoch = 0

@@ -85,7 +85,8 @@ class SmilesTokenizer:
         tokenizer = cls(vocab[3:])
         if tokenizer.vocab != vocab:
             raise ValueError(
-                f"{folder}/{TOKENIZER_FILE} does not hold a SmilesTokenizer vocabulary (pad, ^, $ first, then sorted characters)."
+                f"{folder}/{TOKENIZER_FILE} does not hold a SmilesTokenizer vocabulary (pad, ^, $ first, then sorted "
+                "characters)."
             )
         return tokenizer
 

@@ -44,7 +44,8 @@ def connect(address: str | None, num_cpus: int | None) -> None:
 
             raise ConfigError(
                 f"distributed.address={address!r}: no Ray cluster to join ({exc}). Start one with `ray start --head` "
-                "(on every other node: `ray start --address HEAD:6379`), or set distributed.address: null to let grpokit "
+                "(on every other node: `ray start --address HEAD:6379`), or set distributed.address: null to let "
+                "grpokit "
                 "start a local cluster."
             ) from None
     else:

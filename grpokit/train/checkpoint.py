@@ -49,7 +49,8 @@ def resolve_resume(run_dir: str | Path, resume_from: str) -> Path | None:
     path = Path(resume_from)
     if not (path / "trainer_state.json").is_file():
         raise CheckpointError(
-            f"resume_from={resume_from!r} is not a checkpoint folder (no trainer_state.json); give RUN/checkpoints/step-N or 'latest'."
+            f"resume_from={resume_from!r} is not a checkpoint folder (no trainer_state.json); give "
+            "RUN/checkpoints/step-N or 'latest'."
         )
     return path
 
@@ -148,7 +149,8 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
     if state.get("grpokit_version") != grpokit.__version__:
         raise CheckpointError(
             f"{path} was written by grpokit {state.get('grpokit_version')!r}, this is {grpokit.__version__}; "
-            "resume it with that version, or start a new run from its weights (model.safetensors; with LoRA, the adapters only)."
+            "resume it with that version, or start a new run from its weights (model.safetensors; with LoRA, the "
+            "adapters only)."
         )
     reference_file = path / "reference.safetensors"
     try:
@@ -164,7 +166,8 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
         raise
     except Exception as exc:  # truncated or foreign files surface as many different errors
         raise CheckpointError(
-            f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); it may be truncated. Resume from an earlier step-N folder."
+            f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); it may be truncated. Resume from an "
+            "earlier step-N folder."
         ) from None
     state["pending_rollouts"] = states.get("pending_rollouts")
     return state, states["rng"]
@@ -184,11 +187,13 @@ def _load_weights(model, file: Path, optimizer=None, optimizer_state: dict | Non
         raise
     except Exception as exc:
         raise CheckpointError(
-            f"{file}: cannot load weights ({type(exc).__name__}: {exc}); the file may be truncated or from another model."
+            f"{file}: cannot load weights ({type(exc).__name__}: {exc}); the file may be truncated or from another "
+            "model."
         ) from None
     if missing or unexpected:
         raise CheckpointError(
-            f"{file} does not match the model (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}); resume with the same model."
+            f"{file} does not match the model (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}); resume "
+            "with the same model."
         )
 
 
@@ -226,7 +231,8 @@ def _load_trainable(model: torch.nn.Module, file: Path) -> None:
     for name, p in params.items():
         if saved[name].shape != p.shape:
             raise CheckpointError(
-                f"{file}: {name} has shape {list(saved[name].shape)} in the checkpoint and {list(p.shape)} in this model; "
+                f"{file}: {name} has shape {list(saved[name].shape)} in the checkpoint and {list(p.shape)} in this "
+                "model; "
                 "resume with the same model and lora settings (r, target_modules)."
             )
     for name, p in params.items():

@@ -220,7 +220,8 @@ def completion_features(model: torch.nn.Module, head: torch.nn.Linear | None, ba
 
 
 def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop the left-padding columns that every row has (a micro-batch's prompts may all be shorter than the batch's longest)."""
+    """Drop the left-padding columns that every row has (a micro-batch's prompts may all be shorter than the batch's
+    longest)."""
     first = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
     return ids[:, first:], mask[:, first:]
 

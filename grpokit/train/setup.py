@@ -61,7 +61,8 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
         raise ConfigError("no model: pass model=... to GRPOTrainer or set model.model_name_or_path in the config.")
     if args.load_in_4bit and not isinstance(model, str):
         raise ConfigError(
-            "load_in_4bit quantises the model while loading it: give its path or hub id (model.model_name_or_path), not a loaded module."
+            "load_in_4bit quantises the model while loading it: give its path or hub id (model.model_name_or_path), "
+            "not a loaded module."
         )
     if isinstance(model, str):
         name = model

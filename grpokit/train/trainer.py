@@ -107,8 +107,10 @@ class GRPOTrainer:
         check_reward_columns(self.train_rows, reward_fns, args.prompt_column)
         if len(self.train_rows) < args.prompts_per_step(self.dist.world_size):
             raise DataError(
-                f"train_dataset has {len(self.train_rows)} prompts but a step takes {args.prompts_per_step(self.dist.world_size)} "
-                "distinct ones; add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations."
+                f"train_dataset has {len(self.train_rows)} prompts but a step takes "
+                f"{args.prompts_per_step(self.dist.world_size)} "
+                "distinct ones; add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / "
+                "num_generations."
             )
         # prompts // prompts per step: TRL drops a last partial batch too
         self.steps_per_epoch = len(self.train_rows) // args.prompts_per_step(self.dist.world_size)
@@ -212,7 +214,8 @@ class GRPOTrainer:
 
     @property
     def state(self):
-        """The run's transformers ``TrainerState`` (TRL's ``trainer.state``): global_step, max_steps, epoch, log_history."""
+        """The run's transformers ``TrainerState`` (TRL's ``trainer.state``): global_step, max_steps, epoch,
+        log_history."""
         return self.callbacks.state
 
     @property
@@ -297,7 +300,8 @@ class GRPOTrainer:
         num_items = dist.sum(loss_mask.sum()).clamp(min=1.0) / dist.world_size
         # Async rollouts come from an older policy: the ratio is taken against their sampling log-probs.
         old_logprobs = rollouts.logprobs.to(self.device) if args.async_rollouts else None
-        # vLLM's log-probs differ from the learner's for the same weights: they weight tokens (TIS), never replace old_logprobs.
+        # vLLM's log-probs differ from the learner's for the same weights: they weight tokens (TIS), never replace
+        # old_logprobs.
         tis = args.engine == "vllm" and args.vllm_importance_sampling_correction
         sampling_logprobs = rollouts.logprobs.to(self.device) if tis else None
         t3 = time.perf_counter()
@@ -436,7 +440,8 @@ class GRPOTrainer:
 
         if not is_hf_model(self.model):
             raise ConfigError(
-                "generation.engine: vllm samples Hugging Face causal LMs; a custom forward(input_ids) module needs generation.engine: hf."
+                "generation.engine: vllm samples Hugging Face causal LMs; a custom forward(input_ids) module needs "
+                "generation.engine: hf."
             )
         args = self.args
         source = model if isinstance(model, str) else args.model_name_or_path if model is None else None

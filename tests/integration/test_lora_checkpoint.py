@@ -99,7 +99,8 @@ def test_lora_checkpoint_holds_the_adapters_and_resume_equals_a_straight_run(str
         ("r=8", r"has shape \[4, 32\] in the checkpoint and \[8, 32\] in this model"),
         (
             "target_modules=[q_proj]",
-            r"holds the trainable parameters only \(LoRA adapters\) and they do not match this model's \(missing \[\], unexpected \[",
+            r"holds the trainable parameters only \(LoRA adapters\) and they do not match this model's \(missing \[\], "
+            r"unexpected \[",
         ),
     ],
 )
@@ -111,8 +112,10 @@ def test_resuming_with_other_lora_settings_exits_2_naming_the_problem(
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in PROMPTS))
     (tmp_path / "c.yaml").write_text(
-        f"model: {{model_name_or_path: {tiny_model_dir}}}\ndata: {{train_dataset: {data}}}\nrewards: ['{TARGET_REWARD}']\n"
-        f"lora: {json.dumps(LORA)}\nnum_generations: 4\nbeta: 0.1\nmax_completion_length: 5\nper_device_train_batch_size: 8\n"
+        f"model: {{model_name_or_path: {tiny_model_dir}}}\ndata: {{train_dataset: {data}}}\nrewards: "
+        f"['{TARGET_REWARD}']\n"
+        f"lora: {json.dumps(LORA)}\nnum_generations: 4\nbeta: 0.1\nmax_completion_length: "
+        "5\nper_device_train_batch_size: 8\n"
         "max_steps: 4\nprogress_bar: false\nreport_to: [jsonl]\n"
     )
     checkpoint = list_checkpoints(straight_run)[0]

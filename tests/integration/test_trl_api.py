@@ -295,7 +295,8 @@ def test_cli_takes_trl_keys(tmp_path, tiny_model_dir):
 
 
 def test_reward_processing_classes_reach_a_sequence_classifier(tmp_path, tiny_model_dir):
-    # An nn.Module reward scored as TRL scores it: logits[:, 0] of prompt + completion, tokenized by its processing class.
+    # An nn.Module reward scored as TRL scores it: logits[:, 0] of prompt + completion, tokenized by its processing
+    # class.
     from transformers import AutoModelForSequenceClassification, LlamaConfig
 
     from grpokit.config import ConfigError

@@ -51,7 +51,8 @@ def test_parts_by_hand_float32(config_dir):
     assert m.reference == 25152  # a float32 copy
     assert m.gradients == 25152 and m.adamw == 2 * 25152
     # micro-batch of 8 rows x T = 6 and their 2 groups' prompts once: 8 * 6 + 2 * 10 = 68 tokens, context 10 + 6 = 16;
-    # per token and layer 39 * 16 + 14 * 32 + 4 * 2 heads * 16 = 624 + 448 + 128 = 1200 B: 68 * 2 layers * 1200 = 163200;
+    # per token and layer 39 * 16 + 14 * 32 + 4 * 2 heads * 16 = 624 + 448 + 128 = 1200 B: 68 * 2 layers * 1200 =
+    # 163200;
     # logits 8 * 6 * 100 * 4 B = 19200 kept; head chunks 2 x min(2**22, 4800) x 4 B = 38400
     assert m.micro_batch == 163200 + 19200 + 38400 == 220800
     # generation: 16 rows x 16 positions x 2 layers x (K, V) x 1 KV head x 8 x 4 B = 32768; fused-decoder copies of all
@@ -85,7 +86,8 @@ def test_lora_and_checkpointing_by_hand(config_dir):
     m = estimate_memory(lora, model, CPU)
     assert m.parameters == 6288 and m.trainable == 1024
     assert not hasattr(model, "peft_config")  # counted on a copy: the caller's model is left alone
-    # all-linear adapters, r x (in + out) each: q 2*32 + k 2*24 + v 2*24 + o 2*32 + gate 2*48 + up 2*48 + down 2*48 = 512 per
+    # all-linear adapters, r x (in + out) each: q 2*32 + k 2*24 + v 2*24 + o 2*32 + gate 2*48 + up 2*48 + down 2*48 =
+    # 512 per
     # layer, 1024 in all; the reference is the base with adapters off: no copy
     assert m.reference == 0 and m.gradients == 1024 * 4 and m.adamw == 2 * 1024 * 4
     assert m.weights == 25152

@@ -127,10 +127,12 @@ def test_no_grad_passes_return_ordinary_tensors(setup):
 
 def test_fused_head_by_hand():
     # hidden [1, 0] and [0, 1]; W rows (0, 0), (ln 3, 0), (0, ln 3) -> logits [0, ln 3, 0] and [0, 0, ln 3]
-    # -> p = [0.2, 0.6, 0.2] and [0.2, 0.2, 0.6]; log p(token 1) = ln 0.6 = -0.510826, log p(token 0) = ln 0.2 = -1.609438
+    # -> p = [0.2, 0.6, 0.2] and [0.2, 0.2, 0.6]; log p(token 1) = ln 0.6 = -0.510826, log p(token 0) = ln 0.2 =
+    # -1.609438
     # H = -(2 * 0.2 ln 0.2 + 0.6 ln 0.6) = 0.643775 + 0.306495 = 0.950271 for both rows
     # d log p(y) / dz = onehot(y) - p: row 1 -> [-0.2, 0.4, -0.2]; dW = sum over rows of (onehot - p) h^T,
-    # row 2 (token 0) -> [0.8, -0.2, -0.6] on hidden [0, 1]; so dW[:, 0] = [-0.2, 0.4, -0.2], dW[:, 1] = [0.8, -0.2, -0.6]
+    # row 2 (token 0) -> [0.8, -0.2, -0.6] on hidden [0, 1]; so dW[:, 0] = [-0.2, 0.4, -0.2], dW[:, 1] = [0.8, -0.2,
+    # -0.6]
     log3 = torch.log(torch.tensor(3.0))
     weight = torch.tensor([[0.0, 0.0], [log3, 0.0], [0.0, log3]], requires_grad=True)
     hidden = torch.eye(2, requires_grad=True)
