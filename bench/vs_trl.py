@@ -385,8 +385,7 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
     steps = min(r["steps"] for r in results.values())
     print(
         f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, {args.threads} "
-        "threads, "
-        f"median of {steps} steps ({args.rounds} rounds x {args.steps - 1} after a warm-up step) =="
+        f"threads, median of {steps} steps ({args.rounds} rounds x {args.steps - 1} after a warm-up step) =="
     )
     head = (
         f"{'config':<14}{'step s':>8}"
@@ -468,8 +467,7 @@ def main() -> None:
         print(
             f"model: {sizes['total'] / 1e6:.1f}M parameters ({sizes['head'] / 1e6:.1f}M tied embedding / LM head), "
             f"threads {args.threads}, grpokit {_commit()}, torch {_version('torch')}, transformers "
-            f"{_version('transformers')}, "
-            f"trl {_version('trl')}"
+            f"{_version('transformers')}, trl {_version('trl')}"
         )
         peaks = [run_worker(args, ["--peak"], "matmul peak")]
         raw: dict = {shape: {c: [] for c in configs} for shape in shapes}

@@ -572,9 +572,8 @@ class GRPOConfig:
             _check(
                 wanted <= d.ray_num_cpus,
                 f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + "
-                "num_reward_workers x "
-                f"reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so some would never "
-                "start; "
+                f"num_reward_workers x reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so "
+                "some would never start; "
                 "lower the workers or their CPUs, or raise ray_num_cpus.",
             )
         _check(

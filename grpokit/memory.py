@@ -198,8 +198,6 @@ def memory_warning(cfg: GRPOConfig, name_or_path: str, device: torch.device, pro
         return None
     return (
         f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) "
-        "but "
-        f"{free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller "
-        "per_device_train_batch_size, "
-        "LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model."
+        f"but {free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller "
+        "per_device_train_batch_size, LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model."
     )

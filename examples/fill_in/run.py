@@ -95,7 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--threads",
         type=int,
         default=1,
-        help="torch CPU threads; the models are so small that one thread beats several (their matmuls are too small to split)",
+        help="torch CPU threads; the models are so small that one thread beats several "
+        "(their matmuls are too small to split)",
     )
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_intermixed_args(argv)  # options and key=value overrides in any order

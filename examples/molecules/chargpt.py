@@ -78,7 +78,7 @@ class CharGPT(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         L = input_ids.size(1)
-        if self.config.block_size < L:
+        if L > self.config.block_size:
             raise ValueError(f"sequence of {L} tokens is longer than block_size={self.config.block_size}")
         x = self.tok(input_ids) + self.pos(torch.arange(L, device=input_ids.device))  # [B, L, D]
         for block in self.blocks:

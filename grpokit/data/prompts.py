@@ -100,9 +100,8 @@ def check_reward_columns(
                 columns = ", ".join(repr(k) for k in rows[missing] if k != prompt_column) or "none"
                 raise DataError(
                     f"reward {reward!r} needs the column {column!r}, but {name} row {missing} has none (its other "
-                    "columns: "
-                    f"{columns}); add the column {column!r} to the data, or configure the reward to read another "
-                    "column."
+                    f"columns: {columns}); add the column {column!r} to the data, or configure the reward to read "
+                    "another column."
                 )
 
 

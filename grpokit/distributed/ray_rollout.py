@@ -45,8 +45,7 @@ def connect(address: str | None, num_cpus: int | None) -> None:
             raise ConfigError(
                 f"distributed.address={address!r}: no Ray cluster to join ({exc}). Start one with `ray start --head` "
                 "(on every other node: `ray start --address HEAD:6379`), or set distributed.address: null to let "
-                "grpokit "
-                "start a local cluster."
+                "grpokit start a local cluster."
             ) from None
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)

@@ -10,7 +10,8 @@ through it until the block ends. Results: bitwise those of ``F.linear`` in bf16;
 up to rounding (another summation order, ~1e-6 relative).
 
 Where it is used: the rollout engine, for float32 compute of architectures the fused decoder
-(:mod:`grpokit.rollout.fused_decoder`, which packs its own fused weights) does not serve. Inside the trainer on the benchmark
+(:mod:`grpokit.rollout.fused_decoder`, which packs its own fused weights) does not serve. Inside the
+trainer on the benchmark
 model, generation took 2.8 instead of 4.6 s per step in float32; under bf16 autocast (weights cast
 and packed every call) it took 2.8 instead of 2.6 s, so not there. The learner's passes do not use
 it: in float32 the reference pass was ~15 % faster, but it broke the bitwise-exact resume of a

@@ -55,14 +55,12 @@ def check_vllm_environment(distributed: bool = False) -> None:
     if not torch.cuda.is_available():
         raise ConfigError(
             "generation.engine: vllm samples on a CUDA GPU, but this machine has none (torch.cuda.is_available() is "
-            "False); "
-            "set generation.engine: hf to sample with grpokit's own engine here."
+            "False); set generation.engine: hf to sample with grpokit's own engine here."
         )
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "generation.engine: vllm needs the vllm package, which is not installed: `pip install vllm` (it brings its "
-            "own "
-            "CUDA build of torch; install it in a fresh environment), or set generation.engine: hf."
+            "own CUDA build of torch; install it in a fresh environment), or set generation.engine: hf."
         )
 
 

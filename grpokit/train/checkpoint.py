@@ -3,7 +3,8 @@
 ``RUN/checkpoints/step-N/`` holds the policy weights (safetensors; when some parameters are frozen,
 as with LoRA, only the trainable ones: the frozen base is loaded from the source on resume), the
 reference weights when the reference is resynced, optimizer and scheduler states, RNG states and
-the trainer state (step, data position, counters) with the grpokit version. Each folder is written under a temporary name and
+the trainer state (step, data position, counters) with the grpokit version. Each folder is written
+under a temporary name and
 renamed into place, and renamed away before it is deleted, so a folder named step-N is always
 complete, even after a kill at any moment.
 """
@@ -201,7 +202,7 @@ def _check_shapes(model: torch.nn.Module, file: Path) -> None:
     """One clear line for weights of another model (torch would list every mismatched tensor)."""
     own = model.state_dict()
     with safe_open(str(file), framework="pt") as f:
-        for name in f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
             saved = list(f.get_slice(name).get_shape())
             if name in own and saved != list(own[name].shape):
                 raise CheckpointError(
@@ -232,8 +233,7 @@ def _load_trainable(model: torch.nn.Module, file: Path) -> None:
         if saved[name].shape != p.shape:
             raise CheckpointError(
                 f"{file}: {name} has shape {list(saved[name].shape)} in the checkpoint and {list(p.shape)} in this "
-                "model; "
-                "resume with the same model and lora settings (r, target_modules)."
+                "model; resume with the same model and lora settings (r, target_modules)."
             )
     for name, p in params.items():
         p.copy_(saved[name])

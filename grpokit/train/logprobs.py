@@ -160,7 +160,8 @@ def sparse_embedding_grad(decoder: torch.nn.Module):
 
 
 def _run(model, head, keep: int, **inputs):
-    """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV cache.
+    """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV
+    cache.
 
     An HF model on "sdpa" attention runs on :func:`grpokit.attention.small_attention` here (faster on CPU at
     small shapes; the same numbers)."""

@@ -403,7 +403,8 @@ class GRPOTrainer:
         return self.remote.submit(*self._prompts_and_seeds(step, batch, 0), self.args.num_generations, self.sampling)
 
     def _scatter(self, rollouts: Rollouts | None) -> Rollouts:
-        """Rank 0's rollouts of the global batch -> this rank's contiguous share (the groups ``dist.shard`` gives it)."""
+        """Rank 0's rollouts of the global batch -> this rank's contiguous share (the groups ``dist.shard`` gives
+        it)."""
         return self.dist.scatter_objects(split_rollouts(rollouts, self.dist.world_size) if self.dist.is_main else None)
 
     def _publish(self) -> None:

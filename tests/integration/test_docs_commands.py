@@ -41,13 +41,23 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
-    "torchrun --nproc_per_node 4 -m grpokit train config.yaml": "4 processes; tests/integration/test_distributed.py runs torchrun with 2",
-    "torchrun --nnodes 2 --node_rank 0 --master_addr HOST --nproc_per_node 8 -m grpokit train config.yaml": "two nodes of 8 processes",
-    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.strategy=fsdp": "4 processes; tests/integration/test_fsdp.py runs FSDP with 2",
-    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.backend=ray": "4 processes and Ray; tests/integration/test_distributed_ray.py runs torchrun and Ray with 2",
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (
+        "4 processes; tests/integration/test_distributed.py runs torchrun with 2"
+    ),
+    "torchrun --nnodes 2 --node_rank 0 --master_addr HOST --nproc_per_node 8 -m grpokit train config.yaml": (
+        "two nodes of 8 processes"
+    ),
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.strategy=fsdp": (
+        "4 processes; tests/integration/test_fsdp.py runs FSDP with 2"
+    ),
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.backend=ray": (
+        "4 processes and Ray; tests/integration/test_distributed_ray.py runs torchrun and Ray with 2"
+    ),
     "ray start --head --port 6379 --dashboard-host 0.0.0.0": "starts a multi-node Ray cluster's head",
     "ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
-    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": "needs a Ray cluster's head node",
+    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": (
+        "needs a Ray cluster's head node"
+    ),
 }
 
 TINY_MODEL = ["model_name_or_path=path/to/causal-lm"]  # the docs' hub model -> the local tiny one

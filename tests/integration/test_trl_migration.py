@@ -31,7 +31,9 @@ COMMON_ARGS = (
 STANDARD = f"""
 from datasets import Dataset
 
-dataset = Dataset.from_list([{{"prompt": f"w{{i}} w{{i + 1}} w{{i + 2}}", "ground_truth": f"w{{i + 3}}"}} for i in range(8)])
+dataset = Dataset.from_list(
+    [{{"prompt": f"w{{i}} w{{i + 1}} w{{i + 2}}", "ground_truth": f"w{{i + 3}}"}} for i in range(8)]
+)
 
 
 def reward_len(completions, **kwargs):
@@ -57,7 +59,10 @@ from datasets import Dataset
 from trl.rewards import get_soft_overlong_punishment, think_format_reward
 
 dataset = Dataset.from_list(
-    [{{"prompt": [{{"role": "user", "content": f"w{{i}} w{{i + 1}}"}}], "ground_truth": f"w{{i + 2}}"}} for i in range(8)]
+    [
+        {{"prompt": [{{"role": "user", "content": f"w{{i}} w{{i + 1}}"}}], "ground_truth": f"w{{i + 2}}"}}
+        for i in range(8)
+    ]
 )
 
 
@@ -87,7 +92,9 @@ def reward_len(completions, **kwargs):
     return [-abs(4 - len(completion.split())) / 4 for completion in completions]
 
 
-peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+peft_config = LoraConfig(
+    r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+)
 training_args = GRPOConfig({COMMON_ARGS}, max_steps=1)
 trainer = GRPOTrainer(
     model=MODEL,

@@ -151,7 +151,8 @@ def test_check_reward_columns_names_reward_column_and_row():
     )  # completion_lengths comes from the trainer
     with pytest.raises(
         DataError,
-        match=r"reward 'exact' needs the column 'answer', but train_dataset row 1 has none \(its other columns: 'hint'\)",
+        match=r"reward 'exact' needs the column 'answer', but train_dataset row 1 has none "
+        r"\(its other columns: 'hint'\)",
     ):
         check_reward_columns(rows, {"exact": exact})
 

@@ -32,7 +32,10 @@ def test_static_key_list_is_trls():
 
 
 def test_grpokit_does_not_import_trl():
-    code = "import sys, grpokit.config, grpokit.train.trainer; from grpokit import GRPOConfig; GRPOConfig(bf16=False); print('trl' in sys.modules)"
+    code = (
+        "import sys, grpokit.config, grpokit.train.trainer; from grpokit import GRPOConfig; "
+        "GRPOConfig(bf16=False); print('trl' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
