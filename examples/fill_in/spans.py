@@ -3,9 +3,9 @@
 A text is a window of 4 to 7 consecutive items of one list (days, months, numbers, ...), in
 ascending or descending order. One span of 1 to 3 items inside the window (never its first or last
 item) is masked, leaving at least three words visible so that the direction is never in doubt; the
-prompt is the window with a single ``_`` in place of the span, then ``=``,
-and the answer is the span. The mask does not say how many items it hides, so the model has to
-read the words on both sides of it:
+prompt is the window with a single ``_`` in place of the span, then ``=``, and the answer is the
+span. The mask does not say how many items it hides, so the model has to read the words on both
+sides of it:
 
     prompt  "tuesday _ saturday sunday = "      answer "wednesday thursday friday"
 

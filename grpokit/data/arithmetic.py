@@ -2,10 +2,10 @@
 
 A problem is a prompt such as ``"23+45="`` and its answer ``"68"``; the model is expected to reply
 with the number alone, then end of sequence. The prompt is kept this terse on purpose: the demo
-trains a tiny model on a laptop CPU, where every prompt character costs compute on every step.
-Every problem over the operand range is
-enumerated, shuffled with a seed, and cut into a held-out eval split and a train split, so the two
-never share a question and the same seed always gives the same splits.
+trains a tiny model on a laptop CPU, where every prompt character costs compute on every step. Every
+problem over the operand range is enumerated, shuffled with a seed, and cut into a held-out eval
+split and a train split, so the two never share a question and the same seed always gives the same
+splits.
 
 Rewards follow the grpokit contract ``fn(prompts, completions, **columns) -> list[float | None]``
 with ``answer`` coming from the dataset column of the same name.

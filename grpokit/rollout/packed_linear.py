@@ -11,11 +11,10 @@ up to rounding (another summation order, ~1e-6 relative).
 
 Where it is used: the rollout engine, for float32 compute of architectures the fused decoder
 (:mod:`grpokit.rollout.fused_decoder`, which packs its own fused weights) does not serve. Inside the
-trainer on the benchmark
-model, generation took 2.8 instead of 4.6 s per step in float32; under bf16 autocast (weights cast
-and packed every call) it took 2.8 instead of 2.6 s, so not there. The learner's passes do not use
-it: in float32 the reference pass was ~15 % faster, but it broke the bitwise-exact resume of a
-LoRA run (adapters off by 2e-6), for a reason not yet found.
+trainer on the benchmark model, generation took 2.8 instead of 4.6 s per step in float32; under bf16
+autocast (weights cast and packed every call) it took 2.8 instead of 2.6 s, so not there. The
+learner's passes do not use it: in float32 the reference pass was ~15 % faster, but it broke the
+bitwise-exact resume of a LoRA run (adapters off by 2e-6), for a reason not yet found.
 
 Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's inner layers are
 plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.

@@ -2,11 +2,10 @@
 
 ``RUN/checkpoints/step-N/`` holds the policy weights (safetensors; when some parameters are frozen,
 as with LoRA, only the trainable ones: the frozen base is loaded from the source on resume), the
-reference weights when the reference is resynced, optimizer and scheduler states, RNG states and
-the trainer state (step, data position, counters) with the grpokit version. Each folder is written
-under a temporary name and
-renamed into place, and renamed away before it is deleted, so a folder named step-N is always
-complete, even after a kill at any moment.
+reference weights when the reference is resynced, optimizer and scheduler states, RNG states and the
+trainer state (step, data position, counters) with the grpokit version. Each folder is written under
+a temporary name and renamed into place, and renamed away before it is deleted, so a folder named
+step-N is always complete, even after a kill at any moment.
 """
 
 from __future__ import annotations
