@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test test-fast bench clean chromium
+.PHONY: demo test test-fast lint format bench clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(VENV)/.demo: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) -e ".[test,math,chem,lora,qlora,tensorboard,wandb,ray,bench]"  # bench: TRL, for the parity test
+	$(PIP) -e ".[test,lint,math,chem,lora,qlora,tensorboard,wandb,ray,bench]"  # bench: TRL, for the parity test
 	touch $@
 
 demo: $(VENV)/.demo
@@ -38,6 +38,19 @@ chromium:
 
 test-fast: $(VENV)/.test
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Style: ruff (version pinned in constraints.txt, rules in pyproject.toml's [tool.ruff]).
+$(VENV)/.lint: $(BIN)/python constraints.txt
+	$(PIP) ruff
+	touch $@
+
+lint: $(VENV)/.lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(VENV)/.lint
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 bench: $(VENV)/.test
 	$(BIN)/python bench/vs_trl.py

@@ -41,12 +41,28 @@ def train(workdir: Path, method: str, prompts: int, completion_length: int, step
 
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     with tempfile.TemporaryDirectory(dir=workdir) as out:
-        args = GRPOConfig(per_device_train_batch_size=vs_trl.G, gradient_accumulation_steps=prompts,
-                          num_generations=vs_trl.G, max_completion_length=completion_length, beta=0.04,
-                          learning_rate=1e-6, max_steps=steps, output_dir=out + "/run", report_to=["jsonl"],
-                          progress_bar=False, save_steps=0, seed=0, **METHODS[method])
-        trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=vs_trl.cheap_reward, args=args,
-                              train_dataset=rows, tokenizer=vs_trl.load_tokenizer(workdir))
+        args = GRPOConfig(
+            per_device_train_batch_size=vs_trl.G,
+            gradient_accumulation_steps=prompts,
+            num_generations=vs_trl.G,
+            max_completion_length=completion_length,
+            beta=0.04,
+            learning_rate=1e-6,
+            max_steps=steps,
+            output_dir=out + "/run",
+            report_to=["jsonl"],
+            progress_bar=False,
+            save_steps=0,
+            seed=0,
+            **METHODS[method],
+        )
+        trainer = GRPOTrainer(
+            model=str(workdir / "model"),
+            reward_funcs=vs_trl.cheap_reward,
+            args=args,
+            train_dataset=rows,
+            tokenizer=vs_trl.load_tokenizer(workdir),
+        )
         times, step_fn = [], trainer._train_step
 
         def timed_step(step):
@@ -114,7 +130,7 @@ def run_worker(workdir: Path, threads: int, *worker_args: str) -> dict:
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         raise SystemExit(f"{' '.join(worker_args)} failed with exit code {proc.returncode}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def worker(argv: list[str]) -> None:
@@ -143,8 +159,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         vs_trl.build_inputs(workdir)
-        print(f"{args.prompts} prompts x {vs_trl.G} completions of up to {args.completion_length} tokens, "
-              f"{args.steps} steps (1 warm-up), {args.threads} threads")
+        print(
+            f"{args.prompts} prompts x {vs_trl.G} completions of up to {args.completion_length} tokens, "
+            f"{args.steps} steps (1 warm-up), {args.threads} threads"
+        )
         print(f"{'method':>6} {'peak RSS MiB':>13} {'step s':>7} {'RSS / full':>11} {'time / full':>12}")
         results = {}
         for method in METHODS:
@@ -152,12 +170,16 @@ def main() -> None:
             results[method] = (r["peak_rss_mb"], statistics.median(r["step_times"][1:]))
             rss, step = results[method]
             full_rss, full_step = results["full"]
-            print(f"{method:>6} {rss:>13.0f} {step:>7.2f} {rss / full_rss:>11.2f} {step / full_step:>12.2f}", flush=True)
+            print(
+                f"{method:>6} {rss:>13.0f} {step:>7.2f} {rss / full_rss:>11.2f} {step / full_step:>12.2f}", flush=True
+            )
         if args.sampling_repeats:
             s = run_worker(workdir, args.threads, "sampling", *shape, str(args.sampling_repeats))
-            print(f"sampling from the 4-bit base: HF forward {s['hf_forward']:.2f} s, dequantise once + fused decoder "
-                  f"{s['dequantised_fused']:.2f} s (of which dequantising {s['dequantise']:.2f} s); "
-                  f"ratio dequantised / HF forward = {s['dequantised_fused'] / s['hf_forward']:.2f}")
+            print(
+                f"sampling from the 4-bit base: HF forward {s['hf_forward']:.2f} s, dequantise once + fused decoder "
+                f"{s['dequantised_fused']:.2f} s (of which dequantising {s['dequantise']:.2f} s); "
+                f"ratio dequantised / HF forward = {s['dequantised_fused'] / s['hf_forward']:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,11 @@ from pathlib import Path
 
 from grpokit.rewards import RewardRunner
 
-SPECS = ["accuracy", {"name": "format", "pattern": r"(?s).*\\boxed\{.*\}.*"},
-         {"name": "length", "max_length": 1200, "cache_length": 200}]
+SPECS = [
+    "accuracy",
+    {"name": "format", "pattern": r"(?s).*\\boxed\{.*\}.*"},
+    {"name": "length", "max_length": 1200, "cache_length": 200},
+]
 
 
 def batch_ms(isolate: bool, batches: int, size: int = 64, chars: int = 1000) -> float:
@@ -67,9 +70,18 @@ def demo_step(isolate: bool, steps: int) -> tuple[float, float]:
     config = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "config.yaml"
     with tempfile.TemporaryDirectory() as out:
         policy = demo_model(Path(out) / "policy")
-        cfg = load_config(str(config), [f"model_name_or_path={policy}", f"max_steps={steps}", "eval_steps=0",
-                                        f"output_dir={out}", "progress_bar=false", "report_to=[jsonl]",
-                                        f"reward_isolation={str(isolate).lower()}"])
+        cfg = load_config(
+            str(config),
+            [
+                f"model_name_or_path={policy}",
+                f"max_steps={steps}",
+                "eval_steps=0",
+                f"output_dir={out}",
+                "progress_bar=false",
+                "report_to=[jsonl]",
+                f"reward_isolation={str(isolate).lower()}",
+            ],
+        )
         trainer = GRPOTrainer(args=cfg)
         times = []
         original = trainer._train_step
@@ -92,13 +104,17 @@ def main() -> None:
     parser.add_argument("--skip-demo", action="store_true")
     args = parser.parse_args()
     threads, isolated = batch_ms(False, args.batches), batch_ms(True, args.batches)
-    print(f"batch 64 x 1000 chars: in_process_ms={threads:.2f} isolated_ms={isolated:.2f} "
-          f"ratio_isolated_over_in_process={isolated / threads:.2f}")
+    print(
+        f"batch 64 x 1000 chars: in_process_ms={threads:.2f} isolated_ms={isolated:.2f} "
+        f"ratio_isolated_over_in_process={isolated / threads:.2f}"
+    )
     if not args.skip_demo:
         (r0, s0), (r1, s1) = demo_step(False, args.steps), demo_step(True, args.steps)
-        print(f"demo step: in_process reward_ms={r0:.2f} step_ms={s0:.1f}; isolated reward_ms={r1:.2f} "
-              f"step_ms={s1:.1f}; reward ratio={r1 / r0:.2f} step ratio={s1 / s0:.3f} "
-              f"(extra per step {r1 - r0:.2f} ms = {100 * (r1 - r0) / s0:.2f} % of a step)")
+        print(
+            f"demo step: in_process reward_ms={r0:.2f} step_ms={s0:.1f}; isolated reward_ms={r1:.2f} "
+            f"step_ms={s1:.1f}; reward ratio={r1 / r0:.2f} step ratio={s1 / s0:.3f} "
+            f"(extra per step {r1 - r0:.2f} ms = {100 * (r1 - r0) / s0:.2f} % of a step)"
+        )
 
 
 if __name__ == "__main__":

@@ -22,24 +22,39 @@ from grpokit.store import RolloutStore
 REWARD_NAMES = ("accuracy", "format", "length")
 
 
-def make_step(rng: random.Random, rollouts: int, chars: int, group_size: int = 8
-              ) -> tuple[list[dict], dict[str, float]]:
+def make_step(
+    rng: random.Random, rollouts: int, chars: int, group_size: int = 8
+) -> tuple[list[dict], dict[str, float]]:
     alphabet = string.ascii_letters + string.digits + "  \n.,"
     rows = []
     for i in range(rollouts):
         rewards = {name: rng.random() for name in REWARD_NAMES}
-        rows.append(dict(
-            prompt_index=i // group_size, completion_index=i % group_size,
-            prompt="".join(rng.choices(alphabet, k=300)),
-            completion="".join(rng.choices(alphabet, k=chars)),
-            prompt_tokens=80, completion_tokens=chars // 4,
-            finish_reason=rng.choice(("stop", "length")), rewards=rewards,
-            reward=sum(rewards.values()), advantage=rng.gauss(0.0, 1.0), policy_version=0,
-            error=None,
-        ))
-    names = ["reward", "kl", "entropy", "learning_rate", "grad_norm", "completion_length/mean",
-             "clip_ratio/region_mean", *(f"rewards/{n}/{s}" for n in REWARD_NAMES
-                                         for s in ("mean", "std"))]
+        rows.append(
+            dict(
+                prompt_index=i // group_size,
+                completion_index=i % group_size,
+                prompt="".join(rng.choices(alphabet, k=300)),
+                completion="".join(rng.choices(alphabet, k=chars)),
+                prompt_tokens=80,
+                completion_tokens=chars // 4,
+                finish_reason=rng.choice(("stop", "length")),
+                rewards=rewards,
+                reward=sum(rewards.values()),
+                advantage=rng.gauss(0.0, 1.0),
+                policy_version=0,
+                error=None,
+            )
+        )
+    names = [
+        "reward",
+        "kl",
+        "entropy",
+        "learning_rate",
+        "grad_norm",
+        "completion_length/mean",
+        "clip_ratio/region_mean",
+        *(f"rewards/{n}/{s}" for n in REWARD_NAMES for s in ("mean", "std")),
+    ]
     return rows, {name: rng.random() for name in names}
 
 
@@ -65,9 +80,11 @@ def main() -> None:
     median = statistics.median(times_ms)
     p90 = statistics.quantiles(times_ms, n=10)[-1]
     # The mean includes SQLite's periodic WAL checkpoints, which the median skips.
-    print(f"write_step: {args.steps} steps x {args.rollouts} rollouts x {args.chars} chars; "
-          f"median {median:.2f} ms, mean {statistics.fmean(times_ms):.2f} ms, "
-          f"p90 {p90:.2f} ms; store {size_mb:.1f} MB")
+    print(
+        f"write_step: {args.steps} steps x {args.rollouts} rollouts x {args.chars} chars; "
+        f"median {median:.2f} ms, mean {statistics.fmean(times_ms):.2f} ms, "
+        f"p90 {p90:.2f} ms; store {size_mb:.1f} MB"
+    )
     if args.step_ms:
         print(f"store_fraction_of_step={median / args.step_ms:.4f}")
     print(f"store_ms_per_step={median:.3f}")

@@ -78,9 +78,17 @@ def build_inputs(workdir: Path) -> None:
         return
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(VOCAB - 4)])  # 4 special tokens + words = VOCAB
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS, intermediate_size=MLP, max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        intermediate_size=MLP,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     import torch
 
@@ -116,7 +124,9 @@ def model_sizes(workdir: Path) -> dict:
     cfg = json.loads((workdir / "model" / "config.json").read_text())
     head = cfg["vocab_size"] * cfg["hidden_size"]
     h, kv = cfg["hidden_size"], cfg["hidden_size"] // cfg["num_attention_heads"] * cfg["num_key_value_heads"]
-    per_layer = h * h * 2 + h * kv * 2 + 2 * kv + h + 3 * h * cfg["intermediate_size"] + 2 * h  # attn + biases + MLP + norms
+    per_layer = (
+        h * h * 2 + h * kv * 2 + 2 * kv + h + 3 * h * cfg["intermediate_size"] + 2 * h
+    )  # attn + biases + MLP + norms
     body = cfg["num_hidden_layers"] * per_layer + h
     return {"total": head + body, "head": head, "body": body}
 
@@ -158,26 +168,50 @@ class PhaseClock:
                 return fn(*args, **kwargs)
             finally:
                 self.add(phase, time.perf_counter() - t)
+
         return timed
 
 
-def run_trl(workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path) -> list[dict]:
+def run_trl(
+    workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path
+) -> list[dict]:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
-    checkpointing = {"activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
-                     else "gradient_checkpointing": settings["checkpointing"]}
+    checkpointing = {
+        "activation_checkpointing"
+        if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+        else "gradient_checkpointing": settings["checkpointing"]
+    }
     args = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=settings["bf16"], **checkpointing,
-        per_device_train_batch_size=G, gradient_accumulation_steps=prompts, num_generations=G,
-        max_completion_length=completion_length, beta=0.04, num_iterations=1, learning_rate=1e-6,
-        max_steps=steps, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=settings["bf16"],
+        **checkpointing,
+        per_device_train_batch_size=G,
+        gradient_accumulation_steps=prompts,
+        num_generations=G,
+        max_completion_length=completion_length,
+        beta=0.04,
+        num_iterations=1,
+        learning_rate=1e-6,
+        max_steps=steps,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
     )
-    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=cheap_reward, args=args,
-                          train_dataset=Dataset.from_list(rows), processing_class=load_tokenizer(workdir))
+    trainer = GRPOTrainer(
+        model=str(workdir / "model"),
+        reward_funcs=cheap_reward,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_tokenizer(workdir),
+    )
     clock, records = PhaseClock(), []
     trainer._generate = clock.wrap("generate", trainer._generate)
     trainer._calculate_rewards = clock.wrap("reward", trainer._calculate_rewards)
@@ -209,29 +243,54 @@ def run_trl(workdir: Path, settings: dict, prompts: int, completion_length: int,
     return records
 
 
-def run_grpokit(workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path) -> list[dict]:
+def run_grpokit(
+    workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path
+) -> list[dict]:
     from grpokit import GRPOConfig, GRPOTrainer
 
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
-        dtype=settings["dtype"], per_device_train_batch_size=G, gradient_accumulation_steps=prompts, num_generations=G,
-        max_completion_length=completion_length, beta=0.04, num_iterations=1, learning_rate=1e-6, max_steps=steps,
-        output_dir=str(out_dir), report_to=["jsonl"], progress_bar=False, save_steps=0, seed=0,
+        dtype=settings["dtype"],
+        per_device_train_batch_size=G,
+        gradient_accumulation_steps=prompts,
+        num_generations=G,
+        max_completion_length=completion_length,
+        beta=0.04,
+        num_iterations=1,
+        learning_rate=1e-6,
+        max_steps=steps,
+        output_dir=str(out_dir),
+        report_to=["jsonl"],
+        progress_bar=False,
+        save_steps=0,
+        seed=0,
     )
-    trainer = GRPOTrainer(model=str(workdir / "model"), reward_funcs=cheap_reward, args=args, train_dataset=rows,
-                          tokenizer=load_tokenizer(workdir))
+    trainer = GRPOTrainer(
+        model=str(workdir / "model"),
+        reward_funcs=cheap_reward,
+        args=args,
+        train_dataset=rows,
+        tokenizer=load_tokenizer(workdir),
+    )
     records = []
     step_fn = trainer._train_step
 
     def timed_step(step):
         t = time.perf_counter()
         m = step_fn(step)
-        records.append({
-            "step_time": time.perf_counter() - t,
-            "completion_tokens": m["completion_length/mean"] * prompts * G,
-            "phases": {"generate": m["time/generate"], "reward": m["time/reward"], "ref_logprobs": m["time/logprobs"],
-                       "policy_logprobs": m.get("time/policy_logprobs", 0.0), "backward": m.get("time/backward", m["time/update"])},
-        })
+        records.append(
+            {
+                "step_time": time.perf_counter() - t,
+                "completion_tokens": m["completion_length/mean"] * prompts * G,
+                "phases": {
+                    "generate": m["time/generate"],
+                    "reward": m["time/reward"],
+                    "ref_logprobs": m["time/logprobs"],
+                    "policy_logprobs": m.get("time/policy_logprobs", 0.0),
+                    "backward": m.get("time/backward", m["time/update"]),
+                },
+            }
+        )
         return m
 
     trainer._train_step = timed_step
@@ -264,29 +323,45 @@ def worker(argv: list[str]) -> None:
     for r in records:
         r["phases"]["optimizer_other"] = r["step_time"] - sum(r["phases"].values())
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print("RESULT " + json.dumps({"records": records, "peak_rss_mb": peak_rss_mb, "autocast": records[0].get("autocast")}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps({"records": records, "peak_rss_mb": peak_rss_mb, "autocast": records[0].get("autocast")}),
+        flush=True,
+    )
 
 
 # ---- driver --------------------------------------------------------------------------------------
 def worker_env(args) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false"
+    )
     if args.omp_wait_policy != "default":
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
     return env
 
 
 def run_worker(args, worker_args: list[str], label: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "--workdir", str(args.workdir), "--threads", str(args.threads), *worker_args]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--workdir",
+        str(args.workdir),
+        "--threads",
+        str(args.threads),
+        *worker_args,
+    ]
     proc = subprocess.run(cmd, env=worker_env(args), capture_output=True, text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
         raise SystemExit(f"{label} failed with exit code {proc.returncode}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def summarise(runs: list[dict]) -> dict:
-    """Medians over every timed step of every round (each run's first step is its warm-up); peak memory of the worst run."""
+    """Medians over every timed step of every round (each run's first step is its warm-up); peak memory of the worst
+    run."""
     timed = [r for run in runs for r in run["records"][1:]]
     return {
         "step_time": statistics.median(r["step_time"] for r in timed),
@@ -308,13 +383,22 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
     prompts, T = SHAPES[shape]
     n = prompts * G
     steps = min(r["steps"] for r in results.values())
-    print(f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, {args.threads} threads, "
-          f"median of {steps} steps ({args.rounds} rounds x {args.steps - 1} after a warm-up step) ==")
-    head = f"{'config':<14}{'step s':>8}" + "".join(f"{p[:10]:>11}" for p in PHASES) + f"{'compl/s':>9}{'tokens':>8}{'peak MB':>9}"
+    print(
+        f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, {args.threads} "
+        f"threads, median of {steps} steps ({args.rounds} rounds x {args.steps - 1} after a warm-up step) =="
+    )
+    head = (
+        f"{'config':<14}{'step s':>8}"
+        + "".join(f"{p[:10]:>11}" for p in PHASES)
+        + f"{'compl/s':>9}{'tokens':>8}{'peak MB':>9}"
+    )
     print(head)
     for name, r in results.items():
-        print(f"{name:<14}{r['step_time']:>8.2f}" + "".join(f"{r['phases'][p]:>11.2f}" for p in PHASES)
-              + f"{n / r['step_time']:>9.2f}{r['completion_tokens']:>8.0f}{r['peak_rss_mb']:>9.0f}")
+        print(
+            f"{name:<14}{r['step_time']:>8.2f}"
+            + "".join(f"{r['phases'][p]:>11.2f}" for p in PHASES)
+            + f"{n / r['step_time']:>9.2f}{r['completion_tokens']:>8.0f}{r['peak_rss_mb']:>9.0f}"
+        )
     out = {}
     trl = {k: v for k, v in results.items() if k in TRL_CONFIGS}
     if "grpokit" in results and trl:
@@ -343,8 +427,10 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
             "ref_logprobs": fwd / max(ph["ref_logprobs"], 1e-9) / 1e9 / peak[dtype],
             "train": 3 * fwd / train_time / 1e9 / peak[dtype],
         }
-        print(f"MFU {name} ({dtype}, peak {peak[dtype]:.0f} GFLOP/s): "
-              + ", ".join(f"{k} {v:.2f} ({v * peak[dtype]:.0f} GFLOP/s)" for k, v in mfu.items()))
+        print(
+            f"MFU {name} ({dtype}, peak {peak[dtype]:.0f} GFLOP/s): "
+            + ", ".join(f"{k} {v:.2f} ({v * peak[dtype]:.0f} GFLOP/s)" for k, v in mfu.items())
+        )
         out[f"train_mfu_{'fp32' if dtype == 'float32' else 'bf16'}"] = mfu["train"]
     return out
 
@@ -355,9 +441,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round of 3 steps, main shape only")
     parser.add_argument("--steps", type=int, help="steps per run including 1 warm-up (default 4; 3 with --quick)")
-    parser.add_argument("--rounds", type=int, help="runs of every config, interleaved, pooled (default 2; 1 with --quick)")
-    parser.add_argument("--omp-wait-policy", default="passive", choices=["passive", "active", "default"],
-                        help="OMP_WAIT_POLICY of every worker (see the module docstring)")
+    parser.add_argument(
+        "--rounds", type=int, help="runs of every config, interleaved, pooled (default 2; 1 with --quick)"
+    )
+    parser.add_argument(
+        "--omp-wait-policy",
+        default="passive",
+        choices=["passive", "active", "default"],
+        help="OMP_WAIT_POLICY of every worker (see the module docstring)",
+    )
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
     parser.add_argument("--shapes", help="comma-separated subset of main, long (default both; main with --quick)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
@@ -372,21 +464,34 @@ def main() -> None:
         args.workdir.mkdir(parents=True, exist_ok=True)
         build_inputs(args.workdir)
         sizes = model_sizes(args.workdir)
-        print(f"model: {sizes['total'] / 1e6:.1f}M parameters ({sizes['head'] / 1e6:.1f}M tied embedding / LM head), "
-              f"threads {args.threads}, grpokit {_commit()}, torch {_version('torch')}, transformers {_version('transformers')}, "
-              f"trl {_version('trl')}")
+        print(
+            f"model: {sizes['total'] / 1e6:.1f}M parameters ({sizes['head'] / 1e6:.1f}M tied embedding / LM head), "
+            f"threads {args.threads}, grpokit {_commit()}, torch {_version('torch')}, transformers "
+            f"{_version('transformers')}, trl {_version('trl')}"
+        )
         peaks = [run_worker(args, ["--peak"], "matmul peak")]
         raw: dict = {shape: {c: [] for c in configs} for shape in shapes}
         for round_ in range(1, args.rounds + 1):
             for shape in shapes:
                 for config in configs:
-                    print(f"  round {round_}/{args.rounds}: {config} ({shape}), load average {os.getloadavg()[0]:.1f}", flush=True)
-                    raw[shape][config].append(run_worker(args, ["--config", config, "--shape", shape, "--steps", str(args.steps)],
-                                                         f"{config} ({shape})"))
+                    print(
+                        f"  round {round_}/{args.rounds}: {config} ({shape}), load average {os.getloadavg()[0]:.1f}",
+                        flush=True,
+                    )
+                    raw[shape][config].append(
+                        run_worker(
+                            args,
+                            ["--config", config, "--shape", shape, "--steps", str(args.steps)],
+                            f"{config} ({shape})",
+                        )
+                    )
         peaks.append(run_worker(args, ["--peak"], "matmul peak"))
         runs = {shape: {c: summarise(raw[shape][c]) for c in configs} for shape in shapes}
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
-    print(f"matmul peak (best of before and after): float32 {peak['float32']:.0f} GFLOP/s, bfloat16 {peak['bfloat16']:.0f} GFLOP/s")
+    print(
+        f"matmul peak (best of before and after): float32 {peak['float32']:.0f} GFLOP/s, bfloat16 "
+        f"{peak['bfloat16']:.0f} GFLOP/s"
+    )
     summary = {}
     for shape, results in runs.items():
         values = report(shape, results, sizes, peak, args)
@@ -399,8 +504,13 @@ def main() -> None:
 def _commit() -> str:
     """The grpokit git commit the benchmark runs ("+changes" for a dirty tree), or its package version."""
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty=+changes"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty=+changes"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return _version("grpokit")
 

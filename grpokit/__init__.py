@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "load_config", "__version__"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "__version__", "load_config"]
 
 
 def __getattr__(name: str):

@@ -25,7 +25,8 @@ NAME = "grpokit_small_sdpa"
 # Bytes of the [batch, heads, q_len, k_len] probabilities (compute dtype) up to which the plain form runs, when
 # autograd records the call and in forward-only passes. Per call, plain vs SDPA, ms (8 heads / 2 KV heads,
 # head_dim 64, min of 8, 1 thread, a shared and noisy machine):
-#   forward + backward, bf16: 0.7 MiB 4.6 vs 15.5; 2.5 MiB 15 vs 39; 8.9 MiB 67-73 vs 80-104; 13.7 MiB 112 vs 121; 19.4 MiB 195 vs 155
+# forward + backward, bf16: 0.7 MiB 4.6 vs 15.5; 2.5 MiB 15 vs 39; 8.9 MiB 67-73 vs 80-104; 13.7 MiB 112 vs 121; 19.4
+# MiB 195 vs 155
 #   forward + backward, float32: 1.5 MiB 7.7 vs 9.8; 4.9 MiB 23 vs 24; 7.4 MiB 34 vs 33; 10.4 MiB 53 vs 45
 #   forward only: bf16 0.7 MiB 2.2 vs 4.4; 2.5 MiB 6.9 vs 7.8; 3.7 MiB 16 vs 11; float32 2.9 MiB 5.2 vs 4.7
 # The whole update of the benchmark model (Learner.update, bf16, 2 threads) gained nothing at 8.9 MiB per call
@@ -37,7 +38,9 @@ NO_GRAD_PROBS_BUDGET = 2 * 2**20
 _SDPA_ONLY = ("softcap", "s_aux", "position_bias", "cache")
 
 
-def small_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+def small_attention_forward(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
+):
     """HF attention-function contract: query [b, h, q, d], key/value [b, kv, k, d] -> ([b, q, h, d], None).
 
     ``attention_mask`` comes in SDPA's format (made by ``sdpa_mask``): boolean [b or 1, 1, q, k],
@@ -48,27 +51,41 @@ def small_attention_forward(module, query, key, value, attention_mask, dropout=0
     mask = attention_mask
     recorded = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     budget = PROBS_BUDGET if recorded else NO_GRAD_PROBS_BUDGET
-    if (query.device.type != "cpu" or dropout or any(kwargs.get(k) is not None for k in _SDPA_ONLY)
-            or kwargs.get("output_attentions")
-            or (mask is not None and (mask.dtype != torch.bool or mask.shape[1] != 1))
-            or b * heads * q_len * k_len * query.element_size() > budget):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+    if (
+        query.device.type != "cpu"
+        or dropout
+        or any(kwargs.get(k) is not None for k in _SDPA_ONLY)
+        or kwargs.get("output_attentions")
+        or (mask is not None and (mask.dtype != torch.bool or mask.shape[1] != 1))
+        or b * heads * q_len * k_len * query.element_size() > budget
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     groups = heads // kv_heads
     scale = d**-0.5 if scaling is None else scaling
     # Head h uses KV head h // groups (repeat_kv's order): fold the groups into the query length, K/V stay unrepeated.
-    scores = torch.baddbmm(query.new_zeros(()), query.reshape(b * kv_heads, groups * q_len, d),
-                           key.reshape(b * kv_heads, k_len, d).transpose(1, 2), beta=0, alpha=scale)  # [b*kv, g*q, k]
+    scores = torch.baddbmm(
+        query.new_zeros(()),
+        query.reshape(b * kv_heads, groups * q_len, d),
+        key.reshape(b * kv_heads, k_len, d).transpose(1, 2),
+        beta=0,
+        alpha=scale,
+    )  # [b*kv, g*q, k]
     scores = scores.view(b, kv_heads, groups, q_len, k_len)
     if mask is not None:
         mask = mask[:, :, None]  # [b, 1, 1, q, k]: the same for every head
     elif q_len > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
-        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()  # SDPA's is_causal: key j <= query i
+        mask = torch.ones(
+            q_len, k_len, dtype=torch.bool, device=query.device
+        ).tril()  # SDPA's is_causal: key j <= query i
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
     if mask is not None and not bool(mask.any(-1).all()):
-        probs = probs.masked_fill(~mask, 0.0)  # rows with every key masked (left padding) give 0 as in SDPA, not a uniform mix
+        probs = probs.masked_fill(
+            ~mask, 0.0
+        )  # rows with every key masked (left padding) give 0 as in SDPA, not a uniform mix
     out = torch.matmul(probs.to(value.dtype).view(b, kv_heads, groups * q_len, k_len), value)  # [b, kv, g*q, d]
     return out.view(b, heads, q_len, d).transpose(1, 2).contiguous(), None
 

@@ -12,7 +12,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grpokit", description="GRPO-family RL fine-tuning of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train from a YAML config", description="Train from a YAML config. Overrides: key=value, section.key=value or --key=value.")
+    p = sub.add_parser(
+        "train",
+        help="train from a YAML config",
+        description="Train from a YAML config. Overrides: key=value, section.key=value or --key=value.",
+    )
     p.add_argument("config")
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value overrides")
     p.set_defaults(func=cmd_train)
@@ -112,14 +116,18 @@ def cmd_eval(args) -> int:
         cfg = load_config(_run_config(target), _overrides(args.overrides))
         final = target / "final"
         if not final.is_dir():
-            raise FileNotFoundError(f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model.")
+            raise FileNotFoundError(
+                f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model."
+            )
         cfg.model_name_or_path = str(final)
         cfg.resume_from = None
     else:
         cfg = load_config(target, _overrides(args.overrides))
     if cfg.eval_dataset is None:
         raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
-    trainer = GRPOTrainer(args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None))
+    trainer = GRPOTrainer(
+        args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None)
+    )
     metrics = trainer.evaluate()
     print(json.dumps(metrics, indent=2))
     return 0
@@ -140,8 +148,10 @@ def _run_config(run: Path) -> Path:
 
     config = run / "config.yaml"
     if not config.is_file():
-        raise ConfigError(f"{run} is a folder without config.yaml, so not a grpokit run folder; give a run folder "
-                          "(the output_dir of `grpokit train`) or a YAML config.")
+        raise ConfigError(
+            f"{run} is a folder without config.yaml, so not a grpokit run folder; give a run folder "
+            "(the output_dir of `grpokit train`) or a YAML config."
+        )
     return config
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import math
 import os
 import types
@@ -22,7 +23,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import yaml
 
@@ -35,12 +36,13 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    model_name_or_path: Optional[str] = None
+    model_name_or_path: str | None = None
     """Local folder or hub id of a causal LM (the `model` argument of GRPOTrainer overrides it)."""
-    tokenizer_name_or_path: Optional[str] = None
+    tokenizer_name_or_path: str | None = None
     """Tokenizer folder or hub id; defaults to the model's."""
     dtype: str = "auto"
-    """auto (CUDA: bf16 weights where supported; CPU with native bf16: float32 weights + bf16 autocast; else float32) | float32 | bfloat16 | float16."""
+    """auto (CUDA: bf16 weights where supported; CPU with native bf16: float32 weights + bf16 autocast; else float32) |
+    float32 | bfloat16 | float16."""
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:N | mps."""
     trust_remote_code: bool = False
@@ -48,18 +50,19 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (slower)."""
     load_in_4bit: bool = False
-    """QLoRA: load the base weights in 4-bit NF4 (bitsandbytes >= 0.48, CPU or CUDA: the qlora extra); needs lora.r > 0."""
+    """QLoRA: load the base weights in 4-bit NF4 (bitsandbytes >= 0.48, CPU or CUDA: the qlora extra); needs lora.r >
+    0."""
 
 
 @dataclass
 class DataConfig:
-    train_dataset: Optional[str] = None
+    train_dataset: str | None = None
     """JSONL / Parquet / CSV path, a datasets folder, or `builtin:arithmetic`."""
-    eval_dataset: Optional[str] = None
+    eval_dataset: str | None = None
     """Same forms as train_dataset; evaluation is skipped when empty."""
     prompt_column: str = "prompt"
     """Column holding the prompt: a string, or chat messages [{role, content}, ...]."""
-    max_prompt_length: Optional[int] = 512
+    max_prompt_length: int | None = 512
     """Prompts longer than this many tokens are handled per `prompt_overflow`; null = no limit."""
     prompt_overflow: str = "truncate"
     """truncate (keep the last max_prompt_length tokens) | drop (skip the prompt) | error."""
@@ -77,7 +80,7 @@ class AlgoConfig:
     """Multiply each token's k3 KL term by its importance ratio (DeepSeek-V3.2; TRL 1.16's default)."""
     epsilon: float = 0.2
     """Lower clip range of the importance ratio."""
-    epsilon_high: Optional[float] = None
+    epsilon_high: float | None = None
     """Upper clip range (DAPO clip-higher); defaults to epsilon."""
     loss_type: str = "dapo"
     """Loss aggregation: grpo | bnpo | dr_grpo | dapo."""
@@ -95,7 +98,7 @@ class AlgoConfig:
     """Every this many steps, pi_ref = alpha * pi_theta + (1 - alpha) * pi_ref; 0 = never."""
     ref_model_mixup_alpha: float = 0.6
     """alpha of the reference resync."""
-    max_kl: Optional[float] = None
+    max_kl: float | None = None
     """Stop (with a checkpoint) when the mean KL exceeds this for max_kl_patience steps."""
     max_kl_patience: int = 1
     """Consecutive steps over max_kl before stopping."""
@@ -114,15 +117,19 @@ class GenerationConfig:
     min_p: float = 0.0
     """Min-p sampling: drop tokens whose probability is below min_p x the top token's; 0 = off."""
     engine: str = "hf"
-    """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps while the learner trains)."""
+    """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps
+    while the learner trains)."""
     vllm_gpu_memory_utilization: float = 0.3
     """engine vllm: fraction of the GPU's memory vLLM may take for weights, activations and KV cache."""
-    vllm_max_model_length: Optional[int] = None
-    """engine vllm: context length (prompt + completion); null = max_prompt_length + max_completion_length (the model's own without max_prompt_length)."""
+    vllm_max_model_length: int | None = None
+    """engine vllm: context length (prompt + completion); null = max_prompt_length + max_completion_length (the model's
+    own without max_prompt_length)."""
     vllm_enable_sleep_mode: bool = True
-    """engine vllm: free vLLM's KV cache and weights while the learner trains; weights are reloaded from the learner on each wake."""
+    """engine vllm: free vLLM's KV cache and weights while the learner trains; weights are reloaded from the learner on
+    each wake."""
     vllm_importance_sampling_correction: bool = True
-    """engine vllm: weight each token's policy-gradient term by min(exp(logp_learner - logp_vllm), cap) (truncated importance sampling)."""
+    """engine vllm: weight each token's policy-gradient term by min(exp(logp_learner - logp_vllm), cap) (truncated
+    importance sampling)."""
     vllm_importance_sampling_cap: float = 3.0
     """engine vllm: cap C of the truncated importance weight (>= 1)."""
 
@@ -152,7 +159,8 @@ class OptimConfig:
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step; completions per step = this x per_device_train_batch_size x processes."""
     max_steps: int = 100
-    """Steps to train (each: one generation batch, num_iterations optimizer steps); -1 = num_train_epochs over train_dataset."""
+    """Steps to train (each: one generation batch, num_iterations optimizer steps); -1 = num_train_epochs over
+    train_dataset."""
     num_train_epochs: float = 3.0
     """With max_steps -1: passes over train_dataset (steps = ceil(epochs x prompts // prompts per step), as TRL)."""
     seed: int = 42
@@ -168,12 +176,13 @@ class RunConfig:
     logging_steps: int = 1
     """Console logging interval (jsonl and the store get every step)."""
     save_strategy: str = "steps"
-    """steps (every save_steps and at the end) | epoch (after each pass over train_dataset and at the end) | no (none, except on a signal)."""
+    """steps (every save_steps and at the end) | epoch (after each pass over train_dataset and at the end) | no (none,
+    except on a signal)."""
     save_steps: int = 50
     """save_strategy steps: checkpoint every this many steps (and at the end); 0 = only at the end."""
-    save_total_limit: Optional[int] = 2
+    save_total_limit: int | None = 2
     """Keep at most this many step checkpoints; null = all."""
-    resume_from: Optional[str] = None
+    resume_from: str | None = None
     """latest | a checkpoint folder; continues the same run exactly."""
     overwrite: bool = False
     """Allow reusing an output_dir that holds a run of a different config."""
@@ -183,23 +192,24 @@ class RunConfig:
     """Show a progress bar with live reward and KL (TRL's disable_tqdm=True sets it false)."""
     log_completions: bool = False
     """Print a table of prompts, completions and rewards every logging_steps (all are stored anyway)."""
-    num_completions_to_print: Optional[int] = None
+    num_completions_to_print: int | None = None
     """Rows of that table; null = all of the step's completions."""
 
 
 @dataclass
 class EvalConfig:
     eval_strategy: str = "steps"
-    """steps (every eval_steps) | epoch (after each pass over train_dataset) | no; evaluation also runs before and after training."""
+    """steps (every eval_steps) | epoch (after each pass over train_dataset) | no; evaluation also runs before and after
+    training."""
     eval_steps: int = 0
     """eval_strategy steps: evaluate every this many steps (and before and after training when > 0); 0 = off."""
     num_generations_eval: int = 8
     """Samples per eval prompt (n of pass@k)."""
     pass_at_k: list = field(default_factory=lambda: [1, 8])
     """k values reported as eval/pass@k (k <= num_generations_eval)."""
-    eval_temperature: Optional[float] = None
+    eval_temperature: float | None = None
     """Sampling temperature for evaluation; defaults to temperature."""
-    max_eval_prompts: Optional[int] = None
+    max_eval_prompts: int | None = None
     """Evaluate on at most this many prompts."""
     success_threshold: float = 1.0
     """A sample counts as correct for pass@k when its combined reward >= this."""
@@ -223,7 +233,7 @@ class LoraConfig:
 class DistributedConfig:
     backend: str = "none"
     """none | ray."""
-    address: Optional[str] = None
+    address: str | None = None
     """Ray address (auto = an existing cluster); null starts a local one."""
     num_rollout_workers: int = 2
     """Ray rollout actors; the prompts of a step are split over them."""
@@ -231,30 +241,34 @@ class DistributedConfig:
     """CPUs Ray reserves for each rollout actor."""
     rollout_worker_gpus: float = 0.0
     """GPUs Ray reserves for each rollout actor (> 0 samples on CUDA)."""
-    ray_num_cpus: Optional[int] = None
+    ray_num_cpus: int | None = None
     """CPUs of the local Ray cluster grpokit starts when address is null; null = all."""
     seed_per_group: bool = False
-    """Seed each group's sampler from (seed, step, group) so rollouts do not depend on how prompts are split; always on with Ray or several processes."""
+    """Seed each group's sampler from (seed, step, group) so rollouts do not depend on how prompts are split; always on
+    with Ray or several processes."""
     async_rollouts: bool = False
     """One-step-off (Ray): sample step k+1 while step k trains; ratios use the sampling log-probs."""
     num_reward_workers: int = 0
-    """Ray reward actors (backend: ray); a batch is split over them by whole groups (under torchrun rank 0 scores every rank's rows). 0 = rewards run in the learner process."""
+    """Ray reward actors (backend: ray); a batch is split over them by whole groups (under torchrun rank 0 scores every
+    rank's rows). 0 = rewards run in the learner process."""
     reward_worker_cpus: float = 1.0
     """CPUs Ray reserves for each reward actor."""
     strategy: str = "ddp"
-    """Data parallelism under torchrun: ddp (a whole policy per process) | fsdp (parameters, gradients and AdamW states sharded over processes)."""
+    """Data parallelism under torchrun: ddp (a whole policy per process) | fsdp (parameters, gradients and AdamW states
+    sharded over processes)."""
 
 
 @dataclass
 class RewardSettings:
-    reward_weights: Optional[list] = None
+    reward_weights: list | None = None
     """Weights of the reward functions (one per function); default 1 each."""
     reward_timeout: float = 10.0
     """Seconds a reward function may take per batch before its values become None (its worker process is killed)."""
     reward_workers: int = 0
     """Worker processes per reward function, each scoring a chunk of whole groups (CPU-heavy rewards); 0 = one."""
     reward_isolation: bool = True
-    """Run each reward function in a worker process that is killed at its timeout; false = threads in the trainer, where a timeout cannot stop code that holds the GIL."""
+    """Run each reward function in a worker process that is killed at its timeout; false = threads in the trainer,
+    where a timeout cannot stop code that holds the GIL."""
 
 
 SECTIONS: dict[str, type] = {
@@ -295,22 +309,20 @@ CHOICES = {
 REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
 
 # field name -> section name; built once, field names are unique across sections.
-FIELD_SECTION: dict[str, str] = {
-    f.name: section for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)
-}
+FIELD_SECTION: dict[str, str] = {f.name: section for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
 
 
 def _field_docs(cls: type) -> dict[str, str]:
-    """The docstring line under each field (dataclass attribute docstrings), read from the source."""
+    """The docstring under each field (dataclass attribute docstrings) as one line, read from the source."""
     import ast
     import inspect
 
     tree = ast.parse(inspect.getsource(cls))
     body = tree.body[0].body
     docs = {}
-    for prev, node in zip(body, body[1:]):
+    for prev, node in itertools.pairwise(body):
         if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            docs[prev.target.id] = str(node.value.value).strip()
+            docs[prev.target.id] = " ".join(str(node.value.value).split())
     return docs
 
 
@@ -326,14 +338,14 @@ class GRPOConfig:
     read back as given (``cfg.push_to_hub``).
     """
 
-    def __init__(self, rewards: Optional[list] = None, **kwargs: Any) -> None:
+    def __init__(self, rewards: list | None = None, **kwargs: Any) -> None:
         values = _flatten(kwargs)
         grpokit_values, trl_given, unused = _from_trl(values, values)
         self._build(rewards, grpokit_values, trl_given, unused)
         if unused:
             warnings.warn(trl_compat.unused_message(unused), UserWarning, stacklevel=2)
 
-    def _build(self, rewards: Optional[list], values: dict, trl_given: dict, unused: dict) -> None:
+    def _build(self, rewards: list | None, values: dict, trl_given: dict, unused: dict) -> None:
         for section, cls in SECTIONS.items():
             own = {k: v for k, v in values.items() if FIELD_SECTION[k] == section}
             object.__setattr__(self, section, cls(**{k: _coerce(cls, k, v) for k, v in own.items()}))
@@ -353,20 +365,25 @@ class GRPOConfig:
     def __setattr__(self, name: str, value: Any) -> None:
         key = ALIASES.get(name, name)
         section = FIELD_SECTION.get(key)
-        if section is None and key in trl_compat.TRL_DEFAULTS:  # TRL-only: translated and validated as in the constructor
+        if (
+            section is None and key in trl_compat.TRL_DEFAULTS
+        ):  # TRL-only: translated and validated as in the constructor
             new = self.replace(**{key: value})
             self.__dict__.update({k: getattr(new, k) for k in (*SECTIONS, "trl_settings", "unused_trl_settings")})
             return
         if section is None:
             raise ConfigError(_unknown_key_message(name))
         values, _, _ = _from_trl({key: value}, {**self._flat(), key: value})
-        for k, v in values.items():  # a TRL form (report_to="none") becomes grpokit's value; TRL's None keeps the current one
+        for (
+            k,
+            v,
+        ) in values.items():  # a TRL form (report_to="none") becomes grpokit's value; TRL's None keeps the current one
             setattr(getattr(self, FIELD_SECTION[k]), k, _coerce(SECTIONS[FIELD_SECTION[k]], k, v))
 
     def _flat(self) -> dict:
         return {k: v for section in SECTIONS for k, v in dataclasses.asdict(getattr(self, section)).items()}
 
-    def replace(self, **overrides: Any) -> "GRPOConfig":
+    def replace(self, **overrides: Any) -> GRPOConfig:
         """A copy with overrides applied (same key forms as the constructor), validated."""
         merged = self.to_dict()
         merged_flat = self._flat()
@@ -413,33 +430,53 @@ class GRPOConfig:
                 close = difflib.get_close_matches(str(value), choices, n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}.{hint}")
-        _check(a.num_generations >= 2, f"num_generations={a.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set num_generations >= 2.")
+        _check(
+            a.num_generations >= 2,
+            f"num_generations={a.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set "
+            "num_generations >= 2.",
+        )
         _check(a.epsilon > 0, f"epsilon={a.epsilon} must be > 0 (the clip range, e.g. 0.2).")
         _check(a.epsilon_high is None or a.epsilon_high > 0, f"epsilon_high={a.epsilon_high} must be > 0 or null.")
         _check(a.beta >= 0, f"beta={a.beta} must be >= 0 (0 disables the KL penalty).")
         _check(a.num_iterations >= 1, f"num_iterations={a.num_iterations} must be >= 1.")
-        _check(0.0 <= a.ref_model_mixup_alpha <= 1.0, f"ref_model_mixup_alpha={a.ref_model_mixup_alpha} must be in [0, 1].")
+        _check(
+            0.0 <= a.ref_model_mixup_alpha <= 1.0, f"ref_model_mixup_alpha={a.ref_model_mixup_alpha} must be in [0, 1]."
+        )
         _check(a.ref_model_sync_steps >= 0, f"ref_model_sync_steps={a.ref_model_sync_steps} must be >= 0 (0 = never).")
         _check(a.max_kl is None or a.max_kl > 0, f"max_kl={a.max_kl} must be > 0 or null.")
         _check(a.max_kl_patience >= 1, f"max_kl_patience={a.max_kl_patience} must be >= 1.")
         _check(g.max_completion_length >= 1, f"max_completion_length={g.max_completion_length} must be >= 1.")
-        _check(g.temperature > 0, f"temperature={g.temperature} must be > 0 (use a small value such as 0.1 for near-greedy sampling).")
+        _check(
+            g.temperature > 0,
+            f"temperature={g.temperature} must be > 0 (use a small value such as 0.1 for near-greedy sampling).",
+        )
         _check(0 < g.top_p <= 1, f"top_p={g.top_p} must be in (0, 1].")
         _check(g.top_k >= 0, f"top_k={g.top_k} must be >= 0 (0 = off).")
         _check(0 <= g.min_p < 1, f"min_p={g.min_p} must be in [0, 1) (0 = off).")
         _check(o.learning_rate >= 0, f"learning_rate={o.learning_rate} must be >= 0.")
-        _check(o.max_steps >= 1 or o.max_steps == -1,
-               f"max_steps={o.max_steps} must be >= 1, or -1 to train num_train_epochs.")
+        _check(
+            o.max_steps >= 1 or o.max_steps == -1,
+            f"max_steps={o.max_steps} must be >= 1, or -1 to train num_train_epochs.",
+        )
         _check(o.num_train_epochs > 0, f"num_train_epochs={o.num_train_epochs} must be > 0.")
         _check(o.adam_epsilon > 0, f"adam_epsilon={o.adam_epsilon} must be > 0.")
-        _check(o.per_device_train_batch_size >= 1, f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.")
-        _check(o.gradient_accumulation_steps >= 1, f"gradient_accumulation_steps={o.gradient_accumulation_steps} must be >= 1.")
+        _check(
+            o.per_device_train_batch_size >= 1,
+            f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.",
+        )
+        _check(
+            o.gradient_accumulation_steps >= 1,
+            f"gradient_accumulation_steps={o.gradient_accumulation_steps} must be >= 1.",
+        )
         _check(0 <= o.warmup_ratio < 1, f"warmup_ratio={o.warmup_ratio} must be in [0, 1).")
         _check(o.warmup_steps >= 0, f"warmup_steps={o.warmup_steps} must be >= 0.")
         _check(o.max_grad_norm >= 0, f"max_grad_norm={o.max_grad_norm} must be >= 0 (0 = no clipping).")
         _check(o.weight_decay >= 0, f"weight_decay={o.weight_decay} must be >= 0.")
         for beta_name in ("adam_beta1", "adam_beta2"):
-            _check(0 <= getattr(o, beta_name) < 1, f"{beta_name}={getattr(o, beta_name)} must be in [0, 1) (AdamW's moving-average rate, e.g. 0.9).")
+            _check(
+                0 <= getattr(o, beta_name) < 1,
+                f"{beta_name}={getattr(o, beta_name)} must be in [0, 1) (AdamW's moving-average rate, e.g. 0.9).",
+            )
         _check(0 <= o.seed < 2**63, f"seed={o.seed} must be in [0, 2**63).")
         n = self.completions_per_step(world_size)
         _check(
@@ -448,66 +485,148 @@ class GRPOConfig:
             f"gradient_accumulation_steps ({o.gradient_accumulation_steps}) x processes ({world_size}) = {n} "
             f"is not divisible by num_generations ({a.num_generations}); make it a multiple of {a.num_generations}.",
         )
-        _check(self.data.max_prompt_length is None or self.data.max_prompt_length >= 1, f"max_prompt_length={self.data.max_prompt_length} must be >= 1 or null.")
+        _check(
+            self.data.max_prompt_length is None or self.data.max_prompt_length >= 1,
+            f"max_prompt_length={self.data.max_prompt_length} must be >= 1 or null.",
+        )
         _check(e.eval_steps >= 0, f"eval_steps={e.eval_steps} must be >= 0 (0 = off).")
         _check(e.num_generations_eval >= 1, f"num_generations_eval={e.num_generations_eval} must be >= 1.")
-        _check(e.eval_temperature is None or e.eval_temperature > 0, f"eval_temperature={e.eval_temperature} must be > 0 or null (= temperature).")
-        _check(e.max_eval_prompts is None or e.max_eval_prompts >= 1, f"max_eval_prompts={e.max_eval_prompts} must be >= 1 or null (= all).")
+        _check(
+            e.eval_temperature is None or e.eval_temperature > 0,
+            f"eval_temperature={e.eval_temperature} must be > 0 or null (= temperature).",
+        )
+        _check(
+            e.max_eval_prompts is None or e.max_eval_prompts >= 1,
+            f"max_eval_prompts={e.max_eval_prompts} must be >= 1 or null (= all).",
+        )
         for k in e.pass_at_k:
-            _check(isinstance(k, int) and 1 <= k <= e.num_generations_eval, f"pass_at_k contains {k!r}: each k must be an integer in [1, num_generations_eval={e.num_generations_eval}].")
+            _check(
+                isinstance(k, int) and 1 <= k <= e.num_generations_eval,
+                f"pass_at_k contains {k!r}: each k must be an integer in [1, "
+                f"num_generations_eval={e.num_generations_eval}].",
+            )
         _check(r.save_steps >= 0, f"save_steps={r.save_steps} must be >= 0 (0 = only at the end).")
-        _check(r.save_total_limit is None or r.save_total_limit >= 1, f"save_total_limit={r.save_total_limit} must be >= 1 or null.")
+        _check(
+            r.save_total_limit is None or r.save_total_limit >= 1,
+            f"save_total_limit={r.save_total_limit} must be >= 1 or null.",
+        )
         _check(r.max_nonfinite_steps >= 1, f"max_nonfinite_steps={r.max_nonfinite_steps} must be >= 1.")
         _check(r.logging_steps >= 1, f"logging_steps={r.logging_steps} must be >= 1.")
-        _check(r.num_completions_to_print is None or r.num_completions_to_print >= 1,
-               f"num_completions_to_print={r.num_completions_to_print} must be >= 1 or null (= all).")
+        _check(
+            r.num_completions_to_print is None or r.num_completions_to_print >= 1,
+            f"num_completions_to_print={r.num_completions_to_print} must be >= 1 or null (= all).",
+        )
         for sink in r.report_to:
             _check(sink in REPORT_SINKS, f"report_to contains {sink!r}; valid sinks are {', '.join(REPORT_SINKS)}.")
         _check(self.lora.r >= 0, f"lora.r={self.lora.r} must be >= 0 (0 = no LoRA).")
-        _check(self.lora.r == 0 or a.ref_model_sync_steps == 0, f"ref_model_sync_steps={a.ref_model_sync_steps} cannot be used with LoRA: the reference is the base model under the adapters, which never changes; set ref_model_sync_steps: 0.")
-        _check(not self.model.load_in_4bit or self.lora.r > 0, "load_in_4bit: true trains LoRA adapters on frozen 4-bit weights (QLoRA); set lora.r > 0 (e.g. lora.r: 16).")
+        _check(
+            self.lora.r == 0 or a.ref_model_sync_steps == 0,
+            f"ref_model_sync_steps={a.ref_model_sync_steps} cannot be used with LoRA: the reference is the base model "
+            "under the adapters, which never changes; set ref_model_sync_steps: 0.",
+        )
+        _check(
+            not self.model.load_in_4bit or self.lora.r > 0,
+            "load_in_4bit: true trains LoRA adapters on frozen 4-bit weights (QLoRA); set lora.r > 0 (e.g. lora.r: "
+            "16).",
+        )
         _check(self.lora.alpha > 0, f"lora.alpha={self.lora.alpha} must be > 0.")
         _check(0 <= self.lora.dropout < 1, f"lora.dropout={self.lora.dropout} must be in [0, 1).")
-        _check(self.reward.reward_workers >= 0, f"reward_workers={self.reward.reward_workers} must be >= 0 (0 = one process per function).")
+        _check(
+            self.reward.reward_workers >= 0,
+            f"reward_workers={self.reward.reward_workers} must be >= 0 (0 = one process per function).",
+        )
         weights = self.reward.reward_weights
         for w in weights or []:
-            _check(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w), f"reward_weights contains {w!r}; each weight must be a finite number.")
+            _check(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w),
+                f"reward_weights contains {w!r}; each weight must be a finite number.",
+            )
         if weights is not None and self.rewards:
-            _check(len(weights) == len(self.rewards), f"reward_weights has {len(weights)} values but there are {len(self.rewards)} reward functions; give one weight per function.")
+            _check(
+                len(weights) == len(self.rewards),
+                f"reward_weights has {len(weights)} values but there are {len(self.rewards)} reward functions; give "
+                "one weight per function.",
+            )
         d = self.distributed
         _check(d.num_rollout_workers >= 1, f"num_rollout_workers={d.num_rollout_workers} must be >= 1.")
-        _check(d.rollout_worker_cpus >= 0 and d.rollout_worker_gpus >= 0, "rollout_worker_cpus and rollout_worker_gpus must be >= 0.")
-        _check(not d.async_rollouts or d.backend == "ray", "async_rollouts needs backend: ray (rollouts are sampled by Ray workers while the learner trains).")
-        _check(d.num_reward_workers >= 0, f"num_reward_workers={d.num_reward_workers} must be >= 0 (0 = rewards in the learner process).")
+        _check(
+            d.rollout_worker_cpus >= 0 and d.rollout_worker_gpus >= 0,
+            "rollout_worker_cpus and rollout_worker_gpus must be >= 0.",
+        )
+        _check(
+            not d.async_rollouts or d.backend == "ray",
+            "async_rollouts needs backend: ray (rollouts are sampled by Ray workers while the learner trains).",
+        )
+        _check(
+            d.num_reward_workers >= 0,
+            f"num_reward_workers={d.num_reward_workers} must be >= 0 (0 = rewards in the learner process).",
+        )
         _check(d.reward_worker_cpus >= 0, f"reward_worker_cpus={d.reward_worker_cpus} must be >= 0.")
-        _check(d.num_reward_workers == 0 or d.backend == "ray", f"num_reward_workers={d.num_reward_workers} needs backend: ray (Ray reward actors); "
-               "without Ray use reward.reward_workers for worker processes of the learner.")
+        _check(
+            d.num_reward_workers == 0 or d.backend == "ray",
+            f"num_reward_workers={d.num_reward_workers} needs backend: ray (Ray reward actors); "
+            "without Ray use reward.reward_workers for worker processes of the learner.",
+        )
         if d.backend == "ray" and d.address is None and d.ray_num_cpus is not None:
             wanted = d.num_rollout_workers * d.rollout_worker_cpus + d.num_reward_workers * d.reward_worker_cpus
-            _check(wanted <= d.ray_num_cpus, f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + num_reward_workers x "
-                   f"reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so some would never start; "
-                   "lower the workers or their CPUs, or raise ray_num_cpus.")
-        _check(d.num_reward_workers == 0 or self.reward.reward_workers == 0, f"num_reward_workers={d.num_reward_workers} (Ray actors) and reward_workers="
-               f"{self.reward.reward_workers} (worker processes of the learner) are two places to run the rewards; set one of them to 0.")
+            _check(
+                wanted <= d.ray_num_cpus,
+                f"the Ray actors reserve {wanted:g} CPUs (num_rollout_workers x rollout_worker_cpus + "
+                f"num_reward_workers x reward_worker_cpus) but the local cluster has ray_num_cpus={d.ray_num_cpus}, so "
+                "some would never start; "
+                "lower the workers or their CPUs, or raise ray_num_cpus.",
+            )
+        _check(
+            d.num_reward_workers == 0 or self.reward.reward_workers == 0,
+            f"num_reward_workers={d.num_reward_workers} (Ray actors) and reward_workers="
+            f"{self.reward.reward_workers} (worker processes of the learner) are two places to run the rewards; set "
+            "one of them to 0.",
+        )
         if g.engine == "vllm":
             self._validate_vllm()
-        _check(d.strategy != "fsdp" or self.lora.r == 0, "strategy: fsdp shards full fine-tuning; LoRA trains small adapters (lora.r > 0), which "
-               "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.")
+        _check(
+            d.strategy != "fsdp" or self.lora.r == 0,
+            "strategy: fsdp shards full fine-tuning; LoRA trains small adapters (lora.r > 0), which "
+            "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.",
+        )
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
-
 
     def _validate_vllm(self) -> None:
         """Settings engine: vllm cannot run with (the CUDA and package checks are the trainer's, at start)."""
         g = self.generation
         fix = "or set generation.engine: hf"
-        _check(self.distributed.backend == "none", f"generation.engine: vllm samples in the learner process; it cannot be combined with distributed.backend: {self.distributed.backend} (set backend: none, {fix}).")
-        _check(self.model.device == "auto" or self.model.device.startswith("cuda"), f"generation.engine: vllm runs on CUDA, but model.device={self.model.device!r}; set device: auto or cuda, {fix}.")
-        _check(not self.model.load_in_4bit, f"generation.engine: vllm cannot load the learner's 4-bit (QLoRA) weights; set load_in_4bit: false, {fix}.")
-        _check(g.temperature <= 2.0, f"temperature={g.temperature}: vLLM samples at temperatures up to 2; lower it, {fix}.")
-        _check(0 < g.vllm_gpu_memory_utilization <= 1, f"vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the GPU's memory, e.g. 0.3).")
-        _check(g.vllm_max_model_length is None or g.vllm_max_model_length > g.max_completion_length,
-               f"vllm_max_model_length={g.vllm_max_model_length} leaves no room for a prompt: it must exceed max_completion_length={g.max_completion_length} (or be null).")
-        _check(g.vllm_importance_sampling_cap >= 1, f"vllm_importance_sampling_cap={g.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at it; 1 never up-weights a token).")
+        _check(
+            self.distributed.backend == "none",
+            "generation.engine: vllm samples in the learner process; it cannot be combined with distributed.backend: "
+            f"{self.distributed.backend} (set backend: none, {fix}).",
+        )
+        _check(
+            self.model.device == "auto" or self.model.device.startswith("cuda"),
+            f"generation.engine: vllm runs on CUDA, but model.device={self.model.device!r}; set device: auto or cuda, "
+            f"{fix}.",
+        )
+        _check(
+            not self.model.load_in_4bit,
+            f"generation.engine: vllm cannot load the learner's 4-bit (QLoRA) weights; set load_in_4bit: false, {fix}.",
+        )
+        _check(
+            g.temperature <= 2.0, f"temperature={g.temperature}: vLLM samples at temperatures up to 2; lower it, {fix}."
+        )
+        _check(
+            0 < g.vllm_gpu_memory_utilization <= 1,
+            f"vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the GPU's "
+            "memory, e.g. 0.3).",
+        )
+        _check(
+            g.vllm_max_model_length is None or g.vllm_max_model_length > g.max_completion_length,
+            f"vllm_max_model_length={g.vllm_max_model_length} leaves no room for a prompt: it must exceed "
+            f"max_completion_length={g.max_completion_length} (or be null).",
+        )
+        _check(
+            g.vllm_importance_sampling_cap >= 1,
+            f"vllm_importance_sampling_cap={g.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at it; "
+            "1 never up-weights a token).",
+        )
 
 
 def _check(ok: bool, message: str) -> None:
@@ -527,8 +646,14 @@ def _from_trl(given: dict, context: dict) -> tuple[dict, dict, dict]:
 
 
 def _unknown_key_message(key: str) -> str:
-    candidates = (list(FIELD_SECTION) + list(ALIASES) + [f"{s}.{k}" for k, s in FIELD_SECTION.items()] + list(SECTIONS)
-                  + ["rewards"] + list(trl_compat.TRL_DEFAULTS))
+    candidates = (
+        list(FIELD_SECTION)
+        + list(ALIASES)
+        + [f"{s}.{k}" for k, s in FIELD_SECTION.items()]
+        + list(SECTIONS)
+        + ["rewards"]
+        + list(trl_compat.TRL_DEFAULTS)
+    )
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else " Run `grpokit explain CONFIG` to see every key."
     return f"unknown config key {key!r}.{hint}"
@@ -541,7 +666,10 @@ def _field_in_section(section: str, key: str) -> str:
     if home == section:
         return name
     if home is not None:
-        raise ConfigError(f"{key!r} is not a key of section {section!r}: it belongs to {home!r}; move it under `{home}:` (or write it at the top level).")
+        raise ConfigError(
+            f"{key!r} is not a key of section {section!r}: it belongs to {home!r}; move it under `{home}:` (or write "
+            "it at the top level)."
+        )
     raise ConfigError(_unknown_key_message(f"{section}.{key}"))
 
 
@@ -576,8 +704,14 @@ def _flatten(values: dict) -> dict:
 
 # Fields holding a filesystem path (or a hub id / keyword, which expansion leaves alone). Reward files
 # (`path/to/file.py:function`) are expanded where they are loaded (rewards/registry.py), with expand_path.
-PATH_FIELDS = ("model_name_or_path", "tokenizer_name_or_path", "train_dataset", "eval_dataset", "output_dir",
-               "resume_from")
+PATH_FIELDS = (
+    "model_name_or_path",
+    "tokenizer_name_or_path",
+    "train_dataset",
+    "eval_dataset",
+    "output_dir",
+    "resume_from",
+)
 
 
 def expand_path(path: str) -> str:
@@ -630,7 +764,10 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
             return list(value)
         if isinstance(value, (str, int)):
             return [value]
-    raise ConfigError(f"{name}={value!r} has the wrong type: expected {expected.__name__}, got {type(value).__name__}{_example(cls, name)}.")
+    raise ConfigError(
+        f"{name}={value!r} has the wrong type: expected {expected.__name__}, got "
+        f"{type(value).__name__}{_example(cls, name)}."
+    )
 
 
 def _example(cls: type, name: str) -> str:
@@ -658,7 +795,8 @@ def _parse_scalar(text: str) -> Any:
 
 
 def parse_overrides(args: list[str]) -> dict:
-    """Turn ``key=value``, ``section.key=value``, ``--key=value`` / ``--key value`` and a bare ``--flag`` (= true) into a dict."""
+    """Turn ``key=value``, ``section.key=value``, ``--key=value`` / ``--key value`` and a bare ``--flag`` (= true) into
+    a dict."""
     out: dict[str, Any] = {}
     i = 0
     while i < len(args):
@@ -688,18 +826,20 @@ def _cli_value(key: str, text: str) -> Any:
     hint = typing.get_type_hints(SECTIONS[section])[name]
     if hint is str:
         return text
-    if hint == Optional[str]:
+    if hint == str | None:
         return None if text in ("null", "~") else text
     return _parse_scalar(text)
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str] | dict] = None) -> GRPOConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None) -> GRPOConfig:
     """Load a YAML config, apply overrides, validate. Errors name the file and the key."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a YAML file (see examples/).")
+            raise ConfigError(
+                f"config file {str(path)!r} does not exist; pass the path of a YAML file (see examples/)."
+            )
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
@@ -707,7 +847,10 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, algo:, ...), got {type(data).__name__}.")
+            raise ConfigError(
+                f"{path}: the top level must be a mapping of sections (model:, data:, algo:, ...), got "
+                f"{type(data).__name__}."
+            )
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
     rewards = data.pop("rewards", None)
@@ -740,6 +883,6 @@ def config_reference() -> str:
         "Aliases: " + ", ".join(f"`{k}` = `{v}`" for k, v in ALIASES.items()) + ".",
         "",
         f"Every key of TRL {trl_compat.TRL_VERSION}'s `GRPOConfig` is accepted as well (`bf16`, `save_strategy`, "
-        "`report_to=\"none\"` ...): [from_trl.md](from_trl.md) lists how each maps onto the keys above.",
+        '`report_to="none"` ...): [from_trl.md](from_trl.md) lists how each maps onto the keys above.',
     ]
     return "\n".join(lines)

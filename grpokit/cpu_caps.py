@@ -90,15 +90,23 @@ def _detected() -> CpuCaps:
     capability = _torch_capability()
     if cpu_flags is None:
         cpu_flags = set(_IMPLIED.get(capability, ()))
-    onednn = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-              and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    onednn = (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
     try:
         onednn_bf16 = onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         onednn_bf16 = False
-    return CpuCaps(machine=machine, model=model or platform.processor(),
-                   flags=frozenset(f for f in cpu_flags if f in known), onednn=onednn, onednn_bf16=onednn_bf16,
-                   torch_capability=capability)
+    return CpuCaps(
+        machine=machine,
+        model=model or platform.processor(),
+        flags=frozenset(f for f in cpu_flags if f in known),
+        onednn=onednn,
+        onednn_bf16=onednn_bf16,
+        torch_capability=capability,
+    )
 
 
 def _proc_cpuinfo() -> tuple[str, set[str] | None]:
@@ -128,12 +136,17 @@ def _torch_capability() -> str:
 
 def describe(caps: CpuCaps) -> str:
     """One line naming the instruction sets that matter, e.g. ``AVX2 yes, AVX-512 no, AVX512-BF16 no, AMX no``."""
+
     def yes(flag: bool) -> str:
         return "yes" if flag else "no"
 
     if not caps.x86:
-        return (f"{caps.machine}: NEON {yes('asimd' in caps.flags)}, SVE {yes('sve' in caps.flags)}, "
-                f"BF16 {yes('bf16' in caps.flags)}")
-    return (f"AVX2 {yes('avx2' in caps.flags)}, AVX-512 {yes(caps.avx512)}, "
-            f"AVX512-BF16 {yes('avx512_bf16' in caps.flags)}, AMX {yes('amx_bf16' in caps.flags)}, "
-            f"AVX-NE-CONVERT {yes('avx_ne_convert' in caps.flags)}")
+        return (
+            f"{caps.machine}: NEON {yes('asimd' in caps.flags)}, SVE {yes('sve' in caps.flags)}, "
+            f"BF16 {yes('bf16' in caps.flags)}"
+        )
+    return (
+        f"AVX2 {yes('avx2' in caps.flags)}, AVX-512 {yes(caps.avx512)}, "
+        f"AVX512-BF16 {yes('avx512_bf16' in caps.flags)}, AMX {yes('amx_bf16' in caps.flags)}, "
+        f"AVX-NE-CONVERT {yes('avx_ne_convert' in caps.flags)}"
+    )

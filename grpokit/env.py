@@ -60,25 +60,40 @@ def _total_memory() -> int | None:
 
 def report() -> dict[str, str]:
     """The report as ordered ``label -> value`` pairs."""
-    out = {"grpokit": grpokit.__version__, "Python": f"{platform.python_version()} ({sys.executable})",
-           "OS": platform.platform()}
+    out = {
+        "grpokit": grpokit.__version__,
+        "Python": f"{platform.python_version()} ({sys.executable})",
+        "OS": platform.platform(),
+    }
     requirements = _requirements()
     if requirements is None:
         out["dependencies"] = "unknown: grpokit is not installed (pip install -e .)"
     else:
         core, extras = requirements
         out["dependencies"] = ", ".join(f"{n} {_version(n) or 'MISSING'}" for n in core)
-        out["extras"] = "; ".join(f"{extra}: " + ", ".join(f"{n} {_version(n) or 'not installed'}" for n in names)
-                                  for extra, names in extras.items())
+        out["extras"] = "; ".join(
+            f"{extra}: " + ", ".join(f"{n} {_version(n) or 'not installed'}" for n in names)
+            for extra, names in extras.items()
+        )
     caps = cpu_caps()
-    out["CPU"] = (f"{caps.model or 'unknown model'} ({caps.machine}), {os.cpu_count()} cores, "
-                  f"torch uses {torch.get_num_threads()} threads")
+    out["CPU"] = (
+        f"{caps.model or 'unknown model'} ({caps.machine}), {os.cpu_count()} cores, "
+        f"torch uses {torch.get_num_threads()} threads"
+    )
     out["CPU instruction sets"] = describe(caps) + (f" (restricted by {ENV}={caps.forced})" if caps.forced else "")
-    out["torch CPU kernels"] = (f"{caps.torch_capability}, oneDNN {'yes' if caps.onednn else 'no'}, "
-                                f"oneDNN bf16 {'yes' if caps.onednn_bf16 else 'no'}")
+    out["torch CPU kernels"] = (
+        f"{caps.torch_capability}, oneDNN {'yes' if caps.onednn else 'no'}, "
+        f"oneDNN bf16 {'yes' if caps.onednn_bf16 else 'no'}"
+    )
     out["memory"] = f"{_gib(_total_memory())} total, {_gib(available_bytes(torch.device('cpu')))} available"
-    gpus = [f"{torch.cuda.get_device_name(i)} ({_gib(torch.cuda.get_device_properties(i).total_memory)})"
-            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = (
+        [
+            f"{torch.cuda.get_device_name(i)} ({_gib(torch.cuda.get_device_properties(i).total_memory)})"
+            for i in range(torch.cuda.device_count())
+        ]
+        if torch.cuda.is_available()
+        else []
+    )
     cuda = "built" if torch.version.cuda else "not built"
     out["GPUs"] = ", ".join(gpus) if gpus else f"none (CUDA {cuda} in torch)"
     out["MPS"] = "available" if torch.backends.mps.is_available() else "no"
@@ -98,16 +113,19 @@ def choices() -> dict[str, str]:
         return out
     caps = cpu_caps()
     if caps.native_bf16:
-        out["bf16 autocast with dtype auto"] = (f"yes, for models of >= {MIN_AUTOCAST_PARAMS // 10**6}M parameters "
-                                                "(native bf16 matmul)")
+        out["bf16 autocast with dtype auto"] = (
+            f"yes, for models of >= {MIN_AUTOCAST_PARAMS // 10**6}M parameters (native bf16 matmul)"
+        )
         out["with dtype bfloat16"] = "native bf16 matmul"
     else:
         out["bf16 autocast with dtype auto"] = "no: no native bf16 matmul (AVX512-BF16 or AMX-BF16), float32 is faster"
         out["with dtype bfloat16"] = "runs, emulated: slower than float32"
     packing = [name for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)) if caps.packs(dtype)]
     out["oneDNN weight packing"] = ", ".join(packing) if packing else "no (F.linear)"
-    out["fast paths"] = ("fused decoder (Llama/Qwen2/Qwen3/Mistral), fused LM head, "
-                         "plain attention for small learner calls, preallocated KV cache")
+    out["fast paths"] = (
+        "fused decoder (Llama/Qwen2/Qwen3/Mistral), fused LM head, "
+        "plain attention for small learner calls, preallocated KV cache"
+    )
     return out
 
 

@@ -13,10 +13,12 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
     lines += [
         f"prompts per step:          {B}",
         f"completions per step:      {N}  (num_generations {cfg.num_generations} x {B} prompts)",
-        f"micro-batches per step:    {cfg.gradient_accumulation_steps} of {cfg.per_device_train_batch_size} completions",
+        f"micro-batches per step:    {cfg.gradient_accumulation_steps} of {cfg.per_device_train_batch_size} "
+        "completions",
         f"optimizer steps in total:  {cfg.max_steps * cfg.num_iterations}  (max_steps {cfg.max_steps} x num_iterations "
-        f"{cfg.num_iterations})" if cfg.max_steps > 0 else
-        f"steps:                     num_train_epochs {cfg.num_train_epochs:g} x (train prompts // {B}), "
+        f"{cfg.num_iterations})"
+        if cfg.max_steps > 0
+        else f"steps:                     num_train_epochs {cfg.num_train_epochs:g} x (train prompts // {B}), "
         "counted when the data is loaded",
         f"tokens per step (at most): {B * P + N * T:,}  (prompts {B} x {P} once per group + completions {N} x {T})",
     ]
@@ -24,19 +26,32 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
     try:  # explain works even when the model cannot be inspected here (offline, not a HF model, peft missing)
         if cfg.model_name_or_path:
             m = estimate_memory(cfg, build_meta_model(cfg.model_name_or_path, cfg.trust_remote_code))
-    except Exception as exc:  # noqa: BLE001 - any failure only means no estimate
+    except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     if m is None:
         lines.append(f"memory estimate:           unavailable ({reason})")
         return "\n".join(lines)
-    parts = [("weights", m.weights), ("reference", m.reference), ("gradients", m.gradients), ("AdamW moments", m.adamw),
-             ("one micro-batch", m.micro_batch), ("generation", m.generation)]
-    lines.append(f"parameters:                {m.parameters:,}" + (f" ({m.trainable:,} trainable: LoRA)" if cfg.lora.r > 0 else ""))
-    lines.append(f"memory estimate (tensors): {_size(m.peak)} at the peak = weights + reference + AdamW"
-                 " + max(gradients + micro-batch, generation); see grpokit/memory.py")
+    parts = [
+        ("weights", m.weights),
+        ("reference", m.reference),
+        ("gradients", m.gradients),
+        ("AdamW moments", m.adamw),
+        ("one micro-batch", m.micro_batch),
+        ("generation", m.generation),
+    ]
+    lines.append(
+        f"parameters:                {m.parameters:,}"
+        + (f" ({m.trainable:,} trainable: LoRA)" if cfg.lora.r > 0 else "")
+    )
+    lines.append(
+        f"memory estimate (tensors): {_size(m.peak)} at the peak = weights + reference + AdamW"
+        " + max(gradients + micro-batch, generation); see grpokit/memory.py"
+    )
     lines += [f"  {name + ':':<24}{_size(value)}" for name, value in parts]
-    lines.append("  plus the process itself (runtime, allocator, buffers in flight): 0.5-0.8 GiB more at the peak"
-                 " in bench/memory_estimate.py's CPU runs")
+    lines.append(
+        "  plus the process itself (runtime, allocator, buffers in flight): 0.5-0.8 GiB more at the peak"
+        " in bench/memory_estimate.py's CPU runs"
+    )
     return "\n".join(lines)
 
 

@@ -47,8 +47,10 @@ def slow_dtype_warning(requested: str, device: torch.device) -> str | None:
     """Why ``requested`` will be slow on ``device``, or None: bf16 on a CPU without native bf16 matmul."""
     if requested != "bfloat16" or device.type != "cpu" or cpu_caps().native_bf16:
         return None
-    return ("dtype=bfloat16 on a CPU without native bf16 matmul (no AVX512-BF16 or AMX-BF16): its bf16 matmuls are "
-            "emulated and run slower than float32. The results are correct; dtype=auto (float32 here) is faster.")
+    return (
+        "dtype=bfloat16 on a CPU without native bf16 matmul (no AVX512-BF16 or AMX-BF16): its bf16 matmuls are "
+        "emulated and run slower than float32. The results are correct; dtype=auto (float32 here) is faster."
+    )
 
 
 # Below this many parameters, bf16 autocast on CPU costs more (casts, small matmuls) than it saves.

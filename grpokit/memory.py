@@ -131,7 +131,8 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     head_dim = getattr(config, "head_dim", None) or h // heads
     T, P, mb = cfg.max_completion_length, cfg.max_prompt_length or 0, cfg.per_device_train_batch_size
     context = P + T
-    # attention probabilities are kept only by grpokit's plain CPU attention (small problems, no checkpointing); SDPA keeps none
+    # attention probabilities are kept only by grpokit's plain CPU attention (small problems, no checkpointing); SDPA
+    # keeps none
     plain = device.type == "cpu" and not cfg.gradient_checkpointing and mb * heads * T * context * 4 <= PROBS_BUDGET
     probs = heads * context * (6 if compute == 2 else 4) * plain
     per_token = (33 * h + 7 * i if compute == 2 else 39 * h + 14 * i) + probs
@@ -143,7 +144,8 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         activations = tokens * layers * per_token
     logits = mb * T * config.vocab_size * compute
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
-    # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's adapters besides
+    # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's
+    # adapters besides
     casts = (linear - sum(quantised) + (trainable if cfg.lora.r > 0 else 0)) * 2 if mixed else 0
     head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * config.vocab_size) * 4  # two float32 chunks of logits at a time
     micro_batch = activations + kept_logits + head_chunks + casts
@@ -151,9 +153,16 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     rows = mb * cfg.gradient_accumulation_steps  # a step's completions, sampled together
     kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
     fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
-    return MemoryEstimate(parameters=params, trainable=trainable, weights=weights, reference=reference,
-                          gradients=trainable * trainable_bytes, adamw=2 * trainable * trainable_bytes,
-                          micro_batch=micro_batch, generation=kv_cache + (linear * compute if fused else 0))
+    return MemoryEstimate(
+        parameters=params,
+        trainable=trainable,
+        weights=weights,
+        reference=reference,
+        gradients=trainable * trainable_bytes,
+        adamw=2 * trainable * trainable_bytes,
+        micro_batch=micro_batch,
+        generation=kv_cache + (linear * compute if fused else 0),
+    )
 
 
 # What a CPU training process holds beyond its tensors (runtime, allocator): 0.5-0.8 GiB in bench/memory_estimate.py;
@@ -162,7 +171,8 @@ PROCESS_OVERHEAD = 2**29
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Memory free for a new process on ``device``: the GPU's free memory, or the host's MemAvailable (Linux); else None."""
+    """Memory free for a new process on ``device``: the GPU's free memory, or the host's MemAvailable (Linux); else
+    None."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type != "cpu":
@@ -180,12 +190,14 @@ def memory_warning(cfg: GRPOConfig, name_or_path: str, device: torch.device, pro
     ``device`` has free, else None (also when the model's config cannot be read: not a HF model, a hub id offline)."""
     try:
         estimate = estimate_memory(cfg, build_meta_model(name_or_path, cfg.trust_remote_code), device)
-    except Exception:  # noqa: BLE001 - no estimate, no warning; training reports its own errors
+    except Exception:
         return None
     per_process = estimate.peak + (PROCESS_OVERHEAD if device.type == "cpu" else 0)
     needed, free = per_process * (processes if device.type == "cpu" else 1), available_bytes(device)
     if free is None or needed <= free:
         return None
-    return (f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) but "
-            f"{free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller per_device_train_batch_size, "
-            "LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model.")
+    return (
+        f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) "
+        f"but {free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller "
+        "per_device_train_batch_size, LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model."
+    )

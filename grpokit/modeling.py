@@ -46,15 +46,18 @@ def logits_of(output: Any) -> torch.Tensor:
         return output.logits
     if isinstance(output, (tuple, list)):
         return output[0]
-    raise TypeError(f"model forward returned {type(output).__name__}; expected logits [B, L, V] or an object with .logits.")
+    raise TypeError(
+        f"model forward returned {type(output).__name__}; expected logits [B, L, V] or an object with .logits."
+    )
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A HF tokenizer with a pad token (EOS is used as pad when the tokenizer has none)."""
     from transformers import AutoTokenizer
 
-    tokenizer = _from_pretrained(AutoTokenizer, expand_path(name_or_path), "tokenizer",
-                                 trust_remote_code=trust_remote_code)
+    tokenizer = _from_pretrained(
+        AutoTokenizer, expand_path(name_or_path), "tokenizer", trust_remote_code=trust_remote_code
+    )
     ensure_pad_token(tokenizer)
     return tokenizer
 
@@ -63,15 +66,22 @@ def ensure_pad_token(tokenizer) -> None:
     """Use EOS as the pad token when a tokenizer has none; pads are always masked out."""
     if getattr(tokenizer, "pad_token_id", None) is None:
         if getattr(tokenizer, "eos_token_id", None) is None:
-            raise ValueError("the tokenizer has neither a pad token nor an EOS token; add an EOS token so completions can end.")
+            raise ValueError(
+                "the tokenizer has neither a pad token nor an EOS token; add an EOS token so completions can end."
+            )
         if hasattr(tokenizer, "pad_token") and getattr(tokenizer, "eos_token", None) is not None:
             tokenizer.pad_token = tokenizer.eos_token
         else:
             tokenizer.pad_token_id = tokenizer.eos_token_id
 
 
-def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trust_remote_code: bool = False,
-               load_in_4bit: bool = False):
+def load_model(
+    name_or_path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    trust_remote_code: bool = False,
+    load_in_4bit: bool = False,
+):
     """A HF causal LM from a local folder or hub id, in ``dtype`` on ``device``.
 
     ``load_in_4bit``: the Linear layers' weights (not the LM head) quantised to 4-bit NF4 with double
@@ -81,11 +91,20 @@ def load_model(name_or_path: str, dtype: torch.dtype, device: torch.device, trus
 
     source = model_source(name_or_path)
     if not load_in_4bit:
-        model = _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code)
+        model = _from_pretrained(
+            AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code
+        )
         return model.to(device)
     # quantised weights cannot be moved with .to(): they are placed on the device while loading
-    model = _from_pretrained(AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code,
-                             quantization_config=four_bit_config(dtype), device_map={"": device})
+    model = _from_pretrained(
+        AutoModelForCausalLM,
+        source,
+        "model",
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        quantization_config=four_bit_config(dtype),
+        device_map={"": device},
+    )
     keep_4bit_layout(model)
     return model
 
@@ -95,7 +114,10 @@ def model_source(name_or_path: str) -> str:
     local = Path(expand_path(name_or_path))
     looks_local = name_or_path.startswith((".", "/", "~", "$")) or local.exists()
     if looks_local and not local.is_dir():
-        raise FileNotFoundError(f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as 'Qwen/Qwen2.5-0.5B'.")
+        raise FileNotFoundError(
+            f"model path {name_or_path!r} does not exist; give a local model folder or a hub id such as "
+            "'Qwen/Qwen2.5-0.5B'."
+        )
     return str(local) if looks_local else name_or_path
 
 
@@ -113,8 +135,10 @@ def _from_pretrained(cls, source: str, what: str, **kwargs):
         return cls.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as exc:  # ValueError: a folder whose config.json is missing or has no model_type
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FileNotFoundError(f"cannot load the {what} {source!r} ({first}); check the hub id or path, "
-                                "or download it and give the local folder (set HF_HUB_OFFLINE=1 to stay offline).") from None
+        raise FileNotFoundError(
+            f"cannot load the {what} {source!r} ({first}); check the hub id or path, "
+            "or download it and give the local folder (set HF_HUB_OFFLINE=1 to stay offline)."
+        ) from None
 
 
 # bitsandbytes runs Linear4bit on CPU from this version on
@@ -130,12 +154,15 @@ def four_bit_config(dtype: torch.dtype):
     except ImportError:
         raise ImportError("load_in_4bit needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
     if Version(bitsandbytes.__version__) < Version(MIN_BITSANDBYTES):
-        raise ImportError(f"load_in_4bit needs bitsandbytes >= {MIN_BITSANDBYTES} (4-bit layers on CPU and CUDA), "
-                          f"but {bitsandbytes.__version__} is installed: pip install -U 'grpokit[qlora]'.")
+        raise ImportError(
+            f"load_in_4bit needs bitsandbytes >= {MIN_BITSANDBYTES} (4-bit layers on CPU and CUDA), "
+            f"but {bitsandbytes.__version__} is installed: pip install -U 'grpokit[qlora]'."
+        )
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=dtype)
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
+    )
 
 
 def keep_4bit_layout(model: torch.nn.Module) -> int:

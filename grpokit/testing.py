@@ -46,15 +46,28 @@ def build_tiny_causal_lm(
     if tokenizer is None:
         tokenizer = build_word_tokenizer([f"w{i}" for i in range(60)])
     vocab = len(tokenizer)
-    common = dict(vocab_size=vocab, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                  pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tie_word_embeddings)
+    common = dict(
+        vocab_size=vocab,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=tie_word_embeddings,
+    )
     if arch == "gpt2":
-        config = GPT2Config(n_embd=hidden_size, n_layer=num_layers, n_head=num_heads, n_positions=max_positions, **common)
+        config = GPT2Config(
+            n_embd=hidden_size, n_layer=num_layers, n_head=num_heads, n_positions=max_positions, **common
+        )
     else:
         cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-        config = cls(hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                     num_key_value_heads=num_kv_heads or num_heads, intermediate_size=intermediate_size or 4 * hidden_size,
-                     max_position_embeddings=max_positions, **common)
+        config = cls(
+            hidden_size=hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads or num_heads,
+            intermediate_size=intermediate_size or 4 * hidden_size,
+            max_position_embeddings=max_positions,
+            **common,
+        )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     if path is not None:
@@ -70,7 +83,9 @@ class TinyGPT(torch.nn.Module):
         super().__init__()
         self.tok = torch.nn.Embedding(vocab_size, d_model)
         self.pos = torch.nn.Embedding(max_len, d_model)
-        layer = torch.nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True)
+        layer = torch.nn.TransformerEncoderLayer(
+            d_model, n_heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.blocks = torch.nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
         self.head = torch.nn.Linear(d_model, vocab_size, bias=False)
 

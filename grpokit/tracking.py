@@ -15,37 +15,71 @@ CONSOLE_KEYS = ("reward", "reward_std", "kl", "loss", "entropy", "completion_len
 
 
 class Tracker:
-    def __init__(self, run_dir: str | Path, report_to: list[str], config: dict, max_steps: int,
-                 logging_steps: int = 1, progress_bar: bool = True, run_name: str | None = None, start_step: int = 0):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        report_to: list[str],
+        config: dict,
+        max_steps: int,
+        logging_steps: int = 1,
+        progress_bar: bool = True,
+        run_name: str | None = None,
+        start_step: int = 0,
+    ):
         from rich.console import Console
 
         self.run_dir = Path(run_dir)
         self.sinks = set(report_to)
         self.logging_steps = logging_steps
         self.console = Console(stderr=True)
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if "jsonl" in self.sinks else None
+        # held open for the run, closed in close()
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if "jsonl" in self.sinks else None  # noqa: SIM115
         self._tb = None
         self._wandb = None
         if "tensorboard" in self.sinks:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                raise ImportError("report_to includes tensorboard but it is not installed: pip install 'grpokit[tensorboard]'.") from None
+                raise ImportError(
+                    "report_to includes tensorboard but it is not installed: pip install 'grpokit[tensorboard]'."
+                ) from None
             self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
         if "wandb" in self.sinks:
             try:
                 import wandb
             except ImportError:
-                raise ImportError("report_to includes wandb but it is not installed: pip install 'grpokit[wandb]'.") from None
-            self._wandb = wandb.init(project="grpokit", name=run_name or self.run_dir.name, dir=str(self.run_dir), config=config, resume="allow")
+                raise ImportError(
+                    "report_to includes wandb but it is not installed: pip install 'grpokit[wandb]'."
+                ) from None
+            self._wandb = wandb.init(
+                project="grpokit",
+                name=run_name or self.run_dir.name,
+                dir=str(self.run_dir),
+                config=config,
+                resume="allow",
+            )
         self._progress = None
         if progress_bar:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
-            self._progress = Progress(TextColumn("[bold]grpo"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                      TextColumn("<"), TimeRemainingColumn(), TextColumn("{task.description}"),
-                                      console=self.console, transient=True)
+            self._progress = Progress(
+                TextColumn("[bold]grpo"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("<"),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+                transient=True,
+            )
             self._task = self._progress.add_task("", total=max_steps, completed=start_step)
             self._progress.start()
 

@@ -24,78 +24,253 @@ from typing import Any
 TRL_VERSION = "1.16.0"
 
 TRL_DEFAULTS: dict[str, Any] = {
-    'output_dir': None, 'per_device_train_batch_size': 8, 'num_train_epochs': 3.0, 'max_steps': -1,
-    'learning_rate': 1e-06, 'lr_scheduler_type': 'linear', 'lr_scheduler_kwargs': None, 'warmup_steps': 0,
-    'optim': 'adamw_torch_fused', 'optim_args': None, 'weight_decay': 0.0, 'adam_beta1': 0.9, 'adam_beta2': 0.999,
-    'adam_epsilon': 1e-08, 'optim_target_modules': None, 'gradient_accumulation_steps': 1,
-    'average_tokens_across_devices': True, 'max_grad_norm': 1.0, 'label_smoothing_factor': 0.0, 'bf16': None,
-    'fp16': False, 'bf16_full_eval': False, 'fp16_full_eval': False, 'tf32': None, 'activation_checkpointing': None,
-    'activation_checkpointing_kwargs': None, 'gradient_checkpointing': True, 'gradient_checkpointing_kwargs': None,
-    'torch_compile': False, 'torch_compile_backend': None, 'torch_compile_mode': None, 'use_liger_kernel': False,
-    'liger_kernel_config': None, 'use_cache': False, 'neftune_noise_alpha': None, 'torch_empty_cache_steps': None,
-    'auto_find_batch_size': False, 'logging_strategy': 'steps', 'logging_steps': 10, 'logging_first_step': False,
-    'log_on_each_node': True, 'logging_nan_inf_filter': True, 'include_num_input_tokens_seen': 'no',
-    'log_level': 'passive', 'log_level_replica': 'warning', 'disable_tqdm': None, 'report_to': 'none',
-    'run_name': None, 'project': 'huggingface', 'trackio_space_id': None, 'trackio_bucket_id': None,
-    'trackio_static_space_id': None, 'eval_strategy': 'no', 'eval_steps': None, 'eval_delay': 0,
-    'per_device_eval_batch_size': 8, 'prediction_loss_only': False, 'eval_on_start': False,
-    'eval_do_concat_batches': True, 'eval_use_gather_object': False, 'eval_accumulation_steps': None,
-    'include_for_metrics': [], 'batch_eval_metrics': False, 'save_only_model': False, 'save_strategy': 'steps',
-    'save_steps': 500, 'save_on_each_node': False, 'save_total_limit': None, 'enable_jit_checkpoint': False,
-    'push_to_hub': False, 'hub_token': None, 'hub_private_repo': None, 'hub_model_id': None,
-    'hub_strategy': 'every_save', 'hub_always_push': False, 'hub_revision': None, 'load_best_model_at_end': False,
-    'metric_for_best_model': None, 'greater_is_better': None, 'ignore_data_skip': False,
-    'restore_callback_states_from_checkpoint': False, 'full_determinism': False, 'seed': 42, 'data_seed': None,
-    'use_cpu': False, 'accelerator_config': None, 'parallelism_config': None, 'dataloader_drop_last': False,
-    'dataloader_num_workers': 0, 'dataloader_pin_memory': True, 'dataloader_persistent_workers': False,
-    'dataloader_prefetch_factor': None, 'dataloader_multiprocessing_context': None, 'dataloader_in_order': True,
-    'remove_unused_columns': False, 'label_names': None, 'train_sampling_strategy': 'random',
-    'length_column_name': 'length', 'ddp_find_unused_parameters': None, 'ddp_bucket_cap_mb': None,
-    'ddp_broadcast_buffers': None, 'ddp_static_graph': None, 'ddp_backend': None, 'ddp_timeout': 1800, 'fsdp': None,
-    'fsdp_config': None, 'deepspeed': None, 'debug': '', 'skip_memory_metrics': True, 'do_train': False,
-    'do_eval': False, 'do_predict': False, 'resume_from_checkpoint': None, 'local_rank': -1,
-    'model_init_kwargs': None, 'trust_remote_code': False, 'router_aux_loss_coef': None, 'disable_dropout': False,
-    'cast_lm_head_to_fp32': False, 'num_generations': 8, 'num_generations_eval': None, 'max_completion_length': 512,
-    'ds3_gather_for_generation': True, 'shuffle_dataset': True, 'pad_to_multiple_of': 'auto',
-    'generation_batch_size': None, 'steps_per_generation': None, 'temperature': 1.0, 'top_p': 1.0, 'top_k': 0,
-    'min_p': None, 'generation_kwargs': None, 'chat_template_kwargs': None, 'repetition_penalty': 1.0,
-    'cache_implementation': None, 'use_vllm': False, 'vllm_mode': 'colocate', 'vllm_model_impl': 'vllm',
-    'vllm_enable_sleep_mode': False, 'vllm_structured_outputs_regex': None, 'vllm_server_base_url': None,
-    'vllm_server_host': '0.0.0.0', 'vllm_server_port': 8000, 'vllm_server_timeout': 240.0, 'vllm_group_port': 51216,
-    'vllm_gpu_memory_utilization': 0.3, 'vllm_max_model_length': None, 'vllm_tensor_parallel_size': 1, 'beta': 0.0,
-    'num_iterations': 1, 'epsilon': 0.2, 'delta': None, 'epsilon_high': None, 'sapo_temperature_neg': 1.05,
-    'sapo_temperature_pos': 1.0, 'vespo_k_pos': 2.0, 'vespo_lambda_pos': 3.0, 'vespo_k_neg': 3.0,
-    'vespo_lambda_neg': 2.0, 'importance_sampling_level': 'token', 'reward_weights': None,
-    'multi_objective_aggregation': 'sum_then_normalize', 'scale_rewards': 'group', 'loss_type': 'dapo',
-    'mask_truncated_completions': False, 'sync_ref_model': False, 'ref_model_mixup_alpha': 0.6,
-    'ref_model_sync_steps': 512, 'top_entropy_quantile': 1.0, 'entropy_coef': 0.0, 'use_adaptive_entropy': False,
-    'entropy_coef_min': 0.0, 'entropy_coef_max': 1.0, 'entropy_coef_delta': 0.005, 'entropy_target': 0.2,
-    'max_tool_calling_iterations': None, 'vllm_importance_sampling_correction': True,
-    'vllm_importance_sampling_mode': 'sequence_mask', 'vllm_importance_sampling_clip_max': 3.0,
-    'vllm_importance_sampling_clip_min': None, 'off_policy_mask_threshold': None, 'use_bias_correction_kl': True,
-    'log_completions': False, 'log_multimodal': True, 'num_completions_to_print': None, 'log_unique_prompts': False,
-    'log_completions_hub_repo': None, 'use_transformers_continuous_batching': False,
-    'transformers_continuous_batching_config': None, 'use_transformers_paged': False,
-    'vllm_importance_sampling_cap': None,
+    "output_dir": None,
+    "per_device_train_batch_size": 8,
+    "num_train_epochs": 3.0,
+    "max_steps": -1,
+    "learning_rate": 1e-06,
+    "lr_scheduler_type": "linear",
+    "lr_scheduler_kwargs": None,
+    "warmup_steps": 0,
+    "optim": "adamw_torch_fused",
+    "optim_args": None,
+    "weight_decay": 0.0,
+    "adam_beta1": 0.9,
+    "adam_beta2": 0.999,
+    "adam_epsilon": 1e-08,
+    "optim_target_modules": None,
+    "gradient_accumulation_steps": 1,
+    "average_tokens_across_devices": True,
+    "max_grad_norm": 1.0,
+    "label_smoothing_factor": 0.0,
+    "bf16": None,
+    "fp16": False,
+    "bf16_full_eval": False,
+    "fp16_full_eval": False,
+    "tf32": None,
+    "activation_checkpointing": None,
+    "activation_checkpointing_kwargs": None,
+    "gradient_checkpointing": True,
+    "gradient_checkpointing_kwargs": None,
+    "torch_compile": False,
+    "torch_compile_backend": None,
+    "torch_compile_mode": None,
+    "use_liger_kernel": False,
+    "liger_kernel_config": None,
+    "use_cache": False,
+    "neftune_noise_alpha": None,
+    "torch_empty_cache_steps": None,
+    "auto_find_batch_size": False,
+    "logging_strategy": "steps",
+    "logging_steps": 10,
+    "logging_first_step": False,
+    "log_on_each_node": True,
+    "logging_nan_inf_filter": True,
+    "include_num_input_tokens_seen": "no",
+    "log_level": "passive",
+    "log_level_replica": "warning",
+    "disable_tqdm": None,
+    "report_to": "none",
+    "run_name": None,
+    "project": "huggingface",
+    "trackio_space_id": None,
+    "trackio_bucket_id": None,
+    "trackio_static_space_id": None,
+    "eval_strategy": "no",
+    "eval_steps": None,
+    "eval_delay": 0,
+    "per_device_eval_batch_size": 8,
+    "prediction_loss_only": False,
+    "eval_on_start": False,
+    "eval_do_concat_batches": True,
+    "eval_use_gather_object": False,
+    "eval_accumulation_steps": None,
+    "include_for_metrics": [],
+    "batch_eval_metrics": False,
+    "save_only_model": False,
+    "save_strategy": "steps",
+    "save_steps": 500,
+    "save_on_each_node": False,
+    "save_total_limit": None,
+    "enable_jit_checkpoint": False,
+    "push_to_hub": False,
+    "hub_token": None,
+    "hub_private_repo": None,
+    "hub_model_id": None,
+    "hub_strategy": "every_save",
+    "hub_always_push": False,
+    "hub_revision": None,
+    "load_best_model_at_end": False,
+    "metric_for_best_model": None,
+    "greater_is_better": None,
+    "ignore_data_skip": False,
+    "restore_callback_states_from_checkpoint": False,
+    "full_determinism": False,
+    "seed": 42,
+    "data_seed": None,
+    "use_cpu": False,
+    "accelerator_config": None,
+    "parallelism_config": None,
+    "dataloader_drop_last": False,
+    "dataloader_num_workers": 0,
+    "dataloader_pin_memory": True,
+    "dataloader_persistent_workers": False,
+    "dataloader_prefetch_factor": None,
+    "dataloader_multiprocessing_context": None,
+    "dataloader_in_order": True,
+    "remove_unused_columns": False,
+    "label_names": None,
+    "train_sampling_strategy": "random",
+    "length_column_name": "length",
+    "ddp_find_unused_parameters": None,
+    "ddp_bucket_cap_mb": None,
+    "ddp_broadcast_buffers": None,
+    "ddp_static_graph": None,
+    "ddp_backend": None,
+    "ddp_timeout": 1800,
+    "fsdp": None,
+    "fsdp_config": None,
+    "deepspeed": None,
+    "debug": "",
+    "skip_memory_metrics": True,
+    "do_train": False,
+    "do_eval": False,
+    "do_predict": False,
+    "resume_from_checkpoint": None,
+    "local_rank": -1,
+    "model_init_kwargs": None,
+    "trust_remote_code": False,
+    "router_aux_loss_coef": None,
+    "disable_dropout": False,
+    "cast_lm_head_to_fp32": False,
+    "num_generations": 8,
+    "num_generations_eval": None,
+    "max_completion_length": 512,
+    "ds3_gather_for_generation": True,
+    "shuffle_dataset": True,
+    "pad_to_multiple_of": "auto",
+    "generation_batch_size": None,
+    "steps_per_generation": None,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": None,
+    "generation_kwargs": None,
+    "chat_template_kwargs": None,
+    "repetition_penalty": 1.0,
+    "cache_implementation": None,
+    "use_vllm": False,
+    "vllm_mode": "colocate",
+    "vllm_model_impl": "vllm",
+    "vllm_enable_sleep_mode": False,
+    "vllm_structured_outputs_regex": None,
+    "vllm_server_base_url": None,
+    "vllm_server_host": "0.0.0.0",
+    "vllm_server_port": 8000,
+    "vllm_server_timeout": 240.0,
+    "vllm_group_port": 51216,
+    "vllm_gpu_memory_utilization": 0.3,
+    "vllm_max_model_length": None,
+    "vllm_tensor_parallel_size": 1,
+    "beta": 0.0,
+    "num_iterations": 1,
+    "epsilon": 0.2,
+    "delta": None,
+    "epsilon_high": None,
+    "sapo_temperature_neg": 1.05,
+    "sapo_temperature_pos": 1.0,
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0,
+    "vespo_lambda_neg": 2.0,
+    "importance_sampling_level": "token",
+    "reward_weights": None,
+    "multi_objective_aggregation": "sum_then_normalize",
+    "scale_rewards": "group",
+    "loss_type": "dapo",
+    "mask_truncated_completions": False,
+    "sync_ref_model": False,
+    "ref_model_mixup_alpha": 0.6,
+    "ref_model_sync_steps": 512,
+    "top_entropy_quantile": 1.0,
+    "entropy_coef": 0.0,
+    "use_adaptive_entropy": False,
+    "entropy_coef_min": 0.0,
+    "entropy_coef_max": 1.0,
+    "entropy_coef_delta": 0.005,
+    "entropy_target": 0.2,
+    "max_tool_calling_iterations": None,
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": 3.0,
+    "vllm_importance_sampling_clip_min": None,
+    "off_policy_mask_threshold": None,
+    "use_bias_correction_kl": True,
+    "log_completions": False,
+    "log_multimodal": True,
+    "num_completions_to_print": None,
+    "log_unique_prompts": False,
+    "log_completions_hub_repo": None,
+    "use_transformers_continuous_batching": False,
+    "transformers_continuous_batching_config": None,
+    "use_transformers_paged": False,
+    "vllm_importance_sampling_cap": None,
 }
 
 # TRL's integrations (transformers' report_to names); grpokit writes tensorboard and wandb itself.
-INTEGRATIONS = ("azure_ml", "clearml", "codecarbon", "comet_ml", "dagshub", "dvclive", "flyte", "mlflow", "neptune",
-                "swanlab", "tensorboard", "trackio", "wandb")
+INTEGRATIONS = (
+    "azure_ml",
+    "clearml",
+    "codecarbon",
+    "comet_ml",
+    "dagshub",
+    "dvclive",
+    "flyte",
+    "mlflow",
+    "neptune",
+    "swanlab",
+    "tensorboard",
+    "trackio",
+    "wandb",
+)
 GRPOKIT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
 
 # Keys with a grpokit default that TRL writes as None: None keeps grpokit's default.
-NONE_KEEPS_DEFAULT = ("output_dir", "min_p", "num_generations_eval", "vllm_importance_sampling_cap",
-                      "vllm_max_model_length")
+NONE_KEEPS_DEFAULT = (
+    "output_dir",
+    "min_p",
+    "num_generations_eval",
+    "vllm_importance_sampling_cap",
+    "vllm_max_model_length",
+)
 
 # Unused keys named even at TRL's default, because grpokit does something else there.
 ALWAYS_NAMED = ("vllm_importance_sampling_mode",)
 
 # TRL keys grpokit acts on without a field of that name (handled in from_trl).
-TRANSLATED = ("bf16", "fp16", "activation_checkpointing", "use_cpu", "disable_tqdm", "shuffle_dataset", "use_vllm",
-              "vllm_mode", "sync_ref_model", "model_init_kwargs", "run_name",
-              "vllm_importance_sampling_clip_max", "resume_from_checkpoint", "optim", "logging_strategy",
-              "steps_per_generation", "generation_batch_size", "do_train", "do_eval", "do_predict", "local_rank")
+TRANSLATED = (
+    "bf16",
+    "fp16",
+    "activation_checkpointing",
+    "use_cpu",
+    "disable_tqdm",
+    "shuffle_dataset",
+    "use_vllm",
+    "vllm_mode",
+    "sync_ref_model",
+    "model_init_kwargs",
+    "run_name",
+    "vllm_importance_sampling_clip_max",
+    "resume_from_checkpoint",
+    "optim",
+    "logging_strategy",
+    "steps_per_generation",
+    "generation_batch_size",
+    "do_train",
+    "do_eval",
+    "do_predict",
+    "local_rank",
+)
 
 
 class TRLValueError(ValueError):
@@ -119,8 +294,9 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
 
     def put(key: str, value: Any, source: str) -> None:
         if key in explicit and key in values and values[key] != value:
-            raise TRLValueError(f"{source} sets {key}={value!r}, but {key}={values[key]!r} is given too; "
-                                "keep one of them.")
+            raise TRLValueError(
+                f"{source} sets {key}={value!r}, but {key}={values[key]!r} is given too; keep one of them."
+            )
         values[key] = value
 
     for key in NONE_KEEPS_DEFAULT:
@@ -144,8 +320,9 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     for key in ("logging_steps", "save_steps", "eval_steps"):
         if isinstance(values.get(key), float) and 0 < values[key] < 1:  # TRL: a fraction of max_steps
             if not isinstance(max_steps, int) or max_steps < 1:
-                raise TRLValueError(f"{key}={values[key]} is a fraction of max_steps, which is not set; "
-                                    f"give {key} in steps.")
+                raise TRLValueError(
+                    f"{key}={values[key]} is a fraction of max_steps, which is not set; give {key} in steps."
+                )
             values[key] = max(1, math.ceil(values[key] * max_steps))
     if "eval_steps" in values and values["eval_steps"] is None:
         del values["eval_steps"]
@@ -183,8 +360,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         put("shuffle", bool(trl["shuffle_dataset"]), f"shuffle_dataset={trl['shuffle_dataset']}")
     if trl.get("use_vllm"):
         if trl.get("vllm_mode", "colocate") != "colocate":
-            raise TRLValueError(f"vllm_mode={trl['vllm_mode']!r}: grpokit's vLLM engine runs in the training "
-                                "process; set vllm_mode='colocate' (no server to start).")
+            raise TRLValueError(
+                f"vllm_mode={trl['vllm_mode']!r}: grpokit's vLLM engine runs in the training "
+                "process; set vllm_mode='colocate' (no server to start)."
+            )
         put("engine", "vllm", "use_vllm=True")
     elif trl.get("use_vllm") is False:
         put("engine", "hf", "use_vllm=False")
@@ -229,7 +408,7 @@ def report_sinks(value: Any) -> tuple[list, list]:
     for item in items:
         if item == "all":
             sinks += [name for name in ("tensorboard", "wandb") if importlib.util.find_spec(name) is not None]
-        elif item in GRPOKIT_SINKS or item not in INTEGRATIONS + ("none",):
+        elif item in GRPOKIT_SINKS or item not in (*INTEGRATIONS, "none"):
             sinks.append(item)
         elif item != "none":
             extra.append(item)
@@ -238,8 +417,10 @@ def report_sinks(value: Any) -> tuple[list, list]:
 
 def unused_message(unused: dict[str, Any]) -> str:
     names = ", ".join(f"{k}={v!r}" for k, v in unused.items())
-    return (f"grpokit: these TRL settings are accepted but not acted on: {names}. "
-            "grpokit's behaviour for each is in docs/from_trl.md.")
+    return (
+        f"grpokit: these TRL settings are accepted but not acted on: {names}. "
+        "grpokit's behaviour for each is in docs/from_trl.md."
+    )
 
 
 def _int(value: Any, default: int) -> int:

@@ -4,7 +4,10 @@ from pathlib import Path
 
 from grpokit.config import config_reference
 
-HEADER = "# Config reference\n\nGenerated from `grpokit/config.py` by `python scripts/gen_config_reference.py`; do not edit by hand.\n\n"
+HEADER = (
+    "# Config reference\n\n"
+    "Generated from `grpokit/config.py` by `python scripts/gen_config_reference.py`; do not edit by hand.\n\n"
+)
 
 if __name__ == "__main__":
     out = Path(__file__).resolve().parents[1] / "docs" / "config.md"

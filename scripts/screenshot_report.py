@@ -33,9 +33,18 @@ def run_headless(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     """Headless Chromium with ``args``, in a throwaway profile with every background network feature off."""
     with tempfile.TemporaryDirectory(prefix="grpokit-chromium-") as profile:
         command = [
-            find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-            "--no-first-run", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--hide-scrollbars", f"--user-data-dir={profile}", *args,
+            find_chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            *args,
         ]
         return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout)
 

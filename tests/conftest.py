@@ -10,7 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 WORDS = [f"w{i}" for i in range(40)]
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}assistant :{% endif %}"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant :{% endif %}"
+)
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +22,7 @@ def tiny_model_dir(tmp_path_factory):
     from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_word_tokenizer(WORDS + ["user", "assistant", "system", ":"])
+    tokenizer = build_word_tokenizer([*WORDS, "user", "assistant", "system", ":"])
     tokenizer.chat_template = CHAT_TEMPLATE
     build_tiny_causal_lm(path, tokenizer, arch="llama", hidden_size=32, num_layers=2, num_heads=2)
     return path

@@ -41,8 +41,9 @@ class Judge(torch.nn.Module):
         super().__init__()
         self.tok = torch.nn.Embedding(vocab_size, config.d_model)
         self.pos = torch.nn.Embedding(max_len, config.d_model)
-        layer = torch.nn.TransformerEncoderLayer(config.d_model, config.n_heads, 4 * config.d_model, dropout=0.0,
-                                                 batch_first=True, norm_first=True)
+        layer = torch.nn.TransformerEncoderLayer(
+            config.d_model, config.n_heads, 4 * config.d_model, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.encoder = torch.nn.TransformerEncoder(layer, config.n_layers, enable_nested_tensor=False)
         self.score = torch.nn.Linear(config.d_model, 1)
 

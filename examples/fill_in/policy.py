@@ -38,8 +38,16 @@ def fill_in_tokenizer():
 
 def warm_start(texts: list[Text], tokenizer, config: PolicyConfig, log=print):
     """A LlamaForCausalLM trained on sloppy labels of ``texts`` (the training split); eval mode."""
-    model, _ = build_tiny_causal_lm(None, tokenizer, arch="llama", hidden_size=config.hidden_size,
-                                    num_layers=config.num_layers, num_heads=config.num_heads, max_positions=32, seed=config.seed)
+    model, _ = build_tiny_causal_lm(
+        None,
+        tokenizer,
+        arch="llama",
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        num_heads=config.num_heads,
+        max_positions=32,
+        seed=config.seed,
+    )
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / config.steps)
@@ -52,7 +60,7 @@ def warm_start(texts: list[Text], tokenizer, config: PolicyConfig, log=print):
             text = texts[rng.randrange(len(texts))]
             label = text.answer if rng.random() < config.teacher_accuracy else corrupt(text, rng)
             prompt_ids = tokenizer.encode(text.prompt)
-            label_ids = tokenizer.encode(label) + [eos]
+            label_ids = [*tokenizer.encode(label), eos]
             rows.append(prompt_ids + label_ids)
             targets.append([-100] * len(prompt_ids) + label_ids)  # the prompt carries no loss
         width = max(len(r) for r in rows)
@@ -66,5 +74,8 @@ def warm_start(texts: list[Text], tokenizer, config: PolicyConfig, log=print):
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         if log and (step % 200 == 0 or step == config.steps - 1):
-            log(f"policy warm start step {step + 1}/{config.steps}  loss {loss.item():.3f}  {time.perf_counter() - start:.0f}s")
+            log(
+                f"policy warm start step {step + 1}/{config.steps}  loss {loss.item():.3f}  "
+                f"{time.perf_counter() - start:.0f}s"
+            )
     return model.eval()

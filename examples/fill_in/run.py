@@ -70,22 +70,34 @@ def measure(trainer: GRPOTrainer, reward, texts: list[spans.Text], greedy: bool 
     args, tokenizer = trainer.args, trainer.tokenizer
     params = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k, greedy=greedy)
     rollouts = trainer.engine.generate([tokenizer.encode(t.prompt) for t in texts], 1, params)
-    completions = [decode(tokenizer, ids[: int(k)].tolist()) for ids, k in zip(rollouts.completion_ids, rollouts.completion_lengths)]
+    completions = [
+        decode(tokenizer, ids[: int(k)].tolist())
+        for ids, k in zip(rollouts.completion_ids, rollouts.completion_lengths)
+    ]
     scores = reward([t.prompt for t in texts], completions)
-    return {"judge_score": sum(scores) / len(scores),
-            "exact_match": sum(spans.exact_match(c, t.answer) for c, t in zip(completions, texts)) / len(texts)}
+    return {
+        "judge_score": sum(scores) / len(scores),
+        "exact_match": sum(spans.exact_match(c, t.answer) for c, t in zip(completions, texts)) / len(texts),
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="config.yaml", help="GRPO config, relative to this folder or a path")
-    parser.add_argument("--cache-dir", default=str(HERE / "cache"), help="where the judge and the warm-started policy are kept")
+    parser.add_argument(
+        "--cache-dir", default=str(HERE / "cache"), help="where the judge and the warm-started policy are kept"
+    )
     parser.add_argument("--n-eval", type=int, default=300, help="held-out texts (never trained on)")
     for prefix, cls in (("policy", PolicyConfig), ("judge", JudgeConfig)):
         for f in fields(cls):
             parser.add_argument(f"--{prefix}-{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads; the models are so small that one thread beats several (their matmuls are too small to split)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads; the models are so small that one thread beats several "
+        "(their matmuls are too small to split)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_intermixed_args(argv)  # options and key=value overrides in any order
 
@@ -115,23 +127,39 @@ def main(argv: list[str] | None = None) -> dict:
     judge = Judge(len(tokenizer), judge_config)
     load_model(judge, str(judge_dir / "judge.safetensors"))
     judge.eval().requires_grad_(False)
-    print(f"judge accuracy on held-out real vs corrupted spans: {judge_accuracy(judge, tokenizer, eval_texts):.3f} "
-          f"(prepared in {time.perf_counter() - t0:.0f}s)")
+    print(
+        f"judge accuracy on held-out real vs corrupted spans: {judge_accuracy(judge, tokenizer, eval_texts):.3f} "
+        f"(prepared in {time.perf_counter() - t0:.0f}s)"
+    )
 
     reward = judge_reward(judge, tokenizer)
-    trainer = GRPOTrainer(model=str(policy_dir), reward_funcs=[reward], args=args, train_dataset=spans.rows(train_texts))
+    trainer = GRPOTrainer(
+        model=str(policy_dir), reward_funcs=[reward], args=args, train_dataset=spans.rows(train_texts)
+    )
     torch.manual_seed(args.seed)
-    before = {**measure(trainer, reward, eval_texts), **{f"greedy_{k}": v for k, v in measure(trainer, reward, eval_texts, greedy=True).items()}}
+    before = {
+        **measure(trainer, reward, eval_texts),
+        **{f"greedy_{k}": v for k, v in measure(trainer, reward, eval_texts, greedy=True).items()},
+    }
     t1 = time.perf_counter()
     trainer.train()
     grpo_seconds = time.perf_counter() - t1
-    after = {**measure(trainer, reward, eval_texts), **{f"greedy_{k}": v for k, v in measure(trainer, reward, eval_texts, greedy=True).items()}}
+    after = {
+        **measure(trainer, reward, eval_texts),
+        **{f"greedy_{k}": v for k, v in measure(trainer, reward, eval_texts, greedy=True).items()},
+    }
 
     print(f"\n{'held-out metric':<22}{'before':>10}{'after':>10}")
     for name, value in before.items():
         print(f"{name:<22}{value:>10.3f}{after[name]:>10.3f}")
-    result = {"config": str(config_path), "n_eval": len(eval_texts), "before": before, "after": after,
-              "grpo_seconds": grpo_seconds, "total_seconds": time.perf_counter() - t0}
+    result = {
+        "config": str(config_path),
+        "n_eval": len(eval_texts),
+        "before": before,
+        "after": after,
+        "grpo_seconds": grpo_seconds,
+        "total_seconds": time.perf_counter() - t0,
+    }
     (Path(args.output_dir) / "fill_in.json").write_text(json.dumps(result, indent=2))
     return result
 

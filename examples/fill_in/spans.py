@@ -2,9 +2,10 @@
 
 A text is a window of 4 to 7 consecutive items of one list (days, months, numbers, ...), in
 ascending or descending order. One span of 1 to 3 items inside the window (never its first or last
-item) is masked, leaving at least three words visible so that the direction is never in doubt; the prompt is the window with a single ``_`` in place of the span, then ``=``,
-and the answer is the span. The mask does not say how many items it hides, so the model has to
-read the words on both sides of it:
+item) is masked, leaving at least three words visible so that the direction is never in doubt; the
+prompt is the window with a single ``_`` in place of the span, then ``=``, and the answer is the
+span. The mask does not say how many items it hides, so the model has to read the words on both
+sides of it:
 
     prompt  "tuesday _ saturday sunday = "      answer "wednesday thursday friday"
 
@@ -22,10 +23,48 @@ from dataclasses import dataclass
 LISTS: dict[str, tuple[list[str], bool]] = {
     # name: (items, cyclic)
     "days": (["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"], True),
-    "months": (["january", "february", "march", "april", "may", "june", "july", "august", "september",
-                "october", "november", "december"], True),
-    "numbers": (["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-                 "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"], False),
+    "months": (
+        [
+            "january",
+            "february",
+            "march",
+            "april",
+            "may",
+            "june",
+            "july",
+            "august",
+            "september",
+            "october",
+            "november",
+            "december",
+        ],
+        True,
+    ),
+    "numbers": (
+        [
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ],
+        False,
+    ),
     "tens": (["ten", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety", "hundred"], False),
     "rainbow": (["red", "orange", "yellow", "green", "blue", "indigo", "violet"], False),
     "planets": (["mercury", "venus", "earth", "mars", "jupiter", "saturn", "uranus", "neptune"], False),
@@ -110,7 +149,7 @@ def corrupt(text: Text, rng: random.Random) -> str:
             i = rng.randrange(len(span))
             wrong = span[:i] + span[i + 1 :]
         elif kind == "extra":  # the visible neighbour on one side, repeated inside the gap
-            wrong = [words[text.start - 1]] + span if rng.random() < 0.5 else span + [words[text.start + text.length]]
+            wrong = [words[text.start - 1], *span] if rng.random() < 0.5 else [*span, words[text.start + text.length]]
         elif kind == "shift":
             step = rng.choice((-2, -1, 1, 2))
             position = [ordered.index(w) + step for w in span]
@@ -121,7 +160,7 @@ def corrupt(text: Text, rng: random.Random) -> str:
             wrong = span[::-1]
         elif kind == "substitute":
             i = rng.randrange(len(span))
-            wrong = span[:i] + [rng.choice(items)] + span[i + 1 :]
+            wrong = [*span[:i], rng.choice(items), *span[i + 1 :]]
         else:
             wrong = rng.sample(items, rng.choice(SPANS))
         if wrong != span:

@@ -130,13 +130,17 @@ def pretrain(smiles: list[str], config: PretrainConfig, log=print) -> tuple[Char
     return model, tokenizer
 
 
-def load_or_pretrain(smiles: list[str], config: PretrainConfig, cache_dir: str | Path, log=print) -> tuple[CharGPT, SmilesTokenizer, Path]:
+def load_or_pretrain(
+    smiles: list[str], config: PretrainConfig, cache_dir: str | Path, log=print
+) -> tuple[CharGPT, SmilesTokenizer, Path]:
     """The pre-trained model from ``cache_dir/chargpt-<hash>``, training and saving it first if missing.
 
     The hash covers the recipe and the data, so changing either builds a new model. The folder is
     written under a temporary name and renamed, so an interrupted build is never taken as complete.
     """
-    recipe = json.dumps({"config": asdict(config), "data": hashlib.sha256("\n".join(smiles).encode()).hexdigest()}, sort_keys=True)
+    recipe = json.dumps(
+        {"config": asdict(config), "data": hashlib.sha256("\n".join(smiles).encode()).hexdigest()}, sort_keys=True
+    )
     folder = Path(cache_dir) / f"chargpt-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
     if not (folder / "model.safetensors").is_file():
         model, tokenizer = pretrain(smiles, config, log)

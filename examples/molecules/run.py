@@ -43,20 +43,30 @@ def sample(trainer: GRPOTrainer, n: int, batch: int = 250) -> list[str]:
     out = []
     for start in range(0, n, batch):
         rollouts = trainer.engine.generate([prompt], min(batch, n - start), params)
-        out += [decode(trainer.tokenizer, ids[: int(k)].tolist()) for ids, k in zip(rollouts.completion_ids, rollouts.completion_lengths)]
+        out += [
+            decode(trainer.tokenizer, ids[: int(k)].tolist())
+            for ids, k in zip(rollouts.completion_ids, rollouts.completion_lengths)
+        ]
     return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="config.yaml", help="GRPO config, relative to this folder or a path")
-    parser.add_argument("--data", default=str(HERE / "data" / "moses_sample.smi"), help=".smi file of training molecules")
+    parser.add_argument(
+        "--data", default=str(HERE / "data" / "moses_sample.smi"), help=".smi file of training molecules"
+    )
     parser.add_argument("--cache-dir", default=str(HERE / "cache"), help="where the pre-trained model is kept")
     parser.add_argument("--samples", type=int, default=1000, help="molecules sampled for each measurement")
     for f in fields(PretrainConfig):
         parser.add_argument(f"--pretrain-{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads; the models are so small that one thread beats several (their matmuls are too small to split)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads; the models are so small that one thread beats several "
+        "(their matmuls are too small to split)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     return parser.parse_intermixed_args(argv)  # options and key=value overrides in any order
 
@@ -87,8 +97,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n{'metric':<12}{'before':>10}{'after':>10}")
     for name in METRICS:
         print(f"{name:<12}{before[name]:>10.3f}{after[name]:>10.3f}")
-    result = {"config": str(config_path), "samples": opts.samples, "before": before, "after": after,
-              "grpo_seconds": grpo_seconds, "total_seconds": time.perf_counter() - t0}
+    result = {
+        "config": str(config_path),
+        "samples": opts.samples,
+        "before": before,
+        "after": after,
+        "grpo_seconds": grpo_seconds,
+        "total_seconds": time.perf_counter() - t0,
+    }
     (Path(args.output_dir) / "molecules.json").write_text(json.dumps(result, indent=2))
     return result
 

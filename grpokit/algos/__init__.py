@@ -11,7 +11,12 @@ from grpokit.algos.advantages import (
 )
 from grpokit.algos.kl import KL_ESTIMATORS, kl_estimate
 from grpokit.algos.logprobs import entropy_from_logits, selective_logprobs
-from grpokit.algos.losses import IMPORTANCE_SAMPLING_LEVELS, importance_log_ratio, policy_loss, truncated_importance_weights
+from grpokit.algos.losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    importance_log_ratio,
+    policy_loss,
+    truncated_importance_weights,
+)
 from grpokit.algos.masked import LOSS_TYPES, aggregate, masked_mean, masked_sum
 from grpokit.algos.passk import pass_at_k
 

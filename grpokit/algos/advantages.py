@@ -55,9 +55,7 @@ def _keep(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     return ~rewards.isnan() & ~zero_variance_groups(rewards, num_generations)
 
 
-def group_advantages(
-    rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group"
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group") -> torch.Tensor:
     """GRPO group-relative advantages, [N] -> [N].
 
     A_i = (r_i - mean(group(i))) / (std + 1e-4)  (Shao et al. 2024, DeepSeekMath), where std is

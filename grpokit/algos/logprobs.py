@@ -144,9 +144,7 @@ def selective_logprobs(
     return _SelectiveLogprobs.apply(logits, token_ids.long(), float(temperature), positions)
 
 
-def entropy_from_logits(
-    logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
-) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None) -> torch.Tensor:
     """Entropy of softmax(logits / temperature) per position, [..., T, V] -> [..., T].
 
     H = -sum_j p_j log p_j = logsumexp(x) - sum_j p_j x_j. Differentiable in ``logits``; logits

@@ -34,7 +34,9 @@ def importance_log_ratio(
     return masked_mean(log_ratio, completion_mask, dim=-1).unsqueeze(-1)  # [N, T] -> [N] -> [N, 1]
 
 
-def truncated_importance_weights(old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
     """[N, T] truncated importance weights w_t = min(exp(old_logp_t - sampling_logp_t), cap), no gradient.
 
     Truncated importance sampling (TIS; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings
@@ -147,8 +149,12 @@ def policy_loss(
         }
         if sampling_logprobs is not None:
             metrics["sampling_is/weight_mean"] = masked_mean(is_weights, completion_mask).item()
-            metrics["sampling_is/capped_fraction"] = masked_mean((is_weights >= sampling_cap).float(), completion_mask).item()
-            mismatch = torch.nan_to_num(old_logprobs - sampling_logprobs, nan=0.0, posinf=0.0, neginf=0.0).abs()  # [N, T]
+            metrics["sampling_is/capped_fraction"] = masked_mean(
+                (is_weights >= sampling_cap).float(), completion_mask
+            ).item()
+            mismatch = torch.nan_to_num(
+                old_logprobs - sampling_logprobs, nan=0.0, posinf=0.0, neginf=0.0
+            ).abs()  # [N, T]
             metrics["sampling_is/logprob_abs_diff"] = masked_mean(mismatch, completion_mask).item()
     if beta > 0:
         kl = kl_estimate(logprobs, ref_logprobs, "k3")  # [N, T]

@@ -2,9 +2,10 @@
 
 A problem is a prompt such as ``"23+45="`` and its answer ``"68"``; the model is expected to reply
 with the number alone, then end of sequence. The prompt is kept this terse on purpose: the demo
-trains a tiny model on a laptop CPU, where every prompt character costs compute on every step. Every problem over the operand range is
-enumerated, shuffled with a seed, and cut into a held-out eval split and a train split, so the two
-never share a question and the same seed always gives the same splits.
+trains a tiny model on a laptop CPU, where every prompt character costs compute on every step. Every
+problem over the operand range is enumerated, shuffled with a seed, and cut into a held-out eval
+split and a train split, so the two never share a question and the same seed always gives the same
+splits.
 
 Rewards follow the grpokit contract ``fn(prompts, completions, **columns) -> list[float | None]``
 with ``answer`` coming from the dataset column of the same name.
@@ -51,12 +52,7 @@ def arithmetic_splits(
     if max_operand < 0:
         raise ValueError(f"max_operand must be >= 0, got {max_operand}")
     ops = list(dict.fromkeys(operators))
-    problems = [
-        make_problem(a, op, b)
-        for op in ops
-        for a in range(max_operand + 1)
-        for b in range(max_operand + 1)
-    ]
+    problems = [make_problem(a, op, b) for op in ops for a in range(max_operand + 1) for b in range(max_operand + 1)]
     if not 0 < n_eval < len(problems):
         raise ValueError(f"n_eval must be between 1 and {len(problems) - 1}, got {n_eval}")
     random.Random(seed).shuffle(problems)
@@ -69,9 +65,7 @@ def first_integer(text: str) -> int | None:
     return int(match.group()) if match else None
 
 
-def arithmetic_correct(
-    prompts: list[str], completions: list[str], answer: list[str], **columns
-) -> list[float]:
+def arithmetic_correct(prompts: list[str], completions: list[str], answer: list[str], **columns) -> list[float]:
     """1.0 when the first integer in the completion equals the answer, else 0.0.
 
     ``"68"``, ``" 68"`` and ``"68 apples"`` are right for answer ``"68"``; ``"680"``, ``"6 8"`` and

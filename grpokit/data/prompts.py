@@ -35,22 +35,39 @@ def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dat
         raise DataError(f"{name} is empty; it needs at least one row with a {prompt_column!r} column.")
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise DataError(f"{name} row {i} is a {type(row).__name__}, not a mapping; each row must be a dict with a {prompt_column!r} key.")
+            raise DataError(
+                f"{name} row {i} is a {type(row).__name__}, not a mapping; each row must be a dict with a "
+                f"{prompt_column!r} key."
+            )
         if prompt_column not in row:
             keys = ", ".join(map(repr, row)) or "none"
             close = difflib.get_close_matches(prompt_column, [str(k) for k in row], n=1)
             hint = f" Did you mean prompt_column: {close[0]}?" if close else ""
-            raise DataError(f"{name} row {i} has no {prompt_column!r} column (columns: {keys}); set data.prompt_column to the column that holds the prompt.{hint}")
+            raise DataError(
+                f"{name} row {i} has no {prompt_column!r} column (columns: {keys}); set data.prompt_column to the "
+                f"column that holds the prompt.{hint}"
+            )
         prompt = row[prompt_column]
         if prompt is None or (isinstance(prompt, (str, list)) and len(prompt) == 0):
             raise DataError(f"{name} row {i} has an empty {prompt_column!r}; remove the row or fill in its prompt.")
         if not isinstance(prompt, (str, list)):
-            raise DataError(f"{name} row {i}: {prompt_column!r} must be a string or a list of chat messages, got {type(prompt).__name__}.")
+            raise DataError(
+                f"{name} row {i}: {prompt_column!r} must be a string or a list of chat messages, got "
+                f"{type(prompt).__name__}."
+            )
     return rows
 
 
 # What the trainer passes to every reward function besides the dataset's columns (TRL's keywords).
-REWARD_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra", "completion_lengths")
+REWARD_KEYWORDS = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_metric",
+    "log_extra",
+    "completion_lengths",
+)
 
 
 def reward_columns(fn: Any) -> list[str]:
@@ -65,18 +82,27 @@ def reward_columns(fn: Any) -> list[str]:
     except (TypeError, ValueError):  # builtins and some C callables have no signature
         return []
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in params if p.kind in named and p.default is inspect.Parameter.empty and p.name not in REWARD_KEYWORDS]
+    return [
+        p.name
+        for p in params
+        if p.kind in named and p.default is inspect.Parameter.empty and p.name not in REWARD_KEYWORDS
+    ]
 
 
-def check_reward_columns(rows: list[dict], rewards: dict[str, Any], prompt_column: str = "prompt", name: str = "train_dataset") -> None:
+def check_reward_columns(
+    rows: list[dict], rewards: dict[str, Any], prompt_column: str = "prompt", name: str = "train_dataset"
+) -> None:
     """Fail before training when a reward needs a column that a row lacks. ``rewards``: {name: function}."""
     for reward, fn in rewards.items():
         for column in reward_columns(fn):
             missing = next((i for i, row in enumerate(rows) if column not in row), None)
             if missing is not None:
                 columns = ", ".join(repr(k) for k in rows[missing] if k != prompt_column) or "none"
-                raise DataError(f"reward {reward!r} needs the column {column!r}, but {name} row {missing} has none (its other columns: "
-                                f"{columns}); add the column {column!r} to the data, or configure the reward to read another column.")
+                raise DataError(
+                    f"reward {reward!r} needs the column {column!r}, but {name} row {missing} has none (its other "
+                    f"columns: {columns}); add the column {column!r} to the data, or configure the reward to read "
+                    "another column."
+                )
 
 
 def _read_path(path: str, name: str) -> list[dict]:
@@ -100,7 +126,9 @@ def _read_path(path: str, name: str) -> list[dict]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as exc:
-                    raise DataError(f"{p}:{n} is not valid JSON ({exc.msg}); each line must be one JSON object.") from None
+                    raise DataError(
+                        f"{p}:{n} is not valid JSON ({exc.msg}); each line must be one JSON object."
+                    ) from None
         return rows
     if suffix == ".csv":
         with p.open(newline="") as f:
@@ -127,7 +155,10 @@ def render_prompt(tokenizer, prompt: str | list) -> tuple[str, bool]:
     if isinstance(prompt, str):
         return prompt, False
     if not getattr(tokenizer, "chat_template", None):
-        raise DataError("a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts or a tokenizer with a chat template.")
+        raise DataError(
+            "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts or "
+            "a tokenizer with a chat template."
+        )
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True), True
 
 
@@ -139,8 +170,16 @@ class PromptSource:
     which holds the question) or dropped, per ``overflow``; both are counted.
     """
 
-    def __init__(self, rows: list[dict], tokenizer, prompt_column: str = "prompt", max_prompt_length: int | None = None,
-                 overflow: str = "truncate", seed: int = 0, shuffle: bool = True):
+    def __init__(
+        self,
+        rows: list[dict],
+        tokenizer,
+        prompt_column: str = "prompt",
+        max_prompt_length: int | None = None,
+        overflow: str = "truncate",
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
         self.rows, self.seed, self.shuffle = rows, seed, shuffle
         self.texts: list[str] = []
         self.ids: list[list[int]] = []
@@ -152,7 +191,10 @@ class PromptSource:
             ids = encode_prompt(tokenizer, text, chat)
             if max_prompt_length is not None and len(ids) > max_prompt_length:
                 if overflow == "error":
-                    raise DataError(f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}; raise max_prompt_length or set prompt_overflow: truncate or drop.")
+                    raise DataError(
+                        f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}; raise "
+                        "max_prompt_length or set prompt_overflow: truncate or drop."
+                    )
                 if overflow == "drop":
                     self.num_dropped += 1
                     self.texts.append(text)
@@ -164,7 +206,10 @@ class PromptSource:
             self.ids.append(ids)
             keep.append(i)
         if not keep:
-            raise DataError(f"every prompt is longer than max_prompt_length={max_prompt_length} and was dropped; raise max_prompt_length.")
+            raise DataError(
+                f"every prompt is longer than max_prompt_length={max_prompt_length} and was dropped; raise "
+                "max_prompt_length."
+            )
         self.usable = np.array(keep)
         self.epoch = 0
         self.position = 0
@@ -180,8 +225,10 @@ class PromptSource:
         ``len % batch_size`` prompts of an epoch are skipped, a different few each shuffled epoch),
         so no prompt appears twice in one step."""
         if batch_size > len(self._order):
-            raise DataError(f"a step needs {batch_size} distinct prompts but only {len(self._order)} are usable; "
-                            "add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations.")
+            raise DataError(
+                f"a step needs {batch_size} distinct prompts but only {len(self._order)} are usable; "
+                "add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations."
+            )
         if self.position + batch_size > len(self._order):
             self.epoch += 1
             self.position = 0
@@ -198,10 +245,15 @@ class PromptSource:
         self._order = self._make_order()
 
 
-def reward_inputs(rows: list[dict], indices: list[int], num_generations: int, prompt_column: str,
-                  completion_lengths: list[int]) -> dict[str, list]:
+def reward_inputs(
+    rows: list[dict], indices: list[int], num_generations: int, prompt_column: str, completion_lengths: list[int]
+) -> dict[str, list]:
     """The columns passed to reward functions for G completions of each prompt in ``indices``:
     every dataset column but the prompt, repeated G times, plus ``completion_lengths`` (tokens)."""
-    columns = {k: [rows[i].get(k) for i in indices for _ in range(num_generations)] for k in rows[indices[0]] if k != prompt_column}
+    columns = {
+        k: [rows[i].get(k) for i in indices for _ in range(num_generations)]
+        for k in rows[indices[0]]
+        if k != prompt_column
+    }
     columns["completion_lengths"] = list(completion_lengths)
     return columns

@@ -66,7 +66,9 @@ class SmilesTokenizer:
         try:
             return [self.index[ch] for ch in text]
         except KeyError as exc:
-            raise ValueError(f"character {exc.args[0]!r} is not in the SMILES vocabulary {''.join(self.vocab)!r}") from None
+            raise ValueError(
+                f"character {exc.args[0]!r} is not in the SMILES vocabulary {''.join(self.vocab)!r}"
+            ) from None
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         first = 3 if skip_special_tokens else 0
@@ -82,7 +84,10 @@ class SmilesTokenizer:
         vocab = json.loads((Path(folder) / TOKENIZER_FILE).read_text())["vocab"]
         tokenizer = cls(vocab[3:])
         if tokenizer.vocab != vocab:
-            raise ValueError(f"{folder}/{TOKENIZER_FILE} does not hold a SmilesTokenizer vocabulary (pad, ^, $ first, then sorted characters).")
+            raise ValueError(
+                f"{folder}/{TOKENIZER_FILE} does not hold a SmilesTokenizer vocabulary (pad, ^, $ first, then sorted "
+                "characters)."
+            )
         return tokenizer
 
 

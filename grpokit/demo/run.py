@@ -23,15 +23,25 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int = 4
     was_training = model.training
     model.eval()
     batch = tokenizer(prompts, return_tensors="pt", padding=True)
-    output = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    output = model.generate(
+        **batch,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     model.train(was_training)
-    return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tokenizer.batch_decode(output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def run_demo(steps: int | None = None, output_dir: str | Path = "runs/demo", rebuild: bool = False,
-             cache_dir: str | Path | None = None, warm_start: WarmStartConfig | None = None,
-             overrides: dict | None = None) -> dict:
+def run_demo(
+    steps: int | None = None,
+    output_dir: str | Path = "runs/demo",
+    rebuild: bool = False,
+    cache_dir: str | Path | None = None,
+    warm_start: WarmStartConfig | None = None,
+    overrides: dict | None = None,
+) -> dict:
     """Warm-start (or reuse) the demo policy, train it with GRPO, and report before/after numbers.
 
     ``steps`` overrides the GRPO steps of ``grpokit/demo/config.yaml``; ``overrides`` any other
@@ -73,10 +83,14 @@ def run_demo(steps: int | None = None, output_dir: str | Path = "runs/demo", reb
     window = min(REWARD_WINDOW, len(rewards))
     first, last = evals[0], evals[-1]
     result = {
-        "pass1_before": first["eval/pass@1"], "pass1_after": last["eval/pass@1"],
-        "pass8_before": first["eval/pass@8"], "pass8_after": last["eval/pass@8"],
-        "greedy_before": first["eval/greedy_accuracy"], "greedy_after": last["eval/greedy_accuracy"],
-        "reward_start": sum(rewards[:window]) / window, "reward_end": sum(rewards[-window:]) / window,
+        "pass1_before": first["eval/pass@1"],
+        "pass1_after": last["eval/pass@1"],
+        "pass8_before": first["eval/pass@8"],
+        "pass8_after": last["eval/pass@8"],
+        "greedy_before": first["eval/greedy_accuracy"],
+        "greedy_after": last["eval/greedy_accuracy"],
+        "reward_start": sum(rewards[:window]) / window,
+        "reward_end": sum(rewards[-window:]) / window,
         "wall_seconds": wall,
     }
 
@@ -90,7 +104,9 @@ def run_demo(steps: int | None = None, output_dir: str | Path = "runs/demo", reb
         summary.add_column(column)
     for label, key in (("pass@1 (sampled)", "pass1"), ("pass@8", "pass8"), ("greedy", "greedy")):
         summary.add_row(label, f"{result[key + '_before']:.2f}", f"{result[key + '_after']:.2f}")
-    summary.add_row(f"train reward (first / last {window} steps)", f"{result['reward_start']:.2f}", f"{result['reward_end']:.2f}")
+    summary.add_row(
+        f"train reward (first / last {window} steps)", f"{result['reward_start']:.2f}", f"{result['reward_end']:.2f}"
+    )
     summary.add_row("wall time (s)", "", f"{wall:.0f}")
     console.print(examples, summary)
     console.print(f"done in {wall:.0f}s; run folder {trainer.run_dir} (grpokit inspect / report.html)")

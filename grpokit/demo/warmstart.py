@@ -162,8 +162,7 @@ def train_warm_start(config: WarmStartConfig, log=None):
         optimizer.zero_grad(set_to_none=True)
         if log is not None and (step % 100 == 0 or step == total - 1):
             phase = "right answers" if step < config.clean_steps else "sloppy teacher"
-            log(f"warm start {step + 1}/{total} ({phase})  loss {loss.item():.3f}  "
-                f"{time.perf_counter() - start:.0f}s")
+            log(f"warm start {step + 1}/{total} ({phase})  loss {loss.item():.3f}  {time.perf_counter() - start:.0f}s")
     model.eval()
     return model, tokenizer
 

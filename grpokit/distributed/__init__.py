@@ -18,4 +18,15 @@ from grpokit.distributed.torch_dist import (
     wrap_data_parallel,
 )
 
-__all__ = ["DistContext", "concat_rollouts", "exit_process", "gather_reward_result", "generate_per_group", "group_seed", "init_distributed", "shutdown_distributed", "split_rollouts", "wrap_data_parallel"]
+__all__ = [
+    "DistContext",
+    "concat_rollouts",
+    "exit_process",
+    "gather_reward_result",
+    "generate_per_group",
+    "group_seed",
+    "init_distributed",
+    "shutdown_distributed",
+    "split_rollouts",
+    "wrap_data_parallel",
+]

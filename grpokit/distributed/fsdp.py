@@ -87,8 +87,9 @@ def full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:
     return get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
 
 
-def load_full_state(model: torch.nn.Module, state: dict[str, torch.Tensor], optimizer=None,
-                    optimizer_state: dict | None = None) -> tuple[list[str], list[str]]:
+def load_full_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], optimizer=None, optimizer_state: dict | None = None
+) -> tuple[list[str], list[str]]:
     """Load a full state dict (and optimizer state) that every rank holds into the sharded model, each
     rank keeping its shard (collective). Returns (missing keys, unexpected keys); the optimizer state
     is loaded only when both match."""

@@ -66,9 +66,11 @@ class RayRewardPool:
             try:
                 ray.cloudpickle.dumps(fn)
             except Exception as exc:
-                raise RewardError(f"reward {name!r} cannot be sent to Ray reward workers: {exc}. "
-                                  "Keep what it needs at module level (no open files, locks or clients), "
-                                  "or set distributed.num_reward_workers: 0") from exc
+                raise RewardError(
+                    f"reward {name!r} cannot be sent to Ray reward workers: {exc}. "
+                    "Keep what it needs at module level (no open files, locks or clients), "
+                    "or set distributed.num_reward_workers: 0"
+                ) from exc
         self.workers = workers
         self.worker_cpus = worker_cpus
         self.grace = GRACE
@@ -80,7 +82,9 @@ class RayRewardPool:
         ray = import_ray()
         # Held while the actors live: a restarted actor is built again from this object.
         self._functions_ref = ray.put(self.functions)
-        self._actor = ray.remote(num_cpus=self.worker_cpus, max_restarts=-1, max_task_retries=MAX_TRIES - 1)(RewardWorker)
+        self._actor = ray.remote(num_cpus=self.worker_cpus, max_restarts=-1, max_task_retries=MAX_TRIES - 1)(
+            RewardWorker
+        )
         self.actors = [self._actor.remote(self._functions_ref) for _ in range(self.workers)]
         ray.get([actor.ready.remote() for actor in self.actors])  # started: the deadline of a batch is its own
 
@@ -93,8 +97,10 @@ class RayRewardPool:
 
         if not self.actors:
             self._start()
-        refs = [self.actors[c].score.remote(payload, r.stop - r.start, timeout)
-                for c, (r, payload) in enumerate(zip(rows, payloads))]
+        refs = [
+            self.actors[c].score.remote(payload, r.stop - r.start, timeout)
+            for c, (r, payload) in enumerate(zip(rows, payloads))
+        ]
         deadline = time.monotonic() + timeout + self.grace
         outcomes: list[list[tuple[slice, Outcome]]] = [[] for _ in self.functions]
         for c, (r, ref) in enumerate(zip(rows, refs)):

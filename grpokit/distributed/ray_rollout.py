@@ -42,9 +42,11 @@ def connect(address: str | None, num_cpus: int | None) -> None:
         except ConnectionError as exc:
             from grpokit.config import ConfigError
 
-            raise ConfigError(f"distributed.address={address!r}: no Ray cluster to join ({exc}). Start one with `ray start --head` "
-                              "(on every other node: `ray start --address HEAD:6379`), or set distributed.address: null to let grpokit "
-                              "start a local cluster.") from None
+            raise ConfigError(
+                f"distributed.address={address!r}: no Ray cluster to join ({exc}). Start one with `ray start --head` "
+                "(on every other node: `ray start --address HEAD:6379`), or set distributed.address: null to let "
+                "grpokit start a local cluster."
+            ) from None
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
@@ -52,8 +54,14 @@ def connect(address: str | None, num_cpus: int | None) -> None:
 class RolloutWorker:
     """A Ray actor: one policy copy and a rollout engine on its own device."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, use_gpu: bool,
-                 autocast_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        use_gpu: bool,
+        autocast_dtype: torch.dtype | None = None,
+    ):
         from grpokit.rollout.engine import HFRolloutEngine
 
         device = torch.device("cuda" if use_gpu else "cpu")
@@ -62,8 +70,15 @@ class RolloutWorker:
         self.engine = HFRolloutEngine(self.model, eos_token_ids, pad_token_id, device, autocast_dtype=autocast_dtype)
         self.version: int | None = None  # nothing published loaded yet
 
-    def generate(self, weights: list, version: int, prompt_ids: list[list[int]], seeds: list[int],
-                 num_generations: int, params: SamplingParams) -> Rollouts:
+    def generate(
+        self,
+        weights: list,
+        version: int,
+        prompt_ids: list[list[int]],
+        seeds: list[int],
+        num_generations: int,
+        params: SamplingParams,
+    ) -> Rollouts:
         """``weights`` is ``[ObjectRef]`` (nested, so it is fetched only when the version changed)."""
         if version != self.version:
             import ray
@@ -95,8 +110,16 @@ class PendingRollouts:
 class RayRolloutEngine:
     """Training rollouts from ``num_workers`` Ray actors; see the module docstring."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, num_workers: int,
-                 worker_cpus: float = 1.0, worker_gpus: float = 0.0, autocast_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        num_workers: int,
+        worker_cpus: float = 1.0,
+        worker_gpus: float = 0.0,
+        autocast_dtype: torch.dtype | None = None,
+    ):
         ray = import_ray()
         self.pad_token_id = pad_token_id
         # The architecture ships once (the driver's copy stays where it is); weights follow by version.
@@ -118,7 +141,9 @@ class RayRolloutEngine:
         self._weights = [ray.put(state)]
         self.version = version
 
-    def submit(self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams) -> PendingRollouts:
+    def submit(
+        self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams
+    ) -> PendingRollouts:
         """Start sampling with the last published weights; returns at once."""
         if self.version is None:
             raise RuntimeError("publish() the policy weights before the first submit().")
@@ -132,7 +157,9 @@ class RayRolloutEngine:
 
     def _submit_chunk(self, pending: PendingRollouts, chunk: int, worker: int) -> None:
         prompts, seeds = pending.chunks[chunk]
-        ref = self.workers[worker].generate.remote(pending.weights, pending.version, prompts, seeds, pending.num_generations, pending.params)
+        ref = self.workers[worker].generate.remote(
+            pending.weights, pending.version, prompts, seeds, pending.num_generations, pending.params
+        )
         pending.refs[ref] = (chunk, worker)
 
     def collect(self, pending: PendingRollouts) -> Rollouts:
@@ -153,7 +180,9 @@ class RayRolloutEngine:
                 self._submit_chunk(pending, chunk, worker)
         return concat_rollouts([results[c] for c in range(len(pending.chunks))], self.pad_token_id)
 
-    def generate(self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams) -> Rollouts:
+    def generate(
+        self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams
+    ) -> Rollouts:
         return self.collect(self.submit(prompt_ids, seeds, num_generations, params))
 
     def shutdown(self) -> None:

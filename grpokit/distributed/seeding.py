@@ -22,8 +22,9 @@ def group_seed(seed: int, step: int, group: int) -> int:
     return ((seed * _PRIME + step) * _PRIME + group) % (2**63 - 1)
 
 
-def generate_per_group(engine, prompt_ids: list[list[int]], seeds: list[int], num_generations: int,
-                       params: SamplingParams) -> Rollouts:
+def generate_per_group(
+    engine, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams
+) -> Rollouts:
     """Sample each prompt's group with ``engine`` after seeding its generator with that group's seed
     (an engine that seeds groups itself, such as vLLM's, takes the seeds in one call)."""
     if getattr(engine, "takes_group_seeds", False):

@@ -102,14 +102,28 @@ def gather_reward_result(ctx: DistContext, result):
         combined=torch.cat([p.combined for p in parts]),  # [N_global]
         errors=[e for p in parts for e in p.errors],
         error_counts={name: sum(p.error_counts[name] for p in parts) for name in parts[0].names},
-        logged={name: [v for p in parts for v in p.logged.get(name, [])] for name in sorted({k for p in parts for k in p.logged})},
-        extra={column: [v for p in parts for v in p.extra.get(column, [None] * len(p.errors))]
-               for column in sorted({k for p in parts for k in p.extra})},
+        logged={
+            name: [v for p in parts for v in p.logged.get(name, [])]
+            for name in sorted({k for p in parts for k in p.logged})
+        },
+        extra={
+            column: [v for p in parts for v in p.extra.get(column, [None] * len(p.errors))]
+            for column in sorted({k for p in parts for k in p.extra})
+        },
     )
 
 
-def score_rewards(ctx: DistContext, runner, prompts: list, completions: list[str], columns: dict, group_size: int,
-                  on_main: bool = False, completion_ids: list[list[int]] | None = None, trainer_state=None):
+def score_rewards(
+    ctx: DistContext,
+    runner,
+    prompts: list,
+    completions: list[str],
+    columns: dict,
+    group_size: int,
+    on_main: bool = False,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state=None,
+):
     """(this rank's RewardResult, the global batch's: every rank's rows in rank order). The global
     result goes through ``runner.check_signal`` (the same on every rank, so every rank stops together).
 
@@ -121,7 +135,9 @@ def score_rewards(ctx: DistContext, runner, prompts: list, completions: list[str
     same message, so the other ranks stop instead of waiting.
     """
     if not (ctx.enabled and on_main):
-        reward = runner.combine(runner.score_values(prompts, completions, columns, group_size, completion_ids, trainer_state))
+        reward = runner.combine(
+            runner.score_values(prompts, completions, columns, group_size, completion_ids, trainer_state)
+        )
         everyone = gather_reward_result(ctx, reward)
         runner.check_signal(everyone)
         return reward, everyone
@@ -132,12 +148,21 @@ def score_rewards(ctx: DistContext, runner, prompts: list, completions: list[str
     payload, failure = None, None
     if ctx.is_main:
         try:
-            payload = runner.score_values([p for part in parts for p in part[0]], [c for part in parts for c in part[1]],
-                                          {key: [v for part in parts for v in part[2][key]] for key in columns}, group_size,
-                                          None if completion_ids is None else [ids for part in parts for ids in part[3]], trainer_state)
-        except Exception as exc:  # noqa: BLE001 - sent to the other ranks, raised again here below
+            payload = runner.score_values(
+                [p for part in parts for p in part[0]],
+                [c for part in parts for c in part[1]],
+                {key: [v for part in parts for v in part[2][key]] for key in columns},
+                group_size,
+                None if completion_ids is None else [ids for part in parts for ids in part[3]],
+                trainer_state,
+            )
+        except Exception as exc:
             failure = exc
-            payload = str(exc) if isinstance(exc, RewardError) else f"rank 0 could not score the rewards: {type(exc).__name__}: {exc}"
+            payload = (
+                str(exc)
+                if isinstance(exc, RewardError)
+                else f"rank 0 could not score the rewards: {type(exc).__name__}: {exc}"
+            )
     box = [payload]
     dist.broadcast_object_list(box, src=0)
     if failure is not None:
@@ -200,7 +225,9 @@ def exit_process(code: int) -> None:
     os._exit(code)
 
 
-def wrap_data_parallel(model: torch.nn.Module, ctx: DistContext, device: torch.device, strategy: str = "ddp") -> torch.nn.Module:
+def wrap_data_parallel(
+    model: torch.nn.Module, ctx: DistContext, device: torch.device, strategy: str = "ddp"
+) -> torch.nn.Module:
     """The module the learner trains when there are several processes: DDP around ``model``, or
     ``model`` itself sharded in place with FSDP (:mod:`grpokit.distributed.fsdp`).
 

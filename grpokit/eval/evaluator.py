@@ -12,9 +12,22 @@ from grpokit.modeling import decode
 from grpokit.rollout.types import SamplingParams
 
 
-def evaluate(engine, tokenizer, source, rows: list[dict], reward_runner, *, num_samples: int, ks: list[int],
-             params: SamplingParams, success_threshold: float, prompt_column: str = "prompt",
-             prompts_per_batch: int = 16, max_prompts: int | None = None, trainer_state=None) -> dict[str, float]:
+def evaluate(
+    engine,
+    tokenizer,
+    source,
+    rows: list[dict],
+    reward_runner,
+    *,
+    num_samples: int,
+    ks: list[int],
+    params: SamplingParams,
+    success_threshold: float,
+    prompt_column: str = "prompt",
+    prompts_per_batch: int = 16,
+    max_prompts: int | None = None,
+    trainer_state=None,
+) -> dict[str, float]:
     """Metrics ``eval/reward``, ``eval/pass@k`` for each k, ``eval/greedy_accuracy``, and
     ``eval/<name>`` for each name the reward functions logged with ``log_metric`` (the mean).
 
@@ -26,8 +39,17 @@ def evaluate(engine, tokenizer, source, rows: list[dict], reward_runner, *, num_
     indices = [int(i) for i in source.usable][:max_prompts]
     rewards, correct, greedy_correct = [], [], []
     logged: dict[str, list[float]] = {}
-    score = functools.partial(_score, engine, tokenizer, source, rows, reward_runner, prompt_column=prompt_column,
-                              trainer_state=trainer_state, logged=logged)
+    score = functools.partial(
+        _score,
+        engine,
+        tokenizer,
+        source,
+        rows,
+        reward_runner,
+        prompt_column=prompt_column,
+        trainer_state=trainer_state,
+        logged=logged,
+    )
     for start in range(0, len(indices), prompts_per_batch):
         chunk = indices[start : start + prompts_per_batch]
         sampled = score(chunk, num_samples, params)
@@ -46,8 +68,9 @@ def evaluate(engine, tokenizer, source, rows: list[dict], reward_runner, *, num_
     return metrics
 
 
-def _score(engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state,
-           logged) -> torch.Tensor:
+def _score(
+    engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state, logged
+) -> torch.Tensor:
     rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
     ids = [row[: int(length)].tolist() for row, length in zip(rollouts.completion_ids, rollouts.completion_lengths)]
     texts = [decode(tokenizer, row) for row in ids]

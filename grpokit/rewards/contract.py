@@ -59,8 +59,7 @@ def require_column(columns: Mapping[str, Any], column: str, reward: str) -> Sequ
     """Return ``columns[column]``, or raise :class:`MissingColumnError` naming it."""
     if column not in columns:
         raise MissingColumnError(
-            f"reward {reward!r} needs the dataset column {column!r}; "
-            f"the columns given are {sorted(columns)}"
+            f"reward {reward!r} needs the dataset column {column!r}; the columns given are {sorted(columns)}"
         )
     return columns[column]
 
@@ -127,8 +126,9 @@ class RewardLog:
         sized = hasattr(values, "__len__") and not isinstance(values, (str, bytes, Mapping))
         if not isinstance(column, str) or not sized or len(values) != self.n:
             got = f"{len(values)} values" if sized else f"a {type(values).__name__}"
-            raise ValueError(f"log_extra({column!r}, values) needs a list of one value per completion ({self.n}), "
-                             f"got {got}")
+            raise ValueError(
+                f"log_extra({column!r}, values) needs a list of one value per completion ({self.n}), got {got}"
+            )
         self.extra[column] = list(values)
 
 
@@ -182,7 +182,7 @@ def run_call(fn: RewardFn, payload: Mapping[str, Any], n: int) -> Outcome:
         output = call_reward(fn, payload, log)
     except RewardError as exc:
         return Outcome(log=log, fatal=exc)
-    except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported
+    except BaseException as exc:
         return Outcome(error=f"{type(exc).__name__}: {exc}", traceback=_user_traceback(exc), log=log)
     if hasattr(output, "tolist"):  # numpy / torch: plain values, cheap to send between processes
         output = output.tolist()
@@ -233,13 +233,10 @@ def check_output(name: str, output: Any, n: int) -> tuple[list[float | None], li
         output = output.tolist()
     if isinstance(output, (str, bytes, Mapping)) or not isinstance(output, Sequence):
         raise RewardError(
-            f"reward {name!r} must return a list of {n} numbers or None, "
-            f"got {type(output).__name__}: {_short(output)}"
+            f"reward {name!r} must return a list of {n} numbers or None, got {type(output).__name__}: {_short(output)}"
         )
     if len(output) != n:
-        raise RewardError(
-            f"reward {name!r} returned {len(output)} values for {n} completions: {_short(output)}"
-        )
+        raise RewardError(f"reward {name!r} returned {len(output)} values for {n} completions: {_short(output)}")
     values: list[float | None] = []
     errors: list[str | None] = []
     for value in output:

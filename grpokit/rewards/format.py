@@ -11,9 +11,7 @@ from grpokit.rewards.contract import texts_of
 # Tag contents may not open or close the same tag again, so "<think>a</think><think>b</think>"
 # is not a single well-formed think block.
 LAYOUTS = {
-    "think_answer": (
-        r"\s*<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)*</answer>\s*"
-    ),
+    "think_answer": (r"\s*<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</?answer>).)*</answer>\s*"),
 }
 MODES = ("fullmatch", "search")
 
@@ -28,17 +26,13 @@ class FormatReward:
 
     name = "format"
 
-    def __init__(
-        self, pattern: str | None = None, layout: str | None = None, mode: str = "fullmatch"
-    ):
+    def __init__(self, pattern: str | None = None, layout: str | None = None, mode: str = "fullmatch"):
         if pattern is not None and layout is not None:
             raise ValueError("format reward: give either pattern or layout, not both")
         if pattern is None:
             layout = layout or "think_answer"
             if layout not in LAYOUTS:
-                raise ValueError(
-                    f"format reward: unknown layout {layout!r}; known: {sorted(LAYOUTS)}"
-                )
+                raise ValueError(f"format reward: unknown layout {layout!r}; known: {sorted(LAYOUTS)}")
             pattern = LAYOUTS[layout]
         if mode not in MODES:
             raise ValueError(f"format reward: mode must be one of {MODES}, got {mode!r}")
@@ -49,8 +43,6 @@ class FormatReward:
         self.pattern = pattern
         self.mode = mode
 
-    def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
-    ) -> list[float]:
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
         match = self._regex.fullmatch if self.mode == "fullmatch" else self._regex.search
         return [1.0 if match(completion) else 0.0 for completion in texts_of(completions)]

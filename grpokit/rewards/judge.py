@@ -34,9 +34,7 @@ def _load_pretrained(path: str, tokenizer: Any):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer or path)
     if model.config.pad_token_id is None:
         # HF sequence classifiers pool the last non-pad token, so batching needs a pad id.
-        pad_id = (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        )
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad_id is None:
             raise ValueError(
                 f"reward model {path!r}: neither the model config nor the tokenizer defines a "
@@ -48,9 +46,7 @@ def _load_pretrained(path: str, tokenizer: Any):
 
 def _accepts_attention_mask(model: torch.nn.Module) -> bool:
     parameters = inspect.signature(model.forward).parameters.values()
-    return any(
-        p.name == "attention_mask" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
-    )
+    return any(p.name == "attention_mask" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 class RewardModelReward:
@@ -136,17 +132,13 @@ class RewardModelReward:
             score = raw[:, 0]  # [B]
             return score if self.output == "logit" else torch.sigmoid(score)
         if not 0 <= self.label < raw.shape[1]:
-            raise RewardError(
-                f"reward_model: label {self.label} is not one of {raw.shape[1]} classes"
-            )
+            raise RewardError(f"reward_model: label {self.label} is not one of {raw.shape[1]} classes")
         if self.output == "prob":
             return torch.softmax(raw, dim=-1)[:, self.label]  # [B]
         score = raw[:, self.label]  # [B]
         return score if self.output == "logit" else torch.sigmoid(score)
 
-    def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
-    ) -> list[float]:
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
         if self.text == "completion":
             texts = [text_of(c) for c in completions]
         else:
@@ -184,8 +176,10 @@ class ClassifierReward:
         if processing_class is None:
             path = getattr(config, "_name_or_path", None)
             if not path:
-                raise ValueError(f"reward {type(model).__name__}: an nn.Module reward needs its tokenizer; "
-                                 "pass reward_processing_classes=[tokenizer]")
+                raise ValueError(
+                    f"reward {type(model).__name__}: an nn.Module reward needs its tokenizer; "
+                    "pass reward_processing_classes=[tokenizer]"
+                )
             from transformers import AutoTokenizer
 
             processing_class = AutoTokenizer.from_pretrained(path)
@@ -205,8 +199,13 @@ class ClassifierReward:
         rewards: list[float] = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                inputs = self.processing_class(text=texts[start : start + self.batch_size], return_tensors="pt",
-                                               padding=True, padding_side="right", add_special_tokens=False)
+                inputs = self.processing_class(
+                    text=texts[start : start + self.batch_size],
+                    return_tensors="pt",
+                    padding=True,
+                    padding_side="right",
+                    add_special_tokens=False,
+                )
                 logits = self.model(**{k: v.to(device) for k, v in inputs.items()}).logits  # [B, C]
                 rewards.extend(logits[:, 0].float().tolist())
         return rewards

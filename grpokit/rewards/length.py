@@ -56,12 +56,9 @@ class LengthReward:
         overlong = max_length is not None or cache_length is not None
         if overlong == (target_length is not None):
             raise ValueError(
-                "length reward: give max_length and cache_length (DAPO overlong penalty) "
-                "or target_length, not both"
+                "length reward: give max_length and cache_length (DAPO overlong penalty) or target_length, not both"
             )
-        if overlong and (
-            max_length is None or cache_length is None or not 0 < cache_length <= max_length
-        ):
+        if overlong and (max_length is None or cache_length is None or not 0 < cache_length <= max_length):
             raise ValueError(
                 "length reward: need 0 < cache_length <= max_length, "
                 f"got max_length={max_length}, cache_length={cache_length}"
@@ -81,15 +78,7 @@ class LengthReward:
             return [len(completion) for completion in texts_of(completions)]
         return require_column(columns, LENGTH_COLUMN, self.name)
 
-    def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
-    ) -> list[float]:
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
         if self.target_length is not None:
-            return [
-                target_length_penalty(n, self.target_length)
-                for n in self.lengths(completions, columns)
-            ]
-        return [
-            overlong_penalty(n, self.max_length, self.cache_length)
-            for n in self.lengths(completions, columns)
-        ]
+            return [target_length_penalty(n, self.target_length) for n in self.lengths(completions, columns)]
+        return [overlong_penalty(n, self.max_length, self.cache_length) for n in self.lengths(completions, columns)]

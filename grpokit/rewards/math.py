@@ -111,9 +111,7 @@ def _math_verify_equal(prediction: str, reference: str) -> bool:
 
 def answers_match(prediction: str, reference: str) -> bool:
     """Normalised exact match, else math-verify equivalence."""
-    return normalise(prediction) == normalise(reference) or _math_verify_equal(
-        prediction, reference
-    )
+    return normalise(prediction) == normalise(reference) or _math_verify_equal(prediction, reference)
 
 
 class AccuracyReward:
@@ -129,9 +127,7 @@ class AccuracyReward:
         self.answer_column = answer_column
         self.required_columns = (answer_column,)  # checked against the dataset before the model loads
 
-    def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
-    ) -> list[float | None]:
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float | None]:
         references = require_column(columns, self.answer_column, self.name)
         return [self.score(c, r) for c, r in zip(texts_of(completions), references, strict=True)]
 

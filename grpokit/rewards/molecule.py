@@ -78,7 +78,5 @@ class MoleculeReward:
             return float(QED.qed(molecule))
         return (10.0 - _sascorer().calculateScore(molecule)) / 9.0
 
-    def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
-    ) -> list[float]:
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
         return [self.score(smiles) for smiles in texts_of(completions)]

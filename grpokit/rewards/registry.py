@@ -156,8 +156,6 @@ def resolve_reward(spec: Any) -> tuple[str, Callable, float]:
     elif callable(target):
         fn = target
     else:
-        raise TypeError(
-            f"a reward spec is a callable, a string or a dict, got {type(target).__name__}"
-        )
+        raise TypeError(f"a reward spec is a callable, a string or a dict, got {type(target).__name__}")
     name = reward_name(fn)
     return name, functools.partial(fn, **params) if params else fn, weight

@@ -80,8 +80,11 @@ class RewardResult:
 
     def all_failed(self) -> bool:
         """Every function failed (raised, timed out, returned NaN) on every completion."""
-        return bool(self.errors) and all(e is not None for e in self.errors) and all(
-            count == len(self.errors) for count in self.error_counts.values())
+        return (
+            bool(self.errors)
+            and all(e is not None for e in self.errors)
+            and all(count == len(self.errors) for count in self.error_counts.values())
+        )
 
 
 @dataclass
@@ -98,8 +101,12 @@ class RewardValues:
 
     def rows(self, rows: slice) -> RewardValues:
         """These rows; the logged metrics belong to the whole batch and stay with every part."""
-        return RewardValues(self.per_func[rows].clone(), self.messages[rows], self.logged,
-                            {column: values[rows] for column, values in self.extra.items()})
+        return RewardValues(
+            self.per_func[rows].clone(),
+            self.messages[rows],
+            self.logged,
+            {column: values[rows] for column, values in self.extra.items()},
+        )
 
 
 def _nan_mean_std(values: torch.Tensor) -> tuple[float, float]:
@@ -128,8 +135,6 @@ def _chunks(n: int, parts: int, group_size: int = 1) -> list[slice]:
     parts = max(1, min(parts, groups))
     bounds = [round(k * groups / parts) * group_size for k in range(parts + 1)]
     return [slice(a, b) for a, b in itertools.pairwise(bounds)]
-
-
 
 
 class RewardRunner:
@@ -201,8 +206,11 @@ class RewardRunner:
                 continue
             context, why = process_context(fn)
             if context is None:
-                warnings.warn(f"grpokit: reward {name!r} runs in the trainer's process, where its timeout cannot stop "
-                              f"code that holds the GIL, because {why}.", stacklevel=3)
+                warnings.warn(
+                    f"grpokit: reward {name!r} runs in the trainer's process, where its timeout cannot stop "
+                    f"code that holds the GIL, because {why}.",
+                    stacklevel=3,
+                )
                 continue
             self._processes[f] = [RewardProcess(fn, context) for _ in range(count)]
 
@@ -292,8 +300,9 @@ class RewardRunner:
             return self._pool.run(rows, [payload(r) for r in rows], self.timeout)
         deadline = time.monotonic() + self.timeout
         whole = slice(0, n)
-        threads = {f: TimedCall(fn, payload(whole), n)
-                   for f, fn in enumerate(self.functions) if self._processes[f] is None}
+        threads = {
+            f: TimedCall(fn, payload(whole), n) for f, fn in enumerate(self.functions) if self._processes[f] is None
+        }
         calls, where = [], []  # where: (function, rows) of each process call
         for f, processes in enumerate(self._processes):
             if processes is not None:
@@ -313,9 +322,12 @@ class RewardRunner:
             return
         self._announced.add((name, error))
         detail = f"\n{trace.rstrip()}" if trace else ""
-        print(f"grpokit: reward {name!r} failed: {error}{detail}\n(printed once; its value is None where it fails, "
-              f"counted in rewards/{name}/errors and stored with the rollouts: grpokit inspect RUN --errors)",
-              file=sys.stderr, flush=True)
+        print(
+            f"grpokit: reward {name!r} failed: {error}{detail}\n(printed once; its value is None where it fails, "
+            f"counted in rewards/{name}/errors and stored with the rollouts: grpokit inspect RUN --errors)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def check_signal(self, result: RewardResult) -> None:
         """Raise :class:`RewardError` when every function failed on every completion of the first
@@ -326,8 +338,10 @@ class RewardRunner:
         if self._failed_in_a_row and (self._batches == 1 or self._failed_in_a_row >= MAX_FAILED_BATCHES):
             which = "the first batch" if self._batches == 1 else f"{self._failed_in_a_row} batches in a row"
             first = next(e for e in result.errors if e is not None)
-            raise RewardError(f"every reward function failed on every completion of {which}, so there is nothing to "
-                              f"train on: {first}. Fix the reward function (its traceback is printed above).")
+            raise RewardError(
+                f"every reward function failed on every completion of {which}, so there is nothing to "
+                f"train on: {first}. Fix the reward function (its traceback is printed above)."
+            )
 
     def combine(self, values: RewardValues) -> RewardResult:
         """The weighted sum of checked ``values`` and their errors (named by function)."""
@@ -335,11 +349,20 @@ class RewardRunner:
         present = ~torch.isnan(per_func)  # [N, F]
         combined = torch.nansum(per_func * self.weights, dim=1)  # [N]
         combined[~present.any(dim=1)] = math.nan
-        errors = ["; ".join(f"{name}: {m}" for name, m in zip(self.names, row) if m is not None) or None
-                  for row in values.messages]
+        errors = [
+            "; ".join(f"{name}: {m}" for name, m in zip(self.names, row) if m is not None) or None
+            for row in values.messages
+        ]
         error_counts = {name: sum(row[f] is not None for row in values.messages) for f, name in enumerate(self.names)}
-        return RewardResult(names=list(self.names), per_func=per_func, combined=combined, errors=errors,
-                            error_counts=error_counts, logged=values.logged, extra=values.extra)
+        return RewardResult(
+            names=list(self.names),
+            per_func=per_func,
+            combined=combined,
+            errors=errors,
+            error_counts=error_counts,
+            logged=values.logged,
+            extra=values.extra,
+        )
 
     def close(self) -> None:
         """Stop the worker processes (a later ``score`` starts them again)."""
@@ -349,7 +372,7 @@ class RewardRunner:
             for proc in processes or ():
                 proc.close()
 
-    def __enter__(self) -> RewardRunner:  # noqa: PYI034 - typing.Self needs Python 3.11
+    def __enter__(self) -> RewardRunner:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -15,6 +15,7 @@ function from an importable module (:func:`process_context` says why one is not)
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -39,7 +40,7 @@ def process_context(fn: Callable) -> tuple[Any, str | None]:
         return None, "it is defined in the __main__ script, which a spawned process would run again"
     try:
         pickle.dumps(fn)
-    except Exception as exc:  # noqa: BLE001 - any pickling failure means the same
+    except Exception as exc:
         return None, f"it cannot be pickled for a spawned process ({exc}); define it at module level"
     return multiprocessing.get_context("spawn"), None
 
@@ -83,8 +84,9 @@ class RewardProcess:
 
     def start(self) -> None:
         parent_end, child_end = self._context.Pipe()
-        self._process = self._context.Process(target=_serve, args=(child_end, self.fn, os.getpid()),
-                                              name="grpokit-reward", daemon=True)
+        self._process = self._context.Process(
+            target=_serve, args=(child_end, self.fn, os.getpid()), name="grpokit-reward", daemon=True
+        )
         self._process.start()
         child_end.close()
         self._conn = parent_end
@@ -112,10 +114,8 @@ class RewardProcess:
     def close(self) -> None:
         """Ask an idle child to exit; kill it if it does not within a second."""
         if self._process is not None and self._process.is_alive():
-            try:
+            with contextlib.suppress(OSError):
                 self._conn.send(None)
-            except OSError:
-                pass
             self._process.join(1.0)
         self.kill()
 
@@ -126,8 +126,9 @@ def _died(proc: RewardProcess) -> Outcome:
     return Outcome(error=f"the reward worker process died (exit code {code})")
 
 
-def run_calls(calls: list[tuple[RewardProcess, Mapping[str, Any], int]], timeout: float,
-              deadline: float | None = None) -> list[Outcome]:
+def run_calls(
+    calls: list[tuple[RewardProcess, Mapping[str, Any], int]], timeout: float, deadline: float | None = None
+) -> list[Outcome]:
     """Run each (process, payload, n) at once and wait until all answered or ``timeout`` seconds
     passed (``deadline``: a ``time.monotonic()`` to use instead). A process past it is killed and
     its call times out; an exception while waiting (KeyboardInterrupt) kills every busy process."""

@@ -48,16 +48,23 @@ def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
     return ids.to(device), mask.to(device)
 
 
 class HFRolloutEngine:
     """Samples from a local policy model (HF causal LM or a custom logits module)."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, device: torch.device, seed: int = 0,
-                 autocast_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        device: torch.device,
+        seed: int = 0,
+        autocast_dtype: torch.dtype | None = None,
+    ):
         self.model = model
         self.autocast_dtype = autocast_dtype
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), device=device)
@@ -79,7 +86,9 @@ class HFRolloutEngine:
             packed = packed_linears(self.model, None, rows, self.device) if use_packed else contextlib.nullcontext()
             with autocast(self.device, self.autocast_dtype), packed:
                 if decoder is not None:
-                    tokens, logprobs, lengths, stopped = self._generate_cached(prompt_ids, num_generations, params, decoder)
+                    tokens, logprobs, lengths, stopped = self._generate_cached(
+                        prompt_ids, num_generations, params, decoder
+                    )
                 else:
                     tokens, logprobs, lengths, stopped = self._generate(prompt_ids, num_generations, params)
         finally:
@@ -143,8 +152,13 @@ class HFRolloutEngine:
             if decoder is not None:
                 logits = decoder.step(token, position, mask[..., : P + t + 1], cache)  # [A, V]
             else:
-                out = self.model(input_ids=token[:, None], attention_mask=mask[..., : P + t + 1], position_ids=position,
-                                 past_key_values=cache, use_cache=True)
+                out = self.model(
+                    input_ids=token[:, None],
+                    attention_mask=mask[..., : P + t + 1],
+                    position_ids=position,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
                 logits = out.logits[:, -1]  # [A, V]
             position = position + 1
         return tokens, logprobs, lengths, stopped
@@ -181,4 +195,3 @@ class HFRolloutEngine:
                 break
             seq = torch.cat([seq, token[:, None]], dim=1)  # [G, P+t+1]
         return tokens, logprobs, lengths, stopped
-

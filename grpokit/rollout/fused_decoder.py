@@ -45,7 +45,11 @@ def _weight_and_bias(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tenso
     if type(linear) is torch.nn.Linear:
         return linear.weight, linear.bias
     base = getattr(linear, "base_layer", None)
-    if type(base) is not torch.nn.Linear or not hasattr(linear, "get_delta_weight") or getattr(linear, "lora_variant", None):
+    if (
+        type(base) is not torch.nn.Linear
+        or not hasattr(linear, "get_delta_weight")
+        or getattr(linear, "lora_variant", None)
+    ):
         return None  # not LoRA, or a variant (DoRA, ...) that is not a plain weight delta
     weight = base.weight
     if not linear.disable_adapters and not linear.merged:
@@ -55,14 +59,21 @@ def _weight_and_bias(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tenso
     return weight, base.bias
 
 
-def _fused_linear(layers: list[torch.nn.Module], dtype: torch.dtype, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def _fused_linear(
+    layers: list[torch.nn.Module], dtype: torch.dtype, rows: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """x -> x W^T + b for the effective weights of ``layers`` stacked (:func:`_weight_and_bias`), in
     ``dtype``: packed for oneDNN where this CPU supports it (:func:`grpokit.rollout.packed_linear.pack`),
     else ``F.linear``."""
     weights, biases = zip(*(_weight_and_bias(layer) for layer in layers))
     weight = torch.cat([w.detach() for w in weights]).to(dtype)  # [out, in]
-    bias = None if all(b is None for b in biases) else torch.cat(
-        [b.detach() if b is not None else w.new_zeros(w.size(0)) for w, b in zip(weights, biases)]).to(dtype)
+    bias = (
+        None
+        if all(b is None for b in biases)
+        else torch.cat([b.detach() if b is not None else w.new_zeros(w.size(0)) for w, b in zip(weights, biases)]).to(
+            dtype
+        )
+    )
     packed = pack(weight, bias, dtype, rows) if dtype in (torch.float32, torch.bfloat16) else None
     return packed if packed is not None else (lambda x: F.linear(x.to(dtype), weight, bias))
 
@@ -79,7 +90,9 @@ class _Layer:
     split: tuple[int, int, int]  # q, k, v widths
 
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+def _decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
     """Attention of one query token per row, float32: q [A, heads, 1, d], k/v [A, kv_heads, L, d],
     mask [A, 1, 1, L] (True = attend) or None -> [A, 1, heads * d].
 
@@ -117,12 +130,18 @@ class FusedDecoder:
         self.layers = []
         for layer in self.base.layers:
             a, m = layer.self_attn, layer.mlp
-            self.layers.append(_Layer(
-                attn=a, input_norm=layer.input_layernorm, post_norm=layer.post_attention_layernorm,
-                qkv=_fused_linear([a.q_proj, a.k_proj, a.v_proj], dtype, rows), o=_fused_linear([a.o_proj], dtype, rows),
-                gate_up=_fused_linear([m.gate_proj, m.up_proj], dtype, rows), down=_fused_linear([m.down_proj], dtype, rows),
-                split=(a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
-            ))
+            self.layers.append(
+                _Layer(
+                    attn=a,
+                    input_norm=layer.input_layernorm,
+                    post_norm=layer.post_attention_layernorm,
+                    qkv=_fused_linear([a.q_proj, a.k_proj, a.v_proj], dtype, rows),
+                    o=_fused_linear([a.o_proj], dtype, rows),
+                    gate_up=_fused_linear([m.gate_proj, m.up_proj], dtype, rows),
+                    down=_fused_linear([m.down_proj], dtype, rows),
+                    split=(a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
+                )
+            )
         self.head = _fused_linear([hf.get_output_embeddings()], dtype, rows)
 
     def step(self, tokens: torch.Tensor, position: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
@@ -166,7 +185,9 @@ def _fusable(model: torch.nn.Module) -> bool:
         return False
     if getattr(config, "hidden_act", None) != "silu" or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []) or getattr(config, "sliding_window", None):
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []) or getattr(
+        config, "sliding_window", None
+    ):
         return False  # sliding-window layers (Mistral's window, Qwen's use_sliding_window) attend differently
     linears = [hf.get_output_embeddings()]
     for layer in base.layers:

@@ -38,7 +38,9 @@ class PreallocatedLayer(DynamicLayer):
         self.keys = self._keys[:, :, : self.length]
         self.values = self._values[:, :, : self.length]
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         end = self.length + key_states.shape[-2]
         if end > self._keys.shape[-2]:
             raise ValueError(f"KV cache full: {end} positions needed, {self._keys.shape[-2]} allocated")

@@ -10,11 +10,11 @@ through it until the block ends. Results: bitwise those of ``F.linear`` in bf16;
 up to rounding (another summation order, ~1e-6 relative).
 
 Where it is used: the rollout engine, for float32 compute of architectures the fused decoder
-(:mod:`grpokit.rollout.fused_decoder`, which packs its own fused weights) does not serve. Inside the trainer on the benchmark
-model, generation took 2.8 instead of 4.6 s per step in float32; under bf16 autocast (weights cast
-and packed every call) it took 2.8 instead of 2.6 s, so not there. The learner's passes do not use
-it: in float32 the reference pass was ~15 % faster, but it broke the bitwise-exact resume of a
-LoRA run (adapters off by 2e-6), for a reason not yet found.
+(:mod:`grpokit.rollout.fused_decoder`, which packs its own fused weights) does not serve. Inside the
+trainer on the benchmark model, generation took 2.8 instead of 4.6 s per step in float32; under bf16
+autocast (weights cast and packed every call) it took 2.8 instead of 2.6 s, so not there. The
+learner's passes do not use it: in float32 the reference pass was ~15 % faster, but it broke the
+bitwise-exact resume of a LoRA run (adapters off by 2e-6), for a reason not yet found.
 
 Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's inner layers are
 plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.
@@ -80,9 +80,12 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, ro
     except RuntimeError as exc:
         _refused.add(dtype)
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        warnings.warn(f"grpokit: oneDNN cannot pack {dtype} Linear weights on this CPU ({reason}); using F.linear "
-                      "instead (same numbers, slower). `grpokit env` shows what this CPU supports.", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"grpokit: oneDNN cannot pack {dtype} Linear weights on this CPU ({reason}); using F.linear "
+            "instead (same numbers, slower). `grpokit env` shows what this CPU supports.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 
@@ -115,4 +118,3 @@ def packed_linears(model: torch.nn.Module, dtype: torch.dtype | None, rows: int,
     finally:
         for linear in patched:
             del linear.forward
-

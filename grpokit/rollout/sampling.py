@@ -18,7 +18,9 @@ from grpokit.rollout.types import SamplingParams
 _BLOCK = 256
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row (filters in vLLM's order: min-p, then top-k, then top-p).
 
     logits: [N, V] raw next-token logits. Returns (tokens [N] long, logprobs [N] float32) where the
@@ -72,6 +74,8 @@ def inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> tor
     before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), torch.zeros_like(u))  # [N, 1]
     inner_cdf = blocks[torch.arange(N, device=weights.device), block.squeeze(-1)].double().cumsum(-1)  # [N, b]
     last = inner_cdf[:, -1:]
-    rest = torch.minimum(u - before, torch.nextafter(last, torch.zeros_like(last)))  # [N, 1], rounding kept inside the block
+    rest = torch.minimum(
+        u - before, torch.nextafter(last, torch.zeros_like(last))
+    )  # [N, 1], rounding kept inside the block
     index = torch.searchsorted(inner_cdf, rest, right=True)  # [N, 1]
     return (block * _BLOCK + index).squeeze(-1)  # [N]

@@ -48,14 +48,20 @@ def check_vllm_environment(distributed: bool = False) -> None:
     from grpokit.config import ConfigError
 
     if distributed:
-        raise ConfigError("generation.engine: vllm runs in one learner process for now; start it with `grpokit train`, not torchrun "
-                          "(or set generation.engine: hf for data-parallel training).")
+        raise ConfigError(
+            "generation.engine: vllm runs in one learner process for now; start it with `grpokit train`, not torchrun "
+            "(or set generation.engine: hf for data-parallel training)."
+        )
     if not torch.cuda.is_available():
-        raise ConfigError("generation.engine: vllm samples on a CUDA GPU, but this machine has none (torch.cuda.is_available() is False); "
-                          "set generation.engine: hf to sample with grpokit's own engine here.")
+        raise ConfigError(
+            "generation.engine: vllm samples on a CUDA GPU, but this machine has none (torch.cuda.is_available() is "
+            "False); set generation.engine: hf to sample with grpokit's own engine here."
+        )
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError("generation.engine: vllm needs the vllm package, which is not installed: `pip install vllm` (it brings its own "
-                          "CUDA build of torch; install it in a fresh environment), or set generation.engine: hf.")
+        raise ConfigError(
+            "generation.engine: vllm needs the vllm package, which is not installed: `pip install vllm` (it brings its "
+            "own CUDA build of torch; install it in a fresh environment), or set generation.engine: hf."
+        )
 
 
 def vllm_sampling_kwargs(params: SamplingParams, num_generations: int, seed: int, eos_token_ids: Sequence[int]) -> dict:
@@ -74,7 +80,9 @@ def vllm_sampling_kwargs(params: SamplingParams, num_generations: int, seed: int
     }
 
 
-def rollouts_from_vllm(outputs: Sequence[Any], num_generations: int, pad_token_id: int, policy_version: int = 0) -> Rollouts:
+def rollouts_from_vllm(
+    outputs: Sequence[Any], num_generations: int, pad_token_id: int, policy_version: int = 0
+) -> Rollouts:
     """Rollouts from vLLM's ``RequestOutput`` list (one per prompt, in prompt order, each with G ``outputs``).
 
     Reads ``prompt_token_ids`` of each request and, of each ``CompletionOutput``, ``index``,
@@ -86,7 +94,9 @@ def rollouts_from_vllm(outputs: Sequence[Any], num_generations: int, pad_token_i
     for request in outputs:
         samples = sorted(request.outputs, key=lambda c: c.index)
         if len(samples) != num_generations:
-            raise ValueError(f"a vLLM request returned {len(samples)} completions, expected num_generations={num_generations}")
+            raise ValueError(
+                f"a vLLM request returned {len(samples)} completions, expected num_generations={num_generations}"
+            )
         completions += samples
     width = max([len(c.token_ids) for c in completions] + [1])
     N = len(completions)
@@ -97,12 +107,16 @@ def rollouts_from_vllm(outputs: Sequence[Any], num_generations: int, pad_token_i
     for i, c in enumerate(completions):
         n = len(c.token_ids)
         if c.logprobs is None or len(c.logprobs) != n:
-            raise ValueError("vLLM returned no log-prob for some sampled tokens; sample with SamplingParams(logprobs=0)")
+            raise ValueError(
+                "vLLM returned no log-prob for some sampled tokens; sample with SamplingParams(logprobs=0)"
+            )
         if c.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM finished a completion with reason {c.finish_reason!r} (expected stop or length)")
         completion_ids[i, :n] = torch.tensor(list(c.token_ids), dtype=torch.long)
         completion_mask[i, :n] = 1.0
-        logprobs[i, :n] = torch.tensor([step[token].logprob for step, token in zip(c.logprobs, c.token_ids)], dtype=torch.float32)
+        logprobs[i, :n] = torch.tensor(
+            [step[token].logprob for step, token in zip(c.logprobs, c.token_ids)], dtype=torch.float32
+        )
         finish_reasons.append(c.finish_reason)
     return Rollouts(
         prompt_ids=[list(request.prompt_token_ids) for request in outputs],
@@ -124,7 +138,11 @@ def vllm_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
         if peft:
             if "lora_" in name or "original_module" in name:
                 continue
-            name = name.removeprefix("base_model.model.").replace(".base_layer", "").replace("modules_to_save.default.", "")
+            name = (
+                name.removeprefix("base_model.model.")
+                .replace(".base_layer", "")
+                .replace("modules_to_save.default.", "")
+            )
         yield name, param.detach()
 
 
@@ -133,9 +151,19 @@ class VLLMRolloutEngine:
 
     takes_group_seeds = True  # generate() seeds each group itself (see grpokit.distributed.seeding)
 
-    def __init__(self, policy: torch.nn.Module, eos_token_ids: list[int], pad_token_id: int, *, source: str | None,
-                 gpu_memory_utilization: float, max_model_len: int | None, enable_sleep_mode: bool, seed: int = 0,
-                 trust_remote_code: bool = False):
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        *,
+        source: str | None,
+        gpu_memory_utilization: float,
+        max_model_len: int | None,
+        enable_sleep_mode: bool,
+        seed: int = 0,
+        trust_remote_code: bool = False,
+    ):
         from vllm import LLM
 
         self.policy = policy
@@ -169,14 +197,18 @@ class VLLMRolloutEngine:
         )
         self._sleep()
 
-    def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams,
-                 seeds: list[int] | None = None) -> Rollouts:
+    def generate(
+        self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seeds: list[int] | None = None
+    ) -> Rollouts:
         """G samples for each prompt; ``seeds`` (one per prompt) default to draws from ``self.generator``."""
         from vllm import SamplingParams as VLLMSamplingParams
 
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),), generator=self.generator).tolist()
-        requests = [VLLMSamplingParams(**vllm_sampling_kwargs(params, num_generations, seed, self.eos_token_ids)) for seed in seeds]
+        requests = [
+            VLLMSamplingParams(**vllm_sampling_kwargs(params, num_generations, seed, self.eos_token_ids))
+            for seed in seeds
+        ]
         self._wake()
         try:
             outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], requests, use_tqdm=False)

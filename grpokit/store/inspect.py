@@ -25,9 +25,17 @@ _MAX_COMPLETION_CHARS = 600
 _MAX_PROMPT_CHARS = 200
 
 
-def inspect_run(run_dir: str | Path, *, step: int | None = None, top: int | None = None,
-                bottom: int | None = None, prompt: int | None = None, errors: bool = False,
-                sql: str | None = None, as_json: bool = False) -> str:
+def inspect_run(
+    run_dir: str | Path,
+    *,
+    step: int | None = None,
+    top: int | None = None,
+    bottom: int | None = None,
+    prompt: int | None = None,
+    errors: bool = False,
+    sql: str | None = None,
+    as_json: bool = False,
+) -> str:
     """Render what `grpokit inspect` prints for the run in `run_dir`.
 
     `top` / `bottom` keep the K highest / lowest rewarded completions (of `step` if given),
@@ -44,15 +52,19 @@ def inspect_run(run_dir: str | Path, *, step: int | None = None, top: int | None
     with RolloutStore(resolve_store_path(run_dir), readonly=True) as store:
         if sql is not None:
             columns, rows = store.query(sql)
-            return _render(columns, [dict(zip(columns, row)) for row in rows], as_json,
-                           title="query")
+            return _render(columns, [dict(zip(columns, row)) for row in rows], as_json, title="query")
         if not selects_rollouts:
             rows = store.summary()
             columns = ["step", "n", "mean_reward", "mean_length", "errors"]
             return _render(columns, rows, as_json, title=f"{run_dir.name}: steps")
         order = "desc" if top is not None else "asc" if bottom is not None else None
-        rollouts = store.rollouts(step=step, prompt_index=prompt, errors_only=errors,
-                                  order_by_reward=order, limit=top if top is not None else bottom)
+        rollouts = store.rollouts(
+            step=step,
+            prompt_index=prompt,
+            errors_only=errors,
+            order_by_reward=order,
+            limit=top if top is not None else bottom,
+        )
     if as_json:
         return _to_json(rollouts)
     return _render_rollouts(rollouts)
@@ -77,10 +89,12 @@ def _render_rollouts(rollouts: list[dict]) -> str:
     panels = []
     for r in rollouts:
         rewards = ", ".join(f"{name} {_format(v)}" for name, v in sorted(r["rewards"].items()))
-        title = (f"step {r['step']} · prompt {r['prompt_index']} · #{r['completion_index']} · "
-                 f"reward {_format(r['reward'])} ({rewards}) · advantage "
-                 f"{_format(r['advantage'])} · {r['completion_tokens']} tokens · "
-                 f"{r['finish_reason']}")
+        title = (
+            f"step {r['step']} · prompt {r['prompt_index']} · #{r['completion_index']} · "
+            f"reward {_format(r['reward'])} ({rewards}) · advantage "
+            f"{_format(r['advantage'])} · {r['completion_tokens']} tokens · "
+            f"{r['finish_reason']}"
+        )
         # Text(), not str: a completion containing "[bold]" must print as written, not as markup.
         body = Text()
         body.append(_shorten(r["prompt"], _MAX_PROMPT_CHARS), style="dim")
@@ -115,11 +129,10 @@ def _format(value: Any) -> str:
 
 
 def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _to_json(rows: list[dict]) -> str:
     # Strict JSON has no NaN; a metric that was NaN reads as null.
-    clean = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
-             for row in rows]
+    clean = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in rows]
     return json.dumps(clean, indent=2, ensure_ascii=False) + "\n"

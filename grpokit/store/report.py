@@ -129,8 +129,12 @@ def _curves(metrics: list[dict], evals: list[dict]) -> dict[str, dict[str, Serie
     curves: dict[str, dict[str, Series]] = {}
     placed = {name for name in series if is_count(name)}
     for title, patterns in CHARTS:
-        chosen = {name: sorted(points) for pattern in patterns
-                  for name, points in sorted(series.items()) if name not in placed and _matches(kinds[name], pattern)}
+        chosen = {
+            name: sorted(points)
+            for pattern in patterns
+            for name, points in sorted(series.items())
+            if name not in placed and _matches(kinds[name], pattern)
+        }
         placed |= chosen.keys()
         if chosen:
             curves[title] = chosen
@@ -151,8 +155,7 @@ def _samples(store: RolloutStore, steps: list[int] | None) -> list[dict]:
         with_rollouts = [row["step"] for row in store.summary() if row["n"]]
         if not with_rollouts:
             return []
-        steps = sorted({with_rollouts[0], with_rollouts[len(with_rollouts) // 2],
-                        with_rollouts[-1]})
+        steps = sorted({with_rollouts[0], with_rollouts[len(with_rollouts) // 2], with_rollouts[-1]})
     samples = []
     for step in steps:
         best = store.rollouts(step=step, order_by_reward="desc", limit=1)
@@ -162,11 +165,11 @@ def _samples(store: RolloutStore, steps: list[int] | None) -> list[dict]:
     return samples
 
 
-def _page(title: str, run_id: str, curves: dict[str, dict[str, Series]],
-          samples: list[dict], summary: dict) -> str:
+def _page(title: str, run_id: str, curves: dict[str, dict[str, Series]], samples: list[dict], summary: dict) -> str:
     charts = "\n".join(line_chart(name, series) for name, series in curves.items())
-    data = {chart: {name: [list(p) for p in points] for name, points in series.items()}
-            for chart, series in curves.items()}
+    data = {
+        chart: {name: [list(p) for p in points] for name, points in series.items()} for chart, series in curves.items()
+    }
     # "</" inside a script element would end it early; "<\/" is the same JSON string.
     data_json = json.dumps(data).replace("</", "<\\/")
     summary_json = json.dumps(summary).replace("</", "<\\/")
@@ -192,8 +195,12 @@ def _page(title: str, run_id: str, curves: dict[str, dict[str, Series]],
 
 
 def _sample_section(sample: dict) -> str:
-    return (f"<h3>Step {sample['step']}</h3>\n"
-            + _rollout_html(sample["best"], "best") + "\n" + _rollout_html(sample["worst"], "worst"))
+    return (
+        f"<h3>Step {sample['step']}</h3>\n"
+        + _rollout_html(sample["best"], "best")
+        + "\n"
+        + _rollout_html(sample["worst"], "worst")
+    )
 
 
 def _fmt(value) -> str:
@@ -202,8 +209,7 @@ def _fmt(value) -> str:
 
 def _rollout_html(rollout: dict, kind: str) -> str:
     rewards = ", ".join(f"{escape(name)} {_fmt(v)}" for name, v in sorted(rollout["rewards"].items()))
-    error = (f'<div class="error">error: {escape(rollout["error"])}</div>'
-             if rollout["error"] is not None else "")
+    error = f'<div class="error">error: {escape(rollout["error"])}</div>' if rollout["error"] is not None else ""
     return (
         f'<div class="sample {kind}"><b>{kind}</b>: reward {_fmt(rollout["reward"])} '
         f"({rewards}) · advantage {_fmt(rollout['advantage'])} · "

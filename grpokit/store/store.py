@@ -29,19 +29,29 @@ STORE_FILENAME = "rollouts.sqlite"
 _FILE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 
 _ROLLOUT_COLUMNS = (
-    "run_id", "step", "prompt_index", "completion_index", "prompt", "completion",
-    "prompt_tokens", "completion_tokens", "finish_reason", "rewards", "reward", "advantage",
-    "policy_version", "error", "extra",
+    "run_id",
+    "step",
+    "prompt_index",
+    "completion_index",
+    "prompt",
+    "completion",
+    "prompt_tokens",
+    "completion_tokens",
+    "finish_reason",
+    "rewards",
+    "reward",
+    "advantage",
+    "policy_version",
+    "error",
+    "extra",
 )
 _INSERT_ROLLOUT = (
-    f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
+    f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
 )
 _ROLLOUT_KEYS = _ROLLOUT_COLUMNS[2:-1]  # what a rollout dict must carry besides run_id and step (extra is optional)
 _LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
 # What a read-only query may do: read tables and views, call functions, recurse in a CTE.
-_QUERY_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                  sqlite3.SQLITE_RECURSIVE}
+_QUERY_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 
 
 class StoreError(Exception):
@@ -117,8 +127,10 @@ class RolloutStore:
 
     def _connect_readonly(self) -> sqlite3.Connection:
         if not self.path.is_file():
-            raise StoreError(f"no rollout store at {self.path}: not a run folder, or a run that has not written "
-                             "a step yet (its metrics.jsonl, if any, still gives `grpokit report`)")
+            raise StoreError(
+                f"no rollout store at {self.path}: not a run folder, or a run that has not written "
+                "a step yet (its metrics.jsonl, if any, still gives `grpokit report`)"
+            )
         uri = f"{self.path.resolve().as_uri()}?mode=ro"
         conn = sqlite3.connect(uri, uri=True, isolation_level=None)
         # A reader waits for the trainer's commit instead of failing with "database is locked".
@@ -132,8 +144,11 @@ class RolloutStore:
         with self._transaction():
             self._conn.executemany(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)",
-                [("schema_version", str(SCHEMA_VERSION)), ("run_id", run_id),
-                 ("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))],
+                [
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("run_id", run_id),
+                    ("created", time.strftime("%Y-%m-%dT%H:%M:%S%z")),
+                ],
             )
 
     def _meta(self, key: str) -> str | None:
@@ -146,8 +161,9 @@ class RolloutStore:
         except sqlite3.DatabaseError as err:
             raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err
         if version != str(SCHEMA_VERSION):
-            raise StoreError(f"{self.path} has store schema version {version}; "
-                             f"this grpokit reads version {SCHEMA_VERSION}")
+            raise StoreError(
+                f"{self.path} has store schema version {version}; this grpokit reads version {SCHEMA_VERSION}"
+            )
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -177,18 +193,15 @@ class RolloutStore:
         metric_rows = [(step, name, _finite_or_none(value)) for name, value in metrics.items()]
         try:
             with self._transaction():
-                self._conn.execute("INSERT INTO steps (step, written_at) VALUES (?, ?)",
-                                   (step, time.time()))
+                self._conn.execute("INSERT INTO steps (step, written_at) VALUES (?, ?)", (step, time.time()))
                 self._conn.executemany(_INSERT_ROLLOUT, rows)
-                self._conn.executemany(
-                    "INSERT INTO step_metrics (step, name, value) VALUES (?, ?, ?)", metric_rows)
+                self._conn.executemany("INSERT INTO step_metrics (step, name, value) VALUES (?, ?, ?)", metric_rows)
         except sqlite3.IntegrityError as err:
             if self._has_step(step):
                 raise DuplicateStepError(
-                    f"step {step} is already in {self.path}; call rollback_after({step - 1}) "
-                    "before writing it again") from err
-            raise StoreError(f"step {step}: {err} (two rollouts share prompt_index and "
-                             "completion_index?)") from err
+                    f"step {step} is already in {self.path}; call rollback_after({step - 1}) before writing it again"
+                ) from err
+            raise StoreError(f"step {step}: {err} (two rollouts share prompt_index and completion_index?)") from err
 
     def _rollout_row(self, step: int, i: int, rollout: dict) -> tuple:
         missing = [key for key in _ROLLOUT_KEYS if key not in rollout]
@@ -196,11 +209,20 @@ class RolloutStore:
             raise StoreError(f"rollout {i} of step {step} lacks {', '.join(missing)}")
         rewards = {name: _finite_or_none(v) for name, v in rollout["rewards"].items()}
         return (
-            self.run_id, step, rollout["prompt_index"], rollout["completion_index"],
-            rollout["prompt"], rollout["completion"], rollout["prompt_tokens"],
-            rollout["completion_tokens"], rollout["finish_reason"], json.dumps(rewards),
-            _finite_or_none(rollout["reward"]), _finite_or_none(rollout["advantage"]),
-            rollout["policy_version"], rollout["error"],
+            self.run_id,
+            step,
+            rollout["prompt_index"],
+            rollout["completion_index"],
+            rollout["prompt"],
+            rollout["completion"],
+            rollout["prompt_tokens"],
+            rollout["completion_tokens"],
+            rollout["finish_reason"],
+            json.dumps(rewards),
+            _finite_or_none(rollout["reward"]),
+            _finite_or_none(rollout["advantage"]),
+            rollout["policy_version"],
+            rollout["error"],
             None if rollout.get("extra") is None else json.dumps(rollout["extra"], default=str, ensure_ascii=False),
         )
 
@@ -212,11 +234,9 @@ class RolloutStore:
         rows = [(step, dataset, name, _finite_or_none(value)) for name, value in metrics.items()]
         try:
             with self._transaction():
-                self._conn.executemany(
-                    "INSERT INTO evals (step, dataset, name, value) VALUES (?, ?, ?, ?)", rows)
+                self._conn.executemany("INSERT INTO evals (step, dataset, name, value) VALUES (?, ?, ?, ?)", rows)
         except sqlite3.IntegrityError as err:
-            raise DuplicateStepError(
-                f"eval of {dataset!r} at step {step} is already in {self.path}") from err
+            raise DuplicateStepError(f"eval of {dataset!r} at step {step} is already in {self.path}") from err
 
     def rollback_after(self, step: int) -> None:
         """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""
@@ -236,16 +256,17 @@ class RolloutStore:
 
     def summary(self) -> list[dict]:
         """One dict per written step: step, n, mean_reward, mean_length, errors."""
-        sql = ("SELECT steps.step, coalesce(n, 0), mean_reward, mean_length, coalesce(errors, 0) "
-               "FROM steps LEFT JOIN step_summary USING (step) ORDER BY steps.step")
+        sql = (
+            "SELECT steps.step, coalesce(n, 0), mean_reward, mean_length, coalesce(errors, 0) "
+            "FROM steps LEFT JOIN step_summary USING (step) ORDER BY steps.step"
+        )
         keys = ("step", "n", "mean_reward", "mean_length", "errors")
         return [dict(zip(keys, row)) for row in self._conn.execute(sql)]
 
     def metrics(self) -> list[dict]:
         """One dict per written step: {"step": s, name: value, ...}; a stored null reads as NaN."""
         by_step = {step: {"step": step} for step in self.steps()}
-        for step, name, value in self._conn.execute(
-                "SELECT step, name, value FROM step_metrics ORDER BY step, name"):
+        for step, name, value in self._conn.execute("SELECT step, name, value FROM step_metrics ORDER BY step, name"):
             by_step[step][name] = _nan_if_null(value)
         return list(by_step.values())
 
@@ -253,14 +274,20 @@ class RolloutStore:
         """One dict per (step, dataset): {"step": s, "dataset": d, name: value, ...}."""
         by_key: dict[tuple[int, str], dict] = {}
         for step, dataset, name, value in self._conn.execute(
-                "SELECT step, dataset, name, value FROM evals ORDER BY step, dataset, name"):
+            "SELECT step, dataset, name, value FROM evals ORDER BY step, dataset, name"
+        ):
             row = by_key.setdefault((step, dataset), {"step": step, "dataset": dataset})
             row[name] = _nan_if_null(value)
         return list(by_key.values())
 
-    def rollouts(self, step: int | None = None, prompt_index: int | None = None,
-                 errors_only: bool = False, order_by_reward: str | None = None,
-                 limit: int | None = None) -> list[dict]:
+    def rollouts(
+        self,
+        step: int | None = None,
+        prompt_index: int | None = None,
+        errors_only: bool = False,
+        order_by_reward: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict]:
         """Stored rollouts as dicts (the write_step keys plus run_id and step), filtered.
 
         Ordered by (step, prompt_index, completion_index), or by reward ('desc' or 'asc',
@@ -309,8 +336,8 @@ class RolloutStore:
         if self._query_conn is None:
             self._query_conn = self._connect_readonly()
             self._query_conn.set_authorizer(
-                lambda action, *_: sqlite3.SQLITE_OK if action in _QUERY_ACTIONS
-                else sqlite3.SQLITE_DENY)
+                lambda action, *_: sqlite3.SQLITE_OK if action in _QUERY_ACTIONS else sqlite3.SQLITE_DENY
+            )
         try:
             cursor = self._query_conn.execute(sql)
             rows = cursor.fetchall()
@@ -318,8 +345,9 @@ class RolloutStore:
             raise QueryError(f"only a single SELECT query is allowed ({err})") from err
         except sqlite3.DatabaseError as err:
             if "not authorized" in str(err):
-                raise QueryError("only read-only queries are allowed (the query tried to write "
-                                 "or change a setting)") from err
+                raise QueryError(
+                    "only read-only queries are allowed (the query tried to write or change a setting)"
+                ) from err
             raise QueryError(f"query failed: {err}") from err
         return [d[0] for d in cursor.description], rows
 
@@ -337,5 +365,3 @@ class RolloutStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-

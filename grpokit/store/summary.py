@@ -30,8 +30,11 @@ def run_summary(run_dir: Path, metrics: list[dict], evals: list[dict], written_a
     first and last step timestamps (None without a store). Unknown values are None."""
     config = _read_config(run_dir / "config.yaml")
     algo = config.get("algo") or {}
-    steps = [row["step"] for row in metrics
-             if row.get("step", 0) > 0 and any(not k.startswith("eval/") for k in row if k != "step")]
+    steps = [
+        row["step"]
+        for row in metrics
+        if row.get("step", 0) > 0 and any(not k.startswith("eval/") for k in row if k != "step")
+    ]
     wall = None
     if written_at is not None and None not in written_at and steps:
         first_step_time = next((row.get("step_time") for row in metrics if row["step"] == min(steps)), None)
@@ -76,17 +79,25 @@ def eval_label(name: str, dataset: str) -> str:
 def summary_html(summary: dict) -> str:
     algorithm = ", ".join(f"{k}={v}" for k, v in summary["algorithm"].items()) or "-"
     of = f" of {summary['max_steps']}" if summary["max_steps"] else ""
-    facts = [("model", summary["model"] or "-"), ("algorithm", algorithm), ("steps", f"{summary['steps']}{of}"),
-             ("wall time", _duration(summary["wall_seconds"]))]
+    facts = [
+        ("model", summary["model"] or "-"),
+        ("algorithm", algorithm),
+        ("steps", f"{summary['steps']}{of}"),
+        ("wall time", _duration(summary["wall_seconds"])),
+    ]
     facts += [(name, f"{value:g}") for name, value in summary["counts"].items()]
     rows = "".join(
         f"<tr><td>{escape(c['name'])}</td>"
-        f"<td>{_num(c['first'])} <span class=\"at\">(step {c['first_step']})</span></td>"
-        f"<td>{_num(c['last'])} <span class=\"at\">(step {c['last_step']})</span></td>"
-        f"<td class=\"{'up' if c['change'] > 0 else 'down' if c['change'] < 0 else ''}\">{c['change']:+.4g}</td></tr>"
-        for c in summary["changes"])
-    table = (f'<table class="changes"><tr><th>metric</th><th>first</th><th>last</th><th>change</th></tr>{rows}</table>'
-             if rows else "<p>No eval or reward values logged yet.</p>")
+        f'<td>{_num(c["first"])} <span class="at">(step {c["first_step"]})</span></td>'
+        f'<td>{_num(c["last"])} <span class="at">(step {c["last_step"]})</span></td>'
+        f'<td class="{"up" if c["change"] > 0 else "down" if c["change"] < 0 else ""}">{c["change"]:+.4g}</td></tr>'
+        for c in summary["changes"]
+    )
+    table = (
+        f'<table class="changes"><tr><th>metric</th><th>first</th><th>last</th><th>change</th></tr>{rows}</table>'
+        if rows
+        else "<p>No eval or reward values logged yet.</p>"
+    )
     dl = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in facts)
     return f'<section class="summary"><h2>Summary</h2><dl>{dl}</dl>{table}</section>'
 

@@ -6,8 +6,7 @@ import math
 from html import escape
 
 # Tableau 10: distinguishable lines, also for the common forms of colour blindness.
-PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-           "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 # Above this many points per series the markers (and their hover titles) would be clutter.
 _MAX_MARKERS = 150
 # Legend text is 11px; 7px per character is above the widest common sans-serif average (digits and
@@ -92,41 +91,44 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
         return top + (y_hi - y) / (y_hi - y_lo) * plot_h
 
     parts = [
-        (f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
-         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-         f'aria-label="{escape(title)}">'),
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
+            f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+            f'aria-label="{escape(title)}">'
+        ),
         f'<text x="{left}" y="18" class="title">{escape(title)}</text>',
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>',
     ]
     for tick in nice_ticks(y_lo, y_hi):
         y = py(tick)
-        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" '
-                     'class="grid"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" '
-                     f'text-anchor="end">{_label(tick)}</text>')
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_label(tick)}</text>')
     for tick in nice_ticks(x_lo, x_hi, count=6, min_step=1):
         x = px(tick)
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + plot_h}" '
-                     f'y2="{top + plot_h + 4}" class="axis"/>')
-        parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" class="tick" '
-                     f'text-anchor="middle">{_label(tick)}</text>')
-    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="tick" '
-                 'text-anchor="middle">step</text>')
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + plot_h}" y2="{top + plot_h + 4}" class="axis"/>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">{_label(tick)}</text>'
+        )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="tick" text-anchor="middle">step</text>'
+    )
     for i, (name, points) in enumerate(series.items()):
         color = PALETTE[i % len(PALETTE)]
         coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
-        parts.append(f'<polyline points="{coords}" fill="none" stroke="{color}" '
-                     f'stroke-width="1.8"><title>{escape(name)}</title></polyline>')
+        parts.append(
+            f'<polyline points="{coords}" fill="none" stroke="{color}" '
+            f'stroke-width="1.8"><title>{escape(name)}</title></polyline>'
+        )
         if len(points) <= _MAX_MARKERS:
             for x, y in points:
-                parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" '
-                             f'fill="{color}"><title>{escape(name)} step {_label(x)}: '
-                             f'{y:.6g}</title></circle>')
+                parts.append(
+                    f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" '
+                    f'fill="{color}"><title>{escape(name)} step {_label(x)}: '
+                    f"{y:.6g}</title></circle>"
+                )
         legend_x = left + legend[i][0]
         legend_y = top + plot_h + 48 + _LEGEND_ROW_PX * legend[i][1]
-        parts.append(f'<rect x="{legend_x:.1f}" y="{legend_y - 9}" width="12" height="3" '
-                     f'fill="{color}"/>')
-        parts.append(f'<text x="{legend_x + 16:.1f}" y="{legend_y - 4}" class="legend">'
-                     f'{escape(name)}</text>')
+        parts.append(f'<rect x="{legend_x:.1f}" y="{legend_y - 9}" width="12" height="3" fill="{color}"/>')
+        parts.append(f'<text x="{legend_x + 16:.1f}" y="{legend_y - 4}" class="legend">{escape(name)}</text>')
     parts.append("</svg>")
     return "\n".join(parts)

@@ -17,8 +17,9 @@ from typing import Any
 class CallbackRunner:
     """The run's callbacks, ``state`` (global_step, max_steps, epoch, log_history ...) and ``control``."""
 
-    def __init__(self, callbacks: list | None, args, max_steps: int, steps_per_epoch: int, is_main: bool,
-                 **objects: Any):
+    def __init__(
+        self, callbacks: list | None, args, max_steps: int, steps_per_epoch: int, is_main: bool, **objects: Any
+    ):
         from transformers.trainer_callback import TrainerControl, TrainerState
 
         self.callbacks = []
@@ -27,10 +28,16 @@ class CallbackRunner:
         self.args = args
         self.objects = objects  # model, processing_class, optimizer, lr_scheduler: passed to every event
         self.steps_per_epoch = steps_per_epoch
-        self.state = TrainerState(max_steps=max_steps, logging_steps=args.logging_steps, eval_steps=args.eval_steps,
-                                  save_steps=args.save_steps, train_batch_size=args.per_device_train_batch_size,
-                                  num_train_epochs=-(-max_steps // steps_per_epoch), is_local_process_zero=is_main,
-                                  is_world_process_zero=is_main)
+        self.state = TrainerState(
+            max_steps=max_steps,
+            logging_steps=args.logging_steps,
+            eval_steps=args.eval_steps,
+            save_steps=args.save_steps,
+            train_batch_size=args.per_device_train_batch_size,
+            num_train_epochs=-(-max_steps // steps_per_epoch),
+            is_local_process_zero=is_main,
+            is_world_process_zero=is_main,
+        )
         self.control = TrainerControl()
 
     def add(self, callback: Any) -> None:
@@ -51,8 +58,15 @@ class CallbackRunner:
             result = getattr(cb, name, None)
             if result is None:
                 continue
-            result = result(self.args, self.state, self.control, **self.objects, train_dataloader=None,
-                            eval_dataloader=None, **kwargs)
+            result = result(
+                self.args,
+                self.state,
+                self.control,
+                **self.objects,
+                train_dataloader=None,
+                eval_dataloader=None,
+                **kwargs,
+            )
             if result is not None:
                 self.control = result
         return self.control

@@ -2,10 +2,10 @@
 
 ``RUN/checkpoints/step-N/`` holds the policy weights (safetensors; when some parameters are frozen,
 as with LoRA, only the trainable ones: the frozen base is loaded from the source on resume), the
-reference weights when the reference is resynced, optimizer and scheduler states, RNG states and
-the trainer state (step, data position, counters) with the grpokit version. Each folder is written under a temporary name and
-renamed into place, and renamed away before it is deleted, so a folder named step-N is always
-complete, even after a kill at any moment.
+reference weights when the reference is resynced, optimizer and scheduler states, RNG states and the
+trainer state (step, data position, counters) with the grpokit version. Each folder is written under
+a temporary name and renamed into place, and renamed away before it is deleted, so a folder named
+step-N is always complete, even after a kill at any moment.
 """
 
 from __future__ import annotations
@@ -48,13 +48,25 @@ def resolve_resume(run_dir: str | Path, resume_from: str) -> Path | None:
         return found[-1] if found else None
     path = Path(resume_from)
     if not (path / "trainer_state.json").is_file():
-        raise CheckpointError(f"resume_from={resume_from!r} is not a checkpoint folder (no trainer_state.json); give RUN/checkpoints/step-N or 'latest'.")
+        raise CheckpointError(
+            f"resume_from={resume_from!r} is not a checkpoint folder (no trainer_state.json); give "
+            "RUN/checkpoints/step-N or 'latest'."
+        )
     return path
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler, trainer_state: dict,
-                    rng_states: dict, reference_model=None, save_total_limit: int | None = None,
-                    pending_rollouts: dict | None = None) -> Path | None:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    trainer_state: dict,
+    rng_states: dict,
+    reference_model=None,
+    save_total_limit: int | None = None,
+    pending_rollouts: dict | None = None,
+) -> Path | None:
     """Write ``step-N`` atomically. ``pending_rollouts``: async mode's rollouts of step N+1, sampled
     before the checkpoint (a dict of tensors and lists, kept in states.pt).
 
@@ -63,7 +75,10 @@ def save_checkpoint(run_dir: str | Path, step: int, model, optimizer, scheduler,
     unsharded run."""
     trainable = None  # FSDP + LoRA is refused by the config: a sharded model is saved whole
     if is_sharded(model):
-        weights = {"model": full_state_dict(model), "reference": None if reference_model is None else full_state_dict(reference_model)}
+        weights = {
+            "model": full_state_dict(model),
+            "reference": None if reference_model is None else full_state_dict(reference_model),
+        }
         optimizer_state = full_optimizer_state(model, optimizer)
         if torch.distributed.get_rank() != 0:
             return None
@@ -128,11 +143,14 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
     try:
         state = json.loads((path / "trainer_state.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: trainer_state.json is missing or corrupt ({exc}); resume from an earlier checkpoint folder.") from None
+        raise CheckpointError(
+            f"{path}: trainer_state.json is missing or corrupt ({exc}); resume from an earlier checkpoint folder."
+        ) from None
     if state.get("grpokit_version") != grpokit.__version__:
         raise CheckpointError(
             f"{path} was written by grpokit {state.get('grpokit_version')!r}, this is {grpokit.__version__}; "
-            "resume it with that version, or start a new run from its weights (model.safetensors; with LoRA, the adapters only)."
+            "resume it with that version, or start a new run from its weights (model.safetensors; with LoRA, the "
+            "adapters only)."
         )
     reference_file = path / "reference.safetensors"
     try:
@@ -147,7 +165,10 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
     except CheckpointError:
         raise
     except Exception as exc:  # truncated or foreign files surface as many different errors
-        raise CheckpointError(f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); it may be truncated. Resume from an earlier step-N folder.") from None
+        raise CheckpointError(
+            f"{path}: cannot read the checkpoint ({type(exc).__name__}: {exc}); it may be truncated. Resume from an "
+            "earlier step-N folder."
+        ) from None
     state["pending_rollouts"] = states.get("pending_rollouts")
     return state, states["rng"]
 
@@ -165,21 +186,29 @@ def _load_weights(model, file: Path, optimizer=None, optimizer_state: dict | Non
     except CheckpointError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"{file}: cannot load weights ({type(exc).__name__}: {exc}); the file may be truncated or from another model.") from None
+        raise CheckpointError(
+            f"{file}: cannot load weights ({type(exc).__name__}: {exc}); the file may be truncated or from another "
+            "model."
+        ) from None
     if missing or unexpected:
-        raise CheckpointError(f"{file} does not match the model (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}); resume with the same model.")
+        raise CheckpointError(
+            f"{file} does not match the model (missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]}); resume "
+            "with the same model."
+        )
 
 
 def _check_shapes(model: torch.nn.Module, file: Path) -> None:
     """One clear line for weights of another model (torch would list every mismatched tensor)."""
     own = model.state_dict()
     with safe_open(str(file), framework="pt") as f:
-        for name in f.keys():
+        for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
             saved = list(f.get_slice(name).get_shape())
             if name in own and saved != list(own[name].shape):
-                raise CheckpointError(f"{file} holds the weights of another model: {name} has shape {saved} there "
-                                      f"and {list(own[name].shape)} in this model; resume with the model the run was "
-                                      "trained from.")
+                raise CheckpointError(
+                    f"{file} holds the weights of another model: {name} has shape {saved} there "
+                    f"and {list(own[name].shape)} in this model; resume with the model the run was "
+                    "trained from."
+                )
 
 
 def _is_trainable_only(file: Path) -> bool:
@@ -194,13 +223,17 @@ def _load_trainable(model: torch.nn.Module, file: Path) -> None:
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     missing, unexpected = sorted(params.keys() - saved.keys()), sorted(saved.keys() - params.keys())
     if missing or unexpected:
-        raise CheckpointError(f"{file} holds the trainable parameters only (LoRA adapters) and they do not match this model's "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]}); resume with the same model and lora settings "
-                              "(r, target_modules).")
+        raise CheckpointError(
+            f"{file} holds the trainable parameters only (LoRA adapters) and they do not match this model's "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}); resume with the same model and lora settings "
+            "(r, target_modules)."
+        )
     for name, p in params.items():
         if saved[name].shape != p.shape:
-            raise CheckpointError(f"{file}: {name} has shape {list(saved[name].shape)} in the checkpoint and {list(p.shape)} in this model; "
-                                  "resume with the same model and lora settings (r, target_modules).")
+            raise CheckpointError(
+                f"{file}: {name} has shape {list(saved[name].shape)} in the checkpoint and {list(p.shape)} in this "
+                "model; resume with the same model and lora settings (r, target_modules)."
+            )
     for name, p in params.items():
         p.copy_(saved[name])
 

@@ -96,7 +96,11 @@ class _FusedHeadLogprobs(torch.autograd.Function):
             logits = F.linear(h, w, b) if keep else None  # [m, V]
             for s in range(0, m, rows):
                 # a fresh float32 chunk [c, V] (the kept logits must not change in place)
-                z = logits[s : s + rows].to(torch.float32, copy=True) if keep else F.linear(h[s : s + rows], w, b).float()
+                z = (
+                    logits[s : s + rows].to(torch.float32, copy=True)
+                    if keep
+                    else F.linear(h[s : s + rows], w, b).float()
+                )
                 if temperature != 1.0:
                     z.div_(temperature)
                 logp = torch.log_softmax(z, dim=-1)  # [c, V] (one fused kernel: ~2x faster than logsumexp)
@@ -130,7 +134,9 @@ class _FusedHeadLogprobs(torch.autograd.Function):
             grad_weight = ctx.accumulate_into.grad
         elif ctx.needs_input_grad[1]:
             grad_weight = torch.zeros((V, h.size(1)), dtype=weight_dtype, device=h.device)
-        grad_bias = torch.empty(V, dtype=bias_dtype, device=h.device) if b is not None and ctx.needs_input_grad[2] else None
+        grad_bias = (
+            torch.empty(V, dtype=bias_dtype, device=h.device) if b is not None and ctx.needs_input_grad[2] else None
+        )
         rows = torch.arange(m, device=h.device)
         with torch.autocast(h.device.type, enabled=False):
             for v in range(0, V, cols):
@@ -156,9 +162,16 @@ class _FusedHeadLogprobs(torch.autograd.Function):
         return grad_hidden.to(hidden_dtype), grad_weight, grad_bias, None, None, None, None, None
 
 
-def fused_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tokens: torch.Tensor,
-                        temperature: float = 1.0, with_entropy: bool = False, chunk_elements: int = CHUNK_ELEMENTS,
-                        saved_logits_bytes: int = SAVED_LOGITS_BYTES):
+def fused_head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    saved_logits_bytes: int = SAVED_LOGITS_BYTES,
+):
     """(log p(tokens) [m], entropy [m] or None), float32, for hidden [m, H] under the head (weight [V, H], bias [V]).
 
     Differentiable in ``hidden``, ``weight`` and ``bias`` (the entropy is a metric: not differentiated);
@@ -168,5 +181,6 @@ def fused_head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.
     """
     if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be [m, H] and tokens [m]; got {tuple(hidden.shape)} and {tuple(tokens.shape)}")
-    return _FusedHeadLogprobs.apply(hidden, weight, bias, tokens.long(), float(temperature), chunk_elements, with_entropy,
-                                    saved_logits_bytes)
+    return _FusedHeadLogprobs.apply(
+        hidden, weight, bias, tokens.long(), float(temperature), chunk_elements, with_entropy, saved_logits_bytes
+    )

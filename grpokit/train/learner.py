@@ -29,15 +29,22 @@ from grpokit.train.reference import Reference
 
 
 class Learner:
-    def __init__(self, model, reference: Reference | None, optimizer, scheduler, cfg, autocast_dtype: torch.dtype | None = None):
+    def __init__(
+        self, model, reference: Reference | None, optimizer, scheduler, cfg, autocast_dtype: torch.dtype | None = None
+    ):
         self.model = model
         self.reference = reference
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.cfg = cfg
         self.autocast_dtype = autocast_dtype
-        if (autocast_dtype is not None and reference is not None and reference.model is not None and not cfg.ref_model_sync_steps
-                and not is_sharded(reference.model)):
+        if (
+            autocast_dtype is not None
+            and reference is not None
+            and reference.model is not None
+            and not cfg.ref_model_sync_steps
+            and not is_sharded(reference.model)
+        ):
             # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
             # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32,
             # nor once FSDP has sharded it (its shards must keep the dtype they were sharded with)
@@ -53,9 +60,16 @@ class Learner:
         with self.reference.active() as ref, self.autocast(), reuse_weight_casts():
             return batched_logprobs(ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size)
 
-    def update(self, batch: Batch, advantages: torch.Tensor, loss_mask: torch.Tensor, ref_logprobs: torch.Tensor | None,
-               old_logprobs: torch.Tensor | None = None, num_items_in_batch: torch.Tensor | None = None,
-               sampling_logprobs: torch.Tensor | None = None) -> dict:
+    def update(
+        self,
+        batch: Batch,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        ref_logprobs: torch.Tensor | None,
+        old_logprobs: torch.Tensor | None = None,
+        num_items_in_batch: torch.Tensor | None = None,
+        sampling_logprobs: torch.Tensor | None = None,
+    ) -> dict:
         """Run num_iterations optimizer steps on one batch. advantages [N], loss_mask [N, T]. Returns metrics.
 
         ``old_logprobs`` [N, T]: the sampling policy's log-probs, for a batch sampled by an older policy
@@ -77,14 +91,17 @@ class Learner:
         for _ in range(cfg.num_iterations):
             self.model.train()
             with reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
-                loss, parts, logprobs, entropy = self._accumulate(batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock,
-                                                                  sampling_logprobs)
+                loss, parts, logprobs, entropy = self._accumulate(
+                    batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs
+                )
             t0 = time.perf_counter()
             history.append(self._optimizer_step(loss, parts, logprobs, entropy, loss_mask, ref_logprobs))
             clock["time/optimizer"] += time.perf_counter() - t0
         return history[-1] | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
 
-    def _accumulate(self, batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs=None):
+    def _accumulate(
+        self, batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs=None
+    ):
         """Forward and backward over the micro-batches, gradients summed; (loss, per-micro-batch metrics,
         logprobs [N, T], entropy [N, T])."""
         cfg = self.cfg
@@ -103,7 +120,9 @@ class Learner:
                 rows = slice(start, start + mb)
                 t0 = time.perf_counter()
                 with self.autocast():
-                    logprobs, entropy = completion_logprobs(self.model, batch.rows(rows), cfg.temperature, with_entropy=True)
+                    logprobs, entropy = completion_logprobs(
+                        self.model, batch.rows(rows), cfg.temperature, with_entropy=True
+                    )
                 with no_autocast:
                     loss, m = policy_loss(
                         logprobs.float(),
@@ -143,7 +162,9 @@ class Learner:
                 p.grad = p.grad.to_dense()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: a DTensor
+        grad_norm = float(
+            grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        )  # FSDP: a DTensor
         nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))
         lr = self.scheduler.get_last_lr()[0]
         if nonfinite:
@@ -161,8 +182,15 @@ class Learner:
             "entropy": float((entropy * loss_mask).sum() / mask_sum),
             "completion_logprob_mean": float((logprobs * loss_mask).sum() / mask_sum),
         }
-        for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "ratio_mean",
-                    "sampling_is/weight_mean", "sampling_is/capped_fraction", "sampling_is/logprob_abs_diff"):
+        for key in (
+            "clip_ratio/low_mean",
+            "clip_ratio/high_mean",
+            "clip_ratio/region_mean",
+            "ratio_mean",
+            "sampling_is/weight_mean",
+            "sampling_is/capped_fraction",
+            "sampling_is/logprob_abs_diff",
+        ):
             if key in parts[0]:
                 metrics[key] = sum(p[key] for p in parts) / len(parts)
         # dapo parts share the batch-wide denominator, so they add up; the others are micro-batch means

@@ -53,8 +53,15 @@ class Batch:
 
     def rows(self, index: slice) -> Batch:
         pick = lambda x: None if x is None else x[index]
-        return Batch(pick(self.completion_ids), pick(self.completion_mask), pick(self.group_index), self.prompt_ids,
-                     self.prompt_mask, pick(self.input_ids), pick(self.gather_index))
+        return Batch(
+            pick(self.completion_ids),
+            pick(self.completion_mask),
+            pick(self.group_index),
+            self.prompt_ids,
+            self.prompt_mask,
+            pick(self.input_ids),
+            pick(self.gather_index),
+        )
 
     def __len__(self) -> int:
         return self.completion_ids.size(0)
@@ -127,7 +134,9 @@ def _check_plain_head(model: torch.nn.Module, base: torch.nn.Module):
             got = F.linear(decoder(input_ids=ids).last_hidden_state, head.weight, head.bias).float()
     finally:
         base.train(was_training)
-    return (decoder, head) if got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-4, atol=1e-4) else None
+    return (
+        (decoder, head) if got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-4, atol=1e-4) else None
+    )
 
 
 @contextlib.contextmanager
@@ -151,7 +160,8 @@ def sparse_embedding_grad(decoder: torch.nn.Module):
 
 
 def _run(model, head, keep: int, **inputs):
-    """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV cache.
+    """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV
+    cache.
 
     An HF model on "sdpa" attention runs on :func:`grpokit.attention.small_attention` here (faster on CPU at
     small shapes; the same numbers)."""
@@ -178,23 +188,41 @@ def completion_features(model: torch.nn.Module, head: torch.nn.Linear | None, ba
     prompt_position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [g, P]
     if not shares_prefix(model):
         mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
-        features, _ = _run(model, head, width + 1, input_ids=torch.cat([prompt_ids[inverse], ids], dim=1), attention_mask=mask,
-                           position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
+        features, _ = _run(
+            model,
+            head,
+            width + 1,
+            input_ids=torch.cat([prompt_ids[inverse], ids], dim=1),
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=False,
+        )
         return features[:, :-1]  # [n, w, D]
-    first, cache = _run(model, head, 1, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_position, use_cache=True)
+    first, cache = _run(
+        model, head, 1, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_position, use_cache=True
+    )
     first = first[inverse]  # [n, 1, D]: the prompt's last position predicts completion token 0
     if width == 1:
         return first
     cache.batch_select_indices(inverse)  # [g, ...] -> [n, ...]
     mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, : width - 1].long()], dim=1)  # [n, P+w-1]
     position = prompt_position[inverse, -1:] + torch.arange(1, width, device=ids.device)  # [n, w-1]
-    rest, _ = _run(model, head, width - 1, input_ids=ids[:, :-1], attention_mask=mask, position_ids=position,
-                   past_key_values=cache, use_cache=True)  # completion token t predicts token t+1
+    rest, _ = _run(
+        model,
+        head,
+        width - 1,
+        input_ids=ids[:, :-1],
+        attention_mask=mask,
+        position_ids=position,
+        past_key_values=cache,
+        use_cache=True,
+    )  # completion token t predicts token t+1
     return torch.cat([first, rest], dim=1)  # [n, w, D]
 
 
 def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop the left-padding columns that every row has (a micro-batch's prompts may all be shorter than the batch's longest)."""
+    """Drop the left-padding columns that every row has (a micro-batch's prompts may all be shorter than the batch's
+    longest)."""
     first = int((mask.sum(0) > 0).nonzero()[0]) if mask.any() else 0
     return ids[:, first:], mask[:, first:]
 
@@ -216,8 +244,12 @@ def completion_logprobs(model: torch.nn.Module, batch: Batch, temperature: float
         with sparse_embedding_grad(decoder):
             hidden = completion_features(decoder, head, batch, width)  # [n, w, H]
         real = batch.completion_mask[:, :width].bool()  # [n, w]
-        logprobs, entropy = fused_head_logprobs(hidden[real], head.weight, head.bias, ids[real], temperature, with_entropy)  # [m]
-        logprobs = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(real, logprobs)  # [n, w]
+        logprobs, entropy = fused_head_logprobs(
+            hidden[real], head.weight, head.bias, ids[real], temperature, with_entropy
+        )  # [m]
+        logprobs = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(
+            real, logprobs
+        )  # [n, w]
         if entropy is not None:
             entropy = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(real, entropy)
     else:
@@ -249,7 +281,10 @@ def batched_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, m
     # FSDP sets up a module's gathered and sharded parameters on its first forward: inside inference
     # mode they would become inference tensors, which the reference resync could not update in place.
     with torch.no_grad() if is_sharded(model) else torch.inference_mode():
-        out = torch.cat([completion_logprobs(model, batch.rows(slice(i, i + rows)), temperature)[0].float()
-                         for i in range(0, len(batch), rows)])
+        out = torch.cat(
+            [
+                completion_logprobs(model, batch.rows(slice(i, i + rows)), temperature)[0].float()
+                for i in range(0, len(batch), rows)
+            ]
+        )
     return out.clone()
-

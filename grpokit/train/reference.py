@@ -38,7 +38,10 @@ class Reference:
         Not with LoRA: there the reference is the frozen base under the adapters, with no weights of its own.
         """
         if self.use_adapters:
-            raise ValueError("ref_model_sync_steps is not supported with LoRA: the reference is the base model itself; set ref_model_sync_steps: 0.")
+            raise ValueError(
+                "ref_model_sync_steps is not supported with LoRA: the reference is the base model itself; set "
+                "ref_model_sync_steps: 0."
+            )
         for ref_p, p in zip(self.model.parameters(), self.policy.parameters()):
             ref_p.mul_(1.0 - alpha).add_(p.detach().to(ref_p.dtype), alpha=alpha)
 

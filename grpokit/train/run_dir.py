@@ -15,7 +15,16 @@ from grpokit.tracking import Tracker
 from grpokit.train import checkpoint
 
 # Keys that may differ between a run and its resumption without making it another run.
-RESUME_FREE_KEYS = {"resume_from", "overwrite", "max_steps", "progress_bar", "report_to", "logging_steps", "save_steps", "save_total_limit"}
+RESUME_FREE_KEYS = {
+    "resume_from",
+    "overwrite",
+    "max_steps",
+    "progress_bar",
+    "report_to",
+    "logging_steps",
+    "save_steps",
+    "save_total_limit",
+}
 
 
 def check_run_dir(args) -> None:
@@ -29,8 +38,10 @@ def check_run_dir(args) -> None:
         old = yaml.safe_load(config_file.read_text()) or {}
         diff = _differences(old, args.to_dict())
         what = f"a run of a different config ({', '.join(diff[:3])})" if diff else "a run"
-        raise ConfigError(f"output_dir {args.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
-                          "overwrite: true to replace it, or choose another output_dir.")
+        raise ConfigError(
+            f"output_dir {args.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
+            "overwrite: true to replace it, or choose another output_dir."
+        )
 
 
 def prepare_run_dir(trainer):
@@ -58,8 +69,16 @@ def prepare_run_dir(trainer):
     store = RolloutStore(run_dir / "rollouts.sqlite", run_id=run_dir.name)
     store.rollback_after(start)  # steps after the checkpoint are redone exactly once
     _truncate_metrics(run_dir / "metrics.jsonl", start)
-    tracker = Tracker(run_dir, args.report_to, args.to_dict(), args.max_steps, args.logging_steps, args.progress_bar,
-                      run_name=args.run_name, start_step=start)  # run_name: TRL's key, the W&B run's name
+    tracker = Tracker(
+        run_dir,
+        args.report_to,
+        args.to_dict(),
+        args.max_steps,
+        args.logging_steps,
+        args.progress_bar,
+        run_name=args.run_name,
+        start_step=start,
+    )  # run_name: TRL's key, the W&B run's name
     return run_dir, store, tracker
 
 
@@ -72,8 +91,10 @@ def _check_folder_path(path: Path) -> None:
                 what = "is a file" if part == path else f"is below {str(part)!r}, which is a file"
                 raise ConfigError(f"output_dir {str(path)!r} {what}, not a folder; choose another output_dir.")
             if not os.access(part, os.W_OK | os.X_OK):
-                raise ConfigError(f"output_dir {str(path)!r} cannot be written: no write permission on {str(part)!r}; "
-                                  "choose another output_dir.")
+                raise ConfigError(
+                    f"output_dir {str(path)!r} cannot be written: no write permission on {str(part)!r}; "
+                    "choose another output_dir."
+                )
             return
 
 
@@ -95,7 +116,11 @@ def _truncate_metrics(path: Path, step: int) -> None:
     kill mid-write. The file is replaced atomically, so a kill here cannot lose the earlier steps."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if (record := _json_line(line)) is not None and record.get("step", 0) <= step]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if (record := _json_line(line)) is not None and record.get("step", 0) <= step
+    ]
     _write_atomic(path, "".join(line + "\n" for line in kept))
 
 

@@ -19,16 +19,32 @@ def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool =
     from grpokit.rewards import RewardRunner
 
     if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
-        raise ConfigError("no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy).")
+        raise ConfigError(
+            "no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy)."
+        )
     specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     try:
-        on_ray = args.num_reward_workers > 0  # Ray reward actors, else reward_workers processes in the learner (0 = none)
-        return RewardRunner(specs, weights=args.reward_weights, timeout=args.reward_timeout,
-                            workers=(args.num_reward_workers if ray_workers else 0) if on_ray else args.reward_workers,
-                            backend="ray" if on_ray else "process", worker_cpus=args.reward_worker_cpus, isolate=args.reward_isolation,
-                            processing_classes=processing_classes if processing_classes is None or isinstance(processing_classes, list)
-                            else [processing_classes] * len(specs))
-    except (ValueError, TypeError, ImportError, OSError) as exc:  # a bad spec: unknown name, missing file, bad params, not picklable
+        on_ray = (
+            args.num_reward_workers > 0
+        )  # Ray reward actors, else reward_workers processes in the learner (0 = none)
+        return RewardRunner(
+            specs,
+            weights=args.reward_weights,
+            timeout=args.reward_timeout,
+            workers=(args.num_reward_workers if ray_workers else 0) if on_ray else args.reward_workers,
+            backend="ray" if on_ray else "process",
+            worker_cpus=args.reward_worker_cpus,
+            isolate=args.reward_isolation,
+            processing_classes=processing_classes
+            if processing_classes is None or isinstance(processing_classes, list)
+            else [processing_classes] * len(specs),
+        )
+    except (
+        ValueError,
+        TypeError,
+        ImportError,
+        OSError,
+    ) as exc:  # a bad spec: unknown name, missing file, bad params, not picklable
         raise ConfigError(f"rewards: {exc}") from exc
 
 
@@ -44,7 +60,10 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
     if model is None:
         raise ConfigError("no model: pass model=... to GRPOTrainer or set model.model_name_or_path in the config.")
     if args.load_in_4bit and not isinstance(model, str):
-        raise ConfigError("load_in_4bit quantises the model while loading it: give its path or hub id (model.model_name_or_path), not a loaded module.")
+        raise ConfigError(
+            "load_in_4bit quantises the model while loading it: give its path or hub id (model.model_name_or_path), "
+            "not a loaded module."
+        )
     if isinstance(model, str):
         name = model
         model = load_model(name, dtype, device, args.trust_remote_code, load_in_4bit=args.load_in_4bit)
@@ -59,14 +78,18 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
     if tokenizer is None and args.tokenizer_name_or_path:
         tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
     if tokenizer is None:
-        raise ConfigError("no tokenizer: pass tokenizer=... (an HF tokenizer or any object with encode/decode and eos_token_id).")
+        raise ConfigError(
+            "no tokenizer: pass tokenizer=... (an HF tokenizer or any object with encode/decode and eos_token_id)."
+        )
     use_lora = args.lora.r > 0
     if use_lora:
         torch.manual_seed(args.seed)  # the adapters' random init (lora_A) follows the seed, not whatever ran before
         model = apply_lora(model, args, peft_config)
     if args.gradient_checkpointing and not args.load_in_4bit:  # QLoRA's preparation has enabled it already
         # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias)
-        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(model, "gradient_checkpointing_enable", None)
+        enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
+            model, "gradient_checkpointing_enable", None
+        )
         if enable is not None:
             enable()
     model.train()
@@ -85,7 +108,9 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig, peft_config: Any = None
     except ImportError:
         raise ImportError("lora.r > 0 needs peft: pip install 'grpokit[lora]'.") from None
     if not is_hf_model(model):
-        raise ConfigError("LoRA (lora.r > 0) is supported for Hugging Face models; for a custom module, train it fully (lora.r: 0).")
+        raise ConfigError(
+            "LoRA (lora.r > 0) is supported for Hugging Face models; for a custom module, train it fully (lora.r: 0)."
+        )
     if args.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
     return get_peft_model(model, lora_config(args) if peft_config is None else _causal_lm(peft_config))
@@ -94,13 +119,18 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig, peft_config: Any = None
 def lora_settings(peft_config: Any) -> dict:
     """grpokit's ``lora`` section for a peft ``LoraConfig`` (TRL's ``peft_config=``)."""
     if type(peft_config).__name__ != "LoraConfig" or not hasattr(peft_config, "r"):
-        raise ConfigError(f"peft_config is a {type(peft_config).__name__}; grpokit trains LoRA adapters: "
-                          "pass a peft.LoraConfig.")
+        raise ConfigError(
+            f"peft_config is a {type(peft_config).__name__}; grpokit trains LoRA adapters: pass a peft.LoraConfig."
+        )
     targets = peft_config.target_modules
     if isinstance(targets, (set, frozenset, tuple)):
         targets = sorted(targets)
-    return {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": peft_config.lora_dropout,
-            "target_modules": targets}
+    return {
+        "r": peft_config.r,
+        "alpha": peft_config.lora_alpha,
+        "dropout": peft_config.lora_dropout,
+        "target_modules": targets,
+    }
 
 
 def _causal_lm(peft_config: Any):
@@ -119,4 +149,10 @@ def lora_config(args: GRPOConfig):
     from peft import LoraConfig
 
     lora = args.lora
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )

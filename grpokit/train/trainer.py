@@ -61,10 +61,20 @@ class GRPOTrainer:
     is a transformers ``TrainerState``: ``global_step`` (steps done), ``max_steps``, ``epoch``, ``log_history``.
     """
 
-    def __init__(self, model: Any = None, reward_funcs: Any = None, args: GRPOConfig | None = None,
-                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
-                 reward_processing_classes: Any = None, callbacks: list | None = None,
-                 optimizers: tuple = (None, None), peft_config: Any = None, tokenizer: Any = None):
+    def __init__(
+        self,
+        model: Any = None,
+        reward_funcs: Any = None,
+        args: GRPOConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        reward_processing_classes: Any = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        peft_config: Any = None,
+        tokenizer: Any = None,
+    ):
         if tokenizer is not None and processing_class is not None and tokenizer is not processing_class:
             raise ConfigError("processing_class and tokenizer are the same argument; pass one of them.")
         tokenizer = processing_class if processing_class is not None else tokenizer
@@ -79,19 +89,29 @@ class GRPOTrainer:
 
             check_vllm_environment(self.dist.enabled)
         # Everything that can be checked without a model is checked first.
-        self.train_rows = load_rows(train_dataset if train_dataset is not None else args.train_dataset, args.prompt_column)
+        self.train_rows = load_rows(
+            train_dataset if train_dataset is not None else args.train_dataset, args.prompt_column
+        )
         eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
         self.eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset") if eval_source is not None else None
         if self.dist.is_main:  # only rank 0 owns the run folder
             check_run_dir(args)
         # Ray reward workers live on rank 0, the only rank connected to Ray; it scores every rank's rows.
-        self.rewards = build_reward_runner(reward_funcs if reward_funcs is not None else args.rewards, args,
-                                           ray_workers=self.dist.is_main, processing_classes=reward_processing_classes)
+        self.rewards = build_reward_runner(
+            reward_funcs if reward_funcs is not None else args.rewards,
+            args,
+            ray_workers=self.dist.is_main,
+            processing_classes=reward_processing_classes,
+        )
         reward_fns = dict(zip(self.rewards.names, self.rewards.functions))
         check_reward_columns(self.train_rows, reward_fns, args.prompt_column)
         if len(self.train_rows) < args.prompts_per_step(self.dist.world_size):
-            raise DataError(f"train_dataset has {len(self.train_rows)} prompts but a step takes {args.prompts_per_step(self.dist.world_size)} "
-                            "distinct ones; add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations.")
+            raise DataError(
+                f"train_dataset has {len(self.train_rows)} prompts but a step takes "
+                f"{args.prompts_per_step(self.dist.world_size)} "
+                "distinct ones; add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / "
+                "num_generations."
+            )
         # prompts // prompts per step: TRL drops a last partial batch too
         self.steps_per_epoch = len(self.train_rows) // args.prompts_per_step(self.dist.world_size)
         if args.max_steps == -1:  # TRL: train num_train_epochs passes over the dataset
@@ -100,15 +120,23 @@ class GRPOTrainer:
             check_reward_columns(self.eval_rows, reward_fns, args.prompt_column, "eval_dataset")
         path = model if isinstance(model, str) else args.model_name_or_path if model is None else None
         if path and self.dist.is_main:  # a model given by path or hub id: its size is known before it is loaded
-            warning = memory_warning(args, path, pick_device(args.device), processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            warning = memory_warning(
+                args, path, pick_device(args.device), processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            )
             if warning:
                 warnings.warn(f"grpokit: {warning}", stacklevel=2)
         self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args, peft_config)
         ensure_pad_token(self.tokenizer)
 
-        source_kw = dict(prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow)
-        self.train_source = PromptSource(self.train_rows, self.tokenizer, seed=args.seed, shuffle=args.shuffle, **source_kw)
-        self.eval_source = PromptSource(self.eval_rows, self.tokenizer, shuffle=False, **source_kw) if self.eval_rows else None
+        source_kw = dict(
+            prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow
+        )
+        self.train_source = PromptSource(
+            self.train_rows, self.tokenizer, seed=args.seed, shuffle=args.shuffle, **source_kw
+        )
+        self.eval_source = (
+            PromptSource(self.eval_rows, self.tokenizer, shuffle=False, **source_kw) if self.eval_rows else None
+        )
 
         torch.manual_seed(args.seed)
         eos = eos_token_ids(self.model, self.tokenizer)
@@ -118,9 +146,17 @@ class GRPOTrainer:
         if args.engine == "vllm":
             self.engine = self._start_vllm(model, eos)
         else:
-            self.engine = HFRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, self.device, seed=args.seed,
-                                          autocast_dtype=self.autocast_dtype)
-        self.sampling = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k, min_p=args.min_p)
+            self.engine = HFRolloutEngine(
+                self.model,
+                eos,
+                self.tokenizer.pad_token_id,
+                self.device,
+                seed=args.seed,
+                autocast_dtype=self.autocast_dtype,
+            )
+        self.sampling = SamplingParams(
+            args.max_completion_length, args.temperature, args.top_p, args.top_k, min_p=args.min_p
+        )
         # Rollouts must not depend on how a step's prompts are split over processes or Ray workers.
         self.seed_per_group = args.seed_per_group or args.backend == "ray" or self.dist.enabled
         self.remote = self._start_ray(eos) if args.backend == "ray" and self.dist.is_main else None
@@ -138,30 +174,48 @@ class GRPOTrainer:
             wrap_data_parallel(self.reference.model, self.dist, self.device, args.strategy)
         optimizer, scheduler = optimizers
         if optimizer is not None and is_sharded(trained):
-            raise ConfigError("optimizers=(optimizer, ...) cannot be used with strategy: fsdp, which replaces the parameters "
-                              "the optimizer holds; leave optimizers out (grpokit's AdamW) or use strategy: ddp.")
+            raise ConfigError(
+                "optimizers=(optimizer, ...) cannot be used with strategy: fsdp, which replaces the parameters "
+                "the optimizer holds; leave optimizers out (grpokit's AdamW) or use strategy: ddp."
+            )
         params = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel per parameter, no foreach temporaries (on CPU ~4x faster than the default)
-        self.optimizer = optimizer or torch.optim.AdamW(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                                                        eps=args.adam_epsilon, weight_decay=args.weight_decay,
-                                                        fused=self.device.type in ("cpu", "cuda"))
+        self.optimizer = optimizer or torch.optim.AdamW(
+            params,
+            lr=args.learning_rate,
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
+            weight_decay=args.weight_decay,
+            fused=self.device.type in ("cpu", "cuda"),
+        )
         total = args.max_steps * args.num_iterations
         warmup = args.warmup_steps or int(args.warmup_ratio * total)
         self.scheduler = scheduler or make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)
-        self.learner = Learner(trained, self.reference, self.optimizer, self.scheduler, args, autocast_dtype=self.autocast_dtype)
+        self.learner = Learner(
+            trained, self.reference, self.optimizer, self.scheduler, args, autocast_dtype=self.autocast_dtype
+        )
         self.step = 0
         self.stop_reason: str | None = None
         self.interrupted_by: int | None = None  # the signal that stopped training
         self._saved_step = 0  # the step of the newest checkpoint on disk (0: none)
         self._counters = {"kl_over": 0, "nonfinite": 0}
-        self.callbacks = CallbackRunner(callbacks, args, args.max_steps, self.steps_per_epoch, self.dist.is_main,
-                                        model=self.model, processing_class=self.tokenizer, optimizer=self.optimizer,
-                                        lr_scheduler=self.scheduler)
+        self.callbacks = CallbackRunner(
+            callbacks,
+            args,
+            args.max_steps,
+            self.steps_per_epoch,
+            self.dist.is_main,
+            model=self.model,
+            processing_class=self.tokenizer,
+            optimizer=self.optimizer,
+            lr_scheduler=self.scheduler,
+        )
         self.callbacks.event("on_init_end")
 
     @property
     def state(self):
-        """The run's transformers ``TrainerState`` (TRL's ``trainer.state``): global_step, max_steps, epoch, log_history."""
+        """The run's transformers ``TrainerState`` (TRL's ``trainer.state``): global_step, max_steps, epoch,
+        log_history."""
         return self.callbacks.state
 
     @property
@@ -203,8 +257,9 @@ class GRPOTrainer:
                 self.remote.shutdown()
         if self.stop_reason:
             # soft_wrap: one line, however narrow the terminal
-            self.tracker.console.print(f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]",
-                                       soft_wrap=True)
+            self.tracker.console.print(
+                f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]", soft_wrap=True
+            )
         return metrics
 
     def _train_step(self, step: int) -> dict:
@@ -213,15 +268,27 @@ class GRPOTrainer:
         indices, rollouts = self._next_rollouts(step)  # this rank's prompts, G rollouts each
         staleness = self.engine.policy_version - rollouts.policy_version  # updates since the sampling policy
         t1 = time.perf_counter()
-        completion_ids = [ids[: int(n)].tolist() for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)]
+        completion_ids = [
+            ids[: int(n)].tolist() for ids, n in zip(rollouts.completion_ids, rollouts.completion_lengths)
+        ]
         completions = [decode(self.tokenizer, ids) for ids in completion_ids]
         # This rank's rewards and every rank's, so groups are complete and batch-level scaling sees the whole batch.
         # Rewards get the prompts as the dataset holds them (chat messages stay messages), as TRL passes them.
-        reward, all_rewards = score_rewards(dist, self.rewards, [self.train_rows[i][args.prompt_column] for i in indices for _ in range(G)],
-                                            completions, self._columns(indices, rollouts, self.train_rows), G, on_main=args.num_reward_workers > 0,
-                                            completion_ids=completion_ids, trainer_state=self._reward_state(step))
+        reward, all_rewards = score_rewards(
+            dist,
+            self.rewards,
+            [self.train_rows[i][args.prompt_column] for i in indices for _ in range(G)],
+            completions,
+            self._columns(indices, rollouts, self.train_rows),
+            G,
+            on_main=args.num_reward_workers > 0,
+            completion_ids=completion_ids,
+            trainer_state=self._reward_state(step),
+        )
         t2 = time.perf_counter()
-        all_advantages = compute_advantages(all_rewards.combined, G, args.advantage_estimator, args.scale_rewards)  # [N_global]
+        all_advantages = compute_advantages(
+            all_rewards.combined, G, args.advantage_estimator, args.scale_rewards
+        )  # [N_global]
         n = rollouts.completion_ids.size(0)
         advantages = all_advantages[dist.rank * n : (dist.rank + 1) * n].float().to(self.device)  # [N] this rank's rows
         loss_mask = rollouts.completion_mask.to(self.device)  # [N, T]
@@ -233,12 +300,22 @@ class GRPOTrainer:
         num_items = dist.sum(loss_mask.sum()).clamp(min=1.0) / dist.world_size
         # Async rollouts come from an older policy: the ratio is taken against their sampling log-probs.
         old_logprobs = rollouts.logprobs.to(self.device) if args.async_rollouts else None
-        # vLLM's log-probs differ from the learner's for the same weights: they weight tokens (TIS), never replace old_logprobs.
+        # vLLM's log-probs differ from the learner's for the same weights: they weight tokens (TIS), never replace
+        # old_logprobs.
         tis = args.engine == "vllm" and args.vllm_importance_sampling_correction
         sampling_logprobs = rollouts.logprobs.to(self.device) if tis else None
         t3 = time.perf_counter()
-        update = dist.mean_metrics(self.learner.update(batch, advantages, loss_mask, ref_logprobs, old_logprobs=old_logprobs, num_items_in_batch=num_items,
-                                                       sampling_logprobs=sampling_logprobs))
+        update = dist.mean_metrics(
+            self.learner.update(
+                batch,
+                advantages,
+                loss_mask,
+                ref_logprobs,
+                old_logprobs=old_logprobs,
+                num_items_in_batch=num_items,
+                sampling_logprobs=sampling_logprobs,
+            )
+        )
         self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
         t4 = time.perf_counter()
 
@@ -281,7 +358,9 @@ class GRPOTrainer:
         if self._pending is not None:
             batch, pending = self._pending
             self._pending = None
-            if pending is not None and not isinstance(pending, Rollouts):  # rank 0, still in flight (a checkpoint collects them)
+            if pending is not None and not isinstance(
+                pending, Rollouts
+            ):  # rank 0, still in flight (a checkpoint collects them)
                 pending = self.remote.collect(pending)
             rollouts = self._scatter(pending)
         else:
@@ -324,7 +403,8 @@ class GRPOTrainer:
         return self.remote.submit(*self._prompts_and_seeds(step, batch, 0), self.args.num_generations, self.sampling)
 
     def _scatter(self, rollouts: Rollouts | None) -> Rollouts:
-        """Rank 0's rollouts of the global batch -> this rank's contiguous share (the groups ``dist.shard`` gives it)."""
+        """Rank 0's rollouts of the global batch -> this rank's contiguous share (the groups ``dist.shard`` gives
+        it)."""
         return self.dist.scatter_objects(split_rollouts(rollouts, self.dist.world_size) if self.dist.is_main else None)
 
     def _publish(self) -> None:
@@ -344,8 +424,15 @@ class GRPOTrainer:
 
         args = self.args
         connect(args.address, args.ray_num_cpus)
-        return RayRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, args.num_rollout_workers,
-                                args.rollout_worker_cpus, args.rollout_worker_gpus, self.autocast_dtype)
+        return RayRolloutEngine(
+            self.model,
+            eos,
+            self.tokenizer.pad_token_id,
+            args.num_rollout_workers,
+            args.rollout_worker_cpus,
+            args.rollout_worker_gpus,
+            self.autocast_dtype,
+        )
 
     def _start_vllm(self, model: Any, eos: list[int]):
         """The colocated vLLM engine, built from the policy's folder or hub id (a loaded module: from its config)."""
@@ -353,15 +440,26 @@ class GRPOTrainer:
         from grpokit.rollout.vllm_engine import VLLMRolloutEngine
 
         if not is_hf_model(self.model):
-            raise ConfigError("generation.engine: vllm samples Hugging Face causal LMs; a custom forward(input_ids) module needs generation.engine: hf.")
+            raise ConfigError(
+                "generation.engine: vllm samples Hugging Face causal LMs; a custom forward(input_ids) module needs "
+                "generation.engine: hf."
+            )
         args = self.args
         source = model if isinstance(model, str) else args.model_name_or_path if model is None else None
         max_len = args.vllm_max_model_length
         if max_len is None and args.max_prompt_length is not None:
             max_len = args.max_prompt_length + args.max_completion_length
-        return VLLMRolloutEngine(self.model, eos, self.tokenizer.pad_token_id, source=source and os.path.expanduser(source),
-                                 gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=max_len,
-                                 enable_sleep_mode=args.vllm_enable_sleep_mode, seed=args.seed, trust_remote_code=args.trust_remote_code)
+        return VLLMRolloutEngine(
+            self.model,
+            eos,
+            self.tokenizer.pad_token_id,
+            source=source and os.path.expanduser(source),
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            max_model_len=max_len,
+            enable_sleep_mode=args.vllm_enable_sleep_mode,
+            seed=args.seed,
+            trust_remote_code=args.trust_remote_code,
+        )
 
     def _train_other_rank(self) -> dict:
         """Ranks > 0 under torchrun: the same steps (metrics are averaged over ranks, so every rank
@@ -400,8 +498,11 @@ class GRPOTrainer:
     def _end_training(self, metrics: dict, seconds: float) -> None:
         """TRL's closing log entry (train_runtime, train_loss ...), a summary line, on_train_end."""
         losses = [h["loss"] for h in self.state.log_history if "loss" in h]
-        summary = {"train_runtime": seconds, "train_steps_per_second": self.step / seconds if seconds else 0.0,
-                   "train_loss": sum(losses) / len(losses) if losses else metrics.get("loss", 0.0)}
+        summary = {
+            "train_runtime": seconds,
+            "train_steps_per_second": self.step / seconds if seconds else 0.0,
+            "train_loss": sum(losses) / len(losses) if losses else metrics.get("loss", 0.0),
+        }
         self._close_epoch()
         self.callbacks.log(summary)
         self.tracker.summary(self.step, summary, metrics)
@@ -419,9 +520,11 @@ class GRPOTrainer:
             self._save_checkpoint()
         if self.interrupted_by is not None:
             name = interrupt.signal_name(self.interrupted_by)
-            self.stop_reason = (f"received {name}; saved checkpoint step-{self.step}, resume with resume_from=latest"
-                                if self.step else
-                                f"received {name} before the first step finished; there was nothing to save")
+            self.stop_reason = (
+                f"received {name}; saved checkpoint step-{self.step}, resume with resume_from=latest"
+                if self.step
+                else f"received {name} before the first step finished; there was nothing to save"
+            )
             return
         if self._eval_enabled() and not self._due("eval", self.step):
             self._evaluate_and_log(self.step)
@@ -430,7 +533,9 @@ class GRPOTrainer:
     def _due(self, kind: str, step: int) -> bool:
         """Whether ``step`` is an evaluation / checkpoint step of the run's ``eval_strategy`` / ``save_strategy``."""
         args = self.args
-        strategy, every = (args.eval_strategy, args.eval_steps) if kind == "eval" else (args.save_strategy, args.save_steps)
+        strategy, every = (
+            (args.eval_strategy, args.eval_steps) if kind == "eval" else (args.save_strategy, args.save_steps)
+        )
         if strategy == "epoch":
             every = self.steps_per_epoch
         return strategy != "no" and every > 0 and step % every == 0
@@ -441,19 +546,27 @@ class GRPOTrainer:
             self.reference.sync(args.ref_model_mixup_alpha)
         self._counters["nonfinite"] = self._counters["nonfinite"] + 1 if metrics.get("nonfinite") else 0
         if self._counters["nonfinite"] >= args.max_nonfinite_steps:
-            self.stop_reason = (f"{args.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (updates skipped); "
-                                "lower learning_rate, check the reward functions for inf/NaN, or raise max_nonfinite_steps.")
+            self.stop_reason = (
+                f"{args.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (updates skipped); "
+                "lower learning_rate, check the reward functions for inf/NaN, or raise max_nonfinite_steps."
+            )
         if args.max_kl is not None and metrics.get("kl", 0.0) > args.max_kl:
             self._counters["kl_over"] += 1
             if self._counters["kl_over"] >= args.max_kl_patience:
-                self.stop_reason = f"mean KL {metrics['kl']:.4f} exceeded max_kl={args.max_kl} for {args.max_kl_patience} step(s)."
+                self.stop_reason = (
+                    f"mean KL {metrics['kl']:.4f} exceeded max_kl={args.max_kl} for {args.max_kl_patience} step(s)."
+                )
         else:
             self._counters["kl_over"] = 0
         self.callbacks.set_step(step)
-        control = self.callbacks.event("on_step_end")  # a callback may ask for a log, an evaluation, a checkpoint, the end
+        control = self.callbacks.event(
+            "on_step_end"
+        )  # a callback may ask for a log, an evaluation, a checkpoint, the end
         if step % args.logging_steps == 0 or control.should_log:
             self.callbacks.log(metrics)
-        if self._due("eval", step) and self._eval_enabled() or control.should_evaluate and self.eval_source is not None:
+        if (self._due("eval", step) and self._eval_enabled()) or (
+            control.should_evaluate and self.eval_source is not None
+        ):
             self._evaluate_and_log(step)
         if (self._due("save", step) and step < args.max_steps) or control.should_save:
             self._save_checkpoint()
@@ -467,18 +580,36 @@ class GRPOTrainer:
     # ---- evaluation ------------------------------------------------------------------------
     def _eval_enabled(self) -> bool:
         strategy = self.args.eval_strategy
-        return self.eval_source is not None and (strategy == "epoch" or strategy == "steps" and self.args.eval_steps > 0)
+        return self.eval_source is not None and (
+            strategy == "epoch" or (strategy == "steps" and self.args.eval_steps > 0)
+        )
 
     def evaluate(self) -> dict[str, float]:
         """pass@k (k in args.pass_at_k), mean reward and greedy accuracy on the eval dataset."""
         if self.eval_source is None:
             raise ValueError("evaluate() needs an eval_dataset (argument or data.eval_dataset).")
         args = self.args
-        params = SamplingParams(args.max_completion_length, args.eval_temperature or args.temperature, args.top_p, args.top_k, min_p=args.min_p)
-        return evaluate(self.engine, self.tokenizer, self.eval_source, self.eval_rows, self.rewards, trainer_state=self._reward_state(self.step + 1),
-                        num_samples=args.num_generations_eval, ks=args.pass_at_k, params=params,
-                        success_threshold=args.success_threshold, prompt_column=args.prompt_column,
-                        max_prompts=args.max_eval_prompts)
+        params = SamplingParams(
+            args.max_completion_length,
+            args.eval_temperature or args.temperature,
+            args.top_p,
+            args.top_k,
+            min_p=args.min_p,
+        )
+        return evaluate(
+            self.engine,
+            self.tokenizer,
+            self.eval_source,
+            self.eval_rows,
+            self.rewards,
+            trainer_state=self._reward_state(self.step + 1),
+            num_samples=args.num_generations_eval,
+            ks=args.pass_at_k,
+            params=params,
+            success_threshold=args.success_threshold,
+            prompt_column=args.prompt_column,
+            max_prompts=args.max_eval_prompts,
+        )
 
     def _evaluate_and_log(self, step: int) -> None:
         """Rank 0 evaluates; under FSDP every rank joins to gather the weights for it."""
@@ -496,10 +627,16 @@ class GRPOTrainer:
         """``trainer_state`` for the reward functions while step ``step`` is scored (TRL passes its state
         before the step's update: ``global_step`` counts the updates done)."""
         source = self.train_source
-        return RewardState(global_step=step - 1, max_steps=self.args.max_steps, epoch=source.epoch + source.position / len(source.usable))
+        return RewardState(
+            global_step=step - 1,
+            max_steps=self.args.max_steps,
+            epoch=source.epoch + source.position / len(source.usable),
+        )
 
     def _columns(self, indices: list[int], rollouts: Rollouts, rows: list[dict]) -> dict[str, list]:
-        return reward_inputs(rows, indices, rollouts.num_generations, self.args.prompt_column, rollouts.completion_lengths.tolist())
+        return reward_inputs(
+            rows, indices, rollouts.num_generations, self.args.prompt_column, rollouts.completion_lengths.tolist()
+        )
 
     def _store_rows(self, indices, rollouts, completions, reward, advantages) -> list[dict]:
         G = rollouts.num_generations
@@ -508,18 +645,23 @@ class GRPOTrainer:
         for n, text in enumerate(completions):
             i = indices[n // G]
             value = float(reward.combined[n])
-            rows.append({
-                "prompt_index": i, "completion_index": n % G,
-                "prompt": self.train_source.texts[i], "completion": text,
-                "prompt_tokens": len(self.train_source.ids[i]), "completion_tokens": int(rollouts.completion_lengths[n]),
-                "finish_reason": rollouts.finish_reasons[n],
-                "rewards": {name: (None if v != v else v) for name, v in zip(self.rewards.names, per_func[n])},
-                "reward": None if value != value else value,
-                "advantage": float(advantages[n]),
-                "policy_version": rollouts.policy_version,
-                "error": reward.errors[n],
-                "extra": {column: values[n] for column, values in reward.extra.items()} or None,
-            })
+            rows.append(
+                {
+                    "prompt_index": i,
+                    "completion_index": n % G,
+                    "prompt": self.train_source.texts[i],
+                    "completion": text,
+                    "prompt_tokens": len(self.train_source.ids[i]),
+                    "completion_tokens": int(rollouts.completion_lengths[n]),
+                    "finish_reason": rollouts.finish_reasons[n],
+                    "rewards": {name: (None if v != v else v) for name, v in zip(self.rewards.names, per_func[n])},
+                    "reward": None if value != value else value,
+                    "advantage": float(advantages[n]),
+                    "policy_version": rollouts.policy_version,
+                    "error": reward.errors[n],
+                    "extra": {column: values[n] for column, values in reward.extra.items()} or None,
+                }
+            )
         return rows
 
     def _rng_states(self) -> dict:
@@ -531,17 +673,32 @@ class GRPOTrainer:
             return
         synced = self.args.ref_model_sync_steps and self.reference is not None and self.reference.model is not None
         pending = None
-        if self._pending is not None and self.dist.is_main:  # async: the next step's rollouts are saved, so a resume trains on the same data
+        if (
+            self._pending is not None and self.dist.is_main
+        ):  # async: the next step's rollouts are saved, so a resume trains on the same data
             indices, rollouts = self._pending
             if not isinstance(rollouts, Rollouts):
                 rollouts = self.remote.collect(rollouts)
                 self._pending = (indices, rollouts)
             pending = dataclasses.asdict(rollouts)
-        state = {"data": self.train_source.state_dict(), "policy_version": self.engine.policy_version, "counters": self._counters,
-                 "pending_indices": self._pending[0] if self._pending else None}  # async: drawn, not yet trained on
-        checkpoint.save_checkpoint(self.run_dir, self.step, self.model, self.optimizer, self.scheduler, state, self._rng_states(),
-                                   reference_model=self.reference.model if synced else None, save_total_limit=self.args.save_total_limit,
-                                   pending_rollouts=pending)
+        state = {
+            "data": self.train_source.state_dict(),
+            "policy_version": self.engine.policy_version,
+            "counters": self._counters,
+            "pending_indices": self._pending[0] if self._pending else None,
+        }  # async: drawn, not yet trained on
+        checkpoint.save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            state,
+            self._rng_states(),
+            reference_model=self.reference.model if synced else None,
+            save_total_limit=self.args.save_total_limit,
+            pending_rollouts=pending,
+        )
         self._saved_step = self.step
         self.callbacks.event("on_save")
 
@@ -603,8 +760,10 @@ class GRPOTrainer:
         if self.interrupted_by is not None:
             last = f"checkpoint step-{self._saved_step}" if self._saved_step else "no checkpoint"
             name = interrupt.signal_name(signum)
-            raise interrupt.Interrupted(signum, f"stopped at once by a second {name}, during step {self.step}; "
-                                                f"the last saved state is {last} (resume_from=latest)")
+            raise interrupt.Interrupted(
+                signum,
+                f"stopped at once by a second {name}, during step {self.step}; "
+                f"the last saved state is {last} (resume_from=latest)",
+            )
         self.interrupted_by = signum
         self.stop_reason = f"received {interrupt.signal_name(signum)}"
-

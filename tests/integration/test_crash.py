@@ -4,6 +4,7 @@ finally completes with every step exactly once in rollouts.sqlite and metrics.js
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import sqlite3
@@ -29,10 +30,8 @@ def metric_steps(run: Path) -> list[int]:
         return []
     steps = []
     for line in path.read_text().splitlines():
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             steps.append(json.loads(line)["step"])
-        except json.JSONDecodeError:
-            pass
     return steps
 
 
@@ -47,14 +46,20 @@ def assert_consistent_after_kill(run: Path, context: str) -> None:
     logged = metric_steps(run)
     assert logged == list(range(1, len(logged) + 1)), context
     for folder in list_checkpoints(run):
-        assert json.loads((folder / "trainer_state.json").read_text())["step"] == int(folder.name.split("-")[1]), context
+        assert json.loads((folder / "trainer_state.json").read_text())["step"] == int(folder.name.split("-")[1]), (
+            context
+        )
         assert load_file(folder / "model.safetensors"), context
         torch.load(folder / "states.pt", weights_only=True)
 
 
 def start(config: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"],
-                            env=subprocess_env(), stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"],
+        env=subprocess_env(),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def wait_for_new_step(proc: subprocess.Popen, run: Path, seen: int, limit: float = 120.0) -> None:
@@ -81,7 +86,9 @@ def test_sigkill_at_random_moments_then_resume(tmp_path, tiny_model_dir):
         proc.kill()
         proc.wait(timeout=60)
         checkpoints = [p.name for p in list_checkpoints(run)]
-        history.append(f"kill {kill}: {moment[0]} + {moment[1]:.2f}s, exit {proc.returncode}, checkpoints {checkpoints}")
+        history.append(
+            f"kill {kill}: {moment[0]} + {moment[1]:.2f}s, exit {proc.returncode}, checkpoints {checkpoints}"
+        )
         assert_consistent_after_kill(run, "\n".join(history) + "\n" + log.read_text()[-2000:])
 
     print("\n".join(history))  # shown with -s, and by pytest when a later assertion fails

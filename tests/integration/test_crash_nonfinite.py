@@ -20,8 +20,19 @@ PROMPTS = [{"prompt": " ".join(WORDS[i : i + 4])} for i in range(16)]
 
 
 def args(run: Path, **overrides) -> GRPOConfig:
-    values = dict(output_dir=str(run), num_generations=4, per_device_train_batch_size=8, max_steps=5, max_completion_length=4,
-                  learning_rate=1e-2, beta=0.0, max_nonfinite_steps=2, save_steps=0, progress_bar=False, report_to=["jsonl"])
+    values = dict(
+        output_dir=str(run),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=5,
+        max_completion_length=4,
+        learning_rate=1e-2,
+        beta=0.0,
+        max_nonfinite_steps=2,
+        save_steps=0,
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
     return GRPOConfig(**(values | overrides))
 
 
@@ -89,7 +100,7 @@ def test_isolated_nonfinite_steps_are_skipped_without_stopping(tmp_path, tiny_mo
 
     assert trainer.step == 5 and trainer.stop_reason is None
     assert [m["nonfinite"] for m in logged(run)] == [0.0, 1.0, 0.0, 1.0, 0.0]
-    before = [start] + snapshots[:-1]
+    before = [start, *snapshots[:-1]]
     name = next(iter(start))
     changed = [not torch.equal(b[name], a[name]) for b, a in zip(before, snapshots)]
     assert changed == [True, False, True, False, True]
@@ -114,7 +125,9 @@ def write_cli_config(tmp_path: Path, model_dir, reward_body: str, **algo) -> Pat
 def test_huge_rewards_overflow_the_gradient_and_the_cli_exits_1(tmp_path, tiny_model_dir, capsys):
     """Rewards of 3e38 and 0 (finite in float32) without advantage scaling: advantages of +-1.5e38
     overflow the gradient norm to inf, so every update is skipped and the run stops after 3 steps."""
-    config = write_cli_config(tmp_path, tiny_model_dir, "[3e38 * (i % 2) for i in range(len(completions))]", scale_rewards="none")
+    config = write_cli_config(
+        tmp_path, tiny_model_dir, "[3e38 * (i % 2) for i in range(len(completions))]", scale_rewards="none"
+    )
     initial = load_file(Path(tiny_model_dir) / "model.safetensors")
     assert main(["train", str(config)]) == 1
     assert "3 steps in a row had a non-finite loss or gradient" in capsys.readouterr().err

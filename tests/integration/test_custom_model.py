@@ -18,7 +18,9 @@ from grpokit.rollout.types import SamplingParams
 from grpokit.train.logprobs import build_batch, completion_logprobs
 
 # The nanoGPT-style module of the molecules example: plain PyTorch, forward(input_ids) -> logits.
-_spec = importlib.util.spec_from_file_location("example_chargpt", Path(__file__).parents[2] / "examples" / "molecules" / "chargpt.py")
+_spec = importlib.util.spec_from_file_location(
+    "example_chargpt", Path(__file__).parents[2] / "examples" / "molecules" / "chargpt.py"
+)
 chargpt = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # registered: its dataclasses look it up
 _spec.loader.exec_module(chargpt)
 
@@ -63,9 +65,21 @@ def a_fraction(prompts, completions, **columns):
 
 
 def args_for(tmp_path, **overrides) -> GRPOConfig:
-    base = {"num_generations": 8, "per_device_train_batch_size": 16, "max_completion_length": 8, "beta": 0.04,
-                "learning_rate": 1e-2, "lr_scheduler_type": "constant", "max_steps": 4, "seed": 0, "ref_model_sync_steps": 2,
-                "output_dir": str(tmp_path / "run"), "save_steps": 0, "report_to": ["jsonl"], "progress_bar": False}
+    base = {
+        "num_generations": 8,
+        "per_device_train_batch_size": 16,
+        "max_completion_length": 8,
+        "beta": 0.04,
+        "learning_rate": 1e-2,
+        "lr_scheduler_type": "constant",
+        "max_steps": 4,
+        "seed": 0,
+        "ref_model_sync_steps": 2,
+        "output_dir": str(tmp_path / "run"),
+        "save_steps": 0,
+        "report_to": ["jsonl"],
+        "progress_bar": False,
+    }
     return GRPOConfig(**{**base, **overrides})
 
 
@@ -80,7 +94,9 @@ def test_nanogpt_module_and_plain_tokenizer_train_end_to_end(tmp_path):
     model = nano_gpt(len(tokenizer.vocab))
     rows = [{"prompt": p} for p in ("x>", "yz>", "abc>", "zzz>")]
     before = first_token_prob(model, tokenizer, "x>", "a")
-    trainer = GRPOTrainer(model=model, tokenizer=tokenizer, reward_funcs=a_fraction, args=args_for(tmp_path), train_dataset=rows)
+    trainer = GRPOTrainer(
+        model=model, tokenizer=tokenizer, reward_funcs=a_fraction, args=args_for(tmp_path), train_dataset=rows
+    )
     assert trainer.reference.model is not None and trainer.reference.model is not trainer.model  # a frozen copy
     reference_before = [p.clone() for p in trainer.reference.model.parameters()]
     metrics = trainer.train()
@@ -102,9 +118,13 @@ def test_nanogpt_module_and_plain_tokenizer_train_end_to_end(tmp_path):
 
 def test_plain_tokenizer_without_pad_uses_eos(tmp_path):
     tokenizer = CharTokenizer("ab>", with_pad=False)
-    trainer = GRPOTrainer(model=nano_gpt(len(tokenizer.vocab)), tokenizer=tokenizer, reward_funcs=a_fraction,
-                          args=args_for(tmp_path, max_steps=1, per_device_train_batch_size=8, ref_model_sync_steps=0),
-                          train_dataset=[{"prompt": "ab>"}])
+    trainer = GRPOTrainer(
+        model=nano_gpt(len(tokenizer.vocab)),
+        tokenizer=tokenizer,
+        reward_funcs=a_fraction,
+        args=args_for(tmp_path, max_steps=1, per_device_train_batch_size=8, ref_model_sync_steps=0),
+        train_dataset=[{"prompt": "ab>"}],
+    )
     assert tokenizer.pad_token_id == tokenizer.eos_token_id == 0
     trainer.train()
 
@@ -134,5 +154,7 @@ def test_logprobs_come_from_the_modules_own_logits(wrap):
         with torch.no_grad():
             out = model(torch.tensor([prompt + completion]))
         logits = (out[0] if wrap else out)[0]  # [P+L, V]
-        expected = torch.log_softmax(logits[len(prompt) - 1 : -1] / 0.7, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        expected = torch.log_softmax(logits[len(prompt) - 1 : -1] / 0.7, -1).gather(
+            -1, torch.tensor(completion)[:, None]
+        )[:, 0]
         torch.testing.assert_close(logprobs[n, :length], expected, atol=1e-5, rtol=1e-5)

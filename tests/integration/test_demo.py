@@ -89,10 +89,24 @@ def test_single_thread_restores_the_thread_count():
 
 
 def test_run_demo_end_to_end_tiny(tmp_path):
-    result = run_demo(steps=2, output_dir=tmp_path / "run", cache_dir=tmp_path / "cache", warm_start=TINY,
-                      overrides={"max_eval_prompts": 4, "progress_bar": False})
-    assert set(result) == {"pass1_before", "pass1_after", "pass8_before", "pass8_after", "greedy_before",
-                           "greedy_after", "reward_start", "reward_end", "wall_seconds"}
+    result = run_demo(
+        steps=2,
+        output_dir=tmp_path / "run",
+        cache_dir=tmp_path / "cache",
+        warm_start=TINY,
+        overrides={"max_eval_prompts": 4, "progress_bar": False},
+    )
+    assert set(result) == {
+        "pass1_before",
+        "pass1_after",
+        "pass8_before",
+        "pass8_after",
+        "greedy_before",
+        "greedy_after",
+        "reward_start",
+        "reward_end",
+        "wall_seconds",
+    }
     for key, value in result.items():
         assert 0.0 <= value <= 1.0 or key == "wall_seconds"
     assert result["pass1_before"] <= result["pass8_before"]

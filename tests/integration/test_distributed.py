@@ -56,8 +56,23 @@ def torchrun(config: Path) -> None:
     where each of its threads was."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONFAULTHANDLER="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "grpokit", "train", str(config)],
-        env=env, capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "grpokit",
+            "train",
+            str(config),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, rank_error(proc.stderr)
 
@@ -72,8 +87,12 @@ def rank_error(stderr: str) -> str:
 @pytest.mark.slow
 def test_two_gloo_processes_match_one_process(tmp_path, tiny_model_dir, word_prompts):
     # Same global batch: 1 process x 4 per micro-batch x 2 accumulation = 2 processes x 4 x 1 = 8 completions.
-    one = write_config(tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4, gradient_accumulation_steps=2)
-    two = write_config(tmp_path, tiny_model_dir, word_prompts, "two", per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    one = write_config(
+        tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4, gradient_accumulation_steps=2
+    )
+    two = write_config(
+        tmp_path, tiny_model_dir, word_prompts, "two", per_device_train_batch_size=4, gradient_accumulation_steps=1
+    )
     torchrun(two)
     assert main(["train", str(one)]) == 0
 
@@ -84,8 +103,10 @@ def test_two_gloo_processes_match_one_process(tmp_path, tiny_model_dir, word_pro
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
         assert a["kl"] == pytest.approx(b["kl"], abs=1e-5)
     assert all(m["advantage/std"] > 0 for m in m1)  # every step trains on non-zero advantages
-    with RolloutStore(tmp_path / "one" / "rollouts.sqlite", readonly=True) as s1, \
-         RolloutStore(tmp_path / "two" / "rollouts.sqlite", readonly=True) as s2:
+    with (
+        RolloutStore(tmp_path / "one" / "rollouts.sqlite", readonly=True) as s1,
+        RolloutStore(tmp_path / "two" / "rollouts.sqlite", readonly=True) as s2,
+    ):
         r1, r2 = s1.rollouts(), s2.rollouts()
     assert len(r2) == 3 * 8  # every completion of both ranks, once
     key = lambda r: (r["step"], r["prompt_index"], r["completion_index"])
@@ -141,8 +162,15 @@ def test_split_rollouts_gives_each_rank_its_groups():
 
     # 4 groups of G = 2: rows 0-1 are group 0, ..., rows 6-7 group 3; 2 ranks take groups {0, 1} and {2, 3}.
     ids = torch.arange(8 * 3).reshape(8, 3)  # [N, T]
-    rollouts = Rollouts(prompt_ids=[[10], [11], [12], [13]], completion_ids=ids, completion_mask=torch.ones(8, 3),
-                        logprobs=-ids.float(), finish_reasons=["stop", "length"] * 4, num_generations=2, policy_version=5)
+    rollouts = Rollouts(
+        prompt_ids=[[10], [11], [12], [13]],
+        completion_ids=ids,
+        completion_mask=torch.ones(8, 3),
+        logprobs=-ids.float(),
+        finish_reasons=["stop", "length"] * 4,
+        num_generations=2,
+        policy_version=5,
+    )
     first, second = split_rollouts(rollouts, 2)
     assert first.prompt_ids == [[10], [11]] and second.prompt_ids == [[12], [13]]
     assert torch.equal(second.completion_ids, ids[4:]) and torch.equal(second.logprobs, -ids[4:].float())
@@ -184,21 +212,27 @@ def _rank_scores(rank: int, init_file: str, out_dir: str) -> None:
     from grpokit.rewards import RewardRunner
 
     # a hang (a rank waiting for a broadcast that never comes) fails the test instead of blocking it
-    tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    tdist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60)
+    )
     ctx = DistContext(rank=rank, world_size=2)
     rows = slice(4 * rank, 4 * rank + 4)
     args = (["p"] * 4, SHARED_COMPLETIONS[rows], {"n": list(range(8))[rows]}, 2)
     outcomes = {}
     for case in ("ok", "wrong_length", "crash"):
         # on threads here (isolate=False), so SCORED_BY sees the calls
-        runner = RewardRunner([exclaim, raises_on_boom] if case != "wrong_length" else [exclaim, one_value], isolate=False)
+        runner = RewardRunner(
+            [exclaim, raises_on_boom] if case != "wrong_length" else [exclaim, one_value], isolate=False
+        )
         if case == "crash" and rank == 0:  # e.g. the Ray cluster went away under rank 0's pool
+
             def lost(*a, **k):
                 raise ConnectionError("lost the Ray cluster")
+
             runner.score_values = lost
         try:
             outcomes[case] = ("ok", *score_rewards(ctx, runner, *args, on_main=True), list(SCORED_BY))
-        except Exception as exc:  # noqa: BLE001 - reported to the test
+        except Exception as exc:
             outcomes[case] = ("error", type(exc).__name__, str(exc))
     (Path(out_dir) / f"{rank}.pkl").write_bytes(pickle.dumps(outcomes))
     tdist.destroy_process_group()
@@ -223,9 +257,17 @@ def test_rank_0_scores_the_global_batch_and_its_errors_reach_every_rank(tmp_path
         assert mine.per_func[:, 0].tolist() == everyone.per_func[4 * rank : 4 * rank + 4, 0].tolist()
         assert mine.errors == everyone.errors[:4] and mine.error_counts == {"exclaim": 0, "raises_on_boom": 4}
         # a contract violation stops every rank with the same RewardError naming the function
-        assert outcomes["wrong_length"] == ("error", "RewardError", "reward 'one_value' returned 1 values for 8 completions: [1.0]")
+        assert outcomes["wrong_length"] == (
+            "error",
+            "RewardError",
+            "reward 'one_value' returned 1 values for 8 completions: [1.0]",
+        )
     assert ranks[0]["crash"] == ("error", "ConnectionError", "lost the Ray cluster")
-    assert ranks[1]["crash"] == ("error", "RewardError", "rank 0 could not score the rewards: ConnectionError: lost the Ray cluster")
+    assert ranks[1]["crash"] == (
+        "error",
+        "RewardError",
+        "rank 0 could not score the rewards: ConnectionError: lost the Ray cluster",
+    )
 
 
 def test_trainable_state_and_unsharded_on_a_plain_module():

@@ -38,8 +38,14 @@ def key(r: dict) -> tuple:
 
 def test_two_gloo_processes_with_ray_workers_match_one_process(tmp_path, tiny_model_dir, word_prompts):
     # Same global batch: 1 process x 4 per micro-batch x 2 accumulation = 2 processes x 4 x 1 = 8 completions.
-    one = write_config(tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4, gradient_accumulation_steps=2)
-    two = with_ray(write_config(tmp_path, tiny_model_dir, word_prompts, "two", per_device_train_batch_size=4, gradient_accumulation_steps=1))
+    one = write_config(
+        tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4, gradient_accumulation_steps=2
+    )
+    two = with_ray(
+        write_config(
+            tmp_path, tiny_model_dir, word_prompts, "two", per_device_train_batch_size=4, gradient_accumulation_steps=1
+        )
+    )
     torchrun(two)
     assert main(["train", str(one)]) == 0  # one process, no Ray, seed_per_group
 
@@ -67,13 +73,38 @@ def with_logged_reward(config: Path, log: Path) -> Path:
     return config
 
 
-def test_ray_reward_workers_under_torchrun_match_one_process_with_rewards_in_the_learner(tmp_path, tiny_model_dir, word_prompts):
+def test_ray_reward_workers_under_torchrun_match_one_process_with_rewards_in_the_learner(
+    tmp_path, tiny_model_dir, word_prompts
+):
     # Same global batch (8 completions = 2 groups of G = 4 per rank); rank 0 sends the 8 to 2 Ray reward actors.
-    one = with_logged_reward(write_config(tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4,
-                                          gradient_accumulation_steps=2, max_steps=2), tmp_path / "one.log")
-    two = with_logged_reward(with_ray(write_config(tmp_path, tiny_model_dir, word_prompts, "two", per_device_train_batch_size=4,
-                                                   gradient_accumulation_steps=1, max_steps=2), num_reward_workers=2, reward_worker_cpus=0.5),
-                             tmp_path / "two.log")
+    one = with_logged_reward(
+        write_config(
+            tmp_path,
+            tiny_model_dir,
+            word_prompts,
+            "one",
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            max_steps=2,
+        ),
+        tmp_path / "one.log",
+    )
+    two = with_logged_reward(
+        with_ray(
+            write_config(
+                tmp_path,
+                tiny_model_dir,
+                word_prompts,
+                "two",
+                per_device_train_batch_size=4,
+                gradient_accumulation_steps=1,
+                max_steps=2,
+            ),
+            num_reward_workers=2,
+            reward_worker_cpus=0.5,
+        ),
+        tmp_path / "two.log",
+    )
     torchrun(two)
     assert main(["train", str(one)]) == 0  # one process, no Ray, rewards in the learner
 
@@ -104,8 +135,18 @@ def test_ray_reward_workers_under_torchrun_match_one_process_with_rewards_in_the
 
 def test_async_rollouts_under_torchrun_with_fsdp(tmp_path, tiny_model_dir, word_prompts):
     # FSDP: publishing gathers the sharded weights to rank 0 (every rank joins), which puts them in Ray
-    config = with_ray(write_config(tmp_path, tiny_model_dir, word_prompts, "async", per_device_train_batch_size=4,
-                                   gradient_accumulation_steps=1), async_rollouts=True, strategy="fsdp")
+    config = with_ray(
+        write_config(
+            tmp_path,
+            tiny_model_dir,
+            word_prompts,
+            "async",
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=1,
+        ),
+        async_rollouts=True,
+        strategy="fsdp",
+    )
     torchrun(config)
     rows = rollouts_of(tmp_path / "async")
     assert len(rows) == len({key(r) for r in rows}) == 3 * 8

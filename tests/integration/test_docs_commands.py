@@ -41,28 +41,64 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
-    "torchrun --nproc_per_node 4 -m grpokit train config.yaml":
-        "4 processes; tests/integration/test_distributed.py runs torchrun with 2",
-    "torchrun --nnodes 2 --node_rank 0 --master_addr HOST --nproc_per_node 8 -m grpokit train config.yaml":
-        "two nodes of 8 processes",
-    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.strategy=fsdp":
-        "4 processes; tests/integration/test_fsdp.py runs FSDP with 2",
-    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.backend=ray":
-        "4 processes and Ray; tests/integration/test_distributed_ray.py runs torchrun and Ray with 2",
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (
+        "4 processes; tests/integration/test_distributed.py runs torchrun with 2"
+    ),
+    "torchrun --nnodes 2 --node_rank 0 --master_addr HOST --nproc_per_node 8 -m grpokit train config.yaml": (
+        "two nodes of 8 processes"
+    ),
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.strategy=fsdp": (
+        "4 processes; tests/integration/test_fsdp.py runs FSDP with 2"
+    ),
+    "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.backend=ray": (
+        "4 processes and Ray; tests/integration/test_distributed_ray.py runs torchrun and Ray with 2"
+    ),
     "ray start --head --port 6379 --dashboard-host 0.0.0.0": "starts a multi-node Ray cluster's head",
     "ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
-    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml":
-        "needs a Ray cluster's head node",
+    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": (
+        "needs a Ray cluster's head node"
+    ),
 }
 
 TINY_MODEL = ["model_name_or_path=path/to/causal-lm"]  # the docs' hub model -> the local tiny one
 SHORT_RUN = ["max_steps=1", "save_steps=1", "eval_steps=0", "max_completion_length=8"]
-MOLECULES_SHORT = ["--cache-dir", "cache", "--samples", "16", "--pretrain-steps", "30", "--pretrain-d-model", "32",
-                   "--pretrain-n-layers", "1", "--pretrain-batch-size", "16", "max_steps=1", "num_generations=8",
-                   "per_device_train_batch_size=8", "max_completion_length=20", "output_dir=runs/molecules"]
-FILL_IN_SHORT = ["--cache-dir", "cache", "--n-eval", "16", "--policy-steps", "10", "--policy-hidden-size", "32",
-                 "--judge-steps", "10", "--judge-d-model", "32", "max_steps=1", "num_generations=4",
-                 "per_device_train_batch_size=16", "output_dir=runs/fill_in"]
+MOLECULES_SHORT = [
+    "--cache-dir",
+    "cache",
+    "--samples",
+    "16",
+    "--pretrain-steps",
+    "30",
+    "--pretrain-d-model",
+    "32",
+    "--pretrain-n-layers",
+    "1",
+    "--pretrain-batch-size",
+    "16",
+    "max_steps=1",
+    "num_generations=8",
+    "per_device_train_batch_size=8",
+    "max_completion_length=20",
+    "output_dir=runs/molecules",
+]
+FILL_IN_SHORT = [
+    "--cache-dir",
+    "cache",
+    "--n-eval",
+    "16",
+    "--policy-steps",
+    "10",
+    "--policy-hidden-size",
+    "32",
+    "--judge-steps",
+    "10",
+    "--judge-d-model",
+    "32",
+    "max_steps=1",
+    "num_generations=4",
+    "per_device_train_batch_size=16",
+    "output_dir=runs/fill_in",
+]
 # A documented command's start (the longest one that matches) -> arguments appended to it.
 APPENDED = {
     "grpokit explain config.yaml": TINY_MODEL,
@@ -74,8 +110,11 @@ APPENDED = {
     "python examples/fill_in/run.py": FILL_IN_SHORT,
 }
 # Python snippets: (pattern, replacement) applied to every snippet: shortening, and hub models -> the tiny local one.
-PYTHON_SHORTENING = [(r"\bmax_steps=\d+", "max_steps=1"), (r"\bmax_completion_length=\d+", "max_completion_length=8"),
-                     (r"([\"'])Qwen/[\w.\-]+\1", r"\1path/to/causal-lm\1")]
+PYTHON_SHORTENING = [
+    (r"\bmax_steps=\d+", "max_steps=1"),
+    (r"\bmax_completion_length=\d+", "max_completion_length=8"),
+    (r"([\"'])Qwen/[\w.\-]+\1", r"\1path/to/causal-lm\1"),
+]
 # A line of a Python snippet -> why the snippet that holds it is not run here.
 NOT_RUNNABLE_SNIPPETS: dict[str, str] = {}
 
@@ -151,16 +190,23 @@ def workdir(tmp_path, tiny_model_dir):
     rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": str(i)} for i in range(16)]
     for name in ("train.jsonl", "eval.jsonl"):
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "my_rewards.py").write_text("def brevity(completions, **kwargs):\n"
-                                            "    return [-len(c) / 100 for c in completions]\n")
+    (tmp_path / "my_rewards.py").write_text(
+        "def brevity(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n"
+    )
     (tmp_path / "home").mkdir()
     return tmp_path
 
 
 def environment(workdir: Path) -> dict[str, str]:
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # this venv's python, grpokit
-    return {**os.environ, "PATH": path, "HOME": str(workdir / "home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "PATH": path,
+        "HOME": str(workdir / "home"),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def write_named_yaml(block: Block, workdir: Path) -> None:
@@ -172,8 +218,16 @@ def write_named_yaml(block: Block, workdir: Path) -> None:
 
 
 def run(args: list[str] | str, workdir: Path, shell: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=workdir, env=environment(workdir), capture_output=True, text=True, timeout=TIMEOUT,
-                          shell=shell, executable="/bin/bash" if shell else None)
+    return subprocess.run(
+        args,
+        cwd=workdir,
+        env=environment(workdir),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        shell=shell,
+        executable="/bin/bash" if shell else None,
+    )
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
@@ -214,10 +268,14 @@ def test_the_tables_name_documented_commands():
 
 def test_block_parsing():
     assert commands("make demo   # comment\ngrpokit train c.yaml \\\n    max_steps=1\n# only a comment\n") == [
-        "make demo", "grpokit train c.yaml max_steps=1"]
+        "make demo",
+        "grpokit train c.yaml max_steps=1",
+    ]
     assert commands("$ grpokit env\n- grpokit: 0.1.0\n", "console") == ["grpokit env"]
-    assert appended("grpokit train config.yaml resume_from=latest  # continue") == APPENDED[
-        "grpokit train config.yaml resume_from=latest"]  # the longest matching start wins
+    assert (
+        appended("grpokit train config.yaml resume_from=latest  # continue")
+        == APPENDED["grpokit train config.yaml resume_from=latest"]
+    )  # the longest matching start wins
     assert appended("grpokit report runs/my-run") == []
 
 
@@ -227,11 +285,19 @@ def test_readme_arithmetic_example_command(tmp_path):
     from grpokit.demo import WarmStartConfig, ensure_demo_policy
 
     home = tmp_path / "home"
-    ensure_demo_policy(home / ".cache" / "grpokit", config=WarmStartConfig(hidden_size=16, num_layers=1, num_heads=2,
-                                                                          clean_steps=2, sloppy_steps=1, batch_size=8))
+    ensure_demo_policy(
+        home / ".cache" / "grpokit",
+        config=WarmStartConfig(hidden_size=16, num_layers=1, num_heads=2, clean_steps=2, sloppy_steps=1, batch_size=8),
+    )
     env = {k: v for k, v in environment(tmp_path).items() if k not in ("GRPOKIT_CACHE", "XDG_CACHE_HOME")}
-    command = ["grpokit", "train", str(ROOT / "examples/arithmetic/config.yaml"), "max_steps=1", "eval_steps=0",
-               f"output_dir={tmp_path / 'run'}"]
+    command = [
+        "grpokit",
+        "train",
+        str(ROOT / "examples/arithmetic/config.yaml"),
+        "max_steps=1",
+        "eval_steps=0",
+        f"output_dir={tmp_path / 'run'}",
+    ]
     assert "grpokit train examples/arithmetic/config.yaml" in (ROOT / "README.md").read_text()
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-4000:]

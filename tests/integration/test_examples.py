@@ -41,10 +41,28 @@ def test_molecules_example_short_run(tmp_path, load_example):
     smiles = (EXAMPLES / "molecules" / "data" / "moses_sample.smi").read_text().splitlines()[:300]
     data = tmp_path / "small.smi"
     data.write_text("\n".join(smiles) + "\n")
-    argv = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--samples", "16",
-            "--pretrain-steps", "30", "--pretrain-d-model", "32", "--pretrain-n-layers", "1", "--pretrain-batch-size", "16",
-            "max_steps=3", "num_generations=8", "per_device_train_batch_size=8", "max_completion_length=30",
-            "ref_model_sync_steps=2", f"output_dir={tmp_path / 'run'}"]
+    argv = [
+        "--data",
+        str(data),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--samples",
+        "16",
+        "--pretrain-steps",
+        "30",
+        "--pretrain-d-model",
+        "32",
+        "--pretrain-n-layers",
+        "1",
+        "--pretrain-batch-size",
+        "16",
+        "max_steps=3",
+        "num_generations=8",
+        "per_device_train_batch_size=8",
+        "max_completion_length=30",
+        "ref_model_sync_steps=2",
+        f"output_dir={tmp_path / 'run'}",
+    ]
     result = run.main(argv)
 
     for when in ("before", "after"):
@@ -54,7 +72,9 @@ def test_molecules_example_short_run(tmp_path, load_example):
         # qed in [0, 1] and sa in [1, 10] over the valid molecules, NaN when none is valid
         assert math.isnan(metrics["qed"]) or 0.0 <= metrics["qed"] <= 1.0
         assert math.isnan(metrics["sa"]) or 1.0 <= metrics["sa"] <= 10.0
-    assert json.loads((tmp_path / "run" / "molecules.json").read_text())["after"] == pytest.approx(result["after"], nan_ok=True)
+    assert json.loads((tmp_path / "run" / "molecules.json").read_text())["after"] == pytest.approx(
+        result["after"], nan_ok=True
+    )
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert {"rewards/molecule/mean", "rewards/molecule_2/mean", "kl"} <= set(steps[-1])
@@ -63,7 +83,7 @@ def test_molecules_example_short_run(tmp_path, load_example):
     cached = list((tmp_path / "cache").glob("chargpt-*"))
     assert len(cached) == 1
     stamp = (cached[0] / "model.safetensors").stat().st_mtime_ns
-    run.main(argv[:-1] + ["max_steps=1", f"output_dir={tmp_path / 'run2'}"])
+    run.main([*argv[:-1], "max_steps=1", f"output_dir={tmp_path / 'run2'}"])
     assert (cached[0] / "model.safetensors").stat().st_mtime_ns == stamp
 
 
@@ -72,9 +92,26 @@ def test_fill_in_example_short_run(tmp_path, load_example, config):
     if config == "config_lora.yaml":
         pytest.importorskip("peft")
     run = load_example("fill_in")
-    argv = ["--config", config, "--cache-dir", str(tmp_path / "cache"), "--n-eval", "24",
-            "--policy-steps", "20", "--policy-hidden-size", "32", "--judge-steps", "20", "--judge-d-model", "32",
-            "max_steps=2", "num_generations=4", "per_device_train_batch_size=16", f"output_dir={tmp_path / 'run'}"]
+    argv = [
+        "--config",
+        config,
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--n-eval",
+        "24",
+        "--policy-steps",
+        "20",
+        "--policy-hidden-size",
+        "32",
+        "--judge-steps",
+        "20",
+        "--judge-d-model",
+        "32",
+        "max_steps=2",
+        "num_generations=4",
+        "per_device_train_batch_size=16",
+        f"output_dir={tmp_path / 'run'}",
+    ]
     result = run.main(argv)
 
     for when in ("before", "after"):

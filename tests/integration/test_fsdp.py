@@ -27,12 +27,19 @@ def configure(path: Path, **sections) -> Path:
 
 
 def fsdp_config(tmp_path, model_dir, prompts, name, **run) -> Path:
-    path = write_config(tmp_path, model_dir, prompts, name, per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    path = write_config(
+        tmp_path, model_dir, prompts, name, per_device_train_batch_size=4, gradient_accumulation_steps=1
+    )
     eval_data = tmp_path / "eval.jsonl"
     eval_data.write_text("".join(json.dumps(r) + "\n" for r in prompts[:4]))
-    return configure(path, distributed={"strategy": "fsdp"}, algo={"ref_model_sync_steps": 2, "ref_model_mixup_alpha": 0.5},
-                     data={"eval_dataset": str(eval_data)}, eval={"eval_steps": 2, "num_generations_eval": 2, "pass_at_k": [1]},
-                     run=run)
+    return configure(
+        path,
+        distributed={"strategy": "fsdp"},
+        algo={"ref_model_sync_steps": 2, "ref_model_mixup_alpha": 0.5},
+        data={"eval_dataset": str(eval_data)},
+        eval={"eval_steps": 2, "num_generations_eval": 2, "pass_at_k": [1]},
+        run=run,
+    )
 
 
 def rollouts_of(run: Path) -> list[dict]:
@@ -42,8 +49,12 @@ def rollouts_of(run: Path) -> list[dict]:
 
 def test_two_fsdp_processes_match_one_process_and_resume_exactly(tmp_path, tiny_model_dir, word_prompts):
     # Same global batch as the DDP test: 1 process x 4 x 2 accumulation = 2 FSDP processes x 4 x 1.
-    one = configure(write_config(tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4, gradient_accumulation_steps=2),
-                    algo={"ref_model_sync_steps": 2, "ref_model_mixup_alpha": 0.5})
+    one = configure(
+        write_config(
+            tmp_path, tiny_model_dir, word_prompts, "one", per_device_train_batch_size=4, gradient_accumulation_steps=2
+        ),
+        algo={"ref_model_sync_steps": 2, "ref_model_mixup_alpha": 0.5},
+    )
     assert main(["train", str(one)]) == 0
     straight = fsdp_config(tmp_path, tiny_model_dir, word_prompts, "fsdp", save_steps=1)
     torchrun(straight)
@@ -61,7 +72,11 @@ def test_two_fsdp_processes_match_one_process_and_resume_exactly(tmp_path, tiny_
     assert all(m["advantage/std"] > 0 for m in m1)
     with RolloutStore(tmp_path / "fsdp" / "rollouts.sqlite", readonly=True) as store:
         evals = store.evals()
-    assert sorted({e["step"] for e in evals}) == [0, 2, 3]  # rank 0 evaluated on the gathered weights (start, eval_steps, end)
+    assert sorted({e["step"] for e in evals}) == [
+        0,
+        2,
+        3,
+    ]  # rank 0 evaluated on the gathered weights (start, eval_steps, end)
     rows = rollouts_of(tmp_path / "fsdp")
     assert len(rows) == len({(r["step"], r["prompt_index"], r["completion_index"]) for r in rows}) == 3 * 8
 
@@ -75,7 +90,10 @@ def test_two_fsdp_processes_match_one_process_and_resume_exactly(tmp_path, tiny_
     for (name, p), q in zip(single.named_parameters(), sharded.parameters()):
         assert p.shape == q.shape == full[name].shape
         torch.testing.assert_close(p, q, atol=1e-5, rtol=0)
-    assert any(not torch.equal(p, q) for p, q in zip(AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters(), sharded.parameters()))
+    assert any(
+        not torch.equal(p, q)
+        for p, q in zip(AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters(), sharded.parameters())
+    )
 
     # Exact resume: 2 steps, then resume_from=latest with max_steps=3 gives the straight run's step 3.
     resumed = fsdp_config(tmp_path, tiny_model_dir, word_prompts, "resumed", save_steps=1)
@@ -88,4 +106,7 @@ def test_two_fsdp_processes_match_one_process_and_resume_exactly(tmp_path, tiny_
     for key in ("loss", "kl", "reward", "grad_norm"):
         assert m3[2][key] == train2[2][key], key
     sharded_rows = {(r["step"], r["prompt_index"], r["completion_index"]): r["completion"] for r in rows}
-    assert {(r["step"], r["prompt_index"], r["completion_index"]): r["completion"] for r in rollouts_of(tmp_path / "resumed")} == sharded_rows
+    assert {
+        (r["step"], r["prompt_index"], r["completion_index"]): r["completion"]
+        for r in rollouts_of(tmp_path / "resumed")
+    } == sharded_rows

@@ -23,9 +23,18 @@ def target_reward(prompts, completions, target, **columns):
 def lora_args(tmp_path, **overrides) -> GRPOConfig:
     base = {
         "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]},
-        "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 6, "beta": 0.1,
-        "learning_rate": 5e-2, "lr_scheduler_type": "constant", "max_steps": 2, "seed": 0,
-        "output_dir": str(tmp_path / "run"), "save_steps": 0, "report_to": ["jsonl"], "progress_bar": False,
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 6,
+        "beta": 0.1,
+        "learning_rate": 5e-2,
+        "lr_scheduler_type": "constant",
+        "max_steps": 2,
+        "seed": 0,
+        "output_dir": str(tmp_path / "run"),
+        "save_steps": 0,
+        "report_to": ["jsonl"],
+        "progress_bar": False,
     }
     return GRPOConfig(**{**base, **overrides})
 
@@ -39,8 +48,12 @@ def test_lora_trains_adapters_reference_is_base_and_saves(tmp_path, tiny_model_d
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=target_reward, args=lora_args(tmp_path, merge_on_save=True),
-                          train_dataset=word_prompts)
+    trainer = GRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=target_reward,
+        args=lora_args(tmp_path, merge_on_save=True),
+        train_dataset=word_prompts,
+    )
     trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert trainer.reference.model is None  # no second copy of the weights
@@ -72,15 +85,24 @@ def test_lora_rejects_reference_resync_and_custom_modules(tmp_path, word_prompts
         lora_args(tmp_path, ref_model_sync_steps=5)
     tokenizer = build_word_tokenizer(["a", "b"])
     with pytest.raises(ConfigError, match="Hugging Face models"):
-        GRPOTrainer(model=TinyGPT(len(tokenizer)), tokenizer=tokenizer, reward_funcs=target_reward,
-                    args=lora_args(tmp_path), train_dataset=word_prompts)
+        GRPOTrainer(
+            model=TinyGPT(len(tokenizer)),
+            tokenizer=tokenizer,
+            reward_funcs=target_reward,
+            args=lora_args(tmp_path),
+            train_dataset=word_prompts,
+        )
 
 
 def test_load_in_4bit_needs_lora_and_a_path(tmp_path, tiny_model_dir, word_prompts):
-    with pytest.raises(ConfigError, match="lora.r > 0"):
+    with pytest.raises(ConfigError, match=r"lora\.r > 0"):
         GRPOConfig(load_in_4bit=True)
     from transformers import AutoModelForCausalLM
 
     with pytest.raises(ConfigError, match="path or hub id"):
-        GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), reward_funcs=target_reward,
-                    args=lora_args(tmp_path, load_in_4bit=True), train_dataset=word_prompts)
+        GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+            reward_funcs=target_reward,
+            args=lora_args(tmp_path, load_in_4bit=True),
+            train_dataset=word_prompts,
+        )

@@ -28,9 +28,22 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.
 
 
 def config(run: Path, **overrides) -> GRPOConfig:
-    values = dict(lora=LORA, output_dir=str(run), num_generations=4, per_device_train_batch_size=8, max_steps=4, max_completion_length=5,
-                  learning_rate=5e-2, lr_scheduler_type="constant", beta=0.1, num_iterations=2, save_steps=2, seed=0,
-                  progress_bar=False, report_to=["jsonl"])
+    values = dict(
+        lora=LORA,
+        output_dir=str(run),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=4,
+        max_completion_length=5,
+        learning_rate=5e-2,
+        lr_scheduler_type="constant",
+        beta=0.1,
+        num_iterations=2,
+        save_steps=2,
+        seed=0,
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
     return GRPOConfig(**(values | overrides))
 
 
@@ -75,24 +88,40 @@ def test_lora_checkpoint_holds_the_adapters_and_resume_equals_a_straight_run(str
     assert wa.keys() == wb.keys() and wa
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=0)
-    assert any(w.abs().max() > 0 for name, w in wb.items() if "lora_B" in name)  # the adapters did train (B starts at 0)
+    assert any(
+        w.abs().max() > 0 for name, w in wb.items() if "lora_B" in name
+    )  # the adapters did train (B starts at 0)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("r=8", r"has shape \[4, 32\] in the checkpoint and \[8, 32\] in this model"),
-    ("target_modules=[q_proj]", r"holds the trainable parameters only \(LoRA adapters\) and they do not match this model's \(missing \[\], unexpected \["),
-])
-def test_resuming_with_other_lora_settings_exits_2_naming_the_problem(straight_run, tiny_model_dir, tmp_path, capsys, override, message):
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("r=8", r"has shape \[4, 32\] in the checkpoint and \[8, 32\] in this model"),
+        (
+            "target_modules=[q_proj]",
+            r"holds the trainable parameters only \(LoRA adapters\) and they do not match this model's \(missing \[\], "
+            r"unexpected \[",
+        ),
+    ],
+)
+def test_resuming_with_other_lora_settings_exits_2_naming_the_problem(
+    straight_run, tiny_model_dir, tmp_path, capsys, override, message
+):
     import re
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in PROMPTS))
     (tmp_path / "c.yaml").write_text(
-        f"model: {{model_name_or_path: {tiny_model_dir}}}\ndata: {{train_dataset: {data}}}\nrewards: ['{TARGET_REWARD}']\n"
-        f"lora: {json.dumps(LORA)}\nnum_generations: 4\nbeta: 0.1\nmax_completion_length: 5\nper_device_train_batch_size: 8\n"
-        "max_steps: 4\nprogress_bar: false\nreport_to: [jsonl]\n")
+        f"model: {{model_name_or_path: {tiny_model_dir}}}\ndata: {{train_dataset: {data}}}\nrewards: "
+        f"['{TARGET_REWARD}']\n"
+        f"lora: {json.dumps(LORA)}\nnum_generations: 4\nbeta: 0.1\nmax_completion_length: "
+        "5\nper_device_train_batch_size: 8\n"
+        "max_steps: 4\nprogress_bar: false\nreport_to: [jsonl]\n"
+    )
     checkpoint = list_checkpoints(straight_run)[0]
-    code = main(["train", str(tmp_path / "c.yaml"), f"output_dir={tmp_path / 'run'}", f"resume_from={checkpoint}", override])
+    code = main(
+        ["train", str(tmp_path / "c.yaml"), f"output_dir={tmp_path / 'run'}", f"resume_from={checkpoint}", override]
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     assert re.search(message, err), err
@@ -101,6 +130,7 @@ def test_resuming_with_other_lora_settings_exits_2_naming_the_problem(straight_r
 
 def test_lora_adapters_start_from_the_seed(tiny_model_dir, tmp_path):
     """Two trainers with the same seed start from the same adapters, whatever used the global RNG before."""
+
     def adapters():
         trainer = GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=config(tmp_path / "run"), train_dataset=PROMPTS)
         return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -109,6 +139,8 @@ def test_lora_adapters_start_from_the_seed(tiny_model_dir, tmp_path):
     torch.rand(7)  # moves the global RNG on
     b = adapters()
     assert a.keys() == b.keys()
-    assert any(w.abs().max() > 0 for name, w in a.items() if "lora_A" in name)  # lora_A is random, lora_B starts at zero
+    assert any(
+        w.abs().max() > 0 for name, w in a.items() if "lora_A" in name
+    )  # lora_A is random, lora_B starts at zero
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)

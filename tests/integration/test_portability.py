@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from test_train import write_config
 
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "GRPOKIT_CPU_CAPS": "avx2"}
@@ -26,10 +25,16 @@ def run_simulated(args: list[str], cwd) -> subprocess.CompletedProcess:
 
 
 def test_the_simulation_has_no_bf16_kernels(tmp_path):
-    probe = run_simulated(["-c", "import torch; from grpokit.cpu_caps import cpu_caps; c = cpu_caps(); "
-                           "print(torch.backends.cpu.get_cpu_capability(), "
-                           "torch.ops.mkldnn._is_mkldnn_bf16_supported(), "
-                           "c.avx512, c.native_bf16, c.packs(torch.bfloat16))"], tmp_path)
+    probe = run_simulated(
+        [
+            "-c",
+            "import torch; from grpokit.cpu_caps import cpu_caps; c = cpu_caps(); "
+            "print(torch.backends.cpu.get_cpu_capability(), "
+            "torch.ops.mkldnn._is_mkldnn_bf16_supported(), "
+            "c.avx512, c.native_bf16, c.packs(torch.bfloat16))",
+        ],
+        tmp_path,
+    )
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.split() == ["AVX2", "False", "False", "False", "False"]
 

@@ -39,15 +39,29 @@ def model_dir(tmp_path_factory):
     from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-llama-64")
-    build_tiny_causal_lm(path, build_word_tokenizer(WORDS), hidden_size=64, num_layers=2, num_heads=2,
-                         tie_word_embeddings=False)
+    build_tiny_causal_lm(
+        path, build_word_tokenizer(WORDS), hidden_size=64, num_layers=2, num_heads=2, tie_word_embeddings=False
+    )
     return path
 
 
 def qlora_args(run: Path, **overrides) -> GRPOConfig:
-    values = dict(lora=LORA, load_in_4bit=True, num_generations=8, per_device_train_batch_size=16,
-                  max_completion_length=6, beta=0.0, learning_rate=5e-2, lr_scheduler_type="constant", max_steps=8,
-                  save_steps=0, seed=0, output_dir=str(run), report_to=["jsonl"], progress_bar=False)
+    values = dict(
+        lora=LORA,
+        load_in_4bit=True,
+        num_generations=8,
+        per_device_train_batch_size=16,
+        max_completion_length=6,
+        beta=0.0,
+        learning_rate=5e-2,
+        lr_scheduler_type="constant",
+        max_steps=8,
+        save_steps=0,
+        seed=0,
+        output_dir=str(run),
+        report_to=["jsonl"],
+        progress_bar=False,
+    )
     return GRPOConfig(**(values | overrides))
 
 
@@ -120,10 +134,19 @@ def test_qlora_reference_is_the_4bit_base(trained, model_dir):
 
 
 def test_qlora_resume_equals_a_straight_run(model_dir, tmp_path):
-    compared = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "learning_rate",
-                "completion_logprob_mean")
-    settings = dict(max_steps=4, beta=0.1, num_iterations=2, save_steps=2, per_device_train_batch_size=8,
-                    num_generations=4)
+    compared = (
+        "loss",
+        "policy_loss",
+        "kl",
+        "grad_norm",
+        "entropy",
+        "reward",
+        "learning_rate",
+        "completion_logprob_mean",
+    )
+    settings = dict(
+        max_steps=4, beta=0.1, num_iterations=2, save_steps=2, per_device_train_batch_size=8, num_generations=4
+    )
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
 
     def train(run: Path, **overrides):

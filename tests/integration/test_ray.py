@@ -60,7 +60,12 @@ def test_cli_with_two_rollout_workers_raises_the_reward(tmp_path, tiny_model_dir
         "data": {"train_dataset": str(data)},
         "algo": {"num_generations": 4, "beta": 0.0},
         "generation": {"max_completion_length": 8},
-        "optim": {"learning_rate": 1e-2, "per_device_train_batch_size": 16, "max_steps": 16, "lr_scheduler_type": "constant"},
+        "optim": {
+            "learning_rate": 1e-2,
+            "per_device_train_batch_size": 16,
+            "max_steps": 16,
+            "lr_scheduler_type": "constant",
+        },
         "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
         "distributed": {"backend": "ray", "num_rollout_workers": 2, "rollout_worker_cpus": 0.5},
         "rewards": [LENGTH_REWARD],
@@ -109,9 +114,22 @@ def custom_run(tmp_path: Path, **overrides):
     def reward(prompts, completions, **columns):
         return [float(len(c)) / 20 for c in completions]
 
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8, max_steps=3,
-                      max_completion_length=5, learning_rate=1e-3, beta=0.0, progress_bar=False, report_to=["jsonl"],
-                      save_steps=0, backend="ray", num_rollout_workers=2, rollout_worker_cpus=0.5, **overrides)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=3,
+        max_completion_length=5,
+        learning_rate=1e-3,
+        beta=0.0,
+        progress_bar=False,
+        report_to=["jsonl"],
+        save_steps=0,
+        backend="ray",
+        num_rollout_workers=2,
+        rollout_worker_cpus=0.5,
+        **overrides,
+    )
     return GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=prompts, tokenizer=tokenizer), flag
 
 

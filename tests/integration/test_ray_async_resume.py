@@ -34,9 +34,27 @@ def local_cluster():
 
 
 def trainer(model_dir: Path, run: Path, **overrides) -> GRPOTrainer:
-    args = GRPOConfig(**(dict(output_dir=str(run), num_generations=4, per_device_train_batch_size=8, max_steps=4, max_completion_length=5,
-                              learning_rate=5e-3, beta=0.04, save_steps=0, progress_bar=False, report_to=["jsonl"], backend="ray",
-                              num_rollout_workers=2, rollout_worker_cpus=0.5, async_rollouts=True) | overrides))
+    args = GRPOConfig(
+        **(
+            dict(
+                output_dir=str(run),
+                num_generations=4,
+                per_device_train_batch_size=8,
+                max_steps=4,
+                max_completion_length=5,
+                learning_rate=5e-3,
+                beta=0.04,
+                save_steps=0,
+                progress_bar=False,
+                report_to=["jsonl"],
+                backend="ray",
+                num_rollout_workers=2,
+                rollout_worker_cpus=0.5,
+                async_rollouts=True,
+            )
+            | overrides
+        )
+    )
     return GRPOTrainer(str(model_dir), TARGET_REWARD, args=args, train_dataset=PROMPTS)
 
 
@@ -46,7 +64,10 @@ def metrics(run: Path) -> list[dict]:
 
 def rollouts(run: Path) -> list[tuple]:
     with RolloutStore(run / "rollouts.sqlite", readonly=True) as store:
-        return [(r["step"], r["prompt_index"], r["completion_index"], r["completion"], r["policy_version"]) for r in store.rollouts()]
+        return [
+            (r["step"], r["prompt_index"], r["completion_index"], r["completion"], r["policy_version"])
+            for r in store.rollouts()
+        ]
 
 
 def test_async_run_stopped_by_sigterm_and_resumed_equals_a_straight_run(tiny_model_dir, tmp_path):
@@ -67,7 +88,9 @@ def test_async_run_stopped_by_sigterm_and_resumed_equals_a_straight_run(tiny_mod
     assert first.interrupted_by == signal.SIGTERM and first.step == 2
     assert [p.name for p in list_checkpoints(run)] == ["step-2"]
     saved = torch.load(run / "checkpoints" / "step-2" / "states.pt", weights_only=True)["pending_rollouts"]
-    assert saved["policy_version"] == 1 and saved["completion_ids"].shape[0] == 8  # step 3's rollouts, sampled by version 1
+    assert (
+        saved["policy_version"] == 1 and saved["completion_ids"].shape[0] == 8
+    )  # step 3's rollouts, sampled by version 1
     assert [r[0] for r in rollouts(run)] == [1] * 8 + [2] * 8  # step 3 is not in the store yet
 
     trainer(tiny_model_dir, run, resume_from="latest").train()

@@ -39,7 +39,9 @@ def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict]) -> Path:
 
 
 def train(config: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpokit", "train", str(config)], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "grpokit", "train", str(config)], env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture()
@@ -54,8 +56,13 @@ def ray_env():
 
 def test_address_auto_joins_the_cluster_ray_start_made(tmp_path, tiny_model_dir, word_prompts, ray_env):
     config = write_config(tmp_path, tiny_model_dir, word_prompts)
-    subprocess.run([RAY, "start", "--head", "--num-cpus", "2", "--include-dashboard", "false"],
-                   env=ray_env, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [RAY, "start", "--head", "--num-cpus", "2", "--include-dashboard", "false"],
+        env=ray_env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     try:
         result = train(config, ray_env)
         assert result.returncode == 0, result.stderr[-3000:]

@@ -105,12 +105,19 @@ def test_ray_workers_match_in_process_and_need_no_file_on_the_worker(reward_file
     # A module of our own on the learner's path only: it must travel by value too.
     module_dir = tmp_path / "mods"
     module_dir.mkdir()
-    (module_dir / "my_module_reward.py").write_text("def shout(prompts, completions, **k):\n    return [float(c.isupper()) for c in completions]\n")
+    (module_dir / "my_module_reward.py").write_text(
+        "def shout(prompts, completions, **k):\n    return [float(c.isupper()) for c in completions]\n"
+    )
     sys.path.insert(0, str(module_dir))
     try:
         log = tmp_path / "pids.log"
-        specs = ["accuracy", {"name": "length", "max_length": 20, "cache_length": 4, "weight": 0.5},
-                 {"name": f"{reward_file}:length", "log": str(log)}, f"{reward_file}:raises_on_boom", "my_module_reward:shout"]
+        specs = [
+            "accuracy",
+            {"name": "length", "max_length": 20, "cache_length": 4, "weight": 0.5},
+            {"name": f"{reward_file}:length", "log": str(log)},
+            f"{reward_file}:raises_on_boom",
+            "my_module_reward:shout",
+        ]
         expected = RewardRunner(specs).score(PROMPTS, COMPLETIONS, COLUMNS, group_size=2)
         log.unlink()
         runner = RewardRunner(specs, workers=2, backend="ray", worker_cpus=0.5)
@@ -137,7 +144,9 @@ def test_ray_workers_match_in_process_and_need_no_file_on_the_worker(reward_file
 
 
 def test_ray_worker_contract_errors_stop_with_the_function_named(reward_file):
-    runner = RewardRunner([f"{reward_file}:exclaim", f"{reward_file}:one_value"], workers=2, backend="ray", worker_cpus=0.5)
+    runner = RewardRunner(
+        [f"{reward_file}:exclaim", f"{reward_file}:one_value"], workers=2, backend="ray", worker_cpus=0.5
+    )
     with pytest.raises(RewardError, match=r"reward 'one_value' returned 1 values for 2 completions: \[1.0\]"):
         runner.score(["p"] * 4, ["!", "!!", "a", "b"], group_size=2)
     runner.close()
@@ -148,8 +157,13 @@ def test_ray_worker_contract_errors_stop_with_the_function_named(reward_file):
 
 def test_ray_worker_timeout_gives_none_and_replaces_the_worker(reward_file, tmp_path):
     log = tmp_path / "pids.log"
-    runner = RewardRunner([{"name": f"{reward_file}:sleepy", "log": str(log)}, f"{reward_file}:exclaim"],
-                          timeout=1.0, workers=1, backend="ray", worker_cpus=0.5)
+    runner = RewardRunner(
+        [{"name": f"{reward_file}:sleepy", "log": str(log)}, f"{reward_file}:exclaim"],
+        timeout=1.0,
+        workers=1,
+        backend="ray",
+        worker_cpus=0.5,
+    )
     result = runner.score(["p", "p"], ["!", "!!"], group_size=2)
     assert result.errors == ["sleepy: timed out after 1 s"] * 2
     assert result.per_func[:, 1].tolist() == [1.0, 2.0]
@@ -161,7 +175,9 @@ def test_ray_worker_timeout_gives_none_and_replaces_the_worker(reward_file, tmp_
 
 
 def test_a_ray_worker_holding_the_gil_is_killed_past_its_timeout(reward_file):
-    runner = RewardRunner([f"{reward_file}:gil_hog", f"{reward_file}:exclaim"], timeout=1.0, workers=1, backend="ray", worker_cpus=0.5)
+    runner = RewardRunner(
+        [f"{reward_file}:gil_hog", f"{reward_file}:exclaim"], timeout=1.0, workers=1, backend="ray", worker_cpus=0.5
+    )
     runner._pool.grace = 2.0  # seconds past the timeout before the actor is killed (default: time for a restart)
     runner._pool._start()
     actor = runner._pool.actors[0]
@@ -196,17 +212,30 @@ def test_a_reward_worker_killed_mid_scoring_is_restarted_and_its_chunk_scored_on
 def test_a_chunk_whose_worker_always_dies_gives_none_and_an_error(reward_file):
     from grpokit.distributed.ray_rewards import MAX_TRIES
 
-    runner = RewardRunner([f"{reward_file}:always_dies", f"{reward_file}:exclaim"], workers=1, backend="ray", worker_cpus=0.5)
+    runner = RewardRunner(
+        [f"{reward_file}:always_dies", f"{reward_file}:exclaim"], workers=1, backend="ray", worker_cpus=0.5
+    )
     # score() would stop here, no function having given a value (RewardRunner.check_signal)
     result = runner.combine(runner.score_values(["p", "p"], ["!", "!!"], group_size=2))
     assert torch.isnan(result.per_func).all() and torch.isnan(result.combined).all()
-    assert all(e.startswith(f"always_dies: reward worker lost ({MAX_TRIES} tries): ") for e in result.errors), result.errors
+    assert all(e.startswith(f"always_dies: reward worker lost ({MAX_TRIES} tries): ") for e in result.errors), (
+        result.errors
+    )
     assert result.error_counts == {"always_dies": 2, "exclaim": 2}
     runner.close()
 
 
-def run_cli(tmp_path: Path, tiny_model_dir: Path, word_prompts: list[dict], name: str, reward_file: Path, rewards=(), max_steps=3,
-            expect: int = 0, **distributed) -> Path:
+def run_cli(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    word_prompts: list[dict],
+    name: str,
+    reward_file: Path,
+    rewards=(),
+    max_steps=3,
+    expect: int = 0,
+    **distributed,
+) -> Path:
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in word_prompts))
     run = tmp_path / name
@@ -215,11 +244,19 @@ def run_cli(tmp_path: Path, tiny_model_dir: Path, word_prompts: list[dict], name
         "data": {"train_dataset": str(data)},
         "algo": {"num_generations": 4, "beta": 0.04},
         "generation": {"max_completion_length": 6},
-        "optim": {"learning_rate": 1e-2, "per_device_train_batch_size": 16, "max_steps": max_steps, "lr_scheduler_type": "constant"},
+        "optim": {
+            "learning_rate": 1e-2,
+            "per_device_train_batch_size": 16,
+            "max_steps": max_steps,
+            "lr_scheduler_type": "constant",
+        },
         "run": {"output_dir": str(run), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
         "distributed": {"backend": "ray", "num_rollout_workers": 1, "rollout_worker_cpus": 0.5, **distributed},
-        "rewards": [{"name": f"{reward_file}:length", "log": str(tmp_path / f"{name}.pids")}, {"name": "length", "target_length": 30, "unit": "chars"},
-                    *rewards],
+        "rewards": [
+            {"name": f"{reward_file}:length", "log": str(tmp_path / f"{name}.pids")},
+            {"name": "length", "target_length": 30, "unit": "chars"},
+            *rewards,
+        ],
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -231,25 +268,50 @@ def run_cli(tmp_path: Path, tiny_model_dir: Path, word_prompts: list[dict], name
 def test_cli_rewards_on_ray_workers_equal_in_process_rewards(tmp_path, tiny_model_dir, word_prompts, reward_file):
     raising = [f"{reward_file}:always_raises"]
     local = run_cli(tmp_path, tiny_model_dir, word_prompts, "local", reward_file, raising)
-    remote = run_cli(tmp_path, tiny_model_dir, word_prompts, "remote", reward_file, raising, num_reward_workers=2, reward_worker_cpus=0.5)
+    remote = run_cli(
+        tmp_path,
+        tiny_model_dir,
+        word_prompts,
+        "remote",
+        reward_file,
+        raising,
+        num_reward_workers=2,
+        reward_worker_cpus=0.5,
+    )
 
     local_workers = set(pids(tmp_path / "local.pids"))
     assert len(local_workers) == 1 and os.getpid() not in local_workers  # in the learner's one worker process for it
     workers = pids(tmp_path / "remote.pids")
-    assert len(workers) == 3 * 2 and len(set(workers)) == 2 and os.getpid() not in workers  # 3 steps x 2 chunks, 2 actors
+    assert (
+        len(workers) == 3 * 2 and len(set(workers)) == 2 and os.getpid() not in workers
+    )  # 3 steps x 2 chunks, 2 actors
 
     ma = [json.loads(line) for line in (local / "metrics.jsonl").read_text().splitlines()]
     mb = [json.loads(line) for line in (remote / "metrics.jsonl").read_text().splitlines()]
     assert len(ma) == len(mb) == 3
     for a, b in zip(ma, mb):
         assert b["rewards/always_raises/errors"] == 16
-        for key in ("reward", "rewards/length/mean", "rewards/length_2/mean", "rewards/always_raises/errors", "loss", "kl", "grad_norm", "advantage/std"):
+        for key in (
+            "reward",
+            "rewards/length/mean",
+            "rewards/length_2/mean",
+            "rewards/always_raises/errors",
+            "loss",
+            "kl",
+            "grad_norm",
+            "advantage/std",
+        ):
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
-    with RolloutStore(local / "rollouts.sqlite", readonly=True) as sa, RolloutStore(remote / "rollouts.sqlite", readonly=True) as sb:
+    with (
+        RolloutStore(local / "rollouts.sqlite", readonly=True) as sa,
+        RolloutStore(remote / "rollouts.sqlite", readonly=True) as sb,
+    ):
         ra, rb = sa.rollouts(), sb.rollouts()
     key = lambda r: (r["step"], r["prompt_index"], r["completion_index"])
     assert len(rb) == len({key(r) for r in rb}) == 3 * 16  # every rollout once
-    assert [(key(r), r["completion"], r["rewards"], r["reward"]) for r in ra] == [(key(r), r["completion"], r["rewards"], r["reward"]) for r in rb]
+    assert [(key(r), r["completion"], r["rewards"], r["reward"]) for r in ra] == [
+        (key(r), r["completion"], r["rewards"], r["reward"]) for r in rb
+    ]
     # a raising reward: None and its error with every completion (the chunk's size in the message: 2 workers x 8)
     assert {r["rewards"]["always_raises"] for r in rb} == {None}
     assert {r["error"] for r in rb} == {"always_raises: ValueError: cannot score 8 completions"}
@@ -257,8 +319,19 @@ def test_cli_rewards_on_ray_workers_equal_in_process_rewards(tmp_path, tiny_mode
 
 
 @pytest.mark.slow
-def test_cli_wrong_length_from_a_ray_worker_stops_the_run_naming_the_function(tmp_path, tiny_model_dir, word_prompts, reward_file,
-                                                                             capsys):
-    run_cli(tmp_path, tiny_model_dir, word_prompts, "short", reward_file, [f"{reward_file}:one_value"], max_steps=1, expect=2,
-            num_reward_workers=2, reward_worker_cpus=0.5)
+def test_cli_wrong_length_from_a_ray_worker_stops_the_run_naming_the_function(
+    tmp_path, tiny_model_dir, word_prompts, reward_file, capsys
+):
+    run_cli(
+        tmp_path,
+        tiny_model_dir,
+        word_prompts,
+        "short",
+        reward_file,
+        [f"{reward_file}:one_value"],
+        max_steps=1,
+        expect=2,
+        num_reward_workers=2,
+        reward_worker_cpus=0.5,
+    )
     assert "grpokit: error: reward 'one_value' returned 1 values for 8 completions" in capsys.readouterr().err

@@ -20,7 +20,7 @@ import yaml
 from grpokit.store import RolloutStore, write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import screenshot_report  # noqa: E402
+import screenshot_report
 
 try:
     screenshot_report.find_chromium()
@@ -50,21 +50,44 @@ document.getElementById("probe").textContent = JSON.stringify(charts);
 
 def demo_shaped_run(run: Path) -> None:
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({
-        "model": {"model_name_or_path": "demo-policy-v1"}, "algo": {"loss_type": "dapo", "beta": 0.0},
-        "optim": {"max_steps": 100}}))
+    (run / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "model": {"model_name_or_path": "demo-policy-v1"},
+                "algo": {"loss_type": "dapo", "beta": 0.0},
+                "optim": {"max_steps": 100},
+            }
+        )
+    )
     with RolloutStore(run) as store:
         for step in range(0, 101):
             if step:
                 reward = 0.45 + 0.5 * step / 100 + 0.03 * math.sin(step)
-                store.write_step(step, [], {"reward": reward, "rewards/arithmetic_correct/mean": reward - 0.1,
-                                            "rewards/arithmetic_format/mean": 1.0, "kl": 0.0,
-                                            "entropy": 1.2 - step / 200, "step_time": 1.5})
+                store.write_step(
+                    step,
+                    [],
+                    {
+                        "reward": reward,
+                        "rewards/arithmetic_correct/mean": reward - 0.1,
+                        "rewards/arithmetic_format/mean": 1.0,
+                        "kl": 0.0,
+                        "entropy": 1.2 - step / 200,
+                        "step_time": 1.5,
+                    },
+                )
             if step in EVAL_STEPS:
                 i = EVAL_STEPS.index(step)
-                store.write_eval(step, "eval", {"eval/reward": EVAL_REWARD[i], "eval/num_prompts": 100.0,
-                                                "eval/pass@1": PASS1[i], "eval/pass@8": PASS8[i],
-                                                "eval/greedy_accuracy": GREEDY[i]})
+                store.write_eval(
+                    step,
+                    "eval",
+                    {
+                        "eval/reward": EVAL_REWARD[i],
+                        "eval/num_prompts": 100.0,
+                        "eval/pass@1": PASS1[i],
+                        "eval/pass@8": PASS8[i],
+                        "eval/greedy_accuracy": GREEDY[i],
+                    },
+                )
 
 
 def overlap(a: list[float], b: list[float]) -> bool:
@@ -88,9 +111,9 @@ def test_eval_curves_fill_their_panels_and_legends_do_not_overlap(tmp_path):
     assert not any(name.count("eval/") > 1 for name in drawn)
     for title in ("Eval: pass@k and greedy accuracy (fraction of prompts)", "Eval: mean reward"):
         chart = charts[title]
-        fx, fy, fw, fh = chart["frame"]
+        _fx, fy, fw, fh = chart["frame"]
         for line in chart["lines"]:
-            x, y, w, h = line["box"]
+            _x, y, w, h = line["box"]
             assert fy - 1 <= y and y + h <= fy + fh + 1, (title, line)  # inside the plot
             # pass@1 rose 0.65 on an axis from about 0.28 to 1.03: the line spans most of the panel's height,
             # pass@8 (0.22 of it) still a visible part
@@ -118,8 +141,14 @@ def test_summary_opens_the_report_with_the_first_and_last_eval_values(tmp_path):
     assert summary["algorithm"] == {"loss_type": "dapo", "beta": 0.0}
     assert summary["counts"] == {"eval/num_prompts": 100.0}
     changes = {c["name"]: c for c in summary["changes"]}
-    assert changes["eval/pass@1"] == {"name": "eval/pass@1", "first_step": 0, "first": 0.31, "last_step": 100,
-                                      "last": 0.96, "change": pytest.approx(0.65)}
+    assert changes["eval/pass@1"] == {
+        "name": "eval/pass@1",
+        "first_step": 0,
+        "first": 0.31,
+        "last_step": 100,
+        "last": 0.96,
+        "change": pytest.approx(0.65),
+    }
     assert changes["eval/reward"]["change"] == pytest.approx(0.556)
     # the store's step timestamps were written within this test; step 1's 1.5 s step_time is added
     assert 1.5 <= summary["wall_seconds"] < 60

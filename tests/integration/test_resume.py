@@ -22,8 +22,19 @@ COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "lear
 
 
 def config(run: Path, **overrides) -> GRPOConfig:
-    values = dict(output_dir=str(run), num_generations=4, per_device_train_batch_size=8, max_steps=6, max_completion_length=5,
-                  learning_rate=5e-3, beta=0.04, num_iterations=2, save_steps=1, progress_bar=False, report_to=["jsonl"])
+    values = dict(
+        output_dir=str(run),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=6,
+        max_completion_length=5,
+        learning_rate=5e-3,
+        beta=0.04,
+        num_iterations=2,
+        save_steps=1,
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
     return GRPOConfig(**(values | overrides))
 
 
@@ -134,18 +145,31 @@ class NotATensor:
         return (os.system, ("echo unsafe",))
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda ckpt: truncate(ckpt / "model.safetensors"), "may be truncated"),
-    (lambda ckpt: truncate(ckpt / "states.pt"), "it may be truncated"),
-    (lambda ckpt: torch.save({"optimizer": NotATensor()}, ckpt / "states.pt"), "cannot read the checkpoint"),
-    (lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpokit_version": "0.0.0-other"}'), "was written by grpokit '0.0.0-other'"),
-    (lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpok'), "trainer_state.json is missing or corrupt"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda ckpt: truncate(ckpt / "model.safetensors"), "may be truncated"),
+        (lambda ckpt: truncate(ckpt / "states.pt"), "it may be truncated"),
+        (lambda ckpt: torch.save({"optimizer": NotATensor()}, ckpt / "states.pt"), "cannot read the checkpoint"),
+        (
+            lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpokit_version": "0.0.0-other"}'),
+            "was written by grpokit '0.0.0-other'",
+        ),
+        (
+            lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpok'),
+            "trainer_state.json is missing or corrupt",
+        ),
+    ],
+)
 def test_a_broken_checkpoint_gives_a_clear_error(finished_run, tiny_model_dir, tmp_path, damage, message):
     run, prompts = finished_run
     checkpoint = broken_copy(run, tmp_path)
     damage(checkpoint)
-    resumed = trainer(tiny_model_dir, prompts, config(tmp_path / "run", max_steps=2, num_iterations=1, per_device_train_batch_size=4, resume_from="latest"))
+    resumed = trainer(
+        tiny_model_dir,
+        prompts,
+        config(tmp_path / "run", max_steps=2, num_iterations=1, per_device_train_batch_size=4, resume_from="latest"),
+    )
     with pytest.raises(CheckpointError, match=message):
         resumed.train()
 
@@ -155,8 +179,10 @@ def test_resume_from_a_folder_that_is_not_a_checkpoint_fails_before_the_model_lo
 
     monkeypatch.setattr(trainer_module, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "data.jsonl").write_text('{"prompt": "w1 w2", "target": "w1"}\n')
-    (tmp_path / "c.yaml").write_text(f"data: {{train_dataset: {tmp_path / 'data.jsonl'}}}\nrewards: ['{TARGET_REWARD}']\n"
-                                     f"model: {{model_name_or_path: {tmp_path / 'model'}}}\n")
+    (tmp_path / "c.yaml").write_text(
+        f"data: {{train_dataset: {tmp_path / 'data.jsonl'}}}\nrewards: ['{TARGET_REWARD}']\n"
+        f"model: {{model_name_or_path: {tmp_path / 'model'}}}\n"
+    )
     code = main(["train", str(tmp_path / "c.yaml"), f"output_dir={tmp_path / 'run'}", f"resume_from={tmp_path}"])
     assert code == 2
     assert "is not a checkpoint folder (no trainer_state.json)" in capsys.readouterr().err

@@ -22,8 +22,15 @@ from grpokit.store.inspect import inspect_run
 
 
 def args(tmp_path: Path, **overrides) -> GRPOConfig:
-    settings = dict(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8, max_steps=2,
-                    max_completion_length=4, progress_bar=False, report_to=["jsonl"])
+    settings = dict(
+        output_dir=str(tmp_path / "run"),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=2,
+        max_completion_length=4,
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
     return GRPOConfig(**{**settings, **overrides})
 
 
@@ -32,7 +39,9 @@ def chat_prompts() -> list[dict]:
 
 
 def test_keywords_log_metric_and_log_extra_in_a_conversational_run(tmp_path, tiny_model_dir):
-    trainer = GRPOTrainer(str(tiny_model_dir), f"{REWARD_FILE}:recording", args=args(tmp_path), train_dataset=chat_prompts())
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), f"{REWARD_FILE}:recording", args=args(tmp_path), train_dataset=chat_prompts()
+    )
     trainer.train()
     run = tmp_path / "run"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -49,7 +58,9 @@ def test_keywords_log_metric_and_log_extra_in_a_conversational_run(tmp_path, tin
 
 def write_config(tmp_path: Path, model_dir: Path, rewards: list, **reward_settings) -> Path:
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20)))
+    data.write_text(
+        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    )
     config = {
         "model": {"model_name_or_path": str(model_dir)},
         "data": {"train_dataset": str(data)},
@@ -74,7 +85,9 @@ def test_a_reward_that_always_raises_stops_the_run_at_step_1(tmp_path, tiny_mode
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
 
 
-def test_a_reward_that_raises_on_one_batch_continues_and_its_error_is_printed_once_and_stored(tmp_path, tiny_model_dir, capsys):
+def test_a_reward_that_raises_on_one_batch_continues_and_its_error_is_printed_once_and_stored(
+    tmp_path, tiny_model_dir, capsys
+):
     config = write_config(tmp_path, tiny_model_dir, [f"{REWARD_FILE}:raises_at_step_3", TARGET_REWARD])
     assert main(["train", str(config), "max_steps=4"]) == 0
     err = capsys.readouterr().err
@@ -91,7 +104,9 @@ def test_a_gil_holding_reward_is_cut_at_its_timeout_and_the_run_completes(tmp_pa
     with RolloutStore(tmp_path / "run", readonly=True) as store:
         rollouts = store.rollouts()
     assert sorted({r["step"] for r in rollouts}) == [1, 2]
-    assert all(r["error"].startswith("gil_hog: timed out after 2 s") and r["rewards"]["gil_hog"] is None for r in rollouts)
+    assert all(
+        r["error"].startswith("gil_hog: timed out after 2 s") and r["rewards"]["gil_hog"] is None for r in rollouts
+    )
 
 
 def test_sigterm_while_a_reward_holds_the_gil_ends_the_run_cleanly(tmp_path, tiny_model_dir):
@@ -99,16 +114,21 @@ def test_sigterm_while_a_reward_holds_the_gil_ends_the_run_cleanly(tmp_path, tin
     hog = {"name": f"{REWARD_FILE}:gil_hog", "pid_file": str(pid_file)}
     config = write_config(tmp_path, tiny_model_dir, [hog, TARGET_REWARD], reward_timeout=3)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen([sys.executable, "-m", "grpokit.cli", "train", str(config), "max_steps=50"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpokit.cli", "train", str(config), "max_steps=50"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for _ in range(1200):  # up to two minutes for the model to load and the first step to sample
-            if pid_file.exists() and pid_file.read_text() or proc.poll() is not None:
+            if (pid_file.exists() and pid_file.read_text()) or proc.poll() is not None:
                 break
             time.sleep(0.1)
         worker = int(pid_file.read_text())
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -156,15 +176,36 @@ def test_the_same_keywords_types_and_alignment_as_trl(tmp_path, tiny_model_dir):
             # TRL passes its live TrainerState: read the step now, not after training
             calls[name].append({**kwargs, "global_step_then": kwargs["trainer_state"].global_step})
             return [0.0] * len(kwargs["completions"])
+
         return recording
 
     rows = chat_prompts()[:4]
-    trl_args = TRLConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
-                         max_completion_length=4, max_steps=1, report_to="none", disable_tqdm=True, save_strategy="no", logging_steps=1)
-    TRLTrainer(model=str(tiny_model_dir), reward_funcs=recorder("trl"), args=trl_args, train_dataset=Dataset.from_list(rows),
-               processing_class=AutoTokenizer.from_pretrained(tiny_model_dir)).train()
-    GRPOTrainer(str(tiny_model_dir), recorder("grpokit"), args=args(tmp_path, num_generations=2, per_device_train_batch_size=4, max_steps=1,
-                                                                   reward_isolation=False), train_dataset=rows).train()
+    trl_args = TRLConfig(
+        output_dir=str(tmp_path / "trl"),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=1,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+    )
+    TRLTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=recorder("trl"),
+        args=trl_args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+    ).train()
+    GRPOTrainer(
+        str(tiny_model_dir),
+        recorder("grpokit"),
+        args=args(tmp_path, num_generations=2, per_device_train_batch_size=4, max_steps=1, reward_isolation=False),
+        train_dataset=rows,
+    ).train()
     theirs, ours = _shape(calls["trl"][0]), _shape(calls["grpokit"][0])
     assert set(ours.pop("names")) - set(theirs.pop("names")) == {"completion_lengths"}  # grpokit adds token counts
     assert ours == theirs

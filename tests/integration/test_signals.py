@@ -29,15 +29,22 @@ G, PROMPTS_PER_STEP = 4, 2
 def write_run_config(tmp_path: Path, model_dir: Path, max_steps: int) -> Path:
     """A config on the tiny model that checkpoints every step; the run folder is tmp_path / 'run'."""
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20)))
+    data.write_text(
+        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    )
     config = {
         "model": {"model_name_or_path": str(model_dir)},
         "data": {"train_dataset": str(data)},
         "algo": {"num_generations": G, "beta": 0.04},
         "generation": {"max_completion_length": 4},
         "optim": {"learning_rate": 1e-3, "per_device_train_batch_size": G * PROMPTS_PER_STEP, "max_steps": max_steps},
-        "run": {"output_dir": str(tmp_path / "run"), "save_steps": 1, "save_total_limit": 2, "progress_bar": False,
-                "report_to": ["jsonl"]},
+        "run": {
+            "output_dir": str(tmp_path / "run"),
+            "save_steps": 1,
+            "save_total_limit": 2,
+            "progress_bar": False,
+            "report_to": ["jsonl"],
+        },
         "rewards": [TARGET_REWARD],
     }
     path = tmp_path / "config.yaml"
@@ -105,8 +112,14 @@ EVAL = ["eval_dataset={data}", "eval_steps=1", "max_eval_prompts=2", "num_genera
 def run_driver(tmp_path, config, target, call, signals, *overrides):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    proc = subprocess.run([sys.executable, str(driver), target, str(call), signals, str(config), *overrides],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(driver), target, str(call), signals, str(config), *overrides],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
 
@@ -116,11 +129,19 @@ def stop_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("phase, signame, code, resume", [
-    ("sampling", "SIGINT", 130, True), ("update", "SIGTERM", 143, False), ("reference", "SIGINT", 130, False),
-    ("evaluation", "SIGTERM", 143, False), ("checkpointing", "SIGINT", 130, False)])
-def test_signal_stops_after_the_step_with_a_checkpoint_that_resumes(tmp_path, tiny_model_dir, phase, signame, code,
-                                                                     resume):
+@pytest.mark.parametrize(
+    "phase, signame, code, resume",
+    [
+        ("sampling", "SIGINT", 130, True),
+        ("update", "SIGTERM", 143, False),
+        ("reference", "SIGINT", 130, False),
+        ("evaluation", "SIGTERM", 143, False),
+        ("checkpointing", "SIGINT", 130, False),
+    ],
+)
+def test_signal_stops_after_the_step_with_a_checkpoint_that_resumes(
+    tmp_path, tiny_model_dir, phase, signame, code, resume
+):
     """A signal in any phase of step 2 finishes that step (and its evaluation), saves it once,
     prints one line and exits 128 + signum; nothing after the step is written, and a resume continues."""
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
@@ -129,8 +150,9 @@ def test_signal_stops_after_the_step_with_a_checkpoint_that_resumes(tmp_path, ti
     proc = run_driver(tmp_path, config, target, call, signame, *overrides)
     assert proc.returncode == code, proc.stderr
     last = 2
-    assert stop_lines(proc.stderr) == [f"stopped at step {last}: received {signame}; saved checkpoint step-{last}, "
-                                       "resume with resume_from=latest"]
+    assert stop_lines(proc.stderr) == [
+        f"stopped at step {last}: received {signame}; saved checkpoint step-{last}, resume with resume_from=latest"
+    ]
     run = tmp_path / "run"
     assert list_checkpoints(run)[-1].name == f"step-{last}"
     assert not (run / "final").exists()  # an interrupted run has no final model
@@ -150,14 +172,23 @@ def test_signal_while_a_slow_reward_runs(tmp_path, tiny_model_dir):
     reward = Path(__file__).with_name("rewards_signal.py")
     spec = json.dumps([{"name": f"{reward}:slow_target_fraction", "at": 2, "signal": "SIGTERM"}])
     env = dict(subprocess_env(), GRPOKIT_TEST_CALLS=str(tmp_path / "calls"))
-    script = ("import os, sys; os.environ['GRPOKIT_TEST_TRAINER_PID'] = str(os.getpid()); "
-              "from grpokit.cli import main; sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", script, "train", str(config), f"rewards={spec}"], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    script = (
+        "import os, sys; os.environ['GRPOKIT_TEST_TRAINER_PID'] = str(os.getpid()); "
+        "from grpokit.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "train", str(config), f"rewards={spec}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 143, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert stop_lines(proc.stderr) == ["stopped at step 2: received SIGTERM; saved checkpoint step-2, "
-                                       "resume with resume_from=latest"]
+    assert stop_lines(proc.stderr) == [
+        "stopped at step 2: received SIGTERM; saved checkpoint step-2, resume with resume_from=latest"
+    ]
     assert_run_consistent(tmp_path / "run", last_step=2)
 
 
@@ -168,8 +199,9 @@ def test_signal_before_the_first_step_finished_saves_nothing(tmp_path, tiny_mode
     overrides = [x.format(data=tmp_path / "train.jsonl") for x in EVAL]
     proc = run_driver(tmp_path, config, "grpokit.train.trainer:GRPOTrainer.evaluate", 1, "SIGINT", *overrides)
     assert proc.returncode == 130, proc.stderr
-    assert stop_lines(proc.stderr) == ["stopped at step 0: received SIGINT before the first step finished; "
-                                       "there was nothing to save"]
+    assert stop_lines(proc.stderr) == [
+        "stopped at step 0: received SIGINT before the first step finished; there was nothing to save"
+    ]
     assert list_checkpoints(tmp_path / "run") == [] and not (tmp_path / "run" / "final").exists()
 
 
@@ -180,8 +212,10 @@ def test_second_signal_stops_at_once_leaving_the_last_checkpoint(tmp_path, tiny_
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
     proc = run_driver(tmp_path, config, "grpokit.train.learner:Learner.update", 2, "SIGINT,SIGINT")
     assert proc.returncode == 130, proc.stderr
-    assert stop_lines(proc.stderr) == ["grpokit: stopped at once by a second SIGINT, during step 2; "
-                                       "the last saved state is checkpoint step-1 (resume_from=latest)"]
+    assert stop_lines(proc.stderr) == [
+        "grpokit: stopped at once by a second SIGINT, during step 2; "
+        "the last saved state is checkpoint step-1 (resume_from=latest)"
+    ]
     run = tmp_path / "run"
     assert [p.name for p in list_checkpoints(run)] == ["step-1"]
     assert_run_consistent(run, last_step=1)

@@ -36,10 +36,8 @@ while True:
 
 def start_writer(db: Path) -> subprocess.Popen:
     repo = str(Path(grpokit.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True, env=env)
 
 
 def kill_after(writer: subprocess.Popen, committed_steps: int, delay: float) -> int:

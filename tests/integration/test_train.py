@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import TARGET_REWARD, WORDS
+
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
 
@@ -21,8 +21,13 @@ def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict], **section
         "data": {"train_dataset": str(data)},
         "algo": {"num_generations": 4, "beta": 0.04},
         "generation": {"max_completion_length": 6},
-        "optim": {"learning_rate": 5e-3, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2,
-                  "max_steps": 4, "lr_scheduler_type": "constant"},
+        "optim": {
+            "learning_rate": 5e-3,
+            "per_device_train_batch_size": 8,
+            "gradient_accumulation_steps": 2,
+            "max_steps": 4,
+            "lr_scheduler_type": "constant",
+        },
         "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"]},
         "rewards": [TARGET_REWARD],
     }
@@ -55,14 +60,44 @@ def test_cli_learns_a_learnable_reward(tmp_path, tiny_model_dir, word_prompts):
 
 
 def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts):
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8,
-                      max_steps=2, max_completion_length=5, progress_bar=False, report_to=["jsonl"],
-                      eval_steps=2, num_generations_eval=4, pass_at_k=[1, 4], success_threshold=0.2)
-    trainer = GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=word_prompts, eval_dataset=word_prompts[:4])
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=2,
+        max_completion_length=5,
+        progress_bar=False,
+        report_to=["jsonl"],
+        eval_steps=2,
+        num_generations_eval=4,
+        pass_at_k=[1, 4],
+        success_threshold=0.2,
+    )
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=word_prompts, eval_dataset=word_prompts[:4]
+    )
     metrics = trainer.train()
-    for key in ("loss", "policy_loss", "kl", "kl_penalty", "reward", "reward_std", "advantage/mean", "frac_reward_zero_std",
-                "completion_length/mean", "truncated_fraction", "clip_ratio/region_mean", "entropy", "learning_rate",
-                "grad_norm", "time/generate", "time/reward", "time/logprobs", "time/update", "tokens_per_second"):
+    for key in (
+        "loss",
+        "policy_loss",
+        "kl",
+        "kl_penalty",
+        "reward",
+        "reward_std",
+        "advantage/mean",
+        "frac_reward_zero_std",
+        "completion_length/mean",
+        "truncated_fraction",
+        "clip_ratio/region_mean",
+        "entropy",
+        "learning_rate",
+        "grad_norm",
+        "time/generate",
+        "time/reward",
+        "time/logprobs",
+        "time/update",
+        "tokens_per_second",
+    ):
         assert key in metrics, key
     evals = trainer.evaluate()
     assert 0.0 <= evals["eval/pass@1"] <= evals["eval/pass@4"] <= 1.0
@@ -72,8 +107,15 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
 
 def test_chat_prompts(tmp_path, tiny_model_dir):
     prompts = [{"prompt": [{"role": "user", "content": " ".join(WORDS[i : i + 3])}], "target": "w7"} for i in range(8)]
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8,
-                      max_steps=1, max_completion_length=4, progress_bar=False, report_to=["jsonl"])
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=1,
+        max_completion_length=4,
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
     trainer = GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=prompts)
     trainer.train()
     from grpokit.store import RolloutStore
@@ -106,7 +148,9 @@ def test_explain_prints_sizes(tmp_path, tiny_model_dir, word_prompts, capsys):
 
 
 def test_explain_says_why_there_is_no_memory_estimate(tmp_path, tiny_model_dir, word_prompts, capsys):
-    config = write_config(tmp_path, tiny_model_dir, word_prompts, model={"model_name_or_path": str(tmp_path / "missing")})
+    config = write_config(
+        tmp_path, tiny_model_dir, word_prompts, model={"model_name_or_path": str(tmp_path / "missing")}
+    )
     assert main(["explain", str(config)]) == 0
     out = capsys.readouterr().out
     assert "memory estimate:           unavailable (FileNotFoundError: model path" in out and "does not exist" in out
@@ -120,8 +164,14 @@ def test_config_error_is_one_clear_message(tmp_path, tiny_model_dir, word_prompt
 
 def test_max_kl_stops_with_a_checkpoint_and_eval_cli_reads_the_run(tmp_path, tiny_model_dir, word_prompts, capsys):
     # lr 0.05 moves this tiny policy far from its reference in one step; max_kl 1e-6 then trips at once
-    config = write_config(tmp_path, tiny_model_dir, word_prompts, algo={"max_kl": 1e-6, "max_kl_patience": 2},
-                          optim={"learning_rate": 0.05, "max_steps": 10}, eval={"num_generations_eval": 2, "pass_at_k": [1, 2]})
+    config = write_config(
+        tmp_path,
+        tiny_model_dir,
+        word_prompts,
+        algo={"max_kl": 1e-6, "max_kl_patience": 2},
+        optim={"learning_rate": 0.05, "max_steps": 10},
+        eval={"num_generations_eval": 2, "pass_at_k": [1, 2]},
+    )
     assert main(["train", str(config)]) == 0
     run = tmp_path / "run"
     steps = [m["step"] for m in read_metrics(run)]
@@ -142,8 +192,13 @@ def test_bias_corrected_kl_is_wired_from_the_config(tmp_path, tiny_model_dir, wo
     for corrected in (False, True):
         folder = tmp_path / str(corrected)
         folder.mkdir()
-        config = write_config(folder, tiny_model_dir, word_prompts, algo={"use_bias_correction_kl": corrected, "beta": 0.5},
-                              optim={"max_steps": 3})
+        config = write_config(
+            folder,
+            tiny_model_dir,
+            word_prompts,
+            algo={"use_bias_correction_kl": corrected, "beta": 0.5},
+            optim={"max_steps": 3},
+        )
         assert main(["train", str(config)]) == 0
         runs[corrected] = read_metrics(folder / "run")
     plain, corrected = runs[False], runs[True]

@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import WORDS
+
 from grpokit import GRPOConfig, GRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,8 +22,17 @@ def has_target(prompts, completions, target, **kwargs):
 
 
 def config(run, **overrides):
-    values = dict(output_dir=str(run), num_generations=4, per_device_train_batch_size=8, max_completion_length=4,
-                  max_steps=2, learning_rate=1e-3, disable_tqdm=True, report_to="none", logging_steps=1)
+    values = dict(
+        output_dir=str(run),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=4,
+        max_steps=2,
+        learning_rate=1e-3,
+        disable_tqdm=True,
+        report_to="none",
+        logging_steps=1,
+    )
     return GRPOConfig(**{**values, **overrides})
 
 
@@ -58,16 +67,28 @@ def test_callbacks_see_every_event_and_can_stop_the_run(tmp_path, tiny_model_dir
             control.should_save = state.global_step == 1
 
     run = tmp_path / "run"
-    trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=config(run, max_steps=5, save_steps=0), train_dataset=PROMPTS,
-                          processing_class=None, callbacks=[recorder, SaveAtOne])
+    trainer = GRPOTrainer(
+        str(tiny_model_dir),
+        has_target,
+        args=config(run, max_steps=5, save_steps=0),
+        train_dataset=PROMPTS,
+        processing_class=None,
+        callbacks=[recorder, SaveAtOne],
+    )
     assert isinstance(trainer.state, TrainerState) and trainer.state.max_steps == 5
     trainer.train()
     names = [name for name, _ in recorder.events]
     assert names[:3] == ["on_init_end", "on_train_begin", "on_epoch_begin"]
-    assert names[-2:] == ["on_log", "on_train_end"]  # the closing log (train_runtime ...) then the end, as in transformers
+    assert names[-2:] == [
+        "on_log",
+        "on_train_end",
+    ]  # the closing log (train_runtime ...) then the end, as in transformers
     assert [s for name, s in recorder.events if name == "on_step_begin"] == [0, 1]  # global_step counts steps done
     assert [s for name, s in recorder.events if name == "on_step_end"] == [1, 2]
-    assert [s for name, s in recorder.events if name == "on_save"] == [1, 2]  # asked for at 1; the final checkpoint at 2
+    assert [s for name, s in recorder.events if name == "on_save"] == [
+        1,
+        2,
+    ]  # asked for at 1; the final checkpoint at 2
     assert trainer.state.global_step == 2 and trainer.stop_reason == "a callback set control.should_training_stop"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-1", "step-2"]
     assert (run / "final").is_dir()
@@ -93,8 +114,12 @@ def test_logging_steps_sets_on_log_and_console_lines(tmp_path, tiny_model_dir, c
 
 
 def test_quiet_run_prints_no_progress(tmp_path, tiny_model_dir, capsys):
-    GRPOTrainer(str(tiny_model_dir), has_target, args=config(tmp_path / "run", max_steps=1, report_to=["jsonl"]),
-                train_dataset=PROMPTS).train()
+    GRPOTrainer(
+        str(tiny_model_dir),
+        has_target,
+        args=config(tmp_path / "run", max_steps=1, report_to=["jsonl"]),
+        train_dataset=PROMPTS,
+    ).train()
     assert "step 1" not in capsys.readouterr().err
 
 
@@ -102,9 +127,25 @@ def test_num_train_epochs_with_max_steps_minus_one_and_epoch_strategies(tmp_path
     # 8 prompts, 2 prompts per step -> 4 steps per epoch; 1.5 epochs -> ceil(6) steps; a checkpoint after each epoch
     recorder = Recorder()
     run = tmp_path / "run"
-    args = config(run, max_steps=-1, num_train_epochs=1.5, save_strategy="epoch", eval_strategy="epoch", eval_steps=None,
-                  num_generations_eval=2, pass_at_k=[1], max_eval_prompts=2)
-    trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=args, train_dataset=PROMPTS, eval_dataset=PROMPTS[:2], callbacks=[recorder])
+    args = config(
+        run,
+        max_steps=-1,
+        num_train_epochs=1.5,
+        save_strategy="epoch",
+        eval_strategy="epoch",
+        eval_steps=None,
+        num_generations_eval=2,
+        pass_at_k=[1],
+        max_eval_prompts=2,
+    )
+    trainer = GRPOTrainer(
+        str(tiny_model_dir),
+        has_target,
+        args=args,
+        train_dataset=PROMPTS,
+        eval_dataset=PROMPTS[:2],
+        callbacks=[recorder],
+    )
     assert trainer.args.max_steps == 6 and trainer.state.max_steps == 6 and args.max_steps == -1
     trainer.train()
     assert trainer.state.global_step == 6 and trainer.state.epoch == 1.5
@@ -115,7 +156,9 @@ def test_num_train_epochs_with_max_steps_minus_one_and_epoch_strategies(tmp_path
 
 def test_save_strategy_no_writes_no_checkpoint(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
-    GRPOTrainer(str(tiny_model_dir), has_target, args=config(run, save_strategy="no", save_steps=1), train_dataset=PROMPTS).train()
+    GRPOTrainer(
+        str(tiny_model_dir), has_target, args=config(run, save_strategy="no", save_steps=1), train_dataset=PROMPTS
+    ).train()
     assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
     assert (run / "final").is_dir()
 
@@ -124,9 +167,18 @@ def test_peft_config_trains_lora_adapters(tmp_path, tiny_model_dir):
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules={"q_proj", "v_proj"})
-    trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=config(tmp_path / "run", max_steps=1), train_dataset=PROMPTS,
-                          peft_config=peft_config)
-    assert (trainer.args.lora.r, trainer.args.lora.alpha, trainer.args.lora.target_modules) == (4, 8, ["q_proj", "v_proj"])
+    trainer = GRPOTrainer(
+        str(tiny_model_dir),
+        has_target,
+        args=config(tmp_path / "run", max_steps=1),
+        train_dataset=PROMPTS,
+        peft_config=peft_config,
+    )
+    assert (trainer.args.lora.r, trainer.args.lora.alpha, trainer.args.lora.target_modules) == (
+        4,
+        8,
+        ["q_proj", "v_proj"],
+    )
     trained = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     assert trained and all("lora_" in n for n in trained)
     assert all(("q_proj" in n or "v_proj" in n) for n in trained)
@@ -138,8 +190,10 @@ def test_peft_config_trains_lora_adapters(tmp_path, tiny_model_dir):
 def test_peft_config_must_be_lora(tmp_path, tiny_model_dir):
     from grpokit.config import ConfigError
 
-    with pytest.raises(ConfigError, match="pass a peft.LoraConfig"):
-        GRPOTrainer(str(tiny_model_dir), has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS, peft_config={"r": 4})
+    with pytest.raises(ConfigError, match=r"pass a peft\.LoraConfig"):
+        GRPOTrainer(
+            str(tiny_model_dir), has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS, peft_config={"r": 4}
+        )
 
 
 def test_optimizers_are_used(tmp_path, tiny_model_dir):
@@ -147,9 +201,15 @@ def test_optimizers_are_used(tmp_path, tiny_model_dir):
 
     model = load_model(str(tiny_model_dir), torch.float32, torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** step)
-    trainer = GRPOTrainer(model, has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS,
-                          processing_class=str(tiny_model_dir), optimizers=(optimizer, scheduler))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    trainer = GRPOTrainer(
+        model,
+        has_target,
+        args=config(tmp_path / "run"),
+        train_dataset=PROMPTS,
+        processing_class=str(tiny_model_dir),
+        optimizers=(optimizer, scheduler),
+    )
     assert trainer.optimizer is optimizer and trainer.scheduler is scheduler
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
@@ -163,39 +223,80 @@ def test_tokenizer_and_processing_class_are_one_argument(tmp_path, tiny_model_di
 
     a, b = load_tokenizer(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     with pytest.raises(ConfigError, match="same argument"):
-        GRPOTrainer(str(tiny_model_dir), has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS, processing_class=a, tokenizer=b)
-    trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS, tokenizer=a)
+        GRPOTrainer(
+            str(tiny_model_dir),
+            has_target,
+            args=config(tmp_path / "run"),
+            train_dataset=PROMPTS,
+            processing_class=a,
+            tokenizer=b,
+        )
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS, tokenizer=a
+    )
     assert trainer.processing_class is a
 
 
 def test_log_completions_prints_a_table(tmp_path, tiny_model_dir, capsys):
-    GRPOTrainer(str(tiny_model_dir), has_target, args=config(tmp_path / "run", max_steps=1, log_completions=True, num_completions_to_print=2),
-                train_dataset=PROMPTS).train()
+    GRPOTrainer(
+        str(tiny_model_dir),
+        has_target,
+        args=config(tmp_path / "run", max_steps=1, log_completions=True, num_completions_to_print=2),
+        train_dataset=PROMPTS,
+    ).train()
     err = capsys.readouterr().err
     assert "completions at step 1" in err and "advantage" in err
 
 
 def test_cli_takes_trl_keys(tmp_path, tiny_model_dir):
     import yaml
-
     from conftest import TARGET_REWARD
+
     from grpokit.cli import main
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "train_dataset": str(data), "num_generations": 4,
-                                      "per_device_train_batch_size": 8, "max_completion_length": 4, "rewards": [TARGET_REWARD],
-                                      "output_dir": str(tmp_path / "run")}))
-    assert main(["train", str(config), "max_steps=-1", "num_train_epochs=0.5", "bf16=false", "report_to=none",
-                 "save_strategy=no", "--disable_tqdm"]) == 0
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model_name_or_path": str(tiny_model_dir),
+                "train_dataset": str(data),
+                "num_generations": 4,
+                "per_device_train_batch_size": 8,
+                "max_completion_length": 4,
+                "rewards": [TARGET_REWARD],
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    assert (
+        main(
+            [
+                "train",
+                str(config),
+                "max_steps=-1",
+                "num_train_epochs=0.5",
+                "bf16=false",
+                "report_to=none",
+                "save_strategy=no",
+                "--disable_tqdm",
+            ]
+        )
+        == 0
+    )
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["model"]["dtype"] == "float32" and saved["run"]["save_strategy"] == "no" and saved["optim"]["max_steps"] == 2
+    assert (
+        saved["model"]["dtype"] == "float32"
+        and saved["run"]["save_strategy"] == "no"
+        and saved["optim"]["max_steps"] == 2
+    )
     assert [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
 def test_reward_processing_classes_reach_a_sequence_classifier(tmp_path, tiny_model_dir):
-    # An nn.Module reward scored as TRL scores it: logits[:, 0] of prompt + completion, tokenized by its processing class.
+    # An nn.Module reward scored as TRL scores it: logits[:, 0] of prompt + completion, tokenized by its processing
+    # class.
     from transformers import AutoModelForSequenceClassification, LlamaConfig
 
     from grpokit.config import ConfigError
@@ -204,14 +305,27 @@ def test_reward_processing_classes_reach_a_sequence_classifier(tmp_path, tiny_mo
 
     tokenizer = load_tokenizer(str(tiny_model_dir))
     torch.manual_seed(0)
-    judge = AutoModelForSequenceClassification.from_config(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        num_labels=1, pad_token_id=tokenizer.pad_token_id))
+    judge = AutoModelForSequenceClassification.from_config(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_labels=1,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
     with pytest.raises(ConfigError, match="reward_processing_classes"):
         GRPOTrainer(str(tiny_model_dir), judge, args=config(tmp_path / "none", max_steps=1), train_dataset=PROMPTS)
     run = tmp_path / "run"
-    GRPOTrainer(str(tiny_model_dir), judge, args=config(run, max_steps=1), train_dataset=PROMPTS,
-                reward_processing_classes=[tokenizer]).train()
+    GRPOTrainer(
+        str(tiny_model_dir),
+        judge,
+        args=config(run, max_steps=1),
+        train_dataset=PROMPTS,
+        reward_processing_classes=[tokenizer],
+    ).train()
     with RolloutStore(run, readonly=True) as store:
         rows = store.rollouts(step=1)
     texts = [row["prompt"] + row["completion"] for row in rows]

@@ -15,20 +15,25 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import CHAT_TEMPLATE, WORDS
 
-trl = pytest.importorskip("trl", reason="the migration suite runs the same scripts under TRL: pip install 'grpokit[bench]'")
+trl = pytest.importorskip(
+    "trl", reason="the migration suite runs the same scripts under TRL: pip install 'grpokit[bench]'"
+)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 G = 4
-COMMON_ARGS = ('output_dir=OUTPUT_DIR, num_generations=4, per_device_train_batch_size=8, max_completion_length=8, '
-               'learning_rate=1e-4, logging_steps=1, report_to="none", save_strategy="no", bf16=False, seed=0')
+COMMON_ARGS = (
+    "output_dir=OUTPUT_DIR, num_generations=4, per_device_train_batch_size=8, max_completion_length=8, "
+    'learning_rate=1e-4, logging_steps=1, report_to="none", save_strategy="no", bf16=False, seed=0'
+)
 
-STANDARD = f'''
+STANDARD = f"""
 from datasets import Dataset
 
-dataset = Dataset.from_list([{{"prompt": f"w{{i}} w{{i + 1}} w{{i + 2}}", "ground_truth": f"w{{i + 3}}"}} for i in range(8)])
+dataset = Dataset.from_list(
+    [{{"prompt": f"w{{i}} w{{i + 1}} w{{i + 2}}", "ground_truth": f"w{{i + 3}}"}} for i in range(8)]
+)
 
 
 def reward_len(completions, **kwargs):
@@ -47,14 +52,17 @@ trainer = GRPOTrainer(
     train_dataset=dataset,
 )
 trainer.train()
-'''
+"""
 
-CONVERSATIONAL = f'''
+CONVERSATIONAL = f"""
 from datasets import Dataset
 from trl.rewards import get_soft_overlong_punishment, think_format_reward
 
 dataset = Dataset.from_list(
-    [{{"prompt": [{{"role": "user", "content": f"w{{i}} w{{i + 1}}"}}], "ground_truth": f"w{{i + 2}}"}} for i in range(8)]
+    [
+        {{"prompt": [{{"role": "user", "content": f"w{{i}} w{{i + 1}}"}}], "ground_truth": f"w{{i + 2}}"}}
+        for i in range(8)
+    ]
 )
 
 
@@ -71,9 +79,9 @@ trainer = GRPOTrainer(
     train_dataset=dataset,
 )
 trainer.train()
-'''
+"""
 
-PEFT = f'''
+PEFT = f"""
 from datasets import Dataset
 from peft import LoraConfig
 
@@ -84,7 +92,9 @@ def reward_len(completions, **kwargs):
     return [-abs(4 - len(completion.split())) / 4 for completion in completions]
 
 
-peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+peft_config = LoraConfig(
+    r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"
+)
 training_args = GRPOConfig({COMMON_ARGS}, max_steps=1)
 trainer = GRPOTrainer(
     model=MODEL,
@@ -94,9 +104,9 @@ trainer = GRPOTrainer(
     peft_config=peft_config,
 )
 trainer.train()
-'''
+"""
 
-CALLBACKS = f'''
+CALLBACKS = f"""
 from datasets import Dataset
 from transformers import TrainerCallback
 
@@ -142,7 +152,7 @@ training_args = GRPOConfig({COMMON_ARGS}, max_steps=5)
 trainer = GRPOTrainer(model=MODEL, reward_funcs=[reward_len, record_reward], args=training_args, train_dataset=dataset,
                       callbacks=[stopper])
 trainer.train()
-'''
+"""
 
 SCRIPTS = {"standard": STANDARD, "conversational": CONVERSATIONAL, "peft": PEFT, "callbacks": CALLBACKS}
 
@@ -155,7 +165,7 @@ def model_dir(tmp_path_factory):
     from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_word_tokenizer(WORDS + ["user", "assistant", "system", ":", "<think>", "</think>"])
+    tokenizer = build_word_tokenizer([*WORDS, "user", "assistant", "system", ":", "<think>", "</think>"])
     tokenizer.chat_template = CHAT_TEMPLATE
     build_tiny_causal_lm(path, tokenizer, arch="llama", hidden_size=32, num_layers=2, num_heads=2)
     return path
@@ -186,13 +196,26 @@ def run(script: str, library: str, model_dir, out_dir) -> tuple[dict, list[dict]
     def record_reward(**kwargs):
         data = {k: v for k, v in kwargs.items() if isinstance(v, list)}
         with open(log, "a") as f:
-            f.write(json.dumps({"kwargs": data, "shape": {k: describe(v) for k, v in kwargs.items()},
-                                "global_step": kwargs["trainer_state"].global_step}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "kwargs": data,
+                        "shape": {k: describe(v) for k, v in kwargs.items()},
+                        "global_step": kwargs["trainer_state"].global_step,
+                    }
+                )
+                + "\n"
+            )
         kwargs["log_metric"]("recorded", 1.0)
         return [0.0] * len(kwargs["completions"])
 
     source = f"from {library} import GRPOConfig, GRPOTrainer\n" + SCRIPTS[script]
-    namespace = {"MODEL": str(model_dir), "OUTPUT_DIR": str(out_dir), "record_reward": record_reward, "__name__": "__main__"}
+    namespace = {
+        "MODEL": str(model_dir),
+        "OUTPUT_DIR": str(out_dir),
+        "record_reward": record_reward,
+        "__name__": "__main__",
+    }
     exec(compile(source, f"<{script} script on {library}>", "exec"), namespace)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return namespace, sorted(calls, key=lambda call: call["global_step"])
@@ -214,7 +237,9 @@ def check_alignment(calls: list[dict], namespace: dict, tokenizer) -> None:
             if isinstance(value, list):
                 assert len(value) == n, key
         for i in range(n):
-            assert prompt_key(kw["prompts"][i]) == prompt_key(kw["prompts"][i - i % G])  # the G of a prompt are adjacent
+            assert prompt_key(kw["prompts"][i]) == prompt_key(
+                kw["prompts"][i - i % G]
+            )  # the G of a prompt are adjacent
             row = rows[prompt_key(kw["prompts"][i])]
             assert kw["prompts"][i] == row["prompt"]
             for column in set(row) - {"prompt"}:
@@ -264,7 +289,11 @@ def test_grpokit_passes_what_trl_passes(script, runs, model_dir):
 def test_conversational_completions_are_messages(runs):
     _, ours = runs("conversational", "grpokit")
     completion = ours[0]["kwargs"]["completions"][0]
-    assert isinstance(completion, list) and completion[0]["role"] == "assistant" and isinstance(completion[0]["content"], str)
+    assert (
+        isinstance(completion, list)
+        and completion[0]["role"] == "assistant"
+        and isinstance(completion[0]["content"], str)
+    )
 
 
 def test_reward_weights_combine_as_in_trl(runs):

@@ -30,7 +30,9 @@ from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.logprobs import build_batch, completion_logprobs
 
-trl = pytest.importorskip("trl", reason="the TRL parity test needs TRL: pip install 'grpokit[bench]' (make test installs it)")
+trl = pytest.importorskip(
+    "trl", reason="the TRL parity test needs TRL: pip install 'grpokit[bench]' (make test installs it)"
+)
 pytestmark = pytest.mark.slow
 
 CPU = torch.device("cpu")
@@ -53,13 +55,32 @@ def both(tmp_path_factory):
     assert len(set(rollouts.completion_lengths.tolist())) > 2  # ragged completions: right padding too
     batch = build_batch(ours, rollouts, tokenizer.pad_token_id, CPU)
 
-    checkpointing = {"activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
-                     else "gradient_checkpointing": False}
-    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("trl")), use_cpu=True, bf16=False, **checkpointing,
-                      per_device_train_batch_size=len(PROMPTS) * G, num_generations=G, max_completion_length=T,
-                      temperature=TEMPERATURE, beta=BETA, report_to="none", disable_tqdm=True, seed=0)
-    trainer = GRPOTrainer(model=str(folder), reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
-                          train_dataset=Dataset.from_list([{"prompt": "w1 w2"}] * 4), processing_class=tokenizer)
+    checkpointing = {
+        "activation_checkpointing"
+        if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+        else "gradient_checkpointing": False
+    }
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("trl")),
+        use_cpu=True,
+        bf16=False,
+        **checkpointing,
+        per_device_train_batch_size=len(PROMPTS) * G,
+        num_generations=G,
+        max_completion_length=T,
+        temperature=TEMPERATURE,
+        beta=BETA,
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=str(folder),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "w1 w2"}] * 4),
+        processing_class=tokenizer,
+    )
     theirs = trainer.model.float().eval()
     ours.eval()
     inputs = {
@@ -108,8 +129,11 @@ def test_logprobs_equal_trl(both):
 
 
 @pytest.mark.parametrize("corrected", [False, True], ids=["k3", "bias_corrected_kl"])
-@pytest.mark.parametrize("loss_type,level", [("grpo", "token"), ("bnpo", "token"), ("dr_grpo", "token"), ("dapo", "token"),
-                                             ("grpo", "sequence")], ids=["grpo", "bnpo", "dr_grpo", "dapo", "gspo"])
+@pytest.mark.parametrize(
+    "loss_type,level",
+    [("grpo", "token"), ("bnpo", "token"), ("dr_grpo", "token"), ("dapo", "token"), ("grpo", "sequence")],
+    ids=["grpo", "bnpo", "dr_grpo", "dapo", "gspo"],
+)
 def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
     trainer, theirs, ours, batch, inputs = both
     mask = batch.completion_mask.float()
@@ -118,15 +142,35 @@ def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
     set_trl_loss(trainer, loss_type, level, corrected)
 
     theirs.zero_grad(set_to_none=True)
-    trl_loss = trainer._compute_loss(theirs, inputs | {"advantages": advantages, "old_per_token_logps": old,
-                                                       "ref_per_token_logps": ref, "num_items_in_batch": num_items})
+    trl_loss = trainer._compute_loss(
+        theirs,
+        inputs
+        | {
+            "advantages": advantages,
+            "old_per_token_logps": old,
+            "ref_per_token_logps": ref,
+            "num_items_in_batch": num_items,
+        },
+    )
     trl_loss.backward()
 
     ours.zero_grad(set_to_none=True)
     logprobs, _ = completion_logprobs(ours, batch, TEMPERATURE)
-    loss, _ = policy_loss(logprobs, old, advantages, mask, loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, beta=BETA,
-                          ref_logprobs=ref, use_bias_correction_kl=corrected, importance_sampling_level=level,
-                          max_completion_length=T, num_items_in_batch=num_items)
+    loss, _ = policy_loss(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        loss_type=loss_type,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=BETA,
+        ref_logprobs=ref,
+        use_bias_correction_kl=corrected,
+        importance_sampling_level=level,
+        max_completion_length=T,
+        num_items_in_batch=num_items,
+    )
     loss.backward()
 
     assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-7)
@@ -161,20 +205,35 @@ def test_accumulated_update_equals_trl(both, loss_type):
     theirs.train()
     try:
         for rows in (slice(0, 6), slice(6, 12)):
-            part = {k: v[rows] for k, v in inputs.items()} | {"advantages": advantages[rows], "old_per_token_logps": old[rows],
-                                                                "ref_per_token_logps": ref[rows], "num_items_in_batch": mask.sum()}
+            part = {k: v[rows] for k, v in inputs.items()} | {
+                "advantages": advantages[rows],
+                "old_per_token_logps": old[rows],
+                "ref_per_token_logps": ref[rows],
+                "num_items_in_batch": mask.sum(),
+            }
             trainer._compute_loss(theirs, part).backward()
     finally:
         theirs.eval()
 
-    cfg = GRPOConfig(num_generations=G, per_device_train_batch_size=6, gradient_accumulation_steps=2, beta=BETA,
-                     loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, max_completion_length=T, temperature=TEMPERATURE,
-                     max_grad_norm=0.0)
+    cfg = GRPOConfig(
+        num_generations=G,
+        per_device_train_batch_size=6,
+        gradient_accumulation_steps=2,
+        beta=BETA,
+        loss_type=loss_type,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        max_completion_length=T,
+        temperature=TEMPERATURE,
+        max_grad_norm=0.0,
+    )
     optimizer = _Capture(ours.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     ours.zero_grad(set_to_none=True)
     try:
-        Learner(ours, None, optimizer, scheduler, cfg).update(batch, advantages, batch.completion_mask, ref, old_logprobs=old)
+        Learner(ours, None, optimizer, scheduler, cfg).update(
+            batch, advantages, batch.completion_mask, ref, old_logprobs=old
+        )
     finally:
         ours.eval()
     assert_same_gradients(ours, optimizer.grads, theirs)

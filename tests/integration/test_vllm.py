@@ -17,8 +17,10 @@ from grpokit.train.logprobs import batched_logprobs, build_batch
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
-                       reason="needs a CUDA GPU and the vllm package"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
+        reason="needs a CUDA GPU and the vllm package",
+    ),
 ]
 
 
@@ -31,9 +33,22 @@ def model_dir(tmp_path_factory):
 
 
 def args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(output_dir=str(tmp_path / "run"), engine="vllm", device="cuda", dtype="float32", num_generations=4,
-                  per_device_train_batch_size=8, max_steps=2, max_completion_length=8, learning_rate=1e-2, beta=0.04,
-                  vllm_gpu_memory_utilization=0.2, progress_bar=False, report_to=["jsonl"], save_steps=0)
+    values = dict(
+        output_dir=str(tmp_path / "run"),
+        engine="vllm",
+        device="cuda",
+        dtype="float32",
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=2,
+        max_completion_length=8,
+        learning_rate=1e-2,
+        beta=0.04,
+        vllm_gpu_memory_utilization=0.2,
+        progress_bar=False,
+        report_to=["jsonl"],
+        save_steps=0,
+    )
     return GRPOConfig(**(values | overrides))
 
 
@@ -73,7 +88,9 @@ def test_vllm_rollouts_match_the_learner_and_follow_weight_updates(tmp_path, mod
 @pytest.mark.parametrize("lora", [False, True])
 def test_train_with_vllm_end_to_end(tmp_path, model_dir, lora):
     extra = dict(lora={"r": 8}) if lora else {}
-    trainer = GRPOTrainer(str(model_dir), TARGET_REWARD, args=args(tmp_path, dtype="bfloat16", **extra), train_dataset=prompts())
+    trainer = GRPOTrainer(
+        str(model_dir), TARGET_REWARD, args=args(tmp_path, dtype="bfloat16", **extra), train_dataset=prompts()
+    )
     metrics = trainer.train()
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -99,9 +99,7 @@ def test_reinforce_pp_ignores_nan():
 
 def test_zero_variance_groups():
     # groups of 3: equal | different | equal ignoring NaN | all NaN | one reward | different
-    rewards = torch.tensor(
-        [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, NAN, 2.0, 2.0, NAN, NAN, NAN, NAN, 3.0, NAN, 1.0, NAN, 2.0]
-    )
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, NAN, 2.0, 2.0, NAN, NAN, NAN, NAN, 3.0, NAN, 1.0, NAN, 2.0])
     mask = zero_variance_groups(rewards, 3)
     assert mask.tolist() == [True] * 3 + [False] * 3 + [True] * 9 + [False] * 3
     assert mask.dtype == torch.bool
@@ -110,13 +108,9 @@ def test_zero_variance_groups():
 def test_compute_advantages_dispatch():
     rewards = torch.tensor([0.0, 1.0, 1.0, 3.0])
     torch.testing.assert_close(compute_advantages(rewards, 2), group_advantages(rewards, 2))
-    torch.testing.assert_close(
-        compute_advantages(rewards, 2, "grpo", "none"), group_advantages(rewards, 2, "none")
-    )
+    torch.testing.assert_close(compute_advantages(rewards, 2, "grpo", "none"), group_advantages(rewards, 2, "none"))
     torch.testing.assert_close(compute_advantages(rewards, 2, "rloo"), rloo_advantages(rewards, 2))
-    torch.testing.assert_close(
-        compute_advantages(rewards, 2, "reinforce_pp"), reinforce_pp_advantages(rewards, 2)
-    )
+    torch.testing.assert_close(compute_advantages(rewards, 2, "reinforce_pp"), reinforce_pp_advantages(rewards, 2))
     with pytest.raises(ValueError, match="grpo, rloo, reinforce_pp"):
         compute_advantages(rewards, 2, "ppo")
     with pytest.raises(ValueError, match="group, batch, none"):

@@ -127,8 +127,6 @@ def test_non_contiguous_and_4d_logits():
     torch.testing.assert_close(full.grad[:, :-1].sum(-1), torch.zeros(3, 5), atol=1e-6, rtol=0)
 
     four_d = full.detach().view(3, 2, 3, 11)
-    torch.testing.assert_close(
-        entropy_from_logits(four_d, chunk_size=2), _naive_entropy(full.detach()).view(3, 2, 3)
-    )
+    torch.testing.assert_close(entropy_from_logits(four_d, chunk_size=2), _naive_entropy(full.detach()).view(3, 2, 3))
     with pytest.raises(ValueError, match="logits"):
         entropy_from_logits(torch.zeros(4))

@@ -149,15 +149,12 @@ def test_kl_penalty_by_hand():
     # loss = beta * 0.222741 = 0.0222741 with beta = 0.1
     logprobs = torch.zeros(2, 3)
     ref = torch.tensor([[LN2, 0.0, -LN2], [LN2, LN2, 5.0]])
-    loss, metrics = policy_loss(
-        logprobs, None, torch.zeros(2), MASK, loss_type="bnpo", beta=0.1, ref_logprobs=ref
-    )
+    loss, metrics = policy_loss(logprobs, None, torch.zeros(2), MASK, loss_type="bnpo", beta=0.1, ref_logprobs=ref)
     assert loss.item() == pytest.approx(0.0222741, abs=1e-6)
     assert metrics["kl"] == pytest.approx(0.222741, abs=1e-6)
     assert metrics["policy_loss"] == 0.0
     with pytest.raises(ValueError, match="ref_logprobs"):
         policy_loss(logprobs, None, torch.zeros(2), MASK, beta=0.1)
-
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -171,12 +168,22 @@ def test_bias_corrected_kl_by_hand(level):
     expected = {False: (0.193147, 0.5), True: (0.386294, 1.386294)}
     for corrected, (value, grad) in expected.items():
         logprobs = torch.tensor([[math.log(0.5)]], requires_grad=True)
-        loss, metrics = policy_loss(logprobs, old, torch.zeros(1), mask, loss_type="grpo", beta=1.0, ref_logprobs=ref,
-                                    use_bias_correction_kl=corrected, importance_sampling_level=level)
+        loss, metrics = policy_loss(
+            logprobs,
+            old,
+            torch.zeros(1),
+            mask,
+            loss_type="grpo",
+            beta=1.0,
+            ref_logprobs=ref,
+            use_bias_correction_kl=corrected,
+            importance_sampling_level=level,
+        )
         loss.backward()
         assert loss.item() == pytest.approx(value, abs=1e-6)
         assert logprobs.grad.item() == pytest.approx(grad, abs=1e-6)
         assert metrics["kl"] == pytest.approx(0.193147, abs=1e-6)  # the metric is plain k3 either way
+
 
 def test_gspo_sequence_ratio_on_ragged_mask():
     # log ratio seq 1 [0.3, -0.1, 0.1] -> mean 0.1; seq 2 [0.2, 0.4, pad=9] -> mean 0.3
@@ -260,12 +267,16 @@ def test_matches_reference_loop(loss_type, level):
         logprobs, old, ref, advantages, mask = _random_batch(seed, dtype=torch.float64)
         kwargs = dict(epsilon=0.2, epsilon_high=0.28, beta=0.04, num_items_in_batch=37, max_completion_length=9)
         loss, metrics = policy_loss(
-            logprobs, old, advantages, mask, loss_type=loss_type, ref_logprobs=ref,
-            importance_sampling_level=level, **kwargs,
+            logprobs,
+            old,
+            advantages,
+            mask,
+            loss_type=loss_type,
+            ref_logprobs=ref,
+            importance_sampling_level=level,
+            **kwargs,
         )
-        expected = _reference_loss(
-            logprobs, old, ref, advantages, mask, loss_type, level, 0.2, 0.28, 0.04, 37, 9
-        )
+        expected = _reference_loss(logprobs, old, ref, advantages, mask, loss_type, level, 0.2, 0.28, 0.04, 37, 9)
         assert loss.item() == pytest.approx(expected, rel=1e-10, abs=1e-12)
         assert 0.0 <= metrics["clip_ratio/region_mean"] <= 1.0
 
@@ -278,8 +289,17 @@ def test_gradcheck(level, loss_type):
 
     def loss_of(lp):
         loss, _ = policy_loss(
-            lp, old, advantages, mask, loss_type=loss_type, epsilon=0.2, epsilon_high=0.3, beta=0.1,
-            ref_logprobs=ref, importance_sampling_level=level, num_items_in_batch=20,
+            lp,
+            old,
+            advantages,
+            mask,
+            loss_type=loss_type,
+            epsilon=0.2,
+            epsilon_high=0.3,
+            beta=0.1,
+            ref_logprobs=ref,
+            importance_sampling_level=level,
+            num_items_in_batch=20,
         )
         return loss
 

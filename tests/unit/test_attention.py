@@ -71,8 +71,14 @@ def test_by_hand():
 
 def _mask(padding, q_len, kv_len):
     """HF's SDPA mask for ``q_len`` new tokens at the end of ``kv_len`` (a KV cache holds the rest)."""
-    return sdpa_mask(batch_size=padding.size(0), q_length=q_len, kv_length=kv_len, q_offset=kv_len - q_len,
-                     attention_mask=padding, device=CPU)
+    return sdpa_mask(
+        batch_size=padding.size(0),
+        q_length=q_len,
+        kv_length=kv_len,
+        q_offset=kv_len - q_len,
+        attention_mask=padding,
+        device=CPU,
+    )
 
 
 LEFT_PADDED = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1]], dtype=torch.bool)
@@ -131,8 +137,9 @@ def setup():
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(60)])
     model, _ = build_tiny_causal_lm(tokenizer=tokenizer, arch="qwen2", num_kv_heads=2)
     engine = HFRolloutEngine(model, list(range(2, 12)), tokenizer.pad_token_id, CPU, seed=3)
-    rollouts = engine.generate([[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]], 4,
-                               SamplingParams(max_completion_length=12, temperature=0.7))
+    rollouts = engine.generate(
+        [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]], 4, SamplingParams(max_completion_length=12, temperature=0.7)
+    )
     assert len(set(rollouts.completion_lengths.tolist())) > 2  # ragged completions: padding inside micro-batches
     return model, build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
 
@@ -143,7 +150,9 @@ def _learner_passes(model, batch):
     model.zero_grad()
     logprobs, entropy = completion_logprobs(model, batch.rows(slice(2, 7)), 0.7, with_entropy=True)
     assert model.config._attn_implementation == "sdpa"
-    (logprobs * batch.completion_mask[2:7]).sum().backward()  # after the switch's block: autograd replays the recorded ops
+    (
+        logprobs * batch.completion_mask[2:7]
+    ).sum().backward()  # after the switch's block: autograd replays the recorded ops
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     return [logprobs.detach(), entropy, batched_logprobs(model, batch, 0.7, micro_batch_size=5)], grads

@@ -75,8 +75,15 @@ def test_bad_input_through_the_installed_command(name, tmp_path):
     """The real entry point: exit status 2, the message on stderr, no traceback."""
     case = MANIFEST[name]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BAD), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "grpokit.cli", "train", case["config"], f"output_dir={tmp_path / 'run'}"],
-                          cwd=BAD, env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpokit.cli", "train", case["config"], f"output_dir={tmp_path / 'run'}"],
+        cwd=BAD,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     assert case["expect"] in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -139,8 +146,14 @@ def test_check_reward_columns_names_reward_column_and_row():
         return []
 
     rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "hint": "x"}]
-    check_reward_columns(rows[:1], {"exact": exact, "by_length": by_length})  # completion_lengths comes from the trainer
-    with pytest.raises(DataError, match=r"reward 'exact' needs the column 'answer', but train_dataset row 1 has none \(its other columns: 'hint'\)"):
+    check_reward_columns(
+        rows[:1], {"exact": exact, "by_length": by_length}
+    )  # completion_lengths comes from the trainer
+    with pytest.raises(
+        DataError,
+        match=r"reward 'exact' needs the column 'answer', but train_dataset row 1 has none "
+        r"\(its other columns: 'hint'\)",
+    ):
         check_reward_columns(rows, {"exact": exact})
 
 

@@ -18,8 +18,16 @@ def word_count(prompts, completions, **columns):
 
 
 def args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(output_dir=str(tmp_path / "run"), num_generations=2, per_device_train_batch_size=4, max_steps=1,
-                  max_completion_length=3, beta=0.0, progress_bar=False, report_to=["jsonl"])
+    values = dict(
+        output_dir=str(tmp_path / "run"),
+        num_generations=2,
+        per_device_train_batch_size=4,
+        max_steps=1,
+        max_completion_length=3,
+        beta=0.0,
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
     return GRPOConfig(**(values | overrides))
 
 
@@ -44,8 +52,12 @@ def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path):
 def test_long_prompts_are_counted_in_the_metrics(tmp_path, tiny_model_dir, overflow, counted):
     # 3 of the 6 prompts have 5 words, more than max_prompt_length = 3 tokens
     prompts = [{"prompt": " ".join(WORDS[i : i + (5 if i % 2 else 2)])} for i in range(6)]
-    GRPOTrainer(str(tiny_model_dir), word_count, args=args(tmp_path, max_prompt_length=3, prompt_overflow=overflow),
-                train_dataset=prompts).train()
+    GRPOTrainer(
+        str(tiny_model_dir),
+        word_count,
+        args=args(tmp_path, max_prompt_length=3, prompt_overflow=overflow),
+        train_dataset=prompts,
+    ).train()
     logged = metrics(tmp_path)
     assert logged[counted] == 3.0
     assert logged["prompts_truncated" if overflow == "drop" else "prompts_dropped"] == 0.0
@@ -55,18 +67,27 @@ def write_cli_run(tmp_path, model_dir, rows, **data) -> str:
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = tmp_path / "config.yaml"
-    config.write_text(json.dumps({
-        "model": {"model_name_or_path": str(model_dir)}, "data": {"train_dataset": str(path), **data},
-        "algo": {"num_generations": 2}, "optim": {"per_device_train_batch_size": 4, "max_steps": 1},
-        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False},
-        "rewards": [f"{__file__}:word_count"],
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "model": {"model_name_or_path": str(model_dir)},
+                "data": {"train_dataset": str(path), **data},
+                "algo": {"num_generations": 2},
+                "optim": {"per_device_train_batch_size": 4, "max_steps": 1},
+                "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False},
+                "rewards": [f"{__file__}:word_count"],
+            }
+        )
+    )
     return str(config)
 
 
 def test_prompt_overflow_error_exits_2_naming_the_prompt(tmp_path, tiny_model_dir, capsys):
     rows = [{"prompt": "w1 w2"}, {"prompt": " ".join(WORDS[:8])}]
-    assert main(["train", write_cli_run(tmp_path, tiny_model_dir, rows, max_prompt_length=4, prompt_overflow="error")]) == 2
+    assert (
+        main(["train", write_cli_run(tmp_path, tiny_model_dir, rows, max_prompt_length=4, prompt_overflow="error")])
+        == 2
+    )
     assert "prompt 1 has 8 tokens, more than max_prompt_length=4" in capsys.readouterr().err
 
 

@@ -33,17 +33,35 @@ def finished_run(tmp_path_factory, tiny_model_dir):
     rows = [{"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"} for i in range(12)]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = root / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"model_name_or_path": str(tiny_model_dir)},
-        "data": {"train_dataset": str(data), "eval_dataset": str(data)},
-        "algo": {"num_generations": 4, "beta": 0.0}, "generation": {"max_completion_length": 3},
-        "optim": {"per_device_train_batch_size": 8, "max_steps": 2},
-        "run": {"output_dir": str(root / "run"), "save_steps": 1, "progress_bar": False, "report_to": ["jsonl"]},
-        "eval": {"eval_steps": 0}, "rewards": [TARGET_REWARD]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"model_name_or_path": str(tiny_model_dir)},
+                "data": {"train_dataset": str(data), "eval_dataset": str(data)},
+                "algo": {"num_generations": 4, "beta": 0.0},
+                "generation": {"max_completion_length": 3},
+                "optim": {"per_device_train_batch_size": 8, "max_steps": 2},
+                "run": {
+                    "output_dir": str(root / "run"),
+                    "save_steps": 1,
+                    "progress_bar": False,
+                    "report_to": ["jsonl"],
+                },
+                "eval": {"eval_steps": 0},
+                "rewards": [TARGET_REWARD],
+            }
+        )
+    )
     assert main(["train", str(config)]) == 0
     other = root / "model2"
-    build_tiny_causal_lm(other, build_word_tokenizer(WORDS + ["user", "assistant", "system", ":"]), arch="llama",
-                         hidden_size=16, num_layers=1, num_heads=2)
+    build_tiny_causal_lm(
+        other,
+        build_word_tokenizer([*WORDS, "user", "assistant", "system", ":"]),
+        arch="llama",
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+    )
     return root / "run", other
 
 
@@ -114,10 +132,24 @@ def test_report_of_a_half_written_run_skips_the_torn_metrics_line(finished_run, 
 def test_reward_error_through_the_installed_command(finished_run, tmp_path):
     """The issue's case on the real entry point: a reward returning one value is one line and exit 2."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BAD), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "grpokit.cli", "train", str(finished_run[0] / "config.yaml"),
-                           f"output_dir={tmp_path / 'new'}", "rewards=[bad_input_rewards:one_value]"],
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpokit.cli",
+            "train",
+            str(finished_run[0] / "config.yaml"),
+            f"output_dir={tmp_path / 'new'}",
+            "rewards=[bad_input_rewards:one_value]",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error" in line] == [
-        "grpokit: error: reward 'one_value' returned 1 values for 8 completions: [0.0]"]
+        "grpokit: error: reward 'one_value' returned 1 values for 8 completions: [0.0]"
+    ]

@@ -64,7 +64,10 @@ def test_frozen_parameters_are_left_out_and_resume_loads_the_trainable_ones(tmp_
     load_checkpoint(folder, resumed, *parts(resumed))
     for (name, a), (_, b) in zip(trained.named_parameters(), resumed.named_parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
-    assert [n for n, p in resumed.named_parameters() if p.requires_grad] == ["lora_A.weight", "lora_B.weight"]  # still trainable
+    assert [n for n, p in resumed.named_parameters() if p.requires_grad] == [
+        "lora_A.weight",
+        "lora_B.weight",
+    ]  # still trainable
 
 
 def test_full_fine_tuning_writes_the_whole_model_once_per_tied_weight(tmp_path):
@@ -78,10 +81,16 @@ def test_full_fine_tuning_writes_the_whole_model_once_per_tied_weight(tmp_path):
     torch.testing.assert_close(fresh.head.weight, model.embed.weight, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("other, message", [
-    (lambda: Adapted(r=3), r"lora_A.weight has shape \[2, 4\] in the checkpoint and \[3, 4\] in this model"),
-    (lambda: Adapted().requires_grad_(True), r"trainable parameters only .*\(missing \['base.bias', 'base.weight'\], unexpected \[\]\)"),
-])
+@pytest.mark.parametrize(
+    "other, message",
+    [
+        (lambda: Adapted(r=3), r"lora_A.weight has shape \[2, 4\] in the checkpoint and \[3, 4\] in this model"),
+        (
+            lambda: Adapted().requires_grad_(True),
+            r"trainable parameters only .*\(missing \['base.bias', 'base.weight'\], unexpected \[\]\)",
+        ),
+    ],
+)
 def test_adapters_that_do_not_match_are_a_clear_error(tmp_path, other, message):
     folder = save(tmp_path, Adapted(r=2))
     model = other()
@@ -93,5 +102,8 @@ def test_a_trainable_only_checkpoint_with_an_unexpected_key_is_refused(tmp_path)
     folder = save(tmp_path, Adapted())
     model = Adapted()
     model.lora_B.requires_grad_(False)  # the model trains fewer parameters than the checkpoint holds
-    with pytest.raises(CheckpointError, match=r"missing \[\], unexpected \['lora_B.weight'\]\); resume with the same model and lora settings"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing \[\], unexpected \['lora_B.weight'\]\); resume with the same model and lora settings",
+    ):
         load_checkpoint(folder, model, *parts(model))

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from grpokit.config import (
     CHOICES,
     FIELD_SECTION,
+    PATH_FIELDS,
     REPORT_SINKS,
     SECTIONS,
-    PATH_FIELDS,
     ConfigError,
     GRPOConfig,
     expand_path,
@@ -170,8 +170,13 @@ def test_any_arguments_are_accepted_or_a_config_error(args):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.one_of(TEXT, ANY_VALUE.map(yaml.safe_dump),
-                      st.dictionaries(st.sampled_from([*SECTIONS, *FIELDS, "rewards"]), ANY_VALUE, max_size=4).map(yaml.safe_dump)))
+@given(
+    text=st.one_of(
+        TEXT,
+        ANY_VALUE.map(yaml.safe_dump),
+        st.dictionaries(st.sampled_from([*SECTIONS, *FIELDS, "rewards"]), ANY_VALUE, max_size=4).map(yaml.safe_dump),
+    )
+)
 def test_any_yaml_file_is_accepted_or_a_config_error(text, tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(text, encoding="utf-8")
@@ -191,7 +196,12 @@ def test_every_default_is_valid_and_survives_the_command_line(section):
 
 def test_parse_overrides_types():
     assert parse_overrides(["beta=0", "learning_rate=1e-5", "shuffle=false", "pass_at_k=[1, 4]", "max_kl=null"]) == {
-        "beta": 0, "learning_rate": 1e-5, "shuffle": False, "pass_at_k": [1, 4], "max_kl": None}
+        "beta": 0,
+        "learning_rate": 1e-5,
+        "shuffle": False,
+        "pass_at_k": [1, 4],
+        "max_kl": None,
+    }
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 10**400])

@@ -54,8 +54,12 @@ def test_answer_tag_is_found(before, inside, after):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(st.characters(exclude_categories=("Nd",)), max_size=30).filter(lambda t: not any(f in t for f in ("box", "#", "<answer>"))),
-       st.integers(-10**6, 10**6))
+@given(
+    st.text(st.characters(exclude_categories=("Nd",)), max_size=30).filter(
+        lambda t: not any(f in t for f in ("box", "#", "<answer>"))
+    ),
+    st.integers(-(10**6), 10**6),
+)
 def test_last_number_is_the_fallback(before, number):
     assert extract_answer(before + " " + str(number)) == str(number)
 

@@ -23,8 +23,14 @@ def test_expand_path(home):
 
 
 def test_every_path_field_is_expanded(home):
-    values = {"model_name_or_path": "~/model", "tokenizer_name_or_path": "$DATA/tok", "train_dataset": "~/train.jsonl",
-              "eval_dataset": "${DATA}/eval.jsonl", "output_dir": "~/runs/a", "resume_from": "$DATA/checkpoints/step-2"}
+    values = {
+        "model_name_or_path": "~/model",
+        "tokenizer_name_or_path": "$DATA/tok",
+        "train_dataset": "~/train.jsonl",
+        "eval_dataset": "${DATA}/eval.jsonl",
+        "output_dir": "~/runs/a",
+        "resume_from": "$DATA/checkpoints/step-2",
+    }
     assert set(values) == set(PATH_FIELDS)
     cfg = GRPOConfig(**values)
     assert cfg.model_name_or_path == f"{home}/home/model"
@@ -40,8 +46,9 @@ def test_every_path_field_is_expanded(home):
 
 def test_yaml_and_command_line_paths_are_expanded(home):
     config = home / "c.yaml"
-    config.write_text("model:\n  model_name_or_path: ~/m\n  tokenizer_name_or_path: ~/t\n"
-                      "run:\n  output_dir: $DATA/out\n")
+    config.write_text(
+        "model:\n  model_name_or_path: ~/m\n  tokenizer_name_or_path: ~/t\nrun:\n  output_dir: $DATA/out\n"
+    )
     cfg = load_config(config, ["train_dataset=~/d.jsonl"])
     assert (cfg.model_name_or_path, cfg.tokenizer_name_or_path) == (f"{home}/home/m", f"{home}/home/t")
     assert (cfg.output_dir, cfg.train_dataset) == (f"{home}/data/out", f"{home}/home/d.jsonl")

@@ -2,6 +2,7 @@
 
 import platform
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,11 +47,16 @@ def test_forcing_only_takes_away(monkeypatch):
     assert arm.machine == "aarch64" and not arm.packs(torch.float32) and not arm.native_bf16
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64",
-                    reason="reads x86 /proc/cpuinfo")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.machine() != "x86_64", reason="reads x86 /proc/cpuinfo"
+)
 def test_detected_flags_are_this_cpus(monkeypatch):
     monkeypatch.delenv("GRPOKIT_CPU_CAPS", raising=False)
-    flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split(":", 1)[1].split())
+    flags = set(
+        next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        .split(":", 1)[1]
+        .split()
+    )
     real = cpu_caps()
     assert real.flags == frozenset(flags & set(X86_FLAGS))
     assert real.onednn_bf16 == torch.ops.mkldnn._is_mkldnn_bf16_supported()

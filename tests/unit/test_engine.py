@@ -38,7 +38,9 @@ def test_sampling_logprobs_equal_a_plain_forward_pass(tiny):
     model, tokenizer = tiny
     # prompts of different lengths (left padding in the shared prefill) and ten stop ids, so rows
     # leave the batch at different steps and the cache drops rows mid-generation
-    engine = HFRolloutEngine(model, eos_token_ids=list(range(2, 12)), pad_token_id=tokenizer.pad_token_id, device=CPU, seed=3)
+    engine = HFRolloutEngine(
+        model, eos_token_ids=list(range(2, 12)), pad_token_id=tokenizer.pad_token_id, device=CPU, seed=3
+    )
     prompts = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]]
     rollouts = engine.generate(prompts, 4, SamplingParams(max_completion_length=12, temperature=0.7))
     lengths = rollouts.completion_lengths.tolist()
@@ -57,7 +59,9 @@ def test_sampling_logprobs_equal_a_plain_forward_pass(tiny):
 def test_generation_under_bf16_autocast_stays_close(tiny):
     # bf16 matmuls: the sampled tokens' log-probs still match a float32 forward pass to ~bf16 precision
     model, tokenizer = tiny
-    engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=0, autocast_dtype=torch.bfloat16)
+    engine = HFRolloutEngine(
+        model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=0, autocast_dtype=torch.bfloat16
+    )
     rollouts = engine.generate([[20, 21, 22]], 4, SamplingParams(max_completion_length=8))
     for n in range(4):
         length = int(rollouts.completion_lengths[n])
@@ -93,7 +97,9 @@ def test_sample_next_by_hand():
     logits = torch.tensor([[0.0, math.log(3.0)]])
     tokens, logprobs = sample_next(logits, SamplingParams(1, greedy=True), None)
     assert tokens.tolist() == [1] and logprobs.item() == pytest.approx(-0.287682, abs=1e-6)
-    tokens, logprobs = sample_next(logits.repeat(4000, 1), SamplingParams(1, temperature=2.0), torch.Generator().manual_seed(0))
+    tokens, logprobs = sample_next(
+        logits.repeat(4000, 1), SamplingParams(1, temperature=2.0), torch.Generator().manual_seed(0)
+    )
     expected = torch.where(tokens == 1, math.log(0.633975), math.log(1 - 0.633975))
     torch.testing.assert_close(logprobs, expected.float(), atol=1e-5, rtol=0)
     assert (tokens == 1).float().mean().item() == pytest.approx(0.633975, abs=0.03)

@@ -3,6 +3,7 @@
 import platform
 import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,11 +33,12 @@ def test_versions_system_and_hardware(capsys, monkeypatch):
     assert info["device (auto)"] == auto
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64",
-                    reason="reads x86 /proc/cpuinfo")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.machine() != "x86_64", reason="reads x86 /proc/cpuinfo"
+)
 def test_instruction_sets_are_this_cpus(capsys, monkeypatch):
     monkeypatch.delenv("GRPOKIT_CPU_CAPS", raising=False)
-    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
     info = env_lines(capsys)
     assert f"AVX2 {'yes' if 'avx2' in flags else 'no'}" in info["CPU instruction sets"]
     assert f"AVX512-BF16 {'yes' if 'avx512_bf16' in flags else 'no'}" in info["CPU instruction sets"]
@@ -67,8 +69,9 @@ def test_native_bf16_cpu_choices(capsys, monkeypatch):
     from grpokit import cpu_caps, env
 
     flags = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"})
-    sapphire_rapids = cpu_caps.CpuCaps("x86_64", "Xeon", flags, onednn=True, onednn_bf16=True,
-                                       torch_capability="AVX512")
+    sapphire_rapids = cpu_caps.CpuCaps(
+        "x86_64", "Xeon", flags, onednn=True, onednn_bf16=True, torch_capability="AVX512"
+    )
     monkeypatch.setattr(env, "cpu_caps", lambda: sapphire_rapids)
     info = env_lines(capsys)
     assert info["bf16 autocast with dtype auto"].startswith("yes, for models of >= 10M parameters")

@@ -24,9 +24,18 @@ def tiny_model(arch: str, **config_overrides):
     if arch == "gpt2":
         return build_tiny_causal_lm(tokenizer=tokenizer, arch="gpt2")[0].eval(), tokenizer
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}[arch]
-    config = cls(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=96, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
-                 eos_token_id=tokenizer.eos_token_id, **config_overrides)
+    config = cls(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **config_overrides,
+    )
     if arch == "mistral":
         config.sliding_window = config_overrides.get("sliding_window")
     torch.manual_seed(0)
@@ -71,7 +80,9 @@ def test_bf16_weights_stay_close_to_float32():
 
 def sample(model, tokenizer, seed=3, **engine_kwargs):
     engine = HFRolloutEngine(model, list(range(2, 12)), tokenizer.pad_token_id, CPU, seed=seed, **engine_kwargs)
-    return engine.generate([[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]], 4, SamplingParams(max_completion_length=10))
+    return engine.generate(
+        [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]], 4, SamplingParams(max_completion_length=10)
+    )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -106,7 +117,9 @@ def lora_model():
     from peft import LoraConfig, get_peft_model
 
     model, tokenizer = tiny_model("qwen2")
-    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"]))
+    lora = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"])
+    )
     with torch.no_grad():
         for name, p in lora.named_parameters():
             if "lora_B" in name:
@@ -144,12 +157,12 @@ def test_a_model_that_computes_differently_falls_back_to_its_own_forward():
     one-time comparison with the HF forward, so generation keeps using the model's own forward."""
     model, tokenizer = tiny_model("llama")
     mlp = model.model.layers[0].mlp
-    mlp.forward = lambda x, _forward=type(mlp).forward: 2 * _forward(mlp, x)
+    mlp.forward = lambda x, _forward=type(mlp).forward: 2 * _forward(mlp, x)  # noqa: B008
     assert fused_decoder(model, torch.float32, 1) is None
     rollouts = sample(model, tokenizer)
     n, length = 0, int(rollouts.completion_lengths[0])
     with torch.no_grad():  # the sampled log-probs are those of the doubled model
-        seq = torch.tensor([[20, 21, 22] + rollouts.completion_ids[n, :length].tolist()])
+        seq = torch.tensor([[20, 21, 22, *rollouts.completion_ids[n, :length].tolist()]])
         logp = torch.log_softmax(model(seq).logits[0].double(), dim=-1)
     expected = logp[torch.arange(2, 2 + length), rollouts.completion_ids[n, :length]].float()
     torch.testing.assert_close(rollouts.logprobs[n, :length], expected, atol=1e-5, rtol=0)
@@ -178,8 +191,10 @@ def test_generation_without_weight_packing_gives_the_same_numbers(dtype, cpu, mo
     from grpokit.rollout.packed_linear import packing_available
 
     if not packing_available(CPU, dtype):
-        pytest.skip(f"compares {dtype} weight packing with its fallback: this CPU cannot pack {dtype} (oneDNN "
-                    "needs x86-64, and for bf16 AVX512BW + AVX512VL + AVX512DQ or AVX-NE-CONVERT)")
+        pytest.skip(
+            f"compares {dtype} weight packing with its fallback: this CPU cannot pack {dtype} (oneDNN "
+            "needs x86-64, and for bf16 AVX512BW + AVX512VL + AVX512DQ or AVX-NE-CONVERT)"
+        )
     model, tokenizer = tiny_model("qwen2")
     autocast = None if dtype == torch.float32 else dtype
     steps, packs = [], []

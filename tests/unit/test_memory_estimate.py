@@ -20,14 +20,28 @@ CPU = torch.device("cpu")
 
 @pytest.fixture()
 def config_dir(tmp_path):
-    LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=1, tie_word_embeddings=True).save_pretrained(tmp_path)
+    LlamaConfig(
+        vocab_size=100,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    ).save_pretrained(tmp_path)
     return tmp_path
 
 
 def _cfg(path, **overrides) -> GRPOConfig:
-    values = {"model_name_or_path": str(path), "num_generations": 4, "per_device_train_batch_size": 8,
-              "gradient_accumulation_steps": 2, "max_completion_length": 6, "max_prompt_length": 10, "beta": 0.04}
+    values = {
+        "model_name_or_path": str(path),
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+        "max_completion_length": 6,
+        "max_prompt_length": 10,
+        "beta": 0.04,
+    }
     return GRPOConfig(**(values | overrides))
 
 
@@ -37,7 +51,8 @@ def test_parts_by_hand_float32(config_dir):
     assert m.reference == 25152  # a float32 copy
     assert m.gradients == 25152 and m.adamw == 2 * 25152
     # micro-batch of 8 rows x T = 6 and their 2 groups' prompts once: 8 * 6 + 2 * 10 = 68 tokens, context 10 + 6 = 16;
-    # per token and layer 39 * 16 + 14 * 32 + 4 * 2 heads * 16 = 624 + 448 + 128 = 1200 B: 68 * 2 layers * 1200 = 163200;
+    # per token and layer 39 * 16 + 14 * 32 + 4 * 2 heads * 16 = 624 + 448 + 128 = 1200 B: 68 * 2 layers * 1200 =
+    # 163200;
     # logits 8 * 6 * 100 * 4 B = 19200 kept; head chunks 2 x min(2**22, 4800) x 4 B = 38400
     assert m.micro_batch == 163200 + 19200 + 38400 == 220800
     # generation: 16 rows x 16 positions x 2 layers x (K, V) x 1 KV head x 8 x 4 B = 32768; fused-decoder copies of all
@@ -47,7 +62,9 @@ def test_parts_by_hand_float32(config_dir):
 
 
 def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
-    monkeypatch.setattr(memory, "autocast_dtype", lambda *a: torch.bfloat16)  # what a >= 10M-parameter model gets on a bf16 CPU
+    monkeypatch.setattr(
+        memory, "autocast_dtype", lambda *a: torch.bfloat16
+    )  # what a >= 10M-parameter model gets on a bf16 CPU
     m = estimate_memory(_cfg(config_dir), build_meta_model(str(config_dir)), CPU)
     assert m.weights == 25152 and m.gradients == 25152  # float32 master weights
     assert m.reference == 4608 * 2 + (6288 - 4608) * 4 == 15936  # untied Linears stored in bf16, the rest float32
@@ -69,7 +86,8 @@ def test_lora_and_checkpointing_by_hand(config_dir):
     m = estimate_memory(lora, model, CPU)
     assert m.parameters == 6288 and m.trainable == 1024
     assert not hasattr(model, "peft_config")  # counted on a copy: the caller's model is left alone
-    # all-linear adapters, r x (in + out) each: q 2*32 + k 2*24 + v 2*24 + o 2*32 + gate 2*48 + up 2*48 + down 2*48 = 512 per
+    # all-linear adapters, r x (in + out) each: q 2*32 + k 2*24 + v 2*24 + o 2*32 + gate 2*48 + up 2*48 + down 2*48 =
+    # 512 per
     # layer, 1024 in all; the reference is the base with adapters off: no copy
     assert m.reference == 0 and m.gradients == 1024 * 4 and m.adamw == 2 * 1024 * 4
     assert m.weights == 25152
@@ -109,11 +127,22 @@ def test_qlora_weights_match_a_trainers_tensors(word_prompts, tmp_path):
 
     model_dir = tmp_path / "model"
     build_tiny_causal_lm(model_dir, hidden_size=64, num_layers=2, num_heads=2, tie_word_embeddings=False)
-    args = GRPOConfig(model_name_or_path=str(model_dir), lora={"r": 4}, load_in_4bit=True, num_generations=4,
-                      per_device_train_batch_size=8, max_completion_length=4, beta=0.04, max_steps=1,
-                      output_dir=str(tmp_path / "run"), report_to=["jsonl"], progress_bar=False, save_steps=0)
+    args = GRPOConfig(
+        model_name_or_path=str(model_dir),
+        lora={"r": 4},
+        load_in_4bit=True,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=4,
+        beta=0.04,
+        max_steps=1,
+        output_dir=str(tmp_path / "run"),
+        report_to=["jsonl"],
+        progress_bar=False,
+        save_steps=0,
+    )
     estimate = estimate_memory(args, build_meta_model(str(model_dir)))
-    reward = lambda prompts, completions, **k: [float(len(c)) for c in completions]  # noqa: E731
+    reward = lambda prompts, completions, **k: [float(len(c)) for c in completions]
     trainer = GRPOTrainer(reward_funcs=reward, args=args, train_dataset=word_prompts)
     trainer.train()
 
@@ -132,12 +161,26 @@ def test_qlora_weights_match_a_trainers_tensors(word_prompts, tmp_path):
 
 def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_path):
     # weights, reference, gradients and AdamW state are exactly what a trainer holds after a step
-    args = GRPOConfig(model_name_or_path=str(tiny_model_dir), num_generations=4, per_device_train_batch_size=8,
-                      gradient_accumulation_steps=1, max_completion_length=4, max_prompt_length=8, beta=0.04, max_steps=1,
-                      output_dir=str(tmp_path / "run"), report_to=["jsonl"], progress_bar=False, save_steps=0)
+    args = GRPOConfig(
+        model_name_or_path=str(tiny_model_dir),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        max_completion_length=4,
+        max_prompt_length=8,
+        beta=0.04,
+        max_steps=1,
+        output_dir=str(tmp_path / "run"),
+        report_to=["jsonl"],
+        progress_bar=False,
+        save_steps=0,
+    )
     estimate = estimate_memory(args, build_meta_model(args.model_name_or_path))
-    trainer = GRPOTrainer(reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions], args=args,
-                          train_dataset=word_prompts)
+    trainer = GRPOTrainer(
+        reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions],
+        args=args,
+        train_dataset=word_prompts,
+    )
     trainer.train()
     nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)
     assert estimate.weights == nbytes(trainer.model.parameters())
@@ -161,10 +204,21 @@ def test_memory_warning_names_the_need_and_the_fixes(config_dir, monkeypatch):
 
 def test_trainer_warns_before_loading_a_model_that_will_not_fit(tiny_model_dir, word_prompts, tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda device: 2**20)
-    args = GRPOConfig(model_name_or_path=str(tiny_model_dir), num_generations=4, per_device_train_batch_size=8, max_steps=1,
-                      output_dir=str(tmp_path / "run"), report_to=["jsonl"], progress_bar=False)
+    args = GRPOConfig(
+        model_name_or_path=str(tiny_model_dir),
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=1,
+        output_dir=str(tmp_path / "run"),
+        report_to=["jsonl"],
+        progress_bar=False,
+    )
     with pytest.warns(UserWarning, match="may run out of memory"):
-        GRPOTrainer(reward_funcs=lambda prompts, completions, **k: [0.0] * len(completions), args=args, train_dataset=word_prompts)
+        GRPOTrainer(
+            reward_funcs=lambda prompts, completions, **k: [0.0] * len(completions),
+            args=args,
+            train_dataset=word_prompts,
+        )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/meminfo (Linux)")

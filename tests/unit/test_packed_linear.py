@@ -14,13 +14,17 @@ from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
 CPU = torch.device("cpu")
-pytestmark = [pytest.mark.skipif(not packing_available(CPU),
-                                 reason="packs Linear weights: needs an x86-64 CPU and a torch build with oneDNN"),
-              pytest.mark.usefixtures("one_thread")]
+pytestmark = [
+    pytest.mark.skipif(
+        not packing_available(CPU), reason="packs Linear weights: needs an x86-64 CPU and a torch build with oneDNN"
+    ),
+    pytest.mark.usefixtures("one_thread"),
+]
 needs_bf16_packing = pytest.mark.skipif(
     not packing_available(CPU, torch.bfloat16),
     reason="packs bf16 weights: needs a CPU with oneDNN's bf16 kernels "
-           "(AVX512BW + AVX512VL + AVX512DQ, or AVX-NE-CONVERT)")
+    "(AVX512BW + AVX512VL + AVX512DQ, or AVX-NE-CONVERT)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +40,10 @@ def test_packed_layer_matches_f_linear(rows):
     linear = torch.nn.Linear(48, 80)
     x = torch.randn(rows, 3, 48)
     expected = linear(x)
-    with torch.no_grad(), packed_linears(linear, None, rows=8, device=CPU) as packed:  # packed for 8 rows, used with others
+    with (
+        torch.no_grad(),
+        packed_linears(linear, None, rows=8, device=CPU) as packed,
+    ):  # packed for 8 rows, used with others
         assert packed == 1
         got = linear(x)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)  # float32: rounding only
@@ -141,8 +148,10 @@ def test_packing_op_refusing_falls_back_once_with_a_warning(op, monkeypatch, tin
 
     def refuse(*args):
         attempts.append(1)
-        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, "
-                           "avx512vl and avx512dq")
+        raise RuntimeError(
+            "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, "
+            "avx512vl and avx512dq"
+        )
 
     monkeypatch.setattr(packed_linear, op, refuse)
     with torch.no_grad():

@@ -127,15 +127,18 @@ def test_no_grad_passes_return_ordinary_tensors(setup):
 
 def test_fused_head_by_hand():
     # hidden [1, 0] and [0, 1]; W rows (0, 0), (ln 3, 0), (0, ln 3) -> logits [0, ln 3, 0] and [0, 0, ln 3]
-    # -> p = [0.2, 0.6, 0.2] and [0.2, 0.2, 0.6]; log p(token 1) = ln 0.6 = -0.510826, log p(token 0) = ln 0.2 = -1.609438
+    # -> p = [0.2, 0.6, 0.2] and [0.2, 0.2, 0.6]; log p(token 1) = ln 0.6 = -0.510826, log p(token 0) = ln 0.2 =
+    # -1.609438
     # H = -(2 * 0.2 ln 0.2 + 0.6 ln 0.6) = 0.643775 + 0.306495 = 0.950271 for both rows
     # d log p(y) / dz = onehot(y) - p: row 1 -> [-0.2, 0.4, -0.2]; dW = sum over rows of (onehot - p) h^T,
-    # row 2 (token 0) -> [0.8, -0.2, -0.6] on hidden [0, 1]; so dW[:, 0] = [-0.2, 0.4, -0.2], dW[:, 1] = [0.8, -0.2, -0.6]
+    # row 2 (token 0) -> [0.8, -0.2, -0.6] on hidden [0, 1]; so dW[:, 0] = [-0.2, 0.4, -0.2], dW[:, 1] = [0.8, -0.2,
+    # -0.6]
     log3 = torch.log(torch.tensor(3.0))
     weight = torch.tensor([[0.0, 0.0], [log3, 0.0], [0.0, log3]], requires_grad=True)
     hidden = torch.eye(2, requires_grad=True)
-    logprobs, entropy = fused_head_logprobs(hidden, weight, None, torch.tensor([1, 0]), with_entropy=True, chunk_elements=2,
-                                            saved_logits_bytes=0)  # logits recomputed in the backward
+    logprobs, entropy = fused_head_logprobs(
+        hidden, weight, None, torch.tensor([1, 0]), with_entropy=True, chunk_elements=2, saved_logits_bytes=0
+    )  # logits recomputed in the backward
     torch.testing.assert_close(logprobs, torch.tensor([-0.510826, -1.609438]))
     torch.testing.assert_close(entropy, torch.tensor([0.950271, 0.950271]))
     logprobs.sum().backward()
@@ -157,8 +160,14 @@ def test_fused_head_equals_log_softmax(chunk_elements, saved_logits_bytes, monke
     expected = torch.log_softmax(z, -1).gather(-1, tokens[:, None]).squeeze(-1)
     expected_grads = torch.autograd.grad((expected * upstream).sum(), [hidden, weight, bias])
     leaves = [x.detach().float().requires_grad_(True) for x in (hidden, weight, bias)]
-    got, entropy = fused_head_logprobs(*leaves, tokens, temperature=0.7, with_entropy=True, chunk_elements=chunk_elements,
-                                       saved_logits_bytes=saved_logits_bytes)
+    got, entropy = fused_head_logprobs(
+        *leaves,
+        tokens,
+        temperature=0.7,
+        with_entropy=True,
+        chunk_elements=chunk_elements,
+        saved_logits_bytes=saved_logits_bytes,
+    )
     import grpokit.train.fused_head as fused_head
 
     calls = []
@@ -167,7 +176,9 @@ def test_fused_head_equals_log_softmax(chunk_elements, saved_logits_bytes, monke
     (got * upstream.float()).sum().backward()
     assert bool(calls) == (saved_logits_bytes == 0), "the backward recomputes the logits only when they were not kept"
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
-    torch.testing.assert_close(entropy.double(), -(z.softmax(-1) * z.log_softmax(-1)).sum(-1).detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        entropy.double(), -(z.softmax(-1) * z.log_softmax(-1)).sum(-1).detach(), atol=1e-5, rtol=0
+    )
     for leaf, grad in zip(leaves, expected_grads):
         torch.testing.assert_close(leaf.grad.double(), grad, atol=1e-5, rtol=1e-5)
 
@@ -179,8 +190,19 @@ def test_plain_head_detection():
         model, _ = build_tiny_causal_lm(arch=arch)
         assert plain_head(model) is not None, arch
     # Cohere multiplies its logits by logit_scale: the fused head would be wrong, so the logits path is used
-    cohere = CohereForCausalLM(CohereConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                            intermediate_size=64, logit_scale=0.5, eos_token_id=2, bos_token_id=1, pad_token_id=0))
+    cohere = CohereForCausalLM(
+        CohereConfig(
+            vocab_size=64,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            logit_scale=0.5,
+            eos_token_id=2,
+            bos_token_id=1,
+            pad_token_id=0,
+        )
+    )
     assert plain_head(cohere) is None
 
 
@@ -188,7 +210,9 @@ def _update(autocast_dtype, seed=0):
     """One Learner.update on a fixed batch whose loss depends on the log-probs: off-policy old log-probs
     (a ratio away from 1) and a reference that differs from the policy (a KL away from 0)."""
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(200)])
-    model, _ = build_tiny_causal_lm(tokenizer=tokenizer, arch="qwen2", hidden_size=128, num_heads=4, num_kv_heads=2, seed=seed)
+    model, _ = build_tiny_causal_lm(
+        tokenizer=tokenizer, arch="qwen2", hidden_size=128, num_heads=4, num_kv_heads=2, seed=seed
+    )
     engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=0)
     rollouts = engine.generate([[20, 21, 22, 23], [30, 31]], 4, SamplingParams(max_completion_length=16))
     batch = build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
@@ -196,8 +220,14 @@ def _update(autocast_dtype, seed=0):
     with torch.no_grad():
         for p in reference.model.parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    cfg = GRPOConfig(beta=0.04, num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                     max_completion_length=16, learning_rate=1e-3)
+    cfg = GRPOConfig(
+        beta=0.04,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_completion_length=16,
+        learning_rate=1e-3,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     learner = Learner(model, reference, optimizer, scheduler, cfg, autocast_dtype=autocast_dtype)
@@ -205,7 +235,9 @@ def _update(autocast_dtype, seed=0):
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.0, 0.0])
     ref_logprobs = learner.reference_logprobs(batch)
     weights = [p.detach().clone() for p in model.parameters()]
-    metrics = learner.update(batch, advantages, batch.completion_mask, ref_logprobs, old_logprobs=old * batch.completion_mask)
+    metrics = learner.update(
+        batch, advantages, batch.completion_mask, ref_logprobs, old_logprobs=old * batch.completion_mask
+    )
     assert all(p.dtype == torch.float32 for p in model.parameters())
     return metrics, torch.cat([(p.detach() - w).flatten() for p, w in zip(model.parameters(), weights)])
 
@@ -226,7 +258,9 @@ def test_reference_linears_in_bf16_change_no_number(setup):
     # under bf16 autocast a Linear computes with its weight cast to bf16 anyway: storing it so is exact
     model, _, batch = setup
     reference = copy.deepcopy(model)
-    assert hardware.store_linears_in(reference, torch.bfloat16) == 2 * 7  # q k v o gate up down per layer; not the tied head
+    assert (
+        hardware.store_linears_in(reference, torch.bfloat16) == 2 * 7
+    )  # q k v o gate up down per layer; not the tied head
     assert reference.get_input_embeddings().weight.dtype == torch.float32
     with hardware.autocast(CPU, torch.bfloat16):
         expected = batched_logprobs(model, batch, 0.7, micro_batch_size=12)
@@ -246,7 +280,8 @@ def test_autocast_choice(monkeypatch):
     zen3 = CpuCaps("x86_64", "", frozenset({"avx2"}), onednn=True, onednn_bf16=False, torch_capability="AVX2")
     monkeypatch.setattr(hardware, "cpu_caps", lambda: zen3)
     assert hardware.autocast_dtype("auto", CPU, big) is None  # emulated bf16: float32 is faster
-    graviton3 = CpuCaps("aarch64", "", frozenset({"asimd", "sve", "bf16"}), onednn=True, onednn_bf16=True,
-                        torch_capability="SVE256")
+    graviton3 = CpuCaps(
+        "aarch64", "", frozenset({"asimd", "sve", "bf16"}), onednn=True, onednn_bf16=True, torch_capability="SVE256"
+    )
     monkeypatch.setattr(hardware, "cpu_caps", lambda: graviton3)
     assert hardware.autocast_dtype("auto", CPU, big) is None  # not measured on Arm: float32

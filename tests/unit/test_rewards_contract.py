@@ -16,8 +16,16 @@ CALLS = []  # what `recording` received, in this process (isolate=False) or sent
 
 def recording(prompts, completions, completion_ids, trainer_state, log_metric, log_extra, answer, **kwargs):
     """Records what it is given and rewards completion == answer."""
-    CALLS.append(dict(prompts=prompts, completions=completions, completion_ids=completion_ids, trainer_state=trainer_state,
-                      answer=answer, kwargs=sorted(kwargs)))
+    CALLS.append(
+        dict(
+            prompts=prompts,
+            completions=completions,
+            completion_ids=completion_ids,
+            trainer_state=trainer_state,
+            answer=answer,
+            kwargs=sorted(kwargs),
+        )
+    )
     log_metric("judge/calls", 1.0)
     log_extra("ids_seen", [len(ids) for ids in completion_ids])
     return [float(c == a) for c, a in zip(completions, answer)]
@@ -49,8 +57,14 @@ def test_keywords_types_and_alignment():
     CALLS.clear()
     state = RewardState(global_step=3, max_steps=10, epoch=0.5)
     runner = RewardRunner([recording, positional_style, without_kwargs], isolate=False)
-    result = runner.score(["p1", "p1", "p2", "p2"], ["a", "b", "c", "x"], {"answer": ["a", "a", "c", "c"], "source": [1, 1, 2, 2]},
-                          group_size=2, completion_ids=[[5, 6], [7], [8, 9, 10], [11]], trainer_state=state)
+    result = runner.score(
+        ["p1", "p1", "p2", "p2"],
+        ["a", "b", "c", "x"],
+        {"answer": ["a", "a", "c", "c"], "source": [1, 1, 2, 2]},
+        group_size=2,
+        completion_ids=[[5, 6], [7], [8, 9, 10], [11]],
+        trainer_state=state,
+    )
     [call] = CALLS
     assert call["prompts"] == ["p1", "p1", "p2", "p2"] and call["completions"] == ["a", "b", "c", "x"]
     assert call["completion_ids"] == [[5, 6], [7], [8, 9, 10], [11]]
@@ -66,8 +80,13 @@ def test_keywords_types_and_alignment():
 def test_worker_processes_send_back_logs_and_chunk_them():
     CALLS.clear()
     runner = RewardRunner([recording], workers=2)  # two processes, each scores one group
-    result = runner.score(["p"] * 4, ["a", "b", "c", "c"], {"answer": ["a", "a", "c", "c"]}, group_size=2,
-                          completion_ids=[[1], [1, 2], [1, 2, 3], []])
+    result = runner.score(
+        ["p"] * 4,
+        ["a", "b", "c", "c"],
+        {"answer": ["a", "a", "c", "c"]},
+        group_size=2,
+        completion_ids=[[1], [1, 2], [1, 2, 3], []],
+    )
     runner.close()
     assert result.per_func[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
     assert result.logged == {"judge/calls": [1.0, 1.0]}  # one call per chunk; the metric is their mean
@@ -97,7 +116,8 @@ def test_trl_reward_functions():
     prompts = [[{"role": "user", "content": "q"}]] * 2
     overlong = get_soft_overlong_punishment(max_completion_len=4, soft_punish_cache=2)
     result = RewardRunner([think_format_reward, overlong]).score(
-        prompts, ["<think>\nhm\n</think>\n4", "4"], completion_ids=[[1, 2, 3, 4], [1, 2]])
+        prompts, ["<think>\nhm\n</think>\n4", "4"], completion_ids=[[1, 2, 3, 4], [1, 2]]
+    )
     # think_format_reward: 1 for a <think>...</think> block first, else 0.
     # soft overlong (max 4, cache 2): 4 tokens is past 4 - 2 = 2 by 2 -> -(2 / 2) = -1; 2 tokens -> 0.
     assert result.per_func.tolist() == [[1.0, -1.0], [0.0, 0.0]]
@@ -146,7 +166,9 @@ def test_first_failure_is_printed_once_with_its_traceback(capsys):
 
 
 def test_no_reward_signal_stops_at_the_first_batch_or_after_three_in_a_row():
-    with pytest.raises(RewardError, match="every reward function failed on every completion of the first batch.*ValueError: boom"):
+    with pytest.raises(
+        RewardError, match=r"every reward function failed on every completion of the first batch.*ValueError: boom"
+    ):
         RewardRunner([boom], isolate=False).score(["p"], ["c"])
 
     failing = {"on": False}
@@ -174,7 +196,9 @@ def test_log_extra_of_the_wrong_length_is_the_function_s_error():
 
     runner = RewardRunner([bad_extra, positional_style], isolate=False)
     result = runner.score(["p", "p"], ["a", "b"])
-    assert result.errors[0].startswith("bad_extra: ValueError: log_extra('x', values) needs a list of one value per completion (2)")
+    assert result.errors[0].startswith(
+        "bad_extra: ValueError: log_extra('x', values) needs a list of one value per completion (2)"
+    )
 
 
 def test_contract_error_in_a_worker_stops_the_run():
@@ -191,8 +215,15 @@ def test_sequence_classifier_module_is_scored_as_trl_does(tmp_path):
     from grpokit.testing import build_word_tokenizer
 
     tokenizer = build_word_tokenizer(["a", "b", "c"])
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = LlamaForSequenceClassification(config).eval()
     result = RewardRunner([model], processing_classes=[tokenizer]).score(["a b", "a"], ["c", "b c"])
     # TRL: tokenize prompt + completion without special tokens, right padding, logits[:, 0]

@@ -61,9 +61,7 @@ def test_overlong_penalty_hand_values(length, reward):
 
 
 # target 10: |5 - 10| / 10 = 0.5 -> -0.5;  12 -> -0.2;  10 -> 0;  25 -> -1.5, clipped to -1.
-@pytest.mark.parametrize(
-    ("length", "reward"), [(5, -0.5), (12, -0.2), (10, 0.0), (25, -1.0), (0, -1.0)]
-)
+@pytest.mark.parametrize(("length", "reward"), [(5, -0.5), (12, -0.2), (10, 0.0), (25, -1.0), (0, -1.0)])
 def test_target_length_penalty_hand_values(length, reward):
     assert target_length_penalty(length, 10) == pytest.approx(reward)
 

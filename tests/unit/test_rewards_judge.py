@@ -106,9 +106,7 @@ def _save_tiny_classifier(folder, num_labels):
 
     backend = Tokenizer(WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     backend.pre_tokenizer = Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]"
-    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
     torch.manual_seed(0)
     config = GPT2Config(
         vocab_size=len(WORDS),

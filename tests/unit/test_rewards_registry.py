@@ -49,7 +49,7 @@ def test_get_reward_unknown_name_suggests_and_lists():
 
 
 def test_get_reward_bad_param_names_the_reward():
-    with pytest.raises(ValueError, match="'format'.*colour"):
+    with pytest.raises(ValueError, match=r"'format'.*colour"):
         get_reward("format", colour="red")
 
 
@@ -76,9 +76,7 @@ def test_resolve_module_function(tmp_path, monkeypatch):
     name, fn, weight = resolve_reward("grpokit_test_user_rewards:exclaim")
     assert (name, weight) == ("exclaim", 1.0)
     assert fn(["", ""], ["hi!!", "no"]) == [2.0, 0.0]
-    name, fn, weight = resolve_reward(
-        {"name": "grpokit_test_user_rewards:exclaim", "weight": 2.0, "scale": 0.5}
-    )
+    name, fn, weight = resolve_reward({"name": "grpokit_test_user_rewards:exclaim", "weight": 2.0, "scale": 0.5})
     assert isinstance(fn, functools.partial) and (name, weight) == ("exclaim", 2.0)
     assert fn([""], ["!!!!"]) == [2.0]  # 0.5 * 4
 
@@ -103,7 +101,7 @@ def test_resolve_relative_file_path(user_file, monkeypatch):
 def test_resolve_errors(user_file):
     with pytest.raises(ValueError, match="cannot import module 'no_such_module_xyz'"):
         resolve_reward("no_such_module_xyz:fn")
-    with pytest.raises(FileNotFoundError, match="missing.py"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.py"):
         resolve_reward(f"{user_file.parent}/missing.py:fn")
     with pytest.raises(ValueError, match="did you mean 'exclaim'"):
         resolve_reward(f"{user_file}:exclain")

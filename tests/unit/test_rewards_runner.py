@@ -39,9 +39,7 @@ def test_weighted_sum_ignores_none():
 
 
 def test_metrics_hand_computed():
-    runner = RewardRunner(
-        [fixed([1.0, None, 0.5, None]), fixed([0.0, 2.0, None, None])], weights=[2.0, 0.5]
-    )
+    runner = RewardRunner([fixed([1.0, None, 0.5, None]), fixed([0.0, 2.0, None, None])], weights=[2.0, 0.5])
     metrics = runner.score(["p"] * 4, ["c"] * 4).metrics()
     # first: values 1, 0.5 -> mean 0.75, sample std sqrt((0.25^2 + 0.25^2) / 1) = 0.353553.
     assert metrics["rewards/reward/mean"] == pytest.approx(0.75)
@@ -97,15 +95,23 @@ def test_values_cut_into_rows_combine_to_the_rows_of_the_whole_result():
     values = runner.score_values(["p"] * 4, ["c"] * 4, group_size=2)
     assert values.messages == [[None, None], [None, None], ["returned nan", None], [None, None]]
     whole = runner.combine(values)
-    assert whole.combined.tolist() == RewardRunner([nan_on_third, fixed([0.5, None, 1.0, 1.0])], weights=[2.0, 1.0]).score(
-        ["p"] * 4, ["c"] * 4).combined.tolist()
+    assert (
+        whole.combined.tolist()
+        == RewardRunner([nan_on_third, fixed([0.5, None, 1.0, 1.0])], weights=[2.0, 1.0])
+        .score(["p"] * 4, ["c"] * 4)
+        .combined.tolist()
+    )
     second = runner.combine(values.rows(slice(2, 4)))
     # row 2: reward absent, 1 * 1.0 = 1.0; row 3: 2 * 4 + 1 * 1 = 9.0
     assert second.combined.tolist() == [1.0, 9.0]
     assert second.errors == ["reward: returned nan", None] and second.error_counts == {"reward": 1, "reward_2": 0}
     first = runner.combine(values.rows(slice(0, 2)))
     # row 0: 2 * 1 + 0.5 = 2.5; row 1: 2 * 2 (second absent) = 4.0
-    assert first.combined.tolist() == [2.5, 4.0] and first.errors == [None, None] and first.error_counts == {"reward": 0, "reward_2": 0}
+    assert (
+        first.combined.tolist() == [2.5, 4.0]
+        and first.errors == [None, None]
+        and first.error_counts == {"reward": 0, "reward_2": 0}
+    )
 
 
 def test_hanging_reward_times_out():

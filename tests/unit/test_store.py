@@ -10,11 +10,20 @@ from grpokit.store import DuplicateStepError, QueryError, RolloutStore, StoreErr
 
 def rollout(prompt_index=0, completion_index=0, reward=1.0, error=None, **overrides):
     """A rollout dict as the trainer passes it to write_step."""
-    row = dict(prompt_index=prompt_index, completion_index=completion_index,
-               prompt=f"prompt {prompt_index}", completion=f"completion {completion_index}",
-               prompt_tokens=3, completion_tokens=5, finish_reason="stop",
-               rewards={"accuracy": reward, "format": 0.5}, reward=reward, advantage=0.25,
-               policy_version=0, error=error)
+    row = dict(
+        prompt_index=prompt_index,
+        completion_index=completion_index,
+        prompt=f"prompt {prompt_index}",
+        completion=f"completion {completion_index}",
+        prompt_tokens=3,
+        completion_tokens=5,
+        finish_reason="stop",
+        rewards={"accuracy": reward, "format": 0.5},
+        reward=reward,
+        advantage=0.25,
+        policy_version=0,
+        error=error,
+    )
     row.update(overrides)
     return row
 
@@ -26,14 +35,23 @@ def store(tmp_path):
 
 
 def test_write_step_round_trips_every_field(store, tmp_path):
-    written = rollout(1, 2, reward=0.75, error="ValueError: bad", finish_reason="length",
-                      prompt_tokens=7, completion_tokens=11, policy_version=4, advantage=-1.5,
-                      prompt="p <x>", completion="c 'quoted' \"x\" ünïcode",
-                      extra={"judge": "fine", "score": [1, 2]})
+    written = rollout(
+        1,
+        2,
+        reward=0.75,
+        error="ValueError: bad",
+        finish_reason="length",
+        prompt_tokens=7,
+        completion_tokens=11,
+        policy_version=4,
+        advantage=-1.5,
+        prompt="p <x>",
+        completion="c 'quoted' \"x\" ünïcode",
+        extra={"judge": "fine", "score": [1, 2]},
+    )
     store.write_step(3, [written], {"kl": 0.125})
     [read] = store.rollouts()
-    assert read == {**written, "rewards": {"accuracy": 0.75, "format": 0.5},
-                    "run_id": "run", "step": 3}
+    assert read == {**written, "rewards": {"accuracy": 0.75, "format": 0.5}, "run_id": "run", "step": 3}
     assert store.path == tmp_path / "run" / "rollouts.sqlite"
     store.write_step(4, [rollout()], {})  # extra is optional and reads as None
     assert store.rollouts(step=4)[0]["extra"] is None
@@ -83,8 +101,10 @@ def test_steps_last_step_and_metrics(store):
 def test_summary_per_step(store):
     # step 1: rewards 1, 0, 0.5 and one without reward (None), lengths 10, 20, 30, 40, one error
     # -> n 4, mean reward (1 + 0 + 0.5) / 3 = 0.5, mean length 100 / 4 = 25, errors 1.
-    rows = [rollout(0, i, reward=r, completion_tokens=n, error=e) for i, (r, n, e) in
-            enumerate([(1.0, 10, None), (0.0, 20, None), (0.5, 30, None), (None, 40, "boom")])]
+    rows = [
+        rollout(0, i, reward=r, completion_tokens=n, error=e)
+        for i, (r, n, e) in enumerate([(1.0, 10, None), (0.0, 20, None), (0.5, 30, None), (None, 40, "boom")])
+    ]
     store.write_step(1, rows, {})
     store.write_step(2, [], {})
     assert store.summary() == [
@@ -118,8 +138,9 @@ def test_rollout_missing_a_key_is_refused(store):
 
 
 def test_non_finite_rewards_are_stored_as_null(store):
-    store.write_step(1, [rollout(rewards={"a": float("inf"), "b": None, "c": 2},
-                                 reward=float("nan"), advantage=float("-inf"))], {})
+    store.write_step(
+        1, [rollout(rewards={"a": float("inf"), "b": None, "c": 2}, reward=float("nan"), advantage=float("-inf"))], {}
+    )
     [read] = store.rollouts()
     assert read["rewards"] == {"a": None, "b": None, "c": 2.0}
     assert read["reward"] is None and read["advantage"] is None
@@ -157,24 +178,29 @@ def test_rollback_after_deletes_later_steps_everywhere(store):
 
 
 def test_rollouts_filters_order_and_limit(store):
-    store.write_step(1, [rollout(0, 0, reward=0.5), rollout(0, 1, reward=None, error="boom"),
-                         rollout(1, 0, reward=2.0), rollout(1, 1, reward=-1.0)], {})
+    store.write_step(
+        1,
+        [
+            rollout(0, 0, reward=0.5),
+            rollout(0, 1, reward=None, error="boom"),
+            rollout(1, 0, reward=2.0),
+            rollout(1, 1, reward=-1.0),
+        ],
+        {},
+    )
     store.write_step(2, [rollout(0, 0, reward=3.0), rollout(1, 0, reward=1.0, error="x")], {})
 
     def keys(rows):
         return [(r["step"], r["prompt_index"], r["completion_index"]) for r in rows]
 
-    assert keys(store.rollouts()) == [(1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (2, 0, 0),
-                                      (2, 1, 0)]
+    assert keys(store.rollouts()) == [(1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (2, 0, 0), (2, 1, 0)]
     assert keys(store.rollouts(step=2)) == [(2, 0, 0), (2, 1, 0)]
     assert keys(store.rollouts(prompt_index=1)) == [(1, 1, 0), (1, 1, 1), (2, 1, 0)]
     assert keys(store.rollouts(errors_only=True)) == [(1, 0, 1), (2, 1, 0)]
     # Rewards 0.5, None, 2, -1, 3, 1: descending 3, 2, 1, 0.5, -1, then the missing one last.
-    assert [r["reward"] for r in store.rollouts(order_by_reward="desc")] == [3.0, 2.0, 1.0, 0.5,
-                                                                              -1.0, None]
+    assert [r["reward"] for r in store.rollouts(order_by_reward="desc")] == [3.0, 2.0, 1.0, 0.5, -1.0, None]
     assert [r["reward"] for r in store.rollouts(order_by_reward="asc", limit=2)] == [-1.0, 0.5]
-    assert [r["reward"] for r in store.rollouts(step=1, order_by_reward="asc")] == [-1.0, 0.5,
-                                                                                     2.0, None]
+    assert [r["reward"] for r in store.rollouts(step=1, order_by_reward="asc")] == [-1.0, 0.5, 2.0, None]
     assert keys(store.rollouts(step=1, prompt_index=0, errors_only=True)) == [(1, 0, 1)]
     with pytest.raises(ValueError, match="order_by_reward"):
         store.rollouts(order_by_reward="best")
@@ -188,22 +214,26 @@ def test_query_reads_tables_and_views(store):
     assert rows == [("accuracy", 0.5), ("format", 0.5)]
     columns, rows = store.query(
         "-- reward by function\n/* json */ WITH x AS (SELECT json_extract(rewards, '$.accuracy')"
-        " AS a FROM rollouts) SELECT sum(a) AS total FROM x;")
+        " AS a FROM rollouts) SELECT sum(a) AS total FROM x;"
+    )
     assert (columns, rows) == (["total"], [(1.0,)])
 
 
-@pytest.mark.parametrize("sql", [
-    "INSERT INTO steps (step, written_at) VALUES (9, 0)",
-    "DELETE FROM rollouts",
-    "UPDATE rollouts SET reward = 0",
-    "DROP TABLE rollouts",
-    "PRAGMA journal_mode=DELETE",
-    "ATTACH DATABASE ':memory:' AS x",
-    "WITH doomed AS (SELECT 1) DELETE FROM rollouts",
-    "SELECT 1; DELETE FROM rollouts",
-    "SELECT 1; SELECT 2",
-    "   ",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO steps (step, written_at) VALUES (9, 0)",
+        "DELETE FROM rollouts",
+        "UPDATE rollouts SET reward = 0",
+        "DROP TABLE rollouts",
+        "PRAGMA journal_mode=DELETE",
+        "ATTACH DATABASE ':memory:' AS x",
+        "WITH doomed AS (SELECT 1) DELETE FROM rollouts",
+        "SELECT 1; DELETE FROM rollouts",
+        "SELECT 1; SELECT 2",
+        "   ",
+    ],
+)
 def test_query_rejects_anything_but_one_select(store, sql):
     store.write_step(1, [rollout()], {})
     with pytest.raises(QueryError):

@@ -16,11 +16,20 @@ XSS = "<script>alert('x')</script> & [bold]not markup[/bold]"
 
 
 def rollout(prompt_index, completion_index, reward, accuracy, tokens, error=None, text=None):
-    return dict(prompt_index=prompt_index, completion_index=completion_index,
-                prompt=f"Q{prompt_index}?", completion=text or f"answer {prompt_index}.{completion_index}",
-                prompt_tokens=4, completion_tokens=tokens, finish_reason="stop",
-                rewards={"accuracy": accuracy, "format": None if error else 0.5}, reward=reward,
-                advantage=0.0, policy_version=0, error=error)
+    return dict(
+        prompt_index=prompt_index,
+        completion_index=completion_index,
+        prompt=f"Q{prompt_index}?",
+        completion=text or f"answer {prompt_index}.{completion_index}",
+        prompt_tokens=4,
+        completion_tokens=tokens,
+        finish_reason="stop",
+        rewards={"accuracy": accuracy, "format": None if error else 0.5},
+        reward=reward,
+        advantage=0.0,
+        policy_version=0,
+        error=error,
+    )
 
 
 @pytest.fixture
@@ -33,19 +42,36 @@ def run(tmp_path):
     """
     run_dir = tmp_path / "demo"
     with RolloutStore(run_dir) as store:
-        store.write_step(1, [rollout(0, 0, 1.5, 1.0, 10), rollout(0, 1, 0.5, 0.0, 20),
-                             rollout(1, 0, 0.5, 0.0, 30),
-                             rollout(1, 1, None, None, 40, error="TimeoutError: 5 s")],
-                         {"reward": 0.8333, "rewards/accuracy/mean": 0.3333, "kl": 0.0,
-                          "learning_rate": 1e-6})
-        store.write_step(2, [rollout(0, 0, 2.0, 1.0, 5), rollout(0, 1, 0.0, 0.0, 5),
-                             rollout(1, 0, 1.0, 1.0, 5), rollout(1, 1, 0.5, 0.0, 5)],
-                         {"reward": 0.875, "rewards/accuracy/mean": 0.5, "kl": 0.01,
-                          "learning_rate": 2e-6})
-        store.write_step(3, [rollout(0, 0, 0.25, 0.0, 8, text=XSS), rollout(0, 1, 1.75, 1.0, 8),
-                             rollout(1, 0, 0.5, 0.0, 8), rollout(1, 1, 0.5, 0.0, 8)],
-                         {"reward": 0.75, "rewards/accuracy/mean": 0.25, "kl": 0.03,
-                          "learning_rate": 2e-6})
+        store.write_step(
+            1,
+            [
+                rollout(0, 0, 1.5, 1.0, 10),
+                rollout(0, 1, 0.5, 0.0, 20),
+                rollout(1, 0, 0.5, 0.0, 30),
+                rollout(1, 1, None, None, 40, error="TimeoutError: 5 s"),
+            ],
+            {"reward": 0.8333, "rewards/accuracy/mean": 0.3333, "kl": 0.0, "learning_rate": 1e-6},
+        )
+        store.write_step(
+            2,
+            [
+                rollout(0, 0, 2.0, 1.0, 5),
+                rollout(0, 1, 0.0, 0.0, 5),
+                rollout(1, 0, 1.0, 1.0, 5),
+                rollout(1, 1, 0.5, 0.0, 5),
+            ],
+            {"reward": 0.875, "rewards/accuracy/mean": 0.5, "kl": 0.01, "learning_rate": 2e-6},
+        )
+        store.write_step(
+            3,
+            [
+                rollout(0, 0, 0.25, 0.0, 8, text=XSS),
+                rollout(0, 1, 1.75, 1.0, 8),
+                rollout(1, 0, 0.5, 0.0, 8),
+                rollout(1, 1, 0.5, 0.0, 8),
+            ],
+            {"reward": 0.75, "rewards/accuracy/mean": 0.25, "kl": 0.03, "learning_rate": 2e-6},
+        )
         store.write_eval(2, "gsm8k", {"pass@1": 0.25, "pass@4": 0.5})
     return run_dir
 
@@ -62,7 +88,10 @@ def test_inspect_summary(run):
     # step 2: 3.5 / 4 = 0.875, 5; step 3: 3.0 / 4 = 0.75, 8.
     rows = as_json(run)
     assert [(r["step"], r["n"], r["errors"], r["mean_length"]) for r in rows] == [
-        (1, 4, 1, 25.0), (2, 4, 0, 5.0), (3, 4, 0, 8.0)]
+        (1, 4, 1, 25.0),
+        (2, 4, 0, 5.0),
+        (3, 4, 0, 8.0),
+    ]
     assert [r["mean_reward"] for r in rows] == pytest.approx([2.5 / 3, 0.875, 0.75])
     table = inspect_run(run)
     assert re.search(r"│\s+1 │\s+4 │\s+0\.8333 │\s+25 │\s+1 │", table)
@@ -72,13 +101,16 @@ def test_inspect_summary(run):
 def test_inspect_step(run):
     rows = as_json(run, step=2)
     assert [(r["step"], r["prompt_index"], r["completion_index"], r["reward"]) for r in rows] == [
-        (2, 0, 0, 2.0), (2, 0, 1, 0.0), (2, 1, 0, 1.0), (2, 1, 1, 0.5)]
+        (2, 0, 0, 2.0),
+        (2, 0, 1, 0.0),
+        (2, 1, 0, 1.0),
+        (2, 1, 1, 0.5),
+    ]
 
 
 def test_inspect_top_and_bottom(run):
     # All rewards: 2.0 (s2), 1.75 (s3), 1.5 (s1), 1.0 (s2), ... lowest 0.0 (s2), then 0.25 (s3).
-    assert [(r["step"], r["reward"]) for r in as_json(run, top=3)] == [(2, 2.0), (3, 1.75),
-                                                                        (1, 1.5)]
+    assert [(r["step"], r["reward"]) for r in as_json(run, top=3)] == [(2, 2.0), (3, 1.75), (1, 1.5)]
     assert [(r["step"], r["reward"]) for r in as_json(run, bottom=2)] == [(2, 0.0), (3, 0.25)]
     assert [r["reward"] for r in as_json(run, step=3, top=1)] == [1.75]
     text = inspect_run(run, top=1)
@@ -86,13 +118,11 @@ def test_inspect_top_and_bottom(run):
 
 
 def test_inspect_prompt_and_errors(run):
-    assert {(r["step"], r["prompt_index"]) for r in as_json(run, prompt=1)} == {
-        (1, 1), (2, 1), (3, 1)}
+    assert {(r["step"], r["prompt_index"]) for r in as_json(run, prompt=1)} == {(1, 1), (2, 1), (3, 1)}
     assert len(as_json(run, prompt=1)) == 6
     [err] = as_json(run, errors=True)
     assert (err["step"], err["prompt_index"], err["completion_index"]) == (1, 1, 1)
-    assert err["error"] == "TimeoutError: 5 s" and err["rewards"] == {"accuracy": None,
-                                                                     "format": None}
+    assert err["error"] == "TimeoutError: 5 s" and err["rewards"] == {"accuracy": None, "format": None}
     assert "error: TimeoutError: 5 s" in inspect_run(run, errors=True)
     assert inspect_run(run, prompt=7) == "no completions match\n"
 
@@ -103,11 +133,9 @@ def test_inspect_prints_markup_literally(run):
 
 
 def test_inspect_sql(run):
-    rows = as_json(run, sql="SELECT step, sum(completion_tokens) AS tokens FROM rollouts "
-                            "GROUP BY step ORDER BY step")
+    rows = as_json(run, sql="SELECT step, sum(completion_tokens) AS tokens FROM rollouts GROUP BY step ORDER BY step")
     # 10 + 20 + 30 + 40 = 100; 4 x 5 = 20; 4 x 8 = 32
-    assert rows == [{"step": 1, "tokens": 100}, {"step": 2, "tokens": 20},
-                    {"step": 3, "tokens": 32}]
+    assert rows == [{"step": 1, "tokens": 100}, {"step": 2, "tokens": 20}, {"step": 3, "tokens": 32}]
     assert re.search(r"│\s+1 │\s+100 │", inspect_run(run, sql="SELECT 1, 100"))
 
 
@@ -128,16 +156,14 @@ def test_inspect_errors_are_clear(run, tmp_path):
 def test_inspect_json_writes_nan_as_null(tmp_path):
     with RolloutStore(tmp_path / "r") as store:
         store.write_step(1, [], {"kl": float("nan")})
-    assert as_json(tmp_path / "r", sql="SELECT step, value FROM step_metrics") == [
-        {"step": 1, "value": None}]
+    assert as_json(tmp_path / "r", sql="SELECT step, value FROM step_metrics") == [{"step": 1, "value": None}]
 
 
 # ----------------------------------------------------------------------------- report
 
 
 def report_data(html: str) -> dict:
-    match = re.search(r'<script type="application/json" id="grpokit-data">(.*?)</script>', html,
-                      re.DOTALL)
+    match = re.search(r'<script type="application/json" id="grpokit-data">(.*?)</script>', html, re.DOTALL)
     return json.loads(match.group(1))
 
 
@@ -149,8 +175,10 @@ def test_report_curves(run):
     assert path == run / "report.html"
     html = path.read_text()
     data = report_data(html)
-    assert data["Reward"] == {"reward": [[1, 0.8333], [2, 0.875], [3, 0.75]],
-                              "rewards/accuracy/mean": [[1, 0.3333], [2, 0.5], [3, 0.25]]}
+    assert data["Reward"] == {
+        "reward": [[1, 0.8333], [2, 0.875], [3, 0.75]],
+        "rewards/accuracy/mean": [[1, 0.3333], [2, 0.5], [3, 0.25]],
+    }
     assert data["KL to the reference"] == {"kl": [[1, 0.0], [2, 0.01], [3, 0.03]]}
     assert data["Learning rate"] == {"learning_rate": [[1, 1e-6], [2, 2e-6], [3, 2e-6]]}
     # an eval of another dataset than the trainer's "eval": the names as written, with the dataset
@@ -191,12 +219,13 @@ def test_report_is_self_contained(run):
 def test_report_falls_back_to_metrics_jsonl(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    lines = [{"step": 1, "reward": 0.5, "entropy": 2.0, "note": "text is skipped"},
-             {"step": 2, "reward": 0.75, "entropy": 1.5}]
+    lines = [
+        {"step": 1, "reward": 0.5, "entropy": 2.0, "note": "text is skipped"},
+        {"step": 2, "reward": 0.75, "entropy": 1.5},
+    ]
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     data = report_data(write_report(run_dir).read_text())
-    assert data == {"Reward": {"reward": [[1, 0.5], [2, 0.75]]},
-                    "Entropy": {"entropy": [[1, 2.0], [2, 1.5]]}}
+    assert data == {"Reward": {"reward": [[1, 0.5], [2, 0.75]]}, "Entropy": {"entropy": [[1, 2.0], [2, 1.5]]}}
     # A store with rollouts but no step metrics also reads metrics.jsonl.
     with RolloutStore(run_dir) as store:
         store.write_step(1, [rollout(0, 0, 1.0, 1.0, 3)], {})
@@ -208,7 +237,7 @@ def test_report_falls_back_to_metrics_jsonl(tmp_path):
 def test_report_errors(tmp_path):
     with pytest.raises(StoreError, match="no run folder"):
         write_report(tmp_path / "nope")
-    with pytest.raises(StoreError, match="neither rollouts.sqlite nor metrics.jsonl"):
+    with pytest.raises(StoreError, match=r"neither rollouts\.sqlite nor metrics\.jsonl"):
         write_report(tmp_path)
 
 

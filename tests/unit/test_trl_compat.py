@@ -18,8 +18,10 @@ trl = pytest.importorskip("trl", reason="comparing with TRL's GRPOConfig needs T
 
 
 def trl_fields() -> dict:
-    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            for f in dataclasses.fields(trl.GRPOConfig)}
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(trl.GRPOConfig)
+    }
 
 
 def test_static_key_list_is_trls():
@@ -30,7 +32,10 @@ def test_static_key_list_is_trls():
 
 
 def test_grpokit_does_not_import_trl():
-    code = "import sys, grpokit.config, grpokit.train.trainer; from grpokit import GRPOConfig; GRPOConfig(bf16=False); print('trl' in sys.modules)"
+    code = (
+        "import sys, grpokit.config, grpokit.train.trainer; from grpokit import GRPOConfig; "
+        "GRPOConfig(bf16=False); print('trl' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -42,7 +47,9 @@ def quiet(**kwargs) -> GRPOConfig:
 
 
 def test_every_trl_default_is_accepted_without_a_warning():
-    defaults = {k: v for k, v in trl_fields().items() if k != "vllm_importance_sampling_mode"}  # always named (see below)
+    defaults = {
+        k: v for k, v in trl_fields().items() if k != "vllm_importance_sampling_mode"
+    }  # always named (see below)
     cfg = quiet(**defaults)
     assert cfg.max_steps == -1 and cfg.report_to == ["console", "jsonl"] and cfg.ref_model_sync_steps == 0
     assert cfg.beta == 0.0 and cfg.logging_steps == 10 and cfg.gradient_checkpointing is True
@@ -52,12 +59,23 @@ def test_every_trl_default_is_accepted_without_a_warning():
 
 def test_unused_keys_are_named_in_one_warning_and_read_back():
     with pytest.warns(UserWarning) as record:
-        cfg = GRPOConfig(push_to_hub=True, use_liger_kernel=True, top_entropy_quantile=0.2, remove_unused_columns=False,
-                         vllm_importance_sampling_mode="sequence_mask", steps_per_generation=4)
+        cfg = GRPOConfig(
+            push_to_hub=True,
+            use_liger_kernel=True,
+            top_entropy_quantile=0.2,
+            remove_unused_columns=False,
+            vllm_importance_sampling_mode="sequence_mask",
+            steps_per_generation=4,
+        )
     messages = [str(w.message) for w in record if "TRL settings" in str(w.message)]
     assert len(messages) == 1
-    for name in ("push_to_hub=True", "use_liger_kernel=True", "top_entropy_quantile=0.2", "steps_per_generation=4",
-                 "vllm_importance_sampling_mode='sequence_mask'"):
+    for name in (
+        "push_to_hub=True",
+        "use_liger_kernel=True",
+        "top_entropy_quantile=0.2",
+        "steps_per_generation=4",
+        "vllm_importance_sampling_mode='sequence_mask'",
+    ):
         assert name in messages[0]
     assert "remove_unused_columns" not in messages[0]  # TRL's default: grpokit passes every column too
     assert cfg.push_to_hub is True and cfg.remove_unused_columns is False and cfg.per_device_eval_batch_size == 8
@@ -69,7 +87,7 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
 
 
 def test_typos_are_still_refused_with_a_suggestion():
-    with pytest.raises(ConfigError, match="unknown config key 'save_stratgy'. Did you mean 'save_strategy'"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'save_stratgy'\. Did you mean 'save_strategy'"):
         GRPOConfig(save_stratgy="no")
     with pytest.raises(ConfigError, match="Did you mean 'disable_tqdm'"):
         GRPOConfig(disable_tdqm=True)
@@ -77,13 +95,16 @@ def test_typos_are_still_refused_with_a_suggestion():
         GRPOConfig(report_to=["jsonl", "tensorbord"])
 
 
-@pytest.mark.parametrize("given, expected", [
-    ("none", ["console", "jsonl"]),
-    ("tensorboard", ["console", "jsonl", "tensorboard"]),
-    (["wandb", "none"], ["console", "jsonl", "wandb"]),
-    (["jsonl"], ["jsonl"]),  # grpokit's own list form is taken as written
-    ([], []),
-])
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("none", ["console", "jsonl"]),
+        ("tensorboard", ["console", "jsonl", "tensorboard"]),
+        (["wandb", "none"], ["console", "jsonl", "wandb"]),
+        (["jsonl"], ["jsonl"]),  # grpokit's own list form is taken as written
+        ([], []),
+    ],
+)
 def test_report_to_forms(given, expected):
     assert quiet(report_to=given).report_to == expected
 
@@ -97,40 +118,60 @@ def test_report_to_all_and_unsupported_integrations():
         assert GRPOConfig(report_to=["mlflow", "tensorboard"]).report_to == ["console", "jsonl", "tensorboard"]
 
 
-@pytest.mark.parametrize("given, field, value", [
-    ({"bf16": True}, "dtype", "bfloat16"),
-    ({"fp16": True}, "dtype", "float16"),
-    ({"bf16": False}, "dtype", "float32"),
-    ({"bf16": None}, "dtype", "auto"),
-    ({"use_cpu": True}, "device", "cpu"),
-    ({"disable_tqdm": True}, "progress_bar", False),
-    ({"shuffle_dataset": False}, "shuffle", False),
-    ({"activation_checkpointing": True}, "gradient_checkpointing", True),
-    ({"sync_ref_model": True}, "ref_model_sync_steps", 512),
-    ({"sync_ref_model": True, "ref_model_sync_steps": 8}, "ref_model_sync_steps", 8),
-    ({"ref_model_sync_steps": 8}, "ref_model_sync_steps", 8),  # grpokit's own key, without TRL's switch
-    ({"vllm_importance_sampling_clip_max": 2.0}, "vllm_importance_sampling_cap", 2.0),
-    ({"resume_from_checkpoint": True}, "resume_from", "latest"),
-    ({"resume_from_checkpoint": "runs/x/checkpoints/step-4"}, "resume_from", "runs/x/checkpoints/step-4"),
-    ({"scale_rewards": False}, "scale_rewards", "none"),
-    ({"lr_scheduler_type": "constant_with_warmup"}, "lr_scheduler_type", "constant"),
-    ({"warmup_steps": 0.1}, "warmup_ratio", 0.1),
-    ({"max_steps": 20, "logging_steps": 0.25}, "logging_steps", 5),  # TRL: a fraction of max_steps
-    ({"eval_strategy": "steps", "logging_steps": 3}, "eval_steps", 3),  # TRL: eval_steps defaults to logging_steps
-    ({"eval_strategy": "no", "eval_steps": None}, "eval_steps", 0),
-    ({"min_p": None, "output_dir": None}, "min_p", 0.0),  # TRL's None keeps grpokit's default
-    ({"optim": "adamw_torch"}, "adam_epsilon", 1e-8),
-    ({"model_init_kwargs": {"torch_dtype": "bfloat16"}, "bf16": False}, "dtype", "bfloat16"),  # the weights' dtype wins
-    ({"model_init_kwargs": {"dtype": "float32", "trust_remote_code": True}}, "trust_remote_code", True),
-    ({"steps_per_generation": 2, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
-    ({"generation_batch_size": 16, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
-])
+@pytest.mark.parametrize(
+    "given, field, value",
+    [
+        ({"bf16": True}, "dtype", "bfloat16"),
+        ({"fp16": True}, "dtype", "float16"),
+        ({"bf16": False}, "dtype", "float32"),
+        ({"bf16": None}, "dtype", "auto"),
+        ({"use_cpu": True}, "device", "cpu"),
+        ({"disable_tqdm": True}, "progress_bar", False),
+        ({"shuffle_dataset": False}, "shuffle", False),
+        ({"activation_checkpointing": True}, "gradient_checkpointing", True),
+        ({"sync_ref_model": True}, "ref_model_sync_steps", 512),
+        ({"sync_ref_model": True, "ref_model_sync_steps": 8}, "ref_model_sync_steps", 8),
+        ({"ref_model_sync_steps": 8}, "ref_model_sync_steps", 8),  # grpokit's own key, without TRL's switch
+        ({"vllm_importance_sampling_clip_max": 2.0}, "vllm_importance_sampling_cap", 2.0),
+        ({"resume_from_checkpoint": True}, "resume_from", "latest"),
+        ({"resume_from_checkpoint": "runs/x/checkpoints/step-4"}, "resume_from", "runs/x/checkpoints/step-4"),
+        ({"scale_rewards": False}, "scale_rewards", "none"),
+        ({"lr_scheduler_type": "constant_with_warmup"}, "lr_scheduler_type", "constant"),
+        ({"warmup_steps": 0.1}, "warmup_ratio", 0.1),
+        ({"max_steps": 20, "logging_steps": 0.25}, "logging_steps", 5),  # TRL: a fraction of max_steps
+        ({"eval_strategy": "steps", "logging_steps": 3}, "eval_steps", 3),  # TRL: eval_steps defaults to logging_steps
+        ({"eval_strategy": "no", "eval_steps": None}, "eval_steps", 0),
+        ({"min_p": None, "output_dir": None}, "min_p", 0.0),  # TRL's None keeps grpokit's default
+        ({"optim": "adamw_torch"}, "adam_epsilon", 1e-8),
+        (
+            {"model_init_kwargs": {"torch_dtype": "bfloat16"}, "bf16": False},
+            "dtype",
+            "bfloat16",
+        ),  # the weights' dtype wins
+        ({"model_init_kwargs": {"dtype": "float32", "trust_remote_code": True}}, "trust_remote_code", True),
+        ({"steps_per_generation": 2, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
+        (
+            {"generation_batch_size": 16, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
+            "gradient_accumulation_steps",
+            2,
+        ),
+    ],
+)
 def test_trl_keys_map_onto_grpokit_fields(given, field, value):
     cfg = quiet(**given)
     assert getattr(cfg, field) == value
     for key, v in given.items():  # and read back as given
-        assert getattr(cfg, key) == v or key in ("report_to", "logging_steps", "eval_steps", "min_p", "output_dir", "scale_rewards",
-                                                 "lr_scheduler_type", "warmup_steps", "optim")  # cfg.optim is grpokit's section
+        assert getattr(cfg, key) == v or key in (
+            "report_to",
+            "logging_steps",
+            "eval_steps",
+            "min_p",
+            "output_dir",
+            "scale_rewards",
+            "lr_scheduler_type",
+            "warmup_steps",
+            "optim",
+        )  # cfg.optim is grpokit's section
 
 
 def test_use_vllm_colocate_maps_to_the_vllm_engine_and_server_mode_is_refused():
@@ -156,10 +197,16 @@ def test_setting_a_trl_key_after_construction_translates_it():
 
 def test_trl_keys_in_yaml_and_on_the_command_line(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("bf16: false\nsave_strategy: \"no\"\nreport_to: none\n")
+    path.write_text('bf16: false\nsave_strategy: "no"\nreport_to: none\n')
     cfg = load_config(path, ["--disable_tqdm", "--num_train_epochs=2", "max_steps=-1"])
-    assert (cfg.dtype, cfg.save_strategy, cfg.report_to, cfg.progress_bar, cfg.num_train_epochs, cfg.max_steps) == \
-        ("float32", "no", ["console", "jsonl"], False, 2.0, -1)
+    assert (cfg.dtype, cfg.save_strategy, cfg.report_to, cfg.progress_bar, cfg.num_train_epochs, cfg.max_steps) == (
+        "float32",
+        "no",
+        ["console", "jsonl"],
+        False,
+        2.0,
+        -1,
+    )
     saved = tmp_path / "saved.yaml"
     saved.write_text(cfg.to_yaml())
     assert load_config(saved) == cfg  # the translated config round-trips as grpokit's own keys

@@ -54,7 +54,9 @@ def test_rollouts_from_vllm_pads_masks_and_reads_the_sampled_log_probs():
     # T = 3 (the longest); rows in (prompt, index) order, right-padded with 0
     assert r.completion_ids.tolist() == [[12, 13, 14], [11, 2, 0], [2, 0, 0], [15, 16, 17]]
     assert r.completion_mask.tolist() == [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]]
-    torch.testing.assert_close(r.logprobs, torch.tensor([[-0.1, -0.2, -0.3], [-0.5, -1.25, 0.0], [-2.0, 0.0, 0.0], [-0.7, -0.8, -0.9]]))
+    torch.testing.assert_close(
+        r.logprobs, torch.tensor([[-0.1, -0.2, -0.3], [-0.5, -1.25, 0.0], [-2.0, 0.0, 0.0], [-0.7, -0.8, -0.9]])
+    )
     assert r.finish_reasons == ["length", "stop", "stop", "length"]
     assert r.truncated.tolist() == [True, False, False, True]
     assert r.completion_lengths.tolist() == [3, 2, 1, 3]
@@ -77,8 +79,16 @@ def test_rollouts_from_vllm_rejects_incomplete_outputs():
 def test_sampling_kwargs_follow_the_generation_config():
     params = SamplingParams(64, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05)
     assert vllm_sampling_kwargs(params, 8, seed=123, eos_token_ids=[7, 2, 7]) == {
-        "n": 8, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "max_tokens": 64, "seed": 123,
-        "stop_token_ids": [2, 7], "logprobs": 0, "detokenize": False,
+        "n": 8,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "min_p": 0.05,
+        "max_tokens": 64,
+        "seed": 123,
+        "stop_token_ids": [2, 7],
+        "logprobs": 0,
+        "detokenize": False,
     }
     assert vllm_sampling_kwargs(SamplingParams(16, temperature=0.7, greedy=True), 1, 0, [2])["temperature"] == 0.0
 
@@ -89,25 +99,33 @@ def test_weight_items_of_a_merged_lora_model_match_merge_and_unload():
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(20)])
     model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=1, num_heads=2)
     plain_names = [n for n, _ in model.named_parameters()]
-    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
     with torch.no_grad():  # B starts at 0 (merging would change nothing): make the adapters matter
         for name, p in lora.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
     expected = dict(copy.deepcopy(lora).merge_and_unload().named_parameters())
     lora.merge_adapter()
-    items = {name: value.clone() for name, value in vllm_weight_items(lora)}  # views of the live weights: copy while merged
+    items = {
+        name: value.clone() for name, value in vllm_weight_items(lora)
+    }  # views of the live weights: copy while merged
     lora.unmerge_adapter()
     assert sorted(items) == sorted(plain_names)
     for name, value in items.items():
         torch.testing.assert_close(value, expected[name], atol=1e-6, rtol=0)
     q = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.allclose(items[q], model.get_submodule("model.layers.0.self_attn.q_proj").base_layer.weight)  # unmerged again
+    assert not torch.allclose(
+        items[q], model.get_submodule("model.layers.0.self_attn.q_proj").base_layer.weight
+    )  # unmerged again
 
 
 def test_weight_items_of_a_plain_model_are_its_parameters():
     model, _ = build_tiny_causal_lm(hidden_size=16, num_layers=1, num_heads=2)
-    assert [(n, p.data_ptr()) for n, p in vllm_weight_items(model)] == [(n, p.data_ptr()) for n, p in model.named_parameters()]
+    assert [(n, p.data_ptr()) for n, p in vllm_weight_items(model)] == [
+        (n, p.data_ptr()) for n, p in model.named_parameters()
+    ]
 
 
 # ---- truncated importance sampling --------------------------------------------------------------------
@@ -126,7 +144,9 @@ def test_policy_loss_weights_the_surrogate_not_the_kl():
     sampling = torch.tensor([[-1.0, -2.5, -2.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     advantages = torch.tensor([1.0])
-    loss, m = policy_loss(logprobs, None, advantages, mask, loss_type="bnpo", sampling_logprobs=sampling, sampling_cap=3.0)
+    loss, m = policy_loss(
+        logprobs, None, advantages, mask, loss_type="bnpo", sampling_logprobs=sampling, sampling_cap=3.0
+    )
     # per token -w_t * ratio * A with w = 1, 1.648721, 3: loss = -(1 + 1.648721 + 3) / 3 = -1.882907
     assert loss.item() == pytest.approx(-1.882907, abs=1e-6)
     loss.backward()
@@ -137,8 +157,17 @@ def test_policy_loss_weights_the_surrogate_not_the_kl():
     assert m["sampling_is/logprob_abs_diff"] == pytest.approx((0 + 0.5 + 1.5) / 3)
     # the KL term is not weighted: with beta the loss grows by beta * mean k3, the same as without weights
     ref = torch.tensor([[-1.5, -2.0, -0.5, 0.0]])  # k3 at token 0: exp(-0.5) - (-0.5) - 1 = 0.106531; others 0
-    with_kl, _ = policy_loss(logprobs.detach(), None, advantages, mask, loss_type="bnpo", beta=0.3, ref_logprobs=ref,
-                             sampling_logprobs=sampling, sampling_cap=3.0)
+    with_kl, _ = policy_loss(
+        logprobs.detach(),
+        None,
+        advantages,
+        mask,
+        loss_type="bnpo",
+        beta=0.3,
+        ref_logprobs=ref,
+        sampling_logprobs=sampling,
+        sampling_cap=3.0,
+    )
     assert with_kl.item() == pytest.approx(-1.882907 + 0.3 * 0.106531 / 3, abs=1e-6)
     plain, m_plain = policy_loss(logprobs.detach(), None, advantages, mask, loss_type="bnpo")
     assert plain.item() == pytest.approx(-1.0) and "sampling_is/weight_mean" not in m_plain
@@ -190,8 +219,23 @@ def test_vllm_without_cuda_through_the_installed_command(tmp_path):
     import sys
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BAD), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-m", "grpokit.cli", "train", "valid.yaml", "generation.engine=vllm", f"output_dir={tmp_path / 'run'}"],
-                          cwd=BAD, env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpokit.cli",
+            "train",
+            "valid.yaml",
+            "generation.engine=vllm",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        cwd=BAD,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "vllm samples on a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -204,11 +248,22 @@ def test_vllm_refuses_torchrun_and_custom_modules(monkeypatch, tmp_path):
 
     monkeypatch.setattr(vllm_engine, "check_vllm_environment", lambda distributed=False: None)  # as on a CUDA machine
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(10)])
-    args = GRPOConfig(output_dir=str(tmp_path / "run"), engine="vllm", num_generations=2, per_device_train_batch_size=2,
-                      progress_bar=False, report_to=["jsonl"])
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        engine="vllm",
+        num_generations=2,
+        per_device_train_batch_size=2,
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
     with pytest.raises(ConfigError, match="custom forward"):
-        GRPOTrainer(TinyGPT(len(tokenizer)), lambda prompts, completions, **kw: [0.0] * len(completions), args=args,
-                    train_dataset=[{"prompt": "w1 w2"}] * 4, tokenizer=tokenizer)
+        GRPOTrainer(
+            TinyGPT(len(tokenizer)),
+            lambda prompts, completions, **kw: [0.0] * len(completions),
+            args=args,
+            train_dataset=[{"prompt": "w1 w2"}] * 4,
+            tokenizer=tokenizer,
+        )
 
 
 # ---- the learner applies the weights it is given -----------------------------------------------------------
@@ -224,24 +279,34 @@ def test_learner_weights_the_update_by_the_sampler_log_probs():
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(30)])
     model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=1, num_heads=2)
     rollouts = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, cpu).generate(
-        [[5, 6, 7], [8, 9]], 2, SamplingParams(max_completion_length=6))
+        [[5, 6, 7], [8, 9]], 2, SamplingParams(max_completion_length=6)
+    )
     batch = build_batch(model, rollouts, tokenizer.pad_token_id, cpu)
     advantages = torch.tensor([1.0, 0.5, 0.25, -0.5])  # not summing to 0, so the on-policy loss is not 0
-    cfg = GRPOConfig(beta=0.0, num_generations=2, per_device_train_batch_size=4, max_completion_length=6, max_grad_norm=0.0,
-                     learning_rate=0.0)
+    cfg = GRPOConfig(
+        beta=0.0,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        max_completion_length=6,
+        max_grad_norm=0.0,
+        learning_rate=0.0,
+    )
 
     def update(sampling_logprobs):
         policy = copy.deepcopy(model)
         optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        return Learner(policy, None, optimizer, scheduler, cfg).update(batch, advantages, rollouts.completion_mask, None,
-                                                                      sampling_logprobs=sampling_logprobs)
+        return Learner(policy, None, optimizer, scheduler, cfg).update(
+            batch, advantages, rollouts.completion_mask, None, sampling_logprobs=sampling_logprobs
+        )
 
     plain = update(None)
     same = update(rollouts.logprobs)
     shifted = update(rollouts.logprobs - 0.2)
     assert "sampling_is/weight_mean" not in plain
-    assert same["sampling_is/weight_mean"] == pytest.approx(1.0, abs=1e-4) and same["sampling_is/logprob_abs_diff"] < 1e-4
+    assert (
+        same["sampling_is/weight_mean"] == pytest.approx(1.0, abs=1e-4) and same["sampling_is/logprob_abs_diff"] < 1e-4
+    )
     assert same["policy_loss"] == pytest.approx(plain["policy_loss"], abs=1e-5)
     assert shifted["sampling_is/weight_mean"] == pytest.approx(1.221403, abs=1e-4)
     assert shifted["sampling_is/logprob_abs_diff"] == pytest.approx(0.2, abs=1e-4)
