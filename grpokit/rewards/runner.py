@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from grpokit.rewards.contract import RewardError, TimedCall, as_completions, check_output
+from grpokit.rewards.contract import TIMED_OUT, RewardError, TimedCall, as_completions, check_output
 from grpokit.rewards.registry import resolve_reward
 from grpokit.rewards.workers import RewardProcess, process_context, run_calls
 
@@ -338,9 +338,14 @@ class RewardRunner:
         if self._failed_in_a_row and (self._batches == 1 or self._failed_in_a_row >= MAX_FAILED_BATCHES):
             which = "the first batch" if self._batches == 1 else f"{self._failed_in_a_row} batches in a row"
             first = next(e for e in result.errors if e is not None)
+            hint = (
+                "Make the reward function faster, or raise reward_timeout."
+                if TIMED_OUT in first
+                else "Fix the reward function (its traceback is printed above)."
+            )
             raise RewardError(
                 f"every reward function failed on every completion of {which}, so there is nothing to "
-                f"train on: {first}. Fix the reward function (its traceback is printed above)."
+                f"train on: {first}. {hint}"
             )
 
     def combine(self, values: RewardValues) -> RewardResult:

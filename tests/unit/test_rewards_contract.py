@@ -5,6 +5,7 @@ import asyncio
 import math
 import re
 import sys
+import time
 
 import pytest
 
@@ -187,6 +188,16 @@ def test_no_reward_signal_stops_at_the_first_batch_or_after_three_in_a_row():
         runner.score(["p"], ["c"])
     # one function failing while another works is not "no signal"
     RewardRunner([boom, positional_style], isolate=False).score(["p"], ["c"])
+
+
+def test_no_reward_signal_from_timeouts_says_to_speed_up_the_reward_not_to_read_a_traceback():
+    def sleepy(prompts, completions, **kwargs):
+        time.sleep(5)
+        return [1.0] * len(completions)
+
+    with pytest.raises(RewardError, match=r"sleepy: timed out after 0\.2 s.*raise reward_timeout") as info:
+        RewardRunner([sleepy], isolate=False, timeout=0.2).score(["p"], ["c"])
+    assert "traceback" not in str(info.value)
 
 
 def test_log_extra_of_the_wrong_length_is_the_function_s_error():
