@@ -83,12 +83,27 @@ def _overrides(items: list[str]) -> list[str]:
     return [x for x in items if x != "--"]
 
 
+def _keep_freed_memory_on_cpu(device: str) -> None:
+    """The CLI owns its process: on CPU, let glibc keep freed memory for the next step
+    (:func:`grpokit.kernels.keep_freed_memory`; the library never changes its caller's allocator)."""
+    from grpokit.hardware import pick_device
+    from grpokit.kernels import keep_freed_memory
+
+    try:
+        cpu = pick_device(device).type == "cpu"
+    except RuntimeError:  # an unavailable device: the trainer reports it
+        return
+    if cpu:
+        keep_freed_memory()
+
+
 def cmd_train(args) -> int:
     from grpokit.config import load_config
     from grpokit.distributed import exit_process, shutdown_distributed
     from grpokit.train.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))
+    _keep_freed_memory_on_cpu(cfg.device)
     finished = distributed = False
     try:
         trainer = GRPOTrainer(args=cfg)
@@ -125,6 +140,7 @@ def cmd_eval(args) -> int:
         cfg = load_config(target, _overrides(args.overrides))
     if cfg.eval_dataset is None:
         raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
+    _keep_freed_memory_on_cpu(cfg.device)
     trainer = GRPOTrainer(
         args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None)
     )
@@ -158,6 +174,7 @@ def _run_config(run: Path) -> Path:
 def cmd_demo(args) -> int:
     from grpokit.demo import run_demo
 
+    _keep_freed_memory_on_cpu("auto")  # the demo's config leaves the device to auto
     result = run_demo(output_dir=args.output_dir, steps=args.steps, rebuild=args.rebuild)
     for key in ("pass1_before", "pass1_after", "pass8_before", "pass8_after", "wall_seconds"):
         print(f"{key}={result[key]:.4f}")  # machine-readable, one key=value per line

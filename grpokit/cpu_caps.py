@@ -4,7 +4,7 @@ Two fast paths depend on the instruction set; everything else grpokit runs on CP
 and the fused head's matmuls, the learner's attention, the KV cache) is plain PyTorch ops, which
 torch dispatches to whatever the CPU has:
 
-- oneDNN weight packing (:mod:`grpokit.rollout.packed_linear`): float32 on any x86-64 CPU; bf16 only
+- oneDNN weight packing (:mod:`grpokit.kernels.packed_linear`): float32 on any x86-64 CPU; bf16 only
   where oneDNN has bf16 kernels (AVX512BW + AVX512VL + AVX512DQ, or AVX-NE-CONVERT). Elsewhere torch's
   packing op raises ("bf16 path needs the cpu support ..."). Not used on other architectures
   (aarch64: Graviton, Apple silicon), where it was never measured.

@@ -4,8 +4,6 @@ autocast where the CPU has native bf16 matmul, as :mod:`grpokit.cpu_caps` report
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import sys
 
 import torch
 
@@ -77,43 +75,3 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def store_linears_in(module: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Keep the weights and biases of ``module``'s Linear layers in ``dtype``; returns how many were cast.
-
-    For a frozen model that only ever runs under ``autocast(dtype)`` this changes no number: autocast
-    casts a Linear's float32 weight and bias to ``dtype`` on every call, and the stored cast is the
-    same value. It halves those layers' memory and drops the per-call casts. Layers sharing their
-    weight with an embedding (a tied LM head) are left alone: the lookup must stay float32.
-    """
-    linears = untied_linears(module)
-    for linear in linears:
-        linear.to(dtype)
-    return len(linears)
-
-
-def untied_linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
-    """``module``'s Linear layers, except those sharing their weight with an embedding (a tied LM head)."""
-    embedding_weights = {id(m.weight) for m in module.modules() if isinstance(m, torch.nn.Embedding)}
-    return [m for m in module.modules() if isinstance(m, torch.nn.Linear) and id(m.weight) not in embedding_weights]
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory for reuse instead of handing it back to the OS; True if applied.
-
-    By default glibc serves big blocks with fresh mmaps and trims the heap top when enough is free,
-    so every training step faults its large temporaries in again, page by page (~250,000 minor
-    faults per update of the 39M-parameter benchmark, ~10 % of a bf16 update on CPU). With mmap off
-    and no trimming, a step reuses the previous step's memory: no faults. The process keeps its
-    high-water mark (peak RSS within a few % either way: 1.60-1.67 vs 1.58-1.62 GB in the benchmark).
-    Linux with glibc only; a no-op elsewhere.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl)
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # mallopt parameter numbers from malloc.h
-    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**30))

@@ -8,7 +8,7 @@ the adapters), and each part is what grpokit itself allocates, in bytes, per pro
                                           constants (:func:`nf4_bytes`), the rest float32 (peft's k-bit
                                           preparation upcasts it)
     reference    beta > 0 without LoRA: a frozen copy; under bf16 autocast its Linear layers are
-                 kept in bf16 (``hardware.store_linears_in``); with LoRA: none (adapters disabled)
+                 kept in bf16 (``kernels/linear_storage.py``); with LoRA: none (adapters disabled)
     gradients    P_t x b                  P_t trainable parameters (all, or LoRA's adapters; float32 under 4-bit)
     AdamW        2 x P_t x b              two moments
     micro-batch  one micro-batch of the update:
@@ -42,13 +42,13 @@ from dataclasses import dataclass
 
 import torch
 
-from grpokit.attention import PROBS_BUDGET
 from grpokit.config import GRPOConfig
-from grpokit.hardware import autocast_dtype, pick_device, pick_dtype, untied_linears
-from grpokit.modeling import model_config
-from grpokit.rollout.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
-from grpokit.train.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
-from grpokit.train.setup import lora_config
+from grpokit.hardware import autocast_dtype, pick_device, pick_dtype
+from grpokit.kernels.attention import PROBS_BUDGET
+from grpokit.kernels.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
+from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
+from grpokit.kernels.linear_storage import untied_linears
+from grpokit.modeling import lora_config, model_config
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from grpokit.config import expand_path
+from grpokit.config import GRPOConfig, expand_path
 
 
 def is_hf_model(model: torch.nn.Module) -> bool:
@@ -143,6 +143,20 @@ def _from_pretrained(cls, source: str, what: str, **kwargs):
 
 # bitsandbytes runs Linear4bit on CPU from this version on
 MIN_BITSANDBYTES = "0.48"
+
+
+def lora_config(args: GRPOConfig):
+    """peft's LoraConfig for ``args.lora`` (a causal LM's adapters)."""
+    from peft import LoraConfig
+
+    lora = args.lora
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
 
 
 def four_bit_config(dtype: torch.dtype):

@@ -2,17 +2,16 @@
 
 Hugging Face models: the B prompts are left-padded and prefilled once, the KV cache is repeated G
 times (the prompt is computed once per group, not G times), then tokens are decoded one at a time
-into a cache allocated once for the whole completion (:mod:`grpokit.rollout.kv_cache`). Rows that
-reach EOS leave the batch, so late steps only pay for the sequences still running.
+into a cache allocated once for the whole completion. Rows that reach EOS leave the batch, so late
+steps only pay for the sequences still running.
 
-Decoding steps of Llama-family models (Llama, Qwen2, Qwen3, Mistral; LoRA merged) run through
-:mod:`grpokit.rollout.fused_decoder`: weights fused and prepared once per call, four matmuls per
-layer (bench model, one process A/B: generation 1.82 vs 2.43 s in bf16, 2.74 vs 3.04 s in
-float32). Other HF models decode through their own forward: with ``autocast_dtype`` (bf16 on CPUs
-with native bf16 matmul) the whole generation runs in one autocast region, so each weight is cast
-once per call rather than once per decoded token; in float32 on CPU the Linear weights are packed
-once per call for oneDNN instead (:mod:`grpokit.rollout.packed_linear`, on CPUs that support it), which
-the few-row matmuls of decoding run much faster on.
+The fast paths come from the run's :class:`grpokit.kernels.Kernels`: decoding steps of Llama-family
+models (Llama, Qwen2, Qwen3, Mistral; LoRA merged) run through a fused decoder (weights fused and
+prepared once per call, four matmuls per layer). Other HF models decode through their own forward:
+with ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the whole generation runs in one
+autocast region, so each weight is cast once per call rather than once per decoded token; in
+float32 on CPU their Linear weights are packed once per call for oneDNN instead, which the few-row
+matmuls of decoding run faster on.
 
 Custom models (``forward(input_ids) -> logits``): no cache and no attention mask are assumed, so
 each group (whose G rows share one prompt length, hence need no padding) is decoded with full
@@ -21,16 +20,14 @@ forward passes.
 
 from __future__ import annotations
 
-import contextlib
+from contextlib import nullcontext
 from typing import Protocol
 
 import torch
 
 from grpokit.hardware import autocast
+from grpokit.kernels import Kernels
 from grpokit.modeling import is_hf_model, logits_of
-from grpokit.rollout.fused_decoder import FusedDecoder, fused_decoder
-from grpokit.rollout.kv_cache import preallocate
-from grpokit.rollout.packed_linear import packed_linears
 from grpokit.rollout.sampling import sample_next
 from grpokit.rollout.types import Rollouts, SamplingParams
 
@@ -64,9 +61,12 @@ class HFRolloutEngine:
         device: torch.device,
         seed: int = 0,
         autocast_dtype: torch.dtype | None = None,
+        kernels: Kernels | None = None,
     ):
+        """``kernels``: the run's choice of kernels (default: chosen here for ``device`` and ``autocast_dtype``)."""
         self.model = model
         self.autocast_dtype = autocast_dtype
+        self.kernels = kernels if kernels is not None else Kernels.select(device, autocast_dtype)
         self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), device=device)
         self.pad_token_id = pad_token_id
         self.device = device
@@ -79,11 +79,10 @@ class HFRolloutEngine:
         self.model.eval()
         try:
             rows = len(prompt_ids) * num_generations
-            decoder = fused_decoder(self.model, self.autocast_dtype or next(self.model.parameters()).dtype, rows)
-            # otherwise, float32 compute on CPU: Linear weights packed once per call (0.6x generation time on the
-            # bench model); under bf16 autocast the per-call cast and packing cost about what they save, so not there
-            use_packed = self.autocast_dtype is None and decoder is None
-            packed = packed_linears(self.model, None, rows, self.device) if use_packed else contextlib.nullcontext()
+            dtype = self.autocast_dtype or next(self.model.parameters()).dtype
+            decoder = self.kernels.decoder(self.model, dtype, rows)
+            # the fused decoder packs its own weights; other models' Linear layers are packed where the kernels say
+            packed = self.kernels.sampling_linears(self.model, rows, self.device) if decoder is None else nullcontext()
             with autocast(self.device, self.autocast_dtype), packed:
                 if decoder is not None:
                     tokens, logprobs, lengths, stopped = self._generate_cached(
@@ -112,16 +111,16 @@ class HFRolloutEngine:
         parts = [self._generate_plain(p, G, params) for p in prompt_ids]
         return tuple(torch.cat(x) for x in zip(*parts))
 
-    def _generate_cached(self, prompt_ids, G, params, decoder: FusedDecoder | None = None):
+    def _generate_cached(self, prompt_ids, G, params, decoder=None):
         """Shared-prefix decoding for HF models; returns tokens [N, T], logprobs [N, T], lengths [N], stopped [N].
-        With ``decoder``, the decoding steps run through it instead of the model's forward."""
+        With ``decoder`` (a fused decoder), the decoding steps run through it instead of the model's forward."""
         ids, mask = left_pad(prompt_ids, self.pad_token_id, self.device)  # [B, P]
         position = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1)
         N, P, T = ids.size(0) * G, ids.size(1), params.max_completion_length
         cache = out.past_key_values
         cache.batch_repeat_interleave(G)  # [B, ...] -> [N, ...]: one prefill per group
-        preallocate(cache, P + T)
+        self.kernels.preallocate(cache, P + T)
         logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [N, V]
         # the attention mask of every step is a prefix of one [N, P+T] mask, built once
         mask = torch.cat([mask, mask.new_ones(ids.size(0), T)], dim=1).repeat_interleave(G, dim=0)  # [N, P+T]
@@ -167,9 +166,9 @@ class HFRolloutEngine:
         """Whether decoding steps get a prepared 4D mask instead of the 2D padding mask.
 
         Given an all-ones 2D mask for a one-token step, HF drops it and calls SDPA with enable_gqa,
-        which on CPU in bf16 is ~6x slower than the grouped-query layout HF uses when a mask is
-        present (1.0 vs 0.16 ms per layer at 32 rows x 8 heads, 2 KV heads). A 4D boolean mask
-        (True = attend, HF's own SDPA format) is passed through as is and keeps that layout.
+        which on CPU is much slower than the grouped-query layout HF uses when a mask is present
+        (docs/performance.md). A 4D boolean mask (True = attend, HF's own SDPA format) is passed
+        through as is and keeps that layout.
         """
         config = getattr(self.model, "config", None)
         return self.device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa"

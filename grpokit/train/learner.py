@@ -22,22 +22,34 @@ import torch
 
 from grpokit.algos import policy_loss
 from grpokit.distributed.fsdp import is_sharded
-from grpokit.hardware import autocast, store_linears_in
-from grpokit.train.fused_head import reuse_weight_casts
+from grpokit.hardware import autocast
+from grpokit.kernels import Kernels
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
 
 
 class Learner:
     def __init__(
-        self, model, reference: Reference | None, optimizer, scheduler, cfg, autocast_dtype: torch.dtype | None = None
+        self,
+        model,
+        reference: Reference | None,
+        optimizer,
+        scheduler,
+        cfg,
+        autocast_dtype: torch.dtype | None = None,
+        kernels: Kernels | None = None,
     ):
+        """``kernels``: the run's choice of kernels (default: chosen here for the model's device and
+        ``autocast_dtype``)."""
         self.model = model
         self.reference = reference
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.cfg = cfg
         self.autocast_dtype = autocast_dtype
+        self.kernels = (
+            kernels if kernels is not None else Kernels.select(next(model.parameters()).device, autocast_dtype)
+        )
         if (
             autocast_dtype is not None
             and reference is not None
@@ -48,7 +60,7 @@ class Learner:
             # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
             # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32,
             # nor once FSDP has sharded it (its shards must keep the dtype they were sharded with)
-            store_linears_in(reference.model, autocast_dtype)
+            self.kernels.store_reference(reference.model)
 
     def autocast(self):
         return autocast(next(self.model.parameters()).device, self.autocast_dtype)
@@ -57,8 +69,10 @@ class Learner:
         """[N, T] reference log-probs, or None when beta = 0."""
         if self.reference is None or self.cfg.beta == 0:
             return None
-        with self.reference.active() as ref, self.autocast(), reuse_weight_casts():
-            return batched_logprobs(ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size)
+        with self.reference.active() as ref, self.autocast(), self.kernels.reuse_weight_casts():
+            return batched_logprobs(
+                ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size, kernels=self.kernels
+            )
 
     def update(
         self,
@@ -82,15 +96,15 @@ class Learner:
         mb = cfg.per_device_train_batch_size
         if old_logprobs is None and cfg.num_iterations > 1:
             self.model.eval()
-            with self.autocast(), reuse_weight_casts():
-                old_logprobs = batched_logprobs(self.model, batch, cfg.temperature, mb)
+            with self.autocast(), self.kernels.reuse_weight_casts():
+                old_logprobs = batched_logprobs(self.model, batch, cfg.temperature, mb, kernels=self.kernels)
             self.model.train()
         num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
         history: list[dict] = []
         clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
         for _ in range(cfg.num_iterations):
             self.model.train()
-            with reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
+            with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
                 loss, parts, logprobs, entropy = self._accumulate(
                     batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs
                 )
@@ -121,7 +135,7 @@ class Learner:
                 t0 = time.perf_counter()
                 with self.autocast():
                     logprobs, entropy = completion_logprobs(
-                        self.model, batch.rows(rows), cfg.temperature, with_entropy=True
+                        self.model, batch.rows(rows), cfg.temperature, with_entropy=True, kernels=self.kernels
                     )
                 with no_autocast:
                     loss, m = policy_loss(
@@ -158,7 +172,7 @@ class Learner:
         cfg = self.cfg
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
-            if p.grad is not None and p.grad.is_sparse:  # an untied embedding (see logprobs.sparse_embedding_grad)
+            if p.grad is not None and p.grad.is_sparse:  # an untied embedding (see kernels/sparse_embedding.py)
                 p.grad = p.grad.to_dense()
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)

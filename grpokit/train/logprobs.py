@@ -15,25 +15,24 @@ policy passes. Three ways to run a model over it:
   every real position unaffected under a causal model; logits are gathered at completion positions.
 
 In every case only completion positions reach the LM head, and a micro-batch runs only up to its
-longest completion (right padding past it is dropped, and the results are padded back). HF models on
-"sdpa" attention run these passes on :mod:`grpokit.attention` (plain attention while its probabilities
-are small, on CPU; transformers' SDPA otherwise).
+longest completion (right padding past it is dropped, and the results are padded back). The fast
+paths come from the run's :class:`grpokit.kernels.Kernels`: the fused LM head for models with a plain
+Linear head, sparse embedding gradients, and, for HF models on "sdpa", plain attention for small CPU
+calls.
 """
 
 from __future__ import annotations
 
-import contextlib
-import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from grpokit.algos import entropy_from_logits, selective_logprobs
+from grpokit.kernels import Kernels
 from grpokit.modeling import activation_checkpointing, is_hf_model, logits_of
 from grpokit.rollout.engine import left_pad
 from grpokit.rollout.types import Rollouts
-from grpokit.train.fused_head import fused_head_logprobs
 
 # Completion positions per chunk of a no-grad pass through the fused head.
 NO_GRAD_POSITIONS = 4096
@@ -102,73 +101,16 @@ def shares_prefix(model: torch.nn.Module) -> bool:
     return not data_parallel(model) and is_hf_model(model) and not activation_checkpointing(model)
 
 
-def plain_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
-    """(decoder, lm_head) when ``model``'s logits are exactly ``lm_head(decoder(...).last_hidden_state)``,
-    else None (custom models, DDP and FSDP, non-Linear heads, and architectures that scale or soft-cap their logits).
-
-    Checked once per model by comparing both on a 4-token input, so an architecture that post-processes
-    its logits in a way not listed anywhere still takes the (slower, exact) logits path.
-    """
-    if data_parallel(model) or not is_hf_model(model):
-        return None
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if base not in _HEADS:
-        _HEADS[base] = _check_plain_head(model, base)
-    return _HEADS[base]
+def fused_head(model: torch.nn.Module, kernels: Kernels) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder, lm_head) when the fused head computes ``model``'s log-probs, else None: DDP and FSDP
+    modules (one plain forward call each), or a head that is not plain Linear (:meth:`Kernels.plain_head`)."""
+    return None if data_parallel(model) else kernels.plain_head(model)
 
 
-_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _check_plain_head(model: torch.nn.Module, base: torch.nn.Module):
-    head = base.get_output_embeddings()
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
-    if type(head) is not torch.nn.Linear or decoder is None or decoder is base:
-        return None
-    ids = (torch.arange(1, 5, device=head.weight.device) % head.weight.size(0))[None]  # [1, 4]
-    was_training = base.training
-    base.eval()  # no dropout, so both computations see the same network
-    try:
-        with torch.no_grad():  # in the caller's autocast state: both sides run the same ops
-            expected = logits_of(model(input_ids=ids)).float()
-            got = F.linear(decoder(input_ids=ids).last_hidden_state, head.weight, head.bias).float()
-    finally:
-        base.train(was_training)
-    return (
-        (decoder, head) if got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-4, atol=1e-4) else None
-    )
-
-
-@contextlib.contextmanager
-def sparse_embedding_grad(decoder: torch.nn.Module):
-    """Make the decoder's token embedding give a sparse gradient (rows of the tokens seen) while inside.
-
-    The dense gradient of an embedding lookup is a zero-filled [V, H] tensor per call (two calls
-    per micro-batch with a shared prefix: 2 x 64 MiB at V = 32,000, H = 512); the sparse one holds
-    the looked-up rows only. A tied LM head adds its dense gradient to it in place; an untied
-    embedding's sparse gradient is made dense once per optimizer step by the learner.
-    """
-    embedding = decoder.get_input_embeddings() if hasattr(decoder, "get_input_embeddings") else None
-    if not isinstance(embedding, torch.nn.Embedding) or not embedding.weight.requires_grad or embedding.sparse:
-        yield
-        return
-    embedding.sparse = True
-    try:
-        yield
-    finally:
-        embedding.sparse = False
-
-
-def _run(model, head, keep: int, **inputs):
+def _run(model, head, keep: int, kernels: Kernels, **inputs):
     """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV
-    cache.
-
-    An HF model on "sdpa" attention runs on :func:`grpokit.attention.small_attention` here (faster on CPU at
-    small shapes; the same numbers)."""
-    # imported here: grpokit.attention imports transformers' modeling code, needed only once a model runs
-    from grpokit.attention import small_attention
-
-    with small_attention(model):
+    cache; under the kernels' attention for small CPU calls (:meth:`Kernels.attention`, the same numbers)."""
+    with kernels.attention(model):
         if head is not None:
             out = model(**inputs)
             return out.last_hidden_state[:, -keep:], out.past_key_values
@@ -176,7 +118,9 @@ def _run(model, head, keep: int, **inputs):
         return out.logits[:, -keep:], out.past_key_values
 
 
-def completion_features(model: torch.nn.Module, head: torch.nn.Linear | None, batch: Batch, width: int) -> torch.Tensor:
+def completion_features(
+    model: torch.nn.Module, head: torch.nn.Linear | None, batch: Batch, width: int, kernels: Kernels
+) -> torch.Tensor:
     """Hidden states (``head`` given, ``model`` its decoder) or logits at the positions that predict the
     first ``width`` completion tokens: [n, w, H or V]."""
     ids = batch.completion_ids[:, :width]  # [n, w]
@@ -192,6 +136,7 @@ def completion_features(model: torch.nn.Module, head: torch.nn.Linear | None, ba
             model,
             head,
             width + 1,
+            kernels,
             input_ids=torch.cat([prompt_ids[inverse], ids], dim=1),
             attention_mask=mask,
             position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
@@ -199,7 +144,14 @@ def completion_features(model: torch.nn.Module, head: torch.nn.Linear | None, ba
         )
         return features[:, :-1]  # [n, w, D]
     first, cache = _run(
-        model, head, 1, input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_position, use_cache=True
+        model,
+        head,
+        1,
+        kernels,
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=prompt_position,
+        use_cache=True,
     )
     first = first[inverse]  # [n, 1, D]: the prompt's last position predicts completion token 0
     if width == 1:
@@ -211,6 +163,7 @@ def completion_features(model: torch.nn.Module, head: torch.nn.Linear | None, ba
         model,
         head,
         width - 1,
+        kernels,
         input_ids=ids[:, :-1],
         attention_mask=mask,
         position_ids=position,
@@ -227,24 +180,31 @@ def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
     return ids[:, first:], mask[:, first:]
 
 
-def completion_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, with_entropy: bool = False):
+def completion_logprobs(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    with_entropy: bool = False,
+    kernels: Kernels | None = None,
+):
     """(logprobs [n, T], entropy [n, T] or None) of the completion tokens at ``temperature``.
 
-    With a plain LM head (:func:`plain_head`) the head runs fused with the log-softmax on real
+    With a plain LM head (:func:`fused_head`) the head runs fused with the log-softmax on real
     completion positions only (padding costs nothing, and 0 is returned there); otherwise logits
     are computed up to the micro-batch's longest completion and reduced by ``selective_logprobs``
-    (0 past that width).
+    (0 past that width). ``kernels``: the run's (default: chosen here for the model's device).
     """
+    kernels = kernels if kernels is not None else _default_kernels(model)
     T = batch.completion_ids.size(1)
     width = max(int(batch.completion_mask.sum(1).max()), 1)
     ids = batch.completion_ids[:, :width]  # [n, w]
-    found = plain_head(model)
+    found = fused_head(model, kernels)
     if found is not None:
         decoder, head = found
-        with sparse_embedding_grad(decoder):
-            hidden = completion_features(decoder, head, batch, width)  # [n, w, H]
+        with kernels.embedding_grad(decoder):
+            hidden = completion_features(decoder, head, batch, width, kernels)  # [n, w, H]
         real = batch.completion_mask[:, :width].bool()  # [n, w]
-        logprobs, entropy = fused_head_logprobs(
+        logprobs, entropy = kernels.head_logprobs(
             hidden[real], head.weight, head.bias, ids[real], temperature, with_entropy
         )  # [m]
         logprobs = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(
@@ -253,7 +213,7 @@ def completion_logprobs(model: torch.nn.Module, batch: Batch, temperature: float
         if entropy is not None:
             entropy = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(real, entropy)
     else:
-        logits = completion_features(model, None, batch, width)  # [n, w, V]
+        logits = completion_features(model, None, batch, width, kernels)  # [n, w, V]
         logprobs = selective_logprobs(logits, ids, temperature=temperature)  # [n, w]
         entropy = None
         if with_entropy:
@@ -264,17 +224,19 @@ def completion_logprobs(model: torch.nn.Module, batch: Batch, temperature: float
     return F.pad(logprobs, (0, T - width)), entropy  # [n, T]
 
 
-def batched_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+def batched_logprobs(
+    model: torch.nn.Module, batch: Batch, temperature: float, micro_batch_size: int, kernels: Kernels | None = None
+) -> torch.Tensor:
     """Log-probs [N, T] without grad, chunk by chunk (reference and old-policy passes).
 
     Chunks are ``micro_batch_size`` rows, or more through the fused head, which holds no [rows, T, V]
-    logits: up to ``NO_GRAD_POSITIONS`` completion positions (bigger matmuls, fewer per-chunk costs;
-    the reference pass of the benchmark is 20 % faster in one chunk of 32 rows than in 4 of 8).
+    logits: up to ``NO_GRAD_POSITIONS`` completion positions (bigger matmuls, fewer per-chunk costs).
     Runs in inference mode (no autograd bookkeeping at all; no_grad for an FSDP module); the result
     is cloned out of it so it can meet the policy's graph in the loss.
     """
+    kernels = kernels if kernels is not None else _default_kernels(model)
     rows = micro_batch_size
-    if plain_head(model) is not None:
+    if fused_head(model, kernels) is not None:
         rows = max(rows, NO_GRAD_POSITIONS // max(batch.completion_ids.size(1), 1))
     from grpokit.distributed.fsdp import is_sharded
 
@@ -283,8 +245,13 @@ def batched_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, m
     with torch.no_grad() if is_sharded(model) else torch.inference_mode():
         out = torch.cat(
             [
-                completion_logprobs(model, batch.rows(slice(i, i + rows)), temperature)[0].float()
+                completion_logprobs(model, batch.rows(slice(i, i + rows)), temperature, kernels=kernels)[0].float()
                 for i in range(0, len(batch), rows)
             ]
         )
     return out.clone()
+
+
+def _default_kernels(model: torch.nn.Module) -> Kernels:
+    """Kernels for a caller that passes none: chosen for the model's device, computing in its weights' dtype."""
+    return Kernels.select(next(model.parameters()).device)

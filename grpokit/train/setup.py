@@ -9,7 +9,7 @@ import torch
 
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
-from grpokit.modeling import is_hf_model, load_model, load_tokenizer
+from grpokit.modeling import is_hf_model, load_model, load_tokenizer, lora_config
 
 
 def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool = True, processing_classes: Any = None):
@@ -142,17 +142,3 @@ def _causal_lm(peft_config: Any):
     peft_config = copy.deepcopy(peft_config)
     peft_config.task_type = "CAUSAL_LM"
     return peft_config
-
-
-def lora_config(args: GRPOConfig):
-    """peft's LoraConfig for ``args.lora``."""
-    from peft import LoraConfig
-
-    lora = args.lora
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
-        task_type="CAUSAL_LM",
-    )

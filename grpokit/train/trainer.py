@@ -29,7 +29,8 @@ from grpokit.distributed.torch_dist import (
     wrap_data_parallel,
 )
 from grpokit.eval.evaluator import evaluate
-from grpokit.hardware import autocast_dtype, keep_freed_memory, pick_device
+from grpokit.hardware import autocast_dtype, pick_device
+from grpokit.kernels import Kernels
 from grpokit.memory import memory_warning
 from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rewards.contract import RewardState
@@ -141,8 +142,7 @@ class GRPOTrainer:
         torch.manual_seed(args.seed)
         eos = eos_token_ids(self.model, self.tokenizer)
         self.autocast_dtype = autocast_dtype(args.dtype, self.device, self.model)
-        if self.device.type == "cpu":
-            keep_freed_memory()  # CPU steps reuse their memory instead of page-faulting it in again
+        self.kernels = Kernels.select(self.device, self.autocast_dtype)  # this run's fast paths, chosen once
         if args.engine == "vllm":
             self.engine = self._start_vllm(model, eos)
         else:
@@ -153,6 +153,7 @@ class GRPOTrainer:
                 self.device,
                 seed=args.seed,
                 autocast_dtype=self.autocast_dtype,
+                kernels=self.kernels,
             )
         self.sampling = SamplingParams(
             args.max_completion_length, args.temperature, args.top_p, args.top_k, min_p=args.min_p
@@ -192,7 +193,13 @@ class GRPOTrainer:
         warmup = args.warmup_steps or int(args.warmup_ratio * total)
         self.scheduler = scheduler or make_scheduler(self.optimizer, args.lr_scheduler_type, warmup, total)
         self.learner = Learner(
-            trained, self.reference, self.optimizer, self.scheduler, args, autocast_dtype=self.autocast_dtype
+            trained,
+            self.reference,
+            self.optimizer,
+            self.scheduler,
+            args,
+            autocast_dtype=self.autocast_dtype,
+            kernels=self.kernels,
         )
         self.step = 0
         self.stop_reason: str | None = None

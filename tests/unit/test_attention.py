@@ -1,4 +1,4 @@
-"""grpokit.attention: the plain small-shape attention gives transformers' SDPA numbers, and the learner's switch to it.
+"""grpokit.kernels.attention: the plain small-shape attention gives SDPA numbers, and the learner's switch to it.
 
 The function is compared with ``sdpa_attention_forward`` (outputs and gradients, float32, 1e-5) on the
 masks HF's own ``sdpa_mask`` makes for the learner's calls; the learner's log-probs and gradients with
@@ -14,8 +14,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from grpokit import attention
-from grpokit.attention import NAME, small_attention, small_attention_forward
+from grpokit.kernels import attention
+from grpokit.kernels.attention import NAME, small_attention, small_attention_forward
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer

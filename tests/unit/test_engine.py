@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from grpokit.kernels.kv_cache import PreallocatedLayer
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.kv_cache import PreallocatedLayer
 from grpokit.rollout.sampling import inverse_cdf, sample_next
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer

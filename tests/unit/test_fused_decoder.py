@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-import grpokit.rollout.engine as engine_module
-import grpokit.rollout.fused_decoder as fused_module
+import grpokit.kernels.fused_decoder as fused_module
+from grpokit.kernels import Kernels
+from grpokit.kernels.fused_decoder import FusedDecoder, fused_decoder
+from grpokit.kernels.kv_cache import preallocate
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.fused_decoder import FusedDecoder, fused_decoder
-from grpokit.rollout.kv_cache import preallocate
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
@@ -96,7 +96,7 @@ def test_generation_with_the_fused_decoder_equals_the_hf_forward(arch, monkeypat
     fused = sample(model, tokenizer)
     assert steps, "the engine decodes a supported model through the fused step"
     assert len(set(fused.completion_lengths.tolist())) > 1, "rows should stop at different steps"
-    monkeypatch.setattr(engine_module, "fused_decoder", lambda *a, **k: None)
+    monkeypatch.setattr(fused_module, "fused_decoder", lambda *a, **k: None)
     plain = sample(model, tokenizer)
     assert torch.equal(fused.completion_ids, plain.completion_ids)
     torch.testing.assert_close(fused.logprobs, plain.logprobs, atol=1e-5, rtol=1e-5)
@@ -146,7 +146,7 @@ def test_lora_adapters_are_merged_into_the_fused_weights():
 def test_lora_generation_equals_the_peft_forward(monkeypatch):
     lora, tokenizer = lora_model()
     fused = sample(lora, tokenizer)
-    monkeypatch.setattr(engine_module, "fused_decoder", lambda *a, **k: None)
+    monkeypatch.setattr(fused_module, "fused_decoder", lambda *a, **k: None)
     plain = sample(lora, tokenizer)
     assert torch.equal(fused.completion_ids, plain.completion_ids)
     torch.testing.assert_close(fused.logprobs, plain.logprobs, atol=1e-5, rtol=1e-5)
@@ -173,7 +173,7 @@ def test_decode_attention_by_hand():
     # head 0 (q = 1): scores [0, ln 3] -> softmax [1/4, 3/4] -> 10/4 + 60/4 = 17.5
     # head 1 (q = 0): scores [0, 0] -> [1/2, 1/2] -> 15
     # masking key 0 leaves key 1 alone for both heads -> 20, 20
-    from grpokit.rollout.fused_decoder import _decode_attention
+    from grpokit.kernels.fused_decoder import _decode_attention
 
     q = torch.tensor([1.0, 0.0]).view(1, 2, 1, 1)
     k = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1)
@@ -188,7 +188,7 @@ def test_decode_attention_by_hand():
 def test_generation_without_weight_packing_gives_the_same_numbers(dtype, cpu, monkeypatch):
     """The fused decoder on a CPU whose probe rules oneDNN packing out (bf16 on an AVX2-only CPU, anything
     on Arm) runs F.linear on the same fused weights: the same tokens and log-probs as with packing."""
-    from grpokit.rollout.packed_linear import packing_available
+    from grpokit.kernels.packed_linear import packing_available
 
     if not packing_available(CPU, dtype):
         pytest.skip(
@@ -201,11 +201,12 @@ def test_generation_without_weight_packing_gives_the_same_numbers(dtype, cpu, mo
     real_step, real_pack = FusedDecoder.step, fused_module.pack
     monkeypatch.setattr(FusedDecoder, "step", lambda self, *a: steps.append(1) or real_step(self, *a))
     monkeypatch.setattr(fused_module, "pack", lambda *a: packs.append(real_pack(*a)) or packs[-1])
-    packed = sample(model, tokenizer, autocast_dtype=autocast)
+    kernels = Kernels.select(CPU, autocast)  # one run's kernels: the model's check against HF runs once
+    packed = sample(model, tokenizer, autocast_dtype=autocast, kernels=kernels)
     assert packs and all(p is not None for p in packs)
     packs.clear()
     monkeypatch.setenv("GRPOKIT_CPU_CAPS", cpu)
-    fallback = sample(model, tokenizer, autocast_dtype=autocast)
+    fallback = sample(model, tokenizer, autocast_dtype=autocast, kernels=kernels)
     assert packs and all(p is None for p in packs)
     assert len(steps) > 2, "both generations decode through the fused step"
     assert torch.equal(packed.completion_ids, fallback.completion_ids)

@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 
-from grpokit.rollout import engine as engine_module
-from grpokit.rollout import packed_linear
+from grpokit.kernels import fused_decoder as fused_module
+from grpokit.kernels import packed_linear
+from grpokit.kernels.packed_linear import packed_linears, packing_available
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.packed_linear import packed_linears, packing_available
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
@@ -91,12 +91,12 @@ def test_generation_with_packing_matches_without_in_float32(tiny, monkeypatch):
         return engine.generate(prompts, 4, params)
 
     # the Llama-family fused decoder packs its own weights; packed_linears serves the other architectures
-    monkeypatch.setattr(engine_module, "fused_decoder", lambda *a, **k: None)
-    real = engine_module.packed_linears
-    monkeypatch.setattr(engine_module, "packed_linears", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(fused_module, "fused_decoder", lambda *a, **k: None)
+    real = packed_linear.packed_linears
+    monkeypatch.setattr(packed_linear, "packed_linears", lambda *a, **k: calls.append(1) or real(*a, **k))
     packed = sample()
     assert calls  # the float32 engine did pack
-    monkeypatch.setattr(engine_module, "packed_linears", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(packed_linear, "packed_linears", lambda *a, **k: contextlib.nullcontext())
     plain = sample()
     assert torch.equal(packed.completion_ids, plain.completion_ids)
     torch.testing.assert_close(packed.logprobs, plain.logprobs, atol=1e-5, rtol=1e-5)

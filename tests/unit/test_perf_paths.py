@@ -13,17 +13,18 @@ import torch
 from grpokit import hardware
 from grpokit.config import GRPOConfig
 from grpokit.cpu_caps import CpuCaps
+from grpokit.kernels import plain_head as plain_head_module
+from grpokit.kernels.fused_head import fused_head_logprobs
+from grpokit.kernels.linear_storage import store_linears_in
+from grpokit.kernels.plain_head import plain_head
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
-from grpokit.train import logprobs as logprobs_module
-from grpokit.train.fused_head import fused_head_logprobs
 from grpokit.train.learner import Learner
 from grpokit.train.logprobs import (
     batched_logprobs,
     build_batch,
     completion_logprobs,
-    plain_head,
     shares_prefix,
 )
 from grpokit.train.reference import Reference
@@ -64,7 +65,7 @@ SLICES = [slice(0, 12), slice(4, 8), slice(2, 7), slice(9, 10)]
 def head_path(request, monkeypatch):
     """Run a test through the fused LM head, and again through full logits + selective_logprobs."""
     if request.param == "logits":
-        monkeypatch.setattr(logprobs_module, "plain_head", lambda model: None)
+        monkeypatch.setattr(plain_head_module, "plain_head", lambda model, checked=None: None)
     return request.param
 
 
@@ -168,7 +169,7 @@ def test_fused_head_equals_log_softmax(chunk_elements, saved_logits_bytes, monke
         chunk_elements=chunk_elements,
         saved_logits_bytes=saved_logits_bytes,
     )
-    import grpokit.train.fused_head as fused_head
+    import grpokit.kernels.fused_head as fused_head
 
     calls = []
     linear = fused_head.F.linear
@@ -258,9 +259,7 @@ def test_reference_linears_in_bf16_change_no_number(setup):
     # under bf16 autocast a Linear computes with its weight cast to bf16 anyway: storing it so is exact
     model, _, batch = setup
     reference = copy.deepcopy(model)
-    assert (
-        hardware.store_linears_in(reference, torch.bfloat16) == 2 * 7
-    )  # q k v o gate up down per layer; not the tied head
+    assert store_linears_in(reference, torch.bfloat16) == 2 * 7  # q k v o gate up down per layer; not the tied head
     assert reference.get_input_embeddings().weight.dtype == torch.float32
     with hardware.autocast(CPU, torch.bfloat16):
         expected = batched_logprobs(model, batch, 0.7, micro_batch_size=12)

@@ -6,18 +6,18 @@ layer makes seven matmul calls (q, k, v, o, gate, up, down), each casting its in
 autocast, plus ~25 small ops for norms and rotary embeddings. :class:`FusedDecoder` runs the same
 layer from weights prepared once per generation: q/k/v in one matrix, gate/up in one matrix, all
 in the compute dtype (the values autocast would use) and, on CPUs that support it, packed for
-oneDNN (:mod:`grpokit.rollout.packed_linear`): four matmuls per layer. Norms (the model's own modules),
-rotary embeddings (its own rotary module) and the KV cache (:mod:`grpokit.rollout.kv_cache`) are
-the same as in the HF forward, in the same dtypes; attention of the single new token is two small float32 matmuls
-(:func:`_decode_attention`).
+oneDNN (:mod:`grpokit.kernels.packed_linear`): four matmuls per layer. Norms (the model's own modules),
+rotary embeddings (its own rotary module) and the KV cache (:mod:`grpokit.kernels.kv_cache`) are
+the same as in the HF forward, in the same dtypes; attention of the single new token is two small
+float32 matmuls (:func:`_decode_attention`).
 
 Architectures: Llama, Qwen2, Qwen3 (q/k norms) and Mistral, i.e. pre-norm decoders with RMSNorm,
 SiLU-gated MLP, rotary embeddings and no sliding window in effect; the prefill stays on the HF
-forward. :func:`fused_decoder` builds one only after checking, once per model, that its logits
-match the HF forward's on a short sequence (float32, 1e-4), so a variant with some other twist
-falls back to the HF forward instead of decoding wrongly. With LoRA (peft), each adapted layer's
-weight is its base weight plus the active adapters' B A x scaling (merged for the copy, as vLLM
-does); DoRA and other variants, quantised or sharded weights and custom models are not fused.
+forward. :func:`fused_decoder` builds one only after checking that its logits match the HF
+forward's on a short sequence (float32, 1e-4), so a variant with some other twist falls back to the
+HF forward instead of decoding wrongly. With LoRA (peft), each adapted layer's weight is its base
+weight plus the active adapters' B A x scaling (merged for the copy, as vLLM does); DoRA and other
+variants, quantised or sharded weights and custom models are not fused.
 """
 
 from __future__ import annotations
@@ -29,14 +29,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from grpokit.kernels.kv_cache import PreallocatedLayer, preallocate
+from grpokit.kernels.packed_linear import pack
 from grpokit.modeling import is_hf_model
-from grpokit.rollout.kv_cache import PreallocatedLayer, preallocate
-from grpokit.rollout.packed_linear import pack
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
-
-# model -> whether its fused step was checked equal to the HF forward
-_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _weight_and_bias(linear: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -63,7 +60,7 @@ def _fused_linear(
     layers: list[torch.nn.Module], dtype: torch.dtype, rows: int
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """x -> x W^T + b for the effective weights of ``layers`` stacked (:func:`_weight_and_bias`), in
-    ``dtype``: packed for oneDNN where this CPU supports it (:func:`grpokit.rollout.packed_linear.pack`),
+    ``dtype``: packed for oneDNN where this CPU supports it (:func:`grpokit.kernels.packed_linear.pack`),
     else ``F.linear``."""
     weights, biases = zip(*(_weight_and_bias(layer) for layer in layers))
     weight = torch.cat([w.detach() for w in weights]).to(dtype)  # [out, in]
@@ -98,8 +95,8 @@ def _decode_attention(
 
     The query heads of a group share their key/value head, so they are stacked as that head's query
     rows ([A, kv_heads, group, d]): two small batched matmuls, no repeated K/V. At decoding sizes
-    (32 rows, a few hundred keys) this takes a fraction of the time of SDPA's CPU kernel (~0.6 ms
-    per layer and step on the benchmark model), which is built for long queries.
+    (tens of rows, a few hundred keys) this is faster than SDPA's CPU kernel, which is built for long
+    queries (docs/performance.md).
     """
     rows, heads, _, d = q.shape
     kv_heads = k.size(1)
@@ -221,11 +218,16 @@ def _matches_hf(model: torch.nn.Module) -> bool:
     return bool(torch.allclose(got, expected, rtol=1e-4, atol=1e-4))
 
 
-def fused_decoder(model: torch.nn.Module, dtype: torch.dtype, rows: int) -> FusedDecoder | None:
+def fused_decoder(
+    model: torch.nn.Module, dtype: torch.dtype, rows: int, checked: weakref.WeakKeyDictionary | None = None
+) -> FusedDecoder | None:
     """A :class:`FusedDecoder` for ``model`` computing in ``dtype``, or None when the model is not
-    supported (see the module docstring) or failed the one-time check against its HF forward."""
+    supported (see the module docstring) or fails the check against its HF forward. ``checked``
+    (model -> passed) keeps each model's result, so the check runs once per model and run."""
     if not _fusable(model):
         return None
-    if model not in _CHECKED:
-        _CHECKED[model] = _matches_hf(model)
-    return FusedDecoder(model, dtype, rows) if _CHECKED[model] else None
+    if checked is None:
+        return FusedDecoder(model, dtype, rows) if _matches_hf(model) else None
+    if model not in checked:
+        checked[model] = _matches_hf(model)
+    return FusedDecoder(model, dtype, rows) if checked[model] else None

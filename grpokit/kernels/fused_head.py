@@ -9,19 +9,18 @@ The float32 [m, V] log-softmax never exists whole (the chunked LM head of Liger 
 forward runs over chunks of rows and keeps lse [m]; the backward goes over chunks of the
 vocabulary, so each slice of the weight gradient is computed once, and the hidden-state gradient
 [m, H] is the small sum. A chunk holds about 2**22 logits, so its elementwise work stays in cache.
-The backward needs the logits again: up to 64 MiB of them (in the compute dtype) are kept from
-the forward, one micro-batch of the benchmark (512 positions x 32,000); bigger ones are recomputed
-there, a third more LM-head matmul FLOPs instead of the memory.
+The backward needs the logits again: those up to ``SAVED_LOGITS_BYTES`` (in the compute dtype) are
+kept from the forward, bigger ones are recomputed there (a third more LM-head matmul FLOPs instead
+of the memory).
 
 The weight gradient of a trainable leaf weight is added straight into ``weight.grad`` (the
 gradient-accumulation fusion of Megatron-LM) instead of being returned: a returned [V, H] gradient
-would be a fresh 64 MiB tensor per micro-batch at V = 32,000, H = 512, summed out of place with a
-tied embedding's gradient and then added to ``.grad`` again (~120 MB less peak memory and two
-passes over [V, H] fewer per micro-batch in the benchmark). Hence this function is for
-``loss.backward()``: ``torch.autograd.grad`` with respect to the weight would not see that part.
+would be a fresh tensor per micro-batch, summed out of place with a tied embedding's gradient and
+then added to ``.grad`` again. Hence this function is for ``loss.backward()``:
+``torch.autograd.grad`` with respect to the weight would not see that part.
 
 Under autocast the matmuls run in the autocast dtype, as ``F.linear`` would, with the weight cast
-once per call and kept for backward (once per :func:`reuse_weight_casts` block: the micro-batches
+once per call and kept for backward, or once per :meth:`WeightCasts.reuse` block (the micro-batches
 of one optimizer step share it). Softmax, log-probs, entropies and the gradient of the logits are
 float32; the weight gradient is returned in the weight's dtype.
 """
@@ -40,35 +39,42 @@ CHUNK_ELEMENTS = 2**22
 # recomputed there. 64 MiB: a benchmark micro-batch (512 positions x 32,000) in bf16 or float32.
 SAVED_LOGITS_BYTES = 2**26
 
-# (id, version, dtype) of a weight -> its cast, while a reuse_weight_casts block is open.
-_casts: dict | None = None
 
+class WeightCasts:
+    """Casts of LM-head weights to the autocast dtype, reused inside :meth:`reuse` blocks.
 
-@contextlib.contextmanager
-def reuse_weight_casts():
-    """Cast each head weight to the autocast dtype once inside this block, not once per call.
-
-    A cast is reused only while the weight is unchanged (same tensor version), so an optimizer
-    step inside the block simply leads to a new cast.
+    One per run (held by :class:`grpokit.kernels.Kernels`), so runs in one process share nothing.
     """
-    global _casts
-    outer, _casts = _casts, {} if _casts is None else _casts
-    try:
-        yield
-    finally:
-        _casts = outer
 
+    def __init__(self):
+        self._casts: dict | None = None  # (id, version, dtype) of a weight -> its cast, while a block is open
 
-def _cast(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if weight.dtype == dtype:
-        return weight
-    if _casts is None:
-        return weight.to(dtype)
-    key = (id(weight), weight._version, dtype)
-    if key not in _casts:
-        _casts.clear()  # one weight at a time: a stale cast of an updated weight is never kept
-        _casts[key] = weight.detach().to(dtype)
-    return _casts[key]
+    @contextlib.contextmanager
+    def reuse(self):
+        """Cast each head weight to the autocast dtype once inside this block (nested blocks share the
+        outermost one's casts), not once per call.
+
+        A cast is reused only while the weight is unchanged (same tensor version), so an optimizer
+        step inside the block simply leads to a new cast.
+        """
+        outer = self._casts
+        if outer is None:
+            self._casts = {}
+        try:
+            yield
+        finally:
+            self._casts = outer
+
+    def cast(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if weight.dtype == dtype:
+            return weight
+        if self._casts is None:
+            return weight.to(dtype)
+        key = (id(weight), weight._version, dtype)
+        if key not in self._casts:
+            self._casts.clear()  # one weight at a time: a stale cast of an updated weight is never kept
+            self._casts[key] = weight.detach().to(dtype)
+        return self._casts[key]
 
 
 def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
@@ -80,9 +86,11 @@ def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
 
 class _FusedHeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, chunk_elements, with_entropy, saved_logits_bytes):
+    def forward(
+        ctx, hidden, weight, bias, tokens, temperature, chunk_elements, with_entropy, saved_logits_bytes, casts
+    ):
         dtype = _compute_dtype(weight)
-        w = _cast(weight, dtype)  # [V, H]
+        w = casts.cast(weight, dtype) if casts is not None else weight.to(dtype)  # [V, H]
         b = None if bias is None else bias.to(dtype)
         h = hidden.to(dtype)  # [m, H]
         m, V = h.size(0), w.size(0)
@@ -159,7 +167,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
                     grad_bias[v : v + cols] = grad_z.float().sum(0)
         if ctx.accumulate_into is not None:
             grad_weight = None  # already in .grad
-        return grad_hidden.to(hidden_dtype), grad_weight, grad_bias, None, None, None, None, None
+        return grad_hidden.to(hidden_dtype), grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def fused_head_logprobs(
@@ -171,6 +179,7 @@ def fused_head_logprobs(
     with_entropy: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
     saved_logits_bytes: int = SAVED_LOGITS_BYTES,
+    casts: WeightCasts | None = None,
 ):
     """(log p(tokens) [m], entropy [m] or None), float32, for hidden [m, H] under the head (weight [V, H], bias [V]).
 
@@ -178,9 +187,10 @@ def fused_head_logprobs(
     a trainable leaf ``weight`` receives its gradient in ``weight.grad`` directly (module docstring).
     ``chunk_elements``: logits per chunk; ``saved_logits_bytes``: the largest logits kept for the
     backward instead of recomputed there. Results do not depend on either (up to matmul rounding).
+    ``casts``: the run's :class:`WeightCasts` (None: the weight is cast at each call).
     """
     if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be [m, H] and tokens [m]; got {tuple(hidden.shape)} and {tuple(tokens.shape)}")
     return _FusedHeadLogprobs.apply(
-        hidden, weight, bias, tokens.long(), float(temperature), chunk_elements, with_entropy, saved_logits_bytes
+        hidden, weight, bias, tokens.long(), float(temperature), chunk_elements, with_entropy, saved_logits_bytes, casts
     )

@@ -2,19 +2,17 @@
 
 A decoding step multiplies a few rows (the sequences still running) by every weight of the model.
 At that size ``F.linear`` spends much of its time re-laying the weight out for the matmul kernel on
-every call: on this project's 2-core benchmark CPU, a [32, 512] x [512, 32000] LM head takes 21 ms
-in float32 (7.4 ms in bf16), against 7.1 ms (4.1 ms) with the weight packed once beforehand.
-:func:`packed_linears` packs the weights of a model's ``nn.Linear`` layers once, with oneDNN's
-own packing (the one ``torch.compile`` uses on CPU after freezing), and routes those layers
-through it until the block ends. Results: bitwise those of ``F.linear`` in bf16; in float32 equal
-up to rounding (another summation order, ~1e-6 relative).
+every call. :func:`pack` lays a weight out once with oneDNN's own packing (the one ``torch.compile``
+uses on CPU after freezing); :func:`packed_linears` does so for a model's ``nn.Linear`` layers and
+routes those layers through the packed weights until the block ends. Results: bitwise those of
+``F.linear`` in bf16; in float32 equal up to rounding (another summation order, ~1e-6 relative).
 
-Where it is used: the rollout engine, for float32 compute of architectures the fused decoder
-(:mod:`grpokit.rollout.fused_decoder`, which packs its own fused weights) does not serve. Inside the
-trainer on the benchmark model, generation took 2.8 instead of 4.6 s per step in float32; under bf16
-autocast (weights cast and packed every call) it took 2.8 instead of 2.6 s, so not there. The
-learner's passes do not use it: in float32 the reference pass was ~15 % faster, but it broke the
-bitwise-exact resume of a LoRA run (adapters off by 2e-6), for a reason not yet found.
+Users: the fused decoder (:mod:`grpokit.kernels.fused_decoder`) packs its fused weights;
+:func:`packed_linears` serves float32 sampling of the architectures the fused decoder does not
+(:class:`grpokit.kernels.Kernels` decides where). Not under bf16 autocast, where each call would
+cast and pack again. Not in the learner: its training passes need autograd, and packed no-grad
+passes made a resumed LoRA run differ from an uninterrupted one (by ~2e-6), which resume must not.
+docs/performance.md has the measurements.
 
 Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's inner layers are
 plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.
@@ -22,7 +20,8 @@ plain Linears, so adapters are honoured. Inference only: no autograd through pac
 Which CPUs: :func:`packing_available` asks :func:`grpokit.cpu_caps.cpu_caps` (float32 on x86-64,
 bf16 only where oneDNN has bf16 kernels). Should oneDNN still refuse a dtype (when packing, or at the
 first call, which :func:`pack` makes once per dtype), :func:`pack` warns once and that dtype stays on
-``F.linear`` for the rest of the process: the same numbers, slower.
+``F.linear`` for the rest of the process: the same numbers, slower. Those two sets (dtypes refused,
+dtypes seen working) are per process on purpose: they describe this machine's oneDNN, not a run.
 """
 
 from __future__ import annotations

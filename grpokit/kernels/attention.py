@@ -1,12 +1,13 @@
 """A plain matmul-softmax-matmul attention for the learner's small CPU passes, under transformers' attention interface.
 
-At the learner's shapes on CPU (a micro-batch of 8 rows x ~64 completion tokens), torch's fused
-CPU flash-attention kernel costs more than three plain ops, above all in backward. The plain form
-keeps the [batch, heads, q_len, k_len] probabilities for backward, which grows quadratically, so it
-is used only while that tensor is small (``PROBS_BUDGET``; ``NO_GRAD_PROBS_BUDGET`` in forward-only
-passes, where SDPA's forward is harder to beat); every other call (other devices,
-dropout, bigger problems, features it does not implement) goes to transformers' own SDPA function
-with the same arguments. :func:`small_attention` switches a model from "sdpa" to it for a block.
+At small shapes on CPU (a micro-batch of a few rows x tens of completion tokens), torch's fused CPU
+flash-attention kernel costs more than three plain ops, above all in backward. The plain form keeps
+the [batch, heads, q_len, k_len] probabilities for backward, which grow quadratically, so it is used
+only while that tensor is small (``PROBS_BUDGET``; ``NO_GRAD_PROBS_BUDGET`` in forward-only passes,
+where SDPA's forward is harder to beat); every other call (other devices, dropout, bigger problems,
+features it does not implement) goes to transformers' own SDPA function with the same arguments.
+:func:`small_attention` switches a model from "sdpa" to it for a block. docs/performance.md has
+the per-call measurements the budgets come from.
 """
 
 from __future__ import annotations
@@ -23,15 +24,7 @@ from grpokit.modeling import activation_checkpointing
 
 NAME = "grpokit_small_sdpa"
 # Bytes of the [batch, heads, q_len, k_len] probabilities (compute dtype) up to which the plain form runs, when
-# autograd records the call and in forward-only passes. Per call, plain vs SDPA, ms (8 heads / 2 KV heads,
-# head_dim 64, min of 8, 1 thread, a shared and noisy machine):
-# forward + backward, bf16: 0.7 MiB 4.6 vs 15.5; 2.5 MiB 15 vs 39; 8.9 MiB 67-73 vs 80-104; 13.7 MiB 112 vs 121; 19.4
-# MiB 195 vs 155
-#   forward + backward, float32: 1.5 MiB 7.7 vs 9.8; 4.9 MiB 23 vs 24; 7.4 MiB 34 vs 33; 10.4 MiB 53 vs 45
-#   forward only: bf16 0.7 MiB 2.2 vs 4.4; 2.5 MiB 6.9 vs 7.8; 3.7 MiB 16 vs 11; float32 2.9 MiB 5.2 vs 4.7
-# The whole update of the benchmark model (Learner.update, bf16, 2 threads) gained nothing at 8.9 MiB per call
-# (256-token completions: 5.11 vs 5.02 s), where the probabilities kept for backward already cost ~27 MiB per layer:
-# 4 MiB keeps the clear wins (up to ~128-token completions in bf16, ~64 in float32).
+# autograd records the call and in forward-only passes: the sizes where it clearly beats SDPA (docs/performance.md).
 PROBS_BUDGET = 4 * 2**20
 NO_GRAD_PROBS_BUDGET = 2 * 2**20
 # Arguments the plain form does not implement: such calls go to SDPA (which raises or handles them as HF does).

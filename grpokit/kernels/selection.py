@@ -1,0 +1,160 @@
+"""The one choice of kernels for a run: which version (fast or plain) of each op the engine and learner use.
+
+:meth:`Kernels.select` decides once per run, from the device, the autocast dtype and the CPU probe
+(:func:`grpokit.cpu_caps.cpu_caps`, which ``GRPOKIT_CPU_CAPS`` restricts). The rollout engine and the
+learner call the methods below instead of importing or probing the kernels themselves. A flag set to
+False gives the plain version of that op: the same numbers (up to float rounding), slower.
+
+The object also holds the run's kernel state (:class:`KernelState`: per-model checks and the LM head's
+weight casts), so two runs in one process share nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from grpokit.cpu_caps import CpuCaps, cpu_caps
+
+
+class KernelState:
+    """What a run's kernels remember: which models passed the fused decoder's and the plain head's
+    checks (keyed weakly by model), and the fused head's weight casts (:class:`WeightCasts`)."""
+
+    def __init__(self):
+        from grpokit.kernels.fused_head import WeightCasts
+
+        self.decoder_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.plain_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.weight_casts = WeightCasts()
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Which version of each op a run uses (True = the fast one), with the callables for it.
+
+    Build it with :meth:`select`; ``dataclasses.replace(kernels, fused_head=False)`` turns one op to its
+    plain version (tests compare the two that way).
+
+    Sampling (:class:`grpokit.rollout.engine.HFRolloutEngine`):
+      fused_decoder: decoding steps of Llama-family models on fused, packed weights (kernels/fused_decoder.py)
+      packed_linears: float32 sampling of other models with oneDNN-packed Linear weights (kernels/packed_linear.py)
+      preallocated_kv_cache: a KV cache allocated once per generation (kernels/kv_cache.py)
+    Log-prob passes and training (:mod:`grpokit.train.logprobs`, :class:`grpokit.train.learner.Learner`):
+      small_attention: plain attention for small CPU calls instead of SDPA (kernels/attention.py)
+      fused_head: LM head and log-softmax fused, no [N, T, V] float32 logits (kernels/fused_head.py)
+      sparse_embedding_grad: a sparse gradient for the token embedding (kernels/sparse_embedding.py)
+      reference_in_autocast_dtype: the frozen reference's Linear weights stored in the autocast dtype
+        (kernels/linear_storage.py)
+    """
+
+    autocast_dtype: torch.dtype | None
+    fused_decoder: bool
+    packed_linears: bool
+    preallocated_kv_cache: bool
+    small_attention: bool
+    fused_head: bool
+    sparse_embedding_grad: bool
+    reference_in_autocast_dtype: bool
+    state: KernelState = field(default_factory=KernelState, compare=False, repr=False)
+
+    @classmethod
+    def select(
+        cls, device: torch.device, autocast_dtype: torch.dtype | None = None, caps: CpuCaps | None = None
+    ) -> Kernels:
+        """The kernels for a run on ``device`` computing under ``autocast_dtype`` (None: the weights' dtype).
+
+        Fused decoder, fused head, sparse embedding gradient and the preallocated KV cache are plain
+        PyTorch ops, used on every device. Packed Linear weights need oneDNN on a CPU that packs
+        (``caps.packs``) and float32 compute: under autocast each call would cast and pack again. The
+        plain attention is for CPU only (elsewhere SDPA's kernels win at every size).
+        """
+        cpu = device.type == "cpu"
+        caps = caps if caps is not None else cpu_caps() if cpu else None
+        return cls(
+            autocast_dtype=autocast_dtype,
+            fused_decoder=True,
+            packed_linears=cpu and autocast_dtype is None and caps.packs(torch.float32),
+            preallocated_kv_cache=True,
+            small_attention=cpu,
+            fused_head=True,
+            sparse_embedding_grad=True,
+            reference_in_autocast_dtype=autocast_dtype is not None,
+        )
+
+    # sampling
+
+    def decoder(self, model: torch.nn.Module, dtype: torch.dtype, rows: int):
+        """A fused decoder (:class:`grpokit.kernels.fused_decoder.FusedDecoder`) for ``model`` computing in
+        ``dtype`` for about ``rows`` rows, or None: this run does not fuse, or the model is not supported."""
+        if not self.fused_decoder:
+            return None
+        from grpokit.kernels import fused_decoder
+
+        return fused_decoder.fused_decoder(model, dtype, rows, self.state.decoder_checked)
+
+    def sampling_linears(self, model: torch.nn.Module, rows: int, device: torch.device):
+        """A block in which ``model``'s Linear layers run on packed weights (see ``packed_linears``), or a no-op."""
+        if not self.packed_linears:
+            return contextlib.nullcontext()
+        from grpokit.kernels import packed_linear
+
+        return packed_linear.packed_linears(model, None, rows, device)
+
+    def preallocate(self, cache, capacity: int) -> None:
+        """Give ``cache`` (a transformers Cache after prefill) room for ``capacity`` positions, if this run does."""
+        if self.preallocated_kv_cache:
+            from grpokit.kernels import kv_cache
+
+            kv_cache.preallocate(cache, capacity)
+
+    # log-prob passes and training
+
+    def attention(self, model: torch.nn.Module):
+        """A block in which ``model`` (on "sdpa") runs the plain small-shape attention, or a no-op."""
+        if not self.small_attention:
+            return contextlib.nullcontext()
+        # imported here: it imports transformers' modeling code, needed only once a model runs
+        from grpokit.kernels import attention
+
+        return attention.small_attention(model)
+
+    def plain_head(self, model: torch.nn.Module):
+        """(decoder, lm_head) for the fused head when ``model`` (called directly, not DDP/FSDP) has a plain
+        Linear LM head, else None (also when this run does not fuse the head)."""
+        if not self.fused_head:
+            return None
+        from grpokit.kernels import plain_head
+
+        return plain_head.plain_head(model, self.state.plain_heads)
+
+    def head_logprobs(self, hidden, weight, bias, tokens, temperature: float, with_entropy: bool):
+        """(log p(tokens) [m], entropy [m] or None) through the fused head (:func:`fused_head_logprobs`)."""
+        from grpokit.kernels.fused_head import fused_head_logprobs
+
+        return fused_head_logprobs(
+            hidden, weight, bias, tokens, temperature, with_entropy, casts=self.state.weight_casts
+        )
+
+    def reuse_weight_casts(self):
+        """A block in which the fused head casts each weight to the autocast dtype once (one optimizer step)."""
+        return self.state.weight_casts.reuse()
+
+    def embedding_grad(self, decoder: torch.nn.Module):
+        """A block in which ``decoder``'s token embedding gives sparse gradients, or a no-op."""
+        if not self.sparse_embedding_grad:
+            return contextlib.nullcontext()
+        from grpokit.kernels.sparse_embedding import sparse_embedding_grad
+
+        return sparse_embedding_grad(decoder)
+
+    def store_reference(self, model: torch.nn.Module) -> int:
+        """Store a frozen model's Linear weights in the autocast dtype if this run does; layers stored."""
+        if not self.reference_in_autocast_dtype or self.autocast_dtype is None:
+            return 0
+        from grpokit.kernels.linear_storage import store_linears_in
+
+        return store_linears_in(model, self.autocast_dtype)
