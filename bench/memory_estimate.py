@@ -60,7 +60,9 @@ def worker(workdir: Path, setting: list) -> None:
     import torch
 
     from grpokit import GRPOTrainer
+    from grpokit.kernels import keep_freed_memory
 
+    keep_freed_memory()  # measured as `grpokit train` runs
     torch.set_num_threads(2)
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     with tempfile.TemporaryDirectory(dir=workdir) as out:

@@ -38,7 +38,9 @@ METHODS = {"full": {"lora": {"r": 0}}, "lora": {"lora": {"r": 16}}, "qlora": {"l
 def train(workdir: Path, method: str, prompts: int, completion_length: int, steps: int) -> dict:
     """One method's run in this process: step times and the process's peak RSS."""
     from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.kernels import keep_freed_memory
 
+    keep_freed_memory()  # this run owns its process, as `grpokit train` does
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     with tempfile.TemporaryDirectory(dir=workdir) as out:
         args = GRPOConfig(

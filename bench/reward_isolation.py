@@ -65,8 +65,10 @@ def demo_model(folder: Path) -> Path:
 def demo_step(isolate: bool, steps: int) -> tuple[float, float]:
     """(mean time/reward, mean step_time) in ms over ``steps`` demo steps."""
     from grpokit.config import load_config
+    from grpokit.kernels import keep_freed_memory
     from grpokit.train.trainer import GRPOTrainer
 
+    keep_freed_memory()  # the demo's steps as `grpokit train` runs them
     config = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "config.yaml"
     with tempfile.TemporaryDirectory() as out:
         policy = demo_model(Path(out) / "policy")

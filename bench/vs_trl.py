@@ -247,7 +247,9 @@ def run_grpokit(
     workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path
 ) -> list[dict]:
     from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.kernels import keep_freed_memory
 
+    keep_freed_memory()  # this worker owns its process, as `grpokit train` does
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
         dtype=settings["dtype"],
