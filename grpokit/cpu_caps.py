@@ -1,4 +1,4 @@
-"""What this CPU can do: the one probe every instruction-set-dependent fast path asks before it is used.
+"""What this CPU can do: the one probe Kernels.select and every instruction-set-dependent kernel ask.
 
 Two fast paths depend on the instruction set; everything else grpokit runs on CPU (the fused decoder's
 and the fused head's matmuls, the learner's attention, the KV cache) is plain PyTorch ops, which

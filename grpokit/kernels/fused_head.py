@@ -36,7 +36,7 @@ import torch.nn.functional as F
 CHUNK_ELEMENTS = 2**22
 
 # Largest [m, V] logits (in the compute dtype) kept from the forward for the backward; bigger ones are
-# recomputed there. 64 MiB: a benchmark micro-batch (512 positions x 32,000) in bf16 or float32.
+# recomputed there. 64 MiB: 512 positions x a 32,000-token vocabulary in bf16 or float32 (docs/performance.md).
 SAVED_LOGITS_BYTES = 2**26
 
 

@@ -59,7 +59,7 @@ def test_the_fast_path_tests_pass_on_an_avx2_only_cpu(tmp_path):
     bf16 autocast, fused head, attention, the bf16 learner) on the simulated CPU: they pass, or skip naming
     the instruction set they need."""
     unit = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "unit")
-    names = ("packed_linear", "fused_decoder", "engine", "attention", "perf_paths")
+    names = ("kernels", "packed_linear", "fused_decoder", "engine", "attention", "perf_paths")
     files = [os.path.join(unit, f"test_{name}.py") for name in names]
     result = run_simulated(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files], tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
