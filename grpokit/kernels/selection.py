@@ -37,11 +37,11 @@ class Kernels:
     """Which version of each op a run uses (True = the fast one), with the callables for it.
 
     Build it with :meth:`select`; ``dataclasses.replace(kernels, fused_head=False)`` turns one op to its
-    plain version (tests compare the two that way).
+    plain version (to compare the two, or to rule one out).
 
     Sampling (:class:`grpokit.rollout.engine.HFRolloutEngine`):
       fused_decoder: decoding steps of Llama-family models on fused, packed weights (kernels/fused_decoder.py)
-      packed_linears: float32 sampling of other models with oneDNN-packed Linear weights (kernels/packed_linear.py)
+      packed_linears: sampling other models without autocast on oneDNN-packed Linear weights (kernels/packed_linear.py)
       preallocated_kv_cache: a KV cache allocated once per generation (kernels/kv_cache.py)
     Log-prob passes and training (:mod:`grpokit.train.logprobs`, :class:`grpokit.train.learner.Learner`):
       small_attention: plain attention for small CPU calls instead of SDPA (kernels/attention.py)
@@ -69,8 +69,9 @@ class Kernels:
 
         Fused decoder, fused head, sparse embedding gradient and the preallocated KV cache are plain
         PyTorch ops, used on every device. Packed Linear weights need oneDNN on a CPU that packs
-        (``caps.packs``) and float32 compute: under autocast each call would cast and pack again. The
-        plain attention is for CPU only (elsewhere SDPA's kernels win at every size).
+        (``caps.packs``) and no autocast (each weight is packed in its own dtype; under autocast each call
+        would cast and pack again). The
+        plain attention is for CPU only (its budgets were measured there; other devices keep SDPA's kernels).
         """
         cpu = device.type == "cpu"
         caps = caps if caps is not None else cpu_caps() if cpu else None
