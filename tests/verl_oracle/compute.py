@@ -1,0 +1,76 @@
+"""verl's PPO functions on the inputs of tests/unit/test_ppo_vs_verl.py: ``python compute.py IN.pt OUT.pt``.
+
+Run in a subprocess with the verl oracle folder first on PYTHONPATH (see requirements.txt); imports
+nothing from grpokit. Every number comes from verl 0.9.1's own code:
+verl/trainer/ppo/core_algos.py (compute_gae_advantage_return, compute_value_loss, agg_loss, kl_penalty,
+compute_rewards, AdaptiveKLController), verl/utils/torch_functional.py (masked_whiten) and
+verl/trainer/ppo/metric_utils.py (compute_data_metrics: critic/vf_explained_var).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import verl.trainer.ppo.core_algos as core_algos
+import verl.utils.torch_functional as verl_F
+from verl import DataProto
+from verl.trainer.ppo.metric_utils import compute_data_metrics
+
+# grpokit loss_type -> verl (loss_agg_mode, extra agg_loss arguments); see the test for the equivalences
+VALUE_LOSS_MODES = {
+    "bnpo": ("token-mean", {}),
+    "dapo": ("token-mean", {"batch_num_tokens": "num_items_in_batch"}),
+    "grpo": ("seq-mean-token-mean", {}),
+    "dr_grpo": ("seq-mean-token-sum-norm", {"loss_scale_factor": "max_completion_length"}),
+}
+
+
+def main(source: str, target: str) -> None:
+    x = torch.load(source)
+    mask = x["mask"]
+    out = {}
+    for gamma, lam in x["gae_settings"]:
+        out[f"gae/{gamma}/{lam}"] = core_algos.compute_gae_advantage_return(
+            x["token_rewards"], x["values"], mask, gamma, lam
+        )
+    for shift_mean in (True, False):
+        out[f"whiten/{shift_mean}"] = verl_F.masked_whiten(x["whiten_values"], mask, shift_mean=shift_mean)
+    for name, (mode, extra) in VALUE_LOSS_MODES.items():
+        vpreds = x["vpreds"].clone().requires_grad_(True)
+        kwargs = {key: x[source_key] for key, source_key in extra.items()}
+        loss, clipfrac = core_algos.compute_value_loss(
+            vpreds, x["returns"], x["values"], mask, x["cliprange_value"], loss_agg_mode=mode, **kwargs
+        )
+        loss.backward()
+        out[f"value_loss/{name}"] = (loss.detach(), clipfrac, vpreds.grad)
+    out["rewards/k1"] = core_algos.compute_rewards(x["token_rewards"], x["old_logprobs"], x["ref_logprobs"], x["beta"])
+    for kind in ("k1", "k2", "k3"):
+        out[f"kl/{kind}"] = core_algos.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kind)
+    controller = core_algos.AdaptiveKLController(x["init_kl_coef"], x["target_kl"], x["horizon"])
+    betas = []
+    for kl, n_steps in x["kl_steps"]:
+        controller.update(kl, n_steps)
+        betas.append(float(controller.value))
+    out["adaptive_kl"] = betas
+    N, T = mask.shape
+    prompts = torch.ones(N, 2, dtype=torch.long)
+    batch = DataProto.from_dict(
+        tensors={
+            "token_level_scores": x["token_rewards"],
+            "token_level_rewards": x["token_rewards"],
+            "advantages": x["values"],
+            "returns": x["returns"],
+            "values": x["values"],
+            "prompts": prompts,
+            "responses": torch.ones(N, T, dtype=torch.long),
+            "response_mask": mask,
+            "attention_mask": torch.cat([prompts, mask], dim=1),
+        }
+    )
+    out["explained_variance"] = compute_data_metrics(batch, use_critic=True)["critic/vf_explained_var"]
+    torch.save(out, target)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
