@@ -114,3 +114,40 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     if not shift_mean:
         whitened = whitened + mean
     return whitened * mask.to(values.dtype)  # [N, T]
+
+
+def ppo_advantages(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    completion_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    *,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    beta: float = 0.0,
+    kl_estimator: str = "k1",
+    whiten_rewards: bool = False,
+    whiten_advantages: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """PPO's advantages from sequence rewards [N] and the critic's values [N, T]: (advantages, returns, kl).
+
+    The steps of InstructGPT-style PPO (Ouyang et al. 2022; TRL's former PPOTrainer, whose defaults
+    gamma 1, lambda 0.95, k1 these are; verl's ``apply_kl_penalty`` + ``compute_gae_advantage_return``):
+    the reward on the last token (``last_token_rewards``); with ``ref_logprobs`` and beta > 0, the
+    KL penalty folded in (``kl_in_reward``, on the sampling policy's ``old_logprobs``; ``kl`` is then
+    [N, T], else None); optionally the token rewards scaled without shifting (``whiten_rewards``,
+    TRL's option); GAE (``gae_advantages``); the advantages whitened over the batch's tokens.
+    """
+    token_rewards = last_token_rewards(rewards, completion_mask).to(values.dtype)  # [N, T]
+    kl = None
+    if ref_logprobs is not None and beta > 0:
+        if old_logprobs is None:
+            raise ValueError("the KL in the reward needs old_logprobs (the sampling policy's log-probs)")
+        token_rewards, kl = kl_in_reward(token_rewards, old_logprobs, ref_logprobs, completion_mask, beta, kl_estimator)
+    if whiten_rewards:
+        token_rewards = masked_whiten(token_rewards, completion_mask, shift_mean=False)  # [N, T]
+    advantages, returns = gae_advantages(token_rewards, values.detach(), completion_mask, gamma, lam)  # [N, T]
+    if whiten_advantages:
+        advantages = masked_whiten(advantages, completion_mask)  # [N, T]
+    return advantages, returns, kl

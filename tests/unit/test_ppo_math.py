@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from grpokit.algos.gae import gae_advantages, kl_in_reward, last_token_rewards, masked_var, masked_whiten
+from grpokit.algos.gae import (
+    gae_advantages,
+    kl_in_reward,
+    last_token_rewards,
+    masked_var,
+    masked_whiten,
+    ppo_advantages,
+)
 from grpokit.algos.value import explained_variance, value_loss
 
 FULL = torch.tensor([[1.0, 1.0, 1.0]])
@@ -224,3 +231,40 @@ def test_explained_variance_by_hand():
     assert float(ev) == pytest.approx(1 - 1 / (5 / 3 + 1e-5), abs=1e-6)
     assert float(explained_variance(returns, returns, WHITEN_MASK)) == pytest.approx(1.0)
     assert math.isnan(float(explained_variance(values, returns, torch.tensor([[1, 0, 0], [0, 0, 0]]))))
+
+
+def test_ppo_advantages_by_hand():
+    # reward 1 on token 2; k1 = logprobs - ref = [0.1, 0.2, 0.3], beta 0.5: token rewards [-0.05, -0.1, 0.85]
+    # gamma 1, lambda 0.95, V = [0.5, 0.6, 0.7]: delta = [-0.05 + 0.1, -0.1 + 0.1, 0.85 - 0.7] = [0.05, 0, 0.15]
+    # A_2 = 0.15; A_1 = 0 + 0.95 * 0.15 = 0.1425; A_0 = 0.05 + 0.95 * 0.1425 = 0.185375
+    # returns = [0.685375, 0.7425, 0.85]
+    logprobs = torch.tensor([[-1.0, -1.0, -1.0]])
+    ref_logprobs = torch.tensor([[-1.1, -1.2, -1.3]])
+    kwargs = dict(old_logprobs=logprobs, ref_logprobs=ref_logprobs, beta=0.5)
+    advantages, returns, kl = ppo_advantages(
+        torch.tensor([1.0]), VALUES, FULL, 1.0, 0.95, whiten_advantages=False, **kwargs
+    )
+    torch.testing.assert_close(kl, torch.tensor([[0.1, 0.2, 0.3]]))
+    torch.testing.assert_close(advantages, torch.tensor([[0.185375, 0.1425, 0.15]]))
+    torch.testing.assert_close(returns, torch.tensor([[0.685375, 0.7425, 0.85]]))
+    # whitened: mean 0.1592917, unbiased var 0.0005243177, sqrt(var + 1e-8) = 0.0228982
+    # -> [1.1390996, -0.7333181, -0.4057815]; the returns are not whitened
+    advantages, whitened_returns, _ = ppo_advantages(torch.tensor([1.0]), VALUES, FULL, 1.0, 0.95, **kwargs)
+    torch.testing.assert_close(advantages, torch.tensor([[1.1390996, -0.7333181, -0.4057815]]))
+    torch.testing.assert_close(whitened_returns, returns)
+    # without a reference (or beta 0) there is no KL term: the GAE example above
+    advantages, _, kl = ppo_advantages(torch.tensor([1.0]), VALUES, FULL, 1.0, 0.95, whiten_advantages=False)
+    assert kl is None
+    torch.testing.assert_close(advantages, torch.tensor([[0.46575, 0.385, 0.3]]))
+
+
+def test_ppo_advantages_whiten_rewards_and_errors():
+    # whiten_rewards (TRL's option) scales the token rewards [[0, 1], [0, 3]] without shifting them:
+    # mean 1, unbiased var (1 + 0 + 1 + 4) / 3 = 2, (x - 1) / sqrt(2) + 1 -> [[0.2928932, 1], [0.2928932, 2.4142136]]
+    # gamma 1, lambda 1, V = 0: returns = rewards to go = [[1.2928932, 1], [2.7071068, 2.4142136]]
+    rewards = torch.tensor([1.0, 3.0])
+    mask = torch.ones(2, 2)
+    _, returns, _ = ppo_advantages(rewards, torch.zeros(2, 2), mask, 1.0, 1.0, whiten_rewards=True)
+    torch.testing.assert_close(returns, torch.tensor([[1.2928932, 1.0], [2.7071068, 2.4142136]]))
+    with pytest.raises(ValueError, match="old_logprobs"):
+        ppo_advantages(rewards, torch.zeros(2, 2), mask, ref_logprobs=torch.zeros(2, 2), beta=0.1)

@@ -7,13 +7,17 @@ tests/verl_oracle/compute.py runs verl's functions there, in one subprocess, on 
 writes. Compared, on masked-in tokens (verl leaves numbers at padding, grpokit 0):
 
 * GAE: ``compute_gae_advantage_return`` (its advantages are whitened: ``masked_whiten`` of ours);
+* ``ppo_advantages`` (reward on the last token, k1 KL in the reward, GAE, whitening) against the KL
+  penalty of verl's ``apply_kl_penalty`` (ray_trainer.py, written out in compute.py: its module needs
+  more packages) followed by ``compute_gae_advantage_return``;
 * ``masked_whiten`` with and without shifting the mean back;
 * the clipped value loss, its clip fraction and its gradient, ``compute_value_loss`` with each
   ``loss_agg_mode`` that matches a grpokit ``loss_type``: token-mean = bnpo, token-mean with
   batch_num_tokens = dapo with num_items_in_batch, seq-mean-token-mean = grpo, seq-mean-token-sum-norm
   with loss_scale_factor = dr_grpo with max_completion_length (the last two count only non-empty
   sequences in verl, every sequence in grpokit: the batch has no empty completion);
-* the KL in the reward: ``compute_rewards`` (k1) and ``kl_penalty`` (k1, k2, k3);
+* the KL in the reward: ``compute_rewards`` (k1) and ``kl_penalty`` (k1, k2, k3; verl clamps k3 to
+  [-10, 10], grpokit does not, so the log-probs stay where the clamp does not bind);
 * ``AdaptiveKLController`` over a run of updates;
 * explained variance: ``compute_data_metrics``' critic/vf_explained_var.
 """
@@ -28,7 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.algos.gae import gae_advantages, kl_in_reward, last_token_rewards, masked_whiten
+from grpokit.algos.gae import gae_advantages, kl_in_reward, last_token_rewards, masked_whiten, ppo_advantages
 from grpokit.algos.kl_control import KLController
 from grpokit.algos.value import explained_variance, value_loss
 
@@ -54,14 +58,16 @@ def verl(tmp_path_factory):
         "mask": mask,
         "token_rewards": last_token_rewards(rand(N), mask) + 0.1 * rand(N, T) * mask,
         "values": values,
+        "sequence_rewards": rand(N),
         "whiten_values": 2.0 + 3.0 * rand(N, T),
         "vpreds": values + 0.3 * rand(N, T),  # away from the old values: some tokens clip
         "returns": values + rand(N, T),
         "cliprange_value": 0.2,
         "num_items_in_batch": 40,
         "max_completion_length": 12,
-        "old_logprobs": -torch.rand(N, T, generator=generator, dtype=torch.float64) * 3,
-        "ref_logprobs": -torch.rand(N, T, generator=generator, dtype=torch.float64) * 3,
+        # |ref - old| < 2: k3 < e^2 - 3, inside the [-10, 10] to which verl clamps k3 (grpokit, like TRL, does not)
+        "old_logprobs": -torch.rand(N, T, generator=generator, dtype=torch.float64) * 2,
+        "ref_logprobs": -torch.rand(N, T, generator=generator, dtype=torch.float64) * 2,
         "beta": 0.05,
         "gae_settings": GAE_SETTINGS,
         "init_kl_coef": 0.1,
@@ -69,6 +75,7 @@ def verl(tmp_path_factory):
         "horizon": 10000,
         "kl_steps": KL_STEPS,
     }
+    inputs["sequence_scores"] = last_token_rewards(inputs["sequence_rewards"], mask)  # verl's token_level_scores
     folder = tmp_path_factory.mktemp("verl")
     torch.save(inputs, folder / "in.pt")
     env = {**os.environ, "PYTHONPATH": str(ORACLE), "CUDA_VISIBLE_DEVICES": ""}
@@ -95,6 +102,24 @@ def test_gae_equals_verl(verl, gamma, lam):
     verl_advantages, verl_returns = out[f"gae/{gamma}/{lam}"]
     torch.testing.assert_close(on_mask(returns, mask), on_mask(verl_returns, mask))
     torch.testing.assert_close(on_mask(masked_whiten(advantages, mask), mask), on_mask(verl_advantages, mask))
+
+
+def test_ppo_advantages_equal_verl(verl):
+    x, out = verl
+    mask = x["mask"]
+    advantages, returns, _ = ppo_advantages(
+        x["sequence_rewards"],
+        x["values"],
+        mask,
+        1.0,
+        0.95,
+        old_logprobs=x["old_logprobs"],
+        ref_logprobs=x["ref_logprobs"],
+        beta=x["beta"],
+    )
+    verl_advantages, verl_returns = out["pipeline"]
+    torch.testing.assert_close(on_mask(advantages, mask), on_mask(verl_advantages, mask))
+    torch.testing.assert_close(on_mask(returns, mask), on_mask(verl_returns, mask))
 
 
 @pytest.mark.parametrize("shift_mean", [True, False])

@@ -45,6 +45,13 @@ def main(source: str, target: str) -> None:
         loss.backward()
         out[f"value_loss/{name}"] = (loss.detach(), clipfrac, vpreds.grad)
     out["rewards/k1"] = core_algos.compute_rewards(x["token_rewards"], x["old_logprobs"], x["ref_logprobs"], x["beta"])
+    # PPO's advantages from sequence scores: the KL in the reward (as apply_kl_penalty in
+    # verl/trainer/ppo/ray_trainer.py, which needs more packages to import: scores - beta * kl_penalty * mask),
+    # then GAE, whitened
+    kld = core_algos.kl_penalty(x["old_logprobs"], x["ref_logprobs"], "kl") * mask
+    out["pipeline"] = core_algos.compute_gae_advantage_return(
+        x["sequence_scores"] - x["beta"] * kld, x["values"], mask, 1.0, 0.95
+    )
     for kind in ("k1", "k2", "k3"):
         out[f"kl/{kind}"] = core_algos.kl_penalty(x["old_logprobs"], x["ref_logprobs"], kind)
     controller = core_algos.AdaptiveKLController(x["init_kl_coef"], x["target_kl"], x["horizon"])
