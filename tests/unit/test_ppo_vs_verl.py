@@ -16,6 +16,8 @@ writes. Compared, on masked-in tokens (verl leaves numbers at padding, grpokit 0
   batch_num_tokens = dapo with num_items_in_batch, seq-mean-token-mean = grpo, seq-mean-token-sum-norm
   with loss_scale_factor = dr_grpo with max_completion_length (the last two count only non-empty
   sequences in verl, every sequence in grpokit: the batch has no empty completion);
+* the policy loss (grpokit's existing ``policy_loss``, one advantage per sequence, with the k3 KL term):
+  ``compute_policy_loss_vanilla`` + the KL loss as verl's actor adds it (dual clip out of reach);
 * the KL in the reward: ``compute_rewards`` (k1) and ``kl_penalty`` (k1, k2, k3; verl clamps k3 to
   [-10, 10], grpokit does not, so the log-probs stay where the clamp does not bind);
 * ``AdaptiveKLController`` over a run of updates;
@@ -34,6 +36,7 @@ import torch
 
 from grpokit.algos.gae import gae_advantages, kl_in_reward, last_token_rewards, masked_whiten, ppo_advantages
 from grpokit.algos.kl_control import KLController
+from grpokit.algos.losses import policy_loss
 from grpokit.algos.value import explained_variance, value_loss
 
 ORACLE = Path(os.environ.get("GRPOKIT_VERL_ORACLE", Path(sys.prefix) / "verl-oracle"))
@@ -69,12 +72,18 @@ def verl(tmp_path_factory):
         "old_logprobs": -torch.rand(N, T, generator=generator, dtype=torch.float64) * 2,
         "ref_logprobs": -torch.rand(N, T, generator=generator, dtype=torch.float64) * 2,
         "beta": 0.05,
+        "advantages": rand(N),
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "kl_loss_coef": 0.04,
         "gae_settings": GAE_SETTINGS,
         "init_kl_coef": 0.1,
         "target_kl": 6.0,
         "horizon": 10000,
         "kl_steps": KL_STEPS,
     }
+    # the policy moved since sampling: ratios on both sides of the clip range
+    inputs["logprobs"] = inputs["old_logprobs"] + 0.3 * rand(N, T)
     inputs["sequence_scores"] = last_token_rewards(inputs["sequence_rewards"], mask)  # verl's token_level_scores
     folder = tmp_path_factory.mktemp("verl")
     torch.save(inputs, folder / "in.pt")
@@ -149,6 +158,31 @@ def test_value_loss_and_gradient_equal_verl(verl, loss_type):
     torch.testing.assert_close(loss.detach(), verl_loss)
     assert metrics["value_clip_frac"] == pytest.approx(float(verl_clipfrac), rel=1e-6)  # verl: float32
     torch.testing.assert_close(vpreds.grad, verl_grad)
+
+
+@pytest.mark.parametrize("loss_type", ["bnpo", "dapo", "grpo", "dr_grpo"])
+def test_policy_loss_and_gradient_equal_verl(verl, loss_type):
+    # sequence-level advantages (policy_loss takes [N]); verl's per-token advantages hold A_i on every token
+    x, out = verl
+    logprobs = x["logprobs"].clone().requires_grad_(True)
+    loss, metrics = policy_loss(
+        logprobs,
+        x["old_logprobs"],
+        x["advantages"],
+        x["mask"],
+        loss_type=loss_type,
+        epsilon=x["epsilon"],
+        epsilon_high=x["epsilon_high"],
+        beta=x["kl_loss_coef"],
+        ref_logprobs=x["ref_logprobs"],
+        num_items_in_batch=x["num_items_in_batch"],
+        max_completion_length=x["max_completion_length"],
+    )
+    loss.backward()
+    assert 0 < metrics["clip_ratio/low_mean"] and 0 < metrics["clip_ratio/high_mean"]  # both clips active
+    verl_loss, verl_grad = out[f"policy_loss/{loss_type}"]
+    torch.testing.assert_close(loss.detach(), verl_loss)
+    torch.testing.assert_close(logprobs.grad, verl_grad)
 
 
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])

@@ -3,7 +3,7 @@
 Run in a subprocess with the verl oracle folder first on PYTHONPATH (see requirements.txt); imports
 nothing from grpokit. Every number comes from verl 0.9.1's own code:
 verl/trainer/ppo/core_algos.py (compute_gae_advantage_return, compute_value_loss, agg_loss, kl_penalty,
-compute_rewards, AdaptiveKLController), verl/utils/torch_functional.py (masked_whiten) and
+compute_rewards, AdaptiveKLController, compute_policy_loss_vanilla), verl/utils/torch_functional.py (masked_whiten) and
 verl/trainer/ppo/metric_utils.py (compute_data_metrics: critic/vf_explained_var).
 """
 
@@ -14,11 +14,12 @@ import sys
 import torch
 import verl.trainer.ppo.core_algos as core_algos
 import verl.utils.torch_functional as verl_F
+from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 
 # grpokit loss_type -> verl (loss_agg_mode, extra agg_loss arguments); see the test for the equivalences
-VALUE_LOSS_MODES = {
+LOSS_MODES = {
     "bnpo": ("token-mean", {}),
     "dapo": ("token-mean", {"batch_num_tokens": "num_items_in_batch"}),
     "grpo": ("seq-mean-token-mean", {}),
@@ -36,7 +37,7 @@ def main(source: str, target: str) -> None:
         )
     for shift_mean in (True, False):
         out[f"whiten/{shift_mean}"] = verl_F.masked_whiten(x["whiten_values"], mask, shift_mean=shift_mean)
-    for name, (mode, extra) in VALUE_LOSS_MODES.items():
+    for name, (mode, extra) in LOSS_MODES.items():
         vpreds = x["vpreds"].clone().requires_grad_(True)
         kwargs = {key: x[source_key] for key, source_key in extra.items()}
         loss, clipfrac = core_algos.compute_value_loss(
@@ -44,6 +45,8 @@ def main(source: str, target: str) -> None:
         )
         loss.backward()
         out[f"value_loss/{name}"] = (loss.detach(), clipfrac, vpreds.grad)
+    for name, (mode, extra) in LOSS_MODES.items():
+        out[f"policy_loss/{name}"] = policy_loss(x, mode, {key: x[source_key] for key, source_key in extra.items()})
     out["rewards/k1"] = core_algos.compute_rewards(x["token_rewards"], x["old_logprobs"], x["ref_logprobs"], x["beta"])
     # PPO's advantages from sequence scores: the KL in the reward (as apply_kl_penalty in
     # verl/trainer/ppo/ray_trainer.py, which needs more packages to import: scores - beta * kl_penalty * mask),
@@ -77,6 +80,31 @@ def main(source: str, target: str) -> None:
     )
     out["explained_variance"] = compute_data_metrics(batch, use_critic=True)["critic/vf_explained_var"]
     torch.save(out, target)
+
+
+def policy_loss(x: dict, mode: str, batch_info: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, its gradient wrt the log-probs): verl's actor loss as verl/workers/utils/losses.py ``ppo_loss``
+    composes it (lines 103-140): ``compute_policy_loss_vanilla`` + kl_loss_coef * agg_loss(kl_penalty(low_var_kl)).
+    The dual clip (clip_ratio_c) is set out of reach: grpokit has none."""
+    config = OmegaConf.create(
+        {
+            "clip_ratio": x["epsilon"],
+            "clip_ratio_low": x["epsilon"],
+            "clip_ratio_high": x["epsilon_high"],
+            "clip_ratio_c": 1e9,
+            "global_batch_info": batch_info,
+        }
+    )
+    mask = x["mask"].bool()
+    log_prob = x["logprobs"].clone().requires_grad_(True)
+    advantages = x["advantages"][:, None].expand_as(log_prob)  # one per sequence, on every token
+    pg_loss, _ = core_algos.compute_policy_loss_vanilla(
+        x["old_logprobs"], log_prob, advantages, mask, loss_agg_mode=mode, config=config
+    )
+    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=x["ref_logprobs"], kl_penalty="low_var_kl")
+    loss = pg_loss + core_algos.agg_loss(kld, mask, mode, **batch_info) * x["kl_loss_coef"]
+    loss.backward()
+    return loss.detach(), log_prob.grad
 
 
 if __name__ == "__main__":
