@@ -20,8 +20,9 @@ WHITEN_EPS = 1e-8
 def last_token_rewards(rewards: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
     """Sequence rewards placed on the last completion token, [N] x [N, T] -> [N, T].
 
-    r_{i,t} = R_i if t = |o_i| - 1 else 0 (Ouyang et al. 2022, InstructGPT: the reward model scores
-    the whole completion, once, at its end). A row without completion tokens gets no reward. NaN
+    r_{i,t} = R_i if t is the last masked-in token of row i (t = |o_i| - 1 with right padding) else 0
+    (Ouyang et al. 2022, InstructGPT: the reward model scores the whole completion, once, at its
+    end). A row without completion tokens gets no reward. NaN
     rewards ("no reward applies") are refused: PPO has no neutral value for them, so the caller
     drops those rows or gives them a reward first.
     """
@@ -32,12 +33,12 @@ def last_token_rewards(rewards: torch.Tensor, completion_mask: torch.Tensor) -> 
     if rewards.isnan().any():
         raise ValueError("rewards contain NaN (no reward applied); drop those rows or give them a reward first")
     mask = completion_mask.bool()  # [N, T]
-    lengths = mask.sum(dim=1)  # [N, T] -> [N]
-    last = (lengths - 1).clamp(min=0)  # [N]
+    positions = torch.arange(mask.size(1), device=mask.device).expand(mask.shape)  # [N, T]
+    last = positions.masked_fill(~mask, -1).amax(dim=1)  # [N, T] -> [N]: last masked-in token, -1 if none
     dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
     token_rewards = torch.zeros(mask.shape, dtype=dtype, device=rewards.device)  # [N, T]
-    placed = torch.where(lengths > 0, rewards.to(dtype), 0.0)  # [N]
-    return token_rewards.scatter(1, last[:, None], placed[:, None])  # [N, T]
+    placed = torch.where(last >= 0, rewards.to(dtype), 0.0)  # [N]
+    return token_rewards.scatter(1, last.clamp(min=0)[:, None], placed[:, None])  # [N, T]
 
 
 def kl_in_reward(

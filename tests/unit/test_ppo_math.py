@@ -28,6 +28,10 @@ def test_last_token_rewards_by_hand():
     # the reward sits on token |o_i| - 1; the empty third row gets nothing
     expected = torch.tensor([[0.0, 0.0, 1.0], [-2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     assert torch.equal(last_token_rewards(rewards, mask), expected)
+    # a mask with a hole (a masked-out token inside the completion): still the last masked-in token
+    holes = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0]])
+    expected = torch.tensor([[0.0, 0.0, 3.0, 0.0], [0.0, 4.0, 0.0, 0.0]])
+    assert torch.equal(last_token_rewards(torch.tensor([3.0, 4.0]), holes), expected)
 
 
 def test_last_token_rewards_refuses_nan_and_bad_shapes():
