@@ -1,7 +1,7 @@
 """PPO's advantages from a learned value: token-level rewards, GAE, masked whitening.
 
 Shapes: N sequences, T completion tokens, right-padded. ``completion_mask`` [N, T] is 1 on real
-completion tokens. ``values[:, t]`` is the critic's V(s_t), the value of the state before completion
+completion tokens (a masked-out token inside a row is skipped, as verl skips observation tokens). ``values[:, t]`` is the critic's V(s_t), the value of the state before completion
 token t is emitted, i.e. read at the same position as the logits that give ``logprobs[:, t]`` (as in
 verl's critic and TRL's former PPOTrainer). Results are 0 at padding.
 """
@@ -22,9 +22,9 @@ def last_token_rewards(rewards: torch.Tensor, completion_mask: torch.Tensor) -> 
 
     r_{i,t} = R_i if t is the last masked-in token of row i (t = |o_i| - 1 with right padding) else 0
     (Ouyang et al. 2022, InstructGPT: the reward model scores the whole completion, once, at its
-    end). A row without completion tokens gets no reward. NaN
-    rewards ("no reward applies") are refused: PPO has no neutral value for them, so the caller
-    drops those rows or gives them a reward first.
+    end). A row without completion tokens gets no reward. NaN rewards ("no reward applies") are
+    refused: PPO has no neutral value for them, so the caller drops those rows or gives them a
+    reward first.
     """
     if rewards.dim() != 1 or rewards.size(0) != completion_mask.size(0):
         raise ValueError(

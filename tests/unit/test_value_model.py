@@ -9,7 +9,7 @@ from grpokit.algos.gae import ppo_advantages
 from grpokit.algos.value import value_loss
 from grpokit.modeling import load_model
 from grpokit.rollout.types import Rollouts
-from grpokit.testing import TinyGPT
+from grpokit.testing import TinyGPT, build_tiny_causal_lm
 from grpokit.train.logprobs import build_batch, shares_prefix
 from grpokit.train.value_model import ValueModel
 
@@ -58,6 +58,18 @@ def test_values_align_with_completion_logprob_positions(critic):
     # micro-batches of rows give the same values (the shared prompt cache is per micro-batch)
     halves = torch.cat([critic(batch.rows(slice(0, 3))), critic(batch.rows(slice(3, 6)))]).detach()
     torch.testing.assert_close(halves, values, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_values_align_on_other_architectures(arch, tmp_path):
+    # Qwen2's token classifier has a `score` head like Llama's; GPT-2's is called `classifier`
+    build_tiny_causal_lm(tmp_path, arch=arch, hidden_size=32, num_layers=2, num_heads=2)
+    torch.manual_seed(0)
+    critic = ValueModel.from_pretrained(str(tmp_path))
+    rows = rollouts()
+    with torch.no_grad():
+        values = critic(build_batch(critic.trunk, rows, 0, CPU))
+    torch.testing.assert_close(values, expected_values(critic, rows), atol=1e-5, rtol=1e-5)
 
 
 def test_values_on_the_full_forward_path(critic):
