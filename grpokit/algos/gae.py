@@ -1,9 +1,10 @@
 """PPO's advantages from a learned value: token-level rewards, GAE, masked whitening.
 
 Shapes: N sequences, T completion tokens, right-padded. ``completion_mask`` [N, T] is 1 on real
-completion tokens (a masked-out token inside a row is skipped, as verl skips observation tokens). ``values[:, t]`` is the critic's V(s_t), the value of the state before completion
-token t is emitted, i.e. read at the same position as the logits that give ``logprobs[:, t]`` (as in
-verl's critic and TRL's former PPOTrainer). Results are 0 at padding.
+completion tokens (a masked-out token inside a row is skipped, as verl skips observation tokens).
+``values[:, t]`` is the critic's V(s_t), the value of the state before completion token t is
+emitted, i.e. read at the same position as the logits that give ``logprobs[:, t]`` (as in verl's
+critic and TRL's former PPOTrainer). Results are 0 at padding.
 """
 
 from __future__ import annotations
