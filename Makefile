@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test test-fast lint format bench clean chromium
+.PHONY: demo test test-fast lint format bench clean chromium verl-oracle
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,18 @@ $(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
 demo: $(VENV)/.demo
 	$(BIN)/grpokit demo
 
-test: $(VENV)/.test chromium
+test: $(VENV)/.test verl-oracle chromium
 	$(BIN)/python -m pytest -q
+
+# verl's own PPO code, the reference of tests/unit/test_ppo_vs_verl.py: pinned in tests/verl_oracle/requirements.txt,
+# installed without dependencies into a folder of its own (its pins conflict with the test environment's) and
+# imported only by the test's subprocess.
+$(VENV)/verl-oracle/.done: $(BIN)/python tests/verl_oracle/requirements.txt
+	rm -rf $(VENV)/verl-oracle
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/verl-oracle -r tests/verl_oracle/requirements.txt
+	touch $@
+
+verl-oracle: $(VENV)/verl-oracle/.done
 
 # tests/integration/test_report_browser.py renders the report in headless Chromium. As root with apt-get
 # (a fresh Debian/Ubuntu CI machine) it is installed here; anywhere else this never fails, and the test is
@@ -36,7 +46,7 @@ chromium:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	echo "chromium not installed: the report's browser test will be skipped"
 
-test-fast: $(VENV)/.test
+test-fast: $(VENV)/.test verl-oracle
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # Style: ruff (version pinned in constraints.txt, rules in pyproject.toml's [tool.ruff]).
