@@ -1,6 +1,31 @@
 """Tools and environments for multi-turn rollouts (schemas, tool-call parsing, isolated execution,
 conversation tokens and loss masks). Not yet wired into the rollout engine or the trainer."""
 
+from grpokit.tools.parsing import (
+    ToolCall,
+    ToolParser,
+    assistant_message,
+    get_tool_parser,
+    parse_tool_calls,
+    register_tool_parser,
+    tool_parser_for,
+    tool_parser_names,
+    validate_calls,
+)
 from grpokit.tools.schema import ToolError, check_arguments, tool_schema, tool_schemas
 
-__all__ = ["ToolError", "check_arguments", "tool_schema", "tool_schemas"]
+__all__ = [
+    "ToolCall",
+    "ToolError",
+    "ToolParser",
+    "assistant_message",
+    "check_arguments",
+    "get_tool_parser",
+    "parse_tool_calls",
+    "register_tool_parser",
+    "tool_parser_for",
+    "tool_parser_names",
+    "tool_schema",
+    "tool_schemas",
+    "validate_calls",
+]
