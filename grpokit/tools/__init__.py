@@ -1,6 +1,14 @@
 """Tools and environments for multi-turn rollouts (schemas, tool-call parsing, isolated execution,
 conversation tokens and loss masks). Not yet wired into the rollout engine or the trainer."""
 
+from grpokit.tools.environment import (
+    EnvironmentFactory,
+    EnvironmentPool,
+    EnvironmentSession,
+    environment_tools,
+    with_observation,
+)
+from grpokit.tools.executor import STATUSES, ToolExecutor, ToolResult
 from grpokit.tools.parsing import (
     ToolCall,
     ToolParser,
@@ -15,11 +23,18 @@ from grpokit.tools.parsing import (
 from grpokit.tools.schema import ToolError, check_arguments, tool_schema, tool_schemas
 
 __all__ = [
+    "STATUSES",
+    "EnvironmentFactory",
+    "EnvironmentPool",
+    "EnvironmentSession",
     "ToolCall",
     "ToolError",
+    "ToolExecutor",
     "ToolParser",
+    "ToolResult",
     "assistant_message",
     "check_arguments",
+    "environment_tools",
     "get_tool_parser",
     "parse_tool_calls",
     "register_tool_parser",
@@ -28,4 +43,5 @@ __all__ = [
     "tool_schema",
     "tool_schemas",
     "validate_calls",
+    "with_observation",
 ]
