@@ -1,6 +1,13 @@
 """Tools and environments for multi-turn rollouts (schemas, tool-call parsing, isolated execution,
 conversation tokens and loss masks). Not yet wired into the rollout engine or the trainer."""
 
+from grpokit.tools.conversation import (
+    ConversationTokens,
+    TokenConversation,
+    end_of_turn_id,
+    render_ids,
+    tool_suffix_ids,
+)
 from grpokit.tools.environment import (
     EnvironmentFactory,
     EnvironmentPool,
@@ -24,9 +31,11 @@ from grpokit.tools.schema import ToolError, check_arguments, tool_schema, tool_s
 
 __all__ = [
     "STATUSES",
+    "ConversationTokens",
     "EnvironmentFactory",
     "EnvironmentPool",
     "EnvironmentSession",
+    "TokenConversation",
     "ToolCall",
     "ToolError",
     "ToolExecutor",
@@ -34,14 +43,17 @@ __all__ = [
     "ToolResult",
     "assistant_message",
     "check_arguments",
+    "end_of_turn_id",
     "environment_tools",
     "get_tool_parser",
     "parse_tool_calls",
     "register_tool_parser",
+    "render_ids",
     "tool_parser_for",
     "tool_parser_names",
     "tool_schema",
     "tool_schemas",
+    "tool_suffix_ids",
     "validate_calls",
     "with_observation",
 ]
