@@ -16,6 +16,7 @@ from grpokit.tools.environment import (
     with_observation,
 )
 from grpokit.tools.executor import STATUSES, ToolExecutor, ToolResult
+from grpokit.tools.loop import ToolLoop, ToolRollout
 from grpokit.tools.parsing import (
     ToolCall,
     ToolParser,
@@ -39,8 +40,10 @@ __all__ = [
     "ToolCall",
     "ToolError",
     "ToolExecutor",
+    "ToolLoop",
     "ToolParser",
     "ToolResult",
+    "ToolRollout",
     "assistant_message",
     "check_arguments",
     "end_of_turn_id",

@@ -174,11 +174,15 @@ class ConversationTokens:
         )
         return TokenConversation.from_prompt(ids)
 
-    def tool_suffix(self, tool_messages: Sequence[Mapping[str, Any]], turn_ended: bool = True) -> list[int]:
+    def tool_suffix(self, conversation: TokenConversation, tool_messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The tokens that would follow ``conversation``'s last generated turn with ``tool_messages``
+        (the end-of-turn token first when the model stopped without it); the conversation is unchanged."""
+        if not conversation.spans:
+            raise ToolError("tool results follow a turn the model generated; this conversation has none yet")
         return tool_suffix_ids(
             self.tokenizer,
             tool_messages,
-            turn_ended=turn_ended,
+            turn_ended=conversation.ids[-1] == self.end_of_turn,
             chat_template=self.chat_template,
             end_of_turn=self.end_of_turn,
             **self.template_kwargs,
@@ -187,11 +191,8 @@ class ConversationTokens:
     def add_tool_results(
         self, conversation: TokenConversation, tool_messages: Sequence[Mapping[str, Any]]
     ) -> list[int]:
-        """Append the suffix after the model's last turn (with its end-of-turn token when the model
-        stopped without it) to ``conversation`` (mask 0) and return it: the tokens a rollout engine
-        feeds to its kept KV cache before decoding the next turn."""
-        if not conversation.spans:
-            raise ToolError("tool results follow a turn the model generated; this conversation has none yet")
-        suffix = self.tool_suffix(tool_messages, turn_ended=conversation.ids[-1] == self.end_of_turn)
+        """Append :meth:`tool_suffix` to ``conversation`` (mask 0) and return it: the tokens a rollout
+        engine feeds to its kept KV cache before decoding the next turn."""
+        suffix = self.tool_suffix(conversation, tool_messages)
         conversation.add_environment(suffix)
         return suffix
