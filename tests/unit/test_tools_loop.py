@@ -182,3 +182,63 @@ def test_environment_rollouts(chat, executor):
     assert '"name": "increment"' in chat.tokenizer.decode(
         rollouts[0].conversation.ids[: rollouts[0].conversation.prompt_length]
     )
+
+
+def square(x: int) -> int:
+    """Square.
+
+    Args:
+        x: A number.
+    """
+    return x * x
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_logprobs_of_a_multi_turn_rollout_equal_one_forward(chat):
+    """A tiny model writes a forced tool call, then samples; the log-probs it had while generating (each
+    turn prefilled from the conversation so far) equal those of one forward over the finished sequence,
+    at the mask."""
+    import torch
+
+    from grpokit.testing import build_tiny_causal_lm
+
+    tok = chat.tokenizer
+    model, _ = build_tiny_causal_lm(
+        None, tok, arch="qwen2", hidden_size=32, num_layers=2, num_heads=2, max_positions=2048
+    )
+    model.eval()
+    forced = tok.encode(call("square", '{"x": 3}'), add_special_tokens=False)
+    sampled_turn_length = 6
+    generator = torch.Generator().manual_seed(0)
+    seen: list[float] = []  # log-prob of each generated token, when it was generated
+
+    @torch.no_grad()
+    def generate(token_ids, max_new_tokens):
+        turns = []
+        for ids, limit in zip(token_ids, max_new_tokens):
+            first_turn = len(seen) == 0
+            out = model(torch.tensor([ids]), use_cache=True)  # the whole conversation so far, then token by token
+            turn = []
+            for step in range(min(limit, len(forced) if first_turn else sampled_turn_length)):
+                logprobs = torch.log_softmax(out.logits[0, -1].double(), -1)
+                token = forced[step] if first_turn else int(torch.multinomial(logprobs.exp(), 1, generator=generator))
+                seen.append(float(logprobs[token]))
+                turn.append(token)
+                out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+            turns.append(turn)
+        return turns
+
+    with ToolExecutor([square], timeout=10.0, max_workers=1) as executor:
+        loop = ToolLoop(chat, executor, max_completion_length=400)
+        rollout = loop.start(user("3*3?"))
+        loop.run([rollout], generate)
+    assert rollout.results[0].content == "9" and rollout.iterations == 1
+    assert rollout.stop_reason == "length"  # the sampled turn is cut without an end-of-turn token
+    conversation = rollout.conversation
+    assert sum(conversation.mask) == len(forced) + sampled_turn_length == len(seen)
+
+    with torch.no_grad():
+        logits = model(torch.tensor([conversation.ids])).logits[0].double()  # [L, V]
+    logprobs = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(conversation.ids[1:])[:, None])[:, 0]  # [L-1]
+    generated = torch.tensor(conversation.mask[1:], dtype=torch.bool)  # token t+1 is predicted at position t
+    torch.testing.assert_close(logprobs[generated], torch.tensor(seen, dtype=torch.float64), atol=1e-4, rtol=0)
