@@ -18,10 +18,12 @@ different rollouts run at the same time, on ``max_workers`` worker processes / t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
 import queue
+import signal
 import time
 import traceback
 import warnings
@@ -31,7 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.rewards.contract import TIMED_OUT, TimedCall
+from grpokit.rewards.contract import TIMED_OUT, Outcome, TimedCall
 from grpokit.rewards.workers import RewardProcess, process_context, run_calls
 from grpokit.tools.environment import EnvironmentSession
 from grpokit.tools.parsing import ToolCall, validate_calls
@@ -105,8 +107,19 @@ class _ToolTable:
 
 
 def _kill(processes: list[RewardProcess]) -> None:
+    """Kill and reap every worker (no call may be running: a finalizer's job)."""
     for proc in processes:
         proc.kill()
+
+
+def _signal_kill(processes: list[RewardProcess]) -> None:
+    """SIGKILL every worker without touching its RewardProcess, which the thread running a call on it
+    owns: that thread sees the pipe close and reaps it (a RewardProcess is not thread-safe)."""
+    for proc in processes:
+        process = proc._process  # read once: its owner may replace it meanwhile
+        if process is not None and process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
 
 
 class ToolExecutor:
@@ -178,7 +191,7 @@ class ToolExecutor:
         except BaseException:
             for f in futures:
                 f.cancel()
-            _kill(self._processes)
+            _signal_kill(self._processes)
             raise
 
     def _run_turn(self, calls: list[ToolCall], session: EnvironmentSession | None) -> list[ToolResult]:
@@ -186,7 +199,9 @@ class ToolExecutor:
         try:
             results = []
             for call in calls:
-                if call.error is not None:
+                if self._closed:
+                    results.append(_failed(call, "unavailable", "the tool executor was closed"))
+                elif call.error is not None:
                     results.append(_failed(call, "invalid", call.error))
                 elif session is not None and call.name in session.tools:
                     results.append(self._run_in_environment(call, session))
@@ -200,7 +215,7 @@ class ToolExecutor:
             if proc is not None:
                 self._idle.put(proc)
 
-    def _from_outcome(self, call: ToolCall, outcome: Any, started: float) -> ToolResult:
+    def _from_outcome(self, call: ToolCall, outcome: Outcome, started: float) -> ToolResult:
         """A ToolResult from a reward-worker Outcome whose output is :func:`_invoke`'s dict."""
         if outcome.error is None:
             ran = outcome.output
@@ -220,11 +235,8 @@ class ToolExecutor:
 
     def _run_in_process(self, call: ToolCall, proc: RewardProcess) -> ToolResult:
         started = time.monotonic()
-        try:
-            (outcome,) = run_calls([(proc, {"tool": call.name, "arguments": call.arguments}, 1)], self.timeout)
-        except (OSError, ValueError):
-            if not self._closed:
-                raise
+        (outcome,) = run_calls([(proc, {"tool": call.name, "arguments": call.arguments}, 1)], self.timeout)
+        if self._closed and outcome.error is not None:
             return _failed(call, "unavailable", "the tool executor was closed")
         return self._from_outcome(call, outcome, started)
 
@@ -242,11 +254,11 @@ class ToolExecutor:
         return result
 
     def close(self) -> None:
-        """Stop: kill the worker processes and let the threads go (an abandoned call runs on)."""
+        """Stop: kill the worker processes (they hold nothing to save) and let the threads go (an
+        abandoned environment call runs on until it returns)."""
         self._closed = True
         self._threads.shutdown(wait=False, cancel_futures=True)
-        for proc in self._processes:
-            proc.close()
+        _signal_kill(self._processes)
 
     def __enter__(self) -> ToolExecutor:
         return self

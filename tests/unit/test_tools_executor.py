@@ -204,3 +204,69 @@ def test_bad_settings_and_use_after_close():
     executor.close()
     with pytest.raises(ToolError, match="closed"):
         executor.submit([call("add", a=1, b=2)])
+
+
+def _dead(pid: int, within: float = 5.0) -> bool:
+    """Whether process ``pid`` is gone (or a zombie) within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def sleep_after_mark(path: str, seconds: float) -> str:
+    """Create a file, then sleep.
+
+    Args:
+        path: The file to create once running.
+        seconds: How long to sleep.
+    """
+    open(path, "w").close()
+    time.sleep(seconds)
+    return "awake"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from /proc (Linux)")
+def test_close_kills_a_running_call(tmp_path):
+    mark = tmp_path / "running"
+    executor = ToolExecutor([sleep_after_mark], timeout=60.0, max_workers=1)
+    (worker,) = executor._processes
+    pid = worker.pid
+    turn = [call("sleep_after_mark", path=str(mark), seconds=60), call("sleep_after_mark", path="x", seconds=1)]
+    future = executor.submit(turn)
+    while not mark.exists():
+        time.sleep(0.01)
+    executor.close()
+    closed = ("unavailable", "the tool executor was closed")
+    assert [(r.status, r.error) for r in future.result(timeout=10)] == [closed, closed]  # the second never ran
+    assert _dead(pid)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from /proc (Linux)")
+def test_ctrl_c_while_waiting_kills_the_busy_workers(tmp_path):
+    import signal
+    import threading
+
+    mark = tmp_path / "running"
+
+    def ctrl_c_once_the_call_runs():
+        while not mark.exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, as the terminal sends it
+
+    with ToolExecutor([add, sleep_after_mark], timeout=60.0, max_workers=1) as executor:
+        (worker,) = executor._processes
+        pid = worker.pid
+        threading.Thread(target=ctrl_c_once_the_call_runs, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            executor.run([([call("sleep_after_mark", path=str(mark), seconds=60)], None)])
+        assert _dead(pid)
+        # the executor goes on: a new worker replaces the killed one
+        ((after,),) = executor.run([([call("add", a=2, b=2)], None)])
+        assert after.content == "4" and after.worker != pid
