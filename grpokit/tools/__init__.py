@@ -11,11 +11,12 @@ from grpokit.tools.conversation import (
 from grpokit.tools.environment import (
     EnvironmentFactory,
     EnvironmentPool,
+    Environments,
     EnvironmentSession,
     environment_tools,
     with_observation,
 )
-from grpokit.tools.executor import STATUSES, ToolExecutor, ToolResult
+from grpokit.tools.executor import STATUSES, ToolExecutor, ToolResult, tool_metrics
 from grpokit.tools.loop import ToolLoop, ToolRollout
 from grpokit.tools.parsing import (
     ToolCall,
@@ -36,6 +37,7 @@ __all__ = [
     "EnvironmentFactory",
     "EnvironmentPool",
     "EnvironmentSession",
+    "Environments",
     "TokenConversation",
     "ToolCall",
     "ToolError",
@@ -52,6 +54,7 @@ __all__ = [
     "parse_tool_calls",
     "register_tool_parser",
     "render_ids",
+    "tool_metrics",
     "tool_parser_for",
     "tool_parser_names",
     "tool_schema",

@@ -93,6 +93,7 @@ class EnvironmentPool:
         self.factory = factory
         first = self._make()
         self.schemas = EnvironmentSession(first).schemas
+        self.environment_class = type(first)
         self.has_reward = callable(getattr(first, "get_reward", None))
         self._idle: list[Any] = [first]
         self._busy: list[EnvironmentSession] = []
@@ -115,3 +116,63 @@ class EnvironmentPool:
             instance = self._idle.pop() if self._idle else self._make()
             self._busy.append(EnvironmentSession(instance, instance.reset(**row)))
         return list(self._busy)
+
+
+class Environments:
+    """``environment_factory`` as TRL takes it: one factory (every row uses it), or ``{name: factory}``,
+    where each row names its environment in its ``environment`` column (not passed to ``reset``)."""
+
+    def __init__(self, environment_factory: EnvironmentFactory | Mapping[str, EnvironmentFactory]):
+        self.multi = isinstance(environment_factory, Mapping)
+        factories = dict(environment_factory) if self.multi else {None: environment_factory}
+        if not factories:
+            raise ToolError("environment_factory is an empty dict; give at least one {name: factory}")
+        self.pools: dict[str | None, EnvironmentPool] = {name: EnvironmentPool(f) for name, f in factories.items()}
+        self.current: list[EnvironmentSession] = []  # the sessions of the last batch, in row order
+
+    def name_of(self, row: Mapping[str, Any]) -> str | None:
+        """The environment a row uses; a :class:`ToolError` naming the choices for an unknown one."""
+        if not self.multi:
+            return None
+        name = row.get("environment")
+        if name not in self.pools:
+            raise ToolError(
+                f"a row has environment={name!r}, which is not among the environments of environment_factory; "
+                f"expected one of {list(self.pools)} in its 'environment' column"
+            )
+        return name
+
+    def sessions(self, rows: Sequence[Mapping[str, Any]]) -> list[EnvironmentSession]:
+        """One reset session per row, in order (the previous batch's are released)."""
+        names = [self.name_of(row) for row in rows]
+        by_pool: dict[str | None, list[EnvironmentSession]] = {}
+        for name, pool in self.pools.items():
+            chosen = [
+                {k: v for k, v in row.items() if k != "environment"} if self.multi else row
+                for row, n in zip(rows, names)
+                if n == name
+            ]
+            by_pool[name] = pool.sessions(chosen)
+        self.current = [by_pool[name].pop(0) for name in names]
+        return list(self.current)
+
+    def reward_functions(self) -> list[tuple[str, Callable]]:
+        """(name, function) for each environment class that defines ``get_reward``: a reward function of
+        TRL's contract, ``fn(environments, **kwargs)`` with the batch's instances, giving that class's
+        rollouts their ``get_reward()`` (None for other classes and for broken instances)."""
+        functions, seen = [], set()
+        for pool in self.pools.values():
+            cls = pool.environment_class
+            if not pool.has_reward or cls in seen:
+                continue
+            seen.add(cls)
+
+            def get_reward(environments: Sequence[Any], _cls: type = cls, **kwargs: Any) -> list[float | None]:
+                sessions = {id(s.instance): s for s in self.current}
+                return [
+                    sessions[id(e)].get_reward() if id(e) in sessions and type(e) is _cls else None
+                    for e in environments
+                ]
+
+            functions.append((cls.__name__, get_reward))
+        return functions

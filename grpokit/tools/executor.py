@@ -265,3 +265,16 @@ class ToolExecutor:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def tool_metrics(results: Sequence[Sequence[ToolResult]]) -> dict[str, float]:
+    """TRL's tool metrics of a batch, from each rollout's results: ``tools/call_frequency``, calls per
+    rollout, and ``tools/failure_frequency``, the share of calls that did not return a value (invalid,
+    raised, timed out, crashed, unavailable; 0 without calls). TRL does not count calls its parser
+    could not read; grpokit counts them, as failures."""
+    calls = sum(len(r) for r in results)
+    failures = sum(result.status != "ok" for r in results for result in r)
+    return {
+        "tools/call_frequency": calls / len(results) if results else 0.0,
+        "tools/failure_frequency": failures / calls if calls else 0.0,
+    }

@@ -190,3 +190,47 @@ def test_with_observation_appends_to_the_last_message():
     ]
     assert prompt[-1]["content"] == "Count."
     assert with_observation(prompt, None) == prompt
+
+
+class Maze:
+    def reset(self, size: int, **row) -> None:
+        self.size, self.row = size, row
+
+    def step(self, direction: str) -> str:
+        """Take a step.
+
+        Args:
+            direction: Where to go.
+        """
+        return direction
+
+
+def test_environments_by_name_in_the_rows():
+    from grpokit.tools.environment import Environments
+
+    environments = Environments({"counter": Counter, "maze": Maze, "also_counter": Counter})
+    rows = [
+        {"environment": "maze", "size": 3, "prompt": "p0"},
+        {"environment": "counter", "start": 4, "target": 5},
+        {"environment": "maze", "size": 5},
+        {"environment": "also_counter", "start": 0, "target": 0},
+    ]
+    sessions = environments.sessions(rows)
+    assert [type(s.instance).__name__ for s in sessions] == ["Maze", "Counter", "Maze", "Counter"]
+    assert sessions[0].instance.row == {"prompt": "p0"}  # the 'environment' column is not passed to reset
+    assert [s.instance.size for s in (sessions[0], sessions[2])] == [3, 5]
+    assert list(sessions[0].tools) == ["step"]
+    # a reward function per class that defines get_reward (Counter, under two names: once)
+    ((name, reward),) = environments.reward_functions()
+    assert name == "Counter"
+    sessions[1].instance.increment(1)
+    sessions[3].broken = "hang timed out"
+    assert reward(environments=[s.instance for s in sessions], prompts=["x"] * 4) == [None, 1.0, None, None]
+    with pytest.raises(ToolError, match=r"environment='chess'.*expected one of \['counter', 'maze', 'also_counter'\]"):
+        environments.sessions([{"environment": "chess"}])
+    single = Environments(Maze)
+    (session,) = single.sessions([{"size": 2, "environment": "kept"}])
+    assert session.instance.row == {"environment": "kept"}  # one factory: every column goes to reset
+    assert single.reward_functions() == []
+    with pytest.raises(ToolError, match="empty dict"):
+        Environments({})

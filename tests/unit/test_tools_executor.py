@@ -270,3 +270,15 @@ def test_ctrl_c_while_waiting_kills_the_busy_workers(tmp_path):
         # the executor goes on: a new worker replaces the killed one
         ((after,),) = executor.run([([call("add", a=2, b=2)], None)])
         assert after.content == "4" and after.worker != pid
+
+
+def test_tool_metrics():
+    from grpokit.tools.executor import ToolResult, tool_metrics
+
+    def result(status):
+        return ToolResult(call("add", a=1, b=1), "", status)
+
+    # 3 rollouts, 3 calls (one per rollout), 2 failed: 3 / 3 = 1 call per rollout, 2 / 3 failed
+    metrics = tool_metrics([[result("ok"), result("error")], [], [result("timeout")]])
+    assert metrics == {"tools/call_frequency": 1.0, "tools/failure_frequency": 2 / 3}
+    assert tool_metrics([[], []]) == {"tools/call_frequency": 0.0, "tools/failure_frequency": 0.0}
