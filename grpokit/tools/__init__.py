@@ -1,5 +1,6 @@
 """Tools and environments for multi-turn rollouts (schemas, tool-call parsing, isolated execution,
-conversation tokens and loss masks). Not yet wired into the rollout engine or the trainer."""
+environments, conversation tokens and loss masks, the loop's bookkeeping). Not yet wired into the
+rollout engine or the trainer: see docs/tools.md."""
 
 from grpokit.tools.conversation import (
     ConversationTokens,

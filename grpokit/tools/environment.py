@@ -11,7 +11,8 @@ The contract is TRL's ``environment_factory`` (``GRPOTrainer(environment_factory
 - an optional ``get_reward()`` scores the finished rollout from the environment's state.
 
 Instances are reused from batch to batch, as TRL does ("construct once, reset often"): an
-:class:`EnvironmentPool` hands out one per rollout and makes more only when a batch needs more.
+:class:`EnvironmentPool` hands out one per rollout and makes more only when a batch needs more;
+:class:`Environments` takes TRL's ``{name: factory}`` form too.
 
 Isolation. An environment's state lives in this process: the reward functions read it (TRL passes
 the instances to them as ``environments``), so its methods cannot run in a throwaway process the
