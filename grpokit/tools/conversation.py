@@ -1,0 +1,198 @@
+"""The token ids of a multi-turn conversation, and the loss mask over what the model wrote.
+
+A rollout with tools is one token sequence built turn by turn: the prompt (rendered by the chat
+template, with the tools' schemas), then the tokens the model generates, then the tokens the
+environment adds after each turn with tool calls (the end of the turn if the model did not write
+it, the tool messages, the header of the next assistant turn), then the model's next turn, and so
+on. The model's own tokens are never re-tokenized: what it generated is kept as it was sampled, so
+the log-probs of training are those of sampling. The loss mask is 1 exactly on generated tokens.
+
+:func:`tool_suffix_ids` gives the environment's tokens of one step, which a rollout engine appends
+to the sequence (and its KV cache) and decodes on from. They come from rendering a short dummy
+conversation with and without the tool messages and keeping the difference (TRL's
+``_get_tool_suffix_ids``); that needs a chat template that renders a conversation's beginning the
+same whatever follows (prefix-preserving), which is checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpokit.tools.schema import ToolError
+
+_SENTINEL = "grpokit-end-of-turn-probe"
+
+
+def render_ids(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+    chat_template: str | None = None,
+    **template_kwargs: Any,
+) -> list[int]:
+    """The token ids of ``messages`` rendered by the chat template (``tools``: schemas for the
+    prompt; an empty list is passed as None, since some templates render tool boilerplate for [])."""
+    ids = tokenizer.apply_chat_template(
+        [dict(m) for m in messages],
+        tools=list(tools) if tools else None,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+        tokenize=True,
+        return_dict=False,
+        **template_kwargs,
+    )
+    return [int(i) for i in ids]
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {i for i, token in decoder.items() if getattr(token, "special", False)}
+
+
+def end_of_turn_id(tokenizer: Any, chat_template: str | None = None, **template_kwargs: Any) -> int:
+    """The token that closes an assistant turn: the first special token the template writes after an
+    assistant message's text (``<|im_end|>`` for Qwen, ``<|eot_id|>`` for Llama 3, ``</s>`` for Mistral)."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
+    text = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False, **template_kwargs)
+    tail = text[text.index(_SENTINEL) + len(_SENTINEL) :] if _SENTINEL in text else ""
+    special = _special_ids(tokenizer)
+    for token in tokenizer.encode(tail, add_special_tokens=False):
+        if token in special:
+            return int(token)
+    if tokenizer.eos_token_id is None:
+        raise ToolError(
+            "cannot tell which token ends an assistant turn: the chat template writes no special token after "
+            "the assistant's text and the tokenizer has no eos_token"
+        )
+    return int(tokenizer.eos_token_id)
+
+
+def tool_suffix_ids(
+    tokenizer: Any,
+    tool_messages: Sequence[Mapping[str, Any]],
+    *,
+    turn_ended: bool = True,
+    chat_template: str | None = None,
+    end_of_turn: int | None = None,
+    **template_kwargs: Any,
+) -> list[int]:
+    """The tokens to append after the model's last token of a turn with tool calls: the end of the
+    turn (only when ``turn_ended`` is False, i.e. the model stopped without writing its end-of-turn
+    token), what the template writes between turns, the ``tool_messages`` (``{"role": "tool",
+    "name": ..., "content": ...}``), and the next assistant turn's header. ``end_of_turn``: the token
+    id from :func:`end_of_turn_id` (found when not given)."""
+    if not tool_messages:
+        raise ToolError("tool_suffix_ids needs at least one tool message")
+    if end_of_turn is None:
+        end_of_turn = end_of_turn_id(tokenizer, chat_template, **template_kwargs)
+    first = tool_messages[0]
+    # One dummy call, as TRL renders it; an id for templates that require one (Mistral: 9 characters)
+    call: dict[str, Any] = {"type": "function", "function": {"name": first.get("name", "tool"), "arguments": {}}}
+    call["id"] = first.get("tool_call_id", "call00000")
+    dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    render = dict(chat_template=chat_template, **template_kwargs)
+    prefix = render_ids(tokenizer, dummy, **render)
+    full = render_ids(tokenizer, [*dummy, *tool_messages], add_generation_prompt=True, **render)
+    ends = [i for i, token in enumerate(prefix) if token == end_of_turn]
+    if not ends:
+        raise ToolError(
+            f"the chat template does not close an assistant turn with tool calls with the end-of-turn token "
+            f"{tokenizer.convert_ids_to_tokens(end_of_turn)!r}; pass end_of_turn= the token it uses"
+        )
+    cut = ends[-1] + 1 if turn_ended else ends[-1]
+    if full[:cut] != prefix[:cut]:
+        raise ToolError(
+            "the chat template renders an assistant turn differently once tool messages follow it (it is not "
+            "prefix-preserving, e.g. it drops earlier reasoning), so the tokens the model generated would not be "
+            "the tokens trained on; use a prefix-preserving template for training (chat_template=..., such as "
+            "the *_training.jinja templates TRL ships)"
+        )
+    return full[cut:]
+
+
+@dataclass
+class TokenConversation:
+    """A conversation as token ids, built turn by turn: ``ids``, ``mask`` (1 on the tokens the model
+    generated, 0 on the prompt and on what the environment added) and ``prompt_length``."""
+
+    ids: list[int]
+    mask: list[int]
+    prompt_length: int
+    spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each generated turn
+
+    @classmethod
+    def from_prompt(cls, prompt_ids: Sequence[int]) -> TokenConversation:
+        ids = [int(i) for i in prompt_ids]
+        return cls(ids, [0] * len(ids), len(ids))
+
+    def add_generated(self, token_ids: Sequence[int]) -> None:
+        """The model's tokens of one turn (as sampled, end-of-turn token included when it wrote one)."""
+        self.spans.append((len(self.ids), len(self.ids) + len(token_ids)))
+        self.ids.extend(int(i) for i in token_ids)
+        self.mask.extend([1] * len(token_ids))
+
+    def add_environment(self, token_ids: Sequence[int]) -> None:
+        """Tokens the model did not write (a tool suffix): in the sequence, out of the loss."""
+        self.ids.extend(int(i) for i in token_ids)
+        self.mask.extend([0] * len(token_ids))
+
+    @property
+    def completion_ids(self) -> list[int]:
+        return self.ids[self.prompt_length :]
+
+    @property
+    def completion_mask(self) -> list[int]:
+        return self.mask[self.prompt_length :]
+
+
+class ConversationTokens:
+    """One tokenizer's chat template bound for a rollout loop: :meth:`start` a conversation from the
+    prompt messages, :meth:`add_tool_results` after each turn with tool calls (returns the suffix to
+    append to the KV cache). Pure apart from the end-of-turn token it looks up once."""
+
+    def __init__(self, tokenizer: Any, chat_template: str | None = None, **template_kwargs: Any):
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.template_kwargs = template_kwargs
+        self.end_of_turn = end_of_turn_id(tokenizer, chat_template, **template_kwargs)
+
+    def start(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> TokenConversation:
+        """The prompt with the tools' schemas and the first assistant header; nothing generated yet."""
+        ids = render_ids(
+            self.tokenizer,
+            messages,
+            tools=tools,
+            add_generation_prompt=True,
+            chat_template=self.chat_template,
+            **self.template_kwargs,
+        )
+        return TokenConversation.from_prompt(ids)
+
+    def tool_suffix(self, conversation: TokenConversation, tool_messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The tokens that would follow ``conversation``'s last generated turn with ``tool_messages``
+        (the end-of-turn token first when the model stopped without it); the conversation is unchanged."""
+        if not conversation.spans:
+            raise ToolError("tool results follow a turn the model generated; this conversation has none yet")
+        return tool_suffix_ids(
+            self.tokenizer,
+            tool_messages,
+            turn_ended=conversation.ids[-1] == self.end_of_turn,
+            chat_template=self.chat_template,
+            end_of_turn=self.end_of_turn,
+            **self.template_kwargs,
+        )
+
+    def add_tool_results(
+        self, conversation: TokenConversation, tool_messages: Sequence[Mapping[str, Any]]
+    ) -> list[int]:
+        """Append :meth:`tool_suffix` to ``conversation`` (mask 0) and return it: the tokens a rollout
+        engine feeds to its kept KV cache before decoding the next turn."""
+        suffix = self.tool_suffix(conversation, tool_messages)
+        conversation.add_environment(suffix)
+        return suffix
