@@ -11,7 +11,9 @@ import json
 import math
 from pathlib import Path
 
-CONSOLE_KEYS = ("reward", "reward_std", "kl", "loss", "entropy", "completion_length/mean", "grad_norm", "step_time")
+from grpokit.algos.names import KL
+
+CONSOLE_KEYS = ("reward", "reward_std", KL, "loss", "entropy", "completion_length/mean", "grad_norm", "step_time")
 
 
 class Tracker:
@@ -94,7 +96,7 @@ class Tracker:
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
         if self._progress is not None and "reward" in clean:
-            desc = f"reward {clean['reward']:.3f}" + (f"  kl {clean['kl']:.4f}" if "kl" in clean else "")
+            desc = f"reward {clean['reward']:.3f}" + (f"  kl {clean[KL]:.4f}" if KL in clean else "")
             desc += f"  {clean['step_time']:.1f}s/step" if "step_time" in clean else ""
             self._progress.update(self._task, completed=step, description=desc)
         if "console" in self.sinks and step % self.logging_steps == 0 and "reward" in clean:
@@ -123,7 +125,7 @@ class Tracker:
         if "console" not in self.sinks and self._progress is None:
             return
         parts = [f"{steps} steps in {summary['train_runtime']:.1f}s", f"train_loss={summary['train_loss']:.4g}"]
-        parts += [f"{k}={metrics[k]:.4g}" for k in ("reward", "kl") if k in metrics]
+        parts += [f"{k}={metrics[k]:.4g}" for k in ("reward", KL) if k in metrics]
         self.console.print("done: " + "  ".join(parts))
 
     def close(self) -> None:
