@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from grpokit.algos.names import KL
+from grpokit.store.record import RolloutRecord
 
 CONSOLE_KEYS = ("reward", "reward_std", KL, "loss", "entropy", "completion_length/mean", "grad_norm", "step_time")
 
@@ -108,16 +109,16 @@ class Tracker:
         if "console" in self.sinks:
             self.console.print(f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
-    def log_completions(self, rows: list[dict], step: int, limit: int | None = None) -> None:
+    def log_completions(self, records: list[RolloutRecord], step: int, limit: int | None = None) -> None:
         """TRL's ``log_completions``: a table of the step's prompts, completions, rewards and advantages."""
         from rich.table import Table
 
         table = Table(title=f"completions at step {step}", show_lines=True)
         for column in ("prompt", "completion", "reward", "advantage"):
             table.add_column(column)
-        for row in rows[:limit]:
-            reward = "-" if row["reward"] is None else f"{row['reward']:.3f}"
-            table.add_row(str(row["prompt"]), str(row["completion"]), reward, f"{row['advantage']:.3f}")
+        for record in records[:limit]:
+            reward, advantage = ("-" if v is None else f"{v:.3f}" for v in (record.reward, record.advantage))
+            table.add_row(record.prompt, record.completion, reward, advantage)
         self.console.print(table)
 
     def summary(self, steps: int, summary: dict, metrics: dict) -> None:
