@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from grpokit.store import RolloutStore
+from grpokit.store import RolloutRecord, RolloutStore
 
 REWARD_NAMES = ("accuracy", "format", "length")
 
@@ -30,7 +30,7 @@ def make_step(
     for i in range(rollouts):
         rewards = {name: rng.random() for name in REWARD_NAMES}
         rows.append(
-            dict(
+            RolloutRecord(
                 prompt_index=i // group_size,
                 completion_index=i % group_size,
                 prompt="".join(rng.choices(alphabet, k=300)),

@@ -23,11 +23,15 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import yaml
 
 from grpokit import trl_compat
+from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SCALE_REWARDS
+
+if TYPE_CHECKING:
+    from grpokit.algos.losses import LossSpec
 
 
 class ConfigError(ValueError):
@@ -291,12 +295,13 @@ ALIASES = {
     "clip_range": "epsilon",
 }
 
+# The algorithms' option lists are defined in grpokit/algos/names.py, with the code that implements them.
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
-    "loss_type": ("grpo", "bnpo", "dr_grpo", "dapo"),
-    "scale_rewards": ("group", "batch", "none"),
-    "advantage_estimator": ("grpo", "rloo", "reinforce_pp"),
-    "importance_sampling_level": ("token", "sequence"),
+    "loss_type": LOSS_TYPES,
+    "scale_rewards": SCALE_REWARDS,
+    "advantage_estimator": ESTIMATORS,
+    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "lr_scheduler_type": ("constant", "linear", "cosine"),
     "prompt_overflow": ("truncate", "drop", "error"),
     "backend": ("none", "ray"),
@@ -419,6 +424,21 @@ class GRPOConfig:
 
     def prompts_per_step(self, world_size: int = 1) -> int:
         return self.completions_per_step(world_size) // self.num_generations
+
+    def loss_spec(self) -> LossSpec:
+        """The settings of ``algos.policy_loss`` for this run, built once by the learner."""
+        from grpokit.algos.losses import LossSpec  # torch: only for training
+
+        return LossSpec(
+            loss_type=self.loss_type,
+            epsilon=self.epsilon,
+            epsilon_high=self.epsilon_high,
+            beta=self.beta,
+            use_bias_correction_kl=self.use_bias_correction_kl,
+            importance_sampling_level=self.importance_sampling_level,
+            max_completion_length=self.max_completion_length,
+            sampling_cap=self.vllm_importance_sampling_cap,
+        )
 
     # ---- validation ----------------------------------------------------------------------
     def validate(self, world_size: int = 1) -> None:

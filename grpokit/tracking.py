@@ -11,7 +11,10 @@ import json
 import math
 from pathlib import Path
 
-CONSOLE_KEYS = ("reward", "reward_std", "kl", "loss", "entropy", "completion_length/mean", "grad_norm", "step_time")
+from grpokit.algos.names import KL
+from grpokit.store.record import RolloutRecord
+
+CONSOLE_KEYS = ("reward", "reward_std", KL, "loss", "entropy", "completion_length/mean", "grad_norm", "step_time")
 
 
 class Tracker:
@@ -94,7 +97,7 @@ class Tracker:
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
         if self._progress is not None and "reward" in clean:
-            desc = f"reward {clean['reward']:.3f}" + (f"  kl {clean['kl']:.4f}" if "kl" in clean else "")
+            desc = f"reward {clean['reward']:.3f}" + (f"  kl {clean[KL]:.4f}" if KL in clean else "")
             desc += f"  {clean['step_time']:.1f}s/step" if "step_time" in clean else ""
             self._progress.update(self._task, completed=step, description=desc)
         if "console" in self.sinks and step % self.logging_steps == 0 and "reward" in clean:
@@ -106,16 +109,16 @@ class Tracker:
         if "console" in self.sinks:
             self.console.print(f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
 
-    def log_completions(self, rows: list[dict], step: int, limit: int | None = None) -> None:
+    def log_completions(self, records: list[RolloutRecord], step: int, limit: int | None = None) -> None:
         """TRL's ``log_completions``: a table of the step's prompts, completions, rewards and advantages."""
         from rich.table import Table
 
         table = Table(title=f"completions at step {step}", show_lines=True)
         for column in ("prompt", "completion", "reward", "advantage"):
             table.add_column(column)
-        for row in rows[:limit]:
-            reward = "-" if row["reward"] is None else f"{row['reward']:.3f}"
-            table.add_row(str(row["prompt"]), str(row["completion"]), reward, f"{row['advantage']:.3f}")
+        for record in records[:limit]:
+            reward, advantage = ("-" if v is None else f"{v:.3f}" for v in (record.reward, record.advantage))
+            table.add_row(record.prompt, record.completion, reward, advantage)
         self.console.print(table)
 
     def summary(self, steps: int, summary: dict, metrics: dict) -> None:
@@ -123,7 +126,7 @@ class Tracker:
         if "console" not in self.sinks and self._progress is None:
             return
         parts = [f"{steps} steps in {summary['train_runtime']:.1f}s", f"train_loss={summary['train_loss']:.4g}"]
-        parts += [f"{k}={metrics[k]:.4g}" for k in ("reward", "kl") if k in metrics]
+        parts += [f"{k}={metrics[k]:.4g}" for k in ("reward", KL) if k in metrics]
         self.console.print("done: " + "  ".join(parts))
 
     def close(self) -> None:

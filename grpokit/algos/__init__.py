@@ -1,44 +1,43 @@
-"""Pure tensor math of the GRPO family: advantages, losses, KL estimators, log-probs, pass@k."""
+"""Pure tensor math of the GRPO family: advantages, losses, KL estimators, log-probs, pass@k.
 
-from grpokit.algos.advantages import (
-    ESTIMATORS,
-    SCALE_REWARDS,
-    compute_advantages,
-    group_advantages,
-    reinforce_pp_advantages,
-    rloo_advantages,
-    zero_variance_groups,
-)
-from grpokit.algos.kl import KL_ESTIMATORS, kl_estimate
-from grpokit.algos.logprobs import entropy_from_logits, selective_logprobs
-from grpokit.algos.losses import (
-    IMPORTANCE_SAMPLING_LEVELS,
-    importance_log_ratio,
-    policy_loss,
-    truncated_importance_weights,
-)
-from grpokit.algos.masked import LOSS_TYPES, aggregate, masked_mean, masked_sum
-from grpokit.algos.passk import pass_at_k
+The names are imported on first use, so ``grpokit.algos.names`` (option lists and metric names, no
+torch) can be imported by the config and the store without loading torch.
+"""
 
-__all__ = [
-    "ESTIMATORS",
-    "IMPORTANCE_SAMPLING_LEVELS",
-    "KL_ESTIMATORS",
-    "LOSS_TYPES",
-    "SCALE_REWARDS",
-    "aggregate",
-    "compute_advantages",
-    "entropy_from_logits",
-    "group_advantages",
-    "importance_log_ratio",
-    "kl_estimate",
-    "masked_mean",
-    "masked_sum",
-    "pass_at_k",
-    "policy_loss",
-    "reinforce_pp_advantages",
-    "rloo_advantages",
-    "selective_logprobs",
-    "truncated_importance_weights",
-    "zero_variance_groups",
-]
+import importlib
+
+_WHERE = {
+    "ESTIMATORS": "names",
+    "IMPORTANCE_SAMPLING_LEVELS": "names",
+    "KL_ESTIMATORS": "names",
+    "LOSS_TYPES": "names",
+    "SCALE_REWARDS": "names",
+    "LossSpec": "losses",
+    "aggregate": "masked",
+    "compute_advantages": "advantages",
+    "entropy_from_logits": "logprobs",
+    "group_advantages": "advantages",
+    "importance_log_ratio": "losses",
+    "kl_estimate": "kl",
+    "masked_mean": "masked",
+    "masked_sum": "masked",
+    "pass_at_k": "passk",
+    "policy_loss": "losses",
+    "reinforce_pp_advantages": "advantages",
+    "rloo_advantages": "advantages",
+    "selective_logprobs": "logprobs",
+    "truncated_importance_weights": "losses",
+    "zero_variance_groups": "advantages",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'grpokit.algos' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"grpokit.algos.{_WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-SCALE_REWARDS = ("group", "batch", "none")
-ESTIMATORS = ("grpo", "rloo", "reinforce_pp")
+from grpokit.algos.names import ESTIMATORS, SCALE_REWARDS
 
 # Added to the std before dividing, as in TRL's GRPOTrainer, so a near-constant group stays finite.
 STD_EPS = 1e-4

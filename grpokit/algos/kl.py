@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from grpokit.algos.names import KL_ESTIMATORS
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:

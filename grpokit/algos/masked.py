@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+from grpokit.algos.names import LOSS_TYPES
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

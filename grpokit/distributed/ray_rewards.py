@@ -1,8 +1,9 @@
 """Reward functions on Ray actors (``distributed.num_reward_workers > 0``), off the learner process.
 
 Each actor holds the reward functions (sent once, through the object store) and scores one chunk of
-whole groups per batch; :class:`~grpokit.rewards.runner.RewardRunner` splits the batch, checks the
-outputs and combines them in the batch's order, exactly as it does in-process. In the actor every
+whole groups per batch. :class:`RayRewardPool` is a :class:`~grpokit.rewards.pool.RewardPool`: the
+trainer gives it to the :class:`~grpokit.rewards.runner.RewardRunner`, which checks the outputs and
+combines them in the batch's order, exactly as it does in-process. In the actor every
 function runs with the runner's timeout (:class:`~grpokit.rewards.contract.TimedCall`): a function
 that raises or times out gives None and an error; a :class:`RewardError` (wrong length, non-number,
 missing column) is sent back and raised in the learner. An actor that does not answer within
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from grpokit.distributed.ray_rollout import import_ray
 from grpokit.rewards.contract import TIMED_OUT, Outcome, RewardError, TimedCall
+from grpokit.rewards.pool import Outcomes, chunks
 from grpokit.rewards.registry import FileFunction
 
 # Tries of a chunk whose worker process dies (the first run included): a reward that kills its
@@ -57,7 +59,7 @@ class RewardWorker:
 
 
 class RayRewardPool:
-    """``workers`` Ray actors of ``worker_cpus`` CPUs each, started at the first batch."""
+    """``workers`` Ray actors of ``worker_cpus`` CPUs each, started at the first batch (a ``RewardPool``)."""
 
     def __init__(self, names: list[str], functions: list[Callable], workers: int, worker_cpus: float = 1.0):
         ray = import_ray()
@@ -88,21 +90,19 @@ class RayRewardPool:
         self.actors = [self._actor.remote(self._functions_ref) for _ in range(self.workers)]
         ray.get([actor.ready.remote() for actor in self.actors])  # started: the deadline of a batch is its own
 
-    def run(self, rows: list[slice], payloads: list[dict], timeout: float) -> list[list[tuple[slice, Outcome]]]:
-        """Every function on every chunk of ``rows`` (chunk c on actor c, keywords ``payloads[c]``):
-        [F][chunk] (rows, Outcome). An actor that has not answered shortly after the timeout (a call
-        that holds the GIL keeps even its timeout thread from returning) is killed."""
+    def run(self, n: int, group_size: int, payload: Callable[[slice], dict], timeout: float) -> Outcomes:
+        """Every function on every chunk of whole groups (chunk c on actor c): [F][chunk] (rows, Outcome).
+        An actor that has not answered shortly after the timeout (a call that holds the GIL keeps even
+        its timeout thread from returning) is killed."""
         ray = import_ray()
         from ray.exceptions import GetTimeoutError, RayActorError
 
         if not self.actors:
             self._start()
-        refs = [
-            self.actors[c].score.remote(payload, r.stop - r.start, timeout)
-            for c, (r, payload) in enumerate(zip(rows, payloads))
-        ]
+        rows = chunks(n, self.workers, group_size)
+        refs = [self.actors[c].score.remote(payload(r), r.stop - r.start, timeout) for c, r in enumerate(rows)]
         deadline = time.monotonic() + timeout + self.grace
-        outcomes: list[list[tuple[slice, Outcome]]] = [[] for _ in self.functions]
+        outcomes: Outcomes = [[] for _ in self.functions]
         for c, (r, ref) in enumerate(zip(rows, refs)):
             replace = False
             try:

@@ -10,13 +10,16 @@ Example::
 """
 
 from grpokit.rewards.contract import MissingColumnError, RewardError
+from grpokit.rewards.pool import LocalRewardPool, RewardPool
 from grpokit.rewards.registry import BUILTINS, get_reward, resolve_reward
 from grpokit.rewards.runner import RewardResult, RewardRunner
 
 __all__ = [
     "BUILTINS",
+    "LocalRewardPool",
     "MissingColumnError",
     "RewardError",
+    "RewardPool",
     "RewardResult",
     "RewardRunner",
     "get_reward",

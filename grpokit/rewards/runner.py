@@ -1,14 +1,14 @@
 """Score a batch of completions with several reward functions and combine them.
 
-Where a function runs: by default (``isolate=True``) in its own worker process
-(:mod:`grpokit.rewards.workers`), which is killed at the function's timeout whatever the function
-does; with ``workers=N > 0`` in N processes per function, each scoring a contiguous chunk of whole
-groups (``group_size`` completions of one prompt stay together), for CPU-heavy rewards; with
-``backend="ray"`` on N Ray actors (:mod:`grpokit.distributed.ray_rewards`). Reward models (a
-``reward_model`` or an ``nn.Module``, marked ``in_process``), and every function with
-``isolate=False``, run on daemon threads in this process, where a timeout cannot stop code that
-holds the GIL. All functions of a batch run at the same time; the timeout counts per function and
-batch (per chunk with workers).
+Where a function runs is the pool's business (:mod:`grpokit.rewards.pool`). By default
+(``isolate=True``) in its own worker process (:mod:`grpokit.rewards.workers`), which is killed at the
+function's timeout whatever the function does; with ``workers=N > 0`` in N processes per function,
+each scoring a contiguous chunk of whole groups (``group_size`` completions of one prompt stay
+together), for CPU-heavy rewards. Reward models (a ``reward_model`` or an ``nn.Module``, marked
+``in_process``), and every function with ``isolate=False``, run on daemon threads in this process,
+where a timeout cannot stop code that holds the GIL. A ``pool`` given to the runner replaces all of
+this (Ray actors: ``grpokit.distributed.ray_rewards.RayRewardPool``). All functions of a batch run at
+the same time; the timeout counts per function and batch (per chunk with workers).
 
 Whatever runs them, the results are checked and combined here, in the order of the batch:
 ``combined_i = sum_{f: r_if present} w_f * r_if`` (as TRL's ``nansum``), NaN when none did.
@@ -19,21 +19,18 @@ counts towards :meth:`RewardRunner.check_signal`, which stops a run that has not
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 import sys
-import time
-import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from grpokit.rewards.contract import TIMED_OUT, RewardError, TimedCall, as_completions, check_output
+from grpokit.rewards.contract import TIMED_OUT, RewardError, as_completions, check_output
+from grpokit.rewards.pool import LocalRewardPool, PoolFactory
 from grpokit.rewards.registry import resolve_reward
-from grpokit.rewards.workers import RewardProcess, process_context, run_calls
 
 # Batches in a row on which every function failed on every completion before a run stops
 # (the first batch of a run stops it at once).
@@ -128,15 +125,6 @@ def _unique(names: list[str]) -> list[str]:
     return unique
 
 
-def _chunks(n: int, parts: int, group_size: int = 1) -> list[slice]:
-    """At most ``parts`` contiguous, non-empty slices covering range(n), each a whole number of
-    groups of ``group_size`` (which divides n), with near-equal numbers of groups."""
-    groups = n // group_size
-    parts = max(1, min(parts, groups))
-    bounds = [round(k * groups / parts) * group_size for k in range(parts + 1)]
-    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
-
-
 class RewardRunner:
     """Run reward functions safely on batches of completions.
 
@@ -144,11 +132,13 @@ class RewardRunner:
     is a sequence classifier scored as TRL does (:class:`~grpokit.rewards.judge.ClassifierReward`).
     ``weights``: one weight per spec; when given it replaces the specs' own weights.
     ``timeout``: seconds allowed per function per batch (per chunk with workers).
-    ``workers``: processes (or Ray actors) per function, each scoring a chunk; 0 = one process each
-    (``isolate``) or none. ``isolate=False`` runs the functions on threads in this process.
-    ``backend``: ``process`` or ``ray`` (Ray actors of ``worker_cpus`` CPUs each).
+    ``workers``: processes per function, each scoring a chunk; 0 = one process each (``isolate``) or
+    none. ``isolate=False`` runs the functions on threads in this process.
     ``processing_classes``: one tokenizer (or None) per spec, used by ``nn.Module`` rewards.
-    ``close()`` ends the processes (a later ``score`` starts them again).
+    ``pool``: builds where the functions run from (names, functions) (a
+    :data:`~grpokit.rewards.pool.PoolFactory`, e.g. ``functools.partial(RayRewardPool, workers=4)``);
+    default a :class:`~grpokit.rewards.pool.LocalRewardPool` of ``workers`` and ``isolate``.
+    ``close()`` ends the workers (a later ``score`` starts them again).
     """
 
     def __init__(
@@ -157,10 +147,9 @@ class RewardRunner:
         weights: Sequence[float] | None = None,
         timeout: float = 10.0,
         workers: int = 0,
-        backend: str = "process",
-        worker_cpus: float = 1.0,
         isolate: bool = True,
         processing_classes: Sequence[Any] | None = None,
+        pool: PoolFactory | None = None,
     ):
         if isinstance(specs, (str, Mapping)) or callable(specs):
             specs = [specs]
@@ -170,8 +159,6 @@ class RewardRunner:
             raise ValueError(f"timeout must be > 0, got {timeout}")
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
-        if backend not in ("process", "ray"):
-            raise ValueError(f"backend must be 'process' or 'ray', got {backend!r}")
         if processing_classes is not None and len(processing_classes) != len(specs):
             raise ValueError(f"got {len(processing_classes)} reward processing classes for {len(specs)} rewards")
         classes = list(processing_classes) if processing_classes is not None else [None] * len(specs)
@@ -186,33 +173,10 @@ class RewardRunner:
         self.functions: list[Callable] = [fn for _, fn, _ in resolved]
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float64)  # [F]
         self.timeout = float(timeout)
-        self.workers = workers
         self._announced: set[tuple[str, str]] = set()
         self._batches = self._failed_in_a_row = 0
-        self._pool = None  # RayRewardPool: run(rows, payloads, timeout), close()
-        # [F]: a function's worker processes (one per chunk), or None to run it on a thread here
-        self._processes: list[list[RewardProcess] | None] = [None] * len(self.functions)
-        if workers and backend == "ray":
-            from grpokit.distributed.ray_rewards import RayRewardPool
-
-            self._pool = RayRewardPool(self.names, self.functions, workers, worker_cpus)
-        elif isolate or workers:
-            self._start_processes(max(1, workers))
-        weakref.finalize(self, _kill_all, self._processes)
-
-    def _start_processes(self, count: int) -> None:
-        for f, (name, fn) in enumerate(zip(self.names, self.functions)):
-            if getattr(fn, "in_process", False):
-                continue
-            context, why = process_context(fn)
-            if context is None:
-                warnings.warn(
-                    f"grpokit: reward {name!r} runs in the trainer's process, where its timeout cannot stop "
-                    f"code that holds the GIL, because {why}.",
-                    stacklevel=3,
-                )
-                continue
-            self._processes[f] = [RewardProcess(fn, context) for _ in range(count)]
+        make_pool = pool or functools.partial(LocalRewardPool, workers=workers, isolate=isolate)
+        self.pool = make_pool(self.names, self.functions)
 
     def score(
         self,
@@ -266,7 +230,7 @@ class RewardRunner:
         def payload(rows: slice) -> dict[str, Any]:
             return {**{k: v if v is None else v[rows] for k, v in batch.items()}, "trainer_state": trainer_state}
 
-        outcomes = self._run(n, group_size, payload)
+        outcomes = self.pool.run(n, group_size, payload, self.timeout)
         # float64: any finite Python float fits, so a huge reward is a value, not an overflow
         per_func = torch.full((n, len(self.names)), math.nan, dtype=torch.float64)  # [N, F]
         messages: list[list[str | None]] = [[None] * len(self.names) for _ in range(n)]  # [N][F]
@@ -292,29 +256,6 @@ class RewardRunner:
                         per_func[i, f] = value
                     messages[i][f] = message
         return RewardValues(per_func, messages, logged, extra)
-
-    def _run(self, n: int, group_size: int, payload: Callable[[slice], dict]) -> list[list[tuple[slice, Any]]]:
-        """Every function on its chunks, all at once: [F][chunk] (rows, Outcome)."""
-        if self._pool is not None:
-            rows = _chunks(n, self.workers, group_size)
-            return self._pool.run(rows, [payload(r) for r in rows], self.timeout)
-        deadline = time.monotonic() + self.timeout
-        whole = slice(0, n)
-        threads = {
-            f: TimedCall(fn, payload(whole), n) for f, fn in enumerate(self.functions) if self._processes[f] is None
-        }
-        calls, where = [], []  # where: (function, rows) of each process call
-        for f, processes in enumerate(self._processes):
-            if processes is not None:
-                for proc, rows in zip(processes, _chunks(n, len(processes), group_size)):
-                    calls.append((proc, payload(rows), rows.stop - rows.start))
-                    where.append((f, rows))
-        outcomes: list[list[tuple[slice, Any]]] = [[] for _ in self.functions]
-        for (f, rows), outcome in zip(where, run_calls(calls, self.timeout, deadline)):
-            outcomes[f].append((rows, outcome))
-        for f, call in threads.items():
-            outcomes[f].append((whole, call.result(self.timeout)))
-        return outcomes
 
     def _announce(self, name: str, error: str, trace: str | None) -> None:
         """Print a function's error the first time it occurs, with its traceback."""
@@ -370,24 +311,14 @@ class RewardRunner:
         )
 
     def close(self) -> None:
-        """Stop the worker processes (a later ``score`` starts them again)."""
-        if self._pool is not None:
-            self._pool.close()
-        for processes in self._processes:
-            for proc in processes or ():
-                proc.close()
+        """Stop the workers (a later ``score`` starts them again)."""
+        self.pool.close()
 
     def __enter__(self) -> RewardRunner:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _kill_all(processes: list[list[RewardProcess] | None]) -> None:
-    for group in processes:
-        for proc in group or ():
-            proc.kill()
 
 
 def _classifier(name: str, fn: Callable, weight: float, processing_class: Any) -> tuple[str, Callable, float]:

@@ -1,6 +1,7 @@
 """The rollout store of a run (RUN/rollouts.sqlite), `grpokit inspect` and the HTML report."""
 
 from grpokit.store.inspect import inspect_run
+from grpokit.store.record import RolloutRecord, rollout_records
 from grpokit.store.report import write_report
 from grpokit.store.store import (
     STORE_FILENAME,
@@ -14,8 +15,10 @@ __all__ = [
     "STORE_FILENAME",
     "DuplicateStepError",
     "QueryError",
+    "RolloutRecord",
     "RolloutStore",
     "StoreError",
     "inspect_run",
+    "rollout_records",
     "write_report",
 ]

@@ -17,6 +17,7 @@ import time
 from html import escape
 from pathlib import Path
 
+from grpokit.algos.names import CLIP_REGION, KL
 from grpokit.store.store import RolloutStore, StoreError, resolve_store_path
 from grpokit.store.summary import eval_label, is_count, run_summary, summary_html
 from grpokit.store.svg import Series, line_chart
@@ -31,10 +32,10 @@ CHARTS = (
     ("Eval: mean reward", ("eval/reward",)),
     ("Eval: other metrics", ("eval/*",)),
     ("Reward", ("reward", "rewards/*/mean")),
-    ("KL to the reference", ("kl",)),
+    ("KL to the reference", (KL,)),
     ("Entropy", ("entropy",)),
     ("Completion length (tokens)", ("completion_length/mean",)),
-    ("Clipped fraction (region mean)", ("clip_ratio/region_mean",)),
+    ("Clipped fraction (region mean)", (CLIP_REGION,)),
     ("Learning rate", ("learning_rate",)),
 )
 

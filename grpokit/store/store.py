@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
+from grpokit.store.record import RolloutRecord, finite_or_none
 from grpokit.store.schema import SCHEMA, SCHEMA_VERSION
 
 STORE_FILENAME = "rollouts.sqlite"
@@ -48,7 +48,6 @@ _ROLLOUT_COLUMNS = (
 _INSERT_ROLLOUT = (
     f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
 )
-_ROLLOUT_KEYS = _ROLLOUT_COLUMNS[2:-1]  # what a rollout dict must carry besides run_id and step (extra is optional)
 _LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
 # What a read-only query may do: read tables and views, call functions, recurse in a CTE.
 _QUERY_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
@@ -72,14 +71,6 @@ def resolve_store_path(path: str | Path) -> Path:
     if path.suffix in _FILE_SUFFIXES and not path.is_dir():
         return path
     return path / STORE_FILENAME
-
-
-def _finite_or_none(value: Any) -> float | None:
-    # JSON has no NaN or infinity, and SQLite stores a NaN REAL as NULL anyway.
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def _nan_if_null(value: float | None) -> float:
@@ -181,16 +172,13 @@ class RolloutStore:
 
     # ----------------------------------------------------------------- writing
 
-    def write_step(self, step: int, rollouts: list[dict], metrics: dict[str, float]) -> None:
+    def write_step(self, step: int, rollouts: list[RolloutRecord], metrics: dict[str, float]) -> None:
         """Write one step's rollouts and metrics in one transaction; a written step raises.
 
-        Each rollout dict has prompt_index, completion_index, prompt, completion, prompt_tokens,
-        completion_tokens, finish_reason, rewards (name -> float | None), reward, advantage,
-        policy_version and error (str | None), and optionally extra (a JSON-able dict of the
-        ``log_extra`` columns). Non-finite reward values are stored as null.
+        Non-finite metric values are stored as null (a record's numbers are finite or None already).
         """
         rows = [self._rollout_row(step, i, r) for i, r in enumerate(rollouts)]
-        metric_rows = [(step, name, _finite_or_none(value)) for name, value in metrics.items()]
+        metric_rows = [(step, name, finite_or_none(value)) for name, value in metrics.items()]
         try:
             with self._transaction():
                 self._conn.execute("INSERT INTO steps (step, written_at) VALUES (?, ?)", (step, time.time()))
@@ -203,27 +191,25 @@ class RolloutStore:
                 ) from err
             raise StoreError(f"step {step}: {err} (two rollouts share prompt_index and completion_index?)") from err
 
-    def _rollout_row(self, step: int, i: int, rollout: dict) -> tuple:
-        missing = [key for key in _ROLLOUT_KEYS if key not in rollout]
-        if missing:
-            raise StoreError(f"rollout {i} of step {step} lacks {', '.join(missing)}")
-        rewards = {name: _finite_or_none(v) for name, v in rollout["rewards"].items()}
+    def _rollout_row(self, step: int, i: int, rollout: RolloutRecord) -> tuple:
+        if not isinstance(rollout, RolloutRecord):
+            raise StoreError(f"rollout {i} of step {step} is a {type(rollout).__name__}, not a RolloutRecord")
         return (
             self.run_id,
             step,
-            rollout["prompt_index"],
-            rollout["completion_index"],
-            rollout["prompt"],
-            rollout["completion"],
-            rollout["prompt_tokens"],
-            rollout["completion_tokens"],
-            rollout["finish_reason"],
-            json.dumps(rewards),
-            _finite_or_none(rollout["reward"]),
-            _finite_or_none(rollout["advantage"]),
-            rollout["policy_version"],
-            rollout["error"],
-            None if rollout.get("extra") is None else json.dumps(rollout["extra"], default=str, ensure_ascii=False),
+            rollout.prompt_index,
+            rollout.completion_index,
+            rollout.prompt,
+            rollout.completion,
+            rollout.prompt_tokens,
+            rollout.completion_tokens,
+            rollout.finish_reason,
+            json.dumps(rollout.rewards),
+            rollout.reward,
+            rollout.advantage,
+            rollout.policy_version,
+            rollout.error,
+            None if rollout.extra is None else json.dumps(rollout.extra, default=str, ensure_ascii=False),
         )
 
     def _has_step(self, step: int) -> bool:
@@ -231,7 +217,7 @@ class RolloutStore:
 
     def write_eval(self, step: int, dataset: str, metrics: dict[str, float]) -> None:
         """Write the eval metrics (e.g. pass@1) of `dataset` at `step`; writing them twice raises."""
-        rows = [(step, dataset, name, _finite_or_none(value)) for name, value in metrics.items()]
+        rows = [(step, dataset, name, finite_or_none(value)) for name, value in metrics.items()]
         try:
             with self._transaction():
                 self._conn.executemany("INSERT INTO evals (step, dataset, name, value) VALUES (?, ?, ?, ?)", rows)
@@ -288,7 +274,7 @@ class RolloutStore:
         order_by_reward: str | None = None,
         limit: int | None = None,
     ) -> list[dict]:
-        """Stored rollouts as dicts (the write_step keys plus run_id and step), filtered.
+        """Stored rollouts as dicts (a RolloutRecord's fields plus run_id and step), filtered.
 
         Ordered by (step, prompt_index, completion_index), or by reward ('desc' or 'asc',
         rollouts without a reward last) when `order_by_reward` is given.

@@ -20,7 +20,8 @@ import time
 
 import torch
 
-from grpokit.algos import policy_loss
+from grpokit.algos.losses import policy_loss
+from grpokit.algos.names import KL, MICRO_BATCH_MEANS, POLICY_LOSS
 from grpokit.distributed.fsdp import is_sharded
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
@@ -46,6 +47,7 @@ class Learner:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.cfg = cfg
+        self.loss_spec = cfg.loss_spec()
         self.autocast_dtype = autocast_dtype
         self.kernels = (
             kernels if kernels is not None else Kernels.select(next(model.parameters()).device, autocast_dtype)
@@ -109,7 +111,7 @@ class Learner:
                     batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs
                 )
             t0 = time.perf_counter()
-            history.append(self._optimizer_step(loss, parts, logprobs, entropy, loss_mask, ref_logprobs))
+            history.append(self._optimizer_step(loss, parts, logprobs, entropy, loss_mask))
             clock["time/optimizer"] += time.perf_counter() - t0
         return history[-1] | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
 
@@ -143,17 +145,10 @@ class Learner:
                         None if old_logprobs is None else old_logprobs[rows],
                         advantages[rows],
                         loss_mask[rows],
-                        loss_type=cfg.loss_type,
-                        epsilon=cfg.epsilon,
-                        epsilon_high=cfg.epsilon_high,
-                        beta=cfg.beta,
+                        self.loss_spec,
                         ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
-                        use_bias_correction_kl=cfg.use_bias_correction_kl,
-                        importance_sampling_level=cfg.importance_sampling_level,
-                        max_completion_length=cfg.max_completion_length,
                         num_items_in_batch=num_items,
                         sampling_logprobs=None if sampling_logprobs is None else sampling_logprobs[rows],
-                        sampling_cap=cfg.vllm_importance_sampling_cap,
                     )
                     # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
                     scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
@@ -167,7 +162,7 @@ class Learner:
                 entropy_parts.append(entropy.float())
         return loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts)
 
-    def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask, ref_logprobs) -> dict:
+    def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask) -> dict:
         """Clip, check finiteness, step. Metrics of the iteration."""
         cfg = self.cfg
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -196,23 +191,16 @@ class Learner:
             "entropy": float((entropy * loss_mask).sum() / mask_sum),
             "completion_logprob_mean": float((logprobs * loss_mask).sum() / mask_sum),
         }
-        for key in (
-            "clip_ratio/low_mean",
-            "clip_ratio/high_mean",
-            "clip_ratio/region_mean",
-            "ratio_mean",
-            "sampling_is/weight_mean",
-            "sampling_is/capped_fraction",
-            "sampling_is/logprob_abs_diff",
-        ):
+        for key in MICRO_BATCH_MEANS:
             if key in parts[0]:
                 metrics[key] = sum(p[key] for p in parts) / len(parts)
         # dapo parts share the batch-wide denominator, so they add up; the others are micro-batch means
-        policy = sum(p["policy_loss"] for p in parts)
-        metrics["policy_loss"] = policy if cfg.loss_type == "dapo" else policy / len(parts)
-        if ref_logprobs is not None:
-            delta = ref_logprobs - logprobs
-            kl = float(((delta.exp() - delta - 1) * loss_mask).sum() / mask_sum)
-            metrics["kl"] = kl
+        policy = sum(p[POLICY_LOSS] for p in parts)
+        metrics[POLICY_LOSS] = policy if cfg.loss_type == "dapo" else policy / len(parts)
+        if KL in parts[0]:
+            # each part's KL is the mean over its micro-batch's tokens: weighted by them, the batch's token mean
+            tokens = [float(mask.sum()) for mask in loss_mask.split(cfg.per_device_train_batch_size)]
+            kl = sum(p[KL] * n for p, n in zip(parts, tokens)) / float(mask_sum)
+            metrics[KL] = kl
             metrics["kl_penalty"] = cfg.beta * kl
         return metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -24,20 +25,23 @@ def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool =
         )
     specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     try:
-        on_ray = (
-            args.num_reward_workers > 0
-        )  # Ray reward actors, else reward_workers processes in the learner (0 = none)
+        pool = None  # reward_workers processes in the learner (0 = one each, or none)
+        if args.num_reward_workers > 0 and ray_workers:  # Ray reward actors
+            from grpokit.distributed.ray_rewards import RayRewardPool
+
+            pool = functools.partial(
+                RayRewardPool, workers=args.num_reward_workers, worker_cpus=args.reward_worker_cpus
+            )
         return RewardRunner(
             specs,
             weights=args.reward_weights,
             timeout=args.reward_timeout,
-            workers=(args.num_reward_workers if ray_workers else 0) if on_ray else args.reward_workers,
-            backend="ray" if on_ray else "process",
-            worker_cpus=args.reward_worker_cpus,
+            workers=0 if args.num_reward_workers > 0 else args.reward_workers,
             isolate=args.reward_isolation,
             processing_classes=processing_classes
             if processing_classes is None or isinstance(processing_classes, list)
             else [processing_classes] * len(specs),
+            pool=pool,
         )
     except (
         ValueError,

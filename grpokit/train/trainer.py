@@ -36,6 +36,7 @@ from grpokit.modeling import decode, ensure_pad_token, eos_token_ids
 from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.store.record import RolloutRecord, rollout_records
 from grpokit.train import checkpoint, interrupt
 from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.learner import Learner
@@ -645,31 +646,8 @@ class GRPOTrainer:
             rows, indices, rollouts.num_generations, self.args.prompt_column, rollouts.completion_lengths.tolist()
         )
 
-    def _store_rows(self, indices, rollouts, completions, reward, advantages) -> list[dict]:
-        G = rollouts.num_generations
-        per_func = reward.per_func.tolist()
-        rows = []
-        for n, text in enumerate(completions):
-            i = indices[n // G]
-            value = float(reward.combined[n])
-            rows.append(
-                {
-                    "prompt_index": i,
-                    "completion_index": n % G,
-                    "prompt": self.train_source.texts[i],
-                    "completion": text,
-                    "prompt_tokens": len(self.train_source.ids[i]),
-                    "completion_tokens": int(rollouts.completion_lengths[n]),
-                    "finish_reason": rollouts.finish_reasons[n],
-                    "rewards": {name: (None if v != v else v) for name, v in zip(self.rewards.names, per_func[n])},
-                    "reward": None if value != value else value,
-                    "advantage": float(advantages[n]),
-                    "policy_version": rollouts.policy_version,
-                    "error": reward.errors[n],
-                    "extra": {column: values[n] for column, values in reward.extra.items()} or None,
-                }
-            )
-        return rows
+    def _store_rows(self, indices, rollouts, completions, reward, advantages) -> list[RolloutRecord]:
+        return rollout_records(indices, rollouts, completions, reward, advantages, self.train_source)
 
     def _rng_states(self) -> dict:
         return {"torch": torch.get_rng_state(), "sampler": self.engine.generator.get_state()}

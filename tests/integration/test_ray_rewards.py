@@ -3,6 +3,7 @@ semantics, a worker killed mid-scoring, and the CLI end to end."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -14,11 +15,18 @@ import torch
 import yaml
 
 from grpokit.cli import main
+from grpokit.distributed.ray_rewards import RayRewardPool
 from grpokit.rewards import RewardError, RewardRunner
 from grpokit.store import RolloutStore
 
 ray = pytest.importorskip("ray", reason="Ray tests need the ray extra: pip install 'grpokit[ray]'")
 pytestmark = pytest.mark.ray
+
+
+def ray_pool(workers: int, worker_cpus: float = 1.0):
+    """What the trainer passes as the runner's pool with num_reward_workers > 0."""
+    return functools.partial(RayRewardPool, workers=workers, worker_cpus=worker_cpus)
+
 
 USER_FILE = textwrap.dedent(
     """
@@ -120,7 +128,7 @@ def test_ray_workers_match_in_process_and_need_no_file_on_the_worker(reward_file
         ]
         expected = RewardRunner(specs).score(PROMPTS, COMPLETIONS, COLUMNS, group_size=2)
         log.unlink()
-        runner = RewardRunner(specs, workers=2, backend="ray", worker_cpus=0.5)
+        runner = RewardRunner(specs, pool=ray_pool(2, 0.5))
         # Neither the file nor the module can be loaded by name or path on a worker now.
         reward_file.rename(tmp_path / "moved.py")
         (module_dir / "my_module_reward.py").rename(module_dir / "moved_module.py")
@@ -144,15 +152,13 @@ def test_ray_workers_match_in_process_and_need_no_file_on_the_worker(reward_file
 
 
 def test_ray_worker_contract_errors_stop_with_the_function_named(reward_file):
-    runner = RewardRunner(
-        [f"{reward_file}:exclaim", f"{reward_file}:one_value"], workers=2, backend="ray", worker_cpus=0.5
-    )
+    runner = RewardRunner([f"{reward_file}:exclaim", f"{reward_file}:one_value"], pool=ray_pool(2, 0.5))
     with pytest.raises(RewardError, match=r"reward 'one_value' returned 1 values for 2 completions: \[1.0\]"):
         runner.score(["p"] * 4, ["!", "!!", "a", "b"], group_size=2)
     runner.close()
     with pytest.raises(RewardError, match="cannot be sent to Ray reward workers"):
         lock = __import__("threading").Lock()
-        RewardRunner([lambda p, c, **k: [float(lock.locked())] * len(c)], workers=1, backend="ray")
+        RewardRunner([lambda p, c, **k: [float(lock.locked())] * len(c)], pool=ray_pool(1))
 
 
 def test_ray_worker_timeout_gives_none_and_replaces_the_worker(reward_file, tmp_path):
@@ -160,9 +166,7 @@ def test_ray_worker_timeout_gives_none_and_replaces_the_worker(reward_file, tmp_
     runner = RewardRunner(
         [{"name": f"{reward_file}:sleepy", "log": str(log)}, f"{reward_file}:exclaim"],
         timeout=1.0,
-        workers=1,
-        backend="ray",
-        worker_cpus=0.5,
+        pool=ray_pool(1, 0.5),
     )
     result = runner.score(["p", "p"], ["!", "!!"], group_size=2)
     assert result.errors == ["sleepy: timed out after 1 s"] * 2
@@ -175,18 +179,16 @@ def test_ray_worker_timeout_gives_none_and_replaces_the_worker(reward_file, tmp_
 
 
 def test_a_ray_worker_holding_the_gil_is_killed_past_its_timeout(reward_file):
-    runner = RewardRunner(
-        [f"{reward_file}:gil_hog", f"{reward_file}:exclaim"], timeout=1.0, workers=1, backend="ray", worker_cpus=0.5
-    )
-    runner._pool.grace = 2.0  # seconds past the timeout before the actor is killed (default: time for a restart)
-    runner._pool._start()
-    actor = runner._pool.actors[0]
+    runner = RewardRunner([f"{reward_file}:gil_hog", f"{reward_file}:exclaim"], timeout=1.0, pool=ray_pool(1, 0.5))
+    runner.pool.grace = 2.0  # seconds past the timeout before the actor is killed (default: time for a restart)
+    runner.pool._start()
+    actor = runner.pool.actors[0]
     # score() would stop: no function gave a value. The actor never answers, so exclaim's value, computed
     # beside gil_hog in it, is lost too.
     result = runner.combine(runner.score_values(["p", "p"], ["!", "!!"], group_size=2))
     message = "timed out after 1 s (its Ray worker was killed)"
     assert result.errors == [f"gil_hog: {message}; exclaim: {message}"] * 2
-    assert runner._pool.actors[0] is not actor  # replaced
+    assert runner.pool.actors[0] is not actor  # replaced
     runner.close()
 
 
@@ -194,7 +196,7 @@ def test_a_reward_worker_killed_mid_scoring_is_restarted_and_its_chunk_scored_on
     flag, log = tmp_path / "kill-a-worker", tmp_path / "calls.log"
     spec = {"name": f"{reward_file}:dies_once", "flag": str(flag), "log": str(log)}
     completions = ["a", "bb", "ccc", "dddd", "eeeee", "ffffff", "g", "hh"]
-    runner = RewardRunner([spec], workers=2, backend="ray", worker_cpus=0.5)
+    runner = RewardRunner([spec], pool=ray_pool(2, 0.5))
     flag.touch()
     result = runner.score(["p"] * 8, completions, group_size=4)
     runner.close()
@@ -212,9 +214,7 @@ def test_a_reward_worker_killed_mid_scoring_is_restarted_and_its_chunk_scored_on
 def test_a_chunk_whose_worker_always_dies_gives_none_and_an_error(reward_file):
     from grpokit.distributed.ray_rewards import MAX_TRIES
 
-    runner = RewardRunner(
-        [f"{reward_file}:always_dies", f"{reward_file}:exclaim"], workers=1, backend="ray", worker_cpus=0.5
-    )
+    runner = RewardRunner([f"{reward_file}:always_dies", f"{reward_file}:exclaim"], pool=ray_pool(1, 0.5))
     # score() would stop here, no function having given a value (RewardRunner.check_signal)
     result = runner.combine(runner.score_values(["p", "p"], ["!", "!!"], group_size=2))
     assert torch.isnan(result.per_func).all() and torch.isnan(result.combined).all()

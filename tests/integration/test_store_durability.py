@@ -19,10 +19,10 @@ ROLLOUTS_PER_STEP = 64
 # reports each committed step on stdout.
 WRITER = f"""
 import sys
-from grpokit.store import RolloutStore
+from grpokit.store import RolloutRecord, RolloutStore
 
 store = RolloutStore(sys.argv[1])
-rows = [dict(prompt_index=i // 8, completion_index=i % 8, prompt="p" * 200,
+rows = [RolloutRecord(prompt_index=i // 8, completion_index=i % 8, prompt="p" * 200,
              completion="c" * 1000, prompt_tokens=50, completion_tokens=250,
              finish_reason="stop", rewards={{"a": 1.0, "b": 0.0, "c": None}}, reward=1.0,
              advantage=0.5, policy_version=0, error=None) for i in range({ROLLOUTS_PER_STEP})]

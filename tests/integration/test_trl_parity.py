@@ -23,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpokit.algos import policy_loss
+from grpokit.algos import LossSpec, policy_loss
 from grpokit.modeling import load_model
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
@@ -161,14 +161,16 @@ def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
         old,
         advantages,
         mask,
-        loss_type=loss_type,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        beta=BETA,
+        LossSpec(
+            loss_type=loss_type,
+            epsilon=0.2,
+            epsilon_high=0.28,
+            beta=BETA,
+            use_bias_correction_kl=corrected,
+            importance_sampling_level=level,
+            max_completion_length=T,
+        ),
         ref_logprobs=ref,
-        use_bias_correction_kl=corrected,
-        importance_sampling_level=level,
-        max_completion_length=T,
         num_items_in_batch=num_items,
     )
     loss.backward()

@@ -5,6 +5,7 @@ import torch
 
 from grpokit.algos import (
     LOSS_TYPES,
+    LossSpec,
     aggregate,
     importance_log_ratio,
     kl_estimate,
@@ -89,7 +90,8 @@ HAND_LOSS = {
     "dapo": -0.8 / 8,  # num_items_in_batch = 8 -> -0.1
     "dr_grpo": -0.8 / (2 * 5),  # max_completion_length = 5 -> -0.08
 }
-KWARGS = {"num_items_in_batch": 8, "max_completion_length": 5}
+MAX_LEN = 5  # max_completion_length of dr_grpo
+NUM_ITEMS = 8  # num_items_in_batch of dapo
 
 
 def _hand_inputs(dtype=torch.float32):
@@ -100,7 +102,14 @@ def _hand_inputs(dtype=torch.float32):
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_policy_loss_each_loss_type_by_hand(loss_type):
     logprobs, old = _hand_inputs()
-    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, loss_type=loss_type, **KWARGS)
+    loss, metrics = policy_loss(
+        logprobs,
+        old,
+        ADVANTAGES,
+        MASK,
+        LossSpec(loss_type=loss_type, max_completion_length=MAX_LEN),
+        num_items_in_batch=NUM_ITEMS,
+    )
     assert loss.item() == pytest.approx(HAND_LOSS[loss_type], abs=1e-6)
     assert metrics["policy_loss"] == pytest.approx(HAND_LOSS[loss_type], abs=1e-6)
     # low: r=0.7 < 0.8 with A < 0; high: r=1.5 > 1.2 with A > 0 (r=0.5, A>0 is not clipped;
@@ -114,7 +123,7 @@ def test_policy_loss_each_loss_type_by_hand(loss_type):
 
 def test_clipped_tokens_have_zero_gradient():
     logprobs, old = _hand_inputs()
-    loss, _ = policy_loss(logprobs, old, ADVANTAGES, MASK, loss_type="bnpo")
+    loss, _ = policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="bnpo"))
     loss.backward()
     # d/dlogp of -r A / 5 is -r A / 5 where the unclipped term is the min, else 0:
     #   [0,0] r=1, A=1: -0.2   [0,1] r=1.5 > 1.2, A>0: clipped -> 0   [0,2] r=0.5: -0.1
@@ -127,7 +136,7 @@ def test_epsilon_high_widens_upper_clip():
     # epsilon_high = 0.6: r = 1.5 < 1.6 is no longer clipped, seq 1 becomes [-1, -1.5, -0.5];
     # bnpo: (-3 + 1.9) / 5 = -0.22, and nothing is high-clipped
     logprobs, old = _hand_inputs()
-    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, loss_type="bnpo", epsilon_high=0.6)
+    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="bnpo", epsilon_high=0.6))
     assert loss.item() == pytest.approx(-0.22, abs=1e-6)
     assert metrics["clip_ratio/high_mean"] == 0.0
     assert metrics["clip_ratio/low_mean"] == pytest.approx(0.2)
@@ -136,7 +145,7 @@ def test_epsilon_high_widens_upper_clip():
 def test_on_policy_old_none_gives_ratio_one_and_advantage_gradient():
     # ratio 1 everywhere: loss per token -A; bnpo: (-1 * 3 + 2 * 2) / 5 = 0.2; grad -A / 5
     logprobs = torch.randn(2, 3, requires_grad=True)
-    loss, metrics = policy_loss(logprobs, None, torch.tensor([1.0, -2.0]), MASK, loss_type="bnpo")
+    loss, metrics = policy_loss(logprobs, None, torch.tensor([1.0, -2.0]), MASK, LossSpec(loss_type="bnpo"))
     assert loss.item() == pytest.approx(0.2)
     assert metrics["ratio_mean"] == 1.0
     loss.backward()
@@ -149,12 +158,14 @@ def test_kl_penalty_by_hand():
     # loss = beta * 0.222741 = 0.0222741 with beta = 0.1
     logprobs = torch.zeros(2, 3)
     ref = torch.tensor([[LN2, 0.0, -LN2], [LN2, LN2, 5.0]])
-    loss, metrics = policy_loss(logprobs, None, torch.zeros(2), MASK, loss_type="bnpo", beta=0.1, ref_logprobs=ref)
+    loss, metrics = policy_loss(
+        logprobs, None, torch.zeros(2), MASK, LossSpec(loss_type="bnpo", beta=0.1), ref_logprobs=ref
+    )
     assert loss.item() == pytest.approx(0.0222741, abs=1e-6)
     assert metrics["kl"] == pytest.approx(0.222741, abs=1e-6)
     assert metrics["policy_loss"] == 0.0
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(logprobs, None, torch.zeros(2), MASK, beta=0.1)
+        policy_loss(logprobs, None, torch.zeros(2), MASK, LossSpec(beta=0.1))
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -173,11 +184,8 @@ def test_bias_corrected_kl_by_hand(level):
             old,
             torch.zeros(1),
             mask,
-            loss_type="grpo",
-            beta=1.0,
+            LossSpec(loss_type="grpo", beta=1.0, use_bias_correction_kl=corrected, importance_sampling_level=level),
             ref_logprobs=ref,
-            use_bias_correction_kl=corrected,
-            importance_sampling_level=level,
         )
         loss.backward()
         assert loss.item() == pytest.approx(value, abs=1e-6)
@@ -194,9 +202,13 @@ def test_gspo_sequence_ratio_on_ragged_mask():
     log_ratio = importance_log_ratio(logprobs, old, MASK, "sequence")
     torch.testing.assert_close(log_ratio, torch.tensor([[0.1], [0.3]]))
     advantages = torch.ones(2)
-    loss, metrics = policy_loss(logprobs, old, advantages, MASK, loss_type="grpo", importance_sampling_level="sequence")
+    loss, metrics = policy_loss(
+        logprobs, old, advantages, MASK, LossSpec(loss_type="grpo", importance_sampling_level="sequence")
+    )
     assert loss.item() == pytest.approx((-1.105171 - 1.2) / 2, abs=1e-6)  # -1.152586
-    loss, metrics = policy_loss(logprobs, old, advantages, MASK, loss_type="bnpo", importance_sampling_level="sequence")
+    loss, metrics = policy_loss(
+        logprobs, old, advantages, MASK, LossSpec(loss_type="bnpo", importance_sampling_level="sequence")
+    )
     assert loss.item() == pytest.approx((3 * -1.105171 + 2 * -1.2) / 5, abs=1e-6)  # -1.143103
     # one of two sequences is high-clipped; ratio mean over sequences (1.105171 + 1.349859) / 2
     assert metrics["clip_ratio/high_mean"] == pytest.approx(0.5)
@@ -209,11 +221,11 @@ def test_gspo_sequence_ratio_on_ragged_mask():
 def test_name_validation():
     logprobs, old = _hand_inputs()
     with pytest.raises(ValueError, match="grpo, bnpo, dr_grpo, dapo"):
-        policy_loss(logprobs, old, ADVANTAGES, MASK, loss_type="ppo")
+        policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="ppo"))
     with pytest.raises(ValueError, match="token, sequence"):
-        policy_loss(logprobs, old, ADVANTAGES, MASK, importance_sampling_level="sentence")
+        policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(importance_sampling_level="sentence"))
     with pytest.raises(ValueError, match="max_completion_length"):
-        policy_loss(logprobs, old, ADVANTAGES, MASK, loss_type="dr_grpo")
+        policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="dr_grpo"))
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(logprobs, old, ADVANTAGES[:, None], MASK)
     with pytest.raises(ValueError, match="completion_mask"):
@@ -265,17 +277,8 @@ def _random_batch(seed, n=6, t=7, dtype=torch.float32):
 def test_matches_reference_loop(loss_type, level):
     for seed in range(3):
         logprobs, old, ref, advantages, mask = _random_batch(seed, dtype=torch.float64)
-        kwargs = dict(epsilon=0.2, epsilon_high=0.28, beta=0.04, num_items_in_batch=37, max_completion_length=9)
-        loss, metrics = policy_loss(
-            logprobs,
-            old,
-            advantages,
-            mask,
-            loss_type=loss_type,
-            ref_logprobs=ref,
-            importance_sampling_level=level,
-            **kwargs,
-        )
+        spec = LossSpec(loss_type, 0.2, 0.28, 0.04, importance_sampling_level=level, max_completion_length=9)
+        loss, metrics = policy_loss(logprobs, old, advantages, mask, spec, ref_logprobs=ref, num_items_in_batch=37)
         expected = _reference_loss(logprobs, old, ref, advantages, mask, loss_type, level, 0.2, 0.28, 0.04, 37, 9)
         assert loss.item() == pytest.approx(expected, rel=1e-10, abs=1e-12)
         assert 0.0 <= metrics["clip_ratio/region_mean"] <= 1.0
@@ -293,12 +296,8 @@ def test_gradcheck(level, loss_type):
             old,
             advantages,
             mask,
-            loss_type=loss_type,
-            epsilon=0.2,
-            epsilon_high=0.3,
-            beta=0.1,
+            LossSpec(loss_type=loss_type, epsilon=0.2, epsilon_high=0.3, beta=0.1, importance_sampling_level=level),
             ref_logprobs=ref,
-            importance_sampling_level=level,
             num_items_in_batch=20,
         )
         return loss

@@ -50,3 +50,36 @@ def test_roundtrip_through_yaml(tmp_path):
 def test_docs_config_reference_is_current():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
     assert config_reference() in doc, "docs/config.md is stale: run python scripts/gen_config_reference.py"
+
+
+def test_algorithm_options_are_the_lists_algos_implements():
+    # one definition: config validates with the very tuples the algorithms check against
+    from grpokit.algos import names
+    from grpokit.config import CHOICES, FIELD_SECTION, SECTIONS, _field_docs
+
+    assert CHOICES["loss_type"] is names.LOSS_TYPES
+    assert CHOICES["scale_rewards"] is names.SCALE_REWARDS
+    assert CHOICES["advantage_estimator"] is names.ESTIMATORS
+    assert CHOICES["importance_sampling_level"] is names.IMPORTANCE_SAMPLING_LEVELS
+    with pytest.raises(ConfigError, match="choose one of grpo, bnpo, dr_grpo, dapo"):
+        GRPOConfig(loss_type="ppo")
+    for name, choices in CHOICES.items():  # the field's help line names every option
+        doc = _field_docs(SECTIONS[FIELD_SECTION[name]])[name]
+        assert all(choice in doc for choice in choices), (name, doc)
+
+
+def test_loss_spec_carries_the_loss_settings():
+    from grpokit.algos import LossSpec
+
+    cfg = GRPOConfig(
+        loss_type="dr_grpo",
+        epsilon=0.1,
+        epsilon_high=0.3,
+        beta=0.02,
+        use_bias_correction_kl=True,
+        importance_sampling_level="sequence",
+        max_completion_length=17,
+        vllm_importance_sampling_cap=2.5,
+    )
+    assert cfg.loss_spec() == LossSpec("dr_grpo", 0.1, 0.3, 0.02, True, "sequence", 17, 2.5)
+    assert GRPOConfig(epsilon=0.1).loss_spec().upper_epsilon == 0.1  # epsilon_high defaults to epsilon

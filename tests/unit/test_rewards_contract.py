@@ -143,7 +143,7 @@ def test_unpicklable_functions_run_in_workers_on_linux():
     offset = 2.0
     runner = RewardRunner([lambda completions, **kw: [offset] * len(completions)])
     if sys.platform == "linux":  # forked: the child inherits the closure
-        assert runner._processes[0] is not None
+        assert runner.pool.processes[0] is not None
     assert runner.score(["p"], ["c"]).combined.tolist() == [2.0]
     runner.close()
 
@@ -268,7 +268,7 @@ def test_an_interrupt_while_a_worker_holds_the_gil_propagates_and_kills_it():
     import signal
 
     runner = RewardRunner([gil_hog], timeout=300)
-    worker = runner._processes[0][0]._process
+    worker = runner.pool.processes[0][0]._process
 
     def interrupt(signum, frame):  # as the trainer's handler does on a second Ctrl-C
         raise KeyboardInterrupt

@@ -259,19 +259,17 @@ USER_FILE = textwrap.dedent(
 
 
 def test_chunks_hold_whole_groups():
-    from grpokit.rewards.runner import _chunks
+    from grpokit.rewards.pool import chunks
 
     # 12 completions in groups of 4 = 3 groups over 2 workers: bounds round(k * 3 / 2) groups = 0, 2, 3
     # (Python rounds 1.5 to 2), i.e. rows [0, 8) and [8, 12).
-    assert _chunks(12, 2, group_size=4) == [slice(0, 8), slice(8, 12)]
+    assert chunks(12, 2, group_size=4) == [slice(0, 8), slice(8, 12)]
     # more workers than groups: one group per chunk
-    assert _chunks(8, 5, group_size=4) == [slice(0, 4), slice(4, 8)]
+    assert chunks(8, 5, group_size=4) == [slice(0, 4), slice(4, 8)]
     # group_size 1 is the old split: 5 rows over 2 -> round(2.5) = 2 -> [0, 2), [2, 5)
-    assert _chunks(5, 2) == [slice(0, 2), slice(2, 5)]
+    assert chunks(5, 2) == [slice(0, 2), slice(2, 5)]
     with pytest.raises(ValueError, match="group_size=4 must be >= 1 and divide the 6 completions"):
         RewardRunner([boom]).score(["p"] * 6, ["c"] * 6, group_size=4)
-    with pytest.raises(ValueError, match="backend must be 'process' or 'ray'"):
-        RewardRunner([boom], workers=1, backend="dask")
 
 
 def test_workers_match_one_process(tmp_path):
@@ -288,11 +286,11 @@ def test_workers_match_one_process(tmp_path):
     prompts = ["q"] * len(completions)
     expected = RewardRunner(specs, isolate=False).score(prompts, completions, columns)
     with RewardRunner(specs, workers=2) as runner:
-        pids = [proc.pid for proc in runner._processes[2]]
+        pids = [proc.pid for proc in runner.pool.processes[2]]
         first = runner.score(prompts, completions, columns)
         second = runner.score(prompts, completions, columns)
-        assert [proc.pid for proc in runner._processes[2]] == pids and len(set(pids)) == 2  # started once, reused
-    assert all(proc.pid is None for procs in runner._processes for proc in procs or ())  # closed on exit
+        assert [proc.pid for proc in runner.pool.processes[2]] == pids and len(set(pids)) == 2  # started once, reused
+    assert all(proc.pid is None for procs in runner.pool.processes for proc in procs or ())  # closed on exit
     # odd_fails fails on any batch holding "boom": the whole batch in-process, but with 2 chunks
     # ([0:2] and [2:5]) only the first, so the workers add 1.0 (weight 1) to rows 2, 3 and 4.
     odd_fails = torch.tensor([math.nan, math.nan, 1.0, 1.0, 1.0], dtype=torch.float64)
@@ -311,10 +309,10 @@ def test_timeout_kills_the_worker_and_a_new_one_scores_the_next_batch(tmp_path):
     path = tmp_path / "pool_rewards.py"
     path.write_text(USER_FILE)
     runner = RewardRunner([f"{path}:sleepy", f"{path}:exclaim"], timeout=1.0, workers=1)
-    old = runner._processes[0][0]._process
+    old = runner.pool.processes[0][0]._process
     result = runner.score(["p", "p"], ["!", "!!"])
     assert result.errors == ["sleepy: timed out after 1 s (its worker process was killed)"] * 2
     assert result.per_func[:, 1].tolist() == [1.0, 2.0]
-    assert not old.is_alive() and runner._processes[0][0].pid is None  # killed, which ends the abandoned call
+    assert not old.is_alive() and runner.pool.processes[0][0].pid is None  # killed, which ends the abandoned call
     assert runner.score(["p"], ["!!!"]).per_func[0, 1] == 3.0  # a new worker on the next batch
     runner.close()

@@ -1,15 +1,17 @@
 """RolloutStore: writing, refusing duplicates, rolling back, reading, read-only queries."""
 
+import dataclasses
 import math
 import sqlite3
+from types import SimpleNamespace
 
 import pytest
 
-from grpokit.store import DuplicateStepError, QueryError, RolloutStore, StoreError
+from grpokit.store import DuplicateStepError, QueryError, RolloutRecord, RolloutStore, StoreError
 
 
 def rollout(prompt_index=0, completion_index=0, reward=1.0, error=None, **overrides):
-    """A rollout dict as the trainer passes it to write_step."""
+    """A rollout record as the trainer passes it to write_step."""
     row = dict(
         prompt_index=prompt_index,
         completion_index=completion_index,
@@ -25,7 +27,7 @@ def rollout(prompt_index=0, completion_index=0, reward=1.0, error=None, **overri
         error=error,
     )
     row.update(overrides)
-    return row
+    return RolloutRecord(**row)
 
 
 @pytest.fixture
@@ -51,7 +53,7 @@ def test_write_step_round_trips_every_field(store, tmp_path):
     )
     store.write_step(3, [written], {"kl": 0.125})
     [read] = store.rollouts()
-    assert read == {**written, "rewards": {"accuracy": 0.75, "format": 0.5}, "run_id": "run", "step": 3}
+    assert read == {**dataclasses.asdict(written), "run_id": "run", "step": 3}
     assert store.path == tmp_path / "run" / "rollouts.sqlite"
     store.write_step(4, [rollout()], {})  # extra is optional and reads as None
     assert store.rollouts(step=4)[0]["extra"] is None
@@ -129,10 +131,9 @@ def test_duplicate_completion_in_a_step_writes_nothing(store):
     assert store.steps() == [1]
 
 
-def test_rollout_missing_a_key_is_refused(store):
-    bad = rollout()
-    del bad["advantage"], bad["error"]
-    with pytest.raises(StoreError, match="rollout 1 of step 4 lacks advantage, error"):
+def test_a_rollout_that_is_not_a_record_is_refused(store):
+    bad = dataclasses.asdict(rollout())
+    with pytest.raises(StoreError, match="rollout 1 of step 4 is a dict, not a RolloutRecord"):
         store.write_step(4, [rollout(), bad], {})
     assert store.steps() == []
 
@@ -306,3 +307,41 @@ def test_close_is_idempotent_and_final(tmp_path):
     s.close()
     with pytest.raises(sqlite3.ProgrammingError):
         s.steps()
+
+
+def test_rollout_records_of_a_step():
+    # two prompts (indices 7 and 3) x G = 2; the second function gave None (NaN) on completion 1 and
+    # no function applied to completion 3 (combined NaN): both are None in the records
+    import torch
+
+    from grpokit.rewards.runner import RewardResult
+    from grpokit.store import rollout_records
+
+    nan = float("nan")
+    rollouts = SimpleNamespace(
+        num_generations=2,
+        completion_lengths=torch.tensor([3, 1, 2, 4]),
+        finish_reasons=["stop", "stop", "length", "stop"],
+        policy_version=5,
+    )
+    reward = RewardResult(
+        names=["a", "b"],
+        per_func=torch.tensor([[1.0, 0.5], [0.0, nan], [2.0, 0.0], [nan, nan]], dtype=torch.float64),
+        combined=torch.tensor([1.5, 0.0, 2.0, nan], dtype=torch.float64),
+        errors=[None, None, None, "a: boom"],
+        error_counts={"a": 1, "b": 0},
+        extra={"why": ["x", None, "z", None]},
+    )
+    source = SimpleNamespace(texts={7: "seven", 3: "three"}, ids={7: [1, 2], 3: [4, 5, 6]})
+    records = rollout_records([7, 3], rollouts, ["c0", "c1", "c2", "c3"], reward, [0.5, -0.5, 1.0, 0.0], source)
+    assert [(r.prompt_index, r.completion_index, r.prompt, r.prompt_tokens) for r in records] == [
+        (7, 0, "seven", 2),
+        (7, 1, "seven", 2),
+        (3, 0, "three", 3),
+        (3, 1, "three", 3),
+    ]
+    assert records[1] == RolloutRecord(
+        7, 1, "seven", "c1", 2, 1, "stop", {"a": 0.0, "b": None}, 0.0, -0.5, 5, None, {"why": None}
+    )
+    assert records[3].rewards == {"a": None, "b": None} and records[3].reward is None
+    assert records[3].error == "a: boom" and records[2].finish_reason == "length"

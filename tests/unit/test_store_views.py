@@ -8,7 +8,7 @@ from html import escape
 import pytest
 
 from grpokit.cli import main
-from grpokit.store import RolloutStore, StoreError, inspect_run, write_report
+from grpokit.store import RolloutRecord, RolloutStore, StoreError, inspect_run, write_report
 from grpokit.store.cli import register
 from grpokit.store.svg import line_chart, nice_ticks
 
@@ -16,7 +16,7 @@ XSS = "<script>alert('x')</script> & [bold]not markup[/bold]"
 
 
 def rollout(prompt_index, completion_index, reward, accuracy, tokens, error=None, text=None):
-    return dict(
+    return RolloutRecord(
         prompt_index=prompt_index,
         completion_index=completion_index,
         prompt=f"Q{prompt_index}?",

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpokit.algos import policy_loss, truncated_importance_weights
+from grpokit.algos import LossSpec, policy_loss, truncated_importance_weights
 from grpokit.cli import main
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rollout.sampling import sample_next
@@ -145,7 +145,7 @@ def test_policy_loss_weights_the_surrogate_not_the_kl():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     advantages = torch.tensor([1.0])
     loss, m = policy_loss(
-        logprobs, None, advantages, mask, loss_type="bnpo", sampling_logprobs=sampling, sampling_cap=3.0
+        logprobs, None, advantages, mask, LossSpec(loss_type="bnpo", sampling_cap=3.0), sampling_logprobs=sampling
     )
     # per token -w_t * ratio * A with w = 1, 1.648721, 3: loss = -(1 + 1.648721 + 3) / 3 = -1.882907
     assert loss.item() == pytest.approx(-1.882907, abs=1e-6)
@@ -162,14 +162,12 @@ def test_policy_loss_weights_the_surrogate_not_the_kl():
         None,
         advantages,
         mask,
-        loss_type="bnpo",
-        beta=0.3,
+        LossSpec(loss_type="bnpo", beta=0.3, sampling_cap=3.0),
         ref_logprobs=ref,
         sampling_logprobs=sampling,
-        sampling_cap=3.0,
     )
     assert with_kl.item() == pytest.approx(-1.882907 + 0.3 * 0.106531 / 3, abs=1e-6)
-    plain, m_plain = policy_loss(logprobs.detach(), None, advantages, mask, loss_type="bnpo")
+    plain, m_plain = policy_loss(logprobs.detach(), None, advantages, mask, LossSpec(loss_type="bnpo"))
     assert plain.item() == pytest.approx(-1.0) and "sampling_is/weight_mean" not in m_plain
 
 

@@ -1,0 +1,35 @@
+"""The names the algorithms accept and report: option lists and the metric names of ``policy_loss``.
+
+Each option list is defined here once: the function that implements the options checks its argument
+against it, and ``grpokit.config`` validates the config with it. Each metric name is defined here once
+and imported wherever the metric is read by name (the learner, the console, the report). This module
+imports nothing, so the config, the store and the console can use these names without loading torch.
+"""
+
+# --- options ------------------------------------------------------------------------------------
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # masked.aggregate
+SCALE_REWARDS = ("group", "batch", "none")  # advantages.group_advantages
+ESTIMATORS = ("grpo", "rloo", "reinforce_pp")  # advantages.compute_advantages
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # losses.importance_log_ratio
+KL_ESTIMATORS = ("k1", "k2", "k3")  # kl.kl_estimate
+
+# --- metrics of losses.policy_loss (python floats) ---------------------------------------------
+CLIP_LOW = "clip_ratio/low_mean"  # ratio < 1 - epsilon with A < 0
+CLIP_HIGH = "clip_ratio/high_mean"  # ratio > 1 + epsilon_high with A > 0
+CLIP_REGION = "clip_ratio/region_mean"  # either
+RATIO_MEAN = "ratio_mean"
+POLICY_LOSS = "policy_loss"  # the loss without the KL term
+KL = "kl"  # masked mean of k3 (only with beta > 0)
+IS_WEIGHT_MEAN = "sampling_is/weight_mean"  # with sampling log-probs (vLLM)
+IS_CAPPED_FRACTION = "sampling_is/capped_fraction"
+IS_LOGPROB_ABS_DIFF = "sampling_is/logprob_abs_diff"
+# Means over the batch's tokens (or sequences) that a learner averages over its micro-batches.
+MICRO_BATCH_MEANS = (
+    CLIP_LOW,
+    CLIP_HIGH,
+    CLIP_REGION,
+    RATIO_MEAN,
+    IS_WEIGHT_MEAN,
+    IS_CAPPED_FRACTION,
+    IS_LOGPROB_ABS_DIFF,
+)

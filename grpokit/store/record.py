@@ -1,0 +1,84 @@
+"""RolloutRecord: one completion as the rollout store keeps it, and how a training step's records are built.
+
+Numbers are finite or None once a record exists: JSON has no NaN or infinity, and SQLite stores a NaN
+REAL as NULL anyway, so a reward that does not apply (NaN) or overflowed is None from here on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float, or None when it is None, NaN or infinite."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+@dataclass
+class RolloutRecord:
+    """One completion of one step: what it was sampled from and what it scored.
+
+    ``rewards``: each reward function's value (None where it did not apply or failed); ``reward`` the
+    weighted sum; ``error`` the reward errors of this completion; ``extra`` the ``log_extra`` columns
+    (a JSON-able dict, or None).
+    """
+
+    prompt_index: int
+    completion_index: int
+    prompt: str
+    completion: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    rewards: dict[str, float | None]
+    reward: float | None
+    advantage: float | None
+    policy_version: int
+    error: str | None = None
+    extra: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.rewards = {name: finite_or_none(value) for name, value in self.rewards.items()}
+        self.reward = finite_or_none(self.reward)
+        self.advantage = finite_or_none(self.advantage)
+
+
+def rollout_records(
+    indices: Sequence[int], rollouts: Any, completions: Sequence[str], reward: Any, advantages: Any, source: Any
+) -> list[RolloutRecord]:
+    """The records of one step's rollouts, in the rollouts' order.
+
+    ``indices``: the prompt index of each group; ``rollouts``: the step's ``rollout.Rollouts`` (G =
+    ``num_generations`` adjacent completions per prompt); ``completions``: their decoded texts;
+    ``reward``: their ``rewards.RewardResult``; ``advantages``: [N]; ``source``: the ``PromptSource``
+    they were drawn from (its ``texts`` and token ``ids`` per prompt index).
+    """
+    G = rollouts.num_generations
+    per_func = reward.per_func.tolist()  # [N][F]
+    records = []
+    for n, text in enumerate(completions):
+        i = indices[n // G]
+        records.append(
+            RolloutRecord(
+                prompt_index=i,
+                completion_index=n % G,
+                prompt=source.texts[i],
+                completion=text,
+                prompt_tokens=len(source.ids[i]),
+                completion_tokens=int(rollouts.completion_lengths[n]),
+                finish_reason=rollouts.finish_reasons[n],
+                rewards=dict(zip(reward.names, per_func[n])),
+                reward=float(reward.combined[n]),
+                advantage=float(advantages[n]),
+                policy_version=rollouts.policy_version,
+                error=reward.errors[n],
+                extra={column: values[n] for column, values in reward.extra.items()} or None,
+            )
+        )
+    return records

@@ -1,0 +1,177 @@
+"""Imports between grpokit's modules follow the layers of docs/architecture.md ("Import direction").
+
+An AST check over every grpokit/**.py: each import of another grpokit module (at module level or
+inside a function, which is still a dependency) must go to a layer below the importing module's own.
+No import is allow-listed: none against the layers is needed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+# algos is pure tensor math: torch and the standard library's math and typing helpers only.
+ALGOS_MAY_IMPORT = {
+    "__future__",
+    "collections",
+    "dataclasses",
+    "functools",
+    "importlib",
+    "itertools",
+    "math",
+    "torch",
+    "typing",
+}
+ALGOS_MAY_NOT_IMPORT = ("torch.distributed",)
+
+
+def read_layers(markdown: str) -> list[list[str]]:
+    """The layers of the fenced block after the ``import-layers`` marker, bottom first."""
+    block = re.search(r"<!-- import-layers[^>]*-->\s*```text\n(.*?)```", markdown, re.DOTALL)
+    assert block, "docs/architecture.md lost its import-layers block"
+    lines = [line.split("--")[0] for line in block.group(1).splitlines() if line.strip()]
+    return [[name.strip() for name in line.split(",") if name.strip()] for line in reversed(lines)]
+
+
+def _unit(module: str) -> str:
+    """The layered name of a dotted module: ``pkg.train.learner`` -> ``train``; the root -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _imported(node: ast.AST, package: str, package_dir: Path) -> list[str]:
+    """The modules of ``package`` an import statement imports (dotted names)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name.split(".")[0] == package]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        if node.module == package:  # from pkg import x: a submodule, or a name of the root
+            return [
+                f"{package}.{alias.name}"
+                if (package_dir / alias.name).is_dir() or (package_dir / f"{alias.name}.py").is_file()
+                else package
+                for alias in node.names
+            ]
+        if node.module.split(".")[0] == package:
+            return [node.module]
+    return []
+
+
+def import_violations(package_dir: Path, layers: list[list[str]]) -> list[str]:
+    """Every import in ``package_dir`` against ``layers`` (bottom first), as "file:line: a -> b (why)"."""
+    package = package_dir.name
+    level = {name: i for i, names in enumerate(layers) for name in names}
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        relative = path.relative_to(package_dir.parent)
+        parts = relative.with_suffix("").parts
+        source = _unit(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        where = relative.as_posix()
+        if source == "":
+            continue  # the root package: version and lazy accessors, above everything
+        if source not in level:
+            found.append(f"{where}: {source!r} is not in the import layers; place it in docs/architecture.md")
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for module in _imported(node, package, package_dir):
+                target = _unit(module)
+                if target in ("", source):
+                    continue
+                if target not in level:
+                    found.append(
+                        f"{where}:{node.lineno}: {source} -> {target} ({target!r} is not in the import layers)"
+                    )
+                elif level[target] >= level[source]:
+                    how = "sideways" if level[target] == level[source] else "up"
+                    found.append(f"{where}:{node.lineno}: {source} -> {target} ({how}: {module})")
+    return found
+
+
+def algos_impurities(algos_dir: Path) -> list[str]:
+    """Imports of algos/ beyond torch and the standard library's math and typing helpers."""
+    found = []
+    for path in sorted(algos_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                own = module.startswith(f"{algos_dir.parent.name}.{algos_dir.name}")
+                if not own and (top not in ALGOS_MAY_IMPORT or module.startswith(ALGOS_MAY_NOT_IMPORT)):
+                    found.append(
+                        f"{path.relative_to(algos_dir.parent.parent).as_posix()}:{node.lineno}: imports {module}"
+                    )
+    return found
+
+
+def test_grpokit_imports_follow_the_layers():
+    violations = import_violations(REPO / "grpokit", read_layers(ARCHITECTURE.read_text()))
+    assert not violations, "imports against docs/architecture.md's layers:\n" + "\n".join(violations)
+
+
+def test_algos_stays_pure():
+    impurities = algos_impurities(REPO / "grpokit" / "algos")
+    assert not impurities, "algos/ is pure tensor math:\n" + "\n".join(impurities)
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root / "pkg"
+
+
+LAYERS_MD = """
+<!-- import-layers -->
+```text
+top                -- may import low
+low, side          -- the bottom
+```
+"""
+
+
+def test_the_check_reads_the_layers_bottom_first():
+    assert read_layers(LAYERS_MD) == [["low", "side"], ["top"]]
+
+
+def test_the_check_catches_planted_bad_imports(tmp_path):
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "from pkg import top\n",  # the root may import anything
+            "top.py": "import pkg.low\nfrom pkg import side\n",  # down: fine
+            "low/__init__.py": "",
+            "low/a.py": "import os\n\n\ndef lazy():\n    from pkg.top import thing\n    return thing\n",
+            "side.py": "from pkg.low.a import lazy\nimport pkg\n",
+            "extra.py": "x = 1\n",
+        },
+    )
+    violations = import_violations(package, read_layers(LAYERS_MD))
+    assert violations == [
+        "pkg/extra.py: 'extra' is not in the import layers; place it in docs/architecture.md",
+        "pkg/low/a.py:5: low -> top (up: pkg.top)",  # inside a function: still an edge
+        "pkg/side.py:1: side -> low (sideways: pkg.low.a)",
+    ]
+
+
+def test_the_purity_check_catches_io_and_distributed(tmp_path):
+    algos = _package(
+        tmp_path,
+        {
+            "algos/__init__.py": "",
+            "algos/ok.py": "import math\nimport torch\nfrom pkg.algos.ok import x\n",
+            "algos/bad.py": "import torch.distributed as dist\nimport json\n",
+        },
+    )
+    assert algos_impurities(algos / "algos") == [
+        "pkg/algos/bad.py:1: imports torch.distributed",
+        "pkg/algos/bad.py:2: imports json",
+    ]
