@@ -21,8 +21,8 @@ import time
 import torch
 
 from grpokit.algos import policy_loss
-from grpokit.distributed.fsdp import is_sharded
 from grpokit.hardware import autocast, store_linears_in
+from grpokit.processes import is_sharded
 from grpokit.train.fused_head import reuse_weight_casts
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
