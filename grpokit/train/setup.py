@@ -67,6 +67,15 @@ def check_data(args: GRPOConfig, train_rows: list, eval_rows: list | None, rewar
     return len(train_rows) // per_step
 
 
+def prompt_sources(args: GRPOConfig, tokenizer, train_rows: list, eval_rows: list | None):
+    """(training PromptSource: seeded order, shuffled per ``shuffle``; eval PromptSource in dataset order, or None)."""
+    from grpokit.data.prompts import PromptSource
+
+    kw = dict(prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow)
+    train = PromptSource(train_rows, tokenizer, seed=args.seed, shuffle=args.shuffle, **kw)
+    return train, PromptSource(eval_rows, tokenizer, shuffle=False, **kw) if eval_rows else None
+
+
 def warn_if_too_big(args: GRPOConfig, path: str) -> None:
     """Warn when a model given by path or hub id will not fit (its size is known before it is loaded)."""
     import os

@@ -8,6 +8,7 @@ same loop; rank 0 alone owns the run folder.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 
 from grpokit.algos import compute_advantages, zero_variance_groups
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.data.prompts import PromptSource, load_rows, reward_inputs
+from grpokit.data.prompts import load_rows, reward_inputs
 from grpokit.eval.evaluator import evaluate
 from grpokit.hardware import autocast_dtype, keep_freed_memory
 from grpokit.modeling import decode, ensure_pad_token
@@ -38,8 +39,10 @@ from grpokit.train.setup import (
     build_reward_runner,
     check_data,
     lora_settings,
+    prompt_sources,
     warn_if_too_big,
 )
+from grpokit.train.stopping import StopRules
 
 
 class GRPOTrainer:
@@ -108,16 +111,7 @@ class GRPOTrainer:
             warn_if_too_big(args, path)
         self.model, self.tokenizer, self.device, self.use_lora = build_policy(model, tokenizer, args, peft_config)
         ensure_pad_token(self.tokenizer)
-        source_kw = dict(
-            prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow
-        )
-        self.train_source = PromptSource(
-            self.train_rows, self.tokenizer, seed=args.seed, shuffle=args.shuffle, **source_kw
-        )
-        self.eval_source = (
-            PromptSource(self.eval_rows, self.tokenizer, shuffle=False, **source_kw) if self.eval_rows else None
-        )
-
+        self.train_source, self.eval_source = prompt_sources(args, self.tokenizer, self.train_rows, self.eval_rows)
         torch.manual_seed(args.seed)
         self.autocast_dtype = autocast_dtype(args.dtype, self.device, self.model)
         if self.device.type == "cpu":
@@ -139,7 +133,7 @@ class GRPOTrainer:
         self.stop_reason: str | None = None
         self.signals = SignalStop(lambda: (self.step, self._saved_step), enabled=self.procs.is_main)
         self._saved_step = 0  # the step of the newest checkpoint on disk (0: none)
-        self._counters = {"kl_over": 0, "nonfinite": 0}
+        self.stop_rules = StopRules(args)  # non-finite steps, KL over max_kl
         self.callbacks = CallbackRunner(
             callbacks,
             args,
@@ -323,30 +317,18 @@ class GRPOTrainer:
         args, step = self.args, self.step
         if args.ref_model_sync_steps and self.reference is not None and step % args.ref_model_sync_steps == 0:
             self.reference.sync(args.ref_model_mixup_alpha)
-        self._counters["nonfinite"] = self._counters["nonfinite"] + 1 if metrics.get("nonfinite") else 0
-        if self._counters["nonfinite"] >= args.max_nonfinite_steps:
-            self.stop_reason = (
-                f"{args.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (updates skipped); "
-                "lower learning_rate, check the reward functions for inf/NaN, or raise max_nonfinite_steps."
-            )
-        if args.max_kl is not None and metrics.get("kl", 0.0) > args.max_kl:
-            self._counters["kl_over"] += 1
-            if self._counters["kl_over"] >= args.max_kl_patience:
-                self.stop_reason = (
-                    f"mean KL {metrics['kl']:.4f} exceeded max_kl={args.max_kl} for {args.max_kl_patience} step(s)."
-                )
-        else:
-            self._counters["kl_over"] = 0
+        reason = self.stop_rules.check(metrics)
+        self.stop_reason = reason or self.stop_reason
         self.callbacks.set_step(step)
         # a callback may ask for a log, an evaluation, a checkpoint, the end
         control = self.callbacks.event("on_step_end")
         if step % args.logging_steps == 0 or control.should_log:
             self.callbacks.log(metrics)
-        if (self._due("eval", step) and self._eval_enabled()) or (
+        if (self.callbacks.due("eval", step) and self._eval_enabled()) or (
             control.should_evaluate and self.eval_source is not None
         ):
             self._evaluate_and_log(step)
-        if (self._due("save", step) and step < args.max_steps) or control.should_save:
+        if (self.callbacks.due("save", step) and step < args.max_steps) or control.should_save:
             self._save_checkpoint()
         if step % self.steps_per_epoch == 0:
             self.callbacks.event("on_epoch_end")
@@ -354,16 +336,6 @@ class GRPOTrainer:
                 self.callbacks.event("on_epoch_begin")
         if self.callbacks.control.should_training_stop and self.stop_reason is None:
             self.stop_reason = "a callback set control.should_training_stop"
-
-    def _due(self, kind: str, step: int) -> bool:
-        """Whether ``step`` is an evaluation / checkpoint step of the run's ``eval_strategy`` / ``save_strategy``."""
-        args = self.args
-        strategy, every = (
-            (args.eval_strategy, args.eval_steps) if kind == "eval" else (args.save_strategy, args.save_steps)
-        )
-        if strategy == "epoch":
-            every = self.steps_per_epoch
-        return strategy != "no" and every > 0 and step % every == 0
 
     def _finish(self) -> None:
         """Last checkpoint, evaluation and final model (every rank calls it: FSDP gathers the weights).
@@ -378,7 +350,7 @@ class GRPOTrainer:
                 else f"received {name} before the first step finished; there was nothing to save"
             )
             return
-        if self._eval_enabled() and not self._due("eval", self.step):
+        if self._eval_enabled() and not self.callbacks.due("eval", self.step):
             self._evaluate_and_log(self.step)
         merged = self.use_lora and self.args.merge_on_save
         checkpoint.save_final_model(self.run_dir / "final", self.model, self.tokenizer, self.procs.is_main, merged)
@@ -420,13 +392,7 @@ class GRPOTrainer:
         if self.eval_source is None:
             raise ValueError("evaluate() needs an eval_dataset (argument or data.eval_dataset).")
         args = self.args
-        params = SamplingParams(
-            args.max_completion_length,
-            args.eval_temperature or args.temperature,
-            args.top_p,
-            args.top_k,
-            min_p=args.min_p,
-        )
+        params = dataclasses.replace(self.sampling, temperature=args.eval_temperature or args.temperature)
         return evaluate(
             self.engine,
             self.tokenizer,
@@ -502,7 +468,7 @@ class GRPOTrainer:
             return
         synced = self.args.ref_model_sync_steps and self.reference is not None and self.reference.model is not None
         scheduled, pending = self.rollout_scheduler.state_dict()
-        state = {"data": self.train_source.state_dict(), "counters": self._counters, **scheduled}
+        state = {"data": self.train_source.state_dict(), "counters": self.stop_rules.counters, **scheduled}
         rng = {"torch": torch.get_rng_state(), "sampler": self.engine.generator.get_state()}
         checkpoint.save_checkpoint(
             self.run_dir,
@@ -527,7 +493,7 @@ class GRPOTrainer:
         self.callbacks.set_step(self.step)
         self.train_source.load_state_dict(state["data"])
         self.rollout_scheduler.load_state_dict(state, state["pending_rollouts"])
-        self._counters = dict(state["counters"])
+        self.stop_rules.counters = dict(state["counters"])
         torch.set_rng_state(rng["torch"])
         self.engine.generator.set_state(rng["sampler"])
 
