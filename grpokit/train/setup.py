@@ -90,7 +90,8 @@ def warn_if_too_big(args: GRPOConfig, path: str) -> None:
 
 def build_optimizer(model: torch.nn.Module, args: GRPOConfig, optimizers: tuple, sharded: bool, device: torch.device):
     """(optimizer, lr scheduler): TRL's ``optimizers=(optimizer, lr_scheduler)`` where given, else AdamW over the
-    trainable parameters and ``lr_scheduler_type`` over max_steps x num_iterations optimizer steps."""
+    trainable parameters and ``lr_scheduler_type`` over max_steps x num_iterations x num_mini_batches optimizer
+    steps."""
     from grpokit.train.schedule import make_scheduler
 
     optimizer, scheduler = optimizers
@@ -109,7 +110,7 @@ def build_optimizer(model: torch.nn.Module, args: GRPOConfig, optimizers: tuple,
         weight_decay=args.weight_decay,
         fused=device.type in ("cpu", "cuda"),
     )
-    total = args.max_steps * args.num_iterations
+    total = args.max_steps * args.optimizer_steps_per_step()
     warmup = args.warmup_steps or int(args.warmup_ratio * total)
     return optimizer, scheduler or make_scheduler(optimizer, args.lr_scheduler_type, warmup, total)
 
