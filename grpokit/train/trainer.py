@@ -176,10 +176,12 @@ class GRPOTrainer:
         self.callbacks.add(callback)
 
     # ---- the loop --------------------------------------------------------------------------
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> dict:
-        """Train to max_steps (or until stopped); returns the last step's metrics. Every rank runs this loop
-        (metrics are averaged over ranks, so every rank stops together); rank 0 alone writes the run folder,
-        evaluates and saves (other ranks join in only to gather FSDP-sharded weights).
+    def train(self, resume_from_checkpoint: str | bool | None = None):
+        """Train to max_steps (or until stopped); returns transformers' ``TrainOutput(global_step, training_loss,
+        metrics)`` as TRL does (metrics: train_runtime, train_samples_per_second, train_steps_per_second,
+        train_loss, epoch; about the steps run in this call). Every rank runs this loop (metrics are averaged
+        over ranks, so every rank stops together); rank 0 alone writes the run folder, evaluates and saves
+        (other ranks join in only to gather FSDP-sharded weights).
 
         ``resume_from_checkpoint`` (TRL's argument): True = the latest checkpoint of output_dir, or a checkpoint folder.
         """
@@ -192,22 +194,24 @@ class GRPOTrainer:
         self.run_dir = Path(args.output_dir)
         if main:
             self.run_dir, self.store, self.tracker = open_run_dir(args, self.step)
-        metrics: dict = {}
-        started = time.perf_counter()
+        metrics, losses, started = {}, [], time.perf_counter()
         try:
             with self.signals:
                 self._begin_training()
                 while self.step < args.max_steps and self.stop_reason is None and self.interrupted_by is None:
                     metrics = self._run_step()
+                    losses.append(metrics["loss"])
                 self._finish()
-                self._end_training(metrics, time.perf_counter() - started)
+                summary = self._end_training(metrics, losses, time.perf_counter() - started)
         finally:
             self._close()
         if self.stop_reason and main:  # soft_wrap: one line, however narrow the terminal
             self.tracker.console.print(
                 f"[yellow]stopped at step {self.step}: {self.stop_reason}[/yellow]", soft_wrap=True
             )
-        return metrics
+        from transformers.trainer_utils import TrainOutput
+
+        return TrainOutput(self.step, summary["train_loss"], summary)
 
     def _begin_training(self) -> None:
         """on_train_begin (and on_epoch_begin), then the evaluation before training."""
@@ -355,13 +359,15 @@ class GRPOTrainer:
         merged = self.use_lora and self.args.merge_on_save
         checkpoint.save_final_model(self.run_dir / "final", self.model, self.tokenizer, self.procs.is_main, merged)
 
-    def _end_training(self, metrics: dict, seconds: float) -> None:
-        """TRL's closing log entry (train_runtime, train_loss ...) and a summary line on rank 0; on_train_end."""
-        losses = [h["loss"] for h in self.state.log_history if "loss" in h]
+    def _end_training(self, metrics: dict, losses: list[float], seconds: float) -> dict:
+        """TRL's closing log entry (transformers' speed metrics and the mean loss of the steps run in this call),
+        a summary line on rank 0, on_train_end; returns the entry."""
+        steps, completions = len(losses), self.args.completions_per_step(self.procs.world_size)
         summary = {
-            "train_runtime": seconds,
-            "train_steps_per_second": self.step / seconds if seconds else 0.0,
-            "train_loss": sum(losses) / len(losses) if losses else metrics.get("loss", 0.0),
+            "train_runtime": round(seconds, 4),
+            "train_samples_per_second": round(steps * completions / seconds, 3) if seconds else 0.0,
+            "train_steps_per_second": round(steps / seconds, 3) if seconds else 0.0,
+            "train_loss": sum(losses) / steps if steps else 0.0,
         }
         if self.step % self.steps_per_epoch:  # on_epoch_end for an epoch the run ended inside, as transformers does
             self.callbacks.event("on_epoch_end")
@@ -369,6 +375,7 @@ class GRPOTrainer:
             self.callbacks.log(summary)
             self.tracker.summary(self.step, summary, metrics)
         self.callbacks.event("on_train_end")
+        return summary | {"epoch": self.state.epoch}
 
     def _close(self) -> None:
         """Close what the run opened, whatever stopped it: trackers, report, store, reward workers (a later
