@@ -4,7 +4,8 @@ The trainer and the rollout scheduler ask a context for every cross-process oper
 gather, sum, score rewards, gather sharded weights). :class:`SingleProcess` answers for one process:
 rank 0 of 1, every collective the identity, so a single-process run never imports
 :mod:`grpokit.distributed`. ``grpokit.distributed.torch_dist.DistContext`` extends it with
-torch.distributed collectives for torchrun.
+torch.distributed collectives for torchrun (``train.setup.run_processes`` picks one). This module
+imports nothing from grpokit: it sits below every package that asks it.
 """
 
 from __future__ import annotations
@@ -19,15 +20,6 @@ import torch
 def under_torchrun() -> bool:
     """True when torchrun started this process as one of several (``WORLD_SIZE`` > 1)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def process_context() -> SingleProcess:
-    """:class:`SingleProcess`, or under torchrun the joined process group's ``DistContext``."""
-    if not under_torchrun():
-        return SingleProcess()
-    from grpokit.distributed.torch_dist import init_distributed
-
-    return init_distributed()
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -13,6 +13,17 @@ from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.modeling import is_hf_model, load_model, load_tokenizer
 
 
+def run_processes():
+    """``processes.SingleProcess``, or under torchrun the joined process group's ``DistContext``."""
+    from grpokit.processes import SingleProcess, under_torchrun
+
+    if not under_torchrun():
+        return SingleProcess()
+    from grpokit.distributed.torch_dist import init_distributed
+
+    return init_distributed()
+
+
 def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool = True, processing_classes: Any = None):
     """The RewardRunner of ``reward_funcs``. ``ray_workers=False`` (torchrun ranks other than 0): no
     Ray reward workers even with ``num_reward_workers > 0``, since rank 0 scores every rank's rows on them.

@@ -22,7 +22,7 @@ from grpokit.data.prompts import load_rows, reward_inputs
 from grpokit.eval.evaluator import evaluate
 from grpokit.hardware import autocast_dtype, keep_freed_memory
 from grpokit.modeling import decode, ensure_pad_token
-from grpokit.processes import is_sharded, process_context
+from grpokit.processes import is_sharded
 from grpokit.rewards.contract import RewardState
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.train import checkpoint
@@ -40,6 +40,7 @@ from grpokit.train.setup import (
     check_data,
     lora_settings,
     prompt_sources,
+    run_processes,
     warn_if_too_big,
 )
 from grpokit.train.stopping import StopRules
@@ -82,7 +83,7 @@ class GRPOTrainer:
         if peft_config is not None:
             args = args.replace(lora=lora_settings(peft_config))
         self.args = args
-        self.procs = process_context()  # rank and world size under torchrun; one process otherwise
+        self.procs = run_processes()  # rank and world size under torchrun; one process otherwise
         args.validate(self.procs.world_size)
         if args.engine == "vllm":
             from grpokit.rollout.vllm_engine import check_vllm_environment
