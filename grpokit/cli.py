@@ -99,7 +99,7 @@ def _keep_freed_memory_on_cpu(device: str) -> None:
 
 def cmd_train(args) -> int:
     from grpokit.config import load_config
-    from grpokit.distributed import exit_process, shutdown_distributed
+    from grpokit.processes import under_torchrun
     from grpokit.train.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))
@@ -110,12 +110,17 @@ def cmd_train(args) -> int:
         trainer.train()
         finished = trainer.interrupted_by is None
     finally:
-        distributed = shutdown_distributed(finished)  # under torchrun: leave the process group before exiting
+        if under_torchrun():  # leave the process group before exiting
+            from grpokit.distributed import shutdown_distributed
+
+            distributed = shutdown_distributed(finished)
     if trainer.interrupted_by is not None:
         code = 128 + int(trainer.interrupted_by)  # 130 for SIGINT, 143 for SIGTERM
     else:
         code = 1 if trainer.stop_reason and "non-finite" in trainer.stop_reason else 0
     if distributed:
+        from grpokit.distributed import exit_process
+
         exit_process(code)  # a torchrun rank skips the interpreter's teardown (see exit_process)
     return code
 

@@ -161,10 +161,15 @@ class OptimConfig:
     per_device_train_batch_size: int = 8
     """Completions per micro-batch on each process."""
     gradient_accumulation_steps: int = 1
-    """Micro-batches per optimizer step; completions per step = this x per_device_train_batch_size x processes."""
+    """Micro-batches per optimizer step; completions per optimizer step = this x per_device_train_batch_size x
+    processes."""
+    num_mini_batches: int = 1
+    """Optimizer steps per generation batch (per num_iterations pass): a step samples this many optimizer steps'
+    completions and cuts them in order into mini-batches, one optimizer step each (TRL: steps_per_generation = this
+    x gradient_accumulation_steps)."""
     max_steps: int = 100
-    """Steps to train (each: one generation batch, num_iterations optimizer steps); -1 = num_train_epochs over
-    train_dataset."""
+    """Steps to train (each: one generation batch, num_iterations x num_mini_batches optimizer steps); -1 =
+    num_train_epochs over train_dataset."""
     num_train_epochs: float = 3.0
     """With max_steps -1: passes over train_dataset (steps = ceil(epochs x prompts // prompts per step), as TRL)."""
     seed: int = 42
@@ -420,7 +425,11 @@ class GRPOConfig:
 
     # ---- derived sizes -------------------------------------------------------------------
     def completions_per_step(self, world_size: int = 1) -> int:
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps * world_size
+        """Completions sampled per step (the generation batch): num_mini_batches optimizer steps' worth."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.num_mini_batches * world_size
+
+    def optimizer_steps_per_step(self) -> int:
+        return self.num_iterations * self.num_mini_batches
 
     def prompts_per_step(self, world_size: int = 1) -> int:
         return self.completions_per_step(world_size) // self.num_generations
@@ -498,11 +507,13 @@ class GRPOConfig:
                 f"{beta_name}={getattr(o, beta_name)} must be in [0, 1) (AdamW's moving-average rate, e.g. 0.9).",
             )
         _check(0 <= o.seed < 2**63, f"seed={o.seed} must be in [0, 2**63).")
+        _check(o.num_mini_batches >= 1, f"num_mini_batches={o.num_mini_batches} must be >= 1.")
         n = self.completions_per_step(world_size)
+        mini = f" x num_mini_batches ({o.num_mini_batches})" if o.num_mini_batches > 1 else ""
         _check(
             n % a.num_generations == 0,
             f"completions per step = per_device_train_batch_size ({o.per_device_train_batch_size}) x "
-            f"gradient_accumulation_steps ({o.gradient_accumulation_steps}) x processes ({world_size}) = {n} "
+            f"gradient_accumulation_steps ({o.gradient_accumulation_steps}){mini} x processes ({world_size}) = {n} "
             f"is not divisible by num_generations ({a.num_generations}); make it a multiple of {a.num_generations}.",
         )
         _check(

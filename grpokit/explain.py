@@ -9,14 +9,15 @@ from grpokit.memory import build_meta_model, estimate_memory
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
     B, N = cfg.prompts_per_step(world_size), cfg.completions_per_step(world_size)
     T, P = cfg.max_completion_length, cfg.max_prompt_length or 0
+    mini = cfg.num_mini_batches
     lines = ["# resolved config", cfg.to_yaml().rstrip(), "", "# derived sizes"]
     lines += [
         f"prompts per step:          {B}",
         f"completions per step:      {N}  (num_generations {cfg.num_generations} x {B} prompts)",
-        f"micro-batches per step:    {cfg.gradient_accumulation_steps} of {cfg.per_device_train_batch_size} "
-        "completions",
-        f"optimizer steps in total:  {cfg.max_steps * cfg.num_iterations}  (max_steps {cfg.max_steps} x num_iterations "
-        f"{cfg.num_iterations})"
+        f"micro-batches per step:    {cfg.gradient_accumulation_steps * mini} of {cfg.per_device_train_batch_size} "
+        "completions" + (f", in {mini} mini-batches of one optimizer step each" if mini > 1 else ""),
+        f"optimizer steps in total:  {cfg.max_steps * cfg.optimizer_steps_per_step()}  (max_steps {cfg.max_steps} x "
+        f"num_iterations {cfg.num_iterations}" + (f" x num_mini_batches {cfg.num_mini_batches})" if mini > 1 else ")")
         if cfg.max_steps > 0
         else f"steps:                     num_train_epochs {cfg.num_train_epochs:g} x (train prompts // {B}), "
         "counted when the data is loaded",

@@ -150,7 +150,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * config.vocab_size) * 4  # two float32 chunks of logits at a time
     micro_batch = activations + kept_logits + head_chunks + casts
 
-    rows = mb * cfg.gradient_accumulation_steps  # a step's completions, sampled together
+    rows = cfg.completions_per_step()  # a step's completions (one process's), sampled together
     kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
     fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
     return MemoryEstimate(

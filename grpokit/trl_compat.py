@@ -378,12 +378,21 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         put("resume_from", "latest" if resume is True else str(resume), f"resume_from_checkpoint={resume!r}")
     accumulation = _int(values.get("gradient_accumulation_steps", context.get("gradient_accumulation_steps")), 1)
     micro_batch = _int(values.get("per_device_train_batch_size", context.get("per_device_train_batch_size")), 8)
-    per_step = micro_batch * accumulation * int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's processes
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
+    minis = _mini_batches(trl.get("steps_per_generation"), trl.get("generation_batch_size"), micro_batch * processes)
+    if minis is not None:
+        key = "steps_per_generation" if trl.get("steps_per_generation") is not None else "generation_batch_size"
+        source = f"{key}={trl[key]}"
+        if minis % accumulation:
+            raise TRLValueError(
+                f"{source} makes {minis} micro-batches per generation batch, not a multiple of "
+                f"gradient_accumulation_steps ({accumulation}): grpokit feeds whole optimizer steps from a generation "
+                "batch; make it a multiple, or set num_mini_batches (optimizer steps per generation batch)."
+            )
+        put("num_mini_batches", minis // accumulation, source)
     checks = {  # values that ask for what grpokit does anyway
         "optim": lambda v: str(v).startswith("adamw_torch"),  # grpokit's optimizer is torch's AdamW (fused on CPU/CUDA)
         "logging_strategy": lambda v: v == "steps",
-        "steps_per_generation": lambda v: v is None or v == accumulation,  # grpokit samples once per optimizer step
-        "generation_batch_size": lambda v: v is None or v == per_step,
     }
     for key, value in trl.items():
         if key in checks:
@@ -392,6 +401,24 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         elif key not in TRANSLATED and (key in ALWAYS_NAMED or not _same(value, TRL_DEFAULTS.get(key))):
             unused[key] = value
     return values, trl, unused
+
+
+def _mini_batches(steps: Any, batch_size: Any, per_micro_step: int) -> int | None:
+    """TRL's ``steps_per_generation`` (micro-batches per generation batch), given directly or as
+    ``generation_batch_size`` (completions per generation batch over all processes); None when neither is set."""
+    if steps is not None and batch_size is not None:
+        raise TRLValueError("steps_per_generation and generation_batch_size cannot both be set (as in TRL); keep one.")
+    for key, value in (("steps_per_generation", steps), ("generation_batch_size", batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise TRLValueError(f"{key}={value!r} must be a positive integer.")
+    if batch_size is None:
+        return steps
+    if batch_size % per_micro_step:
+        raise TRLValueError(
+            f"generation_batch_size={batch_size} is not divisible by per_device_train_batch_size x processes "
+            f"({per_micro_step}), as TRL requires too."
+        )
+    return batch_size // per_micro_step
 
 
 def report_sinks(value: Any) -> tuple[list, list]:

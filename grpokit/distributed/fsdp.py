@@ -21,6 +21,8 @@ import contextlib
 
 import torch
 
+from grpokit.processes import is_sharded
+
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
     """Shard ``model`` in place (its class becomes an FSDP subclass; parameters become DTensors)."""
@@ -36,12 +38,6 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
         # (the reference) has no backward, so they would stay gathered: free them after each forward
         model.set_reshard_after_forward(True)
     return model
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
 
 
 @contextlib.contextmanager

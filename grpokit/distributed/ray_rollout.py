@@ -4,7 +4,7 @@ The learner publishes its trainable weights to the Ray object store after every 
 version number (optimizer steps so far); a worker loads them when the version it holds differs,
 and tags its rollouts with the version that sampled them. The groups of a step are split over the
 workers in contiguous chunks, and every group is sampled with its own seed
-(:mod:`grpokit.distributed.seeding`), so the split does not change the rollouts.
+(:mod:`grpokit.rollout.seeding`), so the split does not change the rollouts.
 
 Fault tolerance: when a worker dies, it is replaced by a new actor (which loads the chunk's
 weights version) and its chunk is submitted again. Results are kept per chunk, so a chunk counts
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpokit.distributed.seeding import concat_rollouts, generate_per_group
+from grpokit.rollout.seeding import concat_rollouts, generate_per_group
 from grpokit.rollout.types import Rollouts, SamplingParams
 
 

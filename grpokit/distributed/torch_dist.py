@@ -18,31 +18,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from grpokit.processes import SingleProcess, is_sharded
+
 
 @dataclass
-class DistContext:
-    """Where this process sits: rank, world size and the local device index."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    def shard(self, items: list) -> tuple[list, int]:
-        """This rank's contiguous share of ``items`` (length divisible by world_size) and its start offset."""
-        size = len(items) // self.world_size
-        start = self.rank * size
-        return items[start : start + size], start
+class DistContext(SingleProcess):
+    """A torchrun rank: :class:`~grpokit.processes.SingleProcess`'s operations as torch.distributed collectives."""
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Concatenate each rank's ``tensor`` [n, ...] along dim 0, in rank order: [world_size * n, ...]."""
         if not self.enabled:
             return tensor
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
@@ -50,7 +33,6 @@ class DistContext:
         return torch.cat(parts)
 
     def gather_objects(self, obj) -> list:
-        """One picklable object from every rank, in rank order."""
         if not self.enabled:
             return [obj]
         out = [None] * self.world_size
@@ -58,7 +40,6 @@ class DistContext:
         return out
 
     def scatter_objects(self, parts: list | None):
-        """Rank 0 passes one picklable object per rank (others pass None); each rank gets its own."""
         if not self.enabled:
             return parts[0]
         out = [None]
@@ -66,7 +47,7 @@ class DistContext:
         return out[0]
 
     def sum(self, value: torch.Tensor) -> torch.Tensor:
-        """Sum of ``value`` over ranks (a copy)."""
+        """A copy: the sum of ``value`` over ranks."""
         if not self.enabled:
             return value
         value = value.clone()
@@ -74,9 +55,9 @@ class DistContext:
         return value
 
     def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average each metric over ranks (every rank must pass the same keys), so all ranks agree on
-        the values that stop a run (kl, nonfinite). Per-rank means are averaged: with equal shares
-        that is the global mean of per-sequence quantities such as the loss."""
+        """Averaged over ranks, so all ranks agree on the values that stop a run (kl, nonfinite). Per-rank
+        means are averaged: with equal shares that is the global mean of per-sequence quantities such as
+        the loss."""
         if not self.enabled:
             return metrics
         keys = sorted(metrics)
@@ -88,92 +69,110 @@ class DistContext:
         if self.enabled:
             dist.barrier()
 
+    def gather_rewards(self, result):
+        if not self.enabled:
+            return result
+        from grpokit.rewards.runner import RewardResult
 
-def gather_reward_result(ctx: DistContext, result):
-    """One RewardResult of every rank's completions, in rank order (the rows of the global batch)."""
-    if not ctx.enabled:
-        return result
-    from grpokit.rewards.runner import RewardResult
-
-    parts = ctx.gather_objects(result)
-    return RewardResult(
-        names=parts[0].names,
-        per_func=torch.cat([p.per_func for p in parts]),  # [N_global, F]
-        combined=torch.cat([p.combined for p in parts]),  # [N_global]
-        errors=[e for p in parts for e in p.errors],
-        error_counts={name: sum(p.error_counts[name] for p in parts) for name in parts[0].names},
-        logged={
-            name: [v for p in parts for v in p.logged.get(name, [])]
-            for name in sorted({k for p in parts for k in p.logged})
-        },
-        extra={
-            column: [v for p in parts for v in p.extra.get(column, [None] * len(p.errors))]
-            for column in sorted({k for p in parts for k in p.extra})
-        },
-    )
-
-
-def score_rewards(
-    ctx: DistContext,
-    runner,
-    prompts: list,
-    completions: list[str],
-    columns: dict,
-    group_size: int,
-    on_main: bool = False,
-    completion_ids: list[list[int]] | None = None,
-    trainer_state=None,
-):
-    """(this rank's RewardResult, the global batch's: every rank's rows in rank order). The global
-    result goes through ``runner.check_signal`` (the same on every rank, so every rank stops together).
-
-    ``on_main=False``: every rank scores its own rows and the results are gathered. ``on_main=True``
-    (Ray reward workers, which only rank 0 is connected to): every rank sends its rows to rank 0
-    (``gather_object``), rank 0 scores the global batch with its runner and broadcasts the checked
-    values, and every rank keeps its rows (equal shares). An error on rank 0 (a wrong length, a
-    lost Ray connection) is broadcast instead and raised on every rank as a RewardError with the
-    same message, so the other ranks stop instead of waiting.
-    """
-    if not (ctx.enabled and on_main):
-        reward = runner.combine(
-            runner.score_values(prompts, completions, columns, group_size, completion_ids, trainer_state)
+        parts = self.gather_objects(result)
+        return RewardResult(
+            names=parts[0].names,
+            per_func=torch.cat([p.per_func for p in parts]),  # [N_global, F]
+            combined=torch.cat([p.combined for p in parts]),  # [N_global]
+            errors=[e for p in parts for e in p.errors],
+            error_counts={name: sum(p.error_counts[name] for p in parts) for name in parts[0].names},
+            logged={
+                name: [v for p in parts for v in p.logged.get(name, [])]
+                for name in sorted({k for p in parts for k in p.logged})
+            },
+            extra={
+                column: [v for p in parts for v in p.extra.get(column, [None] * len(p.errors))]
+                for column in sorted({k for p in parts for k in p.extra})
+            },
         )
-        everyone = gather_reward_result(ctx, reward)
-        runner.check_signal(everyone)
-        return reward, everyone
-    from grpokit.rewards.contract import RewardError
 
-    parts = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object((prompts, completions, columns, completion_ids), parts, dst=0)
-    payload, failure = None, None
-    if ctx.is_main:
-        try:
-            payload = runner.score_values(
-                [p for part in parts for p in part[0]],
-                [c for part in parts for c in part[1]],
-                {key: [v for part in parts for v in part[2][key]] for key in columns},
-                group_size,
-                None if completion_ids is None else [ids for part in parts for ids in part[3]],
-                trainer_state,
+    def score_rewards(
+        self,
+        runner,
+        prompts: list,
+        completions: list[str],
+        columns: dict,
+        group_size: int,
+        on_main: bool = False,
+        completion_ids: list[list[int]] | None = None,
+        trainer_state=None,
+    ):
+        """``on_main=False``: every rank scores its own rows and the results are gathered. ``on_main=True``
+        (Ray reward workers, which only rank 0 is connected to): every rank sends its rows to rank 0
+        (``gather_object``), rank 0 scores the global batch with its runner and broadcasts the checked
+        values, and every rank keeps its rows (equal shares). An error on rank 0 (a wrong length, a
+        lost Ray connection) is broadcast instead and raised on every rank as a RewardError with the
+        same message, so the other ranks stop instead of waiting.
+        """
+        if not (self.enabled and on_main):
+            return super().score_rewards(
+                runner, prompts, completions, columns, group_size, False, completion_ids, trainer_state
             )
-        except Exception as exc:
-            failure = exc
-            payload = (
-                str(exc)
-                if isinstance(exc, RewardError)
-                else f"rank 0 could not score the rewards: {type(exc).__name__}: {exc}"
-            )
-    box = [payload]
-    dist.broadcast_object_list(box, src=0)
-    if failure is not None:
-        raise failure
-    if isinstance(box[0], str):
-        raise RewardError(box[0])
-    n = len(completions)
-    mine = box[0].rows(slice(ctx.rank * n, (ctx.rank + 1) * n))
-    everyone = runner.combine(box[0])
-    runner.check_signal(everyone)
-    return runner.combine(mine), everyone
+        from grpokit.rewards.contract import RewardError
+
+        parts = [None] * self.world_size if self.is_main else None
+        dist.gather_object((prompts, completions, columns, completion_ids), parts, dst=0)
+        payload, failure = None, None
+        if self.is_main:
+            try:
+                payload = runner.score_values(
+                    [p for part in parts for p in part[0]],
+                    [c for part in parts for c in part[1]],
+                    {key: [v for part in parts for v in part[2][key]] for key in columns},
+                    group_size,
+                    None if completion_ids is None else [ids for part in parts for ids in part[3]],
+                    trainer_state,
+                )
+            except Exception as exc:
+                failure = exc
+                payload = (
+                    str(exc)
+                    if isinstance(exc, RewardError)
+                    else f"rank 0 could not score the rewards: {type(exc).__name__}: {exc}"
+                )
+        box = [payload]
+        dist.broadcast_object_list(box, src=0)
+        if failure is not None:
+            raise failure
+        if isinstance(box[0], str):
+            raise RewardError(box[0])
+        n = len(completions)
+        mine = box[0].rows(slice(self.rank * n, (self.rank + 1) * n))
+        everyone = runner.combine(box[0])
+        runner.check_signal(everyone)
+        return runner.combine(mine), everyone
+
+    def wrap(self, model: torch.nn.Module, device: torch.device, strategy: str = "ddp") -> torch.nn.Module:
+        """DDP around ``model``, or ``model`` itself sharded in place with FSDP (:mod:`grpokit.distributed.fsdp`).
+
+        With DDP, generation and the reference pass keep using the bare ``model``: they need no gradient
+        sync. Every rank starts from rank 0's weights: DDP broadcasts them at construction; for FSDP they
+        are broadcast before each rank keeps its shard.
+        """
+        if not self.enabled:
+            return model
+        if strategy == "fsdp":
+            from grpokit.distributed.fsdp import shard_model
+
+            with torch.no_grad():
+                for tensor in [*model.parameters(), *model.buffers()]:
+                    dist.broadcast(tensor, src=0)
+            return shard_model(model)
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index if device.index is not None else self.local_rank] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def unsharded(self, model: torch.nn.Module):
+        """FSDP: every unit gathered once for the block (:func:`grpokit.distributed.fsdp.unsharded`)."""
+        from grpokit.distributed.fsdp import unsharded
+
+        return unsharded(model)
 
 
 def init_distributed() -> DistContext:
@@ -225,36 +224,11 @@ def exit_process(code: int) -> None:
     os._exit(code)
 
 
-def wrap_data_parallel(
-    model: torch.nn.Module, ctx: DistContext, device: torch.device, strategy: str = "ddp"
-) -> torch.nn.Module:
-    """The module the learner trains when there are several processes: DDP around ``model``, or
-    ``model`` itself sharded in place with FSDP (:mod:`grpokit.distributed.fsdp`).
-
-    With DDP, generation and the reference pass keep using the bare ``model``: they need no gradient
-    sync. Every rank starts from rank 0's weights: DDP broadcasts them at construction; for FSDP they
-    are broadcast before each rank keeps its shard.
-    """
-    if not ctx.enabled:
-        return model
-    if strategy == "fsdp":
-        from grpokit.distributed.fsdp import shard_model
-
-        with torch.no_grad():
-            for tensor in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(tensor, src=0)
-        return shard_model(model)
-    from torch.nn.parallel import DistributedDataParallel
-
-    ids = [device.index if device.index is not None else ctx.local_rank] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
-
-
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The trainable parameters by name, detached, on the CPU (what a rollout worker loads after an
     update; ``ray.put`` copies them). A sharded (FSDP) model's are gathered to rank 0 (collective;
     {} on other ranks)."""
-    from grpokit.distributed.fsdp import full_state_dict, is_sharded
+    from grpokit.distributed.fsdp import full_state_dict
 
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     if is_sharded(model):

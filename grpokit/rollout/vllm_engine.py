@@ -149,7 +149,7 @@ def vllm_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
 class VLLMRolloutEngine:
     """Samples with a colocated ``vllm.LLM`` holding a copy of the policy's weights (see module docstring)."""
 
-    takes_group_seeds = True  # generate() seeds each group itself (see grpokit.distributed.seeding)
+    takes_group_seeds = True  # generate() seeds each group itself (see grpokit.rollout.seeding)
 
     def __init__(
         self,

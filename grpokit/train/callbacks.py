@@ -48,6 +48,17 @@ class CallbackRunner:
         self.state.global_step = step
         self.state.epoch = step / self.steps_per_epoch
 
+    def due(self, kind: str, step: int) -> bool:
+        """Whether ``step`` is an evaluation (``kind="eval"``) or checkpoint (``"save"``) step of the run's
+        ``eval_strategy`` / ``save_strategy`` (steps: every eval_steps / save_steps; epoch; no)."""
+        args = self.args
+        strategy, every = (
+            (args.eval_strategy, args.eval_steps) if kind == "eval" else (args.save_strategy, args.save_steps)
+        )
+        if strategy == "epoch":
+            every = self.steps_per_epoch
+        return strategy != "no" and every > 0 and step % every == 0
+
     def event(self, name: str, **kwargs: Any):
         """Call ``name`` on every callback; a returned TrainerControl replaces the current one."""
         if name == "on_step_begin":  # a new step starts with no pending request, as in transformers

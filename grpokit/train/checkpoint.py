@@ -10,6 +10,7 @@ step-N is always complete, even after a kill at any moment.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 import grpokit
-from grpokit.distributed.fsdp import full_optimizer_state, full_state_dict, is_sharded, load_full_state
+from grpokit.processes import is_sharded
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # safetensors metadata of a model.safetensors that holds the trainable parameters only (names as in named_parameters)
@@ -75,6 +76,8 @@ def save_checkpoint(
     unsharded run."""
     trainable = None  # FSDP + LoRA is refused by the config: a sharded model is saved whole
     if is_sharded(model):
+        from grpokit.distributed.fsdp import full_optimizer_state, full_state_dict
+
         weights = {
             "model": full_state_dict(model),
             "reference": None if reference_model is None else full_state_dict(reference_model),
@@ -111,6 +114,31 @@ def save_checkpoint(
         for old in list_checkpoints(run_dir)[:-save_total_limit]:
             _remove(old)
     return final
+
+
+def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool = False) -> None:
+    """The final model in ``folder`` (RUN/final): ``save_pretrained`` model and tokenizer, or model.safetensors
+    for a custom module; with ``merged`` (LoRA, ``merge_on_save``) also the merged model in ``folder/merged``.
+    Rank 0 writes; an FSDP-sharded model is first gathered there, so then every rank calls this."""
+    state = None  # None: the module's own weights
+    if is_sharded(model):
+        from grpokit.distributed.fsdp import full_state_dict
+
+        state = full_state_dict(model)
+    if not is_main:
+        return
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(folder, state_dict=state)
+        if merged:
+            copy.deepcopy(model).merge_and_unload().save_pretrained(folder / "merged")
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        if state is None:
+            save_model(model, str(folder / "model.safetensors"))
+        else:
+            save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(folder)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
@@ -179,6 +207,8 @@ def _load_weights(model, file: Path, optimizer=None, optimizer_state: dict | Non
         if _is_trainable_only(file):
             return _load_trainable(model, file)
         if is_sharded(model):
+            from grpokit.distributed.fsdp import load_full_state
+
             missing, unexpected = load_full_state(model, load_file(str(file)), optimizer, optimizer_state)
         else:
             _check_shapes(model, file)

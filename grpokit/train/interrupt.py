@@ -46,3 +46,37 @@ def install(handler: Callable) -> dict:
 def restore(previous: dict) -> None:
     for s, h in previous.items():
         signal.signal(s, h)
+
+
+class SignalStop:
+    """A training run's SIGINT / SIGTERM handling: the first signal is recorded in ``signum`` (the loop
+    finishes the step in progress, then stops with its checkpoint); a second raises :class:`Interrupted`
+    at once, naming the step in progress and the last checkpoint, which ``progress()`` returns as
+    (step, saved step; 0 = none). ``enabled=False`` (torchrun ranks other than 0) installs nothing."""
+
+    def __init__(self, progress: Callable[[], tuple[int, int]], enabled: bool = True):
+        self.progress = progress
+        self.enabled = enabled
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> SignalStop:
+        if self.enabled:
+            self._previous = install(self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        restore(self._previous)
+        self._previous = {}
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+            return
+        step, saved = self.progress()
+        last = f"checkpoint step-{saved}" if saved else "no checkpoint"
+        raise Interrupted(
+            signum,
+            f"stopped at once by a second {signal_name(signum)}, during step {step}; "
+            f"the last saved state is {last} (resume_from=latest)",
+        )

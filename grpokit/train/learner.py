@@ -22,9 +22,9 @@ import torch
 
 from grpokit.algos.losses import policy_loss
 from grpokit.algos.names import KL, MICRO_BATCH_MEANS, POLICY_LOSS
-from grpokit.distributed.fsdp import is_sharded
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
+from grpokit.processes import is_sharded
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
 
@@ -86,34 +86,51 @@ class Learner:
         num_items_in_batch: torch.Tensor | None = None,
         sampling_logprobs: torch.Tensor | None = None,
     ) -> dict:
-        """Run num_iterations optimizer steps on one batch. advantages [N], loss_mask [N, T]. Returns metrics.
+        """Run num_iterations x num_mini_batches optimizer steps on one generation batch. advantages [N],
+        loss_mask [N, T]. Returns metrics: the last pass's, averaged over its mini-batches.
 
+        Each pass cuts the batch in order into ``num_mini_batches`` mini-batches of N / num_mini_batches rows,
+        one optimizer step each (TRL's ``steps_per_generation``, without its shuffle: a mini-batch keeps whole
+        groups when N / num_mini_batches is a multiple of G).
         ``old_logprobs`` [N, T]: the sampling policy's log-probs, for a batch sampled by an older policy
-        (async rollouts); by default they are recomputed (num_iterations > 1) or equal logp.detach().
-        ``num_items_in_batch``: dapo's token denominator; default this batch's completion tokens.
+        (async rollouts); by default they are recomputed before the first step when the batch feeds several
+        optimizer steps (num_iterations or num_mini_batches > 1), else equal logp.detach().
+        ``num_items_in_batch``: dapo's token denominator for the whole batch (default its completion tokens);
+        each mini-batch's is that / num_mini_batches, as TRL rescales it to one optimizer step.
         ``sampling_logprobs`` [N, T]: a separate sampler's (vLLM's) log-probs; when given, each token's
         surrogate term gets its truncated importance weight (``algos.truncated_importance_weights``).
         """
         cfg = self.cfg
-        mb = cfg.per_device_train_batch_size
-        if old_logprobs is None and cfg.num_iterations > 1:
+        mb, minis = cfg.per_device_train_batch_size, cfg.num_mini_batches
+        if old_logprobs is None and cfg.num_iterations * minis > 1:
             self.model.eval()
             with self.autocast(), self.kernels.reuse_weight_casts():
                 old_logprobs = batched_logprobs(self.model, batch, cfg.temperature, mb, kernels=self.kernels)
             self.model.train()
         num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
+        whole = (batch, advantages, loss_mask, ref_logprobs, old_logprobs, sampling_logprobs)
+        size = len(batch) // minis
+        spans = [slice(j * size, (j + 1) * size) for j in range(minis)]  # each mini-batch's rows, in order
+        minibatches = (
+            [whole]
+            if minis == 1
+            else [(batch.rows(rows), *(None if t is None else t[rows] for t in whole[1:])) for rows in spans]
+        )
         history: list[dict] = []
         clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
         for _ in range(cfg.num_iterations):
-            self.model.train()
-            with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
-                loss, parts, logprobs, entropy = self._accumulate(
-                    batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs
-                )
-            t0 = time.perf_counter()
-            history.append(self._optimizer_step(loss, parts, logprobs, entropy, loss_mask))
-            clock["time/optimizer"] += time.perf_counter() - t0
-        return history[-1] | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
+            for part, adv, mask, ref, old, sampled in minibatches:
+                self.model.train()
+                with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
+                    loss, parts, logprobs, entropy = self._accumulate(
+                        part, adv, mask, ref, old, num_items / minis, clock, sampled
+                    )
+                t0 = time.perf_counter()
+                history.append(self._optimizer_step(loss, parts, logprobs, entropy, mask))
+                clock["time/optimizer"] += time.perf_counter() - t0
+        last = history[-minis:]
+        mean = {key: sum(h[key] for h in last) / minis for key in last[0]}
+        return mean | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
 
     def _accumulate(
         self, batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs=None

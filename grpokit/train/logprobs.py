@@ -91,7 +91,7 @@ def data_parallel(model: torch.nn.Module) -> bool:
     inside its forward only, so the fused head could not read the LM head's weight)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from grpokit.distributed.fsdp import is_sharded
+    from grpokit.processes import is_sharded
 
     return isinstance(model, DistributedDataParallel) or is_sharded(model)
 
@@ -238,7 +238,7 @@ def batched_logprobs(
     rows = micro_batch_size
     if fused_head(model, kernels) is not None:
         rows = max(rows, NO_GRAD_POSITIONS // max(batch.completion_ids.size(1), 1))
-    from grpokit.distributed.fsdp import is_sharded
+    from grpokit.processes import is_sharded
 
     # FSDP sets up a module's gathered and sharded parameters on its first forward: inside inference
     # mode they would become inference tensors, which the reference resync could not update in place.

@@ -44,21 +44,21 @@ def check_run_dir(args) -> None:
         )
 
 
-def prepare_run_dir(trainer):
-    """Resume from a checkpoint when asked, create or reopen ``output_dir`` (clearing it when
-    overwriting), and open the store and the tracker. The checkpoint is loaded before anything is
-    written, so one that does not fit the model leaves the run folder as it was."""
-    args = trainer.args
-    check_run_dir(args)
+def resume_point(args, check: bool = True) -> Path | None:
+    """The checkpoint folder to resume from (``resume_from``: latest | a path), or None to start at step 0.
+    ``check``: first refuse an ``output_dir`` that cannot hold this run (:func:`check_run_dir`; rank 0)."""
+    if check:
+        check_run_dir(args)
+    return None if args.resume_from is None else checkpoint.resolve_resume(args.output_dir, args.resume_from)
+
+
+def open_run_dir(args, start: int):
+    """Create or reopen ``output_dir`` (clearing it when overwriting), write config.yaml, and open the store
+    and the tracker, dropping the steps after ``start`` (the step resumed from, or 0). The trainer resumes
+    before calling this, so a checkpoint that does not fit the model leaves the run folder as it was."""
     run_dir = Path(args.output_dir)
     config_file = run_dir / "config.yaml"
     resuming = args.resume_from is not None
-    start = 0
-    if resuming:
-        found = checkpoint.resolve_resume(run_dir, args.resume_from)
-        if found is not None:
-            trainer.resume(found)
-            start = trainer.step
     if config_file.exists() and not resuming:
         for name in ("rollouts.sqlite", "rollouts.sqlite-wal", "rollouts.sqlite-shm", "metrics.jsonl", "report.html"):
             (run_dir / name).unlink(missing_ok=True)

@@ -15,14 +15,11 @@ from conftest import TARGET_REWARD
 
 from grpokit import GRPOConfig
 from grpokit.cli import main
-from grpokit.distributed import (
-    DistContext,
-    concat_rollouts,
-    generate_per_group,
-    group_seed,
-)
+from grpokit.distributed import DistContext
+from grpokit.processes import SingleProcess
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.seeding import concat_rollouts, generate_per_group, group_seed
 from grpokit.rollout.types import SamplingParams
 from grpokit.store import RolloutStore
 
@@ -144,7 +141,7 @@ def test_per_group_sampling_does_not_depend_on_the_split(tiny_model_dir):
 def test_shard_and_single_process_context():
     ctx = DistContext(rank=1, world_size=2)
     assert ctx.shard([10, 11, 12, 13]) == ([12, 13], 2)
-    single = DistContext()
+    single = SingleProcess()
     t = torch.tensor([1.0, 2.0])
     assert single.gather(t) is t and single.mean_metrics({"a": 1.0}) == {"a": 1.0}
 
@@ -157,7 +154,7 @@ def test_async_rollouts_need_ray():
 
 
 def test_split_rollouts_gives_each_rank_its_groups():
-    from grpokit.distributed import split_rollouts
+    from grpokit.rollout.seeding import split_rollouts
     from grpokit.rollout.types import Rollouts
 
     # 4 groups of G = 2: rows 0-1 are group 0, ..., rows 6-7 group 3; 2 ranks take groups {0, 1} and {2, 3}.
@@ -178,10 +175,10 @@ def test_split_rollouts_gives_each_rank_its_groups():
     assert second.completion_ids.untyped_storage().size() == 4 * 3 * 8  # a copy of its rows, not a view of all 8
     joined = concat_rollouts([first, second], pad_token_id=0)
     assert torch.equal(joined.completion_ids, ids) and joined.finish_reasons == rollouts.finish_reasons
-    assert DistContext().scatter_objects([first]) is first  # one process: its own share
+    assert SingleProcess().scatter_objects([first]) is first  # one process: its own share
 
 
-# Under torchrun with Ray reward workers, rank 0 scores every rank's rows (score_rewards(on_main=True)).
+# Under torchrun with Ray reward workers, rank 0 scores every rank's rows (DistContext.score_rewards(on_main=True)).
 # 4 groups of G = 2; rank 0 holds rows 0-3, rank 1 rows 4-7 ("boom" is in rank 1's rows).
 SHARED_COMPLETIONS = ["!", "!!", "a", "b!", "boom", "!!!", "c", "!!!!"]
 SCORED_BY: list[int] = []  # lengths of the batches this process's exclaim scored
@@ -208,7 +205,6 @@ def _rank_scores(rank: int, init_file: str, out_dir: str) -> None:
 
     import torch.distributed as tdist
 
-    from grpokit.distributed.torch_dist import score_rewards
     from grpokit.rewards import RewardRunner
 
     # a hang (a rank waiting for a broadcast that never comes) fails the test instead of blocking it
@@ -231,7 +227,7 @@ def _rank_scores(rank: int, init_file: str, out_dir: str) -> None:
 
             runner.score_values = lost
         try:
-            outcomes[case] = ("ok", *score_rewards(ctx, runner, *args, on_main=True), list(SCORED_BY))
+            outcomes[case] = ("ok", *ctx.score_rewards(runner, *args, on_main=True), list(SCORED_BY))
         except Exception as exc:
             outcomes[case] = ("error", type(exc).__name__, str(exc))
     (Path(out_dir) / f"{rank}.pkl").write_bytes(pickle.dumps(outcomes))

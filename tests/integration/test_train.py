@@ -76,7 +76,8 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
     trainer = GRPOTrainer(
         str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=word_prompts, eval_dataset=word_prompts[:4]
     )
-    metrics = trainer.train()
+    output = trainer.train()
+    metrics = next(h for h in reversed(trainer.state.log_history) if "loss" in h and "step" in h)  # the last step's
     for key in (
         "loss",
         "policy_loss",
@@ -103,6 +104,19 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
     assert 0.0 <= evals["eval/pass@1"] <= evals["eval/pass@4"] <= 1.0
     stored = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in stored if "eval/pass@1" in m] == [0, 2]  # before training and at eval_steps
+    # TRL's return value: transformers' TrainOutput, about the steps run in this call
+    from transformers.trainer_utils import TrainOutput
+
+    assert isinstance(output, TrainOutput) and output.global_step == 2
+    losses = [m["loss"] for m in stored if "loss" in m]
+    assert output.training_loss == pytest.approx(sum(losses) / 2) == output.metrics["train_loss"]
+    m = output.metrics
+    assert set(m) == {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "epoch"}
+    # 2 steps of 8 completions (2 prompts x 4); 30 prompts // 2 per step = 15 steps per epoch
+    assert m["train_samples_per_second"] == pytest.approx(16 / m["train_runtime"], rel=1e-2)
+    assert m["train_steps_per_second"] == pytest.approx(2 / m["train_runtime"], rel=1e-2)
+    assert m["epoch"] == pytest.approx(2 / (len(word_prompts) // 2))
+    assert trainer.state.log_history[-1] == {**m, "step": 2}  # TRL's closing log entry
 
 
 def test_chat_prompts(tmp_path, tiny_model_dir):

@@ -51,7 +51,7 @@ trainer = GRPOTrainer(
     args=training_args,
     train_dataset=dataset,
 )
-trainer.train()
+result = trainer.train()
 """
 
 CONVERSATIONAL = f"""
@@ -301,6 +301,16 @@ def test_reward_weights_combine_as_in_trl(runs):
         first = runs("standard", library)[0]["trainer"].state.log_history[0]
         expected = first["rewards/reward_len/mean"] + 2.0 * first["rewards/reward_match/mean"]
         assert first["reward"] == pytest.approx(expected, abs=1e-5), library
+
+
+def test_train_returns_what_trl_returns(runs):
+    """transformers' TrainOutput with TRL's metric names (grpokit counts no FLOPs: no total_flos)."""
+    ours, theirs = runs("standard", "grpokit")[0]["result"], runs("standard", "trl")[0]["result"]
+    assert type(ours) is type(theirs) and ours.global_step == theirs.global_step == 2
+    assert set(ours.metrics) == set(theirs.metrics) - {"total_flos"}
+    assert ours.metrics["epoch"] == pytest.approx(theirs.metrics["epoch"]) == 0.5  # 2 steps of 2 of 8 prompts
+    for result in (ours, theirs):
+        assert result.training_loss == result.metrics["train_loss"]
 
 
 def test_peft_trains_only_the_adapters(runs):

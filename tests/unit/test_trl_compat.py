@@ -65,7 +65,6 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
             top_entropy_quantile=0.2,
             remove_unused_columns=False,
             vllm_importance_sampling_mode="sequence_mask",
-            steps_per_generation=4,
         )
     messages = [str(w.message) for w in record if "TRL settings" in str(w.message)]
     assert len(messages) == 1
@@ -73,7 +72,6 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
         "push_to_hub=True",
         "use_liger_kernel=True",
         "top_entropy_quantile=0.2",
-        "steps_per_generation=4",
         "vllm_importance_sampling_mode='sequence_mask'",
     ):
         assert name in messages[0]
@@ -149,10 +147,17 @@ def test_report_to_all_and_unsupported_integrations():
             "bfloat16",
         ),  # the weights' dtype wins
         ({"model_init_kwargs": {"dtype": "float32", "trust_remote_code": True}}, "trust_remote_code", True),
-        ({"steps_per_generation": 2, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
+        ({"steps_per_generation": 2, "gradient_accumulation_steps": 2}, "num_mini_batches", 1),
+        ({"steps_per_generation": 6, "gradient_accumulation_steps": 2}, "num_mini_batches", 3),
+        ({"steps_per_generation": 6, "gradient_accumulation_steps": 2}, "gradient_accumulation_steps", 2),
         (
             {"generation_batch_size": 16, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
-            "gradient_accumulation_steps",
+            "num_mini_batches",
+            1,
+        ),
+        (  # 32 completions per generation batch / 8 per micro-batch = 4 micro-batches = 2 optimizer steps of 2
+            {"generation_batch_size": 32, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
+            "num_mini_batches",
             2,
         ),
     ],
@@ -185,6 +190,28 @@ def test_conflicting_settings_are_refused():
         GRPOConfig(bf16=True, dtype="float32")
     with pytest.raises(ConfigError, match="choose one"):
         GRPOConfig(bf16=True, fp16=True)
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (
+            {"steps_per_generation": 3, "gradient_accumulation_steps": 2},
+            r"steps_per_generation=3 makes 3 micro-batches per generation batch, not a multiple of "
+            r"gradient_accumulation_steps \(2\)",
+        ),
+        (
+            {"generation_batch_size": 12, "per_device_train_batch_size": 8},
+            r"generation_batch_size=12 is not divisible by per_device_train_batch_size x processes \(8\)",
+        ),
+        ({"generation_batch_size": 16, "steps_per_generation": 2}, "cannot both be set"),
+        ({"steps_per_generation": 0}, r"steps_per_generation=0 must be a positive integer"),
+        ({"steps_per_generation": 4, "num_mini_batches": 3}, r"steps_per_generation=4 sets num_mini_batches=4, but"),
+    ],
+)
+def test_impossible_generation_batches_are_refused(given, message):
+    with pytest.raises(ConfigError, match=message):
+        GRPOConfig(**given)
 
 
 def test_setting_a_trl_key_after_construction_translates_it():
