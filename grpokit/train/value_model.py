@@ -20,6 +20,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from grpokit.kernels import Kernels
 from grpokit.modeling import is_hf_model, model_source
 from grpokit.train.logprobs import Batch, completion_features
 
@@ -105,8 +106,9 @@ class ValueModel(torch.nn.Module):
             peft_config.task_type = "FEATURE_EXTRACTION"  # the trunk returns hidden states
         self.trunk = get_peft_model(self.trunk, peft_config)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        """Values [n, T] (float32) of the completion tokens of ``batch``, 0 at padding (and past the longest)."""
+    def forward(self, batch: Batch, kernels: Kernels | None = None) -> torch.Tensor:
+        """Values [n, T] (float32) of the completion tokens of ``batch``, 0 at padding (and past the longest).
+        ``kernels``: the run's kernels (default: chosen for the trunk's device, no autocast)."""
         if batch.prompt_ids is None:
             raise ValueError(
                 "the value model needs the Hugging Face batch layout (prompt_ids); build the batch for a "
@@ -115,7 +117,9 @@ class ValueModel(torch.nn.Module):
         T = batch.completion_ids.size(1)
         width = max(int(batch.completion_mask.sum(1).max()), 1)
         trunk = self.trunk.get_base_model() if hasattr(self.trunk, "get_base_model") else self.trunk
-        hidden = completion_features(trunk, self.head, batch, width)  # [n, w, H]
+        if kernels is None:
+            kernels = Kernels.select(self.head.weight.device, None)
+        hidden = completion_features(trunk, self.head, batch, width, kernels)  # [n, w, H]
         values = self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()  # [n, w, 1] -> [n, w]
         values = values * batch.completion_mask[:, :width].to(values.dtype)  # [n, w]
         return F.pad(values, (0, T - width))  # [n, T]
