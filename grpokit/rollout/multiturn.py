@@ -225,7 +225,8 @@ class MultiTurnEngine:
     policy version): ``chat`` renders and tokenizes, ``executor`` runs the calls, ``parser`` reads them
     (default: from the chat template), ``max_tool_calling_iterations`` rounds of tools at most (None:
     no limit). ``keep_cache=False`` prefills each turn's whole conversation again (for comparison).
-    ``on_step``, when set, is called with the rollout indices decoded at each step."""
+    ``on_step``, when set, is called at each decoding step with the indices of the rollouts decoded and the
+    list of all rollouts (:class:`grpokit.tools.ToolRollout`)."""
 
     def __init__(
         self,
@@ -241,7 +242,7 @@ class MultiTurnEngine:
         self.max_tool_calling_iterations = max_tool_calling_iterations
         self.parser = parser
         self.keep_cache = keep_cache
-        self.on_step: Callable[[list[int]], None] | None = None
+        self.on_step: Callable[[list[int], list[ToolRollout]], None] | None = None
 
     @torch.no_grad()
     def generate(
@@ -316,7 +317,7 @@ class MultiTurnEngine:
             if batch.rows:
                 tokens, token_logprobs = sample_next(batch.logits, params, [generators[i] for i in batch.rows])
                 if self.on_step is not None:
-                    self.on_step(list(batch.rows))
+                    self.on_step(list(batch.rows), rollouts)
                 leaving, waiting = [], []
                 for r, (i, token, logprob) in enumerate(zip(batch.rows, tokens.tolist(), token_logprobs.tolist())):
                     turn[i].append(token)
