@@ -35,27 +35,15 @@ class PreallocatedLayer(DynamicLayer):
         self._expose()
 
     @classmethod
-    def right_aligned(
-        cls, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int
-    ) -> tuple[PreallocatedLayer, torch.Tensor]:
-        """A layer of ``len(keys)`` rows from each row's own keys and values [heads, L_r, head_dim]: row r ends
-        at column max L_r (so the next token of every row goes to the same column), zeros before it. Also
-        returns the mask of the filled columns [rows, capacity] (bool)."""
-        width = max(k.shape[-2] for k in keys)
-        k0, v0 = keys[0], values[0]
-        empty = lambda t: t.new_zeros((len(keys), t.shape[0], 0, t.shape[-1]))  # noqa: E731
-        layer = cls(empty(k0), empty(v0), capacity)
-        layer._keys.zero_()
-        layer._values.zero_()
-        mask = torch.zeros((len(keys), capacity), dtype=torch.bool, device=k0.device)
-        for row, (k, v) in enumerate(zip(keys, values)):
-            start = width - k.shape[-2]
-            layer._keys[row, :, start:width] = k
-            layer._values[row, :, start:width] = v
-            mask[row, start:width] = True
-        layer.length = width
+    def wrap(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> PreallocatedLayer:
+        """A layer over buffers the caller filled, [rows, heads, capacity, head_dim], whose first ``length``
+        positions hold keys and values (no copy)."""
+        layer = cls.__new__(cls)
+        DynamicLayer.__init__(layer)
+        layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
+        layer.length, layer._keys, layer._values = length, keys, values
         layer._expose()
-        return layer, mask
+        return layer
 
     def _expose(self) -> None:
         self.keys = self._keys[:, :, : self.length]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,6 +60,67 @@ class _NotCacheable(Exception):
     """The model's cache has layers other than plain DynamicLayers: decode without a kept cache."""
 
 
+@dataclass
+class _Block:
+    """Rows of KV cache decoded together: ``cache`` (a PreallocatedLayer per layer), ``mask`` [R, capacity]
+    (True = a filled column), ``length`` (columns written, the same for every row: rows are right-aligned)
+    and ``position`` [R] (each row's next position: its real tokens so far)."""
+
+    cache: DynamicCache
+    mask: torch.Tensor
+    length: int
+    position: torch.Tensor
+
+    def row(self, r: int) -> Kept:
+        """Row ``r``'s filled columns, per layer (copied)."""
+        cols = self.mask[r, : self.length].nonzero().squeeze(-1)
+        return [(layer.keys[r][:, cols], layer.values[r][:, cols]) for layer in self.cache.layers]
+
+
+def _build(kept: list[Kept], room: int, base: _Block | None = None, base_rows: list[int] | None = None) -> _Block:
+    """A block of ``base``'s rows ``base_rows`` (their filled columns copied once) then the ``kept`` rows,
+    right-aligned at the longest, with ``room`` free columns; the columns left of a row's start are zeros,
+    masked."""
+    base_rows = [] if base is None else base_rows
+    old_width = 0 if base is None else base.length
+    width = max([old_width, *(k[0][0].shape[-2] for k in kept)])
+    rows, capacity, shift = len(base_rows) + len(kept), width + room, width - old_width
+    layers = [] if base is None else [(layer.keys, layer.values) for layer in base.cache.layers]
+    ref = kept[0][0][0] if kept else layers[0][0]
+    in_order = base_rows == list(range(len(base_rows))) and base is not None and len(base_rows) == base.mask.size(0)
+    built = []
+    for i in range(len(kept[0]) if kept else len(layers)):
+        buffers = []
+        for part in (0, 1):  # keys, values
+            like = kept[0][i][part] if kept else layers[i][part][0]
+            buffer = like.new_empty((rows, like.shape[0], capacity, like.shape[-1]))
+            if base_rows:
+                buffer[: len(base_rows), :, :shift] = 0
+                if in_order:  # one copy of the whole block
+                    buffer[: len(base_rows), :, shift:width] = layers[i][part]
+                else:  # row by row: no gathered temporary
+                    for r, slot in enumerate(base_rows):
+                        buffer[r, :, shift:width] = layers[i][part][slot]
+            for r, k in enumerate(kept, start=len(base_rows)):
+                start = width - k[i][part].shape[-2]
+                buffer[r, :, :start] = 0
+                buffer[r, :, start:width] = k[i][part]
+            buffers.append(buffer)
+        built.append(PreallocatedLayer.wrap(*buffers, width))
+    mask = torch.zeros((rows, capacity), dtype=torch.bool, device=ref.device)
+    lengths = torch.tensor([k[0][0].shape[-2] for k in kept], dtype=torch.long, device=ref.device)
+    position = lengths
+    if base_rows:
+        index = torch.tensor(base_rows, dtype=torch.long, device=ref.device)
+        mask[: len(base_rows), shift:width] = base.mask[index, :old_width]
+        position = torch.cat([base.position[index], lengths])
+    for r, k in enumerate(kept, start=len(base_rows)):
+        mask[r, width - k[0][0].shape[-2] : width] = True
+    cache = DynamicCache()
+    cache.layers = built
+    return _Block(cache, mask, width, position)
+
+
 class _CachedRows:
     """The decoding batch of an HF model with a KV cache, and the caches of the rows put aside.
 
@@ -71,79 +133,83 @@ class _CachedRows:
         self.four_d = decoder is not None or engine._prepared_step_mask()
         self.kept: dict[int, Kept] = {}
         self.rows: list[int] = []
+        self.slots: list[int] = []  # the block row of each of ``rows``; the block's other rows are left over
         self.logits: torch.Tensor | None = None
-        self.cache = self.mask = self.position = None
-        self.length = 0
+        self.block: _Block | None = None
+        self.budget = 0  # the most tokens a row of the batch may still add
 
     def add(self, joining: list[int], budgets: list[int]) -> None:
         """Prefill what ``joining`` rollouts lack in their caches and merge them into the batch; ``budgets``:
-        tokens each row of the merged batch may still add, for the cache's capacity."""
-        old = [self._row_cache(r) for r in range(len(self.rows))]
+        tokens each row of the merged batch may still add (the cache grows up to that)."""
         if all(i in self.kept for i in joining):
-            feeds = [self.rollouts[i].conversation.ids[self._kept_length(i) :] for i in joining]
+            feeds = [self.rollouts[i].conversation.ids[self.kept[i][0][0].shape[-2] :] for i in joining]
             logits, kept = self._prefill_on([self.kept.pop(i) for i in joining], feeds)
         else:
             logits, kept = self._prefill([self.rollouts[i].conversation.ids for i in joining])
-        self.cache, self.mask, self.length, self.position = self._assemble([*old, *kept], max(budgets) + 1)
+        self.budget = max(budgets)
+        self.block = _build(kept, self._room(), self.block, self.slots)
+        self.logits = logits if self.logits is None else torch.cat([self.logits, logits])
         self.rows = [*self.rows, *joining]
-        self.logits = torch.cat([self.logits, logits]) if old else logits
+        self.slots = list(range(len(self.rows)))
 
     def remove(self, leaving: list[int], waiting: list[bool]) -> None:
-        """Batch rows ``leaving`` (positions in ``rows``) leave; those ``waiting`` on tools keep their cache."""
+        """Batch rows ``leaving`` (positions in ``rows``) leave; those ``waiting`` on tools keep their cache.
+
+        Their block rows stay (decoded on, unread) until the batch is rebuilt, or until they outnumber
+        the rows in use: selecting rows copies the whole cache, which rows leaving one by one would repeat.
+        """
         for r, wait in zip(leaving, waiting):
             if wait and self.keep:
-                self.kept[self.rows[r]] = self._row_cache(r)
+                self.kept[self.rows[r]] = self.block.row(self.slots[r])
         gone = set(leaving)
         stay = [r for r in range(len(self.rows)) if r not in gone]
-        self.rows = [self.rows[r] for r in stay]
+        self.rows, self.slots = [self.rows[r] for r in stay], [self.slots[r] for r in stay]
         if not stay:
-            self.cache = self.mask = self.position = self.logits = None
+            self.block = self.logits = None
             return
-        index = torch.tensor(stay, device=self.engine.device)
-        self.cache.batch_select_indices(index)
-        self.mask, self.position, self.logits = self.mask[index], self.position[index], self.logits[index]
+        self.logits = self.logits[torch.tensor(stay, device=self.logits.device)]
+        block = self.block
+        if 2 * len(self.slots) < block.mask.size(0):
+            index = torch.tensor(self.slots, device=block.mask.device)
+            block.cache.batch_select_indices(index)
+            block.mask, block.position = block.mask[index], block.position[index]
+            self.slots = list(range(len(self.slots)))
 
     def step(self, tokens: torch.Tensor) -> None:
         """Feed each row's sampled token [A]; ``logits`` becomes the next step's."""
-        self.mask[:, self.length] = True
-        mask = self.mask[:, : self.length + 1]
-        position = self.position[:, None]  # [A, 1]
+        block = self.block
+        if block.length == block.mask.size(1):  # full: grow (rows decode on until their budget)
+            block = self.block = _build([], self._room(), block, self.slots)
+            self.slots = list(range(len(self.slots)))
+        slots = torch.tensor(self.slots, device=tokens.device)
+        if len(self.slots) < block.mask.size(0):
+            tokens = torch.full((block.mask.size(0),), self.engine.pad_token_id, device=tokens.device).index_copy(
+                0, slots, tokens
+            )  # [S]: left-over rows decode a pad token
+        block.mask[:, block.length] = True
+        mask = block.mask[:, : block.length + 1]
+        position = block.position[:, None]  # [S, 1]
         if self.decoder is not None:
-            self.logits = self.decoder.step(tokens, position, mask[:, None, None, :], self.cache)
+            logits = self.decoder.step(tokens, position, mask[:, None, None, :], block.cache)
         else:
             out = self.model(
                 input_ids=tokens[:, None],
                 attention_mask=mask[:, None, None, :] if self.four_d else mask.long(),
                 position_ids=position,
-                past_key_values=self.cache,
+                past_key_values=block.cache,
                 use_cache=True,
             )
-            self.logits = out.logits[:, -1]  # [A, V]
-        self.length += 1
-        self.position = self.position + 1
+            logits = out.logits[:, -1]  # [S, V]
+        self.logits = logits if len(self.slots) == logits.size(0) else logits[slots]  # [A, V]
+        block.length += 1
+        block.position = block.position + 1
+        self.budget -= 1
 
-    def _kept_length(self, i: int) -> int:
-        return self.kept[i][0][0].shape[-2]
-
-    def _row_cache(self, r: int) -> Kept:
-        """Batch row ``r``'s filled columns, per layer."""
-        cols = self.mask[r, : self.length].nonzero().squeeze(-1)
-        return [(layer.keys[r][:, cols], layer.values[r][:, cols]) for layer in self.cache.layers]
-
-    def _assemble(self, kept: list[Kept], room: int):
-        """A cache of the ``kept`` rows, right-aligned, with ``room`` columns to grow: (cache, filled columns
-        [R, capacity], width, each row's next position [R])."""
-        width = max(k[0][0].shape[-2] for k in kept)
-        layers, mask = [], None
-        for layer in range(len(kept[0])):
-            built, mask = PreallocatedLayer.right_aligned(
-                [k[layer][0] for k in kept], [k[layer][1] for k in kept], width + room
-            )
-            layers.append(built)
-        cache = DynamicCache()
-        cache.layers = layers
-        position = torch.tensor([k[0][0].shape[-2] for k in kept], device=self.engine.device)
-        return cache, mask, width, position
+    def _room(self) -> int:
+        """Free columns to give a rebuilt batch: the rows' budget, at most a quarter of the width (at least
+        32): rows join and leave often, and each rebuild or row selection copies the whole buffer."""
+        width = 0 if self.block is None else self.block.length
+        return max(1, min(self.budget + 1, max(32, width // 4)))
 
     def _prefill(self, feeds: list[list[int]]) -> tuple[torch.Tensor, list[Kept]]:
         """Prefill whole sequences (identical ones once): their next-token logits [R, V] and caches."""
@@ -154,7 +220,8 @@ class _CachedRows:
         cache = out.past_key_values
         if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
             raise _NotCacheable
-        kept = [self._split(cache, mask.bool(), u) for u in range(len(unique))]
+        block = _Block(cache, mask.bool(), ids.size(1), position[:, -1] + 1)
+        kept = [block.row(u) for u in range(len(unique))]
         where = {u: n for n, u in enumerate(unique)}
         pick = [where[tuple(f)] for f in feeds]
         return out.logits[:, -1][pick], [kept[p] for p in pick]
@@ -162,26 +229,22 @@ class _CachedRows:
     def _prefill_on(self, kept: list[Kept], feeds: list[list[int]]) -> tuple[torch.Tensor, list[Kept]]:
         """Prefill ``feeds`` (left-padded) on top of each row's kept cache: logits [R, V] and the grown caches."""
         device = self.engine.device
-        cache, filled, width, position = self._assemble(kept, max(len(f) for f in feeds))
+        block = _build(kept, max(len(f) for f in feeds))
         feed_ids, feed_mask = left_pad(feeds, self.engine.pad_token_id, device)  # [R, S]
         S = feed_ids.size(1)
-        mask = torch.cat([filled[:, :width], feed_mask.bool()], dim=1)  # [R, L+S]
+        block.mask[:, block.length : block.length + S] = feed_mask.bool()
         pads = S - torch.tensor([len(f) for f in feeds], device=device)  # [R]
-        position = (position[:, None] + torch.arange(S, device=device) - pads[:, None]).clamp(min=0)  # [R, S]
+        position = (block.position[:, None] + torch.arange(S, device=device) - pads[:, None]).clamp(min=0)  # [R, S]
         out = self.model(
             input_ids=feed_ids,
-            attention_mask=mask.long(),
+            attention_mask=block.mask[:, : block.length + S].long(),
             position_ids=position,
-            past_key_values=cache,
+            past_key_values=block.cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1], [self._split(cache, mask, r) for r in range(len(feeds))]
-
-    @staticmethod
-    def _split(cache, mask: torch.Tensor, r: int) -> Kept:
-        cols = mask[r].nonzero().squeeze(-1)
-        return [(layer.keys[r][:, cols], layer.values[r][:, cols]) for layer in cache.layers]
+        block.length += S
+        return out.logits[:, -1], [block.row(r) for r in range(len(feeds))]
 
 
 class _PlainRows:
@@ -285,9 +348,9 @@ class MultiTurnEngine:
             with autocast(engine.device, engine.autocast_dtype), packed:
                 if is_hf_model(model):
                     try:
-                        record = self._run(loop, rollouts, params, generators, _CachedRows(
-                            engine, rollouts, decoder, self.keep_cache
-                        ))
+                        record = self._run(
+                            loop, rollouts, params, generators, _CachedRows(engine, rollouts, decoder, self.keep_cache)
+                        )
                     except _NotCacheable:
                         record = self._run(loop, rollouts, params, generators, _PlainRows(engine, rollouts))
                 else:
