@@ -357,3 +357,82 @@ def test_rows_of_different_lengths_are_right_aligned_in_one_block():
     assert merged.cache.layers[0].keys[:, 0, :, 0].tolist() == [[3, 4, 5, 6, 8], [0, 1, 2, 3, 4]]
     assert merged.mask.tolist() == [[True] * 5 + [False]] * 2 and merged.position.tolist() == [5, 5]
     assert block.row(0)[0][0][0, :, 0].tolist() == [1, 2, 7]  # a row's own filled columns
+
+
+class Counter:
+    def reset(self, start: int, **row) -> str:
+        self.value = start
+        return f" (the counter is at {start})"
+
+    def increment(self, by: int) -> str:
+        """Add to the counter.
+
+        Args:
+            by: How much.
+        """
+        self.value += by
+        return str(self.value)
+
+
+def test_environment_sessions_and_prompts_that_differ_within_a_group(chat):
+    from grpokit.tools import Environments
+
+    tok = chat.tokenizer
+    scripts = {"0": [tool_call("increment", '{"by": 2}'), f"Done.{END}"]}
+    rows = [{"prompt": [{"role": "user", "content": "Q0"}], "start": start} for start in (3, 0)]
+    sessions = Environments(Counter).sessions(rows)
+    with ToolExecutor([], isolation="thread") as executor:
+        rollouts = scripted_engine(chat, scripts, executor).generate(
+            [rows[0]["prompt"]], 2, SamplingParams(max_completion_length=300), sessions=sessions
+        )
+    assert [s.instance.value for s in sessions] == [5, 2]
+    assert [c.turns[1].text for c in rollouts.conversations] == ["5", "2"]
+    # the observations differ from their digit on: the group's prompt_ids stop there, the rest opens the completion
+    assert tok.decode(rollouts.prompt_ids[0]).endswith("Q0 (the counter is at ")
+    for n, start in enumerate((3, 0)):
+        rest = tok.encode(f"{start})<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+        turn = tok.encode(scripts["0"][0], add_special_tokens=False)
+        assert rollouts.completion_ids[n, : len(rest) + len(turn)].tolist() == rest + turn
+        assert rollouts.loss_mask[n, : len(rest) + len(turn)].tolist() == [0] * len(rest) + [1] * len(turn)
+        assert rollouts.conversations[n].turns[0].tokens == (len(rest), len(rest) + len(turn))
+    with ToolExecutor([], isolation="thread") as executor, pytest.raises(ValueError, match="1 environment sessions"):
+        scripted_engine(chat, scripts, executor).generate(
+            [rows[0]["prompt"]], 2, SamplingParams(max_completion_length=300), sessions=sessions[:1]
+        )
+
+
+def test_bf16_autocast_and_models_without_a_plain_cache(chat):
+    """Under bf16 autocast the kept cache is bf16 (log-probs within bf16 precision of a float32 forward); a model
+    with sliding-window cache layers decodes by full forward passes (log-probs equal to a forward)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    sliding = AutoModelForCausalLM.from_config(
+        Qwen2Config(
+            vocab_size=len(chat.tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=64,
+            max_position_embeddings=2048,
+            use_sliding_window=True,
+            sliding_window=64,
+            max_window_layers=0,
+            pad_token_id=chat.tokenizer.pad_token_id,
+        )
+    ).eval()
+    tiny, _ = build_tiny_causal_lm(
+        None, chat.tokenizer, arch="qwen2", hidden_size=32, num_layers=2, num_heads=2, max_positions=2048
+    )
+    for model, dtype, atol in ((tiny.eval(), torch.bfloat16, 5e-2), (sliding, None, 1e-4)):
+        with ToolExecutor([echo], isolation="thread") as executor:
+            engine = HFRolloutEngine(model, STOPS, chat.tokenizer.pad_token_id, CPU, seed=2, autocast_dtype=dtype)
+            rollouts = MultiTurnEngine(engine, chat, executor, parser=echo_parser).generate(
+                PROMPTS, 2, SamplingParams(max_completion_length=160)
+            )
+        assert max(c.tool_rounds for c in rollouts.conversations) >= 1
+        with torch.no_grad():
+            logprobs, _ = completion_logprobs(model, build_batch(model, rollouts, 0, CPU), temperature=1.0)
+        sampled = rollouts.loss_mask.bool()
+        torch.testing.assert_close(logprobs[sampled], rollouts.logprobs[sampled], atol=atol, rtol=0)
