@@ -14,8 +14,10 @@ KV layout (HF models whose cache is plain ``DynamicLayer`` s: Llama, Qwen2, Qwen
 a batch's cache is one :class:`grpokit.kernels.kv_cache.PreallocatedLayer` per layer in which each row
 is right-aligned (every row writes its next token to the same column) with masked columns before it;
 each row has its own position ids, so rows of different lengths decode together. When rows join,
-the batch is rebuilt from the kept rows (a copy of the cache, no model call). Decoding steps run
-through the run's fused decoder when it has one, as in :class:`grpokit.rollout.engine.HFRolloutEngine`.
+the block is rebuilt from the rows in use and the joining rows' caches (a copy, no model call); rows
+that leave stay in the block, decoded on and unread, until they outnumber the others (selecting rows
+copies the whole cache too). Decoding steps run through the run's fused decoder when it has one, as
+in :class:`grpokit.rollout.engine.HFRolloutEngine`.
 
 Each rollout samples from its own random stream (seeded from the engine's generator), so the tokens
 do not depend on which sequences happened to share a step, i.e. on how long the tools took: the same
@@ -359,8 +361,9 @@ class MultiTurnEngine:
             model.train(was_training)
         return self._rollouts(rollouts, record, num_generations, prompt_messages)
 
-    def _run(self, loop: ToolLoop, rollouts, params, generators, batch) -> dict[int, list]:
-        """Drive every rollout to its end; returns each rollout's sampled log-probs and turn times."""
+    def _run(self, loop: ToolLoop, rollouts, params, generators, batch) -> dict[str, dict[int, list]]:
+        """Drive every rollout to its end; returns each rollout's sampled ``logprobs`` (in order) and the
+        ``times`` (start, end) of its turns."""
         stops = {self.chat.end_of_turn, *self.engine.eos_token_ids.tolist()}
         turn: dict[int, list[int]] = {}
         limit: dict[int, int] = {}
