@@ -45,7 +45,7 @@ from grpokit.rollout.sampling import sample_next
 from grpokit.rollout.types import Conversation, Rollouts, SamplingParams, Turn
 from grpokit.tools.conversation import ConversationTokens
 from grpokit.tools.environment import EnvironmentSession
-from grpokit.tools.executor import ToolExecutor
+from grpokit.tools.executor import ToolExecutor, ToolResult
 from grpokit.tools.loop import ToolLoop, ToolRollout
 from grpokit.tools.parsing import ToolParser
 
@@ -445,7 +445,8 @@ class MultiTurnEngine:
     def _conversation(
         self, rollout: ToolRollout, offset: int, prompt_messages: int, times: list[tuple[float, float]]
     ) -> Conversation:
-        """The rollout's turns: one per message after the prompt, with its token span in the completion."""
+        """The rollout's turns: one per message after the prompt, with its token span in the completion, then
+        one per tool result that was not shown."""
         conversation = rollout.conversation
         spans = [(a - offset, b - offset) for a, b in conversation.spans]
         ends = [a for a, _ in spans[1:]] + [len(conversation.ids) - offset]
@@ -469,23 +470,25 @@ class MultiTurnEngine:
                 )
                 assistant += 1
             else:
-                result = rollout.results[tool]
-                suffix = (spans[assistant - 1][1], ends[assistant - 1])
-                turns.append(
-                    Turn(
-                        "tool",
-                        result.content,
-                        suffix,
-                        name=result.call.name,
-                        arguments=result.call.arguments,
-                        status=result.status,
-                        error=result.error,
-                        started=result.started,
-                        ended=result.ended,
-                    )
-                )
+                turns.append(_tool_turn(rollout.results[tool], (spans[assistant - 1][1], ends[assistant - 1])))
                 tool += 1
+        # calls that ran but whose results did not fit in the token budget: never shown, still recorded
+        turns += [_tool_turn(result, None) for result in rollout.results[tool:]]
         return Conversation(messages, turns, rollout.stop_reason, rollout.iterations)
+
+
+def _tool_turn(result: ToolResult, tokens: tuple[int, int] | None) -> Turn:
+    return Turn(
+        "tool",
+        result.content,
+        tokens,
+        name=result.call.name,
+        arguments=result.call.arguments,
+        status=result.status,
+        error=result.error,
+        started=result.started,
+        ended=result.ended,
+    )
 
 
 def _common_prefix(seqs: list[list[int]]) -> list[int]:

@@ -48,7 +48,8 @@ class Turn:
 @dataclass
 class Conversation:
     """A multi-turn rollout's record: ``messages`` after the prompt (assistant and tool chat messages,
-    what reward functions see as the completion), ``turns`` (:class:`Turn`, one per message),
+    what reward functions see as the completion), ``turns`` (:class:`Turn`, one per message, then one per
+    tool result not shown because it did not fit in the token budget),
     ``stop_reason`` ("answered" | "max_iterations" | "length") and ``tool_rounds`` run."""
 
     messages: list[dict[str, Any]]

@@ -436,3 +436,21 @@ def test_bf16_autocast_and_models_without_a_plain_cache(chat):
             logprobs, _ = completion_logprobs(model, build_batch(model, rollouts, 0, CPU), temperature=1.0)
         sampled = rollouts.loss_mask.bool()
         torch.testing.assert_close(logprobs[sampled], rollouts.logprobs[sampled], atol=atol, rtol=0)
+
+
+def test_the_token_budget(chat):
+    tok = chat.tokenizer
+    call = tool_call("multiply", '{"a": 2, "b": 3}')
+    scripts = {"0": ["a" * 200 + END], "1": [call, f"6{END}"]}
+    prompts = [[{"role": "user", "content": f"Q{k}"}] for k in scripts]
+    budget = len(tok.encode(call, add_special_tokens=False)) + 10  # the call fits, its result does not
+    with ToolExecutor([multiply], isolation="thread") as executor:
+        rollouts = scripted_engine(chat, scripts, executor).generate(prompts, 1, SamplingParams(budget))
+    assert rollouts.finish_reasons == ["length", "length"]
+    assert rollouts.completion_lengths.tolist() == [budget, budget - 10]
+    assert rollouts.completion_ids[0, :budget].tolist() == tok.encode("a" * budget, add_special_tokens=False)
+    cut, unshown = rollouts.conversations
+    assert [t.role for t in cut.turns] == ["assistant"] and cut.stop_reason == "length"
+    # the call ran, its result was not shown: recorded without tokens, not among the messages
+    assert [(t.role, t.tokens) for t in unshown.turns] == [("assistant", (0, budget - 10)), ("tool", None)]
+    assert unshown.turns[1].text == "6" and [m["role"] for m in unshown.messages] == ["assistant"]
