@@ -34,6 +34,17 @@ class PreallocatedLayer(DynamicLayer):
         self._values[:, :, : self.length] = values
         self._expose()
 
+    @classmethod
+    def wrap(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> PreallocatedLayer:
+        """A layer over buffers the caller filled, [rows, heads, capacity, head_dim], whose first ``length``
+        positions hold keys and values (no copy)."""
+        layer = cls.__new__(cls)
+        DynamicLayer.__init__(layer)
+        layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
+        layer.length, layer._keys, layer._values = length, keys, values
+        layer._expose()
+        return layer
+
     def _expose(self) -> None:
         self.keys = self._keys[:, :, : self.length]
         self.values = self._values[:, :, : self.length]

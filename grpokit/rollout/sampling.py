@@ -9,6 +9,8 @@ uniform number per row (:func:`inverse_cdf`) instead of V exponential ones (torc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -18,10 +20,16 @@ from grpokit.rollout.types import SamplingParams
 _BLOCK = 256
 
 
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, generator: Generators
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row (filters in vLLM's order: min-p, then top-k, then top-p).
+
+    ``generator``: one for the batch, or one per row (each row's draw then depends only on its own stream, not on
+    which other rows share the batch: what multi-turn rollouts need, whose batches change with tool timing).
 
     logits: [N, V] raw next-token logits. Returns (tokens [N] long, logprobs [N] float32) where the
     log-prob is log softmax(logits / temperature) at the chosen token, before top-k / top-p filtering:
@@ -49,7 +57,7 @@ def sample_next(
     return tokens, probs.gather(-1, tokens[:, None]).squeeze(-1).log()
 
 
-def inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def inverse_cdf(weights: torch.Tensor, generator: Generators) -> torch.Tensor:
     """One index per row of ``weights`` [N, V] (>= 0, not necessarily normalised), index j drawn with
     probability w_j / sum(w).
 
@@ -68,7 +76,7 @@ def inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> tor
     total = block_cdf[:, -1:]  # [N, 1]
     if not bool(torch.isfinite(total).all() and (total > 0).all()):
         raise ValueError("cannot sample: a row of next-token logits is NaN/inf or has no token left after top-k/top-p")
-    u = torch.rand((N, 1), generator=generator, dtype=torch.float64, device=weights.device) * total  # [N, 1]
+    u = _uniforms(N, generator, weights.device) * total  # [N, 1]
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     block = torch.searchsorted(block_cdf, u, right=True)  # [N, 1] first block whose cdf > u
     before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), torch.zeros_like(u))  # [N, 1]
@@ -79,3 +87,12 @@ def inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> tor
     )  # [N, 1], rounding kept inside the block
     index = torch.searchsorted(inner_cdf, rest, right=True)  # [N, 1]
     return (block * _BLOCK + index).squeeze(-1)  # [N]
+
+
+def _uniforms(rows: int, generator: Generators, device: torch.device) -> torch.Tensor:
+    """[rows, 1] float64 uniforms in [0, 1): from one generator, or one from each row's generator."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand((rows, 1), generator=generator, dtype=torch.float64, device=device)
+    if len(generator) != rows:
+        raise ValueError(f"{len(generator)} generators for {rows} rows")
+    return torch.cat([torch.rand((1, 1), generator=g, dtype=torch.float64, device=device) for g in generator])

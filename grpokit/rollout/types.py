@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -17,6 +18,44 @@ class SamplingParams:
     top_k: int = 0
     greedy: bool = False
     min_p: float = 0.0
+
+
+@dataclass
+class Turn:
+    """One message of a multi-turn rollout after its prompt, as the store keeps it.
+
+    ``role``: "assistant" (a turn the model generated) or "tool" (one call's result). ``text``: the
+    assistant's text as generated (tool calls included, end-of-turn token left out) or the tool
+    message's content. ``tokens``: [start, end) of the turn's tokens in the rollout's ``completion_ids``
+    (for a tool message, the tokens appended after that round, shared by the round's tool messages;
+    None when its result was not shown). ``tool_calls``: the assistant's calls ({"name", "arguments"}).
+    For tool messages: ``name``, ``arguments``, ``status`` (grpokit.tools.STATUSES), ``error``.
+    ``started`` / ``ended``: ``time.monotonic()`` around the turn's decoding or the call.
+    """
+
+    role: str
+    text: str
+    tokens: tuple[int, int] | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    name: str | None = None
+    arguments: dict[str, Any] | None = None
+    status: str | None = None
+    error: str | None = None
+    started: float | None = None
+    ended: float | None = None
+
+
+@dataclass
+class Conversation:
+    """A multi-turn rollout's record: ``messages`` after the prompt (assistant and tool chat messages,
+    what reward functions see as the completion), ``turns`` (:class:`Turn`, one per message, then one per
+    tool result not shown because it did not fit in the token budget),
+    ``stop_reason`` ("answered" | "max_iterations" | "length") and ``tool_rounds`` run."""
+
+    messages: list[dict[str, Any]]
+    turns: list[Turn]
+    stop_reason: str
+    tool_rounds: int
 
 
 @dataclass
@@ -35,6 +74,11 @@ class Rollouts:
     finish_reasons: list[str]  # N values: "stop" (EOS) | "length" (hit max_completion_length)
     num_generations: int  # G
     policy_version: int = 0  # optimizer steps of the policy that sampled these
+    # multi-turn rollouts (grpokit.rollout.multiturn): completion_ids hold every token after the prompt, the
+    # model's and those the environment added (tool results, template tokens); loss_mask [N, T] float is 1 on
+    # the tokens the model sampled (None: the same as completion_mask); conversations: N records of the turns
+    loss_mask: torch.Tensor | None = None
+    conversations: list[Conversation] | None = None
 
     @property
     def group_index(self) -> torch.Tensor:

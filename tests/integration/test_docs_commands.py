@@ -108,6 +108,20 @@ APPENDED = {
     "grpokit inspect runs/my-run --step 100": ["--step", "1"],
     "python examples/molecules/run.py": MOLECULES_SHORT,
     "python examples/fill_in/run.py": FILL_IN_SHORT,
+    "python bench/multiturn.py": [
+        "--repeats",
+        "1",
+        "--hidden",
+        "32",
+        "--layers",
+        "1",
+        "--prompts",
+        "1",
+        "--generations",
+        "2",
+        "--max-completion-length",
+        "64",
+    ],
 }
 # Python snippets: (pattern, replacement) applied to every snippet: shortening, and hub models -> the tiny local one.
 PYTHON_SHORTENING = [
