@@ -390,6 +390,7 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
                 "batch; make it a multiple, or set num_mini_batches (optimizer steps per generation batch)."
             )
         put("num_mini_batches", minis // accumulation, source)
+        _count_generation_batches(values, minis // accumulation, source)
     checks = {  # values that ask for what grpokit does anyway
         "optim": lambda v: str(v).startswith("adamw_torch"),  # grpokit's optimizer is torch's AdamW (fused on CPU/CUDA)
         "logging_strategy": lambda v: v == "steps",
@@ -401,6 +402,27 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         elif key not in TRANSLATED and (key in ALWAYS_NAMED or not _same(value, TRL_DEFAULTS.get(key))):
             unused[key] = value
     return values, trl, unused
+
+
+def _count_generation_batches(values: dict[str, Any], per_batch: int, source: str) -> None:
+    """TRL's ``max_steps``, ``save_steps``, ``eval_steps`` and ``logging_steps`` count optimizer steps; grpokit's
+    count generation batches of ``per_batch`` optimizer steps each. Convert the given ones, so a TRL script runs
+    as many optimizer steps as under TRL: ``max_steps`` must be a whole number of generation batches, the
+    others round up to one."""
+    if per_batch == 1:
+        return
+    max_steps = values.get("max_steps")
+    if isinstance(max_steps, int) and max_steps > 0:
+        if max_steps % per_batch:
+            raise TRLValueError(
+                f"max_steps={max_steps} (optimizer steps, as TRL counts them) is not a whole number of generation "
+                f"batches: {source} makes {per_batch} optimizer steps per generation batch. Make max_steps a "
+                f"multiple of {per_batch} (e.g. {max_steps // per_batch * per_batch or per_batch})."
+            )
+        values["max_steps"] = max_steps // per_batch
+    for key in ("save_steps", "eval_steps", "logging_steps"):
+        if isinstance(values.get(key), int) and values[key] > 0:
+            values[key] = math.ceil(values[key] / per_batch)
 
 
 def _mini_batches(steps: Any, batch_size: Any, per_micro_step: int) -> int | None:

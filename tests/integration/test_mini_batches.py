@@ -42,8 +42,9 @@ def trainer(model_dir, args: GRPOConfig) -> GRPOTrainer:
 def test_one_generation_feeds_steps_per_generation_optimizer_steps(tiny_model_dir, tmp_path):
     """TRL's steps_per_generation=2 with gradient_accumulation_steps=1: each step samples 8 completions (4 prompts x
     G=2) in one generate call and takes 2 optimizer steps, the first on rows 0-3, the second on rows 4-7."""
-    args = config(tmp_path / "run", steps_per_generation=2, gradient_accumulation_steps=1)
-    assert args.num_mini_batches == 2 and args.completions_per_step() == 8
+    # TRL's max_steps=4 counts optimizer steps: 2 generation batches of 2
+    args = config(tmp_path / "run", steps_per_generation=2, gradient_accumulation_steps=1, max_steps=4)
+    assert args.num_mini_batches == 2 and args.completions_per_step() == 8 and args.max_steps == 2
     t = trainer(tiny_model_dir, args)
     generated, seen, sampled = [], [], []
     generate, next_rollouts, accumulate = t.engine.generate, t.rollout_scheduler.next, t.learner._accumulate

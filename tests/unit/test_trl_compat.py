@@ -192,9 +192,29 @@ def test_conflicting_settings_are_refused():
         GRPOConfig(bf16=True, fp16=True)
 
 
+def test_trl_step_counts_are_converted_to_generation_batches():
+    """TRL counts optimizer steps; with steps_per_generation=4 (gradient_accumulation_steps=1) a grpokit step (one
+    generation batch) takes 4 of them: max_steps 100 -> 25, save_steps 10 -> ceil(10 / 4) = 3, logging_steps
+    5 -> 2, eval_steps 1 -> 1. Without steps_per_generation nothing is converted."""
+    cfg = quiet(steps_per_generation=4, max_steps=100, save_steps=10, logging_steps=5, eval_steps=1)
+    assert (cfg.num_mini_batches, cfg.max_steps, cfg.save_steps, cfg.logging_steps, cfg.eval_steps) == (4, 25, 3, 2, 1)
+    # generation_batch_size=64 / (8 per micro-batch) = 8 micro-batches = 4 optimizer steps of 2: 40 -> 10
+    cfg = quiet(generation_batch_size=64, per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=40)
+    assert (cfg.num_mini_batches, cfg.max_steps) == (4, 10)
+    cfg = quiet(steps_per_generation=2, gradient_accumulation_steps=2, max_steps=7)  # 1 optimizer step per batch
+    assert (cfg.num_mini_batches, cfg.max_steps) == (1, 7)
+    assert quiet(max_steps=100, save_steps=10).max_steps == 100
+
+
 @pytest.mark.parametrize(
     "given, message",
     [
+        (
+            {"steps_per_generation": 4, "max_steps": 10},
+            r"max_steps=10 \(optimizer steps, as TRL counts them\) is not a whole number of generation batches: "
+            r"steps_per_generation=4 makes 4 optimizer steps per generation batch. Make max_steps a multiple of 4 "
+            r"\(e.g. 8\)",
+        ),
         (
             {"steps_per_generation": 3, "gradient_accumulation_steps": 2},
             r"steps_per_generation=3 makes 3 micro-batches per generation batch, not a multiple of "
