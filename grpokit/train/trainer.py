@@ -160,7 +160,7 @@ class GRPOTrainer:
             self.resume(found)
         self.run_dir = Path(args.output_dir)
         if main:
-            self.log = open_run_dir(args, self.step)  # rank 0's writers: store, trackers, report
+            self.run_log = open_run_dir(args, self.step)  # rank 0's writers: store, trackers, report
         metrics, losses, started = {}, [], time.perf_counter()
         try:
             with self.signals:
@@ -173,7 +173,7 @@ class GRPOTrainer:
         finally:
             self._close()
         if self.stop_reason and main:
-            self.log.warn(f"stopped at step {self.step}: {self.stop_reason}")
+            self.run_log.warn(f"stopped at step {self.step}: {self.stop_reason}")
         from transformers.trainer_utils import TrainOutput
 
         return TrainOutput(self.step, summary["train_loss"], summary)
@@ -256,7 +256,7 @@ class GRPOTrainer:
         records = rollout_records(indices, rollouts, completions, reward, advantages.cpu(), self.train_source)
         records = procs.gather_objects(records)  # every rank's, on rank 0
         if procs.is_main:
-            self.log.step(step, [r for part in records for r in part], metrics)
+            self.run_log.step(step, [r for part in records for r in part], metrics)
         return metrics
 
     def _after_step(self, metrics: dict) -> None:
@@ -305,7 +305,7 @@ class GRPOTrainer:
             self.callbacks.event("on_epoch_end")
         if self.procs.is_main:
             self.callbacks.log(summary)
-            self.log.summary(self.step, summary, metrics)
+            self.run_log.summary(self.step, summary, metrics)
         self.callbacks.event("on_train_end")
         return summary | {"epoch": self.state.epoch}
 
@@ -313,7 +313,7 @@ class GRPOTrainer:
         """Close what the run opened, whatever stopped it: run folder writers (report.html), reward workers (a later
         evaluate() starts them again) and Ray rollout workers."""
         if self.procs.is_main:
-            self.log.close()
+            self.run_log.close()
         self.rewards.close()
         self.rollout_scheduler.close()
 
@@ -333,7 +333,7 @@ class GRPOTrainer:
             if not self.procs.is_main:
                 return
             metrics = self.evaluate()
-        self.log.evaluation(step, metrics)
+        self.run_log.evaluation(step, metrics)
         self.callbacks.state.log_history.append({**metrics, "epoch": self.state.epoch, "step": step})
         self.callbacks.event("on_evaluate", metrics=metrics)
 
