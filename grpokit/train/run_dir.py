@@ -108,9 +108,9 @@ class RunLog:
 
     def close(self) -> None:
         """Close the trackers, write report.html, close the store."""
+        self.tracker.close()
         from grpokit.store.report import write_report
 
-        self.tracker.close()
         try:
             write_report(self.path)
         except Exception as exc:  # a report must never cost the run its results
