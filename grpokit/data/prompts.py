@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from grpokit.modeling import encode_prompt
+from grpokit.modeling import decode, encode_prompt
 
 
 class DataError(ValueError):
@@ -257,3 +257,15 @@ def reward_inputs(
     }
     columns["completion_lengths"] = list(completion_lengths)
     return columns
+
+
+def reward_arguments(rows: list[dict], indices: list[int], rollouts, tokenizer, prompt_column: str):
+    """``(prompts, completions, columns, completion_ids)`` for the reward functions, of ``rollouts`` (G per prompt)
+    of the prompts ``rows[i]`` for i in ``indices``: each prompt as the dataset holds it (chat messages stay
+    messages, as TRL passes them), G times; the decoded completions; :func:`reward_inputs`' columns; each
+    completion's token ids up to its length."""
+    G, lengths = rollouts.num_generations, rollouts.completion_lengths
+    completion_ids = [ids[: int(n)].tolist() for ids, n in zip(rollouts.completion_ids, lengths)]
+    completions = [decode(tokenizer, ids) for ids in completion_ids]
+    prompts = [rows[i][prompt_column] for i in indices for _ in range(G)]
+    return prompts, completions, reward_inputs(rows, indices, G, prompt_column, lengths.tolist()), completion_ids

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
 from grpokit.algos import pass_at_k
-from grpokit.data.prompts import reward_inputs
-from grpokit.modeling import decode
+from grpokit.data.prompts import reward_arguments
 from grpokit.rollout.types import SamplingParams
 
 
@@ -68,14 +68,41 @@ def evaluate(
     return metrics
 
 
+class Evaluator:
+    """A run's evaluation: :func:`evaluate` on its eval prompts (``source``, a PromptSource, and their ``rows``;
+    None without an eval set) with its engine, rewards and settings (a GRPOConfig's ``eval_temperature``, else the
+    sampling temperature, ``num_generations_eval``, ``pass_at_k``, ``success_threshold``, ``prompt_column``,
+    ``max_eval_prompts``)."""
+
+    def __init__(self, args, engine, tokenizer, source, rows: list[dict] | None, reward_runner, params: SamplingParams):
+        self.args, self.engine, self.tokenizer, self.source, self.rows = args, engine, tokenizer, source, rows
+        self.reward_runner, self.params = reward_runner, params
+
+    def __call__(self, trainer_state=None) -> dict[str, float]:
+        if self.source is None:
+            raise ValueError("evaluate() needs an eval_dataset (argument or data.eval_dataset).")
+        args = self.args
+        return evaluate(
+            self.engine,
+            self.tokenizer,
+            self.source,
+            self.rows,
+            self.reward_runner,
+            trainer_state=trainer_state,
+            num_samples=args.num_generations_eval,
+            ks=args.pass_at_k,
+            params=dataclasses.replace(self.params, temperature=args.eval_temperature or args.temperature),
+            success_threshold=args.success_threshold,
+            prompt_column=args.prompt_column,
+            max_prompts=args.max_eval_prompts,
+        )
+
+
 def _score(
     engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state, logged
 ) -> torch.Tensor:
     rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
-    ids = [row[: int(length)].tolist() for row, length in zip(rollouts.completion_ids, rollouts.completion_lengths)]
-    texts = [decode(tokenizer, row) for row in ids]
-    prompts = [rows[i][prompt_column] for i in chunk for _ in range(n)]
-    columns = reward_inputs(rows, chunk, n, prompt_column, rollouts.completion_lengths.tolist())
+    prompts, texts, columns, ids = reward_arguments(rows, chunk, rollouts, tokenizer, prompt_column)
     result = reward_runner.score(prompts, texts, columns, group_size=n, completion_ids=ids, trainer_state=trainer_state)
     for name, values in result.logged.items():
         logged.setdefault(name, []).extend(values)

@@ -48,16 +48,21 @@ class CallbackRunner:
         self.state.global_step = step
         self.state.epoch = step / self.steps_per_epoch
 
-    def due(self, kind: str, step: int) -> bool:
-        """Whether ``step`` is an evaluation (``kind="eval"``) or checkpoint (``"save"``) step of the run's
-        ``eval_strategy`` / ``save_strategy`` (steps: every eval_steps / save_steps; epoch; no)."""
+    def every(self, kind: str) -> int:
+        """Steps between evaluations (``kind="eval"``) or checkpoints (``"save"``) of the run's ``eval_strategy`` /
+        ``save_strategy`` (steps: eval_steps / save_steps; epoch: the steps per epoch); 0: never (no)."""
         args = self.args
         strategy, every = (
             (args.eval_strategy, args.eval_steps) if kind == "eval" else (args.save_strategy, args.save_steps)
         )
         if strategy == "epoch":
             every = self.steps_per_epoch
-        return strategy != "no" and every > 0 and step % every == 0
+        return every if strategy != "no" and every > 0 else 0
+
+    def due(self, kind: str, step: int) -> bool:
+        """Whether ``step`` is an evaluation (``kind="eval"``) or checkpoint (``"save"``) step (:meth:`every`)."""
+        every = self.every(kind)
+        return every > 0 and step % every == 0
 
     def event(self, name: str, **kwargs: Any):
         """Call ``name`` on every callback; a returned TrainerControl replaces the current one."""

@@ -3,7 +3,8 @@
 ``RUN/checkpoints/step-N/`` holds the policy weights (safetensors; when some parameters are frozen,
 as with LoRA, only the trainable ones: the frozen base is loaded from the source on resume), the
 reference weights when the reference is resynced, optimizer and scheduler states, RNG states and the
-trainer state (step, data position, counters) with the grpokit version. Each folder is written under
+trainer state (step, data position, counters) with the grpokit version; :class:`RunState` gathers them from
+a run's parts. Each folder is written under
 a temporary name and renamed into place, and renamed away before it is deleted, so a folder named
 step-N is always complete, even after a kill at any moment.
 """
@@ -114,6 +115,56 @@ def save_checkpoint(
         for old in list_checkpoints(run_dir)[:-save_total_limit]:
             _remove(old)
     return final
+
+
+class RunState:
+    """Everything a checkpoint saves and a resume restores: the policy weights (``model``, unwrapped), the
+    ``learner``'s optimizer, LR scheduler and resynced reference weights, the data position (``data``, the
+    training PromptSource), the rollout scheduler's state (``rollouts``: policy version, async mode's pending
+    step), the stop rules' counters, and the RNG streams (torch's and the sampling engine's generator).
+    ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0, which writes (under FSDP the
+    other ranks join in to gather)."""
+
+    def __init__(self, args, model, learner, data, rollouts, stop_rules, is_main: bool):
+        self.args, self.model, self.data, self.rollouts, self.stop_rules = args, model, data, rollouts, stop_rules
+        self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
+        self.is_main = is_main
+        self.saved_step = 0
+
+    def save(self, run_dir: Path, step: int) -> bool:
+        """Write ``step-N`` (:func:`save_checkpoint`); False on a rank that takes no part (not rank 0, not sharded)."""
+        if not (self.is_main or is_sharded(self.model)):
+            return False
+        reference = self.reference.model if self.reference is not None else None  # None: LoRA's adapters off
+        scheduled, pending = self.rollouts.state_dict()
+        state = {"data": self.data.state_dict(), "counters": self.stop_rules.counters, **scheduled}
+        rng = {"torch": torch.get_rng_state(), "sampler": self.rollouts.engine.generator.get_state()}
+        save_checkpoint(
+            run_dir,
+            step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            state,
+            rng,
+            reference_model=reference if self.args.ref_model_sync_steps else None,  # unsynced: the starting weights
+            save_total_limit=self.args.save_total_limit,
+            pending_rollouts=pending,
+        )
+        self.saved_step = step
+        return True
+
+    def load(self, path: str | Path) -> int:
+        """Restore everything from the checkpoint folder ``path`` (:func:`load_checkpoint`); returns its step."""
+        reference = self.reference.model if self.reference is not None else None
+        state, rng = load_checkpoint(path, self.model, self.optimizer, self.scheduler, reference)
+        self.saved_step = int(state["step"])
+        self.data.load_state_dict(state["data"])
+        self.rollouts.load_state_dict(state, state["pending_rollouts"])
+        self.stop_rules.counters = dict(state["counters"])
+        torch.set_rng_state(rng["torch"])
+        self.rollouts.engine.generator.set_state(rng["sampler"])
+        return self.saved_step
 
 
 def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool = False) -> None:

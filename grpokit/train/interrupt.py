@@ -29,6 +29,14 @@ def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
+def stop_message(signum: int, step: int) -> str:
+    """Why a run stopped at ``step`` after signal ``signum``, and what was saved."""
+    name = signal_name(signum)
+    if step:
+        return f"received {name}; saved checkpoint step-{step}, resume with resume_from=latest"
+    return f"received {name} before the first step finished; there was nothing to save"
+
+
 def raise_interrupted(signum: int, frame) -> None:
     """A signal handler that stops at once."""
     raise Interrupted(signum)

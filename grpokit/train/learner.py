@@ -221,3 +221,17 @@ class Learner:
             metrics[KL] = kl
             metrics["kl_penalty"] = cfg.beta * kl
         return metrics
+
+
+def update_inputs(cfg, rollouts, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``(loss_mask [N, T], old_logprobs [N, T] or None, sampling_logprobs [N, T] or None)`` of a step's rollouts for
+    :meth:`Learner.update`. The loss mask is the completion mask, without truncated completions under
+    ``mask_truncated_completions``. Async rollouts come from an older policy: the ratio is taken against their
+    sampling log-probs. vLLM's log-probs differ from the learner's for the same weights: they weight tokens
+    (truncated importance sampling, ``vllm_importance_sampling_correction``), never replace old_logprobs."""
+    loss_mask = rollouts.completion_mask.to(device)  # [N, T]
+    if cfg.mask_truncated_completions:
+        loss_mask = loss_mask * (~rollouts.truncated).to(device)[:, None].float()
+    old_logprobs = rollouts.logprobs.to(device) if cfg.async_rollouts else None
+    tis = cfg.engine == "vllm" and cfg.vllm_importance_sampling_correction
+    return loss_mask, old_logprobs, rollouts.logprobs.to(device) if tis else None

@@ -1,4 +1,4 @@
-"""The run folder: config.yaml guard, resume, store and tracker."""
+"""The run folder: config.yaml guard, what to resume from, and what rank 0 writes there (store, trackers, report)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def resume_point(args, check: bool = True) -> Path | None:
 
 def open_run_dir(args, start: int):
     """Create or reopen ``output_dir`` (clearing it when overwriting), write config.yaml, and open the store
-    and the tracker, dropping the steps after ``start`` (the step resumed from, or 0). The trainer resumes
-    before calling this, so a checkpoint that does not fit the model leaves the run folder as it was."""
+    and the tracker (a :class:`RunLog`), dropping the steps after ``start`` (the step resumed from, or 0). The
+    trainer resumes before calling this, so a checkpoint that does not fit the model leaves the run folder as it was."""
     run_dir = Path(args.output_dir)
     config_file = run_dir / "config.yaml"
     resuming = args.resume_from is not None
@@ -79,7 +79,43 @@ def open_run_dir(args, start: int):
         run_name=args.run_name,
         start_step=start,
     )  # run_name: TRL's key, the W&B run's name
-    return run_dir, store, tracker
+    return RunLog(args, run_dir, store, tracker)
+
+
+class RunLog:
+    """What rank 0 writes to an open run folder while the run goes: each step's rollout records and metrics (the
+    store, one transaction, then the trackers), evaluations, the closing summary; ``close()`` writes report.html."""
+
+    def __init__(self, args, path: Path, store: RolloutStore, tracker: Tracker):
+        self.args, self.path, self.store, self.tracker = args, path, store, tracker
+
+    def step(self, step: int, records: list, metrics: dict) -> None:
+        self.store.write_step(step, records, metrics)
+        self.tracker.log(metrics, step)
+        if self.args.log_completions and step % self.args.logging_steps == 0:
+            self.tracker.log_completions(records, step, self.args.num_completions_to_print)
+
+    def evaluation(self, step: int, metrics: dict) -> None:
+        self.store.write_eval(step, "eval", metrics)
+        self.tracker.log_eval(metrics, step)
+
+    def summary(self, step: int, summary: dict, metrics: dict) -> None:
+        """The closing summary line: ``summary`` (train_summary) and the last step's ``metrics``."""
+        self.tracker.summary(step, summary, metrics)
+
+    def warn(self, text: str) -> None:
+        self.tracker.console.print(f"[yellow]{text}[/yellow]", soft_wrap=True)  # one line, however narrow
+
+    def close(self) -> None:
+        """Close the trackers, write report.html, close the store."""
+        self.tracker.close()
+        from grpokit.store.report import write_report
+
+        try:
+            write_report(self.path)
+        except Exception as exc:  # a report must never cost the run its results
+            self.tracker.console.print(f"[yellow]could not write report.html: {exc}[/yellow]")
+        self.store.close()
 
 
 def _check_folder_path(path: Path) -> None:

@@ -1,17 +1,74 @@
-"""Building the trainer's parts from user input: the policy (path, hub id, loaded model; LoRA), the rewards, the
-optimizer and its schedule, and the checks of the data against them."""
+"""Building the trainer's parts from user input: the arguments and data, the policy (path, hub id, loaded model;
+LoRA), the rewards, the learner (reference, optimizer and its schedule), and the checks of the data against them."""
 
 from __future__ import annotations
 
 import functools
+import math
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.modeling import is_hf_model, load_model, load_tokenizer, lora_config
+from grpokit.processes import is_sharded
+from grpokit.train.learner import Learner
+from grpokit.train.reference import Reference
+from grpokit.train.run_dir import check_run_dir
+
+
+def trainer_arguments(args: GRPOConfig | None, peft_config: Any, processing_class: Any, tokenizer: Any):
+    """(config, tokenizer or None) from GRPOTrainer's TRL-style arguments: ``processing_class`` and ``tokenizer``
+    are one argument; ``peft_config`` (a peft LoraConfig) becomes the config's ``lora`` section."""
+    if tokenizer is not None and processing_class is not None and tokenizer is not processing_class:
+        raise ConfigError("processing_class and tokenizer are the same argument; pass one of them.")
+    args = args or GRPOConfig()
+    if peft_config is not None:
+        args = args.replace(lora=lora_settings(peft_config))
+    return args, processing_class if processing_class is not None else tokenizer
+
+
+class Inputs(NamedTuple):
+    """What the trainer has checked before it loads a model."""
+
+    args: GRPOConfig  # max_steps resolved
+    train_rows: list[dict]
+    eval_rows: list[dict] | None
+    rewards: Any  # the RewardRunner
+    steps_per_epoch: int
+
+
+def check_inputs(
+    args: GRPOConfig, procs, train_dataset: Any, eval_dataset: Any, reward_funcs: Any, reward_processing_classes: Any
+) -> Inputs:
+    """Everything checked before a model loads, in this order: the config for this many processes (and vLLM's
+    environment), the datasets (the arguments, else the config's), the run folder (on rank 0, which owns it), the
+    reward functions (Ray reward workers on rank 0 only: it scores every rank's rows on them), the data against the
+    rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset (TRL)."""
+    from grpokit.data.prompts import load_rows
+
+    args.validate(procs.world_size)
+    if args.engine == "vllm":
+        from grpokit.rollout.vllm_engine import check_vllm_environment
+
+        check_vllm_environment(procs.enabled)
+    train_rows = load_rows(train_dataset if train_dataset is not None else args.train_dataset, args.prompt_column)
+    eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
+    eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset") if eval_source is not None else None
+    if procs.is_main:
+        check_run_dir(args)
+    rewards = build_reward_runner(
+        reward_funcs if reward_funcs is not None else args.rewards,
+        args,
+        ray_workers=procs.is_main,
+        processing_classes=reward_processing_classes,
+    )
+    steps_per_epoch = check_data(args, train_rows, eval_rows, rewards, procs.world_size)
+    if args.max_steps == -1:
+        args = args.replace(max_steps=max(1, math.ceil(args.num_train_epochs * steps_per_epoch)))
+    return Inputs(args, train_rows, eval_rows, rewards, steps_per_epoch)
 
 
 def run_processes():
@@ -128,6 +185,19 @@ def build_optimizer(model: torch.nn.Module, args: GRPOConfig, optimizers: tuple,
     total = args.max_steps * args.optimizer_steps_per_step()
     warmup = args.warmup_steps or int(args.warmup_ratio * total)
     return optimizer, scheduler or make_scheduler(optimizer, args.lr_scheduler_type, warmup, total)
+
+
+def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels):
+    """(reference or None, optimizer, lr scheduler, Learner) of the policy ``model``, wrapped for DDP / FSDP by
+    ``procs``. FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
+    reference copy is sharded the same way (its pass and its resync stay shard by shard)."""
+    reference = Reference(model, use_adapters=use_lora) if args.beta > 0 else None
+    trained = procs.wrap(model, device, args.strategy)
+    if is_sharded(trained) and reference is not None and reference.model is not None:
+        procs.wrap(reference.model, device, args.strategy)
+    optimizer, scheduler = build_optimizer(model, args, optimizers, is_sharded(trained), device)
+    learner = Learner(trained, reference, optimizer, scheduler, args, autocast_dtype=autocast_dtype, kernels=kernels)
+    return reference, optimizer, scheduler, learner
 
 
 def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any = None):

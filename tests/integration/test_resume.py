@@ -175,9 +175,9 @@ def test_a_broken_checkpoint_gives_a_clear_error(finished_run, tiny_model_dir, t
 
 
 def test_resume_from_a_folder_that_is_not_a_checkpoint_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    from grpokit.train import trainer as trainer_module
+    from grpokit.train import setup
 
-    monkeypatch.setattr(trainer_module, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(setup, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "data.jsonl").write_text('{"prompt": "w1 w2", "target": "w1"}\n')
     (tmp_path / "c.yaml").write_text(
         f"data: {{train_dataset: {tmp_path / 'data.jsonl'}}}\nrewards: ['{TARGET_REWARD}']\n"

@@ -1,0 +1,69 @@
+"""train/metrics.py: a step's metrics and train()'s closing entry, against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpokit.rewards.runner import RewardResult
+from grpokit.train.metrics import PhaseClock, step_metrics, train_summary
+
+
+def test_step_metrics_by_hand():
+    # Two groups of G = 2: rewards [1, 1 | 0, 1] -> the first group has zero variance: frac_reward_zero_std = 2/4.
+    combined = torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    rewards = RewardResult(["acc"], combined[:, None], combined, [None] * 4, {"acc": 0})
+    advantages = torch.tensor([0.0, 0.0, -1.0, 1.0])  # mean 0; sample std sqrt((0 + 0 + 1 + 1) / 3) = 0.8165
+    lengths = torch.tensor([2.0, 4.0, 6.0, 8.0])  # mean 5, min 2, max 8, sum 20
+    truncated = torch.tensor([0.0, 0.0, 0.0, 1.0])  # 1 of 4
+    times = {"time/generate": 1.0, "time/reward": 0.5, "time/logprobs": 0.25, "time/update": 0.25, "step_time": 2.0}
+    source = SimpleNamespace(num_truncated=3, num_dropped=1)
+    metrics = step_metrics(
+        rewards, {"loss": 0.5}, advantages, 2, lengths, truncated, 10.0, source, 1, times, {"restarts": 0.0}
+    )
+    assert metrics["reward"] == pytest.approx(0.75)  # the RewardResult's own metrics come first
+    assert metrics["loss"] == 0.5
+    assert metrics["advantage/mean"] == 0.0
+    assert metrics["advantage/std"] == pytest.approx((2 / 3) ** 0.5)
+    assert metrics["frac_reward_zero_std"] == 0.5
+    assert (metrics["completion_length/mean"], metrics["completion_length/min"], metrics["completion_length/max"]) == (
+        5.0,
+        2.0,
+        8.0,
+    )
+    assert metrics["truncated_fraction"] == 0.25
+    assert (metrics["prompts_truncated"], metrics["prompts_dropped"], metrics["policy_staleness"]) == (3.0, 1.0, 1.0)
+    assert metrics["tokens_per_second"] == 15.0  # (20 completion + 10 prompt tokens) / 2 s
+    assert metrics["time/reward"] == 0.5 and metrics["step_time"] == 2.0 and metrics["restarts"] == 0.0
+    keys = list(metrics)  # the order metrics.jsonl shows them in
+    assert keys.index("loss") < keys.index("advantage/mean") < keys.index("time/generate") < keys.index("restarts")
+
+
+def test_phase_clock_laps_add_up_to_the_step_time():
+    clock = PhaseClock()
+    time.sleep(0.01)
+    clock.lap("generate")
+    clock.lap("reward")
+    times = clock.metrics()
+    assert list(times) == ["time/generate", "time/reward", "step_time"]
+    assert times["time/generate"] >= 0.01
+    assert times["step_time"] == pytest.approx(times["time/generate"] + times["time/reward"])
+
+
+def test_train_summary_by_hand():
+    # 2 steps of 8 completions in 4 s: 16 / 4 = 4 samples/s, 0.5 steps/s, mean loss (1 + 2) / 2.
+    assert train_summary([1.0, 2.0], 8, 4.0) == {
+        "train_runtime": 4.0,
+        "train_samples_per_second": 4.0,
+        "train_steps_per_second": 0.5,
+        "train_loss": 1.5,
+    }
+    assert train_summary([], 8, 0.0) == {
+        "train_runtime": 0.0,
+        "train_samples_per_second": 0.0,
+        "train_steps_per_second": 0.0,
+        "train_loss": 0.0,
+    }
