@@ -12,7 +12,8 @@ Nothing is downloaded.
     python bench/vs_trl.py --shapes qwen0.5b   # Qwen2.5-0.5B's shape: 1 round x (1 warm-up + 2 timed steps)
 
 Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), TRL bf16 without
-checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32.
+checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32; and, only when
+named in ``--configs``, grpokit with gradient checkpointing (its memory option).
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
@@ -94,6 +95,8 @@ CONFIGS = {  # name -> worker settings
     "trl_fp32": {"impl": "trl", "bf16": False, "checkpointing": False},
     "grpokit": {"impl": "grpokit", "dtype": "auto"},
     "grpokit_fp32": {"impl": "grpokit", "dtype": "float32"},
+    # not run by default: grpokit's memory option (with TRL's layout, no shared prompt), for --configs
+    "grpokit_checkpointing": {"impl": "grpokit", "dtype": "auto", "checkpointing": True},
 }
 TRL_CONFIGS = [name for name, c in CONFIGS.items() if c["impl"] == "trl"]
 
@@ -283,6 +286,7 @@ def run_grpokit(
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
         dtype=settings["dtype"],
+        gradient_checkpointing=settings.get("checkpointing", False),
         per_device_train_batch_size=micro_batch,
         gradient_accumulation_steps=prompts * G // micro_batch,
         num_generations=G,
@@ -470,10 +474,11 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
 
 
 def default_configs(shape: str) -> list[str]:
-    """Every configuration on the small model; at a real model's size TRL out of the box, TRL's fastest
-    configuration for this CPU (bf16 with native bf16 matmul, else float32; no checkpointing) and grpokit."""
+    """Every configuration but grpokit_checkpointing on the small model; at a real model's size TRL out of the box,
+    TRL's fastest configuration for this CPU (bf16 with native bf16 matmul, else float32; no checkpointing) and
+    grpokit."""
     if SHAPES[shape][2] == "bench":
-        return list(CONFIGS)
+        return [c for c in CONFIGS if c != "grpokit_checkpointing"]
     from grpokit.cpu_caps import cpu_caps
 
     return ["trl_default", "trl_bf16" if cpu_caps().native_bf16 else "trl_fp32", "grpokit"]
@@ -516,7 +521,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--configs",
-        help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all; for qwen0.5b see the module docstring)",
+        help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all but grpokit_checkpointing; for "
+        "qwen0.5b see the module docstring)",
     )
     parser.add_argument(
         "--shapes", help=f"comma-separated subset of {', '.join(SHAPES)} (default main,long; main with --quick)"
