@@ -9,10 +9,18 @@ Nothing is downloaded.
     pip install trl psutil            # the bench extra: pip install 'grpokit[bench]'
     python bench/vs_trl.py            # 2 rounds x (1 warm-up + 3 timed steps) per config, both shapes
     python bench/vs_trl.py --quick    # 1 round x (1 warm-up + 2 timed steps), main shape only
+    python bench/vs_trl.py --shapes qwen0.5b   # Qwen2.5-0.5B's shape: 1 round x (1 warm-up + 2 timed steps)
 
 Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), TRL bf16 without
-checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32.
-Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens).
+checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32; and, only when
+named in ``--configs``, grpokit with gradient checkpointing (its memory option).
+Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
+model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
+vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
+64 completion tokens. By default it runs TRL out of the box, TRL's fastest configuration for this CPU (bf16
+without checkpointing where the CPU has native bf16 matmul, per ``grpokit.cpu_caps``, else float32) and
+grpokit out of the box: TRL peaks at ~20 GB there, so leave the machine to it. ``--layers N`` shrinks a
+shape's model to N layers (a quick check that every configuration runs; not a benchmark figure).
 
 Each run is its own process (so its peak resident memory is its own) with the same thread count
 and environment. Runs are interleaved in rounds (every config once per round) and the medians pool
@@ -47,12 +55,38 @@ import tempfile
 import time
 from pathlib import Path
 
-VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, MLP = 32_000, 512, 8, 8, 2, 1408
 NUM_PROMPTS, PROMPT_TOKENS, G = 512, 32, 8
 
-SHAPES = {  # name -> (prompts per step, max_completion_length)
-    "main": (4, 64),
-    "long": (2, 256),
+MODELS = {  # name -> Qwen2Config fields
+    "bench": dict(
+        vocab_size=32_000,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=1408,
+        max_position_embeddings=1024,
+    ),
+    "qwen0.5b": dict(  # Qwen/Qwen2.5-0.5B's config.json
+        vocab_size=151_936,
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        max_position_embeddings=32_768,
+        max_window_layers=24,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        sliding_window=32_768,
+        use_sliding_window=False,
+    ),
+}
+
+SHAPES = {  # name -> (prompts per step, max_completion_length, model, completions per micro-batch)
+    "main": (4, 64, "bench", G),
+    "long": (2, 256, "bench", G),
+    "qwen0.5b": (4, 64, "qwen0.5b", 4 * G),
 }
 
 CONFIGS = {  # name -> worker settings
@@ -61,6 +95,8 @@ CONFIGS = {  # name -> worker settings
     "trl_fp32": {"impl": "trl", "bf16": False, "checkpointing": False},
     "grpokit": {"impl": "grpokit", "dtype": "auto"},
     "grpokit_fp32": {"impl": "grpokit", "dtype": "float32"},
+    # not run by default: grpokit's memory option (with TRL's layout, no shared prompt), for --configs
+    "grpokit_checkpointing": {"impl": "grpokit", "dtype": "auto", "checkpointing": True},
 }
 TRL_CONFIGS = [name for name, c in CONFIGS.items() if c["impl"] == "trl"]
 
@@ -68,23 +104,20 @@ PHASES = ("generate", "reward", "ref_logprobs", "policy_logprobs", "backward", "
 
 
 # ---- shared inputs ----------------------------------------------------------------------------
-def build_inputs(workdir: Path) -> None:
-    """The model folder (model + tokenizer) and prompts.jsonl, built once and shared by all workers."""
+def build_inputs(workdir: Path, model: str = "bench", layers: int | None = None) -> None:
+    """The model folder (model + tokenizer) and prompts.jsonl of ``model`` (a key of MODELS, ``layers`` overriding its
+    layer count), built once in ``workdir`` and shared by all workers."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from grpokit.testing import build_word_tokenizer
 
     if (workdir / "prompts.jsonl").exists():
         return
-    tokenizer = build_word_tokenizer([f"w{i}" for i in range(VOCAB - 4)])  # 4 special tokens + words = VOCAB
+    fields = dict(MODELS[model], **({"num_hidden_layers": layers} if layers else {}))
+    vocab = fields["vocab_size"]
+    tokenizer = build_word_tokenizer([f"w{i}" for i in range(vocab - 4)])  # 4 special tokens + words = vocab
     config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        intermediate_size=MLP,
-        max_position_embeddings=1024,
+        **fields,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -93,13 +126,13 @@ def build_inputs(workdir: Path) -> None:
     import torch
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(workdir / "model")
+    workdir.mkdir(parents=True, exist_ok=True)
+    AutoModelForCausalLM.from_config(config).save_pretrained(workdir / "model")
     tokenizer.save_pretrained(workdir / "model")
     rng = random.Random(0)
     with open(workdir / "prompts.jsonl", "w") as f:
         for _ in range(NUM_PROMPTS):
-            words = " ".join(f"w{rng.randrange(VOCAB - 4)}" for _ in range(PROMPT_TOKENS))
+            words = " ".join(f"w{rng.randrange(vocab - 4)}" for _ in range(PROMPT_TOKENS))
             f.write(json.dumps({"prompt": words}) + "\n")
 
 
@@ -173,7 +206,7 @@ class PhaseClock:
 
 
 def run_trl(
-    workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path
+    workdir: Path, settings: dict, prompts: int, completion_length: int, micro_batch: int, steps: int, out_dir: Path
 ) -> list[dict]:
     import torch
     from datasets import Dataset
@@ -191,8 +224,8 @@ def run_trl(
         use_cpu=True,
         bf16=settings["bf16"],
         **checkpointing,
-        per_device_train_batch_size=G,
-        gradient_accumulation_steps=prompts,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=prompts * G // micro_batch,
         num_generations=G,
         max_completion_length=completion_length,
         beta=0.04,
@@ -244,7 +277,7 @@ def run_trl(
 
 
 def run_grpokit(
-    workdir: Path, settings: dict, prompts: int, completion_length: int, steps: int, out_dir: Path
+    workdir: Path, settings: dict, prompts: int, completion_length: int, micro_batch: int, steps: int, out_dir: Path
 ) -> list[dict]:
     from grpokit import GRPOConfig, GRPOTrainer
     from grpokit.kernels import keep_freed_memory
@@ -253,8 +286,9 @@ def run_grpokit(
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
         dtype=settings["dtype"],
-        per_device_train_batch_size=G,
-        gradient_accumulation_steps=prompts,
+        gradient_checkpointing=settings.get("checkpointing", False),
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=prompts * G // micro_batch,
         num_generations=G,
         max_completion_length=completion_length,
         beta=0.04,
@@ -317,11 +351,11 @@ def worker(argv: list[str]) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    prompts, completion_length = SHAPES[a.shape]
+    prompts, completion_length, _, micro_batch = SHAPES[a.shape]
     settings = CONFIGS[a.config]
     run = run_trl if settings["impl"] == "trl" else run_grpokit
     with tempfile.TemporaryDirectory(dir=a.workdir) as out:
-        records = run(a.workdir, settings, prompts, completion_length, a.steps, Path(out) / "run")
+        records = run(a.workdir, settings, prompts, completion_length, micro_batch, a.steps, Path(out) / "run")
     for r in records:
         r["phases"]["optimizer_other"] = r["step_time"] - sum(r["phases"].values())
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -342,13 +376,13 @@ def worker_env(args) -> dict:
     return env
 
 
-def run_worker(args, worker_args: list[str], label: str) -> dict:
+def run_worker(args, worker_args: list[str], label: str, workdir: Path | None = None) -> dict:
     cmd = [
         sys.executable,
         __file__,
         "--worker",
         "--workdir",
-        str(args.workdir),
+        str(workdir or args.workdir),
         "--threads",
         str(args.threads),
         *worker_args,
@@ -382,12 +416,14 @@ def forward_flops(sizes: dict, prompts: int, completion_tokens: float) -> float:
 
 
 def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
-    prompts, T = SHAPES[shape]
+    prompts, T, model, micro_batch = SHAPES[shape]
     n = prompts * G
     steps = min(r["steps"] for r in results.values())
+    run_steps, rounds = plan(shape, args)
     print(
-        f"\n== {shape}: {prompts} prompts x G={G} = {n} completions, max_completion_length {T}, {args.threads} "
-        f"threads, median of {steps} steps ({args.rounds} rounds x {args.steps - 1} after a warm-up step) =="
+        f"\n== {shape}: model {model} ({sizes['total'] / 1e6:.1f}M parameters), {prompts} prompts x G={G} = {n} "
+        f"completions in micro-batches of {micro_batch}, max_completion_length {T}, {args.threads} threads, median "
+        f"of {steps} steps ({rounds} rounds x {run_steps - 1} after a warm-up step) =="
     )
     head = (
         f"{'config':<14}{'step s':>8}"
@@ -437,14 +473,45 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
     return out
 
 
+def default_configs(shape: str) -> list[str]:
+    """Every configuration but grpokit_checkpointing on the small model; at a real model's size TRL out of the box,
+    TRL's fastest configuration for this CPU (bf16 with native bf16 matmul, else float32; no checkpointing) and
+    grpokit."""
+    if SHAPES[shape][2] == "bench":
+        return [c for c in CONFIGS if c != "grpokit_checkpointing"]
+    from grpokit.cpu_caps import cpu_caps
+
+    return ["trl_default", "trl_bf16" if cpu_caps().native_bf16 else "trl_fp32", "grpokit"]
+
+
+def plan(shape: str, args) -> tuple[int, int]:
+    """(steps per run including the warm-up, rounds) of ``shape``: the options, else 4 steps x 2 rounds (3 x 1 with
+    --quick, and for a real model's size, whose TRL steps take minutes each)."""
+    small = SHAPES[shape][2] == "bench" and not args.quick
+    return args.steps or (4 if small else 3), args.rounds or (2 if small else 1)
+
+
+def model_dir(args, shape: str) -> Path:
+    """The folder of ``shape``'s model and prompts (the small model's at the top of the work folder, as
+    bench/memory_estimate.py builds it)."""
+    model = SHAPES[shape][2]
+    if model == "bench" and not args.layers:
+        return args.workdir
+    return args.workdir / (model + (f"-{args.layers}-layers" if args.layers else ""))
+
+
 def main() -> None:
     if "--worker" in sys.argv:
         return worker([a for a in sys.argv[1:] if a != "--worker"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round of 3 steps, main shape only")
-    parser.add_argument("--steps", type=int, help="steps per run including 1 warm-up (default 4; 3 with --quick)")
     parser.add_argument(
-        "--rounds", type=int, help="runs of every config, interleaved, pooled (default 2; 1 with --quick)"
+        "--steps", type=int, help="steps per run including 1 warm-up (default 4; 3 with --quick and for qwen0.5b)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="runs of every config, interleaved, pooled (default 2; 1 with --quick and for qwen0.5b)",
     )
     parser.add_argument(
         "--omp-wait-policy",
@@ -452,43 +519,66 @@ def main() -> None:
         choices=["passive", "active", "default"],
         help="OMP_WAIT_POLICY of every worker (see the module docstring)",
     )
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
-    parser.add_argument("--shapes", help="comma-separated subset of main, long (default both; main with --quick)")
+    parser.add_argument(
+        "--configs",
+        help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all but grpokit_checkpointing; for "
+        "qwen0.5b see the module docstring)",
+    )
+    parser.add_argument(
+        "--shapes", help=f"comma-separated subset of {', '.join(SHAPES)} (default main,long; main with --quick)"
+    )
+    parser.add_argument("--layers", type=int, help="shrink every shape's model to this many layers (a smoke test)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--workdir", type=Path, help="where the model and prompts are built (default: a temp folder)")
+    parser.add_argument("--workdir", type=Path, help="where the models and prompts are built (default: a temp folder)")
     args = parser.parse_args()
-    args.steps = args.steps or (3 if args.quick else 4)
-    args.rounds = args.rounds or (1 if args.quick else 2)
     shapes = (args.shapes or ("main" if args.quick else "main,long")).split(",")
-    configs = args.configs.split(",")
+    unknown = [s for s in shapes if s not in SHAPES] + [
+        c for c in (args.configs or "").split(",") if c and c not in CONFIGS
+    ]
+    if unknown:
+        parser.error(
+            f"unknown shape or config {', '.join(unknown)}; shapes: {', '.join(SHAPES)}; configs: {', '.join(CONFIGS)}"
+        )
+    configs = {s: args.configs.split(",") if args.configs else default_configs(s) for s in shapes}
+    from grpokit.cpu_caps import cpu_caps, describe
+
+    caps = cpu_caps()
     with tempfile.TemporaryDirectory() as tmp:
         args.workdir = args.workdir or Path(tmp)
         args.workdir.mkdir(parents=True, exist_ok=True)
-        build_inputs(args.workdir)
-        sizes = model_sizes(args.workdir)
+        sizes = {}
+        for shape in shapes:
+            build_inputs(model_dir(args, shape), SHAPES[shape][2], args.layers)
+            sizes[shape] = model_sizes(model_dir(args, shape))
         print(
-            f"model: {sizes['total'] / 1e6:.1f}M parameters ({sizes['head'] / 1e6:.1f}M tied embedding / LM head), "
+            f"CPU: {caps.model or caps.machine}, {describe(caps)}; native bf16 matmul: "
+            f"{'yes' if caps.native_bf16 else 'no'}; torch kernels {caps.torch_capability}\n"
             f"threads {args.threads}, grpokit {_commit()}, torch {_version('torch')}, transformers "
             f"{_version('transformers')}, trl {_version('trl')}"
+            + (f"; models shrunk to {args.layers} layers" if args.layers else "")
         )
         peaks = [run_worker(args, ["--peak"], "matmul peak")]
-        raw: dict = {shape: {c: [] for c in configs} for shape in shapes}
-        for round_ in range(1, args.rounds + 1):
+        raw: dict = {shape: {c: [] for c in configs[shape]} for shape in shapes}
+        for round_ in range(1, max(plan(s, args)[1] for s in shapes) + 1):
             for shape in shapes:
-                for config in configs:
+                steps, rounds = plan(shape, args)
+                if round_ > rounds:
+                    continue
+                for config in configs[shape]:
                     print(
-                        f"  round {round_}/{args.rounds}: {config} ({shape}), load average {os.getloadavg()[0]:.1f}",
+                        f"  round {round_}/{rounds}: {config} ({shape}), load average {os.getloadavg()[0]:.1f}",
                         flush=True,
                     )
                     raw[shape][config].append(
                         run_worker(
                             args,
-                            ["--config", config, "--shape", shape, "--steps", str(args.steps)],
+                            ["--config", config, "--shape", shape, "--steps", str(steps)],
                             f"{config} ({shape})",
+                            model_dir(args, shape),
                         )
                     )
         peaks.append(run_worker(args, ["--peak"], "matmul peak"))
-        runs = {shape: {c: summarise(raw[shape][c]) for c in configs} for shape in shapes}
+        runs = {shape: {c: summarise(raw[shape][c]) for c in configs[shape]} for shape in shapes}
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
     print(
         f"matmul peak (best of before and after): float32 {peak['float32']:.0f} GFLOP/s, bfloat16 "
@@ -496,8 +586,8 @@ def main() -> None:
     )
     summary = {}
     for shape, results in runs.items():
-        values = report(shape, results, sizes, peak, args)
-        summary.update(values if shape == "main" else {f"long_{k}": v for k, v in values.items()})
+        values = report(shape, results, sizes[shape], peak, args)
+        summary.update(values if shape == "main" else {f"{shape}_{k}": v for k, v in values.items()})
     print()
     for key, value in summary.items():
         print(f"{key}={value:.3f}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from grpokit.config import GRPOConfig
-from grpokit.memory import build_meta_model, estimate_memory
+from grpokit.hardware import pick_device
+from grpokit.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
 
 
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
@@ -26,7 +27,8 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
     m, reason = None, "no model_name_or_path"
     try:  # explain works even when the model cannot be inspected here (offline, not a HF model, peft missing)
         if cfg.model_name_or_path:
-            m = estimate_memory(cfg, build_meta_model(cfg.model_name_or_path, cfg.trust_remote_code))
+            model = build_meta_model(cfg.model_name_or_path, cfg.trust_remote_code)
+            m = estimate_memory(cfg, model)
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     if m is None:
@@ -53,6 +55,17 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
         "  plus the process itself (runtime, allocator, buffers in flight): 0.5-0.8 GiB more at the peak"
         " in bench/memory_estimate.py's CPU runs"
     )
+    device = pick_device(cfg.device)
+    free = available_bytes(device)
+    if free is not None:
+        need = process_bytes(m, device)
+        lines.append(
+            f"fits here:                 {'yes' if need <= free else 'NO'} (about {_size(need)} with the process, "
+            f"{_size(free)} free on {device.type}; per process)"
+        )
+    warning = fit_warning(cfg, model, m, device, world_size)
+    if warning:
+        lines.append(f"warning: {warning}")
     return "\n".join(lines)
 
 

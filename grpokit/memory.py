@@ -187,17 +187,86 @@ def available_bytes(device: torch.device) -> int | None:
 
 def memory_warning(cfg: GRPOConfig, name_or_path: str, device: torch.device, processes: int = 1) -> str | None:
     """A message when ``processes`` processes on this host training ``name_or_path`` would need more memory than
-    ``device`` has free, else None (also when the model's config cannot be read: not a HF model, a hub id offline)."""
+    ``device`` has free (:func:`fit_warning`), else None (also when the model's config cannot be read: not a HF
+    model, a hub id offline)."""
     try:
-        estimate = estimate_memory(cfg, build_meta_model(name_or_path, cfg.trust_remote_code), device)
+        model = build_meta_model(name_or_path, cfg.trust_remote_code)
+        estimate = estimate_memory(cfg, model, device)
     except Exception:
         return None
-    per_process = estimate.peak + (PROCESS_OVERHEAD if device.type == "cpu" else 0)
-    needed, free = per_process * (processes if device.type == "cpu" else 1), available_bytes(device)
+    return fit_warning(cfg, model, estimate, device, processes)
+
+
+def fit_warning(
+    cfg: GRPOConfig, model: torch.nn.Module, estimate: MemoryEstimate, device: torch.device, processes: int = 1
+) -> str | None:
+    """A message when ``processes`` processes needing ``estimate`` each (``model`` on the meta device) would need
+    more memory than ``device`` has free, naming the settings that would fit (:func:`fitting_settings`); else
+    None (also when the free memory is unknown)."""
+    free = available_bytes(device)
+    needed = process_bytes(estimate, device) * (processes if device.type == "cpu" else 1)
     if free is None or needed <= free:
         return None
+    fits, others = fitting_settings(cfg, model, device, free // (processes if device.type == "cpu" else 1))
+    advice = (
+        "These settings would fit (estimate per process): " + "; ".join(fits) + "."
+        if fits
+        else "None of these settings alone would fit (estimate per process): "
+        + "; ".join(others)
+        + ". Use a smaller model or a machine with more memory."
+    )
     return (
         f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) "
-        f"but {free / 2**30:.1f} GiB is free: it may run out of memory. To need less: a smaller "
-        "per_device_train_batch_size, LoRA (lora.r: 16), gradient_checkpointing: true, or a smaller model."
+        f"but {free / 2**30:.1f} GiB is free: it may run out of memory. {advice}"
     )
+
+
+def process_bytes(estimate: MemoryEstimate, device: torch.device) -> int:
+    """One training process's need: the tensors' peak, plus the process itself on CPU (:data:`PROCESS_OVERHEAD`)."""
+    return estimate.peak + (PROCESS_OVERHEAD if device.type == "cpu" else 0)
+
+
+def fitting_settings(
+    cfg: GRPOConfig, model: torch.nn.Module, device: torch.device, free: int
+) -> tuple[list[str], list[str]]:
+    """(the settings that fit in ``free`` bytes, the ones that do not), each as ``"setting (N GiB)"``: the
+    largest smaller micro-batch (the same completions per step: gradient accumulation grows to match),
+    gradient checkpointing, LoRA (r 16 unless set), and QLoRA (LoRA on a 4-bit base). A setting that cannot
+    be estimated here (peft missing for LoRA) is left out."""
+    r = cfg.lora.r or 16
+    candidates = []
+    mb, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+    for smaller in range(mb - 1, 0, -1):
+        if mb % smaller == 0:
+            candidates.append(
+                (
+                    f"per_device_train_batch_size: {smaller} with gradient_accumulation_steps: "
+                    f"{accumulation * mb // smaller}",
+                    {
+                        "per_device_train_batch_size": smaller,
+                        "gradient_accumulation_steps": accumulation * mb // smaller,
+                    },
+                )
+            )
+    if not cfg.gradient_checkpointing:
+        candidates.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
+    if cfg.lora.r == 0:
+        candidates.append((f"LoRA (lora.r: {r})", {"lora": {"r": r}}))
+    if not cfg.load_in_4bit:
+        candidates.append((f"QLoRA (load_in_4bit: true, lora.r: {r})", {"load_in_4bit": True, "lora": {"r": r}}))
+    fits, others, micro_batch_fits = [], [], False
+    for text, overrides in candidates:
+        is_micro_batch = "per_device_train_batch_size" in overrides
+        if is_micro_batch and micro_batch_fits:
+            continue  # only the largest micro-batch that fits
+        try:
+            need = process_bytes(estimate_memory(cfg.replace(**overrides), model, device), device)
+        except Exception:
+            continue
+        entry = f"{text} ({need / 2**30:.1f} GiB)"
+        if need <= free:
+            fits.append(entry)
+            micro_batch_fits = micro_batch_fits or is_micro_batch
+        elif not is_micro_batch or overrides["per_device_train_batch_size"] == 1:
+            others.append(entry)  # of the micro-batches, only the smallest is named when none fits
+    return fits, others

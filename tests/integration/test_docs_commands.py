@@ -39,6 +39,11 @@ NOT_RUNNABLE = {
     "make bench": "the benchmark: installs packages and runs ~30 min",
     "python bench/vs_trl.py": "the benchmark: ~30 min",
     "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",
+    "python bench/vs_trl.py --shapes qwen0.5b": "the benchmark at Qwen2.5-0.5B's shape: ~1 h, ~20 GB",
+    "python bench/vs_trl.py --shapes qwen0.5b --layers 2 --steps 2": "a 152k-vocabulary model through TRL: ~15 min",
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit --steps 2": "a 494M-parameter model: ~5 min, ~13 GB",
+    "python bench/profile_step.py --layers 4": "a 152k-vocabulary model under the profiler: ~3 min, ~5 GB",
+    "python bench/head_slices.py": "a 152k-vocabulary head, 16 passes: ~2 min",
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (

@@ -198,8 +198,49 @@ def test_memory_warning_names_the_need_and_the_fixes(config_dir, monkeypatch):
     warning = memory.memory_warning(cfg, str(config_dir), CPU, processes=2)
     # two CPU processes: 2 x (346560 B of tensors + 0.5 GiB of process) = 1.0 GiB
     assert "needs about 1.0 GiB of cpu memory" in warning and "0.0 GiB is free" in warning
-    assert "per_device_train_batch_size" in warning and "lora.r" in warning and "gradient_checkpointing" in warning
+    # nothing fits in 1 MiB: every setting is named with its need (of the micro-batches, the smallest)
+    assert "None of these settings alone would fit" in warning
+    assert "per_device_train_batch_size: 1 with gradient_accumulation_steps: 16" in warning
+    assert "lora.r: 16" in warning and "gradient_checkpointing: true" in warning and "load_in_4bit: true" in warning
     assert memory.memory_warning(cfg, str(config_dir / "missing"), CPU) is None  # no config: no estimate, no warning
+
+
+def test_memory_warning_names_the_settings_that_fit(config_dir, monkeypatch):
+    cfg = _cfg(config_dir)
+    # per process: the tensors' peak + PROCESS_OVERHEAD (2**29). Float32 tensors' peaks, by hand:
+    #   as configured: 346560 (test_parts_by_hand_float32)
+    #   per_device_train_batch_size 4 (x 4 accumulation): 4 rows x 6 + 1 group x 10 = 34 tokens x 2 layers x 1200 B
+    #     = 81600, logits 4 * 6 * 100 * 4 = 9600, head chunks 2 x 2400 x 4 = 19200: micro-batch 110400;
+    #     100608 (weights, reference, AdamW) + 25152 + 110400 = 236160
+    #   gradient checkpointing: micro-batch 211200 (test_lora_and_checkpointing_by_hand):
+    #     100608 + 25152 + 211200 = 336960
+    #   LoRA r 16: adapters 2 layers x 16 x (32 + 24 + 24 + 32 + 48 + 48 + 48) = 8192; weights 25152, no reference,
+    #     AdamW 65536, gradients 32768 + micro-batch 220800: 25152 + 65536 + 253568 = 344256
+    free = 2**29 + 340000
+    monkeypatch.setattr(memory, "available_bytes", lambda device: free)
+    warning = memory.memory_warning(cfg, str(config_dir), CPU)
+    assert "These settings would fit" in warning
+    fits = warning.split("These settings would fit")[1]
+    assert "per_device_train_batch_size: 4 with gradient_accumulation_steps: 4" in fits  # the largest that fits
+    assert "per_device_train_batch_size: 2" not in fits
+    assert "gradient_checkpointing: true" in fits
+    assert "lora.r" not in fits.split("QLoRA")[0]  # LoRA alone needs 344256 + 2**29 > free
+    model = build_meta_model(str(config_dir))
+    fitting, others = memory.fitting_settings(cfg, model, CPU, 2**29 + 344256)
+    assert any(f.startswith("LoRA (lora.r: 16)") for f in fitting)  # exactly its need: fits
+    assert not others
+
+
+def test_explain_says_whether_the_run_fits(config_dir, monkeypatch):
+    import grpokit.explain as explain_module
+
+    for module in (memory, explain_module):
+        monkeypatch.setattr(module, "available_bytes", lambda device: 2**40)
+    assert "fits here:                 yes" in explain_module.explain(_cfg(config_dir))
+    for module in (memory, explain_module):
+        monkeypatch.setattr(module, "available_bytes", lambda device: 2**20)
+    text = explain_module.explain(_cfg(config_dir))
+    assert "fits here:                 NO" in text and "warning: this run needs about 0.5 GiB" in text
 
 
 def test_trainer_warns_before_loading_a_model_that_will_not_fit(tiny_model_dir, word_prompts, tmp_path, monkeypatch):

@@ -184,6 +184,22 @@ def test_fused_head_equals_log_softmax(chunk_elements, saved_logits_bytes, monke
         torch.testing.assert_close(leaf.grad.double(), grad, atol=1e-5, rtol=1e-5)
 
 
+def test_fused_head_online_logsumexp_when_the_max_moves_across_slices():
+    # weight rows j = 0..39 give row i the logit z_j = 3 j (1 + i) on hidden [1 + i, 0]: each slice of 4 vocabulary
+    # entries holds a larger max than the one before (the running sums are rescaled 9 times), up to 117 (1 + i),
+    # where float32 exp would overflow without the shift. Expected: log_softmax and entropy in float64.
+    hidden = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]])
+    weight = torch.stack([3.0 * torch.arange(40.0), torch.zeros(40)], dim=1)  # [40, 2]
+    tokens = torch.tensor([39, 38, 0])
+    z = (hidden.double() @ weight.double().t()) / 2.0
+    logp = torch.log_softmax(z, -1)
+    logprobs, entropy = fused_head_logprobs(
+        hidden, weight, None, tokens, temperature=2.0, with_entropy=True, chunk_elements=12, saved_logits_bytes=0
+    )  # 12 logits per slice / 3 rows = slices of 4 vocabulary entries
+    torch.testing.assert_close(logprobs.double(), logp.gather(-1, tokens[:, None]).squeeze(-1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy.double(), -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=0)
+
+
 def test_plain_head_detection():
     from transformers import CohereConfig, CohereForCausalLM
 
