@@ -36,7 +36,7 @@ import torch
 
 from grpokit.algos.gae import gae_advantages, kl_in_reward, last_token_rewards, masked_whiten, ppo_advantages
 from grpokit.algos.kl_control import KLController
-from grpokit.algos.losses import policy_loss
+from grpokit.algos.losses import LossSpec, policy_loss
 from grpokit.algos.value import explained_variance, value_loss
 
 ORACLE = Path(os.environ.get("GRPOKIT_VERL_ORACLE", Path(sys.prefix) / "verl-oracle"))
@@ -170,13 +170,15 @@ def test_policy_loss_and_gradient_equal_verl(verl, loss_type):
         x["old_logprobs"],
         x["advantages"],
         x["mask"],
-        loss_type=loss_type,
-        epsilon=x["epsilon"],
-        epsilon_high=x["epsilon_high"],
-        beta=x["kl_loss_coef"],
+        LossSpec(
+            loss_type=loss_type,
+            epsilon=x["epsilon"],
+            epsilon_high=x["epsilon_high"],
+            beta=x["kl_loss_coef"],
+            max_completion_length=x["max_completion_length"],
+        ),
         ref_logprobs=x["ref_logprobs"],
         num_items_in_batch=x["num_items_in_batch"],
-        max_completion_length=x["max_completion_length"],
     )
     loss.backward()
     assert 0 < metrics["clip_ratio/low_mean"] and 0 < metrics["clip_ratio/high_mean"]  # both clips active

@@ -260,16 +260,22 @@ def test_ctrl_c_while_waiting_kills_the_busy_workers(tmp_path):
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, as the terminal sends it
 
-    with ToolExecutor([add, sleep_after_mark], timeout=60.0, max_workers=1) as executor:
-        (worker,) = executor._processes
-        pid = worker.pid
-        threading.Thread(target=ctrl_c_once_the_call_runs, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            executor.run([([call("sleep_after_mark", path=str(mark), seconds=60)], None)])
-        assert _dead(pid)
-        # the executor goes on: a new worker replaces the killed one
-        ((after,),) = executor.run([([call("add", a=2, b=2)], None)])
-        assert after.content == "4" and after.worker != pid
+    # Python's own Ctrl-C handler, whatever an earlier test in this process left installed (the whole suite
+    # runs Ray drivers and trainers in this process before this test)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ToolExecutor([add, sleep_after_mark], timeout=60.0, max_workers=1) as executor:
+            (worker,) = executor._processes
+            pid = worker.pid
+            threading.Thread(target=ctrl_c_once_the_call_runs, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                executor.run([([call("sleep_after_mark", path=str(mark), seconds=60)], None)])
+            assert _dead(pid)
+            # the executor goes on: a new worker replaces the killed one
+            ((after,),) = executor.run([([call("add", a=2, b=2)], None)])
+            assert after.content == "4" and after.worker != pid
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_tool_metrics():
