@@ -56,10 +56,10 @@ def test_a_training_step_on_an_avx2_only_cpu(dtype, tmp_path, tiny_model_dir, wo
 
 def test_the_fast_path_tests_pass_on_an_avx2_only_cpu(tmp_path):
     """The unit tests of every CPU fast path (packed linears, fused decoder, sampling with the KV cache under
-    bf16 autocast, fused head, attention, the bf16 learner) on the simulated CPU: they pass, or skip naming
-    the instruction set they need."""
+    bf16 autocast, fused head, attention, the bf16 learner, multi-turn KV continuation) on the simulated CPU:
+    they pass, or skip naming the instruction set they need."""
     unit = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "unit")
-    names = ("kernels", "packed_linear", "fused_decoder", "engine", "attention", "perf_paths")
+    names = ("kernels", "packed_linear", "fused_decoder", "engine", "attention", "perf_paths", "multiturn")
     files = [os.path.join(unit, f"test_{name}.py") for name in names]
     result = run_simulated(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *files], tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
