@@ -48,3 +48,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def sigint_handler_unchanged():
+    """Fails the test that leaves a SIGINT handler other than the one it found: a later test that sends
+    Ctrl-C (or a user's program after ``train()``) would otherwise not get its KeyboardInterrupt."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test left SIGINT handled by {after!r} (found {before!r}); it must restore the handler")
