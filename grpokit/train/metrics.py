@@ -54,7 +54,7 @@ def step_metrics(
         **rewards.metrics(),
         **update,
         "advantage/mean": float(advantages.mean()),
-        "advantage/std": float(advantages.std()),
+        "advantage/std": float(advantages.std()) if advantages.numel() > 1 else float("nan"),  # none: no update
         "frac_reward_zero_std": float(zero_variance_groups(rewards.combined, group_size).float().mean()),
         "completion_length/mean": float(lengths.mean()),
         "completion_length/min": float(lengths.min()),

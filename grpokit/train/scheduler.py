@@ -5,6 +5,8 @@
 - async (``async_rollouts``, Ray): the next step's batch is drawn and submitted to the workers before
   this step trains, so sampling overlaps the update (one step off-policy). The pending batch is part
   of a checkpoint (its prompt indices, and its rollouts collected), so a resume trains on the same data.
+- dynamic sampling (DAPO, sync, one process): ``more(step, r)`` draws and samples round r's further batch
+  within the step (``train/dynamic_sampling.py`` runs the rounds).
 
 Under torchrun every rank draws the same global batch and keeps its share of groups (``procs.shard``);
 with Ray, rank 0 drives the workers and scatters each rank's share. Rollouts must not depend on that

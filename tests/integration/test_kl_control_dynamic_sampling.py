@@ -128,6 +128,7 @@ def test_resume_after_extra_rounds_equals_the_straight_run(straight_run, tiny_mo
         for key in keys:
             assert a[key] == pytest.approx(b[key], abs=1e-9), (a["step"], key)
     assert straight[2][BETA] != straight[0][BETA]  # the restored beta is a moved one
+    assert any(m[SAMPLING_ROUNDS] > 1 for m in straight[2:])  # the resumed part has extra rounds
 
     def rows(path):
         return [
