@@ -160,3 +160,17 @@ def test_the_cap_on_rounds_holds_and_a_step_without_informative_groups_makes_no_
     rollouts = stored(run)
     assert len(rollouts) == 2 * 3 * PROMPTS_PER_STEP * G
     assert all(r["advantage"] is None and r["policy_version"] == 0 for r in rollouts)  # never updated
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_dynamic_sampling_with_ray_rollout_workers(tiny_model_dir, tmp_path):
+    """Sync Ray sampling: each round goes to the workers (seeds per group numbered on across rounds)."""
+    pytest.importorskip("ray", reason="needs the ray extra")
+    run = tmp_path / "run"
+    train(tiny_model_dir, run, max_steps=2, backend="ray", num_rollout_workers=2, rollout_worker_cpus=0.5)
+    logged = metrics(run)
+    assert any(m[SAMPLING_ROUNDS] > 1 for m in logged)
+    for r in stored(run):
+        assert r["advantage"] is None or not ROWS[r["prompt_index"]]["tie"]
+    assert sum(m[SAMPLING_PROMPTS] for m in logged) * G == len(stored(run))
