@@ -90,6 +90,20 @@ def test_beta_follows_the_adaptive_rule_from_the_logged_kl(straight_run):
     assert logged[2][BETA] > logged[1][BETA]
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_every_loss_type_uses_the_adaptive_beta(tiny_model_dir, tmp_path, loss_type):
+    run = tmp_path / "run"
+    train(tiny_model_dir, run, max_steps=3, loss_type=loss_type, dynamic_sampling=False, save_steps=0)
+    logged = metrics(run)
+    n = G * PROMPTS_PER_STEP
+    for before, after in itertools.pairwise(logged):
+        expected = adaptive_kl_coef(before[BETA], before[KL], TARGET_KL, HORIZON, n)
+        assert after[BETA] == pytest.approx(expected, rel=1e-12)
+    assert logged[2][BETA] != logged[0][BETA]
+    # the loss's KL term had the moved beta: kl_penalty = beta x kl of the same step
+    assert logged[2]["kl_penalty"] == pytest.approx(logged[2][BETA] * logged[2][KL], rel=1e-12)
+
+
 def test_dynamic_sampling_trains_only_informative_groups_and_logs_its_rounds(straight_run):
     logged = {m["step"]: m for m in metrics(straight_run)}
     groups = defaultdict(list)  # (step, prompt, k-th group of that prompt in the step) -> its completions
@@ -174,3 +188,17 @@ def test_dynamic_sampling_with_ray_rollout_workers(tiny_model_dir, tmp_path):
     for r in stored(run):
         assert r["advantage"] is None or not ROWS[r["prompt_index"]]["tie"]
     assert sum(m[SAMPLING_PROMPTS] for m in logged) * G == len(stored(run))
+
+
+def test_cli_refuses_an_adaptive_controller_without_target(tmp_path, capsys):
+    from grpokit.cli import main
+
+    (tmp_path / "data.jsonl").write_text('{"prompt": "w1 w2", "tie": true}\n')
+    (tmp_path / "c.yaml").write_text(
+        f"data: {{train_dataset: {tmp_path / 'data.jsonl'}}}\nrewards: [accuracy]\n"
+        f"model: {{model_name_or_path: {tmp_path / 'no-model'}}}\nalgo: {{kl_controller: adaptive}}\n"
+    )
+    assert main(["train", str(tmp_path / "c.yaml"), f"output_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "grpokit: error: kl_controller: adaptive needs target_kl > 0" in err
+    assert not (tmp_path / "run").exists()
