@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Union
 import yaml
 
 from grpokit import trl_compat
-from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SCALE_REWARDS
+from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, LOSS_TYPES, SCALE_REWARDS
 
 if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec
@@ -79,7 +79,8 @@ class AlgoConfig:
     num_generations: int = 8
     """G: completions sampled per prompt."""
     beta: float = 0.04
-    """KL coefficient against the reference model; 0 skips the reference pass."""
+    """KL coefficient against the reference model (the starting value under kl_controller: adaptive); 0 skips the
+    reference pass."""
     use_bias_correction_kl: bool = False
     """Multiply each token's k3 KL term by its importance ratio (DeepSeek-V3.2; TRL 1.16's default)."""
     epsilon: float = 0.2
@@ -106,6 +107,16 @@ class AlgoConfig:
     """Stop (with a checkpoint) when the mean KL exceeds this for max_kl_patience steps."""
     max_kl_patience: int = 1
     """Consecutive steps over max_kl before stopping."""
+    kl_controller: str = "fixed"
+    """fixed (beta stays) | adaptive: beta moves each step towards target_kl (Ziegler et al. 2019; verl's kl_ctrl)."""
+    target_kl: float | None = None
+    """KL the adaptive controller steers towards (e.g. 0.1); needs kl_controller: adaptive."""
+    kl_horizon: float = 10000.0
+    """Adaptive controller: each step beta changes by at most 20% x completions per step / kl_horizon."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards all tie, sample more prompts until the step's batch is full."""
+    max_sampling_rounds: int = 10
+    """Cap on dynamic sampling's rounds per step (the first included); at the cap the step trains on what it found."""
 
 
 @dataclass
@@ -307,6 +318,7 @@ CHOICES = {
     "scale_rewards": SCALE_REWARDS,
     "advantage_estimator": ESTIMATORS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+    "kl_controller": KL_CONTROLLERS,
     "lr_scheduler_type": ("constant", "linear", "cosine"),
     "prompt_overflow": ("truncate", "drop", "error"),
     "backend": ("none", "ray"),
@@ -474,6 +486,7 @@ class GRPOConfig:
         _check(a.ref_model_sync_steps >= 0, f"ref_model_sync_steps={a.ref_model_sync_steps} must be >= 0 (0 = never).")
         _check(a.max_kl is None or a.max_kl > 0, f"max_kl={a.max_kl} must be > 0 or null.")
         _check(a.max_kl_patience >= 1, f"max_kl_patience={a.max_kl_patience} must be >= 1.")
+        self._validate_kl_control_and_dynamic_sampling(world_size)
         _check(g.max_completion_length >= 1, f"max_completion_length={g.max_completion_length} must be >= 1.")
         _check(
             g.temperature > 0,
@@ -621,6 +634,47 @@ class GRPOConfig:
             "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.",
         )
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
+
+    def _validate_kl_control_and_dynamic_sampling(self, world_size: int) -> None:
+        a = self.algo
+        _check(a.kl_horizon > 0, f"kl_horizon={a.kl_horizon} must be > 0 (e.g. 10000).")
+        if a.kl_controller == "adaptive":
+            _check(
+                a.target_kl is not None and a.target_kl > 0,
+                f"kl_controller: adaptive needs target_kl > 0 (the KL to steer towards, e.g. 0.1), got {a.target_kl}.",
+            )
+            _check(
+                a.beta > 0,
+                "kl_controller: adaptive multiplies beta each step, so beta=0 would stay 0; start it above 0 "
+                "(e.g. beta: 0.04).",
+            )
+            n = self.completions_per_step(world_size)
+            _check(
+                a.kl_horizon > 0.2 * n,
+                f"kl_horizon={a.kl_horizon} must be above 0.2 x completions per step ({n}) = {0.2 * n:g}, or one step "
+                "could take beta to 0 or below; raise it (e.g. 10000).",
+            )
+        else:
+            _check(
+                a.target_kl is None,
+                f"target_kl={a.target_kl} is used by the adaptive KL controller only; set kl_controller: adaptive, or "
+                "remove target_kl for a fixed beta.",
+            )
+        _check(a.max_sampling_rounds >= 1, f"max_sampling_rounds={a.max_sampling_rounds} must be >= 1.")
+        if not a.dynamic_sampling:
+            return
+        _check(
+            not self.distributed.async_rollouts,
+            "dynamic_sampling samples more prompts within a step, which async_rollouts (the next step sampled "
+            "ahead) cannot; set async_rollouts: false (Ray rollout workers still sample each round), or turn "
+            "dynamic_sampling off.",
+        )
+        _check(
+            world_size == 1,
+            f"dynamic_sampling runs in one process; under torchrun ({world_size} processes) the informative groups "
+            "would land unevenly on the ranks. Run one process (backend: ray spreads the sampling over workers), or "
+            "turn dynamic_sampling off.",
+        )
 
     def _validate_vllm(self) -> None:
         """Settings engine: vllm cannot run with (the CUDA and package checks are the trainer's, at start)."""

@@ -12,6 +12,7 @@ SCALE_REWARDS = ("group", "batch", "none")  # advantages.group_advantages
 ESTIMATORS = ("grpo", "rloo", "reinforce_pp")  # advantages.compute_advantages
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # losses.importance_log_ratio
 KL_ESTIMATORS = ("k1", "k2", "k3")  # kl.kl_estimate
+KL_CONTROLLERS = ("fixed", "adaptive")  # kl_control.KLController
 
 # --- metrics of losses.policy_loss (python floats) ---------------------------------------------
 CLIP_LOW = "clip_ratio/low_mean"  # ratio < 1 - epsilon with A < 0
@@ -33,3 +34,10 @@ MICRO_BATCH_MEANS = (
     IS_CAPPED_FRACTION,
     IS_LOGPROB_ABS_DIFF,
 )
+
+# --- metrics of the trainer's step: the KL controller and DAPO's dynamic sampling ---------------
+BETA = "beta"  # the KL coefficient the step's loss used (kl_control.KLController.beta before its update)
+SAMPLING_ROUNDS = "dynamic_sampling/rounds"  # rounds sampled in the step (1 = no extra round)
+SAMPLING_PROMPTS = "dynamic_sampling/prompts"  # prompts (groups) sampled in the step, dropped ones included
+SAMPLING_GROUPS_TRAINED = "dynamic_sampling/groups_trained"  # informative groups the step trained on
+SAMPLING_SHORT = "dynamic_sampling/short"  # 1.0: the cap on rounds stopped it before the batch was full

@@ -3,9 +3,11 @@
 One row per completion in `rollouts`; each reward function's value lives in the JSON column
 `rewards` (`{"accuracy": 1.0, "format": null}`), so adding a reward function never migrates the
 schema. `extra` holds the columns reward functions logged with `log_extra` (JSON, null when none);
-stores written before it existed get it when opened for writing. The `reward_values` view unpacks it
-to one row per (rollout, reward function) and `step_summary` gives the per-step numbers `grpokit
-inspect` prints, which keeps ad-hoc `grpokit inspect RUN --sql "..."` queries short:
+stores written before it existed get it when opened for writing. `advantage` is null for a completion
+the step did not train on (dynamic sampling dropped its group, whose rewards all tie). The
+`reward_values` view unpacks `rewards` to one row per (rollout, reward function) and `step_summary`
+gives the per-step numbers `grpokit inspect` prints, which keeps ad-hoc `grpokit inspect RUN --sql
+"..."` queries short:
 
     SELECT name, avg(value) FROM reward_values GROUP BY name
     SELECT step, json_extract(rewards, '$.accuracy') FROM rollouts WHERE error IS NOT NULL

@@ -121,13 +121,14 @@ class RunState:
     """Everything a checkpoint saves and a resume restores: the policy weights (``model``, unwrapped), the
     ``learner``'s optimizer, LR scheduler and resynced reference weights, the data position (``data``, the
     training PromptSource), the rollout scheduler's state (``rollouts``: policy version, async mode's pending
-    step), the stop rules' counters, and the RNG streams (torch's and the sampling engine's generator).
-    ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0, which writes (under FSDP the
-    other ranks join in to gather)."""
+    step), the stop rules' counters, the learner's KL controller (beta), and the RNG streams (torch's and the
+    sampling engine's generator). ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0,
+    which writes (under FSDP the other ranks join in to gather)."""
 
     def __init__(self, args, model, learner, data, rollouts, stop_rules, is_main: bool):
         self.args, self.model, self.data, self.rollouts, self.stop_rules = args, model, data, rollouts, stop_rules
         self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
+        self.kl_controller = learner.kl_controller
         self.is_main = is_main
         self.saved_step = 0
 
@@ -138,6 +139,7 @@ class RunState:
         reference = self.reference.model if self.reference is not None else None  # None: LoRA's adapters off
         scheduled, pending = self.rollouts.state_dict()
         state = {"data": self.data.state_dict(), "counters": self.stop_rules.counters, **scheduled}
+        state["kl_controller"] = self.kl_controller.state_dict()  # the adaptive beta
         rng = {"torch": torch.get_rng_state(), "sampler": self.rollouts.engine.generator.get_state()}
         save_checkpoint(
             run_dir,
@@ -162,6 +164,10 @@ class RunState:
         self.data.load_state_dict(state["data"])
         self.rollouts.load_state_dict(state, state["pending_rollouts"])
         self.stop_rules.counters = dict(state["counters"])
+        if "kl_controller" in state:  # absent from checkpoints older than the KL controller: a fixed beta then
+            self.kl_controller.load_state_dict(state["kl_controller"])
+        elif self.kl_controller.adaptive:
+            raise CheckpointError(f"{path} holds no KL controller state; resume it with kl_controller: fixed.")
         torch.set_rng_state(rng["torch"])
         self.rollouts.engine.generator.set_state(rng["sampler"])
         return self.saved_step

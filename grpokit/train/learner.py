@@ -15,11 +15,13 @@ of each phase (``time/policy_logprobs``, ``time/backward``, ``time/optimizer``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 
 import torch
 
+from grpokit.algos.kl_control import KLController
 from grpokit.algos.losses import policy_loss
 from grpokit.algos.names import KL, MICRO_BATCH_MEANS, POLICY_LOSS
 from grpokit.hardware import autocast
@@ -48,6 +50,9 @@ class Learner:
         self.scheduler = scheduler
         self.cfg = cfg
         self.loss_spec = cfg.loss_spec()
+        # beta across steps: the loss of each update uses the controller's current beta (fixed unless adaptive)
+        adaptive = cfg.kl_controller == "adaptive"
+        self.kl_controller = KLController(cfg.beta, cfg.target_kl if adaptive else None, cfg.kl_horizon)
         self.autocast_dtype = autocast_dtype
         self.kernels = (
             kernels if kernels is not None else Kernels.select(next(model.parameters()).device, autocast_dtype)
@@ -101,6 +106,7 @@ class Learner:
         surrogate term gets its truncated importance weight (``algos.truncated_importance_weights``).
         """
         cfg = self.cfg
+        self.loss_spec = dataclasses.replace(self.loss_spec, beta=self.kl_controller.beta)  # this step's beta
         mb, minis = cfg.per_device_train_batch_size, cfg.num_mini_batches
         if old_logprobs is None and cfg.num_iterations * minis > 1:
             self.model.eval()
@@ -219,7 +225,7 @@ class Learner:
             tokens = [float(mask.sum()) for mask in loss_mask.split(cfg.per_device_train_batch_size)]
             kl = sum(p[KL] * n for p, n in zip(parts, tokens)) / float(mask_sum)
             metrics[KL] = kl
-            metrics["kl_penalty"] = cfg.beta * kl
+            metrics["kl_penalty"] = self.loss_spec.beta * kl
         return metrics
 
 

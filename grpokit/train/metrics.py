@@ -11,7 +11,8 @@ from grpokit.algos import zero_variance_groups
 
 
 class PhaseClock:
-    """Wall time of a step's phases: ``lap(name)`` ends phase ``name`` (metric ``time/<name>``) and starts the next."""
+    """Wall time of a step's phases: ``lap(name)`` ends phase ``name`` (metric ``time/<name>``, summed when a phase
+    recurs, as in dynamic sampling's rounds) and starts the next."""
 
     def __init__(self):
         self.start = self.last = time.perf_counter()
@@ -19,7 +20,7 @@ class PhaseClock:
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
-        self.times[f"time/{name}"] = now - self.last
+        self.times[f"time/{name}"] = self.times.get(f"time/{name}", 0.0) + now - self.last
         self.last = now
 
     def metrics(self) -> dict[str, float]:
@@ -53,7 +54,7 @@ def step_metrics(
         **rewards.metrics(),
         **update,
         "advantage/mean": float(advantages.mean()),
-        "advantage/std": float(advantages.std()),
+        "advantage/std": float(advantages.std()) if advantages.numel() > 1 else float("nan"),  # none: no update
         "frac_reward_zero_std": float(zero_variance_groups(rewards.combined, group_size).float().mean()),
         "completion_length/mean": float(lengths.mean()),
         "completion_length/min": float(lengths.min()),

@@ -5,6 +5,8 @@
 - async (``async_rollouts``, Ray): the next step's batch is drawn and submitted to the workers before
   this step trains, so sampling overlaps the update (one step off-policy). The pending batch is part
   of a checkpoint (its prompt indices, and its rollouts collected), so a resume trains on the same data.
+- dynamic sampling (DAPO, sync, one process): ``more(step, r)`` draws and samples round r's further batch
+  within the step (``train/dynamic_sampling.py`` runs the rounds).
 
 Under torchrun every rank draws the same global batch and keeps its share of groups (``procs.shard``);
 with Ray, rank 0 drives the workers and scatters each rank's share. Rollouts must not depend on that
@@ -84,6 +86,12 @@ class RolloutScheduler:
         indices, _ = self.procs.shard(batch)
         return indices, rollouts
 
+    def more(self, step: int, round_index: int) -> tuple[list[int], Rollouts]:
+        """Dynamic sampling's round ``round_index`` (>= 1) of ``step`` (sync, one process): a fresh batch of prompts
+        and their rollouts. With a seed per group, its groups number on after the earlier rounds'."""
+        batch = self._draw()
+        return batch, self._sample(step, batch, first_group=round_index * len(batch))
+
     def metrics(self) -> dict[str, float]:
         return {} if self.remote is None else {"rollout_worker_restarts": float(self.remote.restarts)}
 
@@ -122,25 +130,29 @@ class RolloutScheduler:
         seeds = [group_seed(self.args.seed, step, first + j) for j in range(len(indices))]
         return [self.prompts.ids[i] for i in indices], seeds
 
-    def _sample(self, step: int, batch: list[int]) -> Rollouts:
-        """This rank's share of the rollouts of the global ``batch``."""
+    def _sample(self, step: int, batch: list[int], first_group: int = 0) -> Rollouts:
+        """This rank's share of the rollouts of the global ``batch``, whose first group is group ``first_group`` of
+        the step (for the seeds per group)."""
         G = self.args.num_generations
         if self.args.backend == "ray":
-            pending = self._submit(step, batch)
+            pending = self._submit(step, batch, first_group)
             return self._scatter(None if pending is None else self.remote.collect(pending))
         indices, first = self.procs.shard(batch)
+        first += first_group
         with self.procs.unsharded(self.model):  # FSDP: whole weights for sampling, gathered once
             if self.seed_per_group:
                 return generate_per_group(self.engine, *self._prompts_and_seeds(step, indices, first), G, self.sampling)
             return self.engine.generate([self.prompts.ids[i] for i in indices], G, self.sampling)
 
-    def _submit(self, step: int, batch: list[int]):
-        """Start sampling the whole global ``batch`` on the Ray workers; rank 0 drives them and gets the
-        pending handle, other ranks get None (their share arrives through :meth:`_scatter`)."""
+    def _submit(self, step: int, batch: list[int], first_group: int = 0):
+        """Start sampling the whole global ``batch`` (first group: ``first_group`` of the step) on the Ray workers;
+        rank 0 drives them and gets the pending handle, other ranks get None (their share arrives through
+        :meth:`_scatter`)."""
         self._publish()
         if self.remote is None:
             return None
-        return self.remote.submit(*self._prompts_and_seeds(step, batch, 0), self.args.num_generations, self.sampling)
+        seeded = self._prompts_and_seeds(step, batch, first_group)
+        return self.remote.submit(*seeded, self.args.num_generations, self.sampling)
 
     def _scatter(self, rollouts: Rollouts | None) -> Rollouts:
         """Rank 0's rollouts of the global batch -> this rank's contiguous share (the groups ``shard`` gives it)."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from grpokit.algos import compute_advantages
+from grpokit.algos.names import BETA, KL
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import reward_arguments
 from grpokit.eval.evaluator import Evaluator
@@ -27,6 +28,14 @@ from grpokit.store.record import rollout_records
 from grpokit.train import setup
 from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.checkpoint import RunState, save_final_model
+from grpokit.train.dynamic_sampling import (
+    Sampled,
+    StepRounds,
+    renumber_repeats,
+    sample_rounds,
+    stored_advantages,
+    take_rows,
+)
 from grpokit.train.interrupt import SignalStop, stop_message
 from grpokit.train.learner import update_inputs
 from grpokit.train.logprobs import build_batch
@@ -167,7 +176,8 @@ class GRPOTrainer:
                 self._begin_training()
                 while self.step < args.max_steps and self.stop_reason is None and self.interrupted_by is None:
                     metrics = self._run_step()
-                    losses.append(metrics["loss"])
+                    if "loss" in metrics:  # a step without an informative group makes no update
+                        losses.append(metrics["loss"])
                 self._finish()
                 summary = self._end_training(metrics, losses, time.perf_counter() - started)
         finally:
@@ -200,6 +210,55 @@ class GRPOTrainer:
         indices, rollouts = self.rollout_scheduler.next(step)  # this rank's prompts, G rollouts each
         staleness = self.engine.policy_version - rollouts.policy_version  # updates since the sampling policy
         clock.lap("generate")
+        completions, reward, all_rewards = self._score(step, indices, rollouts)
+        clock.lap("reward")
+        trained, combined, train_rows, sampling = rollouts, all_rewards.combined, None, {}
+        if args.dynamic_sampling:  # DAPO: more rounds until the groups trained on are informative (one process)
+            rounds = self._sampling_rounds(step, Sampled(indices, rollouts, completions, reward), clock)
+            s = rounds.sampled  # every round: stored, and the reward metrics cover them
+            indices, rollouts, completions, reward = s.indices, s.rollouts, s.completions, s.reward
+            all_rewards = reward  # one process: this rank's rewards are the global batch's
+            train_rows, sampling = rounds.train_rows, rounds.metrics
+            trained, combined = take_rows(rollouts, train_rows), reward.combined[train_rows]
+        all_advantages = compute_advantages(combined, G, args.advantage_estimator, args.scale_rewards)
+        n = trained.completion_ids.size(0)
+        advantages = all_advantages[procs.rank * n : (procs.rank + 1) * n].float().to(self.device)  # [N] this rank's
+        beta = self.learner.kl_controller.beta  # the coefficient of this step's loss
+        update = self._learn(trained, advantages, clock) if n else {}  # no informative group at all: no update
+        if KL in update:  # the adaptive controller moves beta after each step (Ziegler et al.: n_steps = N)
+            self.learner.kl_controller.update(update[KL], n_steps=n * procs.world_size)
+        update = {BETA: beta, **update, **sampling}
+
+        all_lengths = procs.gather(rollouts.completion_lengths.float())  # [N_global]
+        prompt_tokens = procs.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in indices) * G)))
+        all_truncated = procs.gather(rollouts.truncated.float())  # [N_global]
+        metrics = step_metrics(
+            all_rewards,
+            update,
+            all_advantages,
+            G,
+            all_lengths,
+            all_truncated,
+            prompt_tokens.item(),
+            self.train_source,
+            staleness,
+            clock.metrics(),
+            self.rollout_scheduler.metrics(),
+        )
+        if train_rows is None:
+            records = rollout_records(indices, rollouts, completions, reward, advantages.cpu(), self.train_source)
+        else:  # every sampled group, the dropped ones without an advantage
+            stored = stored_advantages(advantages, train_rows, len(completions))
+            records = rollout_records(indices, rollouts, completions, reward, stored, self.train_source)
+            records = renumber_repeats(records, G)
+        records = procs.gather_objects(records)  # every rank's, on rank 0
+        if procs.is_main:
+            self.run_log.step(step, [r for part in records for r in part], metrics)
+        return metrics
+
+    def _score(self, step: int, indices: list[int], rollouts):
+        """(decoded completions, this rank's RewardResult, every rank's) of this rank's ``rollouts``."""
+        args, procs = self.args, self.procs
         prompts, completions, columns, completion_ids = reward_arguments(
             self.train_rows, indices, rollouts, self.tokenizer, args.prompt_column
         )
@@ -209,15 +268,38 @@ class GRPOTrainer:
             prompts,
             completions,
             columns,
-            G,
+            args.num_generations,
             on_main=args.num_reward_workers > 0,
             completion_ids=completion_ids,
             trainer_state=self._reward_state(step),
         )
-        clock.lap("reward")
-        all_advantages = compute_advantages(all_rewards.combined, G, args.advantage_estimator, args.scale_rewards)
-        n = rollouts.completion_ids.size(0)
-        advantages = all_advantages[procs.rank * n : (procs.rank + 1) * n].float().to(self.device)  # [N] this rank's
+        return completions, reward, all_rewards
+
+    def _sampling_rounds(self, step: int, first: Sampled, clock: PhaseClock) -> StepRounds:
+        """Dynamic sampling's rounds of ``step`` after its ``first`` (``train/dynamic_sampling.py``)."""
+
+        def next_round(r: int) -> Sampled:
+            indices, rollouts = self.rollout_scheduler.more(step, r)
+            clock.lap("generate")
+            completions, reward, _ = self._score(step, indices, rollouts)
+            clock.lap("reward")
+            return Sampled(indices, rollouts, completions, reward)
+
+        args = self.args
+        return sample_rounds(
+            first,
+            next_round,
+            args.prompts_per_step(),
+            args.max_sampling_rounds,
+            args.num_generations,
+            args.num_mini_batches,
+            self.tokenizer.pad_token_id,
+        )
+
+    def _learn(self, rollouts, advantages: torch.Tensor, clock: PhaseClock) -> dict:
+        """Reference log-probs and the learner's update on this rank's ``rollouts`` with their ``advantages`` [N];
+        the update's metrics, averaged over ranks."""
+        args, procs = self.args, self.procs
         loss_mask, old_logprobs, sampling_logprobs = update_inputs(args, rollouts, self.device)
         batch = build_batch(self.model, rollouts, self.tokenizer.pad_token_id, self.device)
         ref_logprobs = self.learner.reference_logprobs(batch)
@@ -236,28 +318,7 @@ class GRPOTrainer:
         update = procs.mean_metrics(update)
         self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
         clock.lap("update")
-
-        all_lengths = procs.gather(rollouts.completion_lengths.float())  # [N_global]
-        prompt_tokens = procs.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in indices) * G)))
-        all_truncated = procs.gather(rollouts.truncated.float())  # [N_global]
-        metrics = step_metrics(
-            all_rewards,
-            update,
-            all_advantages,
-            G,
-            all_lengths,
-            all_truncated,
-            prompt_tokens.item(),
-            self.train_source,
-            staleness,
-            clock.metrics(),
-            self.rollout_scheduler.metrics(),
-        )
-        records = rollout_records(indices, rollouts, completions, reward, advantages.cpu(), self.train_source)
-        records = procs.gather_objects(records)  # every rank's, on rank 0
-        if procs.is_main:
-            self.run_log.step(step, [r for part in records for r in part], metrics)
-        return metrics
+        return update
 
     def _after_step(self, metrics: dict) -> None:
         args, step = self.args, self.step
