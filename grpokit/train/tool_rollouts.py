@@ -123,17 +123,19 @@ class ToolRollouts:
             )
         except ToolError as exc:
             raise ConfigError(f"tools: {exc}") from exc
-        self.executor = ToolExecutor(
-            spec.tools, timeout=spec.timeout, max_workers=spec.workers, isolation=spec.isolation
-        )
         self.engine = MultiTurnEngine(
             engine,
             chat,
-            self.executor,
+            self._executor(),
             max_tool_calling_iterations=spec.max_tool_calling_iterations,
             parser=spec.parser,
         )
         self.sessions: list = []
+        self.closed = False
+
+    def _executor(self) -> ToolExecutor:
+        spec = self.spec
+        return ToolExecutor(spec.tools, timeout=spec.timeout, max_workers=spec.workers, isolation=spec.isolation)
 
     def generate(
         self,
@@ -144,6 +146,8 @@ class ToolRollouts:
     ) -> Rollouts:
         """``num_generations`` rollouts of each row's prompt, the group of row b sampled from ``seeds[b]`` (None:
         from the engine's generator)."""
+        if self.closed:  # closed at the end of train(); a later evaluate() starts the tool workers again
+            self.engine.executor, self.closed = self._executor(), False
         prompts = [row[self.prompt_column] for row in rows]
         sessions = None
         if self.spec.environments is not None:
@@ -169,7 +173,9 @@ class ToolRollouts:
         return prompts, completions, {**columns, "environments": self.environments}
 
     def close(self) -> None:
-        self.executor.close()
+        """Stop the tool workers (a later :meth:`generate` starts new ones)."""
+        self.engine.executor.close()
+        self.closed = True
 
 
 def conversation_metrics(conversations: Sequence[Conversation]) -> dict[str, float]:
