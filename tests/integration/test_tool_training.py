@@ -413,3 +413,19 @@ def test_a_trl_agent_script_runs_with_the_import_changed(tmp_path):
     assert len(seen) == 2 and all(len(batch) == 8 for batch in seen)
     assert all([m["role"] for m in completion] == ["assistant", "tool", "assistant"] for completion in seen[0])
     assert seen[0][0][1] == {"role": "tool", "name": "multiply", "content": "42"}
+
+
+def test_bad_tool_setups_are_refused_before_training(tmp_path, tiny_model_dir):
+    """String prompts, an undocumented tool, and a chat template that cannot render tool rounds: each a clear error."""
+    from grpokit.config import ConfigError
+    from grpokit.data.prompts import DataError
+
+    args = settings(tmp_path / "run", max_steps=1)
+    with pytest.raises(DataError, match="must hold chat messages"):
+        GRPOTrainer(
+            str(tiny_model_dir), closeness, args=args, train_dataset=[{"prompt": "w1 w2"}] * 8, tools=[multiply]
+        )
+    with pytest.raises(ConfigError, match="tools: .*docstring"):
+        GRPOTrainer(str(tiny_model_dir), closeness, args=args, train_dataset=chat_rows(), tools=[lambda x: x])
+    with pytest.raises(ConfigError, match="tools: the chat template does not close an assistant turn"):
+        GRPOTrainer(str(tiny_model_dir), closeness, args=args, train_dataset=chat_rows(), tools=[multiply])
