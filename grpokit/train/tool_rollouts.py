@@ -87,7 +87,7 @@ def resolve_tools(args: GRPOConfig, tools: Sequence[Callable] | None, environmen
     except (ToolError, ValueError, TypeError, FileNotFoundError) as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"tools: {exc}") from exc
+        raise ConfigError(f"agent: {exc}") from exc
     return ToolSpec(
         tools,
         environments,
@@ -122,7 +122,7 @@ class ToolRollouts:
                 tokenizer, [{"role": "tool", "name": "probe", "content": "probe"}], end_of_turn=chat.end_of_turn
             )
         except ToolError as exc:
-            raise ConfigError(f"tools: {exc}") from exc
+            raise ConfigError(f"agent: {exc}") from exc
         self.engine = MultiTurnEngine(
             engine,
             chat,
