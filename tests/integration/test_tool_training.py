@@ -425,7 +425,7 @@ def test_bad_tool_setups_are_refused_before_training(tmp_path, tiny_model_dir):
         GRPOTrainer(
             str(tiny_model_dir), closeness, args=args, train_dataset=[{"prompt": "w1 w2"}] * 8, tools=[multiply]
         )
-    with pytest.raises(ConfigError, match="agent: .*docstring"):
+    with pytest.raises(ConfigError, match=r"agent: .*docstring"):
         GRPOTrainer(str(tiny_model_dir), closeness, args=args, train_dataset=chat_rows(), tools=[lambda x: x])
     with pytest.raises(ConfigError, match="agent: the chat template does not close an assistant turn"):
         GRPOTrainer(str(tiny_model_dir), closeness, args=args, train_dataset=chat_rows(), tools=[multiply])
