@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -246,16 +247,26 @@ def write_named_yaml(block: Block, workdir: Path) -> None:
 
 
 def run(args: list[str] | str, workdir: Path, shell: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    """Run a documented command in its own process group; on timeout the whole group is killed (a bench's worker
+    processes too, which would otherwise keep running after the shell is gone)."""
+    with subprocess.Popen(
         args,
         cwd=workdir,
         env=environment(workdir),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT,
         shell=shell,
         executable="/bin/bash" if shell else None,
-    )
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
