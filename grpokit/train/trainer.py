@@ -1,7 +1,7 @@
 """The GRPO training loop.
 
-One step (DESIGN.md): RolloutScheduler.next (prompts, G rollouts each) -> RewardRunner.score ->
-algos.compute_advantages -> reference log-probs -> Learner.update -> RolloutStore.write_step ->
+One step (DESIGN.md): RolloutScheduler.next (prompts, G rollouts each) -> RewardRunner.score -> reference
+log-probs (and the critic's values) -> the algorithm's advantages -> Learner.update -> RolloutStore.write_step ->
 Tracker.log; evaluation every eval_steps, checkpoints every save_steps. Every torchrun rank runs this
 same loop; rank 0 alone owns the run folder.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from grpokit.algos import compute_advantages
+from grpokit.algos.registry import AdvantageInputs, get_algorithm
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import reward_arguments
 from grpokit.eval.evaluator import Evaluator
@@ -86,6 +86,7 @@ class GRPOTrainer:
         self.rollout_scheduler = RolloutScheduler(
             args, model, tokenizer, self.train_source, procs, device, self.autocast_dtype, path, self.kernels
         )
+        self.algorithm = get_algorithm(args.algorithm)  # what the steps ask for advantages (algos/registry.py)
         self.reference, self.optimizer, self.scheduler, self.learner = setup.build_learner(
             model, args, procs, device, self.use_lora, optimizers, self.autocast_dtype, self.kernels
         )
@@ -215,12 +216,19 @@ class GRPOTrainer:
             trainer_state=self._reward_state(step),
         )
         clock.lap("reward")
-        all_advantages = compute_advantages(all_rewards.combined, G, args.advantage_estimator, args.scale_rewards)
-        n = rollouts.completion_ids.size(0)
-        advantages = all_advantages[procs.rank * n : (procs.rank + 1) * n].float().to(self.device)  # [N] this rank's
         loss_mask, old_logprobs, sampling_logprobs = update_inputs(args, rollouts, self.device)
         batch = build_batch(self.model, rollouts, self.tokenizer.pad_token_id, self.device)
         ref_logprobs = self.learner.reference_logprobs(batch)
+        # The algorithm's advantages (algos/registry.py), from the old log-probs and critic values it asks for.
+        if old_logprobs is None and self.algorithm.needs_old_logprobs(args):
+            old_logprobs = self.learner.old_logprobs(batch)
+        old_values = self.learner.values(batch)  # [N, T] with a critic, else None
+        n = rollouts.completion_ids.size(0)
+        rows = slice(procs.rank * n, (procs.rank + 1) * n)  # this rank's rows of the global batch
+        inputs = AdvantageInputs(all_rewards.combined, G, rows, loss_mask, old_logprobs, ref_logprobs, old_values)
+        found = self.algorithm.advantages(inputs, args)
+        advantages = found.advantages  # [N] or [N, T], this rank's
+        loss_mask = loss_mask if found.loss_mask is None else found.loss_mask
         # DDP averages gradients over ranks, so dapo's per-rank denominator is the global token count / ranks.
         num_items = procs.sum(loss_mask.sum()).clamp(min=1.0) / procs.world_size
         clock.lap("logprobs")
@@ -232,11 +240,14 @@ class GRPOTrainer:
             old_logprobs=old_logprobs,
             num_items_in_batch=num_items,
             sampling_logprobs=sampling_logprobs,
+            old_values=old_values,
+            returns=found.returns,
         )
-        update = procs.mean_metrics(update)
+        update = procs.mean_metrics(update | found.metrics)
         self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
         clock.lap("update")
 
+        all_advantages = procs.gather(found.per_sequence.float().cpu())  # [N_global], one per completion
         all_lengths = procs.gather(rollouts.completion_lengths.float())  # [N_global]
         prompt_tokens = procs.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in indices) * G)))
         all_truncated = procs.gather(rollouts.truncated.float())  # [N_global]
@@ -253,7 +264,7 @@ class GRPOTrainer:
             clock.metrics(),
             self.rollout_scheduler.metrics(),
         )
-        records = rollout_records(indices, rollouts, completions, reward, advantages.cpu(), self.train_source)
+        records = rollout_records(indices, rollouts, completions, reward, found.per_sequence.cpu(), self.train_source)
         records = procs.gather_objects(records)  # every rank's, on rank 0
         if procs.is_main:
             self.run_log.step(step, [r for part in records for r in part], metrics)
