@@ -13,7 +13,9 @@ Nothing is downloaded.
 
 Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), TRL bf16 without
 checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32; and, only when
-named in ``--configs``, grpokit with gradient checkpointing (its memory option).
+named in ``--configs``, grpokit with gradient checkpointing (its memory option) and grpokit with
+``algorithm: ppo`` (``grpokit_ppo``: the same steps plus the critic's values pass and training step; the
+ratio to ``grpokit`` is the critic's cost).
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
@@ -97,6 +99,8 @@ CONFIGS = {  # name -> worker settings
     "grpokit_fp32": {"impl": "grpokit", "dtype": "float32"},
     # not run by default: grpokit's memory option (with TRL's layout, no shared prompt), for --configs
     "grpokit_checkpointing": {"impl": "grpokit", "dtype": "auto", "checkpointing": True},
+    # not run by default: the same steps with PPO (algorithm: ppo), whose extra cost is the critic, for --configs
+    "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "algorithm": "ppo"},
 }
 TRL_CONFIGS = [name for name, c in CONFIGS.items() if c["impl"] == "trl"]
 
@@ -285,6 +289,7 @@ def run_grpokit(
     keep_freed_memory()  # this worker owns its process, as `grpokit train` does
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
+        algorithm=settings.get("algorithm", "grpo"),
         dtype=settings["dtype"],
         gradient_checkpointing=settings.get("checkpointing", False),
         per_device_train_batch_size=micro_batch,
@@ -452,6 +457,13 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
         for k, v in ratios.items():
             print(f"  {k:<34}{v:.3f}")
         out.update(ratios)
+    if "grpokit" in results and "grpokit_ppo" in results:  # the critic's cost: its values pass and its training
+        out["ppo_step_time_ratio_vs_grpo"] = results["grpokit_ppo"]["step_time"] / results["grpokit"]["step_time"]
+        out["ppo_peak_rss_ratio_vs_grpo"] = results["grpokit_ppo"]["peak_rss_mb"] / results["grpokit"]["peak_rss_mb"]
+        print(
+            f"grpokit_ppo / grpokit: step time {out['ppo_step_time_ratio_vs_grpo']:.3f}, peak memory "
+            f"{out['ppo_peak_rss_ratio_vs_grpo']:.3f}"
+        )
     for name, dtype in (("grpokit_fp32", "float32"), ("grpokit", None)):
         if name not in results:
             continue
@@ -478,7 +490,7 @@ def default_configs(shape: str) -> list[str]:
     TRL's fastest configuration for this CPU (bf16 with native bf16 matmul, else float32; no checkpointing) and
     grpokit."""
     if SHAPES[shape][2] == "bench":
-        return [c for c in CONFIGS if c != "grpokit_checkpointing"]
+        return [c for c in CONFIGS if c not in ("grpokit_checkpointing", "grpokit_ppo")]
     from grpokit.cpu_caps import cpu_caps
 
     return ["trl_default", "trl_bf16" if cpu_caps().native_bf16 else "trl_fp32", "grpokit"]
@@ -521,8 +533,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--configs",
-        help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all but grpokit_checkpointing; for "
-        "qwen0.5b see the module docstring)",
+        help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all but grpokit_checkpointing and "
+        "grpokit_ppo; for qwen0.5b see the module docstring)",
     )
     parser.add_argument(
         "--shapes", help=f"comma-separated subset of {', '.join(SHAPES)} (default main,long; main with --quick)"

@@ -29,6 +29,7 @@ import yaml
 
 from grpokit import trl_compat
 from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, LOSS_TYPES, SCALE_REWARDS
+from grpokit.algos.registry import ALGORITHMS
 
 if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec
@@ -76,6 +77,25 @@ class DataConfig:
 
 @dataclass
 class AlgoConfig:
+    algorithm: str = "grpo"
+    """grpo (the GRPO family: advantage_estimator, scale_rewards) | ppo (a learned value model, GAE)."""
+    # --- ppo only (TRL PPOConfig's names; the policy's clip range is epsilon, its passes num_iterations) ---
+    value_model_name_or_path: str | None = None
+    """ppo: the critic's trunk, a causal LM or a one-label token classifier; null = a copy of the policy's."""
+    critic_learning_rate: float | None = None
+    """ppo: the critic's AdamW learning rate (same schedule as the policy's); null = learning_rate."""
+    vf_coef: float = 0.1
+    """ppo: weight of the value loss (the critic has its own AdamW, so it scales the gradient that max_grad_norm
+    clips)."""
+    cliprange_value: float = 0.2
+    """ppo: the value loss clips the new values to old +- cliprange_value."""
+    gamma: float = 1.0
+    """ppo: discount of GAE."""
+    lam: float = 0.95
+    """ppo: lambda of GAE."""
+    kl_in_reward: bool = False
+    """ppo: the per-token KL (k1, beta) is subtracted from the rewards instead of added to the loss (InstructGPT)."""
+    # --- every algorithm ---
     num_generations: int = 8
     """G: completions sampled per prompt."""
     beta: float = 0.04
@@ -333,6 +353,8 @@ ALIASES = {
     "kl_coef": "beta",
     "kl_beta": "beta",
     "clip_range": "epsilon",
+    "cliprange": "epsilon",
+    "num_ppo_epochs": "num_iterations",
 }
 
 # The algorithms' option lists are defined in grpokit/algos/names.py, with the code that implements them.
@@ -479,7 +501,7 @@ class GRPOConfig:
             loss_type=self.loss_type,
             epsilon=self.epsilon,
             epsilon_high=self.epsilon_high,
-            beta=self.beta,
+            beta=0.0 if self.kl_in_reward else self.beta,  # kl_in_reward: beta weighs the KL in the rewards
             use_bias_correction_kl=self.use_bias_correction_kl,
             importance_sampling_level=self.importance_sampling_level,
             max_completion_length=self.max_completion_length,
@@ -496,11 +518,7 @@ class GRPOConfig:
                 close = difflib.get_close_matches(str(value), choices, n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}.{hint}")
-        _check(
-            a.num_generations >= 2,
-            f"num_generations={a.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set "
-            "num_generations >= 2.",
-        )
+        self._validate_algorithm(world_size)
         _check(a.epsilon > 0, f"epsilon={a.epsilon} must be > 0 (the clip range, e.g. 0.2).")
         _check(a.epsilon_high is None or a.epsilon_high > 0, f"epsilon_high={a.epsilon_high} must be > 0 or null.")
         _check(a.beta >= 0, f"beta={a.beta} must be >= 0 (0 disables the KL penalty).")
@@ -731,6 +749,47 @@ class GRPOConfig:
             "turn dynamic_sampling off.",
         )
 
+    def _validate_algorithm(self, world_size: int) -> None:
+        """``algorithm`` by name (``algos/registry.py``) and the options of the chosen one."""
+        a = self.algo
+        if a.algorithm not in ALGORITHMS:
+            close = difflib.get_close_matches(str(a.algorithm), ALGORITHMS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"algorithm={a.algorithm!r} is not valid; choose one of {', '.join(ALGORITHMS)}.{hint}")
+        algorithm = ALGORITHMS[a.algorithm]
+        _check(
+            a.num_generations >= algorithm.min_generations,
+            f"num_generations={a.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set "
+            "num_generations >= 2 (or algorithm: ppo, whose learned value needs no group)."
+            if a.algorithm == "grpo"
+            else f"num_generations={a.num_generations} must be >= {algorithm.min_generations}.",
+        )
+        _check(
+            not a.kl_in_reward or a.algorithm == "ppo",
+            f"kl_in_reward: true folds the KL into per-token rewards, which algorithm: {a.algorithm} has none of; "
+            "use algorithm: ppo, or kl_in_reward: false (the KL term in the loss).",
+        )
+        if a.algorithm != "ppo":
+            return
+        _check(0 <= a.gamma <= 1, f"gamma={a.gamma} must be in [0, 1] (GAE's discount; 1 = none).")
+        _check(0 <= a.lam <= 1, f"lam={a.lam} must be in [0, 1] (GAE's lambda).")
+        _check(a.vf_coef > 0, f"vf_coef={a.vf_coef} must be > 0 (the value loss's weight).")
+        _check(a.cliprange_value > 0, f"cliprange_value={a.cliprange_value} must be > 0 (e.g. 0.2).")
+        _check(
+            a.critic_learning_rate is None or a.critic_learning_rate >= 0,
+            f"critic_learning_rate={a.critic_learning_rate} must be >= 0 or null (= learning_rate).",
+        )
+        _check(
+            a.importance_sampling_level == "token",
+            "algorithm: ppo gives every token its own advantage, which a sequence-level ratio "
+            "(importance_sampling_level: sequence, GSPO) cannot use; set importance_sampling_level: token.",
+        )
+        _check(
+            world_size == 1,
+            f"algorithm: ppo trains its critic in one process; this run has {world_size} (torchrun): run it as one "
+            "process, or use algorithm: grpo.",
+        )
+
     def _validate_vllm(self) -> None:
         """Settings engine: vllm cannot run with (the CUDA and package checks are the trainer's, at start)."""
         g = self.generation
@@ -847,6 +906,7 @@ def _flatten(values: dict) -> dict:
 PATH_FIELDS = (
     "model_name_or_path",
     "tokenizer_name_or_path",
+    "value_model_name_or_path",
     "train_dataset",
     "eval_dataset",
     "output_dir",

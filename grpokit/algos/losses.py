@@ -141,7 +141,8 @@ def policy_loss(
         logprobs: [N, T] log-probs of the completion tokens under the policy being trained.
         old_logprobs: [N, T] log-probs under the policy that sampled them; None means on-policy
             (one update per batch), where ``logprobs.detach()`` is used: ratio 1, gradient A grad logp.
-        advantages: [N], one per sequence.
+        advantages: [N], one per sequence (the GRPO family), or [N, T], one per token (PPO; token-level ratio
+            only: A_{i,t} replaces A_i in the formula above).
         completion_mask: [N, T], 1 for real completion tokens (float or bool).
         ref_logprobs: [N, T] log-probs under the reference model; required when ``spec.beta`` > 0.
         num_items_in_batch: completion tokens in the whole generation batch, for ``dapo``.
@@ -155,10 +156,16 @@ def policy_loss(
     (loss without the KL term); kl (masked mean of k3, only when beta > 0); with sampling log-probs
     sampling_is/weight_mean, sampling_is/capped_fraction and sampling_is/logprob_abs_diff.
     """
-    if completion_mask.shape != logprobs.shape or advantages.shape != logprobs.shape[:1]:
+    if completion_mask.shape != logprobs.shape or advantages.shape not in (logprobs.shape[:1], logprobs.shape):
         raise ValueError(
-            f"expected logprobs and completion_mask [N, T] and advantages [N]; got {tuple(logprobs.shape)}, "
+            f"expected logprobs and completion_mask [N, T] and advantages [N] or [N, T]; got {tuple(logprobs.shape)}, "
             f"{tuple(completion_mask.shape)} and {tuple(advantages.shape)}"
+        )
+    per_token = advantages.dim() == 2
+    if per_token and spec.importance_sampling_level == "sequence":
+        raise ValueError(
+            "per-token advantages [N, T] (PPO) cannot be used with importance_sampling_level='sequence' (GSPO's "
+            "one ratio per sequence); use importance_sampling_level='token'."
         )
     if spec.beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs (log-probs under the reference model)")
@@ -169,7 +176,8 @@ def policy_loss(
     log_weights = importance_log_ratio(logprobs, old_logprobs, completion_mask, level)
     ratio = torch.exp(log_weights)  # [N, T] or [N, 1]
     clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)  # [N, T] or [N, 1]
-    advantages = advantages.unsqueeze(-1)  # [N] -> [N, 1]
+    if not per_token:
+        advantages = advantages.unsqueeze(-1)  # [N] -> [N, 1], shared by the sequence's tokens
     surrogate = -torch.min(ratio * advantages, clipped_ratio * advantages)  # [N, T] or [N, 1]
     surrogate = surrogate.expand_as(logprobs)  # [N, 1] -> [N, T] at sequence level
     if sampling_logprobs is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 # The config keys that name the algorithm variant (DESIGN.md: one name, one formula).
-ALGORITHM_KEYS = ("advantage_estimator", "loss_type", "scale_rewards", "importance_sampling_level", "beta")
+ALGORITHM_KEYS = ("algorithm", "advantage_estimator", "loss_type", "scale_rewards", "importance_sampling_level", "beta")
 
 
 def is_count(name: str) -> bool:

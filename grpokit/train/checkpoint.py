@@ -68,9 +68,12 @@ def save_checkpoint(
     reference_model=None,
     save_total_limit: int | None = None,
     pending_rollouts: dict | None = None,
+    critic=None,
 ) -> Path | None:
     """Write ``step-N`` atomically. ``pending_rollouts``: async mode's rollouts of step N+1, sampled
-    before the checkpoint (a dict of tensors and lists, kept in states.pt).
+    before the checkpoint (a dict of tensors and lists, kept in states.pt). ``critic``: PPO's
+    ``train.critic.Critic``: its weights in critic.safetensors (the trainable ones only when its trunk has
+    LoRA adapters), its optimizer and scheduler in states.pt.
 
     With an FSDP-sharded ``model`` every rank calls this: the full weights and optimizer state are
     gathered to rank 0, which writes them (other ranks return None), in the same files as an
@@ -103,6 +106,14 @@ def save_checkpoint(
     states = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
     if pending_rollouts is not None:
         states["pending_rollouts"] = pending_rollouts
+    if critic is not None:
+        critic_model, states["critic"] = critic.state()
+        critic_trainable = trainable_parameters(critic_model)
+        _save_weights(
+            critic_model if critic_trainable is None else critic_trainable,
+            tmp / "critic.safetensors",
+            trainable_only=critic_trainable is not None,
+        )
     torch.save(states, tmp / "states.pt")
     state = dict(trainer_state, step=step, grpokit_version=grpokit.__version__)
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
@@ -129,6 +140,7 @@ class RunState:
         self.args, self.model, self.data, self.rollouts, self.stop_rules = args, model, data, rollouts, stop_rules
         self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
         self.kl_controller = learner.kl_controller
+        self.critic = learner.critic
         self.is_main = is_main
         self.saved_step = 0
 
@@ -152,6 +164,7 @@ class RunState:
             reference_model=reference if self.args.ref_model_sync_steps else None,  # unsynced: the starting weights
             save_total_limit=self.args.save_total_limit,
             pending_rollouts=pending,
+            critic=self.critic,
         )
         self.saved_step = step
         return True
@@ -159,7 +172,7 @@ class RunState:
     def load(self, path: str | Path) -> int:
         """Restore everything from the checkpoint folder ``path`` (:func:`load_checkpoint`); returns its step."""
         reference = self.reference.model if self.reference is not None else None
-        state, rng = load_checkpoint(path, self.model, self.optimizer, self.scheduler, reference)
+        state, rng = load_checkpoint(path, self.model, self.optimizer, self.scheduler, reference, critic=self.critic)
         self.saved_step = int(state["step"])
         self.data.load_state_dict(state["data"])
         self.rollouts.load_state_dict(state, state["pending_rollouts"])
@@ -220,8 +233,10 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_model=None) -> tuple[dict, dict]:
-    """Restore weights and optimizer/scheduler in place; return (trainer_state, rng_states).
+def load_checkpoint(
+    path: str | Path, model, optimizer, scheduler, reference_model=None, critic=None
+) -> tuple[dict, dict]:
+    """Restore weights and optimizer/scheduler in place (and ``critic``'s, PPO); return (trainer_state, rng_states).
 
     trainer_state gets ``pending_rollouts`` from states.pt (None when none were saved)."""
     path = Path(path)
@@ -247,6 +262,14 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler, reference_mod
         if not sharded:
             optimizer.load_state_dict(states["optimizer"])
         scheduler.load_state_dict(states["scheduler"])
+        if critic is not None:
+            if "critic" not in states:
+                raise CheckpointError(
+                    f"{path} holds no critic (it was saved by a run without one); resume it with the algorithm it "
+                    "was trained with."
+                )
+            _load_weights(critic.model, path / "critic.safetensors")
+            critic.load_states(states["critic"])
     except CheckpointError:
         raise
     except Exception as exc:  # truncated or foreign files surface as many different errors

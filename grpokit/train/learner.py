@@ -41,10 +41,12 @@ class Learner:
         cfg,
         autocast_dtype: torch.dtype | None = None,
         kernels: Kernels | None = None,
+        critic=None,
     ):
         """``kernels``: the run's choice of kernels (default: chosen here for the model's device and
-        ``autocast_dtype``)."""
+        ``autocast_dtype``). ``critic``: a ``train.critic.Critic`` trained alongside (algorithms with a critic)."""
         self.model = model
+        self.critic = critic
         self.reference = reference
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -81,6 +83,21 @@ class Learner:
                 ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size, kernels=self.kernels
             )
 
+    def old_logprobs(self, batch: Batch) -> torch.Tensor:
+        """[N, T] log-probs of the batch under the current weights, without gradient (the policy that sampled it,
+        before the update)."""
+        self.model.eval()
+        with self.autocast(), self.kernels.reuse_weight_casts():
+            out = batched_logprobs(
+                self.model, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size, kernels=self.kernels
+            )
+        self.model.train()
+        return out
+
+    def values(self, batch: Batch) -> torch.Tensor | None:
+        """[N, T] the critic's values of the batch before the update, or None without a critic."""
+        return None if self.critic is None else self.critic.values(batch)
+
     def update(
         self,
         batch: Batch,
@@ -90,9 +107,11 @@ class Learner:
         old_logprobs: torch.Tensor | None = None,
         num_items_in_batch: torch.Tensor | None = None,
         sampling_logprobs: torch.Tensor | None = None,
+        old_values: torch.Tensor | None = None,
+        returns: torch.Tensor | None = None,
     ) -> dict:
-        """Run num_iterations x num_mini_batches optimizer steps on one generation batch. advantages [N],
-        loss_mask [N, T]. Returns metrics: the last pass's, averaged over its mini-batches.
+        """Run num_iterations x num_mini_batches optimizer steps on one generation batch. advantages [N] or [N, T]
+        (per token, PPO), loss_mask [N, T]. Returns metrics: the last pass's, averaged over its mini-batches.
 
         Each pass cuts the batch in order into ``num_mini_batches`` mini-batches of N / num_mini_batches rows,
         one optimizer step each (TRL's ``steps_per_generation``, without its shuffle: a mini-batch keeps whole
@@ -104,17 +123,17 @@ class Learner:
         each mini-batch's is that / num_mini_batches, as TRL rescales it to one optimizer step.
         ``sampling_logprobs`` [N, T]: a separate sampler's (vLLM's) log-probs; when given, each token's
         surrogate term gets its truncated importance weight (``algos.truncated_importance_weights``).
+        ``old_values``, ``returns`` [N, T] (with a critic): after each policy step the critic takes one step on the
+        same mini-batch (``Critic.step``; its metrics join the step's, ``time/critic`` its time).
         """
         cfg = self.cfg
-        self.loss_spec = dataclasses.replace(self.loss_spec, beta=self.kl_controller.beta)  # this step's beta
-        mb, minis = cfg.per_device_train_batch_size, cfg.num_mini_batches
+        if not cfg.kl_in_reward:  # this step's beta (with kl_in_reward the KL is in the rewards and beta 0 here)
+            self.loss_spec = dataclasses.replace(self.loss_spec, beta=self.kl_controller.beta)
+        minis = cfg.num_mini_batches
         if old_logprobs is None and cfg.num_iterations * minis > 1:
-            self.model.eval()
-            with self.autocast(), self.kernels.reuse_weight_casts():
-                old_logprobs = batched_logprobs(self.model, batch, cfg.temperature, mb, kernels=self.kernels)
-            self.model.train()
+            old_logprobs = self.old_logprobs(batch)
         num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
-        whole = (batch, advantages, loss_mask, ref_logprobs, old_logprobs, sampling_logprobs)
+        whole = (batch, advantages, loss_mask, ref_logprobs, old_logprobs, sampling_logprobs, old_values, returns)
         size = len(batch) // minis
         spans = [slice(j * size, (j + 1) * size) for j in range(minis)]  # each mini-batch's rows, in order
         minibatches = (
@@ -124,8 +143,10 @@ class Learner:
         )
         history: list[dict] = []
         clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
+        if self.critic is not None:
+            clock["time/critic"] = 0.0
         for _ in range(cfg.num_iterations):
-            for part, adv, mask, ref, old, sampled in minibatches:
+            for part, adv, mask, ref, old, sampled, values, targets in minibatches:
                 self.model.train()
                 with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
                     loss, parts, logprobs, entropy = self._accumulate(
@@ -134,6 +155,11 @@ class Learner:
                 t0 = time.perf_counter()
                 history.append(self._optimizer_step(loss, parts, logprobs, entropy, mask))
                 clock["time/optimizer"] += time.perf_counter() - t0
+                if self.critic is not None:
+                    t0 = time.perf_counter()
+                    critic = self.critic.step(part, values, targets, mask, num_items / minis)
+                    history[-1] |= critic | {"nonfinite": max(history[-1]["nonfinite"], critic["nonfinite"])}
+                    clock["time/critic"] += time.perf_counter() - t0
         last = history[-minis:]
         mean = {key: sum(h[key] for h in last) / minis for key in last[0]}
         return mean | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from grpokit.algos.registry import get_algorithm
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.modeling import is_hf_model, load_model, load_tokenizer, lora_config
@@ -221,13 +222,21 @@ def build_optimizer(model: torch.nn.Module, args: GRPOConfig, optimizers: tuple,
 def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels):
     """(reference or None, optimizer, lr scheduler, Learner) of the policy ``model``, wrapped for DDP / FSDP by
     ``procs``. FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
-    reference copy is sharded the same way (its pass and its resync stay shard by shard)."""
+    reference copy is sharded the same way (its pass and its resync stay shard by shard). An algorithm with a
+    critic (``algos.registry``) gets one (``train.critic.Critic``), built from the policy before any update."""
+    critic = None
+    if get_algorithm(args.algorithm).uses_critic:
+        from grpokit.train.critic import Critic
+
+        critic = Critic.build(model, args, device, pick_dtype(args.dtype, device), autocast_dtype, kernels)
     reference = Reference(model, use_adapters=use_lora) if args.beta > 0 else None
     trained = procs.wrap(model, device, args.strategy)
     if is_sharded(trained) and reference is not None and reference.model is not None:
         procs.wrap(reference.model, device, args.strategy)
     optimizer, scheduler = build_optimizer(model, args, optimizers, is_sharded(trained), device)
-    learner = Learner(trained, reference, optimizer, scheduler, args, autocast_dtype=autocast_dtype, kernels=kernels)
+    learner = Learner(
+        trained, reference, optimizer, scheduler, args, autocast_dtype=autocast_dtype, kernels=kernels, critic=critic
+    )
     return reference, optimizer, scheduler, learner
 
 

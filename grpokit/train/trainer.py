@@ -1,7 +1,7 @@
 """The GRPO training loop.
 
-One step (DESIGN.md): RolloutScheduler.next (prompts, G rollouts each) -> RewardRunner.score ->
-algos.compute_advantages -> reference log-probs -> Learner.update -> RolloutStore.write_step ->
+One step (DESIGN.md): RolloutScheduler.next (prompts, G rollouts each) -> RewardRunner.score -> reference
+log-probs (and the critic's values) -> the algorithm's advantages -> Learner.update -> RolloutStore.write_step ->
 Tracker.log; evaluation every eval_steps, checkpoints every save_steps. Every torchrun rank runs this
 same loop; rank 0 alone owns the run folder.
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from grpokit.algos import compute_advantages
 from grpokit.algos.names import BETA, KL
+from grpokit.algos.registry import AdvantageInputs, get_algorithm
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import reward_arguments
 from grpokit.eval.evaluator import Evaluator
@@ -109,6 +109,7 @@ class GRPOTrainer:
         self.rollout_scheduler = RolloutScheduler(
             args, model, tokenizer, self.train_source, procs, device, self.autocast_dtype, path, self.kernels, tool_spec
         )
+        self.algorithm = get_algorithm(args.algorithm)  # what the steps ask for advantages (algos/registry.py)
         self.reference, self.optimizer, self.scheduler, self.learner = setup.build_learner(
             model, args, procs, device, self.use_lora, optimizers, self.autocast_dtype, self.kernels
         )
@@ -226,30 +227,30 @@ class GRPOTrainer:
         return metrics
 
     def _train_step(self, step: int) -> dict:
-        """Rollouts, rewards, advantages, reference log-probs, the update; rank 0 stores and logs the step."""
+        """Rollouts, rewards, the algorithm's advantages and the update; rank 0 stores and logs the step."""
         args, G, procs, clock = self.args, self.args.num_generations, self.procs, PhaseClock()
         indices, rollouts = self.rollout_scheduler.next(step)  # this rank's prompts, G rollouts each
         staleness = self.engine.policy_version - rollouts.policy_version  # updates since the sampling policy
         clock.lap("generate")
         completions, reward, all_rewards = self._score(step, indices, rollouts)
         clock.lap("reward")
-        trained, combined, train_rows, sampling = rollouts, all_rewards.combined, None, {}
+        trained, rewards, train_rows, sampling = rollouts, all_rewards.combined, None, {}
         if args.dynamic_sampling:  # DAPO: more rounds until the groups trained on are informative (one process)
             rounds = self._sampling_rounds(step, Sampled(indices, rollouts, completions, reward), clock)
             s = rounds.sampled  # every round: stored, and the reward metrics cover them
             indices, rollouts, completions, reward = s.indices, s.rollouts, s.completions, s.reward
             all_rewards = reward  # one process: this rank's rewards are the global batch's
             train_rows, sampling = rounds.train_rows, rounds.metrics
-            trained, combined = take_rows(rollouts, train_rows), reward.combined[train_rows]
-        all_advantages = compute_advantages(combined, G, args.advantage_estimator, args.scale_rewards)
-        n = trained.completion_ids.size(0)
-        advantages = all_advantages[procs.rank * n : (procs.rank + 1) * n].float().to(self.device)  # [N] this rank's
-        beta = self.learner.kl_controller.beta  # the coefficient of this step's loss
-        update = self._learn(trained, advantages, clock) if n else {}  # no informative group at all: no update
+            trained, rewards = take_rows(rollouts, train_rows), reward.combined[train_rows]
+        beta = self.learner.kl_controller.beta  # the KL coefficient of this step
+        advantages, update = torch.empty(0), {}  # no informative group at all: no update
+        if trained.completion_ids.size(0):
+            advantages, update = self._learn(trained, rewards, beta, clock)
         if KL in update:  # the adaptive controller moves beta after each step (Ziegler et al.: n_steps = N)
-            self.learner.kl_controller.update(update[KL], n_steps=n * procs.world_size)
+            self.learner.kl_controller.update(update[KL], n_steps=advantages.numel() * procs.world_size)
         update = {BETA: beta, **update, **sampling}
 
+        all_advantages = procs.gather(advantages.float())  # [N_global trained], one per completion
         all_lengths = procs.gather(rollouts.sampled_lengths.float())  # [N_global] tokens the model wrote
         prompt_tokens = procs.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in indices) * G)))
         all_truncated = procs.gather(rollouts.truncated.float())  # [N_global]
@@ -266,11 +267,10 @@ class GRPOTrainer:
             clock.metrics(),
             self.rollout_scheduler.metrics(),
         )
-        if train_rows is None:
-            records = rollout_records(indices, rollouts, completions, reward, advantages.cpu(), self.train_source)
-        else:  # every sampled group, the dropped ones without an advantage
-            stored = stored_advantages(advantages, train_rows, len(completions))
-            records = rollout_records(indices, rollouts, completions, reward, stored, self.train_source)
+        if train_rows is not None:  # every sampled group, the dropped ones without an advantage
+            advantages = stored_advantages(advantages, train_rows, len(completions))
+        records = rollout_records(indices, rollouts, completions, reward, advantages, self.train_source)
+        if train_rows is not None:
             records = renumber_repeats(records, G)
         records = procs.gather_objects(records)  # every rank's, on rank 0
         if procs.is_main:
@@ -322,29 +322,43 @@ class GRPOTrainer:
             self.tokenizer.pad_token_id,
         )
 
-    def _learn(self, rollouts, advantages: torch.Tensor, clock: PhaseClock) -> dict:
-        """Reference log-probs and the learner's update on this rank's ``rollouts`` with their ``advantages`` [N];
-        the update's metrics, averaged over ranks."""
+    def _learn(self, rollouts, rewards: torch.Tensor, beta: float, clock: PhaseClock) -> tuple[torch.Tensor, dict]:
+        """Reference log-probs, the algorithm's advantages (``algos/registry.py``) and the learner's update on this
+        rank's ``rollouts``; ``rewards`` [N_global] the combined rewards of every rank's, ``beta`` the step's KL
+        coefficient. Returns (this rank's advantages, one per completion [n]; the update's metrics, averaged over
+        ranks)."""
         args, procs = self.args, self.procs
         loss_mask, old_logprobs, sampling_logprobs = update_inputs(args, rollouts, self.device)
         batch = build_batch(self.model, rollouts, self.tokenizer.pad_token_id, self.device)
         ref_logprobs = self.learner.reference_logprobs(batch)
+        if old_logprobs is None and self.algorithm.needs_old_logprobs(args):
+            old_logprobs = self.learner.old_logprobs(batch)
+        old_values = self.learner.values(batch)  # [n, T] with a critic, else None
+        n = rollouts.completion_ids.size(0)
+        rows = slice(procs.rank * n, (procs.rank + 1) * n)  # this rank's rows of the global batch
+        inputs = AdvantageInputs(
+            rewards, args.num_generations, rows, loss_mask, old_logprobs, ref_logprobs, old_values, beta
+        )
+        found = self.algorithm.advantages(inputs, args)
+        loss_mask = loss_mask if found.loss_mask is None else found.loss_mask
         # DDP averages gradients over ranks, so dapo's per-rank denominator is the global token count / ranks.
         num_items = procs.sum(loss_mask.sum()).clamp(min=1.0) / procs.world_size
         clock.lap("logprobs")
         update = self.learner.update(
             batch,
-            advantages,
+            found.advantages,  # [n] or [n, T]
             loss_mask,
             ref_logprobs,
             old_logprobs=old_logprobs,
             num_items_in_batch=num_items,
             sampling_logprobs=sampling_logprobs,
+            old_values=old_values,
+            returns=found.returns,
         )
-        update = procs.mean_metrics(update)
+        update = procs.mean_metrics(update | found.metrics)
         self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
         clock.lap("update")
-        return update
+        return found.per_sequence.float().cpu(), update
 
     def _after_step(self, metrics: dict) -> None:
         args, step = self.args, self.step

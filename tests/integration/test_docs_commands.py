@@ -45,6 +45,16 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit --steps 2": "a 494M-parameter model: ~5 min, ~13 GB",
     "python bench/profile_step.py --layers 4": "a 152k-vocabulary model under the profiler: ~3 min, ~5 GB",
     "python bench/head_slices.py": "a 152k-vocabulary head, 16 passes: ~2 min",
+    "python bench/vs_trl.py --quick --configs grpokit,grpokit_ppo": "the benchmark, grpokit's GRPO and PPO: ~5 min",
+    "grpokit train examples/arithmetic/config.yaml output_dir=runs/grpo": (
+        "the demo's warm start (~90 s to build) and 100 steps (~2 min); tests/integration/test_demo.py runs the demo"
+    ),
+    "grpokit train examples/arithmetic/config.yaml algo.algorithm=ppo output_dir=runs/ppo": (
+        "the demo's warm start and 100 PPO steps (~3 min); tests/integration/test_ppo.py runs PPO through the CLI"
+    ),
+    "grpokit train examples/arithmetic/config.yaml algo.algorithm=ppo num_generations=1 output_dir=runs/ppo-g1": (
+        "the demo's warm start and 100 PPO steps (~5 min); tests/integration/test_ppo.py runs PPO with G = 1"
+    ),
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (

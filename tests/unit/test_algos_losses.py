@@ -218,6 +218,32 @@ def test_gspo_sequence_ratio_on_ragged_mask():
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-0.221034] * 3, [0.0] * 3]))
 
 
+def test_per_token_advantages_by_hand():
+    # PPO: one advantage per token. Token 0: r = 1.5, A = 1 -> min(1.5, clip 1.2) = 1.2, clipped (no gradient);
+    # token 1: r = 1, A = -2 -> -2; token 2: padding. bnpo: -(1.2 + -2) / 2 = 0.4
+    logprobs = torch.tensor([[math.log(1.5), 0.0, 7.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    advantages = torch.tensor([[1.0, -2.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, metrics = policy_loss(logprobs, old, advantages, mask, LossSpec(loss_type="bnpo"))
+    assert loss.item() == pytest.approx(0.4, abs=1e-6)
+    assert metrics["clip_ratio/high_mean"] == pytest.approx(0.5)  # token 0 of 2
+    loss.backward()
+    # token 1: d/dlogp of -(r * A) / 2 = -A r / 2 = 1.0
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 1.0, 0.0]]))
+    # the same advantage on every token is the per-sequence loss
+    logprobs = torch.tensor([[0.3, -0.1, 0.1], [0.2, 0.4, 9.0]])
+    per_sequence = policy_loss(logprobs, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), MASK)[0]
+    per_token = policy_loss(logprobs, torch.zeros(2, 3), torch.tensor([[1.0] * 3, [-1.0] * 3]), MASK)[0]
+    torch.testing.assert_close(per_token, per_sequence)
+
+
+def test_per_token_advantages_refuse_a_sequence_level_ratio():
+    logprobs, old = _hand_inputs()
+    with pytest.raises(ValueError, match=r"per-token advantages \[N, T\] \(PPO\) cannot be used with .*'sequence'"):
+        policy_loss(logprobs, old, torch.ones(MASK.shape), MASK, LossSpec(importance_sampling_level="sequence"))
+
+
 def test_name_validation():
     logprobs, old = _hand_inputs()
     with pytest.raises(ValueError, match="grpo, bnpo, dr_grpo, dapo"):

@@ -16,7 +16,7 @@ writes. Compared, on masked-in tokens (verl leaves numbers at padding, grpokit 0
   batch_num_tokens = dapo with num_items_in_batch, seq-mean-token-mean = grpo, seq-mean-token-sum-norm
   with loss_scale_factor = dr_grpo with max_completion_length (the last two count only non-empty
   sequences in verl, every sequence in grpokit: the batch has no empty completion);
-* the policy loss (grpokit's existing ``policy_loss``, one advantage per sequence, with the k3 KL term):
+* the policy loss (``policy_loss`` with the k3 KL term, one advantage per sequence and PPO's one per token):
   ``compute_policy_loss_vanilla`` + the KL loss as verl's actor adds it (dual clip out of reach);
 * the KL in the reward: ``compute_rewards`` (k1) and ``kl_penalty`` (k1, k2, k3; verl clamps k3 to
   [-10, 10], grpokit does not, so the log-probs stay where the clamp does not bind);
@@ -73,6 +73,7 @@ def verl(tmp_path_factory):
         "ref_logprobs": -torch.rand(N, T, generator=generator, dtype=torch.float64) * 2,
         "beta": 0.05,
         "advantages": rand(N),
+        "token_advantages": rand(N, T),  # PPO's, one per token
         "epsilon": 0.2,
         "epsilon_high": 0.28,
         "kl_loss_coef": 0.04,
@@ -160,15 +161,16 @@ def test_value_loss_and_gradient_equal_verl(verl, loss_type):
     torch.testing.assert_close(vpreds.grad, verl_grad)
 
 
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("loss_type", ["bnpo", "dapo", "grpo", "dr_grpo"])
-def test_policy_loss_and_gradient_equal_verl(verl, loss_type):
-    # sequence-level advantages (policy_loss takes [N]); verl's per-token advantages hold A_i on every token
+def test_policy_loss_and_gradient_equal_verl(verl, loss_type, per_token):
+    # advantages [N] (the GRPO family; verl gets A_i on every token) or [N, T] (PPO's, as verl's are)
     x, out = verl
     logprobs = x["logprobs"].clone().requires_grad_(True)
     loss, metrics = policy_loss(
         logprobs,
         x["old_logprobs"],
-        x["advantages"],
+        x["token_advantages"] if per_token else x["advantages"],
         x["mask"],
         LossSpec(
             loss_type=loss_type,
@@ -182,7 +184,7 @@ def test_policy_loss_and_gradient_equal_verl(verl, loss_type):
     )
     loss.backward()
     assert 0 < metrics["clip_ratio/low_mean"] and 0 < metrics["clip_ratio/high_mean"]  # both clips active
-    verl_loss, verl_grad = out[f"policy_loss/{loss_type}"]
+    verl_loss, verl_grad = out[f"policy_loss{'_token' if per_token else ''}/{loss_type}"]
     torch.testing.assert_close(loss.detach(), verl_loss)
     torch.testing.assert_close(logprobs.grad, verl_grad)
 

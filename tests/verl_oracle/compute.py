@@ -46,7 +46,10 @@ def main(source: str, target: str) -> None:
         loss.backward()
         out[f"value_loss/{name}"] = (loss.detach(), clipfrac, vpreds.grad)
     for name, (mode, extra) in LOSS_MODES.items():
-        out[f"policy_loss/{name}"] = policy_loss(x, mode, {key: x[source_key] for key, source_key in extra.items()})
+        batch_info = {key: x[source_key] for key, source_key in extra.items()}
+        sequence = x["advantages"][:, None].expand_as(x["logprobs"])  # one per sequence, on every token
+        out[f"policy_loss/{name}"] = policy_loss(x, sequence, mode, batch_info)
+        out[f"policy_loss_token/{name}"] = policy_loss(x, x["token_advantages"], mode, batch_info)
     out["rewards/k1"] = core_algos.compute_rewards(x["token_rewards"], x["old_logprobs"], x["ref_logprobs"], x["beta"])
     # PPO's advantages from sequence scores: the KL in the reward (as apply_kl_penalty in
     # verl/trainer/ppo/ray_trainer.py, which needs more packages to import: scores - beta * kl_penalty * mask),
@@ -82,7 +85,7 @@ def main(source: str, target: str) -> None:
     torch.save(out, target)
 
 
-def policy_loss(x: dict, mode: str, batch_info: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def policy_loss(x: dict, advantages: torch.Tensor, mode: str, batch_info: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, its gradient wrt the log-probs): verl's actor loss as verl/workers/utils/losses.py ``ppo_loss``
     composes it (lines 103-140): ``compute_policy_loss_vanilla`` + kl_loss_coef * agg_loss(kl_penalty(low_var_kl)).
     The dual clip (clip_ratio_c) is set out of reach: grpokit has none."""
@@ -97,7 +100,6 @@ def policy_loss(x: dict, mode: str, batch_info: dict) -> tuple[torch.Tensor, tor
     )
     mask = x["mask"].bool()
     log_prob = x["logprobs"].clone().requires_grad_(True)
-    advantages = x["advantages"][:, None].expand_as(log_prob)  # one per sequence, on every token
     pg_loss, _ = core_algos.compute_policy_loss_vanilla(
         x["old_logprobs"], log_prob, advantages, mask, loss_agg_mode=mode, config=config
     )

@@ -1,0 +1,137 @@
+"""Algorithms by name (``algo.algorithm``): what each one provides to the training loop.
+
+An :class:`Algorithm` says whether it trains a critic, how few completions per prompt it accepts, and how a
+step's advantages come from its tensors (:class:`AdvantageInputs` -> :class:`AdvantageOutputs`). The trainer
+asks this registry and nothing else, so a new algorithm is one module under ``grpokit/algos/`` and one entry
+in ``ALGORITHMS``. Importing this module loads no torch (the config validates names and counts with it); the
+advantage functions import their math when called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import torch
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """One step's tensors for an algorithm's advantages. N: the step's completions (every process's), n: this
+    process's rows of them (``rows``), T: completion tokens.
+
+    rewards: [N] combined rewards (NaN: no reward applies); num_generations: G, completions per prompt,
+    adjacent; completion_mask: [n, T] the loss mask; old_logprobs / ref_logprobs: [n, T] the sampling
+    policy's and the reference's log-probs, or None (not computed: the algorithm does not ask for them,
+    or beta = 0); values: [n, T] the critic's values before the update (algorithms with a critic); beta: the
+    step's KL coefficient (the adaptive controller's, else the config's).
+    """
+
+    rewards: torch.Tensor
+    num_generations: int
+    rows: slice
+    completion_mask: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    beta: float = 0.0
+
+
+@dataclass(frozen=True)
+class AdvantageOutputs:
+    """advantages: [n] (one per sequence) or [n, T] (one per token) for ``policy_loss``; per_sequence: [n], one
+    number per completion for the store and the advantage metrics; returns: [n, T] the critic's targets
+    (algorithms with a critic); loss_mask: [n, T] the tokens that enter the losses, when the algorithm leaves
+    some out (None: the loss mask as given); metrics: floats logged with the step."""
+
+    advantages: torch.Tensor
+    per_sequence: torch.Tensor
+    returns: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What an algorithm provides to the loop.
+
+    name: its ``algo.algorithm`` value. min_generations: the fewest completions per prompt it can learn from.
+    uses_critic: the trainer builds and trains a value model (``train/critic.py``) and passes its values.
+    needs_old_logprobs: the advantages read the sampling policy's log-probs (computed before the update).
+    advantages: ``(inputs, config) -> AdvantageOutputs``; ``config`` is the run's GRPOConfig, read by name.
+    """
+
+    name: str
+    min_generations: int
+    uses_critic: bool
+    advantages: Callable[[AdvantageInputs, Any], AdvantageOutputs]
+    needs_old_logprobs: Callable[[Any], bool] = lambda config: False
+
+
+def _grpo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
+    """The GRPO family (``advantage_estimator``, ``scale_rewards``): one advantage per sequence from the rewards
+    of its group, computed over every process's rows (complete groups) and sliced to this process's."""
+    from grpokit.algos.advantages import compute_advantages
+
+    every = compute_advantages(
+        inputs.rewards, inputs.num_generations, config.advantage_estimator, config.scale_rewards
+    )  # [N]
+    mine = every[inputs.rows].float().to(inputs.completion_mask.device)  # [n]
+    return AdvantageOutputs(advantages=mine, per_sequence=mine)
+
+
+def _ppo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
+    """PPO with a learned value (``algos.gae.ppo_advantages``): the reward on the last token, the KL folded in
+    with ``kl_in_reward``, GAE with ``gamma`` and ``lam``, whitened over the tokens. A completion without a
+    reward (NaN) leaves the losses (its loss mask is 0). Per sequence: the mean of its token advantages."""
+    from grpokit.algos.gae import ppo_advantages
+    from grpokit.algos.masked import masked_mean
+    from grpokit.algos.value import explained_variance
+
+    if inputs.values is None:
+        raise ValueError("PPO's advantages need the critic's values")
+    rewards = inputs.rewards[inputs.rows].to(inputs.values.device)  # [n]
+    missing = rewards.isnan()  # [n]
+    mask = inputs.completion_mask * (~missing).to(inputs.completion_mask.dtype)[:, None]  # [n, T]
+    in_reward = config.kl_in_reward and inputs.beta > 0
+    advantages, returns, kl = ppo_advantages(
+        rewards.nan_to_num(0.0).float(),
+        inputs.values,
+        mask,
+        config.gamma,
+        config.lam,
+        old_logprobs=inputs.old_logprobs if in_reward else None,
+        ref_logprobs=inputs.ref_logprobs if in_reward else None,
+        beta=inputs.beta if in_reward else 0.0,
+    )  # [n, T] each
+    metrics = {
+        "explained_variance": float(explained_variance(inputs.values, returns, mask)),
+        "value/mean": float(masked_mean(inputs.values, mask)),
+        "returns/mean": float(masked_mean(returns, mask)),
+    }
+    if kl is not None:  # the KL folded into the rewards: the run's KL (max_kl reads it)
+        metrics["kl"] = float(masked_mean(kl, mask))
+    per_sequence = masked_mean(advantages, mask, dim=-1)  # [n, T] -> [n]
+    return AdvantageOutputs(advantages, per_sequence, returns, None if not missing.any() else mask, metrics)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "grpo": Algorithm("grpo", min_generations=2, uses_critic=False, advantages=_grpo_advantages),
+    "ppo": Algorithm(
+        "ppo",
+        min_generations=1,
+        uses_critic=True,
+        advantages=_ppo_advantages,
+        needs_old_logprobs=lambda config: config.kl_in_reward and config.beta > 0,
+    ),
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm called ``name``; a ValueError listing the names otherwise."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; valid choices: {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]

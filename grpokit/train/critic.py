@@ -1,0 +1,138 @@
+"""PPO's critic in training: the value model (``train/value_model.py``), its own AdamW and LR schedule.
+
+The learner asks it for the values of a generated batch before the update (``values``, no gradient: the
+old values of the clipped value loss and GAE's V) and gives it one optimizer step per policy mini-batch
+(``step``: micro-batches of ``per_device_train_batch_size`` rows, ``value_loss`` x vf_coef aggregated by the
+run's ``loss_type``, gradients clipped to ``max_grad_norm``). Its weights, optimizer and schedule are saved
+in checkpoints (``state``) and restored on resume.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grpokit.algos.value import value_loss
+from grpokit.config import ConfigError
+from grpokit.hardware import autocast
+from grpokit.kernels import Kernels
+from grpokit.train.logprobs import Batch
+from grpokit.train.schedule import make_scheduler
+from grpokit.train.value_model import ValueModel
+
+
+class Critic:
+    """``model``: the ValueModel; ``optimizer`` and ``scheduler`` its own; ``cfg`` the run's GRPOConfig."""
+
+    def __init__(self, model: ValueModel, optimizer, scheduler, cfg, autocast_dtype=None, kernels=None):
+        self.model, self.optimizer, self.scheduler, self.cfg = model, optimizer, scheduler, cfg
+        self.device = model.head.weight.device
+        self.autocast_dtype = autocast_dtype
+        self.kernels = kernels if kernels is not None else Kernels.select(self.device, autocast_dtype)
+
+    @classmethod
+    def build(cls, policy: torch.nn.Module, cfg, device: torch.device, dtype, autocast_dtype, kernels) -> Critic:
+        """The critic of a run: on a copy of ``policy``'s trunk, or ``value_model_name_or_path``; LoRA adapters
+        on its trunk when the run trains LoRA (``lora.r > 0``); AdamW at ``critic_learning_rate`` (default the
+        policy's) with the policy's schedule."""
+        try:
+            if cfg.value_model_name_or_path:
+                model = ValueModel.from_pretrained(cfg.value_model_name_or_path, dtype, device, cfg.trust_remote_code)
+            else:
+                model = ValueModel.from_policy(policy)
+        except ValueError as exc:
+            raise ConfigError(
+                f"algorithm: ppo: {exc}. The critic needs a Hugging Face model: give one as the policy or as "
+                "value_model_name_or_path."
+            ) from None
+        if cfg.lora.r > 0:
+            from grpokit.modeling import lora_config
+
+            config = lora_config(cfg)
+            config.task_type = "FEATURE_EXTRACTION"  # the trunk returns hidden states
+            model.add_lora(config)
+        else:
+            model.requires_grad_(True)  # a trunk copied from a LoRA policy comes frozen
+        model.train()
+        lr = cfg.learning_rate if cfg.critic_learning_rate is None else cfg.critic_learning_rate
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params,
+            lr=lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_epsilon,
+            weight_decay=cfg.weight_decay,
+            fused=device.type in ("cpu", "cuda"),
+        )
+        total = cfg.max_steps * cfg.optimizer_steps_per_step()
+        warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total)
+        scheduler = make_scheduler(optimizer, cfg.lr_scheduler_type, warmup, total)
+        return cls(model, optimizer, scheduler, cfg, autocast_dtype, kernels)
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        """[N, T] float32 values of the batch's completion tokens, 0 at padding, without gradient."""
+        rows = self.cfg.per_device_train_batch_size
+        self.model.eval()
+        with torch.no_grad(), autocast(self.device, self.autocast_dtype):
+            out = [self.model(batch.rows(slice(i, i + rows)), self.kernels) for i in range(0, len(batch), rows)]
+        self.model.train()
+        return torch.cat(out)  # [N, T]
+
+    def step(
+        self, batch: Batch, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, num_items
+    ) -> dict[str, float]:
+        """One optimizer step on a mini-batch: the clipped value loss x vf_coef over its micro-batches.
+        Metrics: value_loss (before vf_coef, the micro-batches' mean, dapo's parts summed), value_clip_frac,
+        critic/grad_norm, critic/learning_rate, and nonfinite (the step was skipped)."""
+        cfg = self.cfg
+        mb = cfg.per_device_train_batch_size
+        num_micro = math.ceil(len(batch) / mb)
+        no_autocast = torch.autocast(self.device.type, enabled=False)
+        total, parts = 0.0, []
+        for start in range(0, len(batch), mb):
+            rows = slice(start, start + mb)
+            with autocast(self.device, self.autocast_dtype):
+                values = self.model(batch.rows(rows), self.kernels)  # [mb, T]
+            with no_autocast:
+                loss, metrics = value_loss(
+                    values,
+                    old_values[rows],
+                    returns[rows],
+                    mask[rows],
+                    cfg.cliprange_value,
+                    cfg.vf_coef,
+                    cfg.loss_type,
+                    num_items_in_batch=num_items,
+                    max_completion_length=cfg.max_completion_length,
+                )
+                scaled = loss if cfg.loss_type == "dapo" else loss / num_micro  # as the policy's micro-batches
+                scaled.backward()
+            total += float(scaled.detach())
+            parts.append(metrics)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        nonfinite = not (math.isfinite(total) and math.isfinite(grad_norm))
+        lr = self.scheduler.get_last_lr()[0]
+        if not nonfinite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        summed = sum(p["value_loss"] for p in parts)
+        return {
+            "value_loss": summed if cfg.loss_type == "dapo" else summed / len(parts),
+            "value_clip_frac": sum(p["value_clip_frac"] for p in parts) / len(parts),
+            "critic/grad_norm": grad_norm,
+            "critic/learning_rate": lr,
+            "nonfinite": float(nonfinite),
+        }
+
+    def state(self) -> tuple[torch.nn.Module, dict]:
+        """(the module whose weights a checkpoint saves, {optimizer, scheduler} states)."""
+        return self.model, {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_states(self, states: dict) -> None:
+        """Restore the optimizer and scheduler from :meth:`state`'s dict (the weights are loaded by the caller)."""
+        self.optimizer.load_state_dict(states["optimizer"])
+        self.scheduler.load_state_dict(states["scheduler"])
