@@ -737,6 +737,11 @@ class GRPOConfig:
         if not a.dynamic_sampling:
             return
         _check(
+            a.num_generations >= 2,
+            f"dynamic_sampling keeps the groups whose rewards differ, and a group of num_generations="
+            f"{a.num_generations} never differs; set num_generations >= 2, or turn dynamic_sampling off.",
+        )
+        _check(
             not self.distributed.async_rollouts,
             "dynamic_sampling samples more prompts within a step, which async_rollouts (the next step sampled "
             "ahead) cannot; set async_rollouts: false (Ray rollout workers still sample each round), or turn "

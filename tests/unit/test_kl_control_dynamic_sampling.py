@@ -134,6 +134,10 @@ def test_sampling_rounds_refuse_bad_settings():
             {"dynamic_sampling": True, "backend": "ray", "async_rollouts": True},
             "set async_rollouts: false (Ray rollout workers still sample each round)",
         ),
+        (
+            {"dynamic_sampling": True, "algorithm": "ppo", "num_generations": 1},
+            "a group of num_generations=1 never differs",
+        ),
     ],
 )
 def test_config_refuses_bad_kl_control_and_dynamic_sampling(kwargs, message):
