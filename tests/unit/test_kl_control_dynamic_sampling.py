@@ -144,7 +144,7 @@ def test_config_refuses_bad_kl_control_and_dynamic_sampling(kwargs, message):
     from grpokit.config import ConfigError, GRPOConfig
 
     with pytest.raises(ConfigError) as err:
-        GRPOConfig(num_generations=4, per_device_train_batch_size=16, **kwargs)
+        GRPOConfig(**({"num_generations": 4, "per_device_train_batch_size": 16} | kwargs))
     assert message in str(err.value)
 
 
