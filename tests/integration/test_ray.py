@@ -162,3 +162,31 @@ def test_async_rollouts_are_one_step_stale_and_train(tmp_path):
     assert {r["step"]: r["policy_version"] for r in rows} == {1: 0, 2: 0, 3: 1}
     assert [m["policy_staleness"] for m in read_metrics(tmp_path / "run")] == [0, 1, 1]
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_ppo_trains_its_critic_on_rollouts_from_ray_workers(tmp_path, tiny_model_dir, word_prompts):
+    from conftest import TARGET_REWARD
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        algorithm="ppo",
+        num_generations=2,
+        per_device_train_batch_size=4,
+        max_steps=2,
+        max_completion_length=4,
+        beta=0.04,
+        kl_in_reward=True,
+        progress_bar=False,
+        report_to=["jsonl"],
+        save_steps=0,
+        backend="ray",
+        num_rollout_workers=1,
+        rollout_worker_cpus=0.5,
+    )
+    trainer = GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=word_prompts)
+    head = trainer.learner.critic.model.head.weight.detach().clone()
+    trainer.train()
+    steps = [m for m in read_metrics(tmp_path / "run") if "loss" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["value_loss"] >= 0 and "explained_variance" in m for m in steps)
+    assert not torch.equal(trainer.learner.critic.model.head.weight, head)  # the critic learned from the workers'
