@@ -1,9 +1,9 @@
 """Configuration: nested dataclasses, YAML loading, command-line overrides, validation.
 
 A config has sections (``model``, ``data``, ``algo``, ``generation``, ``optim``, ``run``, ``eval``,
-``lora``, ``distributed``) plus a ``rewards`` list. Field names are unique across sections, so a bare
-key (``num_generations=16``) names the one field of that name in whichever section holds it; the
-seeds' aliases (``group_size``, ``kl_coef``, ``kl_beta``, ``clip_range``) are accepted too.
+``lora``, ``distributed``, ``reward``, ``agent``) plus a ``rewards`` list. Field names are unique across
+sections, so a bare key (``num_generations=16``) names the one field of that name in whichever section
+holds it; the seeds' aliases (``group_size``, ``kl_coef``, ``kl_beta``, ``clip_range``) are accepted too.
 
 Defaults follow TRL's GRPOConfig where the concept exists there, except ``beta = 0.04`` and
 ``use_bias_correction_kl = False`` (plain k3, the formula of docs/architecture.md; TRL 1.16: True).
@@ -280,6 +280,29 @@ class RewardSettings:
     where a timeout cannot stop code that holds the GIL."""
 
 
+@dataclass
+class AgentConfig:
+    tools: list = field(default_factory=list)
+    """Tool functions the model may call in multi-turn rollouts: `module:function` or `path/to/file.py:function`,
+    each with type hints and a Google-style docstring (GRPOTrainer(tools=[...]) takes the functions themselves)."""
+    environment_factory: str | None = None
+    """`module:Class` or `path/to/file.py:Class`: called with no argument, one instance per rollout, reset with the
+    dataset row; its public methods are tools and reward functions get the instances as `environments`."""
+    max_tool_calling_iterations: int | None = None
+    """Rounds of tool calls per rollout at most (TRL's name); null = until the model answers without a call or the
+    completion budget (max_completion_length, tool results included) is spent."""
+    tool_parser: str = "auto"
+    """How tool calls are read: auto (from the chat template) | hermes | qwen3_xml | llama3 | mistral | a registered
+    name | `module:function` / `file.py:function` (text -> list of grpokit.tools.ToolCall)."""
+    tool_timeout: float = 30.0
+    """Seconds one tool call may take; past it the call's worker is killed and the model reads an error."""
+    tool_workers: int = 4
+    """Tool calls of different rollouts running at once (worker processes for plain tools)."""
+    tool_isolation: str = "process"
+    """process (plain tools in killable worker processes) | thread (threads of the trainer); environment methods
+    always run on threads of the trainer, where the reward functions read the instances."""
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "data": DataConfig,
@@ -291,6 +314,7 @@ SECTIONS: dict[str, type] = {
     "lora": LoraConfig,
     "distributed": DistributedConfig,
     "reward": RewardSettings,
+    "agent": AgentConfig,
 }
 
 ALIASES = {
@@ -314,6 +338,7 @@ CHOICES = {
     "strategy": ("ddp", "fsdp"),
     "save_strategy": ("steps", "epoch", "no"),
     "eval_strategy": ("steps", "epoch", "no"),
+    "tool_isolation": ("process", "thread"),
 }
 
 REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
@@ -621,6 +646,36 @@ class GRPOConfig:
             "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.",
         )
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
+        self._validate_agent()
+
+    def _validate_agent(self) -> None:
+        """The agent section's values, and the settings multi-turn rollouts cannot run with."""
+        t = self.agent
+        for spec in t.tools:
+            _check(
+                isinstance(spec, str) and ":" in spec,
+                f"tools contains {spec!r}; each entry is 'module:function' or 'path/to/file.py:function' (pass "
+                "functions themselves as GRPOTrainer(tools=[...])).",
+            )
+        _check(
+            t.environment_factory is None or ":" in t.environment_factory,
+            f"environment_factory={t.environment_factory!r}: give 'module:Class' or 'path/to/file.py:Class'.",
+        )
+        _check(
+            t.max_tool_calling_iterations is None or t.max_tool_calling_iterations >= 0,
+            f"max_tool_calling_iterations={t.max_tool_calling_iterations} must be >= 0 or null (no limit).",
+        )
+        _check(t.tool_timeout > 0, f"tool_timeout={t.tool_timeout} must be > 0 seconds.")
+        _check(t.tool_workers >= 1, f"tool_workers={t.tool_workers} must be >= 1.")
+        if t.tools or t.environment_factory:
+            self.check_multi_turn()
+
+    def check_multi_turn(self) -> None:
+        """Refuse the settings multi-turn tool rollouts cannot run with (tools from the config or from
+        GRPOTrainer(tools=..., environment_factory=...))."""
+        fix = "multi-turn tool rollouts are sampled by the hf engine in the training process"
+        _check(self.engine == "hf", f"tools and environments need generation.engine: hf ({fix}).")
+        _check(self.backend == "none", f"tools and environments need distributed.backend: none ({fix}).")
 
     def _validate_vllm(self) -> None:
         """Settings engine: vllm cannot run with (the CUDA and package checks are the trainer's, at start)."""

@@ -67,6 +67,7 @@ REWARD_KEYWORDS = (
     "log_metric",
     "log_extra",
     "completion_lengths",
+    "environments",
 )
 
 

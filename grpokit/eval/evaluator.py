@@ -27,11 +27,14 @@ def evaluate(
     prompts_per_batch: int = 16,
     max_prompts: int | None = None,
     trainer_state=None,
+    tools=None,
 ) -> dict[str, float]:
     """Metrics ``eval/reward``, ``eval/pass@k`` for each k, ``eval/greedy_accuracy``, and
     ``eval/<name>`` for each name the reward functions logged with ``log_metric`` (the mean).
 
     The rewards are called as in training (:mod:`grpokit.rewards.contract`), with ``trainer_state``.
+    ``tools``: the run's ``ToolRollouts`` (grpokit.train.tool_rollouts): samples are multi-turn tool rollouts,
+    scored as in training.
 
     A sample is correct when its combined reward >= ``success_threshold``; pass@k per prompt is the
     unbiased estimator over its n samples (Chen et al. 2021), averaged over prompts.
@@ -49,6 +52,7 @@ def evaluate(
         prompt_column=prompt_column,
         trainer_state=trainer_state,
         logged=logged,
+        tools=tools,
     )
     for start in range(0, len(indices), prompts_per_batch):
         chunk = indices[start : start + prompts_per_batch]
@@ -72,11 +76,21 @@ class Evaluator:
     """A run's evaluation: :func:`evaluate` on its eval prompts (``source``, a PromptSource, and their ``rows``;
     None without an eval set) with its engine, rewards and settings (a GRPOConfig's ``eval_temperature``, else the
     sampling temperature, ``num_generations_eval``, ``pass_at_k``, ``success_threshold``, ``prompt_column``,
-    ``max_eval_prompts``)."""
+    ``max_eval_prompts``); ``tools``: the run's ``ToolRollouts`` (multi-turn tool rollouts), or None."""
 
-    def __init__(self, args, engine, tokenizer, source, rows: list[dict] | None, reward_runner, params: SamplingParams):
+    def __init__(
+        self,
+        args,
+        engine,
+        tokenizer,
+        source,
+        rows: list[dict] | None,
+        reward_runner,
+        params: SamplingParams,
+        tools=None,
+    ):
         self.args, self.engine, self.tokenizer, self.source, self.rows = args, engine, tokenizer, source, rows
-        self.reward_runner, self.params = reward_runner, params
+        self.reward_runner, self.params, self.tools = reward_runner, params, tools
 
     def __call__(self, trainer_state=None) -> dict[str, float]:
         if self.source is None:
@@ -95,14 +109,20 @@ class Evaluator:
             success_threshold=args.success_threshold,
             prompt_column=args.prompt_column,
             max_prompts=args.max_eval_prompts,
+            tools=self.tools,
         )
 
 
 def _score(
-    engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state, logged
+    engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state, logged, tools
 ) -> torch.Tensor:
-    rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
+    if tools is None:
+        rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
+    else:
+        rollouts = tools.generate([rows[i] for i in chunk], n, params)
     prompts, texts, columns, ids = reward_arguments(rows, chunk, rollouts, tokenizer, prompt_column)
+    if tools is not None:
+        prompts, texts, columns = tools.reward_inputs(prompts, rollouts.conversations, columns)
     result = reward_runner.score(prompts, texts, columns, group_size=n, completion_ids=ids, trainer_state=trainer_state)
     for name, values in result.logged.items():
         logged.setdefault(name, []).extend(values)

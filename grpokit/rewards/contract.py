@@ -13,7 +13,10 @@ A reward function is called with keywords only, as TRL's GRPOTrainer calls it::
 means "does not apply". It may be a coroutine function.
 
 Conversational data (prompts that are lists of chat messages): ``prompts`` are those lists and each
-completion is ``[{"role": "assistant", "content": text}]``.
+completion is ``[{"role": "assistant", "content": text}]``; a multi-turn tool rollout's completion is its
+messages after the prompt (assistant turns with their ``tool_calls``, ``tool`` results), as TRL passes them.
+Runs with an ``environment_factory`` pass ``environments`` too: each completion's environment instance, live
+(:data:`LIVE_KEYWORDS`), so a function that names it runs in the trainer's process.
 
 Two kinds of failure are told apart on purpose:
 
@@ -41,6 +44,9 @@ import numpy as np
 
 RewardFn = Callable[..., Any]
 TIMED_OUT = "timed out"
+# Keywords holding live objects of the trainer's process (TRL's ``environments``): never sent to a worker
+# process; a function that names one runs on a thread of the trainer (:func:`reads_live_objects`).
+LIVE_KEYWORDS = ("environments",)
 
 
 class RewardError(ValueError):
@@ -79,11 +85,12 @@ def is_conversational(prompt: Any) -> bool:
     return isinstance(prompt, list) and all(isinstance(m, Mapping) and "role" in m for m in prompt)
 
 
-def as_completions(prompts: Sequence[Any], texts: Sequence[str]) -> list[Any]:
+def as_completions(prompts: Sequence[Any], texts: Sequence[Any]) -> list[Any]:
     """Completions in the form TRL passes them: ``[{"role": "assistant", "content": text}]`` each
-    when the prompts are chat messages, else the texts."""
+    when the prompts are chat messages, else the texts. A completion given as messages already (a
+    multi-turn rollout's) stays as it is."""
     if prompts and is_conversational(prompts[0]):
-        return [[{"role": "assistant", "content": text}] for text in texts]
+        return [text if is_conversational(text) else [{"role": "assistant", "content": text}] for text in texts]
     return list(texts)
 
 
@@ -155,6 +162,15 @@ def _accepted(fn: RewardFn) -> set[str] | None:
         return None
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return {p.name for p in params if p.kind in named}
+
+
+def reads_live_objects(fn: RewardFn) -> bool:
+    """Whether ``fn`` names one of :data:`LIVE_KEYWORDS` (so it must run in the trainer's process)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return any(name in params for name in LIVE_KEYWORDS)
 
 
 def call_reward(fn: RewardFn, payload: Mapping[str, Any], log: RewardLog) -> Any:

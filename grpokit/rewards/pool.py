@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from grpokit.rewards.contract import Outcome, TimedCall
+from grpokit.rewards.contract import LIVE_KEYWORDS, Outcome, TimedCall, reads_live_objects
 from grpokit.rewards.workers import RewardProcess, process_context, run_calls
 
 # [F][chunk] (rows, Outcome): what every function gave on each chunk of the batch it ran on
@@ -56,9 +56,9 @@ def chunks(n: int, parts: int, group_size: int = 1) -> list[slice]:
 
 class LocalRewardPool:
     """The functions on this machine: each in ``max(1, workers)`` worker processes, each process scoring
-    a chunk (``isolate`` or ``workers > 0``); otherwise, and for reward models (``in_process``) and
-    functions a process cannot hold, on threads of this process, where a timeout cannot stop code that
-    holds the GIL (with a warning naming why)."""
+    a chunk (``isolate`` or ``workers > 0``); otherwise, and for reward models (``in_process``), functions
+    that read live objects (``environments``) and functions a process cannot hold, on threads of this
+    process, where a timeout cannot stop code that holds the GIL (with a warning naming why)."""
 
     def __init__(self, names: list[str], functions: list[Callable], workers: int = 0, isolate: bool = True):
         self.functions = functions
@@ -70,7 +70,7 @@ class LocalRewardPool:
 
     def _start_processes(self, names: list[str], count: int) -> None:
         for f, (name, fn) in enumerate(zip(names, self.functions)):
-            if getattr(fn, "in_process", False):
+            if getattr(fn, "in_process", False) or reads_live_objects(fn):
                 continue
             context, why = process_context(fn)
             if context is None:
@@ -92,7 +92,8 @@ class LocalRewardPool:
         for f, processes in enumerate(self.processes):
             if processes is not None:
                 for proc, rows in zip(processes, chunks(n, len(processes), group_size)):
-                    calls.append((proc, payload(rows), rows.stop - rows.start))
+                    sent = {k: v for k, v in payload(rows).items() if k not in LIVE_KEYWORDS}  # live objects stay here
+                    calls.append((proc, sent, rows.stop - rows.start))
                     where.append((f, rows))
         outcomes: Outcomes = [[] for _ in self.functions]
         for (f, rows), outcome in zip(where, run_calls(calls, timeout, deadline)):

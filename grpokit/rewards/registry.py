@@ -130,6 +130,22 @@ def _load_target(target: str) -> Callable:
     return _function_from(module, function, location)
 
 
+def load_callable(target: str, what: str) -> Callable:
+    """The object named by ``"module:name"`` or ``"path/to/file.py:name"`` (loaded now), for specs other than
+    rewards (tools, environments); ``what`` names the setting in error messages."""
+    location, _, name = target.rpartition(":")
+    if not location or not name:
+        raise ValueError(f"{what} {target!r}: expected 'module:name' or 'path/to/file.py:name'")
+    if location.endswith(".py") or "/" in location or "\\" in location:
+        path = str(Path(expand_path(location)).resolve())
+        return _function_from(_load_file(path), name, path)
+    try:
+        module = importlib.import_module(location)
+    except ImportError as exc:
+        raise ValueError(f"{what} {target!r}: cannot import module {location!r}: {exc}") from exc
+    return _function_from(module, name, location)
+
+
 def reward_name(fn: Callable) -> str:
     """A readable name for a reward function (metric keys use it)."""
     while isinstance(fn, functools.partial):

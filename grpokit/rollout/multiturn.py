@@ -316,10 +316,14 @@ class MultiTurnEngine:
         num_generations: int,
         params: SamplingParams,
         sessions: Sequence[EnvironmentSession | None] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> Rollouts:
         """``num_generations`` conversations for each chat prompt (rollouts n*G .. n*G+G-1 of prompt n);
         ``sessions``: one environment session per rollout (B*G), or None. ``params.max_completion_length``
         bounds each rollout's tokens after its prompt, the model's and the environment's together.
+        ``seeds``: one per prompt; its group's random streams come from it instead of the engine's generator,
+        so a group's rollouts do not depend on the other prompts of the batch
+        (:mod:`grpokit.rollout.seeding`).
 
         Returns :class:`Rollouts` with ``loss_mask`` (1 on the tokens the model sampled; ``logprobs`` are
         theirs, 0 elsewhere) and ``conversations``. A prompt's rollouts share its ``prompt_ids``; where
@@ -339,7 +343,17 @@ class MultiTurnEngine:
             loop.start(prompts[n // num_generations], None if sessions is None else sessions[n]) for n in range(N)
         ]
         prompt_messages = [len(r.messages) for r in rollouts]
-        generators = rollout_generators(self.engine.generator, N)
+        if seeds is None:
+            generators = rollout_generators(self.engine.generator, N)
+        else:
+            if len(seeds) != len(prompts):
+                raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts; pass one per prompt")
+            device = self.engine.generator.device
+            generators = [
+                g
+                for seed in seeds
+                for g in rollout_generators(torch.Generator(device=device).manual_seed(seed), num_generations)
+            ]
         model, engine = self.engine.model, self.engine
         was_training = model.training
         model.eval()

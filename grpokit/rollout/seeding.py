@@ -52,14 +52,20 @@ def split_rollouts(rollouts: Rollouts, parts: int) -> list[Rollouts]:
             finish_reasons=rollouts.finish_reasons[k * rows : (k + 1) * rows],
             num_generations=G,
             policy_version=rollouts.policy_version,
+            loss_mask=None if rollouts.loss_mask is None else rollouts.loss_mask[k * rows : (k + 1) * rows].clone(),
+            conversations=None if rollouts.conversations is None else rollouts.conversations[k * rows : (k + 1) * rows],
         )
         for k in range(parts)
     ]
 
 
 def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
-    """Join Rollouts of the same G and policy version, right-padding to the longest completion."""
+    """Join Rollouts of the same G and policy version, right-padding to the longest completion. Multi-turn
+    parts (with a loss mask and conversations) join only with multi-turn parts."""
     width = max(p.completion_ids.size(1) for p in parts)
+    multi_turn = parts[0].loss_mask is not None
+    if any((p.loss_mask is not None) != multi_turn or (p.conversations is not None) != multi_turn for p in parts):
+        raise ValueError("cannot join multi-turn rollouts (loss_mask, conversations) with single-turn ones")
 
     def padded(t: torch.Tensor, value) -> torch.Tensor:
         return torch.nn.functional.pad(t, (0, width - t.size(1)), value=value)  # [n, T]
@@ -72,4 +78,6 @@ def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
         finish_reasons=[r for p in parts for r in p.finish_reasons],
         num_generations=parts[0].num_generations,
         policy_version=min(p.policy_version for p in parts),
+        loss_mask=torch.cat([padded(p.loss_mask, 0.0) for p in parts]) if multi_turn else None,  # [N, T]
+        conversations=[c for p in parts for c in p.conversations] if multi_turn else None,
     )

@@ -91,6 +91,29 @@ class Rollouts:
         return self.completion_mask.sum(dim=1).long()
 
     @property
+    def sampled_lengths(self) -> torch.Tensor:
+        """[N] tokens the model sampled: ``completion_lengths`` without the tokens tools and templates added
+        (TRL's completion lengths of multi-turn rollouts)."""
+        mask = self.completion_mask if self.loss_mask is None else self.loss_mask
+        return mask.sum(dim=1).long()
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Rollouts:
+        """Rollouts from ``dataclasses.asdict`` of Rollouts (a checkpoint's), conversations rebuilt."""
+        values = dict(values)
+        if values.get("conversations") is not None:
+            values["conversations"] = [
+                Conversation(
+                    c["messages"],
+                    [Turn(**{**t, "tokens": None if t["tokens"] is None else tuple(t["tokens"])}) for t in c["turns"]],
+                    c["stop_reason"],
+                    c["tool_rounds"],
+                )
+                for c in values["conversations"]
+            ]
+        return cls(**values)
+
+    @property
     def truncated(self) -> torch.Tensor:
         """[N] bool, True where the completion hit max_completion_length."""
         return torch.tensor([r == "length" for r in self.finish_reasons])

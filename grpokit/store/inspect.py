@@ -1,7 +1,8 @@
 """`grpokit inspect RUN`: the rollout store of a run as a table (or JSON).
 
 Without options: one line per step (n, mean reward, mean length, errors). With --step, --top,
---bottom, --prompt or --errors: the matching completions. With --sql: any read-only query.
+--bottom, --prompt or --errors: the matching completions (a multi-turn rollout as its conversation: the
+model's turns and each tool call's result). With --sql: any read-only query.
 """
 
 from __future__ import annotations
@@ -99,13 +100,35 @@ def _render_rollouts(rollouts: list[dict]) -> str:
         body = Text()
         body.append(_shorten(r["prompt"], _MAX_PROMPT_CHARS), style="dim")
         body.append("\n")
-        body.append(_shorten(r["completion"], _MAX_COMPLETION_CHARS))
+        if r.get("conversation"):
+            _append_conversation(body, r["conversation"])
+        else:
+            body.append(_shorten(r["completion"], _MAX_COMPLETION_CHARS))
         for column, value in sorted((r.get("extra") or {}).items()):
             body.append(f"\n{column}: {_shorten(_format(value), _MAX_PROMPT_CHARS)}", style="cyan")
         if r["error"] is not None:
             body.append(f"\nerror: {r['error']}", style="red")
         panels.append(Panel(body, title=Text(title), title_align="left"))
     return _print(Group(*panels))
+
+
+def _append_conversation(body: Text, conversation: dict) -> None:
+    """A multi-turn rollout as its turns: the model's (tool calls included), each tool result with its call,
+    status and time, then how it ended."""
+    for turn in conversation["turns"]:
+        if turn["role"] == "tool":
+            arguments = json.dumps(turn.get("arguments") or {}, ensure_ascii=False)
+            timing = f", {turn['duration']:.3g} s" if "duration" in turn else ""
+            shown = "" if "tokens" in turn else ", not shown: no room left"
+            body.append(f"\n[tool] {turn.get('name')}({arguments}) -> {turn.get('status')}{timing}{shown}: ", "cyan")
+            body.append(_shorten(turn["text"], _MAX_PROMPT_CHARS), style="cyan")
+            if turn.get("error"):
+                body.append(f"\n  error: {turn['error']}", style="red")
+        else:
+            body.append(f"\n[{turn['role']}] ", style="bold")
+            body.append(_shorten(turn["text"], _MAX_COMPLETION_CHARS))
+    rounds = conversation["tool_rounds"]
+    body.append(f"\nended: {conversation['stop_reason']} after {rounds} tool round{'s' * (rounds != 1)}", style="dim")
 
 
 def _print(renderable: Any) -> str:

@@ -26,7 +26,8 @@ class RolloutRecord:
 
     ``rewards``: each reward function's value (None where it did not apply or failed); ``reward`` the
     weighted sum; ``error`` the reward errors of this completion; ``extra`` the ``log_extra`` columns
-    (a JSON-able dict, or None).
+    (a JSON-able dict, or None); ``conversation`` a multi-turn rollout's turns (:func:`conversation_record`),
+    None for a single-turn completion.
     """
 
     prompt_index: int
@@ -42,11 +43,38 @@ class RolloutRecord:
     policy_version: int
     error: str | None = None
     extra: dict[str, Any] | None = None
+    conversation: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.rewards = {name: finite_or_none(value) for name, value in self.rewards.items()}
         self.reward = finite_or_none(self.reward)
         self.advantage = finite_or_none(self.advantage)
+
+
+def conversation_record(conversation: Any) -> dict[str, Any]:
+    """A multi-turn rollout (a ``rollout.types.Conversation``) as the store keeps it (JSON-able):
+    ``{"stop_reason", "tool_rounds", "turns": [...]}``, each turn with its ``role`` and ``text``, and where they
+    apply ``tool_calls`` (an assistant's), ``name``, ``arguments``, ``status``, ``error`` (a tool result's),
+    ``tokens`` ([start, end) in the completion's tokens), ``start`` (seconds after the first turn began) and
+    ``duration`` (seconds)."""
+    begun = [t.started for t in conversation.turns if t.started is not None]
+    t0 = min(begun) if begun else 0.0
+    turns = []
+    for turn in conversation.turns:
+        fields = {
+            "role": turn.role,
+            "text": turn.text,
+            "tool_calls": turn.tool_calls or None,
+            "name": turn.name,
+            "arguments": turn.arguments,
+            "status": turn.status,
+            "error": turn.error,
+            "tokens": None if turn.tokens is None else list(turn.tokens),
+            "start": None if turn.started is None else round(turn.started - t0, 6),
+            "duration": None if turn.started is None or turn.ended is None else round(turn.ended - turn.started, 6),
+        }
+        turns.append({k: v for k, v in fields.items() if v is not None})
+    return {"stop_reason": conversation.stop_reason, "tool_rounds": conversation.tool_rounds, "turns": turns}
 
 
 def rollout_records(
@@ -79,6 +107,7 @@ def rollout_records(
                 policy_version=rollouts.policy_version,
                 error=reward.errors[n],
                 extra={column: values[n] for column, values in reward.extra.items()} or None,
+                conversation=None if rollouts.conversations is None else conversation_record(rollouts.conversations[n]),
             )
         )
     return records

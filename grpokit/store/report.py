@@ -57,6 +57,7 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32
 .up { color: #2e7d32; font-weight: 600; } .down { color: #c62828; font-weight: 600; }
 .sample pre { white-space: pre-wrap; word-break: break-word; margin: 6px 0; font-size: 13px;
   background: #f7f7f7; padding: 6px; } .prompt { color: #555; } .error { color: #b00; }
+.sample pre.tool { background: #eef4fb; color: #1f4e79; margin-left: 24px; }
 """
 
 
@@ -217,5 +218,26 @@ def _rollout_html(rollout: dict, kind: str) -> str:
         f"{rollout['completion_tokens']} tokens · {escape(rollout['finish_reason'])} · "
         f"prompt {rollout['prompt_index']} #{rollout['completion_index']}"
         f'<pre class="prompt">{escape(rollout["prompt"])}</pre>'
-        f'<pre class="completion">{escape(rollout["completion"])}</pre>{error}</div>'
+        f"{_completion_html(rollout)}{error}</div>"
     )
+
+
+def _completion_html(rollout: dict) -> str:
+    """The completion; a multi-turn rollout as its conversation (each turn, each tool call and its result)."""
+    conversation = rollout.get("conversation")
+    if not conversation:
+        return f'<pre class="completion">{escape(rollout["completion"])}</pre>'
+    parts = []
+    for turn in conversation["turns"]:
+        if turn["role"] == "tool":
+            arguments = json.dumps(turn.get("arguments") or {}, ensure_ascii=False)
+            head = f"tool {turn.get('name')}({arguments}) -> {turn.get('status')}"
+            if "duration" in turn:
+                head += f", {turn['duration']:.3g} s"
+            error = f"\nerror: {turn['error']}" if turn.get("error") else ""
+            parts.append(f'<pre class="tool">{escape(head)}\n{escape(turn["text"])}{escape(error)}</pre>')
+        else:
+            parts.append(f'<pre class="completion">{escape(turn["text"])}</pre>')
+    rounds = conversation["tool_rounds"]
+    ended = f"ended: {conversation['stop_reason']} after {rounds} tool round{'s' * (rounds != 1)}"
+    return "".join(parts) + f'<div class="meta">{escape(ended)}</div>'

@@ -3,13 +3,17 @@
 One row per completion in `rollouts`; each reward function's value lives in the JSON column
 `rewards` (`{"accuracy": 1.0, "format": null}`), so adding a reward function never migrates the
 schema. `extra` holds the columns reward functions logged with `log_extra` (JSON, null when none);
-stores written before it existed get it when opened for writing. The `reward_values` view unpacks it
+`conversation` a multi-turn rollout's turns (JSON: stop_reason, tool_rounds, turns with role, text, tool
+calls, tool name, arguments, status, error, token span, start and duration; null for a single-turn
+completion). Stores written before these columns existed get them when opened for writing, and are read
+without them. The `reward_values` view unpacks it
 to one row per (rollout, reward function) and `step_summary` gives the per-step numbers `grpokit
 inspect` prints, which keeps ad-hoc `grpokit inspect RUN --sql "..."` queries short:
 
     SELECT name, avg(value) FROM reward_values GROUP BY name
     SELECT step, json_extract(rewards, '$.accuracy') FROM rollouts WHERE error IS NOT NULL
     SELECT json_extract(extra, '$.judge_reason') FROM rollouts
+    SELECT step, json_extract(conversation, '$.tool_rounds') FROM rollouts
 """
 
 SCHEMA_VERSION = 1
@@ -43,6 +47,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     policy_version    INTEGER NOT NULL,
     error             TEXT,
     extra             TEXT,
+    conversation      TEXT,
     UNIQUE (step, prompt_index, completion_index)
 );
 CREATE TABLE IF NOT EXISTS step_metrics (

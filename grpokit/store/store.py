@@ -44,7 +44,11 @@ _ROLLOUT_COLUMNS = (
     "policy_version",
     "error",
     "extra",
+    "conversation",
 )
+# Columns added after the first stores were written: ALTERed into a store opened for writing, left out of reads
+# of a store without them.
+_ADDED_COLUMNS = ("extra", "conversation")
 _INSERT_ROLLOUT = (
     f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
 )
@@ -108,8 +112,10 @@ class RolloutStore:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA busy_timeout=10000")
             self._conn.executescript(SCHEMA)
-            if "extra" not in self._table_columns():  # a store written before log_extra existed
-                self._conn.execute("ALTER TABLE rollouts ADD COLUMN extra TEXT")
+            present = self._table_columns()
+            for column in _ADDED_COLUMNS:  # a store written before the column existed
+                if column not in present:
+                    self._conn.execute(f"ALTER TABLE rollouts ADD COLUMN {column} TEXT")
             self._init_meta(run_id or self.path.resolve().parent.name)
         except sqlite3.DatabaseError as err:
             self._conn.close()
@@ -210,6 +216,7 @@ class RolloutStore:
             rollout.policy_version,
             rollout.error,
             None if rollout.extra is None else json.dumps(rollout.extra, default=str, ensure_ascii=False),
+            None if rollout.conversation is None else json.dumps(rollout.conversation, default=str, ensure_ascii=False),
         )
 
     def _has_step(self, step: int) -> bool:
@@ -293,7 +300,8 @@ class RolloutStore:
             if order_by_reward not in ("asc", "desc"):
                 raise ValueError(f"order_by_reward must be 'asc' or 'desc', not {order_by_reward!r}")
             order = f"reward IS NULL, reward {order_by_reward.upper()}, {order}"
-        columns = [c for c in _ROLLOUT_COLUMNS if c != "extra" or "extra" in self._table_columns()]
+        present = self._table_columns()
+        columns = [c for c in _ROLLOUT_COLUMNS if c not in _ADDED_COLUMNS or c in present]
         sql = f"SELECT {', '.join(columns)} FROM rollouts"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -306,6 +314,7 @@ class RolloutStore:
             rollout = dict(zip(columns, row))
             rollout["rewards"] = json.loads(rollout["rewards"])
             rollout["extra"] = json.loads(rollout["extra"]) if rollout.get("extra") else None
+            rollout["conversation"] = json.loads(rollout["conversation"]) if rollout.get("conversation") else None
             result.append(rollout)
         return result
 

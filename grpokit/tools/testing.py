@@ -1,4 +1,5 @@
-"""A tokenizer with a tool-calling chat template, built locally, for tests and benchmarks of multi-turn rollouts.
+"""A tokenizer with a tool-calling chat template, and a tiny model that follows a script of chat turns, built
+locally, for tests, examples and benchmarks of multi-turn rollouts.
 
 The tokenizer is byte-level without merges: every byte is one token, so any text round-trips and a
 span of token ids decodes to exactly the text it came from (what a loss-mask test needs), and the
@@ -69,3 +70,65 @@ def qwen_style_tokenizer() -> Any:
     tokenizer.pad_token = "<|endoftext|>"
     tokenizer.chat_template = QWEN_STYLE_TEMPLATE
     return tokenizer
+
+
+def scripted_chat_lm(tokenizer: Any, turns: list[str], strength: float = 30.0, hidden: int = 8, seed: int = 0):
+    """A trainable custom module (``forward(input_ids) -> logits``) that writes ``turns[k]`` as its k-th assistant
+    turn after the prompt (the last one again past the end): a bias of ``strength`` on each scripted token, on top
+    of a small learned bigram model (embedding -> linear, so training has gradients). A ``#`` in a turn is a free
+    digit: every digit gets the bias and the learned part chooses, so rollouts differ there. A turn is found
+    by the ``<|im_start|>assistant\\n`` headers before a position: the logits depend on earlier tokens only,
+    as a causal model's do, and sampling and training see the same distribution."""
+    import torch
+
+    class _Scripted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            generator = torch.Generator().manual_seed(seed)
+            vocab = len(tokenizer)
+            self.embed = torch.nn.Embedding(vocab, hidden)
+            self.head = torch.nn.Linear(hidden, vocab)
+            with torch.no_grad():
+                self.embed.weight.copy_(torch.randn(vocab, hidden, generator=generator))
+                self.head.weight.copy_(torch.randn(vocab, hidden, generator=generator) / hidden**0.5)
+                self.head.bias.zero_()
+            header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+            end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+            scripts = []
+            for turn in turns:  # "#" = -1, a free digit
+                pieces = [tokenizer.encode(piece, add_special_tokens=False) for piece in turn.split("#")]
+                scripts.append([t for piece in pieces for t in [*piece, -1]][:-1])
+            width = max(len(s) for s in scripts) + 1
+            table = torch.full((len(scripts), width), end, dtype=torch.long)  # past a turn's script: end of turn
+            for k, script in enumerate(scripts):
+                table[k, : len(script)] = torch.tensor(script)
+            self.register_buffer("table", table, persistent=False)
+            self.register_buffer("header", torch.tensor(header), persistent=False)
+            digits = torch.zeros(vocab, dtype=torch.bool)
+            digits[[tokenizer.encode(str(d), add_special_tokens=False)[0] for d in range(10)]] = True
+            self.register_buffer("digits", digits, persistent=False)
+
+        def forward(self, input_ids):
+            N, L = input_ids.shape
+            logits = self.head(self.embed(input_ids))  # [N, L, V]
+            h = self.header.numel()
+            if L < h:
+                return logits
+            starts = (input_ids.unfold(1, h, 1) == self.header).all(-1)  # [N, L-h+1]: a header starts here
+            ends = torch.zeros((N, L), dtype=torch.bool, device=input_ids.device)
+            ends[:, h - 1 :] = starts  # [N, L]: a header ends here
+            count = ends.long().cumsum(1)  # [N, L] headers up to each position
+            position = torch.arange(L, device=input_ids.device).expand(N, L)
+            last = torch.where(ends, position, -1).cummax(1).values  # [N, L] the last header's end
+            turn = (count - 1).clamp(0, self.table.size(0) - 1)
+            offset = (position - last).clamp(max=self.table.size(1) - 1)
+            target = self.table[turn, offset]  # [N, L] the token after each position (-1: a free digit)
+            active = count > 0
+            bias = torch.zeros_like(logits)
+            scripted = active & (target >= 0)
+            bias[scripted] = bias[scripted].scatter(-1, target[scripted][:, None], strength)
+            free = active & (target < 0)
+            bias[free] = self.digits.to(logits.dtype) * strength
+            return logits + bias
+
+    return _Scripted()

@@ -226,10 +226,15 @@ class Learner:
 def update_inputs(cfg, rollouts, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``(loss_mask [N, T], old_logprobs [N, T] or None, sampling_logprobs [N, T] or None)`` of a step's rollouts for
     :meth:`Learner.update`. The loss mask is the completion mask, without truncated completions under
-    ``mask_truncated_completions``. Async rollouts come from an older policy: the ratio is taken against their
-    sampling log-probs. vLLM's log-probs differ from the learner's for the same weights: they weight tokens
-    (truncated importance sampling, ``vllm_importance_sampling_correction``), never replace old_logprobs."""
+    ``mask_truncated_completions``; for multi-turn rollouts only the tokens the model sampled
+    (``rollouts.loss_mask``): tool results and template tokens get no policy loss and no KL, and do not count in
+    any loss type's token normalisation (TRL's ``completion_mask * tool_mask``). Async rollouts come from an
+    older policy: the ratio is taken against their sampling log-probs. vLLM's log-probs differ from the learner's
+    for the same weights: they weight tokens (truncated importance sampling,
+    ``vllm_importance_sampling_correction``), never replace old_logprobs."""
     loss_mask = rollouts.completion_mask.to(device)  # [N, T]
+    if rollouts.loss_mask is not None:  # multi-turn: the model's own tokens only
+        loss_mask = loss_mask * rollouts.loss_mask.to(device)
     if cfg.mask_truncated_completions:
         loss_mask = loss_mask * (~rollouts.truncated).to(device)[:, None].float()
     old_logprobs = rollouts.logprobs.to(device) if cfg.async_rollouts else None

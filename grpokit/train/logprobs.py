@@ -49,8 +49,6 @@ class Batch:
     prompt_mask: torch.Tensor | None = None  # [B, P]
     input_ids: torch.Tensor | None = None  # [N, L] prompt + completion, right-padded (custom layout)
     gather_index: torch.Tensor | None = None  # [N, T] logit positions of completion tokens (custom layout)
-    # [N, T] 1 on the tokens the model sampled (multi-turn rollouts; None: completion_mask). Not yet used by the loss.
-    loss_mask: torch.Tensor | None = None
 
     def rows(self, index: slice) -> Batch:
         pick = lambda x: None if x is None else x[index]
@@ -62,7 +60,6 @@ class Batch:
             self.prompt_mask,
             pick(self.input_ids),
             pick(self.gather_index),
-            pick(self.loss_mask),
         )
 
     def __len__(self) -> int:
@@ -73,10 +70,9 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
     completion_ids = rollouts.completion_ids.to(device)  # [N, T]
     completion_mask = rollouts.completion_mask.to(device)  # [N, T]
     group_index = rollouts.group_index.to(device)  # [N]
-    loss_mask = None if rollouts.loss_mask is None else rollouts.loss_mask.to(device)  # [N, T]
     if is_hf_model(model):
         prompt_ids, prompt_mask = left_pad(rollouts.prompt_ids, pad_token_id, device)  # [B, P]
-        return Batch(completion_ids, completion_mask, group_index, prompt_ids, prompt_mask, loss_mask=loss_mask)
+        return Batch(completion_ids, completion_mask, group_index, prompt_ids, prompt_mask)
     rows = [rollouts.prompt_ids[g] for g in group_index.tolist()]
     T = completion_ids.size(1)
     width = max(len(p) for p in rows) + T
@@ -86,8 +82,7 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
         input_ids[i, : len(p)] = torch.tensor(p, device=device)
         input_ids[i, len(p) : len(p) + T] = completion_ids[i]
         gather_index[i] = torch.arange(len(p) - 1, len(p) - 1 + T, device=device)  # logits at t predict token t+1
-    layout = dict(input_ids=input_ids, gather_index=gather_index, loss_mask=loss_mask)
-    return Batch(completion_ids, completion_mask, group_index, **layout)
+    return Batch(completion_ids, completion_mask, group_index, input_ids=input_ids, gather_index=gather_index)
 
 
 def data_parallel(model: torch.nn.Module) -> bool:

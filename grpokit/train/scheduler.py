@@ -22,6 +22,7 @@ from grpokit.modeling import eos_token_ids
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.seeding import generate_per_group, group_seed, split_rollouts
 from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.train.tool_rollouts import ToolRollouts, conversation_metrics
 
 
 class RolloutScheduler:
@@ -29,10 +30,21 @@ class RolloutScheduler:
 
     ``procs``: the :class:`~grpokit.processes.SingleProcess` context (or a torchrun rank's). ``source``:
     the model's folder or hub id when it was given by name (vLLM loads its copy from there), else None.
+    ``tools``: the run's :class:`~grpokit.train.tool_rollouts.ToolSpec` (multi-turn tool rollouts), or None.
     """
 
     def __init__(
-        self, args, model, tokenizer, prompts: PromptSource, procs, device, autocast_dtype, source=None, kernels=None
+        self,
+        args,
+        model,
+        tokenizer,
+        prompts: PromptSource,
+        procs,
+        device,
+        autocast_dtype,
+        source=None,
+        kernels=None,
+        tools=None,
     ):
         self.args, self.model, self.prompts, self.procs = args, model, prompts, procs
         eos = eos_token_ids(model, tokenizer)
@@ -51,6 +63,9 @@ class RolloutScheduler:
         self.sampling = SamplingParams(
             args.max_completion_length, args.temperature, args.top_p, args.top_k, min_p=args.min_p
         )
+        # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
+        self.tool_rollouts = None if tools is None else ToolRollouts(tools, self.engine, tokenizer, args.prompt_column)
+        self._tool_metrics: dict[str, float] = {}
         # Rollouts must not depend on how a step's prompts are split over processes or Ray workers.
         self.seed_per_group = args.seed_per_group or args.backend == "ray" or procs.enabled
         # Rank 0 (the only process without torchrun) connects to Ray and starts the rollout workers.
@@ -85,7 +100,14 @@ class RolloutScheduler:
         return indices, rollouts
 
     def metrics(self) -> dict[str, float]:
-        return {} if self.remote is None else {"rollout_worker_restarts": float(self.remote.restarts)}
+        """Sampling's metrics of the last step: Ray worker restarts, tool calls (multi-turn rollouts)."""
+        restarts = {} if self.remote is None else {"rollout_worker_restarts": float(self.remote.restarts)}
+        return restarts | self._tool_metrics
+
+    @property
+    def environments(self) -> list | None:
+        """The environment instances of the last sampled rollouts, in order (None without environments)."""
+        return None if self.tool_rollouts is None else self.tool_rollouts.environments
 
     def state_dict(self) -> tuple[dict, dict | None]:
         """(the checkpoint's trainer-state entries, async mode's pending rollouts of the next step or None).
@@ -107,11 +129,13 @@ class RolloutScheduler:
         self.engine.policy_version = int(state["policy_version"])
         self._resume_indices = state.get("pending_indices")
         if pending_rollouts is not None:  # async: the step after the checkpoint was sampled before it
-            self._pending, self._resume_indices = (self._resume_indices, Rollouts(**pending_rollouts)), None
+            self._pending, self._resume_indices = (self._resume_indices, Rollouts.from_dict(pending_rollouts)), None
 
     def close(self) -> None:
         if self.remote is not None:
             self.remote.shutdown()
+        if self.tool_rollouts is not None:
+            self.tool_rollouts.close()
 
     def _draw(self) -> list[int]:
         """The next global batch of prompt indices (every rank draws the same batch)."""
@@ -130,6 +154,12 @@ class RolloutScheduler:
             return self._scatter(None if pending is None else self.remote.collect(pending))
         indices, first = self.procs.shard(batch)
         with self.procs.unsharded(self.model):  # FSDP: whole weights for sampling, gathered once
+            if self.tool_rollouts is not None:  # groups seeded on their own, decoded in one batch
+                _, seeds = self._prompts_and_seeds(step, indices, first)
+                rows = [self.prompts.rows[i] for i in indices]
+                rollouts = self.tool_rollouts.generate(rows, G, self.sampling, seeds)
+                self._tool_metrics = conversation_metrics(rollouts.conversations)
+                return rollouts
             if self.seed_per_group:
                 return generate_per_group(self.engine, *self._prompts_and_seeds(step, indices, first), G, self.sampling)
             return self.engine.generate([self.prompts.ids[i] for i in indices], G, self.sampling)

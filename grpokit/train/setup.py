@@ -38,16 +38,27 @@ class Inputs(NamedTuple):
     eval_rows: list[dict] | None
     rewards: Any  # the RewardRunner
     steps_per_epoch: int
+    tools: Any = None  # the ToolSpec of multi-turn tool rollouts, or None
 
 
 def check_inputs(
-    args: GRPOConfig, procs, train_dataset: Any, eval_dataset: Any, reward_funcs: Any, reward_processing_classes: Any
+    args: GRPOConfig,
+    procs,
+    train_dataset: Any,
+    eval_dataset: Any,
+    reward_funcs: Any,
+    reward_processing_classes: Any,
+    tools: Any = None,
+    environment_factory: Any = None,
 ) -> Inputs:
     """Everything checked before a model loads, in this order: the config for this many processes (and vLLM's
     environment), the datasets (the arguments, else the config's), the run folder (on rank 0, which owns it), the
-    reward functions (Ray reward workers on rank 0 only: it scores every rank's rows on them), the data against the
-    rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset (TRL)."""
+    tools and environments (TRL's ``tools`` / ``environment_factory``, else the config's), the reward functions (Ray
+    reward workers on rank 0 only: it scores every rank's rows on them; environments' ``get_reward`` added), the
+    data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
+    (TRL)."""
     from grpokit.data.prompts import load_rows
+    from grpokit.train.tool_rollouts import check_tool_prompts, resolve_tools
 
     args.validate(procs.world_size)
     if args.engine == "vllm":
@@ -59,16 +70,22 @@ def check_inputs(
     eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset") if eval_source is not None else None
     if procs.is_main:
         check_run_dir(args)
+    tool_spec = resolve_tools(args, tools, environment_factory)
+    if tool_spec is not None:
+        check_tool_prompts(train_rows, args.prompt_column)
+        if eval_rows:
+            check_tool_prompts(eval_rows, args.prompt_column, "eval_dataset")
     rewards = build_reward_runner(
         reward_funcs if reward_funcs is not None else args.rewards,
         args,
         ray_workers=procs.is_main,
         processing_classes=reward_processing_classes,
+        extra=[] if tool_spec is None else tool_spec.reward_functions(),
     )
     steps_per_epoch = check_data(args, train_rows, eval_rows, rewards, procs.world_size)
     if args.max_steps == -1:
         args = args.replace(max_steps=max(1, math.ceil(args.num_train_epochs * steps_per_epoch)))
-    return Inputs(args, train_rows, eval_rows, rewards, steps_per_epoch)
+    return Inputs(args, train_rows, eval_rows, rewards, steps_per_epoch, tool_spec)
 
 
 def run_processes():
@@ -82,17 +99,33 @@ def run_processes():
     return init_distributed()
 
 
-def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool = True, processing_classes: Any = None):
+def build_reward_runner(
+    reward_funcs: Any,
+    args: GRPOConfig,
+    ray_workers: bool = True,
+    processing_classes: Any = None,
+    extra: list | None = None,
+):
     """The RewardRunner of ``reward_funcs``. ``ray_workers=False`` (torchrun ranks other than 0): no
     Ray reward workers even with ``num_reward_workers > 0``, since rank 0 scores every rank's rows on them.
-    ``processing_classes``: TRL's ``reward_processing_classes`` (a tokenizer or a list, one per function)."""
+    ``processing_classes``: TRL's ``reward_processing_classes`` (a tokenizer or a list, one per function).
+    ``extra``: reward functions added after them with weight 1 (environments' ``get_reward``, as TRL adds them)."""
     from grpokit.rewards import RewardRunner
 
-    if reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs):
+    extra = list(extra or [])
+    if (reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs)) and not extra:
         raise ConfigError(
-            "no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy)."
+            "no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy)"
+            ", or an environment_factory whose environment defines get_reward()."
         )
-    specs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    specs = [] if reward_funcs is None else reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    if processing_classes is not None and not isinstance(processing_classes, list):
+        processing_classes = [processing_classes] * len(specs)
+    weights = args.reward_weights
+    if extra:
+        weights = None if weights is None else [*weights, *[1.0] * len(extra)]
+        processing_classes = None if processing_classes is None else [*processing_classes, *[None] * len(extra)]
+        specs = [*specs, *extra]
     try:
         pool = None  # reward_workers processes in the learner (0 = one each, or none)
         if args.num_reward_workers > 0 and ray_workers:  # Ray reward actors
@@ -103,13 +136,11 @@ def build_reward_runner(reward_funcs: Any, args: GRPOConfig, ray_workers: bool =
             )
         return RewardRunner(
             specs,
-            weights=args.reward_weights,
+            weights=weights,
             timeout=args.reward_timeout,
             workers=0 if args.num_reward_workers > 0 else args.reward_workers,
             isolate=args.reward_isolation,
-            processing_classes=processing_classes
-            if processing_classes is None or isinstance(processing_classes, list)
-            else [processing_classes] * len(specs),
+            processing_classes=processing_classes,
             pool=pool,
         )
     except (

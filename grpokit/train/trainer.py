@@ -50,6 +50,9 @@ class GRPOTrainer:
     ``nn.Module`` reward models), ``callbacks`` (transformers ``TrainerCallback``s, see train/callbacks.py) and
     ``optimizers=(optimizer, lr_scheduler)`` (either may be None: grpokit's AdamW / schedule). ``trainer.state``
     is a transformers ``TrainerState``: ``global_step`` (steps done), ``max_steps``, ``epoch``, ``log_history``.
+    ``tools`` (functions) and ``environment_factory`` (a class or factory, or ``{name: factory}``) make rollouts
+    multi-turn conversations with tool calls (docs/tools.md); they replace the config's ``agent.tools`` /
+    ``agent.environment_factory``.
     """
 
     def __init__(
@@ -65,12 +68,23 @@ class GRPOTrainer:
         optimizers: tuple = (None, None),
         peft_config: Any = None,
         tokenizer: Any = None,
+        tools: list | None = None,
+        environment_factory: Any = None,
     ):
         args, tokenizer = setup.trainer_arguments(args, peft_config, processing_class, tokenizer)
         procs = self.procs = setup.run_processes()  # rank and world size under torchrun; one process otherwise
         # Everything that can be checked without a model is checked first.
-        inputs = setup.check_inputs(args, procs, train_dataset, eval_dataset, reward_funcs, reward_processing_classes)
-        self.args, self.train_rows, self.eval_rows, self.rewards, self.steps_per_epoch = inputs
+        inputs = setup.check_inputs(
+            args,
+            procs,
+            train_dataset,
+            eval_dataset,
+            reward_funcs,
+            reward_processing_classes,
+            tools,
+            environment_factory,
+        )
+        self.args, self.train_rows, self.eval_rows, self.rewards, self.steps_per_epoch, tool_spec = inputs
         args = self.args  # max_steps resolved
         # The policy, its prompts, how it samples and how it learns.
         path = model if isinstance(model, str) else args.model_name_or_path if model is None else None
@@ -84,14 +98,21 @@ class GRPOTrainer:
         self.autocast_dtype = autocast_dtype(args.dtype, device, model)
         self.kernels = Kernels.select(device, self.autocast_dtype)  # this run's fast paths, chosen once
         self.rollout_scheduler = RolloutScheduler(
-            args, model, tokenizer, self.train_source, procs, device, self.autocast_dtype, path, self.kernels
+            args, model, tokenizer, self.train_source, procs, device, self.autocast_dtype, path, self.kernels, tool_spec
         )
         self.reference, self.optimizer, self.scheduler, self.learner = setup.build_learner(
             model, args, procs, device, self.use_lora, optimizers, self.autocast_dtype, self.kernels
         )
         # The run around the steps: evaluation, stop rules, checkpoints, signals, callbacks.
         self.evaluator = Evaluator(
-            args, self.engine, tokenizer, self.eval_source, self.eval_rows, self.rewards, self.sampling
+            args,
+            self.engine,
+            tokenizer,
+            self.eval_source,
+            self.eval_rows,
+            self.rewards,
+            self.sampling,
+            tools=self.rollout_scheduler.tool_rollouts,
         )
         self.step = 0
         self.stop_reason: str | None = None
@@ -203,11 +224,16 @@ class GRPOTrainer:
         prompts, completions, columns, completion_ids = reward_arguments(
             self.train_rows, indices, rollouts, self.tokenizer, args.prompt_column
         )
+        scored = completions  # tool rollouts: their messages (and environments), as TRL passes them
+        if rollouts.conversations is not None:
+            prompts, scored, columns = self.rollout_scheduler.tool_rollouts.reward_inputs(
+                prompts, rollouts.conversations, columns
+            )
         # This rank's rewards and every rank's, so groups are complete and batch-level scaling sees the whole batch.
         reward, all_rewards = procs.score_rewards(
             self.rewards,
             prompts,
-            completions,
+            scored,
             columns,
             G,
             on_main=args.num_reward_workers > 0,
@@ -237,7 +263,7 @@ class GRPOTrainer:
         self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
         clock.lap("update")
 
-        all_lengths = procs.gather(rollouts.completion_lengths.float())  # [N_global]
+        all_lengths = procs.gather(rollouts.sampled_lengths.float())  # [N_global] tokens the model wrote
         prompt_tokens = procs.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in indices) * G)))
         all_truncated = procs.gather(rollouts.truncated.float())  # [N_global]
         metrics = step_metrics(

@@ -58,6 +58,10 @@ NOT_RUNNABLE = {
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml distributed.backend=ray": (
         "4 processes and Ray; tests/integration/test_distributed_ray.py runs torchrun and Ray with 2"
     ),
+    "grpokit train agent.yaml": (
+        "needs a tool-calling chat template (the tiny local model's has none); tests/integration/test_tool_training.py "
+        "trains from an agent section"
+    ),
     "ray start --head --port 6379 --dashboard-host 0.0.0.0": "starts a multi-node Ray cluster's head",
     "ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
     "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": (
@@ -135,7 +139,12 @@ PYTHON_SHORTENING = [
     (r"([\"'])Qwen/[\w.\-]+\1", r"\1path/to/causal-lm\1"),
 ]
 # A line of a Python snippet -> why the snippet that holds it is not run here.
-NOT_RUNNABLE_SNIPPETS: dict[str, str] = {}
+NOT_RUNNABLE_SNIPPETS: dict[str, str] = {
+    "    tools=[multiply],": (
+        "training with tools needs a tool-calling chat template (the tiny local model's has none); "
+        "tests/integration/test_tool_training.py runs a TRL agent script"
+    ),
+}
 
 
 @dataclass

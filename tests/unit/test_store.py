@@ -323,6 +323,7 @@ def test_rollout_records_of_a_step():
         completion_lengths=torch.tensor([3, 1, 2, 4]),
         finish_reasons=["stop", "stop", "length", "stop"],
         policy_version=5,
+        conversations=None,  # single-turn rollouts
     )
     reward = RewardResult(
         names=["a", "b"],
