@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from calculator import EASY, calculator, operands
+from calculator import EASY, calculator, estimate, operands
 
 from grpokit.testing import build_tiny_causal_lm
 from grpokit.tools import ConversationTokens, tool_schemas
@@ -35,13 +35,16 @@ from grpokit.tools import ConversationTokens, tool_schemas
 @dataclass(frozen=True)
 class WarmStartConfig:
     hidden_size: int = 64
-    num_layers: int = 4
+    num_layers: int = 2
     num_heads: int = 4
-    steps: int = 800
-    batch_size: int = 64
+    clean_steps: int = 800
+    """Steps on a teacher that calls the calculator on every hard question (learn to call and to copy)."""
+    habit_steps: int = 200
+    """Steps on a teacher that calls it with probability ``tool_probability`` after that (learn its habit)."""
+    batch_size: int = 32
     learning_rate: float = 3e-3
     """Peak AdamW rate (linear warmup over 5 % of the steps, then cosine decay to 0)."""
-    tool_probability: float = 0.25
+    tool_probability: float = 0.1
     """Probability that the teacher calls the calculator on a hard question."""
     easy_fraction: float = 0.2
     """Fraction of the drawn questions that are easy."""
@@ -78,8 +81,9 @@ class Conversations:
                 result = calculator(expression)
                 self.chat.add_tool_results(conversation, [{"role": "tool", "name": "calculator", "content": result}])
                 conversation.add_generated(self._turn(result))
-            else:
-                conversation.add_generated(self._turn(row["answer"]))
+            else:  # easy questions: the answer; hard ones: a guess by heart
+                guess = row["answer"] if row["kind"] == EASY else estimate(*operands(row))
+                conversation.add_generated(self._turn(guess))
             self._cache[key] = (conversation.ids, conversation.mask)
         return self._cache[key]
 
@@ -101,15 +105,17 @@ def warm_start(hard: list[dict], easy: list[dict], tokenizer, config: WarmStartC
     conversations = Conversations(tokenizer)
     pad = tokenizer.pad_token_id
     rng = random.Random(config.seed)
+    total = config.clean_steps + config.habit_steps
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config.steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, total))
     model.train()
     start = time.perf_counter()
-    for step in range(config.steps):
+    for step in range(total):
+        tool_probability = 1.0 if step < config.clean_steps else config.tool_probability
         rows, targets = [], []
         for _ in range(config.batch_size):
             row = rng.choice(easy) if rng.random() < config.easy_fraction else rng.choice(hard)
-            use_tool = row["kind"] != EASY and rng.random() < config.tool_probability
+            use_tool = row["kind"] != EASY and rng.random() < tool_probability
             ids, mask = conversations.get(row, use_tool)
             rows.append(ids)
             targets.append([i if m else -100 for i, m in zip(ids, mask)])
@@ -122,6 +128,7 @@ def warm_start(hard: list[dict], easy: list[dict], tokenizer, config: WarmStartC
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        if log and (step % 100 == 0 or step == config.steps - 1):
-            log(f"warm start {step + 1}/{config.steps}  loss {loss.item():.3f}  {time.perf_counter() - start:.0f}s")
+        if log and (step % 100 == 0 or step == total - 1):
+            phase = "always calls" if step < config.clean_steps else "habit"
+            log(f"warm start {step + 1}/{total} ({phase})  loss {loss.item():.3f}  {time.perf_counter() - start:.0f}s")
     return model.eval()
