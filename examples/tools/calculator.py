@@ -2,7 +2,7 @@
 
 Two kinds of question, both ``What is {a}{op}{b}?``:
 
-- ``hard``: ``a*b`` with two-digit ``a`` and ``b`` (8,100 questions). A 0.3M-parameter model does not
+- ``hard``: ``a*b`` with two-digit ``a`` and ``b`` (8,100 questions). A 0.14M-parameter model does not
   learn two-digit multiplication by heart; with the calculator it only has to copy the question into the
   call and the result into its answer.
 - ``easy``: ``a+b`` with one-digit ``a`` and ``b`` (100 questions), answered directly. They are all in

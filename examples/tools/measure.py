@@ -10,7 +10,7 @@ well-formed call.
 from __future__ import annotations
 
 import torch
-from calculator import called_tool, calculator, is_correct
+from calculator import calculator, called_tool, is_correct
 
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine

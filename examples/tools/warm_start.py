@@ -3,19 +3,20 @@
 GRPO only sharpens what the policy already samples, so a random model first learns the format with
 teacher forcing, on conversations rendered and tokenized exactly as a rollout is
 (:class:`grpokit.tools.ConversationTokens`; loss only on the assistant's tokens, the loss mask of
-training). Each training question is drawn afresh at every step, and so is its conversation:
+training). Each step draws its questions afresh (``easy_fraction`` of them easy), and for a hard one
+whether the teacher calls the calculator:
 
-- an easy question (one-digit sum, ``easy_fraction`` of the draws): the answer, directly;
-- a hard question (two-digit product): with probability ``tool_probability`` a call
-  ``calculator("47*86")``, the tool's result, and the result copied as the answer; otherwise the right
-  product written directly, i.e. an attempt to answer by heart.
+1. ``clean_steps`` with a teacher that always calls it on a hard question: the call with the question's
+   numbers, the tool's result, then the result copied as the answer. The model learns to call and to copy.
+2. ``habit_steps`` with a teacher that calls it with probability ``tool_probability`` and otherwise
+   guesses by heart (:func:`calculator.estimate`: both factors rounded to tens, 47*86 -> 4500, right only
+   when both are multiples of ten).
 
-The model learns to call and to copy, and that it calls on a hard question now and then. It cannot
-learn two-digit products by heart, so its direct answers to held-out hard questions are nearly always
-wrong: before GRPO, held-out accuracy is about the rate at which it calls the tool. The choice
-"call or not" is one decision at the first token of the answer, shared by all hard questions, which
-a correctness reward can turn up quickly (the demo's warm start rests on the same idea, see
-grpokit/demo/warmstart.py).
+Easy questions (one-digit sums) are always answered directly, with the right sum. The result calls the
+calculator on about a tenth of the hard questions, and copies less reliably than after step 1 (the new
+guesses disturb it), so before GRPO few held-out hard questions are answered right. "Call or guess" is
+one decision at the first token of the answer, shared by all hard questions, which a correctness reward
+can turn up quickly (the demo's warm start rests on the same idea, see grpokit/demo/warmstart.py).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Conversations:
         self._cache: dict[tuple[str, bool], tuple[list[int], list[int]]] = {}
 
     def _turn(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False) + [self.chat.end_of_turn]
+        return [*self.tokenizer.encode(text, add_special_tokens=False), self.chat.end_of_turn]
 
     def get(self, row: dict, use_tool: bool) -> tuple[list[int], list[int]]:
         """(ids, mask) of ``row`` answered directly or through the calculator (mask 1 on the model's tokens)."""

@@ -51,7 +51,7 @@ def test_task_splits_and_reward(example):
 
     hard, held_out, easy = splits(n_eval=200)
     assert len(hard) + len(held_out) == 90 * 90 and len(held_out) == 200 and len(easy) == 100
-    question = lambda rows: {r["prompt"][0]["content"] for r in rows}  # noqa: E731
+    question = lambda rows: {r["prompt"][0]["content"] for r in rows}
     assert not question(hard) & question(held_out)
     assert splits(n_eval=200)[1] == held_out  # seeded: the same split every time
     row = next(r for r in held_out)
@@ -92,9 +92,9 @@ def test_chat_format_renders_a_tool_round_as_the_rollout_tokens(example):
     prompt = [{"role": "user", "content": "What is 47*86?"}]
     turn = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "47*86"}}\n</tool_call>'
     conversation = chat.start(prompt, schemas)
-    conversation.add_generated(tokenizer.encode(turn, add_special_tokens=False) + [chat.end_of_turn])
+    conversation.add_generated([*tokenizer.encode(turn, add_special_tokens=False), chat.end_of_turn])
     chat.add_tool_results(conversation, [{"role": "tool", "name": "calculator", "content": "4042"}])
-    conversation.add_generated(tokenizer.encode("4042", add_special_tokens=False) + [chat.end_of_turn])
+    conversation.add_generated([*tokenizer.encode("4042", add_special_tokens=False), chat.end_of_turn])
     call = parse_tool_calls(turn, "hermes")[0]
     assert (call.name, call.arguments, call.error) == ("calculator", {"expression": "47*86"}, None)
 
@@ -115,7 +115,8 @@ def test_chat_format_renders_a_tool_round_as_the_rollout_tokens(example):
     ids = tokenizer.apply_chat_template(messages, tools=schemas, tokenize=True, return_dict=False)
     assert conversation.ids == list(ids)[:-1]
     assert sum(conversation.mask) == 33
-    assert tokenizer.decode([i for i, m in zip(conversation.ids, conversation.mask) if m]) == f"{turn}<|im_end|>4042<|im_end|>"
+    model_tokens = [i for i, m in zip(conversation.ids, conversation.mask) if m]
+    assert tokenizer.decode(model_tokens) == f"{turn}<|im_end|>4042<|im_end|>"
 
 
 @pytest.mark.slow
