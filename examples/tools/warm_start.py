@@ -39,7 +39,9 @@ class WarmStartConfig:
     num_layers: int = 2
     num_heads: int = 4
     clean_steps: int = 800
-    """Steps on a teacher that calls the calculator on every hard question (learn to call and to copy)."""
+    """Steps on a teacher that calls the calculator on most hard questions (learn to call and to copy)."""
+    clean_tool_probability: float = 0.8
+    """Probability that the teacher calls the calculator on a hard question in those steps."""
     habit_steps: int = 200
     """Steps on a teacher that calls it with probability ``tool_probability`` after that (learn its habit)."""
     batch_size: int = 32
@@ -112,7 +114,7 @@ def warm_start(hard: list[dict], easy: list[dict], tokenizer, config: WarmStartC
     model.train()
     start = time.perf_counter()
     for step in range(total):
-        tool_probability = 1.0 if step < config.clean_steps else config.tool_probability
+        tool_probability = config.clean_tool_probability if step < config.clean_steps else config.tool_probability
         rows, targets = [], []
         for _ in range(config.batch_size):
             row = rng.choice(easy) if rng.random() < config.easy_fraction else rng.choice(hard)
@@ -130,6 +132,6 @@ def warm_start(hard: list[dict], easy: list[dict], tokenizer, config: WarmStartC
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         if log and (step % 100 == 0 or step == total - 1):
-            phase = "always calls" if step < config.clean_steps else "habit"
+            phase = "mostly calls" if step < config.clean_steps else "habit"
             log(f"warm start {step + 1}/{total} ({phase})  loss {loss.item():.3f}  {time.perf_counter() - start:.0f}s")
     return model.eval()

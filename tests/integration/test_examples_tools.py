@@ -125,7 +125,7 @@ def test_tools_example_learns_to_call_the_calculator(tmp_path, example):
     steps. The warm start seldom calls the calculator; GRPO with the correctness reward must make it call
     far more often on held-out questions, and answer more of them right. A trainer that does not learn
     (no update, a wrong sign, a loss over the wrong tokens) leaves both where they were or lowers them."""
-    common = ["--cache-dir", str(tmp_path / "cache"), "--warm-clean-steps", "300", "--warm-habit-steps", "60"]
+    common = ["--cache-dir", str(tmp_path / "cache"), "--warm-clean-steps", "500", "--warm-habit-steps", "60"]
     result = example.main(
         [*common, "--n-eval", "64", "--eval-samples", "2", "max_steps=10", f"output_dir={tmp_path / 'run'}"]
     )
