@@ -3,8 +3,8 @@
 1. Build the task (``calculator.py``): ``What is 47*86?`` (two-digit products, hard) and ``What is 3+5?``
    (one-digit sums, easy); held-out hard questions are never trained on.
 2. Warm-start the policy (``warm_start.py``, a 0.14M-parameter Llama, character-level tokenizer and a
-   tool chat template from ``chat_format.py``): first on a teacher that always calls the calculator on
-   hard questions, then on one that calls it one time in ten and otherwise guesses by heart. Cached under
+   tool chat template from ``chat_format.py``): first on a teacher that calls the calculator on most hard
+   questions and otherwise guesses by heart, then on one that calls one time in ten. Cached under
    ``cache/``, so reruns skip this.
 3. Measure on the held-out questions (``measure.py``): answer accuracy and tool-use rate, sampled and
    greedy, in multi-turn rollouts with the calculator.

@@ -6,17 +6,19 @@ teacher forcing, on conversations rendered and tokenized exactly as a rollout is
 training). Each step draws its questions afresh (``easy_fraction`` of them easy), and for a hard one
 whether the teacher calls the calculator:
 
-1. ``clean_steps`` with a teacher that always calls it on a hard question: the call with the question's
-   numbers, the tool's result, then the result copied as the answer. The model learns to call and to copy.
-2. ``habit_steps`` with a teacher that calls it with probability ``tool_probability`` and otherwise
-   guesses by heart (:func:`calculator.estimate`: both factors rounded to tens, 47*86 -> 4500, right only
-   when both are multiples of ten).
+1. ``clean_steps`` with a teacher that calls it on a hard question with probability
+   ``clean_tool_probability`` (the call with the question's numbers, the tool's result, then the result
+   copied as the answer) and otherwise guesses by heart (:func:`calculator.estimate`: both factors
+   rounded to tens, 47*86 -> 4500, right only when both are multiples of ten). The model learns to
+   call, to copy, and the guessing rule.
+2. ``habit_steps`` with a teacher that calls with probability ``tool_probability`` (one time in ten).
 
-Easy questions (one-digit sums) are always answered directly, with the right sum. The result calls the
-calculator on about a tenth of the hard questions, and copies less reliably than after step 1 (the new
-guesses disturb it), so before GRPO few held-out hard questions are answered right. "Call or guess" is
-one decision at the first token of the answer, shared by all hard questions, which a correctness reward
-can turn up quickly (the demo's warm start rests on the same idea, see grpokit/demo/warmstart.py).
+Easy questions (one-digit sums) are always answered directly, with the right sum. Since the guesses are
+learned alongside the calls, the second phase only moves one decision, "call or guess", taken at the
+first token of the answer and shared by all hard questions; the copying survives it. Before GRPO the
+model therefore calls on about a tenth of the hard questions and answers those right, and a correctness
+reward can turn the decision up quickly (the demo's warm start rests on the same idea, see
+grpokit/demo/warmstart.py).
 """
 
 from __future__ import annotations
