@@ -87,7 +87,7 @@ def resolve_tools(args: GRPOConfig, tools: Sequence[Callable] | None, environmen
     except (ToolError, ValueError, TypeError, FileNotFoundError) as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"tools: {exc}") from exc
+        raise ConfigError(f"agent: {exc}") from exc
     return ToolSpec(
         tools,
         environments,
@@ -122,18 +122,20 @@ class ToolRollouts:
                 tokenizer, [{"role": "tool", "name": "probe", "content": "probe"}], end_of_turn=chat.end_of_turn
             )
         except ToolError as exc:
-            raise ConfigError(f"tools: {exc}") from exc
-        self.executor = ToolExecutor(
-            spec.tools, timeout=spec.timeout, max_workers=spec.workers, isolation=spec.isolation
-        )
+            raise ConfigError(f"agent: {exc}") from exc
         self.engine = MultiTurnEngine(
             engine,
             chat,
-            self.executor,
+            self._executor(),
             max_tool_calling_iterations=spec.max_tool_calling_iterations,
             parser=spec.parser,
         )
         self.sessions: list = []
+        self.closed = False
+
+    def _executor(self) -> ToolExecutor:
+        spec = self.spec
+        return ToolExecutor(spec.tools, timeout=spec.timeout, max_workers=spec.workers, isolation=spec.isolation)
 
     def generate(
         self,
@@ -144,6 +146,8 @@ class ToolRollouts:
     ) -> Rollouts:
         """``num_generations`` rollouts of each row's prompt, the group of row b sampled from ``seeds[b]`` (None:
         from the engine's generator)."""
+        if self.closed:  # closed at the end of train(); a later evaluate() starts the tool workers again
+            self.engine.executor, self.closed = self._executor(), False
         prompts = [row[self.prompt_column] for row in rows]
         sessions = None
         if self.spec.environments is not None:
@@ -169,7 +173,9 @@ class ToolRollouts:
         return prompts, completions, {**columns, "environments": self.environments}
 
     def close(self) -> None:
-        self.executor.close()
+        """Stop the tool workers (a later :meth:`generate` starts new ones)."""
+        self.engine.executor.close()
+        self.closed = True
 
 
 def conversation_metrics(conversations: Sequence[Conversation]) -> dict[str, float]:

@@ -71,7 +71,9 @@ def settings(run: Path, **overrides) -> GRPOConfig:
 
 
 def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
+    """The training steps' lines of metrics.jsonl (not the evaluations')."""
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if "loss" in m]
 
 
 def test_trains_with_a_tool_through_the_api(tmp_path, capsys):
@@ -197,12 +199,20 @@ def test_environment_instances_reach_the_rewards(tmp_path):
     trainer = GRPOTrainer(
         scripted_chat_lm(tokenizer, [CALL, ANSWER]),
         [uses_environments, in_a_worker],
-        args=settings(run, max_steps=1, beta=0.0),
+        args=settings(run, max_steps=1, beta=0.0, eval_steps=1, num_generations_eval=2, pass_at_k=[1]),
         train_dataset=chat_rows(),
+        eval_dataset=chat_rows(2),
         processing_class=tokenizer,
         environment_factory=Calculator,
     )
     trainer.train()
+    # evaluation samples tool rollouts too: before and after training, sampled and greedy
+    evaluations = [
+        json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "eval/reward" in line
+    ]
+    assert len(evaluations) == 2 and all(e["eval/reward"] == 2.0 for e in evaluations)  # uses_environments + get_reward
+    assert trainer.evaluate()["eval/reward"] == 2.0  # after train(), which closed the tool workers
+    seen = [call for call in seen if len(call[0]) == 8]  # the training step's call (evaluation calls have 4 or 2)
     ((environments, prompts),) = seen
     assert len(environments) == 8 and len({id(e) for e in environments}) == 8
     assert all(isinstance(e, Calculator) and e.calls == [(6, 7)] for e in environments)
@@ -403,3 +413,19 @@ def test_a_trl_agent_script_runs_with_the_import_changed(tmp_path):
     assert len(seen) == 2 and all(len(batch) == 8 for batch in seen)
     assert all([m["role"] for m in completion] == ["assistant", "tool", "assistant"] for completion in seen[0])
     assert seen[0][0][1] == {"role": "tool", "name": "multiply", "content": "42"}
+
+
+def test_bad_tool_setups_are_refused_before_training(tmp_path, tiny_model_dir):
+    """String prompts, an undocumented tool, and a chat template that cannot render tool rounds: each a clear error."""
+    from grpokit.config import ConfigError
+    from grpokit.data.prompts import DataError
+
+    args = settings(tmp_path / "run", max_steps=1)
+    with pytest.raises(DataError, match="must hold chat messages"):
+        GRPOTrainer(
+            str(tiny_model_dir), closeness, args=args, train_dataset=[{"prompt": "w1 w2"}] * 8, tools=[multiply]
+        )
+    with pytest.raises(ConfigError, match=r"agent: .*docstring"):
+        GRPOTrainer(str(tiny_model_dir), closeness, args=args, train_dataset=chat_rows(), tools=[lambda x: x])
+    with pytest.raises(ConfigError, match="agent: the chat template does not close an assistant turn"):
+        GRPOTrainer(str(tiny_model_dir), closeness, args=args, train_dataset=chat_rows(), tools=[multiply])

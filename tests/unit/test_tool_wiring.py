@@ -109,7 +109,9 @@ def test_agent_section_of_the_config():
 
 
 def record(conversation=None, completion_index: int = 0) -> RolloutRecord:
-    return RolloutRecord(0, completion_index, "p", "c", 1, 4, "stop", {"r": 1.0}, 1.0, 0.0, 0, conversation=conversation)
+    return RolloutRecord(
+        0, completion_index, "p", "c", 1, 4, "stop", {"r": 1.0}, 1.0, 0.0, 0, conversation=conversation
+    )
 
 
 def test_the_store_keeps_turns_and_opens_stores_written_before(tmp_path):
