@@ -119,6 +119,22 @@ FILL_IN_SHORT = [
     "per_device_train_batch_size=16",
     "output_dir=runs/fill_in",
 ]
+TOOLS_SHORT = [
+    "--cache-dir",
+    "cache",
+    "--n-eval",
+    "8",
+    "--eval-samples",
+    "1",
+    "--warm-clean-steps",
+    "10",
+    "--warm-habit-steps",
+    "5",
+    "--warm-hidden-size",
+    "32",
+    "max_steps=1",
+    "output_dir=runs/tools",
+]
 # A documented command's start (the longest one that matches) -> arguments appended to it.
 APPENDED = {
     "grpokit explain config.yaml": TINY_MODEL,
@@ -128,6 +144,7 @@ APPENDED = {
     "grpokit inspect runs/my-run --step 100": ["--step", "1"],
     "python examples/molecules/run.py": MOLECULES_SHORT,
     "python examples/fill_in/run.py": FILL_IN_SHORT,
+    "python examples/tools/run.py": TOOLS_SHORT,
     "python bench/multiturn.py": [
         "--repeats",
         "1",
