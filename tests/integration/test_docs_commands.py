@@ -145,6 +145,15 @@ APPENDED = {
     "python examples/molecules/run.py": MOLECULES_SHORT,
     "python examples/fill_in/run.py": FILL_IN_SHORT,
     "python examples/tools/run.py": TOOLS_SHORT,
+    # three models in turn: one timed step each, no sampling comparison, short completions
+    "python bench/qlora.py --prompts 2 --completion-length 32 --steps 3 --sampling-repeats 2": [
+        "--steps",
+        "2",
+        "--sampling-repeats",
+        "0",
+        "--completion-length",
+        "8",
+    ],
     "python bench/multiturn.py": [
         "--repeats",
         "1",
