@@ -44,6 +44,10 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit --steps 2": "a 494M-parameter model: ~5 min, ~13 GB",
     "python bench/profile_step.py --layers 4": "a 152k-vocabulary model under the profiler: ~3 min, ~5 GB",
     "python bench/head_slices.py": "a 152k-vocabulary head, 16 passes: ~2 min",
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_adamw_8bit,grpokit_ref_bf16 --steps 3": (
+        "three 494M-parameter runs: ~20 min, ~13 GB"
+    ),
+    "python bench/ref_dtype.py --layers 4": "a 152k-vocabulary model, two references: ~1 min, ~3 GB",
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (
