@@ -323,6 +323,7 @@ def run_grpokit(
         records.append(
             {
                 "step_time": time.perf_counter() - t,
+                "peak_rss_mb_so_far": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "completion_tokens": m["completion_length/mean"] * prompts * G,
                 "phases": {
                     "generate": m["time/generate"],

@@ -14,9 +14,9 @@ the adapters), and each part is what grpokit itself allocates, in bytes, per pro
     AdamW        2 x P_t x b              two moments; 8-bit (bitsandbytes' AdamW8bit): 2 x (1 + 4 / 256) B per
                                           value of a parameter of >= 4096 values (8-bit codes and a float32 scale
                                           per block of 256), 2 x 4 B per value of the smaller ones
-    optimizer    8-bit AdamW on CPU: 5 x 4 B x the largest 8-bit parameter (bitsandbytes' CPU step dequantises
-    step         both moments of one parameter to float32 and adds its scaled gradient, a square root and the
-                 denominator); the fused AdamW: none
+    optimizer    8-bit AdamW on CPU: 5 x 4 B x the largest 8-bit parameter or slice of one (the step dequantises
+    step         both moments of a slice of at most 2**22 values to float32 and adds its scaled gradient, a square
+                 root and the denominator, ``train/adamw8bit.py``); the fused AdamW: none
     micro-batch  one micro-batch of the update:
                  saved activations  tokens x layers x a, per token and layer a = 33 h + 7 i (+ 6 heads c)
                                     bytes under bf16 autocast, 39 h + 14 i (+ 4 heads c) in one dtype
@@ -119,6 +119,7 @@ def trainable_sizes(model: torch.nn.Module, cfg: GRPOConfig) -> list[int]:
 # bitsandbytes' AdamW8bit: parameters of at least this many values get 8-bit moments, with a float32 scale per block
 EIGHT_BIT_MIN_SIZE = 4096
 EIGHT_BIT_BLOCK = 256
+EIGHT_BIT_SLICE = 2**22  # values per slice of the CPU step (train/adamw8bit.py, which imports bitsandbytes)
 
 
 def adamw_bytes(sizes: list[int], b: int, eight_bit: bool) -> int:
@@ -154,7 +155,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     sizes = trainable_sizes(model, cfg)
     trainable = sum(sizes)
     eight_bit = cfg.optimizer in EIGHT_BIT_OPTIMIZERS
-    largest_8bit = max((n for n in sizes if n >= EIGHT_BIT_MIN_SIZE), default=0)
+    largest_8bit = min(max((n for n in sizes if n >= EIGHT_BIT_MIN_SIZE), default=0), EIGHT_BIT_SLICE)
 
     h, i = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     layers, heads = config.num_hidden_layers, config.num_attention_heads
@@ -263,9 +264,9 @@ def fitting_settings(
 ) -> tuple[list[str], list[str]]:
     """(the settings that fit in ``free`` bytes, the ones that do not), each as ``"setting (N GiB)"``: the
     largest smaller micro-batch (the same completions per step: gradient accumulation grows to match),
-    gradient checkpointing, the 8-bit AdamW, the reference in bf16, LoRA (r 16 unless set), and QLoRA (LoRA on a
-    4-bit base). The 8-bit AdamW and the bf16 reference change the numbers slightly (docs/performance.md). A
-    setting that cannot be estimated here (peft missing for LoRA) is left out."""
+    gradient checkpointing, the reference in bf16 (its log-probs change slightly), LoRA (r 16 unless set), and QLoRA
+    (LoRA on a 4-bit base). Not the 8-bit AdamW: its measured peak did not drop as estimated (docs/performance.md).
+    A setting that cannot be estimated here (peft missing for LoRA) is left out."""
     r = cfg.lora.r or 16
     candidates = []
     mb, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
@@ -283,8 +284,6 @@ def fitting_settings(
             )
     if not cfg.gradient_checkpointing:
         candidates.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
-    if cfg.optimizer not in EIGHT_BIT_OPTIMIZERS:
-        candidates.append(("optimizer: adamw_8bit (the qlora extra)", {"optimizer": "adamw_8bit"}))
     if cfg.ref_model_dtype != "bfloat16" and cfg.beta > 0 and cfg.lora.r == 0 and not cfg.ref_model_sync_steps:
         candidates.append(("ref_model_dtype: bfloat16", {"ref_model_dtype": "bfloat16"}))
     if cfg.lora.r == 0:

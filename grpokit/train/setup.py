@@ -181,8 +181,7 @@ def build_optimizer(model: torch.nn.Module, args: GRPOConfig, optimizers: tuple,
 
 def adamw(params: list, args: GRPOConfig, device: torch.device) -> torch.optim.Optimizer:
     """AdamW over ``params`` as ``args.optimizer`` names it: torch's (fused: one kernel per parameter, no foreach
-    temporaries; on CPU ~4x faster than the default), or bitsandbytes' AdamW8bit (Dettmers et al. 2022: both moments
-    in 8 bits with a float32 scale per block of 256 values; parameters under 4096 values keep float32 moments)."""
+    temporaries; on CPU ~4x faster than the default), or bitsandbytes' AdamW8bit (:mod:`grpokit.train.adamw8bit`)."""
     hyper = dict(
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
@@ -192,10 +191,10 @@ def adamw(params: list, args: GRPOConfig, device: torch.device) -> torch.optim.O
     if args.optimizer not in EIGHT_BIT_OPTIMIZERS:
         return torch.optim.AdamW(params, **hyper, fused=device.type in ("cpu", "cuda"))
     try:
-        import bitsandbytes
+        from grpokit.train.adamw8bit import AdamW8bit
     except ImportError:
         raise ImportError(f"optimizer: {args.optimizer} needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
-    return bitsandbytes.optim.AdamW8bit(params, **hyper)
+    return AdamW8bit(params, **hyper)
 
 
 def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels):

@@ -98,12 +98,38 @@ def test_8bit_adamw_first_step_is_adamws_then_close_to_it():
     assert 0 < differ < 0.05 * moved  # quantised moments: a few % of the distance travelled at most
 
 
+def test_8bit_adamw_in_slices_equals_bitsandbytes_whole(monkeypatch):
+    """grpokit's CPU step over slices of a parameter (here 3 x 256 + 100 values per slice of 1024) gives exactly
+    bitsandbytes' own step over the whole parameter: every operation is elementwise or per 256-value block."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from grpokit import memory
+    from grpokit.train import adamw8bit
+
+    assert adamw8bit.SLICE_VALUES == memory.EIGHT_BIT_SLICE  # the estimate's copy of it
+    monkeypatch.setattr(adamw8bit, "SLICE_VALUES", 1024)
+    torch.manual_seed(0)
+    start = torch.randn(50, 70)  # 3500 values: 4 slices, the last partial, 14 blocks
+    grads = [torch.randn(50, 70) for _ in range(4)]
+    out = []
+    for make in (bnb.optim.AdamW8bit, adamw8bit.AdamW8bit):
+        w = torch.nn.Parameter(start.clone())
+        opt = make([w], lr=1e-2, weight_decay=0.1, min_8bit_size=1000)
+        for g in grads:
+            w.grad = g.clone()
+            opt.step()
+        assert opt.state[w]["state1"].dtype == torch.uint8
+        out.append((w.detach().clone(), opt.state[w]["state1"].clone(), opt.state[w]["absmax2"].clone()))
+    for whole, sliced in zip(*out):
+        assert torch.equal(whole, sliced)
+
+
 def test_an_8bit_optimizer_without_bitsandbytes_names_the_extra(monkeypatch):
     import sys
 
     from grpokit.train.setup import adamw
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+    monkeypatch.delitem(sys.modules, "grpokit.train.adamw8bit", raising=False)
     with pytest.raises(ImportError, match=r"grpokit\[qlora\]"):
         adamw([torch.nn.Parameter(torch.zeros(2))], GRPOConfig(optimizer="adamw_bnb_8bit"), CPU)
 
