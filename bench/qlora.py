@@ -30,52 +30,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import vs_trl  # the benchmark model, prompts, tokenizer and reward
+import vs_trl  # the benchmark model, prompts, tokenizer, reward and grpokit worker
 
 METHODS = {"full": {"lora": {"r": 0}}, "lora": {"lora": {"r": 16}}, "qlora": {"lora": {"r": 16}, "load_in_4bit": True}}
 
 
 def train(workdir: Path, method: str, prompts: int, completion_length: int, steps: int) -> dict:
-    """One method's run in this process: step times and the process's peak RSS."""
-    from grpokit import GRPOConfig, GRPOTrainer
-    from grpokit.kernels import keep_freed_memory
-
-    keep_freed_memory()  # this run owns its process, as `grpokit train` does
-    rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
+    """One method's run in this process (vs_trl.py's grpokit worker with the method's settings): step times and the
+    process's peak RSS."""
+    settings = {"impl": "grpokit", "dtype": "auto", "options": METHODS[method]}
     with tempfile.TemporaryDirectory(dir=workdir) as out:
-        args = GRPOConfig(
-            per_device_train_batch_size=vs_trl.G,
-            gradient_accumulation_steps=prompts,
-            num_generations=vs_trl.G,
-            max_completion_length=completion_length,
-            beta=0.04,
-            learning_rate=1e-6,
-            max_steps=steps,
-            output_dir=out + "/run",
-            report_to=["jsonl"],
-            progress_bar=False,
-            save_steps=0,
-            seed=0,
-            **METHODS[method],
-        )
-        trainer = GRPOTrainer(
-            model=str(workdir / "model"),
-            reward_funcs=vs_trl.cheap_reward,
-            args=args,
-            train_dataset=rows,
-            tokenizer=vs_trl.load_tokenizer(workdir),
-        )
-        times, step_fn = [], trainer._train_step
-
-        def timed_step(step):
-            start = time.perf_counter()
-            metrics = step_fn(step)
-            times.append(time.perf_counter() - start)
-            return metrics
-
-        trainer._train_step = timed_step
-        trainer.train()
-    return {"step_times": times, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        records = vs_trl.run_grpokit(workdir, settings, prompts, completion_length, vs_trl.G, steps, Path(out) / "run")
+    return {
+        "step_times": [r["step_time"] for r in records],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def sampling(workdir: Path, prompts: int, completion_length: int, repeats: int) -> dict:

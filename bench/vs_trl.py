@@ -13,9 +13,9 @@ Nothing is downloaded.
 
 Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), TRL bf16 without
 checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32; and, only when
-named in ``--configs``, grpokit with gradient checkpointing (its memory option) and grpokit with
-``algorithm: ppo`` (``grpokit_ppo``: the same steps plus the critic's values pass and training step; the
-ratio to ``grpokit`` is the critic's cost).
+named in ``--configs``, grpokit's memory options (gradient checkpointing, the 8-bit AdamW, the reference stored in
+bf16 under autocast and in a float32 run) and grpokit with ``algorithm: ppo`` (``grpokit_ppo``: the same steps plus
+the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost).
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
@@ -97,11 +97,15 @@ CONFIGS = {  # name -> worker settings
     "trl_fp32": {"impl": "trl", "bf16": False, "checkpointing": False},
     "grpokit": {"impl": "grpokit", "dtype": "auto"},
     "grpokit_fp32": {"impl": "grpokit", "dtype": "float32"},
-    # not run by default: grpokit's memory option (with TRL's layout, no shared prompt), for --configs
+    # not run by default: grpokit's memory options, for --configs (checkpointing: with TRL's layout, no shared prompt)
     "grpokit_checkpointing": {"impl": "grpokit", "dtype": "auto", "checkpointing": True},
+    "grpokit_adamw_8bit": {"impl": "grpokit", "dtype": "auto", "options": {"optimizer": "adamw_8bit"}},
+    "grpokit_ref_bf16": {"impl": "grpokit", "dtype": "auto", "options": {"ref_model_dtype": "bfloat16"}},
+    "grpokit_fp32_ref_bf16": {"impl": "grpokit", "dtype": "float32", "options": {"ref_model_dtype": "bfloat16"}},
     # not run by default: the same steps with PPO (algorithm: ppo), whose extra cost is the critic, for --configs
-    "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "algorithm": "ppo"},
+    "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "options": {"algorithm": "ppo"}},
 }
+MEMORY_OPTIONS = ["grpokit_checkpointing", "grpokit_adamw_8bit", "grpokit_ref_bf16", "grpokit_fp32_ref_bf16"]
 TRL_CONFIGS = [name for name, c in CONFIGS.items() if c["impl"] == "trl"]
 
 PHASES = ("generate", "reward", "ref_logprobs", "policy_logprobs", "backward", "optimizer_other")
@@ -289,7 +293,6 @@ def run_grpokit(
     keep_freed_memory()  # this worker owns its process, as `grpokit train` does
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
-        algorithm=settings.get("algorithm", "grpo"),
         dtype=settings["dtype"],
         gradient_checkpointing=settings.get("checkpointing", False),
         per_device_train_batch_size=micro_batch,
@@ -305,6 +308,7 @@ def run_grpokit(
         progress_bar=False,
         save_steps=0,
         seed=0,
+        **settings.get("options", {}),
     )
     trainer = GRPOTrainer(
         model=str(workdir / "model"),
@@ -322,6 +326,7 @@ def run_grpokit(
         records.append(
             {
                 "step_time": time.perf_counter() - t,
+                "peak_rss_mb_so_far": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "completion_tokens": m["completion_length/mean"] * prompts * G,
                 "phases": {
                     "generate": m["time/generate"],
@@ -486,11 +491,11 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
 
 
 def default_configs(shape: str) -> list[str]:
-    """Every configuration but grpokit_checkpointing on the small model; at a real model's size TRL out of the box,
+    """Every configuration but grpokit's memory options on the small model; at a real model's size TRL out of the box,
     TRL's fastest configuration for this CPU (bf16 with native bf16 matmul, else float32; no checkpointing) and
     grpokit."""
     if SHAPES[shape][2] == "bench":
-        return [c for c in CONFIGS if c not in ("grpokit_checkpointing", "grpokit_ppo")]
+        return [c for c in CONFIGS if c not in (*MEMORY_OPTIONS, "grpokit_ppo")]
     from grpokit.cpu_caps import cpu_caps
 
     return ["trl_default", "trl_bf16" if cpu_caps().native_bf16 else "trl_fp32", "grpokit"]
@@ -533,8 +538,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--configs",
-        help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all but grpokit_checkpointing and "
-        "grpokit_ppo; for qwen0.5b see the module docstring)",
+        help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all but the memory options and grpokit_ppo; "
+        "for qwen0.5b see the module docstring)",
     )
     parser.add_argument(
         "--shapes", help=f"comma-separated subset of {', '.join(SHAPES)} (default main,long; main with --quick)"

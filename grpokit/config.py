@@ -57,6 +57,10 @@ class ModelConfig:
     load_in_4bit: bool = False
     """QLoRA: load the base weights in 4-bit NF4 (bitsandbytes >= 0.48, CPU or CUDA: the qlora extra); needs lora.r >
     0."""
+    ref_model_dtype: str = "auto"
+    """auto (the reference copy in the policy's dtype; under bf16 autocast its Linear weights in bf16, the values
+    autocast computes with) | bfloat16 (every weight of the reference copy stored in bf16 and cast back to the compute
+    dtype as each layer runs: about half its memory; its log-probs then differ by the weights' bf16 rounding)."""
 
 
 @dataclass
@@ -183,6 +187,10 @@ class OptimConfig:
     """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm; 0 = off."""
+    optimizer: str = "adamw_torch_fused"
+    """adamw_torch_fused = adamw_torch (torch's AdamW, fused on CPU and CUDA) | adamw_bnb_8bit = adamw_8bit
+    (bitsandbytes' AdamW8bit, CPU or CUDA, the qlora extra: both moments in 8 bits, a quarter of AdamW's state; its
+    updates differ by the moments' quantisation). TRL's `optim` sets it."""
     lr_scheduler_type: str = "linear"
     """constant | linear | cosine (after warmup)."""
     warmup_ratio: float = 0.0
@@ -360,6 +368,8 @@ ALIASES = {
 # The algorithms' option lists are defined in grpokit/algos/names.py, with the code that implements them.
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "ref_model_dtype": ("auto", "bfloat16"),
+    "optimizer": trl_compat.OPTIMIZERS,
     "loss_type": LOSS_TYPES,
     "scale_rewards": SCALE_REWARDS,
     "advantage_estimator": ESTIMATORS,
@@ -616,6 +626,17 @@ class GRPOConfig:
             "load_in_4bit: true trains LoRA adapters on frozen 4-bit weights (QLoRA); set lora.r > 0 (e.g. lora.r: "
             "16).",
         )
+        if self.model.ref_model_dtype == "bfloat16":
+            _check(
+                self.lora.r == 0,
+                "ref_model_dtype: bfloat16 stores the reference copy in bf16, but with LoRA there is no copy (the "
+                "reference is the base under the adapters); set ref_model_dtype: auto.",
+            )
+            _check(
+                a.ref_model_sync_steps == 0,
+                "ref_model_dtype: bfloat16 cannot be used with ref_model_sync_steps: the resync's small mix-ups "
+                "would be lost to bf16 rounding; set ref_model_dtype: auto or ref_model_sync_steps: 0.",
+            )
         _check(self.lora.alpha > 0, f"lora.alpha={self.lora.alpha} must be > 0.")
         _check(0 <= self.lora.dropout < 1, f"lora.dropout={self.lora.dropout} must be in [0, 1).")
         _check(
@@ -675,6 +696,13 @@ class GRPOConfig:
             d.strategy != "fsdp" or self.lora.r == 0,
             "strategy: fsdp shards full fine-tuning; LoRA trains small adapters (lora.r > 0), which "
             "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.",
+        )
+        _check(
+            d.strategy != "fsdp"
+            or (self.optim.optimizer not in trl_compat.EIGHT_BIT_OPTIMIZERS and self.model.ref_model_dtype == "auto"),
+            "strategy: fsdp shards the weights and AdamW's state already; the 8-bit optimizer and ref_model_dtype: "
+            "bfloat16 are for one process's memory: set optimizer: adamw_torch_fused and ref_model_dtype: auto, or "
+            "strategy: ddp.",
         )
         _check(self.reward.reward_timeout > 0, f"reward_timeout={self.reward.reward_timeout} must be > 0 seconds.")
         self._validate_agent()

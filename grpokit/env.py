@@ -2,9 +2,9 @@
 
 Versions (grpokit, its dependencies, the optional extras that are installed), Python and the OS, the
 CPU (model, the instruction sets the fast paths depend on, cores, memory), GPUs, and what grpokit
-would choose on this machine: device, dtype, bf16 autocast and each fast path, all from the same
-probes training uses (:mod:`grpokit.hardware`, :mod:`grpokit.cpu_caps`), so ``GRPOKIT_CPU_CAPS``
-shows here too.
+would choose on this machine: device, dtype, bf16 autocast and the fast paths, all from the same
+probes and choice training uses (:mod:`grpokit.hardware`, :mod:`grpokit.cpu_caps`,
+:meth:`grpokit.kernels.Kernels.select`), so ``GRPOKIT_CPU_CAPS`` shows here too.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 import grpokit
 from grpokit.cpu_caps import ENV, cpu_caps, describe
 from grpokit.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
+from grpokit.kernels import Kernels
 from grpokit.memory import available_bytes
 
 
@@ -109,7 +110,7 @@ def choices() -> dict[str, str]:
     weights = pick_dtype("auto", device)
     out = {"device (auto)": str(device), "weights with dtype auto": str(weights).replace("torch.", "")}
     if device.type != "cpu":
-        out["fast paths"] = f"fused decoder, fused LM head, preallocated KV cache on {device.type}"
+        out["fast paths"] = ", ".join(Kernels.select(device).in_use())
         return out
     caps = cpu_caps()
     if caps.native_bf16:
@@ -122,10 +123,14 @@ def choices() -> dict[str, str]:
         out["with dtype bfloat16"] = "runs, emulated: slower than float32"
     packing = [name for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)) if caps.packs(dtype)]
     out["oneDNN weight packing"] = ", ".join(packing) if packing else "no (F.linear)"
-    out["fast paths"] = (
-        "fused decoder (Llama/Qwen2/Qwen3/Mistral), fused LM head, "
-        "plain attention for small learner calls, preallocated KV cache"
-    )
+    # the run's own choice (Kernels.select), for the models that get bf16 autocast and for the others
+    small = Kernels.select(device, None, caps)
+    if caps.native_bf16:
+        large = Kernels.select(device, torch.bfloat16, caps)
+        out[f"fast paths (>= {MIN_AUTOCAST_PARAMS // 10**6}M parameters)"] = ", ".join(large.in_use())
+        out[f"fast paths (< {MIN_AUTOCAST_PARAMS // 10**6}M parameters)"] = ", ".join(small.in_use())
+    else:
+        out["fast paths"] = ", ".join(small.in_use())
     return out
 
 

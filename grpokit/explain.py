@@ -5,6 +5,7 @@ from __future__ import annotations
 from grpokit.config import GRPOConfig
 from grpokit.hardware import pick_device
 from grpokit.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
+from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS
 
 
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
@@ -38,17 +39,17 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
         ("weights", m.weights),
         ("reference", m.reference),
         ("gradients", m.gradients),
-        ("AdamW moments", m.adamw),
+        ("AdamW moments" + (" (8-bit)" if cfg.optimizer in EIGHT_BIT_OPTIMIZERS else ""), m.adamw),
         ("one micro-batch", m.micro_batch),
         ("generation", m.generation),
-    ]
+    ] + ([("optimizer step", m.optimizer_step)] if m.optimizer_step else [])
     lines.append(
         f"parameters:                {m.parameters:,}"
         + (f" ({m.trainable:,} trainable: LoRA)" if cfg.lora.r > 0 else "")
     )
     lines.append(
         f"memory estimate (tensors): {_size(m.peak)} at the peak = weights + reference + AdamW"
-        " + max(gradients + micro-batch, generation); see grpokit/memory.py"
+        " + max(gradients + max(micro-batch, optimizer step), generation); see grpokit/memory.py"
     )
     lines += [f"  {name + ':':<24}{_size(value)}" for name, value in parts]
     lines.append(

@@ -8,9 +8,15 @@ the adapters), and each part is what grpokit itself allocates, in bytes, per pro
                                           constants (:func:`nf4_bytes`), the rest float32 (peft's k-bit
                                           preparation upcasts it)
     reference    beta > 0 without LoRA: a frozen copy; under bf16 autocast its Linear layers are
-                 kept in bf16 (``kernels/linear_storage.py``); with LoRA: none (adapters disabled)
+                 kept in bf16 (``kernels/linear_storage.py``), with ``ref_model_dtype: bfloat16`` all of
+                 it (P x 2); with LoRA: none (adapters disabled)
     gradients    P_t x b                  P_t trainable parameters (all, or LoRA's adapters; float32 under 4-bit)
-    AdamW        2 x P_t x b              two moments
+    AdamW        2 x P_t x b              two moments; 8-bit (bitsandbytes' AdamW8bit): 2 x (1 + 4 / 256) B per
+                                          value of a parameter of >= 4096 values (8-bit codes and a float32 scale
+                                          per block of 256), 2 x 4 B per value of the smaller ones
+    optimizer    8-bit AdamW on CPU: 5 x 4 B x the largest 8-bit parameter or slice of one (the step dequantises
+    step         both moments of a slice of at most 2**22 values to float32 and adds its scaled gradient, a square
+                 root and the denominator, ``train/adamw8bit.py``); the fused AdamW: none
     micro-batch  one micro-batch of the update:
                  saved activations  tokens x layers x a, per token and layer a = 33 h + 7 i (+ 6 heads c)
                                     bytes under bf16 autocast, 39 h + 14 i (+ 4 heads c) in one dtype
@@ -27,7 +33,7 @@ the adapters), and each part is what grpokit itself allocates, in bytes, per pro
                  autocast) and, for Llama-family models, the fused decoder's copy of the Linear weights
                  (none with a 4-bit base: its layers decode through the HF forward)
 
-    peak = weights + reference + AdamW + max(gradients + micro-batch, generation)
+    peak = weights + reference + AdamW + max(gradients + max(micro-batch, optimizer step), generation)
 
 That is the tensors' share. The process adds its runtime (Python, PyTorch and their libraries:
 ~0.25 GB resident on CPU) and allocator overhead (gradients in flight during the backward, freed
@@ -49,6 +55,7 @@ from grpokit.kernels.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
 from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
 from grpokit.kernels.linear_storage import untied_linears
 from grpokit.modeling import lora_config, model_config
+from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS
 
 
 @dataclass
@@ -61,10 +68,12 @@ class MemoryEstimate:
     adamw: int
     micro_batch: int
     generation: int
+    optimizer_step: int = 0
 
     @property
     def peak(self) -> int:
-        return self.weights + self.reference + self.adamw + max(self.gradients + self.micro_batch, self.generation)
+        learner = self.gradients + max(self.micro_batch, self.optimizer_step)
+        return self.weights + self.reference + self.adamw + max(learner, self.generation)
 
 
 def build_meta_model(name_or_path: str, trust_remote_code: bool = False) -> torch.nn.Module:
@@ -96,12 +105,31 @@ def four_bit_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
     return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
 
 
-def lora_parameters(model: torch.nn.Module, cfg: GRPOConfig) -> int:
-    """Parameters of the LoRA adapters training would add to ``model`` (a meta-device model; left as it is)."""
+def trainable_sizes(model: torch.nn.Module, cfg: GRPOConfig) -> list[int]:
+    """The size of each parameter training updates: every one of ``model`` (a meta-device model), or the LoRA
+    adapters training would add to it (counted on a copy; ``model`` is left as it is)."""
+    if cfg.lora.r == 0:
+        return [p.numel() for p in model.parameters()]
     from peft import get_peft_model
 
     wrapped = get_peft_model(copy.deepcopy(model), lora_config(cfg))
-    return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    return [p.numel() for p in wrapped.parameters() if p.requires_grad]
+
+
+# bitsandbytes' AdamW8bit: parameters of at least this many values get 8-bit moments, with a float32 scale per block
+EIGHT_BIT_MIN_SIZE = 4096
+EIGHT_BIT_BLOCK = 256
+EIGHT_BIT_SLICE = 2**22  # values per slice of the CPU step (train/adamw8bit.py, which imports bitsandbytes)
+
+
+def adamw_bytes(sizes: list[int], b: int, eight_bit: bool) -> int:
+    """Bytes of AdamW's two moments for parameters of ``sizes`` values in ``b``-byte floats, or in bitsandbytes'
+    AdamW8bit (``eight_bit``; the module docstring)."""
+    if not eight_bit:
+        return 2 * sum(sizes) * b
+    small = sum(n for n in sizes if n < EIGHT_BIT_MIN_SIZE)
+    big = [n for n in sizes if n >= EIGHT_BIT_MIN_SIZE]
+    return 2 * small * 4 + 2 * sum(n + 4 * -(-n // EIGHT_BIT_BLOCK) for n in big)
 
 
 def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device | None = None) -> MemoryEstimate:
@@ -122,8 +150,12 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     reference = 0
     if cfg.beta > 0 and cfg.lora.r == 0:
         in_bf16 = untied if mixed and not cfg.ref_model_sync_steps else 0
+        in_bf16 = params if cfg.ref_model_dtype == "bfloat16" else in_bf16
         reference = in_bf16 * 2 + (params - in_bf16) * b
-    trainable = lora_parameters(model, cfg) if cfg.lora.r > 0 else params
+    sizes = trainable_sizes(model, cfg)
+    trainable = sum(sizes)
+    eight_bit = cfg.optimizer in EIGHT_BIT_OPTIMIZERS
+    largest_8bit = min(max((n for n in sizes if n >= EIGHT_BIT_MIN_SIZE), default=0), EIGHT_BIT_SLICE)
 
     h, i = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     layers, heads = config.num_hidden_layers, config.num_attention_heads
@@ -159,9 +191,10 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         weights=weights,
         reference=reference,
         gradients=trainable * trainable_bytes,
-        adamw=2 * trainable * trainable_bytes,
+        adamw=adamw_bytes(sizes, trainable_bytes, eight_bit),
         micro_batch=micro_batch,
         generation=kv_cache + (linear * compute if fused else 0),
+        optimizer_step=5 * 4 * largest_8bit if eight_bit and device.type == "cpu" else 0,
     )
 
 
@@ -231,8 +264,9 @@ def fitting_settings(
 ) -> tuple[list[str], list[str]]:
     """(the settings that fit in ``free`` bytes, the ones that do not), each as ``"setting (N GiB)"``: the
     largest smaller micro-batch (the same completions per step: gradient accumulation grows to match),
-    gradient checkpointing, LoRA (r 16 unless set), and QLoRA (LoRA on a 4-bit base). A setting that cannot
-    be estimated here (peft missing for LoRA) is left out."""
+    gradient checkpointing, the reference in bf16 (its log-probs change slightly), LoRA (r 16 unless set), and QLoRA
+    (LoRA on a 4-bit base). Not the 8-bit AdamW: its measured peak did not drop as estimated (docs/performance.md).
+    A setting that cannot be estimated here (peft missing for LoRA) is left out."""
     r = cfg.lora.r or 16
     candidates = []
     mb, accumulation = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
@@ -250,6 +284,8 @@ def fitting_settings(
             )
     if not cfg.gradient_checkpointing:
         candidates.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
+    if cfg.ref_model_dtype != "bfloat16" and cfg.beta > 0 and cfg.lora.r == 0 and not cfg.ref_model_sync_steps:
+        candidates.append(("ref_model_dtype: bfloat16", {"ref_model_dtype": "bfloat16"}))
     if cfg.lora.r == 0:
         candidates.append((f"LoRA (lora.r: {r})", {"lora": {"r": r}}))
     if not cfg.load_in_4bit:

@@ -23,6 +23,11 @@ from typing import Any
 
 TRL_VERSION = "1.16.0"
 
+# transformers' optimizer names (TrainingArguments' `optim`) that grpokit runs, as its `optimizer` field takes them:
+# torch's AdamW, and bitsandbytes' AdamW8bit (both of its names)
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch", "adamw_bnb_8bit", "adamw_8bit")
+EIGHT_BIT_OPTIMIZERS = ("adamw_bnb_8bit", "adamw_8bit")
+
 TRL_DEFAULTS: dict[str, Any] = {
     "output_dir": None,
     "per_device_train_batch_size": 8,
@@ -391,8 +396,11 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
             )
         put("num_mini_batches", minis // accumulation, source)
         _count_generation_batches(values, minis // accumulation, source)
+    optim = getattr(trl.get("optim"), "value", trl.get("optim"))  # transformers' OptimizerNames is a str enum
+    if optim in OPTIMIZERS:
+        put("optimizer", optim, f"optim={optim!r}")
     checks = {  # values that ask for what grpokit does anyway
-        "optim": lambda v: str(v).startswith("adamw_torch"),  # grpokit's optimizer is torch's AdamW (fused on CPU/CUDA)
+        "optim": lambda v: v in OPTIMIZERS,
         "logging_strategy": lambda v: v == "steps",
     }
     for key, value in trl.items():

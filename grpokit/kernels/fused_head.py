@@ -78,11 +78,13 @@ class WeightCasts:
         return self._casts[key]
 
 
-def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The autocast dtype, else the wider of the two (a weight stored in bf16 for float32 hidden states computes in
+    float32)."""
     device = weight.device.type
     if torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
-    return weight.dtype
+    return torch.promote_types(hidden.dtype, weight.dtype)
 
 
 def _over_rows(logits, tokens, temperature: float, chunk_elements: int, with_entropy: bool):
@@ -151,7 +153,7 @@ class _FusedHeadLogprobs(torch.autograd.Function):
     def forward(
         ctx, hidden, weight, bias, tokens, temperature, chunk_elements, with_entropy, saved_logits_bytes, casts
     ):
-        dtype = _compute_dtype(weight)
+        dtype = _compute_dtype(hidden, weight)
         w = casts.cast(weight, dtype) if casts is not None else weight.to(dtype)  # [V, H]
         b = None if bias is None else bias.to(dtype)
         h = hidden.to(dtype)  # [m, H]

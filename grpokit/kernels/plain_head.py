@@ -42,7 +42,10 @@ def _check_plain_head(model: torch.nn.Module, base: torch.nn.Module):
     try:
         with torch.no_grad():  # in the caller's autocast state: both sides run the same ops
             expected = logits_of(model(input_ids=ids)).float()
-            got = F.linear(decoder(input_ids=ids).last_hidden_state, head.weight, head.bias).float()
+            hidden = decoder(input_ids=ids).last_hidden_state
+            dtype = torch.promote_types(hidden.dtype, head.weight.dtype)  # as the fused head computes
+            bias = None if head.bias is None else head.bias.to(dtype)
+            got = F.linear(hidden.to(dtype), head.weight.to(dtype), bias).float()
     finally:
         base.train(was_training)
     return (

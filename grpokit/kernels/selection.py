@@ -32,6 +32,18 @@ class KernelState:
         self.weight_casts = WeightCasts()
 
 
+# Kernels' flags, as grpokit env names them.
+FAST_PATHS = {
+    "fused_decoder": "fused decoder (Llama, Qwen2, Qwen3, Mistral)",
+    "packed_linears": "oneDNN-packed weights for sampling",
+    "preallocated_kv_cache": "preallocated KV cache",
+    "small_attention": "plain attention for small learner calls",
+    "fused_head": "fused LM head",
+    "sparse_embedding_grad": "sparse embedding gradients",
+    "reference_in_autocast_dtype": "reference Linear weights in the autocast dtype",
+}
+
+
 @dataclass(frozen=True)
 class Kernels:
     """Which version of each op a run uses (True = the fast one), with the callables for it.
@@ -85,6 +97,10 @@ class Kernels:
             sparse_embedding_grad=True,
             reference_in_autocast_dtype=autocast_dtype is not None,
         )
+
+    def in_use(self) -> list[str]:
+        """The fast ops this choice uses, by name (``grpokit env`` lists them)."""
+        return [text for flag, text in FAST_PATHS.items() if getattr(self, flag)]
 
     # sampling
 

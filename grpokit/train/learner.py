@@ -8,7 +8,8 @@ With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the forward passe
 autocast, in one region per optimizer step (each weight cast once per step), and their backward
 replays the recorded dtypes; weights, gradients and AdamW stay float32 and the loss is computed
 from float32 log-probs. The frozen reference copy keeps its Linear weights in the autocast dtype
-(the same values autocast computes with; half the memory). The update's metrics include the time
+(the same values autocast computes with; half the memory), and with ``ref_model_dtype: bfloat16`` all
+its weights in bf16 (:meth:`Reference.store_in`). The update's metrics include the time
 of each phase (``time/policy_logprobs``, ``time/backward``, ``time/optimizer``).
 """
 
@@ -59,17 +60,14 @@ class Learner:
         self.kernels = (
             kernels if kernels is not None else Kernels.select(next(model.parameters()).device, autocast_dtype)
         )
-        if (
-            autocast_dtype is not None
-            and reference is not None
-            and reference.model is not None
-            and not cfg.ref_model_sync_steps
-            and not is_sharded(reference.model)
-        ):
-            # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
-            # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32,
-            # nor once FSDP has sharded it (its shards must keep the dtype they were sharded with)
-            self.kernels.store_reference(reference.model)
+        if reference is not None and reference.model is not None and not is_sharded(reference.model):
+            if autocast_dtype is not None and not cfg.ref_model_sync_steps:
+                # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
+                # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32,
+                # nor once FSDP has sharded it (its shards must keep the dtype they were sharded with)
+                self.kernels.store_reference(reference.model)
+            if cfg.ref_model_dtype == "bfloat16":  # the rest of its weights too (config: it changes the numbers)
+                reference.store_in(torch.bfloat16)
 
     def autocast(self):
         return autocast(next(self.model.parameters()).device, self.autocast_dtype)

@@ -55,6 +55,10 @@ NOT_RUNNABLE = {
     "grpokit train examples/arithmetic/config.yaml algo.algorithm=ppo num_generations=1 output_dir=runs/ppo-g1": (
         "the demo's warm start and 100 PPO steps (~5 min); tests/integration/test_ppo.py runs PPO with G = 1"
     ),
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_adamw_8bit,grpokit_ref_bf16 --steps 3": (
+        "three 494M-parameter runs: ~20 min, ~13 GB"
+    ),
+    "python bench/ref_dtype.py --layers 4": "a 152k-vocabulary model, two references: ~1 min, ~3 GB",
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (

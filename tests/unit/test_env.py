@@ -58,9 +58,15 @@ def test_a_forced_avx2_only_cpu_is_reported_with_its_choices(capsys, monkeypatch
     assert info["bf16 autocast with dtype auto"].startswith("no: no native bf16 matmul")
     assert info["with dtype bfloat16"] == "runs, emulated: slower than float32"
     assert info["oneDNN weight packing"] == "float32"
+    # Kernels.select's choice for a float32 run here: packed sampling weights, no bf16 reference storage
+    fast = info["fast paths"].split(", ")
+    assert "oneDNN-packed weights for sampling" in fast and "fused LM head" in fast
+    assert "plain attention for small learner calls" in fast
+    assert not any("autocast" in f for f in fast)
     monkeypatch.setenv("GRPOKIT_CPU_CAPS", "aarch64")
     info = env_lines(capsys)
     assert info["oneDNN weight packing"] == "no (F.linear)"
+    assert "oneDNN-packed weights for sampling" not in info["fast paths"]
     assert info["CPU instruction sets"].startswith("aarch64: NEON no")
 
 
@@ -77,3 +83,8 @@ def test_native_bf16_cpu_choices(capsys, monkeypatch):
     assert info["bf16 autocast with dtype auto"].startswith("yes, for models of >= 10M parameters")
     assert info["oneDNN weight packing"] == "float32, bf16"
     assert "AMX yes" in info["CPU instruction sets"]
+    # under bf16 autocast the run packs nothing (each call would cast and pack again) and stores the reference's
+    # Linear weights in bf16; smaller models run float32, with packed sampling weights
+    large, small = info["fast paths (>= 10M parameters)"], info["fast paths (< 10M parameters)"]
+    assert "reference Linear weights in the autocast dtype" in large and "oneDNN-packed" not in large
+    assert "oneDNN-packed weights for sampling" in small and "autocast" not in small

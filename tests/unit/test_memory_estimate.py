@@ -190,6 +190,64 @@ def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_
     assert estimate.adamw == nbytes(t for s in state for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
 
 
+def test_8bit_adamw_and_bf16_reference_by_hand(config_dir):
+    # parameters of 8192 and 4096 values get 8-bit moments and a float32 scale per 256 values, the 100-value one float32
+    # moments: 2 x 100 x 4 + 2 x ((8192 + 4 x 32) + (4096 + 4 x 16)) = 800 + 24960 = 25760 (float32 AdamW: 99104)
+    assert memory.adamw_bytes([8192, 4096, 100], 4, eight_bit=True) == 25760
+    assert memory.adamw_bytes([8192, 4096, 100], 4, eight_bit=False) == 2 * 12388 * 4 == 99104
+    model = build_meta_model(str(config_dir))
+    m = estimate_memory(_cfg(config_dir, optimizer="adamw_8bit", ref_model_dtype="bfloat16"), model, CPU)
+    assert m.adamw == 2 * 6288 * 4  # every parameter of this model is under 4096 values: float32 moments
+    assert m.optimizer_step == 0  # no 8-bit parameter to dequantise
+    assert m.reference == 6288 * 2  # all of the copy in bf16, the tied embedding and the norms too
+    # the untied embedding and head, 100 x 48 = 4800 values each, are the largest 8-bit parameters; bitsandbytes' CPU
+    # step holds 5 float32 copies of one at a time
+    wide = LlamaConfig(vocab_size=100, hidden_size=48, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    wide.save_pretrained(config_dir / "wide")
+    w = estimate_memory(
+        _cfg(config_dir / "wide", optimizer="adamw_bnb_8bit"), build_meta_model(str(config_dir / "wide")), CPU
+    )
+    assert w.optimizer_step == 5 * 4 * 4800
+    assert w.peak == w.weights + w.reference + w.adamw + max(
+        w.gradients + max(w.micro_batch, w.optimizer_step), w.generation
+    )
+
+
+def test_8bit_adamw_and_bf16_reference_match_a_trainers_tensors(word_prompts, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from grpokit.testing import build_tiny_causal_lm
+
+    model_dir = tmp_path / "model"
+    build_tiny_causal_lm(model_dir, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+    args = GRPOConfig(
+        model_name_or_path=str(model_dir),
+        optimizer="adamw_8bit",
+        ref_model_dtype="bfloat16",
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=4,
+        beta=0.04,
+        max_steps=1,
+        output_dir=str(tmp_path / "run"),
+        report_to=["jsonl"],
+        progress_bar=False,
+        save_steps=0,
+    )
+    estimate = estimate_memory(args, build_meta_model(args.model_name_or_path))
+    trainer = GRPOTrainer(
+        reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions],
+        args=args,
+        train_dataset=word_prompts,
+    )
+    trainer.train()
+    nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)
+    assert estimate.reference == nbytes(trainer.reference.model.parameters())
+    state = trainer.optimizer.state.values()
+    moments = ("state1", "state2", "absmax1", "absmax2")
+    assert estimate.adamw == nbytes(t for s in state for k, t in s.items() if k in moments)
+    assert any(s["state1"].dtype == torch.uint8 for s in state)
+
+
 def test_memory_warning_names_the_need_and_the_fixes(config_dir, monkeypatch):
     cfg = _cfg(config_dir)
     monkeypatch.setattr(memory, "available_bytes", lambda device: 2**40)
@@ -202,6 +260,7 @@ def test_memory_warning_names_the_need_and_the_fixes(config_dir, monkeypatch):
     assert "None of these settings alone would fit" in warning
     assert "per_device_train_batch_size: 1 with gradient_accumulation_steps: 16" in warning
     assert "lora.r: 16" in warning and "gradient_checkpointing: true" in warning and "load_in_4bit: true" in warning
+    assert "ref_model_dtype: bfloat16" in warning and "adamw_8bit" not in warning  # see memory.fitting_settings
     assert memory.memory_warning(cfg, str(config_dir / "missing"), CPU) is None  # no config: no estimate, no warning
 
 
@@ -216,6 +275,7 @@ def test_memory_warning_names_the_settings_that_fit(config_dir, monkeypatch):
     #     100608 + 25152 + 211200 = 336960
     #   LoRA r 16: adapters 2 layers x 16 x (32 + 24 + 24 + 32 + 48 + 48 + 48) = 8192; weights 25152, no reference,
     #     AdamW 65536, gradients 32768 + micro-batch 220800: 25152 + 65536 + 253568 = 344256
+    #   reference in bf16: 346560 - 25152 + 6288 x 2 = 333984
     free = 2**29 + 340000
     monkeypatch.setattr(memory, "available_bytes", lambda device: free)
     warning = memory.memory_warning(cfg, str(config_dir), CPU)
@@ -224,6 +284,7 @@ def test_memory_warning_names_the_settings_that_fit(config_dir, monkeypatch):
     assert "per_device_train_batch_size: 4 with gradient_accumulation_steps: 4" in fits  # the largest that fits
     assert "per_device_train_batch_size: 2" not in fits
     assert "gradient_checkpointing: true" in fits
+    assert "ref_model_dtype: bfloat16 (" in fits
     assert "lora.r" not in fits.split("QLoRA")[0]  # LoRA alone needs 344256 + 2**29 > free
     model = build_meta_model(str(config_dir))
     fitting, others = memory.fitting_settings(cfg, model, CPU, 2**29 + 344256)

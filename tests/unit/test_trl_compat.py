@@ -140,7 +140,9 @@ def test_report_to_all_and_unsupported_integrations():
         ({"eval_strategy": "steps", "logging_steps": 3}, "eval_steps", 3),  # TRL: eval_steps defaults to logging_steps
         ({"eval_strategy": "no", "eval_steps": None}, "eval_steps", 0),
         ({"min_p": None, "output_dir": None}, "min_p", 0.0),  # TRL's None keeps grpokit's default
-        ({"optim": "adamw_torch"}, "adam_epsilon", 1e-8),
+        ({"optim": "adamw_torch"}, "optimizer", "adamw_torch"),
+        ({"optim": "adamw_bnb_8bit"}, "optimizer", "adamw_bnb_8bit"),
+        ({"optim": "adamw_8bit"}, "optimizer", "adamw_8bit"),
         (
             {"model_init_kwargs": {"torch_dtype": "bfloat16"}, "bf16": False},
             "dtype",
@@ -183,6 +185,15 @@ def test_use_vllm_colocate_maps_to_the_vllm_engine_and_server_mode_is_refused():
     assert quiet(use_vllm=True, vllm_mode="colocate").engine == "vllm"
     with pytest.raises(ConfigError, match="vllm_mode='server'"):
         GRPOConfig(use_vllm=True, vllm_mode="server")
+
+
+def test_optimizers_grpokit_does_not_run_are_named():
+    # torchao's 8-bit and 4-bit AdamW are other optimizers: named, not run as torch's AdamW in silence
+    with pytest.warns(UserWarning, match="optim"):
+        cfg = GRPOConfig(optim="adamw_torch_8bit")
+    assert cfg.optimizer == "adamw_torch_fused"
+    with pytest.raises(ConfigError, match="optim='adamw_8bit' sets optimizer='adamw_8bit'"):
+        GRPOConfig(optim="adamw_8bit", optimizer="adamw_torch")
 
 
 def test_conflicting_settings_are_refused():
