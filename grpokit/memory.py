@@ -264,8 +264,8 @@ def fitting_settings(
 ) -> tuple[list[str], list[str]]:
     """(the settings that fit in ``free`` bytes, the ones that do not), each as ``"setting (N GiB)"``: the
     largest smaller micro-batch (the same completions per step: gradient accumulation grows to match),
-    gradient checkpointing, the reference in bf16 (its log-probs change slightly), LoRA (r 16 unless set), and QLoRA
-    (LoRA on a 4-bit base). Not the 8-bit AdamW: its measured peak did not drop as estimated (docs/performance.md).
+    gradient checkpointing, the reference in bf16 (its log-probs change slightly), the 8-bit AdamW (its moments
+    quantised), LoRA (r 16 unless set), and QLoRA (LoRA on a 4-bit base).
     A setting that cannot be estimated here (peft missing for LoRA) is left out."""
     r = cfg.lora.r or 16
     candidates = []
@@ -286,6 +286,8 @@ def fitting_settings(
         candidates.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
     if cfg.ref_model_dtype != "bfloat16" and cfg.beta > 0 and cfg.lora.r == 0 and not cfg.ref_model_sync_steps:
         candidates.append(("ref_model_dtype: bfloat16", {"ref_model_dtype": "bfloat16"}))
+    if cfg.optimizer not in EIGHT_BIT_OPTIMIZERS:
+        candidates.append(("optimizer: adamw_8bit (the qlora extra's bitsandbytes)", {"optimizer": "adamw_8bit"}))
     if cfg.lora.r == 0:
         candidates.append((f"LoRA (lora.r: {r})", {"lora": {"r": r}}))
     if not cfg.load_in_4bit:

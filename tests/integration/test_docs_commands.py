@@ -55,7 +55,7 @@ NOT_RUNNABLE = {
     "grpokit train examples/arithmetic/config.yaml algo.algorithm=ppo num_generations=1 output_dir=runs/ppo-g1": (
         "the demo's warm start and 100 PPO steps (~5 min); tests/integration/test_ppo.py runs PPO with G = 1"
     ),
-    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_adamw_8bit,grpokit_ref_bf16 --steps 3": (
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_adamw_8bit,grpokit_ref_bf16 --steps 2": (
         "three 494M-parameter runs: ~20 min, ~13 GB"
     ),
     "python bench/ref_dtype.py --layers 4": "a 152k-vocabulary model, two references: ~1 min, ~3 GB",

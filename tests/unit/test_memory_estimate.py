@@ -260,7 +260,7 @@ def test_memory_warning_names_the_need_and_the_fixes(config_dir, monkeypatch):
     assert "None of these settings alone would fit" in warning
     assert "per_device_train_batch_size: 1 with gradient_accumulation_steps: 16" in warning
     assert "lora.r: 16" in warning and "gradient_checkpointing: true" in warning and "load_in_4bit: true" in warning
-    assert "ref_model_dtype: bfloat16" in warning and "adamw_8bit" not in warning  # see memory.fitting_settings
+    assert "ref_model_dtype: bfloat16" in warning and "optimizer: adamw_8bit" in warning
     assert memory.memory_warning(cfg, str(config_dir / "missing"), CPU) is None  # no config: no estimate, no warning
 
 
@@ -289,7 +289,9 @@ def test_memory_warning_names_the_settings_that_fit(config_dir, monkeypatch):
     model = build_meta_model(str(config_dir))
     fitting, others = memory.fitting_settings(cfg, model, CPU, 2**29 + 344256)
     assert any(f.startswith("LoRA (lora.r: 16)") for f in fitting)  # exactly its need: fits
-    assert not others
+    # the only one that does not: the 8-bit AdamW, which saves nothing on this tiny model (parameters under 4096
+    # values keep float32 moments) and adds its CPU step's float32 copies
+    assert [o.split(" (")[0] for o in others] == ["optimizer: adamw_8bit"]
 
 
 def test_explain_says_whether_the_run_fits(config_dir, monkeypatch):
