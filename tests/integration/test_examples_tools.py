@@ -122,25 +122,29 @@ def test_chat_format_renders_a_tool_round_as_the_rollout_tokens(example):
 @pytest.mark.slow
 def test_tools_example_learns_to_call_the_calculator(tmp_path, example):
     """A shortened run of the README's command: a shorter warm start (2 heads, which learn to copy in fewer
-    steps; the copy is still unreliable), ten GRPO steps. The warm start seldom calls the calculator; GRPO
+    steps; 700 + 200 steps, enough to learn the copy on AVX-512 and AVX2 CPUs alike: with 450 + 60 whether it
+    emerged depended on the CPU's float32 kernels), 40 GRPO steps. The warm start seldom calls the calculator; GRPO
     with the correctness reward must make it call far more often on held-out questions, and answer more of
     them right. A trainer that does not learn (no update, a wrong sign, a loss over the wrong tokens) leaves
     these where they were or lowers them."""
-    common = ["--cache-dir", str(tmp_path / "cache"), "--warm-num-heads", "2", "--warm-clean-steps", "450"]
-    common += ["--warm-habit-steps", "60"]
+    common = ["--cache-dir", str(tmp_path / "cache"), "--warm-num-heads", "2", "--warm-clean-steps", "700"]
+    common += ["--warm-habit-steps", "200"]
     result = example.main(
-        [*common, "--n-eval", "64", "--eval-samples", "2", "max_steps=10", f"output_dir={tmp_path / 'run'}"]
+        [*common, "--n-eval", "64", "--eval-samples", "2", "max_steps=40", f"output_dir={tmp_path / 'run'}"]
     )
 
     before, after = result["before"]["held_out"], result["after"]["held_out"]
     assert before["tool_use"] < 0.3 and before["greedy_tool_use"] < 0.3  # the teacher's habit: seldom a call
-    # measured: greedy tool use 0.00 -> 1.00, greedy accuracy 0.00 -> 0.38, sampled tool use 0.10 -> 0.24
+    # measured (AVX-512 / AVX2 simulated with ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 GRPOKIT_CPU_CAPS=avx2):
+    # greedy tool use and accuracy 0.00 -> 1.00 on both; sampled tool use 0.05 -> 0.76 / 0.06 -> 0.55,
+    # sampled accuracy 0.05 -> 0.70 / 0.05 -> 0.53
     assert after["greedy_tool_use"] > before["greedy_tool_use"] + 0.5
-    assert after["greedy_accuracy"] > before["greedy_accuracy"] + 0.15
-    assert after["tool_use"] > before["tool_use"] + 0.08
+    assert after["greedy_accuracy"] > before["greedy_accuracy"] + 0.5
+    assert after["tool_use"] > before["tool_use"] + 0.3
+    assert after["accuracy"] > before["accuracy"] + 0.3
     assert json.loads((tmp_path / "run" / "tools.json").read_text())["after"] == result["after"]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == list(range(1, 11))
+    assert [s["step"] for s in steps] == list(range(1, 41))
     assert {"tool_use", "tools/call_frequency", "rewards/answer_correct/mean"} <= set(steps[-1])
     # the warm start is cached: a second run loads it instead of training again
     (cached,) = (tmp_path / "cache").glob("policy-*")
