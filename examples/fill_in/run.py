@@ -17,12 +17,8 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -40,28 +36,9 @@ from judge import Judge, JudgeConfig, judge_accuracy, judge_reward, train_judge
 from policy import PolicyConfig, fill_in_tokenizer, warm_start
 
 from grpokit import GRPOTrainer, load_config
+from grpokit.cache import cached_folder
 from grpokit.modeling import decode
 from grpokit.rollout.types import SamplingParams
-
-
-def cached(cache_dir: Path, kind: str, recipe: dict, build) -> Path:
-    """``cache_dir/<kind>-<hash of recipe>``, running ``build(tmp_folder)`` first when it is missing.
-
-    Built in a temporary folder and renamed into place, so an interrupted build is never reused.
-    """
-    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    folder = cache_dir / f"{kind}-{key}"
-    if not (folder / "recipe.json").is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{kind}-"))
-        try:
-            build(tmp)
-            (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2))
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder
 
 
 @torch.no_grad()
@@ -122,8 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
         save_model(train_judge(train_texts, tokenizer, judge_config), str(folder / "judge.safetensors"))
 
     data_recipe = {"version": CACHE_VERSION, "n_eval": opts.n_eval, "tasks": sorted(spans.LISTS)}
-    policy_dir = cached(cache_dir, "policy", {"policy": asdict(policy_config), **data_recipe}, build_policy)
-    judge_dir = cached(cache_dir, "judge", {"judge": asdict(judge_config), **data_recipe}, build_judge)
+    policy_dir = cached_folder(cache_dir, "policy", {"policy": asdict(policy_config), **data_recipe}, build_policy)
+    judge_dir = cached_folder(cache_dir, "judge", {"judge": asdict(judge_config), **data_recipe}, build_judge)
     judge = Judge(len(tokenizer), judge_config)
     load_model(judge, str(judge_dir / "judge.safetensors"))
     judge.eval().requires_grad_(False)

@@ -10,12 +10,8 @@ in a folder keyed by a hash of the recipe, so a second run of the example skips 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 
+from grpokit.cache import cached_folder
 from grpokit.data.smiles import BOS, EOS, SmilesTokenizer
 
 
@@ -135,25 +132,17 @@ def load_or_pretrain(
 ) -> tuple[CharGPT, SmilesTokenizer, Path]:
     """The pre-trained model from ``cache_dir/chargpt-<hash>``, training and saving it first if missing.
 
-    The hash covers the recipe and the data, so changing either builds a new model. The folder is
-    written under a temporary name and renamed, so an interrupted build is never taken as complete.
+    The hash covers the recipe and the data, so changing either builds a new model; an interrupted build is never
+    taken as complete (:func:`grpokit.cache.cached_folder`).
     """
-    recipe = json.dumps(
-        {"config": asdict(config), "data": hashlib.sha256("\n".join(smiles).encode()).hexdigest()}, sort_keys=True
-    )
-    folder = Path(cache_dir) / f"chargpt-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
-    if not (folder / "model.safetensors").is_file():
+    recipe = {"config": asdict(config), "data": hashlib.sha256("\n".join(smiles).encode()).hexdigest()}
+
+    def build(folder: Path) -> None:
         model, tokenizer = pretrain(smiles, config, log)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".chargpt-"))
-        try:
-            save_model(model, str(tmp / "model.safetensors"))
-            tokenizer.save_pretrained(tmp)
-            (tmp / "recipe.json").write_text(recipe)
-            os.replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return model, tokenizer, folder
+        save_model(model, str(folder / "model.safetensors"))
+        tokenizer.save_pretrained(folder)
+
+    folder = cached_folder(cache_dir, "chargpt", recipe, build)
     tokenizer = SmilesTokenizer.from_pretrained(folder)
     model = CharGPT(GPTConfig(len(tokenizer), config.block_size, config.d_model, config.n_layers, config.n_heads))
     load_model(model, str(folder / "model.safetensors"))

@@ -18,12 +18,8 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -42,26 +38,7 @@ from measure import measure
 from warm_start import WarmStartConfig, warm_start
 
 from grpokit import GRPOTrainer, load_config
-
-
-def cached(cache_dir: Path, kind: str, recipe: dict, build) -> Path:
-    """``cache_dir/<kind>-<hash of recipe>``, running ``build(tmp_folder)`` first when it is missing.
-
-    Built in a temporary folder and renamed into place, so an interrupted build is never reused.
-    """
-    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    folder = cache_dir / f"{kind}-{key}"
-    if not (folder / "recipe.json").is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{kind}-"))
-        try:
-            build(tmp)
-            (tmp / "recipe.json").write_text(json.dumps(recipe, indent=2))
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+from grpokit.cache import cached_folder
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -94,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
         tokenizer.save_pretrained(folder)
 
     recipe = {"version": CACHE_VERSION, "n_eval": opts.n_eval, "warm_start": asdict(warm)}
-    policy_dir = cached(Path(opts.cache_dir), "policy", recipe, build_policy)
+    policy_dir = cached_folder(Path(opts.cache_dir), "policy", recipe, build_policy)
     warm_seconds = time.perf_counter() - t0
 
     def evaluate(model, tokenizer) -> dict[str, dict[str, float]]:
