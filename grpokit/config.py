@@ -997,9 +997,13 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
             return list(value)
         if isinstance(value, (str, int)):
             return [value]
+    hint = ""
+    if isinstance(value, dict) and value and all(key in FIELD_SECTION for key in value):
+        sections = sorted({FIELD_SECTION[key] for key in value})  # a section's settings under a setting's name
+        hint = f" Settings like {', '.join(value)} go in the section {' / '.join(sections)}: write them under it."
     raise ConfigError(
         f"{name}={value!r} has the wrong type: expected {expected.__name__}, got "
-        f"{type(value).__name__}{_example(cls, name)}."
+        f"{type(value).__name__}{_example(cls, name)}.{hint}"
     )
 
 

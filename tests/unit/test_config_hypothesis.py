@@ -63,6 +63,11 @@ def valid_values(draw) -> dict:
     if values.get("engine") == "vllm":  # vLLM samples in the learner process (no Ray), at temperatures up to 2
         values["backend"] = "none"
         values["temperature"] = min(values.get("temperature", 1.0), 2.0)
+    if values.get("kl_controller") == "adaptive":  # it steers beta towards target_kl, so both must be > 0
+        values["target_kl"] = draw(st.floats(1e-4, 10, **FINITE))
+        values["beta"] = draw(st.floats(1e-4, 1, **FINITE))
+    if values.get("strategy") == "fsdp":  # FSDP shards the optimizer state and the reference itself
+        values["optimizer"], values["ref_model_dtype"] = "adamw_torch_fused", "auto"
     g = draw(st.integers(2, 16))
     values["num_generations"] = g
     values["per_device_train_batch_size"] = g * draw(st.integers(1, 4))

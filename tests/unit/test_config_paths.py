@@ -30,6 +30,7 @@ def test_every_path_field_is_expanded(home):
         "eval_dataset": "${DATA}/eval.jsonl",
         "output_dir": "~/runs/a",
         "resume_from": "$DATA/checkpoints/step-2",
+        "value_model_name_or_path": "~/critic",
     }
     assert set(values) == set(PATH_FIELDS)
     cfg = GRPOConfig(**values)
@@ -39,6 +40,7 @@ def test_every_path_field_is_expanded(home):
     assert cfg.eval_dataset == f"{home}/data/eval.jsonl"
     assert cfg.output_dir == f"{home}/home/runs/a"
     assert cfg.resume_from == f"{home}/data/checkpoints/step-2"
+    assert cfg.value_model_name_or_path == f"{home}/home/critic"
     cfg.output_dir = "$DATA/b"  # assignment goes through the same check
     assert cfg.output_dir == f"{home}/data/b"
     assert GRPOConfig(resume_from="latest", model_name_or_path="Qwen/Qwen2.5-0.5B").resume_from == "latest"
