@@ -159,6 +159,21 @@ def test_qlora_weights_match_a_trainers_tensors(word_prompts, tmp_path):
     assert estimate.gradients == sum(map(nbytes, (p for p in trainer.model.parameters() if p.requires_grad)))
 
 
+def trained_one_step(args: GRPOConfig, prompts: list[dict]) -> GRPOTrainer:
+    """A trainer after its run of ``args`` (one step) on ``prompts``, rewarded by completion length."""
+    trainer = GRPOTrainer(
+        reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions],
+        args=args,
+        train_dataset=prompts,
+    )
+    trainer.train()
+    return trainer
+
+
+def nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_path):
     # weights, reference, gradients and AdamW state are exactly what a trainer holds after a step
     args = GRPOConfig(
@@ -176,13 +191,7 @@ def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_
         save_steps=0,
     )
     estimate = estimate_memory(args, build_meta_model(args.model_name_or_path))
-    trainer = GRPOTrainer(
-        reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions],
-        args=args,
-        train_dataset=word_prompts,
-    )
-    trainer.train()
-    nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)
+    trainer = trained_one_step(args, word_prompts)
     assert estimate.weights == nbytes(trainer.model.parameters())
     assert estimate.reference == nbytes(trainer.reference.model.parameters())
     assert estimate.gradients == nbytes(p for p in trainer.model.parameters() if p.requires_grad)
@@ -234,13 +243,7 @@ def test_8bit_adamw_and_bf16_reference_match_a_trainers_tensors(word_prompts, tm
         save_steps=0,
     )
     estimate = estimate_memory(args, build_meta_model(args.model_name_or_path))
-    trainer = GRPOTrainer(
-        reward_funcs=lambda prompts, completions, **k: [float(len(c)) for c in completions],
-        args=args,
-        train_dataset=word_prompts,
-    )
-    trainer.train()
-    nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)
+    trainer = trained_one_step(args, word_prompts)
     assert estimate.reference == nbytes(trainer.reference.model.parameters())
     state = trainer.optimizer.state.values()
     moments = ("state1", "state2", "absmax1", "absmax2")
