@@ -1,6 +1,6 @@
 """The GRPO training loop.
 
-One step (DESIGN.md): RolloutScheduler.next (prompts, G rollouts each) -> RewardRunner.score -> reference
+One step (docs/architecture.md): RolloutScheduler.next (prompts, G rollouts each) -> RewardRunner.score -> reference
 log-probs (and the critic's values) -> the algorithm's advantages -> Learner.update -> RolloutStore.write_step ->
 Tracker.log; evaluation every eval_steps, checkpoints every save_steps. Every torchrun rank runs this
 same loop; rank 0 alone owns the run folder.

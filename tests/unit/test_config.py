@@ -55,7 +55,7 @@ def test_docs_config_reference_is_current():
 def test_algorithm_options_are_the_lists_algos_implements():
     # one definition: config validates with the very tuples the algorithms check against
     from grpokit.algos import names
-    from grpokit.config import CHOICES, FIELD_SECTION, SECTIONS, _field_docs
+    from grpokit.config import CHOICES, FIELD_SECTION, SECTIONS, field_docs
 
     assert CHOICES["loss_type"] is names.LOSS_TYPES
     assert CHOICES["scale_rewards"] is names.SCALE_REWARDS
@@ -64,7 +64,7 @@ def test_algorithm_options_are_the_lists_algos_implements():
     with pytest.raises(ConfigError, match="choose one of grpo, bnpo, dr_grpo, dapo"):
         GRPOConfig(loss_type="ppo")
     for name, choices in CHOICES.items():  # the field's help line names every option
-        doc = _field_docs(SECTIONS[FIELD_SECTION[name]])[name]
+        doc = field_docs(SECTIONS[FIELD_SECTION[name]])[name]
         assert all(choice in doc for choice in choices), (name, doc)
 
 
