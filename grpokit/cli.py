@@ -73,10 +73,13 @@ def is_user_error(exc: BaseException) -> bool:
     from grpokit.rewards.contract import RewardError
     from grpokit.store.store import StoreError
     from grpokit.train.checkpoint import CheckpointError
+    from grpokit.train.run_lock import RunFolderError
 
     if isinstance(exc, ImportError):
         return exc.name is None
-    return isinstance(exc, (ConfigError, DataError, CheckpointError, StoreError, RewardError, FileNotFoundError))
+    return isinstance(
+        exc, (ConfigError, DataError, CheckpointError, StoreError, RewardError, RunFolderError, FileNotFoundError)
+    )
 
 
 def _overrides(items: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sqlite3
 import time
@@ -171,10 +172,11 @@ class RolloutStore:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._conn.execute("COMMIT")
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                self._conn.execute("ROLLBACK")
             raise
-        self._conn.execute("COMMIT")
 
     # ----------------------------------------------------------------- writing
 
@@ -196,6 +198,39 @@ class RolloutStore:
                     f"step {step} is already in {self.path}; call rollback_after({step - 1}) before writing it again"
                 ) from err
             raise StoreError(f"step {step}: {err} (two rollouts share prompt_index and completion_index?)") from err
+        except sqlite3.OperationalError as err:
+            raise self._write_failed(f"step {step}", err) from None
+
+    def _write_failed(self, what: str, err: sqlite3.OperationalError) -> StoreError:
+        """One line for a write SQLite could not do (a full disk, an I/O error); the steps before it are intact."""
+        cause = str(err)
+        if getattr(err, "sqlite_errorname", "") == "SQLITE_FULL":
+            cause = "No space left on device (ENOSPC; SQLite: database or disk is full)"
+        return StoreError(
+            f"cannot write {what} to {self.path}: {cause}; the steps before it are intact: fix that, then resume "
+            "with resume_from=latest."
+        )
+
+    def step_digest(self, step: int) -> str:
+        """The digest of step ``step`` as stored (``store/integrity.py``; a checkpoint records the chain of them)."""
+        from grpokit.store.integrity import step_digest
+
+        return step_digest(self._conn, step)
+
+    def sync(self) -> None:
+        """Make every committed step durable (a WAL checkpoint fsyncs the log, then the database): a checkpoint
+        that records the store is written only after this."""
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # copies what no reader holds into the database
+        except sqlite3.OperationalError as err:
+            raise self._write_failed("the committed steps", err) from None
+        for file in (self.path, self.path.with_name(self.path.name + "-wal")):  # and whatever a reader held back
+            if file.exists():
+                fd = os.open(file, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def _rollout_row(self, step: int, i: int, rollout: RolloutRecord) -> tuple:
         if not isinstance(rollout, RolloutRecord):
@@ -230,6 +265,8 @@ class RolloutStore:
                 self._conn.executemany("INSERT INTO evals (step, dataset, name, value) VALUES (?, ?, ?, ?)", rows)
         except sqlite3.IntegrityError as err:
             raise DuplicateStepError(f"eval of {dataset!r} at step {step} is already in {self.path}") from err
+        except sqlite3.OperationalError as err:
+            raise self._write_failed(f"the evaluation of step {step}", err) from None
 
     def rollback_after(self, step: int) -> None:
         """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""

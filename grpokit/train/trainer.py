@@ -40,7 +40,7 @@ from grpokit.train.interrupt import SignalStop, stop_message
 from grpokit.train.learner import update_inputs
 from grpokit.train.logprobs import build_batch
 from grpokit.train.metrics import PhaseClock, step_metrics, train_summary
-from grpokit.train.run_dir import open_run_dir, resume_point
+from grpokit.train.run_dir import RunFolder, open_run_dir, resume_point
 from grpokit.train.scheduler import RolloutScheduler
 from grpokit.train.stopping import StopRules
 
@@ -186,12 +186,27 @@ class GRPOTrainer:
         args, main = self.args, self.procs.is_main
         if resume_from_checkpoint:
             args.resume_from = "latest" if resume_from_checkpoint is True else str(resume_from_checkpoint)
-        found = resume_point(args, check=main)
+        self.run_folder = RunFolder(args) if main else None  # the folder's lock; a previous run set aside
+        try:
+            summary = self._train(args, main)
+        finally:
+            if main:
+                self.run_folder.release()  # an overwritten run comes back unless this one is durable
+        if self.stop_reason and main:
+            self.run_log.warn(f"stopped at step {self.step}: {self.stop_reason}")
+        from transformers.trainer_utils import TrainOutput
+
+        return TrainOutput(self.step, summary["train_loss"], summary)
+
+    def _train(self, args: GRPOConfig, main: bool) -> dict:
+        """train() with the run folder held: resume, open the folder, the steps, the end; returns the summary."""
+        found = resume_point(args, check=main)  # checked: the checkpoint, and on rank 0 the store and metrics
         if found is not None:  # loaded before the run folder is written: a misfit changes nothing there
-            self.resume(found)
+            self.step = self.run_state.load(found.path, verified=True)
+            self.callbacks.set_step(self.step)
         self.run_dir = Path(args.output_dir)
-        if main:
-            self.run_log = open_run_dir(args, self.step)  # rank 0's writers: store, trackers, report
+        if main:  # rank 0's writers: store, trackers, report
+            self.run_log = open_run_dir(args, self.step, self.run_folder, found)
         metrics, losses, started = {}, [], time.perf_counter()
         try:
             with self.signals:
@@ -204,11 +219,7 @@ class GRPOTrainer:
                 summary = self._end_training(metrics, losses, time.perf_counter() - started)
         finally:
             self._close()
-        if self.stop_reason and main:
-            self.run_log.warn(f"stopped at step {self.step}: {self.stop_reason}")
-        from transformers.trainer_utils import TrainOutput
-
-        return TrainOutput(self.step, summary["train_loss"], summary)
+        return summary
 
     def _begin_training(self) -> None:
         """on_train_begin (and on_epoch_begin), then the evaluation before training."""
@@ -398,6 +409,8 @@ class GRPOTrainer:
             self._evaluate_and_log(self.step)
         merged = self.use_lora and self.args.merge_on_save
         save_final_model(self.run_dir / "final", self.model, self.tokenizer, self.procs.is_main, merged)
+        if self.procs.is_main:
+            self.run_folder.durable()  # a run that saves no checkpoint is durable once its final model is
 
     def _end_training(self, metrics: dict, losses: list[float], seconds: float) -> dict:
         """TRL's closing log entry, a summary line on rank 0, on_train_end; returns the entry."""
@@ -439,12 +452,17 @@ class GRPOTrainer:
         self.callbacks.event("on_evaluate", metrics=metrics)
 
     def _save_checkpoint(self) -> None:
-        """Rank 0 writes; under FSDP every rank joins to gather the weights and optimizer state."""
-        if self.run_state.save(self.run_dir, self.step):
+        """Rank 0 writes (after flushing the store and metrics.jsonl to disk, which the checkpoint records); under FSDP
+        every rank joins to gather the weights and optimizer state."""
+        record = self.run_log.seal() if self.procs.is_main else None
+        if self.run_state.save(self.run_dir, self.step, record):
+            if self.procs.is_main:
+                self.run_folder.durable()  # the first checkpoint: an overwritten run can go now
             self.callbacks.event("on_save")
 
     def resume(self, path: str | Path) -> None:
-        """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder."""
+        """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder (checked
+        against its manifest first)."""
         self.step = self.run_state.load(path)
         self.callbacks.set_step(self.step)
 

@@ -1,0 +1,133 @@
+"""One writer per run folder: an exclusive ``flock`` on ``RUN/.grpokit.lock`` while a run trains.
+
+Two trainers on one output_dir would delete each other's store, metrics and checkpoints (overwrite, the stale
+temporary-folder cleanup) and leave one run's results silently gone, so the second one is refused at once.
+The kernel drops an flock when the process holding it dies (kill -9, the OOM killer), so a lock left by a dead
+run is simply taken over; the file's text (PID, host, start time) only serves the message that refuses a second
+writer. The file is never deleted: deleting a lock file lets two processes lock two different files of one name.
+Readers (``grpokit inspect``, ``report``, ``eval``) never take the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+LOCK_FILE = ".grpokit.lock"
+_HELD: dict[int, Path] = {}  # descriptor -> run folder (resolved) of the locks this process holds
+
+
+def _close_held_in_child() -> None:
+    """In a forked child: close the inherited lock descriptors (the lock stays the parent's, and ends with it)."""
+    for fd in _HELD:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
+
+
+class RunFolderError(Exception):
+    """A run folder that cannot be used as asked (another run writes it, or one of its files cannot be written),
+    with what to do about it."""
+
+
+def _try_lock(fd: int) -> bool:
+    """True when this file description now holds the exclusive lock; False when another one holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _holder_text(fd: int) -> str:
+    """'PID 123 on host h (since 2025-01-01 12:00:00)', from the holder's line in the lock file."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    fields = os.read(fd, 4096).decode(errors="replace").split()
+    if len(fields) >= 2:
+        since = f" (since {' '.join(fields[2:4])})" if len(fields) >= 4 else ""
+        return f"PID {fields[0]} on host {fields[1]}{since}"
+    return "another process (it has not written its PID yet)"
+
+
+def _refusal(path: Path, holder: str) -> RunFolderError:
+    return RunFolderError(
+        f"output_dir {str(path)!r} is in use by another grpokit run ({holder}); wait for it to finish or stop it, "
+        "or choose another output_dir."
+    )
+
+
+def check_unlocked(path: str | Path) -> None:
+    """Refuse ``path`` when another live process holds its lock (the check before any model loads); takes nothing."""
+    path = Path(path)
+    if path.resolve() in _HELD.values():
+        return  # this run's own lock (train() checks the folder again once it holds it)
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # no run has trained here yet
+    except OSError:
+        return  # unreadable (read-only storage): train() reports what it cannot write
+    try:
+        if not _try_lock(fd):
+            raise _refusal(path, _holder_text(fd))
+    except OSError:
+        return  # a filesystem without locks: train() says so
+    finally:
+        os.close(fd)  # closing the only descriptor of this open file also drops the probe's lock
+
+
+class RunLock:
+    """The lock of one run folder, held by this process from :meth:`acquire` to :meth:`release`.
+
+    Processes forked while it is held (reward workers) close their copy of the descriptor, so the lock ends
+    with this process, not with its children."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        """Create the folder if needed and take the lock; a second writer is refused with its PID and host.
+        On a filesystem without flock (some network or FUSE mounts) the run goes on unlocked, saying so."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            locked = _try_lock(fd)
+        except OSError as exc:
+            os.close(fd)
+            print(
+                f"grpokit: warning: cannot lock {self.path / LOCK_FILE} ({exc.strerror}); nothing stops a second "
+                "run from writing this output_dir at the same time",
+                file=sys.stderr,
+                flush=True,
+            )
+            return self
+        if not locked:
+            holder = _holder_text(fd)
+            os.close(fd)
+            raise _refusal(self.path, holder)
+        os.ftruncate(fd, 0)
+        line = f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        os.pwrite(fd, line.encode(), 0)
+        self._fd = fd
+        _HELD[fd] = self.path.resolve()
+        return self
+
+    def release(self) -> None:
+        """Drop the lock (the file stays, with the last holder's line; safe to call twice)."""
+        if self._fd is not None:
+            _HELD.pop(self._fd, None)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
