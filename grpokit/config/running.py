@@ -24,9 +24,9 @@ class RunConfig:
     resume_from: str | None = None
     """latest (the newest intact checkpoint) | a checkpoint folder; continues the same run exactly."""
     overwrite: bool = False
-    """Replace a run in output_dir: its config.yaml, rollouts.sqlite, metrics.jsonl, report.html, checkpoints/, final/ and
-    tensorboard/ are moved to output_dir/.overwritten, deleted once the new run has its first checkpoint (or final model),
-    and put back if it stops before."""
+    """Replace a run in output_dir: its config.yaml, rollouts.sqlite, metrics.jsonl, report.html, checkpoints/,
+    final/ and tensorboard/ are moved to output_dir/.overwritten, deleted once the new run has its first checkpoint
+    (or final model), and put back if it stops before."""
     max_nonfinite_steps: int = 3
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
     progress_bar: bool = True

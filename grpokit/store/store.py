@@ -270,9 +270,12 @@ class RolloutStore:
 
     def rollback_after(self, step: int) -> None:
         """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""
-        with self._transaction():
-            for table in ("steps", "rollouts", "step_metrics", "evals"):
-                self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
+        try:
+            with self._transaction():
+                for table in ("steps", "rollouts", "step_metrics", "evals"):
+                    self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
+        except sqlite3.OperationalError as err:
+            raise self._write_failed(f"the removal of the steps after step {step}", err) from None
 
     # ----------------------------------------------------------------- reading
 

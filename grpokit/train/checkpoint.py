@@ -253,7 +253,8 @@ class RunState:
 def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool = False) -> None:
     """The final model in ``folder`` (RUN/final): ``save_pretrained`` model and tokenizer, or model.safetensors
     for a custom module; with ``merged`` (LoRA, ``merge_on_save``) also the merged model in ``folder/merged``.
-    Rank 0 writes; an FSDP-sharded model is first gathered there, so then every rank calls this."""
+    Rank 0 writes; an FSDP-sharded model is first gathered there, so then every rank calls this. Written under a
+    temporary name and renamed, so RUN/final is whole or absent; a failed write (a full disk) is one CheckpointError."""
     state = None  # None: the module's own weights
     if is_sharded(model):
         from grpokit.distributed.fsdp import full_state_dict
@@ -261,18 +262,33 @@ def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool
         state = full_state_dict(model)
     if not is_main:
         return
-    if hasattr(model, "save_pretrained"):
-        model.save_pretrained(folder, state_dict=state)
-        if merged:
-            copy.deepcopy(model).merge_and_unload().save_pretrained(folder / "merged")
-    else:
-        folder.mkdir(parents=True, exist_ok=True)
-        if state is None:
-            save_model(model, str(folder / "model.safetensors"))
+    tmp = folder.with_name(f".tmp-{folder.name}")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing it
+    try:
+        if hasattr(model, "save_pretrained"):
+            model.save_pretrained(tmp, state_dict=state)
+            if merged:
+                copy.deepcopy(model).merge_and_unload().save_pretrained(tmp / "merged")
         else:
-            save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    if hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(folder)
+            tmp.mkdir(parents=True, exist_ok=True)
+            if state is None:
+                save_model(model, str(tmp / "model.safetensors"))
+            else:
+                save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(tmp)
+    except Exception as exc:
+        cause = _os_error(exc, tmp)
+        if cause is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"cannot write the final model {folder}: {cause}; the checkpoints are intact: fix that, then resume with "
+            "resume_from=latest."
+        ) from None
+    if folder.exists():
+        _remove(folder)
+    os.replace(tmp, folder)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:

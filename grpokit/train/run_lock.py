@@ -4,8 +4,8 @@ Two trainers on one output_dir would delete each other's store, metrics and chec
 temporary-folder cleanup) and leave one run's results silently gone, so the second one is refused at once.
 The kernel drops an flock when the process holding it dies (kill -9, the OOM killer), so a lock left by a dead
 run is simply taken over; the file's text (PID, host, start time) only serves the message that refuses a second
-writer. The file is never deleted: deleting a lock file lets two processes lock two different files of one name.
-Readers (``grpokit inspect``, ``report``, ``eval``) never take the lock.
+writer. The file stays in the run folder (only a folder the lock itself created and nothing else was written to is
+removed again). Readers (``grpokit inspect``, ``report``, ``eval``) never take the lock.
 """
 
 from __future__ import annotations
@@ -96,27 +96,34 @@ class RunLock:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._fd: int | None = None
+        self._made = False  # acquire() created the folder
 
     def acquire(self) -> RunLock:
         """Create the folder if needed and take the lock; a second writer is refused with its PID and host.
         On a filesystem without flock (some network or FUSE mounts) the run goes on unlocked, saying so."""
+        self._made = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            locked = _try_lock(fd)
-        except OSError as exc:
-            os.close(fd)
-            print(
-                f"grpokit: warning: cannot lock {self.path / LOCK_FILE} ({exc.strerror}); nothing stops a second "
-                "run from writing this output_dir at the same time",
-                file=sys.stderr,
-                flush=True,
-            )
-            return self
-        if not locked:
-            holder = _holder_text(fd)
-            os.close(fd)
-            raise _refusal(self.path, holder)
+        file = self.path / LOCK_FILE
+        while True:
+            fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                locked = _try_lock(fd)
+            except OSError as exc:
+                os.close(fd)
+                print(
+                    f"grpokit: warning: cannot lock {file} ({exc.strerror}); nothing stops a second run from "
+                    "writing this output_dir at the same time",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return self
+            if not locked:
+                holder = _holder_text(fd)
+                os.close(fd)
+                raise _refusal(self.path, holder)
+            if _same_file(fd, file):
+                break
+            os.close(fd)  # the holder deleted the file (see release) between our open and our lock: open it again
         os.ftruncate(fd, 0)
         line = f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
         os.pwrite(fd, line.encode(), 0)
@@ -125,9 +132,27 @@ class RunLock:
         return self
 
     def release(self) -> None:
-        """Drop the lock (the file stays, with the last holder's line; safe to call twice)."""
-        if self._fd is not None:
-            _HELD.pop(self._fd, None)
+        """Drop the lock; safe to call twice. The file stays, with the last holder's line, unless acquire() made the
+        folder and nothing else was written there: then the folder goes too (a run refused before it wrote anything
+        leaves no folder). Deleting the file is safe because acquire() checks that the file it locked is still the
+        one at that path."""
+        if self._fd is None:
+            return
+        _HELD.pop(self._fd, None)
+        try:
+            if self._made and [p.name for p in self.path.iterdir()] == [LOCK_FILE]:
+                (self.path / LOCK_FILE).unlink()
+                self.path.rmdir()
+        except OSError:
+            pass  # the folder stays: harmless
+        finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False

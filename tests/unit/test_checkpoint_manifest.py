@@ -105,3 +105,23 @@ def test_an_error_that_is_not_the_os_keeps_its_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint.torch, "save", lambda obj, f: (_ for _ in ()).throw(ValueError("a bug")))
     with pytest.raises(ValueError, match="a bug"):
         save(tmp_path)
+
+
+def test_the_final_model_is_whole_or_absent_and_a_full_disk_is_one_line(tmp_path, monkeypatch):
+    model = torch.nn.Linear(4, 4)
+    checkpoint.save_final_model(tmp_path / "final", model, None, is_main=True)
+    before = (tmp_path / "final" / "model.safetensors").read_bytes()
+
+    def disk_full(module, path):
+        open(path, "wb").write(b"partial")  # noqa: SIM115
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_model", disk_full)
+    with pytest.raises(CheckpointError) as caught:
+        checkpoint.save_final_model(tmp_path / "final", model, None, is_main=True)
+    assert str(caught.value) == (
+        f"cannot write the final model {tmp_path / 'final'}: No space left on device (ENOSPC); the checkpoints are "
+        "intact: fix that, then resume with resume_from=latest."
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no temporary folder left
+    assert (tmp_path / "final" / "model.safetensors").read_bytes() == before  # the earlier final model, untouched

@@ -59,7 +59,16 @@ def test_a_second_writer_is_refused_naming_the_holder_and_a_dead_holder_is_taken
     assert (run / LOCK_FILE).read_text().split()[:2] == [str(os.getpid()), socket.gethostname()]
     check_unlocked(run)  # this process's own lock does not refuse it
     lock.release()
-    assert (run / LOCK_FILE).exists()  # never deleted (two processes could lock two files of one name)
+    assert (run / LOCK_FILE).exists()  # the folder was there before this lock: the file stays, naming the last writer
+
+
+def test_a_folder_the_lock_made_goes_with_it_unless_something_was_written_there(tmp_path):
+    RunLock(tmp_path / "refused").acquire().release()  # say, a resume whose checkpoint did not fit the model
+    assert not (tmp_path / "refused").exists()
+    lock = RunLock(tmp_path / "ran").acquire()
+    (tmp_path / "ran" / "config.yaml").write_text("run: {}\n")
+    lock.release()
+    assert sorted(p.name for p in (tmp_path / "ran").iterdir()) == [LOCK_FILE, "config.yaml"]
 
 
 def test_a_forked_child_does_not_keep_a_dead_holders_lock(tmp_path):
