@@ -218,8 +218,8 @@ class RolloutStore:
         return step_digest(self._conn, step)
 
     def sync(self) -> None:
-        """Make every committed step durable (a WAL checkpoint fsyncs the log, then the database): a checkpoint
-        that records the store is written only after this."""
+        """Make every committed step durable: a WAL checkpoint copies what no reader holds into the database, then
+        both files are fsynced. A checkpoint that records the store is written only after this."""
         try:
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # copies what no reader holds into the database
         except sqlite3.OperationalError as err:

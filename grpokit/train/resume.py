@@ -78,11 +78,11 @@ def check_run_files(run_dir: Path, point: ResumePoint, writes_metrics: bool) -> 
     own = point.path.resolve().parent == (run_dir / "checkpoints").resolve()
     if not own and not store.exists():
         return
+    if writes_metrics and record.get("metrics") is not None:  # first: it reads, the store check may replay a WAL
+        check_metrics(run_dir / "metrics.jsonl", record["metrics"], point.path.name)
     stored = record.get("store") or {}
     point.first = int(stored.get("first", 1))
     point.chain = check_store(store, point.first, point.step, stored.get("chain"), point.path.name)
-    if writes_metrics and record.get("metrics") is not None:
-        check_metrics(run_dir / "metrics.jsonl", record["metrics"], point.path.name)
 
 
 def check_metrics(path: Path, recorded: dict, checkpoint: str) -> None:

@@ -79,7 +79,11 @@ class RunFolder:
         self.lock = RunLock(self.path)
         self.previous: overwrite.SetAside | None = None
         self.lock.acquire()
-        done = overwrite.recover(self.path)  # an overwrite a kill interrupted
+        try:
+            done = overwrite.recover(self.path)  # an overwrite a kill interrupted
+        except BaseException:
+            self.lock.release()
+            raise
         if done and not args.overwrite:
             print(f"grpokit: {done}", file=sys.stderr, flush=True)
 
