@@ -121,22 +121,24 @@ def start_gated(config: Path, gate: Path, *overrides: str) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # 85 s measured on two shared cores (three processes); tests/unit/test_run_lock.py is quick
 def test_a_second_writer_is_refused_at_once_and_the_first_run_is_untouched(tmp_path, tiny_model_dir):
-    """While a run trains, a second `grpokit train` on its folder (plain, overwrite, resume) and a GRPOTrainer (at
-    construction, or at train() when it was built before the folder was taken) are refused with one line naming the
-    holder's PID and host; the first run then finishes as if alone."""
+    """While a run trains, a second `grpokit train` on its folder (plain, overwrite) and a GRPOTrainer (fresh or
+    resuming at construction, or at train() when it was built before the folder was taken) are refused with one line
+    naming the holder's PID and host; the first run then finishes as if alone."""
     config = write_config(tmp_path, tiny_model_dir, max_steps=2)
     run = tmp_path / "run"
     late = GRPOTrainer(args=load_config(config))  # built while the folder is free
     first = start_gated(config, tmp_path / "gate")
     try:
         holder = f"(PID {first.pid} on host {socket.gethostname()} (since "
-        for overrides in ([], ["overwrite=true"], ["resume_from=latest"]):
+        for overrides in ([], ["overwrite=true"]):
             line = one_line(grpokit("train", config, *overrides, env=cli_env(**THREADS)), 2)
             assert line.startswith(f"grpokit: error: output_dir '{run}' is in use by another grpokit run {holder}")
             assert line.endswith("wait for it to finish or stop it, or choose another output_dir.")
-        with pytest.raises(RunFolderError, match=rf"PID {first.pid} on host"):
-            GRPOTrainer(args=load_config(config))
+        for resuming in (None, "latest"):
+            with pytest.raises(RunFolderError, match=rf"PID {first.pid} on host"):
+                GRPOTrainer(args=load_config(config).replace(resume_from=resuming))
         with pytest.raises(RunFolderError, match=rf"PID {first.pid} on host"):
             late.train()
         late.rewards.close()
@@ -412,6 +414,7 @@ def can_mount_tmpfs(folder: Path) -> bool:
         return False
 
 
+@pytest.mark.slow  # 60 s measured on two shared cores; tests/unit/test_checkpoint_manifest.py has the quick case
 def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_resume_after_freeing_space_is_exact(
     tmp_path, tiny_model_dir, finished
 ):
