@@ -47,8 +47,8 @@ def loss(cfg: GRPOConfig) -> None:
         close = difflib.get_close_matches(str(a.loss_type), names, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(
-            f"loss_type={a.loss_type!r} is not valid; choose one of {', '.join(names)}, or register it in a module "
-            f"of algo.imports.{hint}"
+            f"loss_type={a.loss_type!r} is not valid; choose one of {', '.join(names)} (or a loss registered by a "
+            f"module of algo.imports).{hint}"
         )
     try:
         advice = get_loss(a.loss_type).check(cfg)
