@@ -83,8 +83,8 @@ class AlgoConfig:
     """Upper clip range (DAPO clip-higher); defaults to epsilon. cispo: the cap of the importance weight itself (e.g.
     5.0)."""
     delta: float | None = None
-    """Two-sided clipping (INTELLECT-2): the clipped surrogate's unclipped ratio is capped at delta too (> 1 + epsilon_high,
-    e.g. 4); null = off."""
+    """Two-sided clipping (INTELLECT-2): the clipped surrogate's unclipped ratio is capped at delta too (above
+    1 + epsilon_high, e.g. 4); null = off."""
     loss_type: str = "dapo"
     """The policy loss: grpo | bnpo | dr_grpo | dapo (the clipped surrogate, by aggregation) | cispo | sapo | luspo |
     vespo, or a loss registered by a module of `imports` (docs/from_trl.md)."""

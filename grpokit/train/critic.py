@@ -3,8 +3,9 @@
 The learner asks it for the values of a generated batch before the update (``values``, no gradient: the
 old values of the clipped value loss and GAE's V) and gives it one optimizer step per policy mini-batch
 (``step``: micro-batches of ``per_device_train_batch_size`` rows, ``value_loss`` x vf_coef aggregated as the
-run's ``loss_type`` aggregates (its registry entry, ``algos.loss_registry``), gradients clipped to ``max_grad_norm``). Its weights, optimizer and schedule are saved
-in checkpoints (``state``) and restored on resume.
+run's ``loss_type`` aggregates (its registry entry, ``algos.loss_registry``), gradients clipped to
+``max_grad_norm``). Its weights, optimizer and schedule are saved in checkpoints (``state``) and restored on
+resume.
 """
 
 from __future__ import annotations

@@ -206,7 +206,9 @@ class GRPOTrainer:
     ) -> torch.Tensor:
         """TRL's helper: [N, 1], 0 for the sequences with A < 0 whose mean log(mu / pi) exceeds the threshold
         (``algos.token_masks.off_policy_sequence_mask``; ``off_policy_mask_threshold``), 1 for the others."""
-        return off_policy_sequence_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold)
+        return off_policy_sequence_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
 
     # ---- the loop --------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None):

@@ -46,7 +46,7 @@ def test_the_registry_lists_every_loss_and_how_it_normalises():
 
 
 def test_register_loss_refuses_a_taken_name_and_an_unknown_aggregation():
-    with pytest.raises(ValueError, match="loss_type 'dapo' is registered already .*clipped_surrogate"):
+    with pytest.raises(ValueError, match=r"loss_type 'dapo' is registered already .*clipped_surrogate"):
         register_loss("dapo", aggregation="dapo")(lambda terms, spec: (terms.ratio, {}))
     with pytest.raises(ValueError, match="unknown aggregation 'mean'; valid choices: grpo, bnpo, dr_grpo, dapo, luspo"):
         register_loss("toy", aggregation="mean")

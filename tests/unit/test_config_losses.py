@@ -109,7 +109,8 @@ def toy_reinforce(terms, spec):
 def test_imports_register_a_loss_before_the_check(tmp_path):
     path = tmp_path / "my_losses.py"
     path.write_text(TOY_LOSS)
-    with pytest.raises(ConfigError, match=r"loss_type='toy_reinforce' is not valid.*\(or a loss registered by a module of algo\.imports\)"):
+    unknown = r"loss_type='toy_reinforce' is not valid.*\(or a loss registered by a module of algo\.imports\)"
+    with pytest.raises(ConfigError, match=unknown):
         GRPOConfig(loss_type="toy_reinforce")
     try:
         cfg = GRPOConfig(loss_type="toy_reinforce", imports=[str(path)])
