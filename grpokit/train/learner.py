@@ -1,4 +1,4 @@
-"""The policy update: log-probs, the clipped surrogate with KL, micro-batches, clipping, AdamW.
+"""The policy update: log-probs, the run's policy loss (a registered loss type) with KL, micro-batches, clipping, AdamW.
 
 One call to :meth:`Learner.update` consumes one generated batch: the reference pass (skipped when
 beta = 0), the old-policy pass (only when num_iterations > 1; otherwise old = logp.detach(), as in
