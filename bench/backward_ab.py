@@ -110,7 +110,6 @@ def variant_kernels(name: str, base):
 
 def one(model, batch, advantages, kernels):
     """(forward s, backward s, grads) of one learner-shaped forward + backward."""
-    import torch
 
     from grpokit.train.logprobs import completion_logprobs
 
