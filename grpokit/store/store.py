@@ -8,15 +8,22 @@ power loss can drop the last few committed steps, which resuming from a checkpoi
 (`rollback_after`).
 
 Readers (`grpokit inspect`, the HTML report) open the file read-only and can do so while the
-trainer is writing.
+trainer is writing. On read-only storage (a finished run on a read-only mount, a folder without write
+permission) SQLite cannot create the WAL store's `-shm` file that a read-only connection needs; the reader then
+opens the file as immutable (nothing can change it there), or, when the `-wal` file still holds steps that were
+never copied into the main file (a trainer killed by SIGKILL), a private copy of both in a temporary folder,
+so no committed step is left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,6 +84,12 @@ def resolve_store_path(path: str | Path) -> Path:
     return path / STORE_FILENAME
 
 
+def _cannot_open(err: sqlite3.OperationalError) -> bool:
+    """SQLite could not open the file (SQLITE_CANTOPEN): for a WAL store on read-only storage, its -shm file."""
+    name = getattr(err, "sqlite_errorname", None)  # Python >= 3.11
+    return name == "SQLITE_CANTOPEN" if name is not None else "unable to open database file" in str(err)
+
+
 def _nan_if_null(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -93,6 +106,8 @@ class RolloutStore:
         self.path = resolve_store_path(path)
         self.readonly = readonly
         self._query_conn: sqlite3.Connection | None = None
+        self._read_uri: str | None = None  # how a read-only connection opens the file (see _read_only_uri)
+        self._copy: str | None = None  # the temporary folder of a private copy, removed by close()
         self._conn = self._connect_readonly() if readonly else self._connect_writable(run_id)
         try:
             self._check_schema_version()
@@ -128,12 +143,42 @@ class RolloutStore:
                 f"no rollout store at {self.path}: not a run folder, or a run that has not written "
                 "a step yet (its metrics.jsonl, if any, still gives `grpokit report`)"
             )
-        uri = f"{self.path.resolve().as_uri()}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        if self._read_uri is None:
+            self._read_uri = self._read_only_uri()
+        conn = sqlite3.connect(self._read_uri, uri=True, isolation_level=None)
         # A reader waits for the trainer's commit instead of failing with "database is locked".
         conn.execute("PRAGMA busy_timeout=10000")
         return conn
 
+    def _read_only_uri(self) -> str:
+        """The URI a read-only connection opens: the file with ``mode=ro``; on read-only storage, where that
+        cannot open a WAL store (no ``-shm`` file and no way to create one), the file as ``immutable``, or a
+        private copy when its ``-wal`` file holds steps not in the main file yet (module docstring)."""
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        try:
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as conn:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return uri
+        except sqlite3.OperationalError as err:
+            if not _cannot_open(err):
+                raise StoreError(f"{self.path} cannot be read ({err})") from err
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err
+        wal = self.path.with_name(self.path.name + "-wal")
+        if not (wal.is_file() and wal.stat().st_size > 0):
+            return f"{self.path.resolve().as_uri()}?immutable=1"
+        self._copy = tempfile.mkdtemp(prefix="grpokit-store-")
+        copy = Path(self._copy) / self.path.name
+        try:
+            shutil.copyfile(self.path, copy)
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        except OSError as err:
+            raise StoreError(
+                f"{self.path} is on read-only storage and its last steps are still in {wal.name}, which SQLite "
+                f"can only read from a copy; copying it to {self._copy} failed ({err.strerror}); set TMPDIR to a "
+                "folder with room, or copy the run folder to writable storage"
+            ) from err
+        return f"{copy.as_uri()}?mode=ro"
     def _table_columns(self) -> list[str]:
         return [row[1] for row in self._conn.execute("PRAGMA table_info(rollouts)")]
 
@@ -354,6 +399,9 @@ class RolloutStore:
             if conn is not None:
                 conn.close()
         self._query_conn = None
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy = None
 
     def __enter__(self) -> RolloutStore:
         return self

@@ -5,11 +5,19 @@ store rows and metrics stay consistent) and the trainer stops with a checkpoint 
 signal, or one outside the training loop, raises :class:`Interrupted` at once; the CLI turns it
 into a one-line message and exit status 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
 Checkpoints and store steps are written atomically, so stopping at any point leaves neither torn.
+
+Around the training loop, a command of the CLI has :class:`CommandSignals` from its first line to its last: a
+signal raises :class:`Interrupted` (one line, exit 128 + signum), except while a module is being imported, where
+it ends the process at once with the same line (:func:`exit_at_once`): an exception raised inside an import leaves
+that module half-initialised, and libraries turn it into another error (numpy's "cannot load module more than once
+per process", transformers' "Could not import module ...") with tracebacks of their own.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
@@ -40,6 +48,63 @@ def stop_message(signum: int, step: int) -> str:
 def raise_interrupted(signum: int, frame) -> None:
     """A signal handler that stops at once."""
     raise Interrupted(signum)
+
+
+def importing(frame) -> bool:
+    """Whether ``frame`` (a signal handler's) runs inside an import: a frame of importlib's bootstrap is on the
+    stack (every ``import`` statement, ``importlib.import_module`` and a C extension's own imports pass there)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def exit_at_once(signum: int, message: str | None = None) -> None:
+    """End the process now with one line on stderr and exit status 128 + ``signum``: no exception, so no
+    library can catch it, rewrap it or print a traceback. For the CLI's own process only (never a library's
+    caller): stdout is flushed if it can be, stderr written with one system call (a signal handler may have
+    interrupted a write to it)."""
+    try:
+        sys.stdout.flush()
+    except Exception:  # a reentrant call, a closed or broken pipe: the line below still goes out
+        pass
+    line = f"grpokit: {message or f'stopped by {signal_name(signum)}'}\n"
+    try:
+        os.write(2, line.encode(errors="replace"))
+    finally:
+        os._exit(128 + signum)
+
+
+class CommandSignals:
+    """SIGINT and SIGTERM for the whole of a CLI command (the trainer's :class:`SignalStop` takes over while it
+    trains). ``signum`` records the first signal, so whatever a library makes of the :class:`Interrupted`, the
+    CLI still reports the signal; inside an import the process ends at once (:func:`exit_at_once`).
+    ``finish()``: the command is over (its result written), so from then on a signal ends the process at once,
+    through the interpreter's teardown too."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def install(self) -> dict:
+        """Handle SIGINT and SIGTERM here; returns the previous handlers for :func:`restore`."""
+        return install(self)
+
+    def __call__(self, signum: int, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if importing(frame):
+            exit_at_once(signum)
+        raise Interrupted(signum)
+
+    def finish(self) -> None:
+        install(lambda signum, frame: exit_at_once(signum))
+
+
+def guard_start_up() -> None:
+    """The first line of ``python -m grpokit``: a signal before the CLI's own handlers are in place (while
+    grpokit.cli and what it needs are imported) ends the process with one line instead of a traceback."""
+    install(lambda signum, frame: exit_at_once(signum))
 
 
 def install(handler: Callable) -> dict:
