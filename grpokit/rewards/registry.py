@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,41 @@ def _load_file(path: str):
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:
+        del sys.modules[module_name]
+        raise UserImportError(import_failure(exc, path)) from exc
     except BaseException:
         del sys.modules[module_name]
         raise
     return module
+
+
+class UserImportError(ValueError):
+    """A user's file or module (a reward, a tool, an environment, a tool parser) raised while it was imported; the
+    message is one line: where (file and line), the exception and its message."""
+
+
+def import_failure(exc: BaseException, path: str | None = None) -> str:
+    """One line for ``exc``, raised while importing the file ``path`` (None: a module whose file is unknown):
+    ``FILE:LINE (CODE) raised TYPE at import: MESSAGE``. The line is the innermost of ``path``'s own lines in the
+    traceback (without ``path``: the innermost frame that is not importlib's), so an error inside a library the
+    file imports points at the file's import of it; a SyntaxError gives the line it could not parse."""
+    message = str(exc)
+    if isinstance(exc, SyntaxError) and exc.filename:
+        filename, lineno, code, message = exc.filename, exc.lineno, exc.text, exc.msg
+    else:
+        filename = lineno = code = None
+        for entry in traceback.extract_tb(exc.__traceback__):
+            if entry.filename == path if path is not None else not entry.filename.startswith("<frozen"):
+                filename, lineno, code = entry.filename, entry.lineno, entry.line
+    if isinstance(exc, SystemExit):
+        message = f"exit code {exc.code!r}; a file that exits when imported: guard that with if __name__ == '__main__'"
+    lines = message.strip().splitlines()
+    message = lines[0] + (" ..." if len(lines) > 1 else "") if lines else ""  # one line, however long the message
+    where = f"{filename}:{lineno}" if filename else (path or "the module")
+    code = (code or "").strip()
+    where += f" ({code[:80]})" if code else ""
+    return f"{where} raised {type(exc).__name__} at import" + (f": {message}" if message else "")
 
 
 def _function_from(module: Any, function: str, where: str) -> Callable:
@@ -123,11 +155,7 @@ def _load_target(target: str) -> Callable:
         raise ValueError(f"reward {target!r}: expected 'module:function' or 'file.py:function'")
     if location.endswith(".py") or "/" in location or "\\" in location:
         return FileFunction(location, function)
-    try:
-        module = importlib.import_module(location)
-    except ImportError as exc:
-        raise ValueError(f"reward {target!r}: cannot import module {location!r}: {exc}") from exc
-    return _function_from(module, function, location)
+    return _function_from(_import_module(location, f"reward {target!r}"), function, location)
 
 
 def load_callable(target: str, what: str) -> Callable:
@@ -139,11 +167,29 @@ def load_callable(target: str, what: str) -> Callable:
     if location.endswith(".py") or "/" in location or "\\" in location:
         path = str(Path(expand_path(location)).resolve())
         return _function_from(_load_file(path), name, path)
+    return _function_from(_import_module(location, f"{what} {target!r}"), name, location)
+
+
+def _import_module(location: str, what: str):
+    """The installed module ``location``; a ValueError naming ``what`` when it is missing, or a
+    :class:`UserImportError` when importing it raised (:func:`import_failure`)."""
     try:
-        module = importlib.import_module(location)
+        return importlib.import_module(location)
     except ImportError as exc:
-        raise ValueError(f"{what} {target!r}: cannot import module {location!r}: {exc}") from exc
-    return _function_from(module, name, location)
+        if exc.name is not None and (location + ".").startswith(exc.name + "."):  # it (or its package) is missing
+            raise ValueError(f"{what}: cannot import module {location!r}: {exc}") from exc
+        raise UserImportError(f"{what}: {import_failure(exc, _module_file(location))}") from exc
+    except (Exception, SystemExit) as exc:
+        raise UserImportError(f"{what}: {import_failure(exc, _module_file(location))}") from exc
+
+
+def _module_file(location: str) -> str | None:
+    """The file of the module ``location`` (without importing it), or None."""
+    try:
+        spec = importlib.util.find_spec(location)
+    except (Exception, SystemExit):
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
 
 
 def reward_name(fn: Callable) -> str:
