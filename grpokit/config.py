@@ -236,6 +236,9 @@ class RunConfig:
     """Allow reusing an output_dir that holds a run of a different config."""
     max_nonfinite_steps: int = 3
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    warn_tied_steps: int = 10
+    """Warn when every group's completions tie (one reward per group: no advantage, nothing learned) this many steps
+    in a row, naming the reward functions and their values; 0 = never."""
     progress_bar: bool = True
     """Show a progress bar with live reward and KL (TRL's disable_tqdm=True sets it false)."""
     log_completions: bool = False
@@ -608,6 +611,7 @@ class GRPOConfig:
             f"save_total_limit={r.save_total_limit} must be >= 1 or null.",
         )
         _check(r.max_nonfinite_steps >= 1, f"max_nonfinite_steps={r.max_nonfinite_steps} must be >= 1.")
+        _check(r.warn_tied_steps >= 0, f"warn_tied_steps={r.warn_tied_steps} must be >= 0 (0 = never warn).")
         _check(r.logging_steps >= 1, f"logging_steps={r.logging_steps} must be >= 1.")
         _check(
             r.num_completions_to_print is None or r.num_completions_to_print >= 1,
