@@ -8,6 +8,7 @@ grpokit raises on purpose and a file the storage would not read or write (``grpo
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from grpokit.train import interrupt  # signal handling only: no heavy import comes before the handlers
 
@@ -187,7 +188,6 @@ def cmd_eval(args) -> int:
     (it only has to pass the run-folder check), so a finished run on read-only storage evaluates too."""
     import json
     import tempfile
-    from pathlib import Path
 
     from grpokit.config import ConfigError, load_config
     from grpokit.train.trainer import GRPOTrainer

@@ -179,6 +179,7 @@ class RolloutStore:
                 "folder with room, or copy the run folder to writable storage"
             ) from err
         return f"{copy.as_uri()}?mode=ro"
+
     def _table_columns(self) -> list[str]:
         return [row[1] for row in self._conn.execute("PRAGMA table_info(rollouts)")]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from html import escape
@@ -73,7 +74,7 @@ def _tick_labels(ticks: list[float]) -> list[str]:
     """Labels with enough significant digits to tell neighbouring ticks apart (3 at least, 15 at most)."""
     if len(ticks) < 2:
         return [_label(t) for t in ticks]
-    step = min(b - a for a, b in zip(ticks, ticks[1:]))
+    step = min(b - a for a, b in itertools.pairwise(ticks))
     scale = max(abs(t) for t in ticks)
     digits = 3 if step <= 0 or scale <= 0 else max(3, min(15, math.ceil(math.log10(scale / step)) + 2))
     return [f"{t:.{digits}g}" for t in ticks]

@@ -15,6 +15,7 @@ per process", transformers' "Could not import module ...") with tracebacks of th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -65,10 +66,8 @@ def exit_at_once(signum: int, message: str | None = None) -> None:
     library can catch it, rewrap it or print a traceback. For the CLI's own process only (never a library's
     caller): stdout is flushed if it can be, stderr written with one system call (a signal handler may have
     interrupted a write to it)."""
-    try:
+    with contextlib.suppress(Exception):  # a reentrant call, a closed or broken pipe: the line still goes out
         sys.stdout.flush()
-    except Exception:  # a reentrant call, a closed or broken pipe: the line below still goes out
-        pass
     line = f"grpokit: {message or f'stopped by {signal_name(signum)}'}\n"
     try:
         os.write(2, line.encode(errors="replace"))

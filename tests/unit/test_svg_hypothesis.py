@@ -10,6 +10,7 @@ hang the test, so each check runs under an alarm that turns it into a failure.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import re
@@ -100,7 +101,7 @@ def test_nice_ticks_are_few_finite_increasing_and_cover_the_range(lo, hi, count,
         ticks = nice_ticks(lo, hi, count, min_step)
     assert len(ticks) <= count + 1
     assert all(math.isfinite(t) for t in ticks)
-    assert all(a < b for a, b in zip(ticks, ticks[1:]))
+    assert all(a < b for a, b in itertools.pairwise(ticks))
     if math.isfinite(lo) and math.isfinite(hi) and lo <= hi and len(ticks) > 1:
         step = ticks[1] - ticks[0]
         # every tick within one step of [lo, hi], and no gap of more than a step left at either end
@@ -124,9 +125,7 @@ series_values = st.one_of(
 def test_any_series_draws_inside_the_chart_in_bounded_size(values, steps):
     """Non-finite points are left out; everything drawn lies inside the chart; the page grows with the points,
     never more (a few hundred bytes a point)."""
-    series = {
-        f"s{i}": [((steps[j] if steps else j + 1), v) for j, v in enumerate(vs)] for i, vs in enumerate(values)
-    }
+    series = {f"s{i}": [((steps[j] if steps else j + 1), v) for j, v in enumerate(vs)] for i, vs in enumerate(values)}
     with hang_guard():
         svg = line_chart("chart", series)
     drawable = sum(1 for pts in series.values() for x, y in pts if math.isfinite(x) and math.isfinite(y))
