@@ -213,7 +213,9 @@ def cmd_eval(args) -> int:
             metrics = trainer.evaluate()
         finally:
             trainer.rewards.close()  # the reward worker processes
-    print(json.dumps(metrics, indent=2))
+    from grpokit.io_errors import write_stdout
+
+    write_stdout(json.dumps(metrics, indent=2) + "\n")
     return 0
 
 

@@ -105,3 +105,20 @@ def _path_of(value) -> str | None:
     if isinstance(path, os.PathLike) and not isinstance(value, type):
         return os.fspath(path)
     return None
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout and flush it now, so a failed write (stdout redirected to a full disk) is raised
+    here, naming standard output, and not at the interpreter's exit, where it would be a warning and exit 120. A
+    closed pipe (``| head``) raises BrokenPipeError as it is."""
+    import sys
+
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        if exc.errno is None or exc.filename is not None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, "<standard output>") from exc

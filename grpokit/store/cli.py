@@ -15,7 +15,7 @@ import tempfile
 import webbrowser
 from pathlib import Path
 
-from grpokit.io_errors import storage_errno
+from grpokit.io_errors import storage_errno, write_stdout
 from grpokit.store.inspect import inspect_run
 from grpokit.store.report import REPORT_FILENAME, report_page, write_page
 from grpokit.store.store import StoreError
@@ -73,7 +73,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         sql=args.sql,
         as_json=args.json,
     )
-    sys.stdout.write(output)
+    write_stdout(output)
     return 0
 
 
@@ -86,7 +86,7 @@ def run_report(args: argparse.Namespace) -> int:
         if args.output is not None or storage_errno(exc) not in _FALL_BACK_ON:
             raise
         path = _fall_back(Path(args.run), path, page, exc)
-    print(f"wrote {path}")
+    write_stdout(f"wrote {path}\n")
     if args.open:
         webbrowser.open(path.resolve().as_uri())
     return 0
