@@ -75,7 +75,8 @@ def finished_run(tmp_path_factory, tiny_model_dir) -> Path:
     set so `grpokit eval RUN` has something to do. Module-wide: tests copy it before changing anything."""
     root = tmp_path_factory.mktemp("finished")
     data = root / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(8)))
+    rows = [{"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"} for i in range(8)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     config = {
         "model": {"model_name_or_path": str(tiny_model_dir)},
         "data": {"train_dataset": str(data), "eval_dataset": str(data)},

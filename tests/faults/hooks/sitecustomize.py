@@ -104,6 +104,12 @@ if _write_error:
         return call
 
     if not _AT_WRITE:  # a read-only or forbidden folder refuses every change to it
-        for _name, _paths in (("replace", (0, 1)), ("rename", (0, 1)), ("unlink", (0,)), ("remove", (0,)),
-                              ("mkdir", (0,)), ("rmdir", (0,))):
+        for _name, _paths in (
+            ("replace", (0, 1)),
+            ("rename", (0, 1)),
+            ("unlink", (0,)),
+            ("remove", (0,)),
+            ("mkdir", (0,)),
+            ("rmdir", (0,)),
+        ):
             setattr(os, _name, _refusing(getattr(os, _name), *_paths))
