@@ -9,10 +9,10 @@ power loss can drop the last few committed steps, which resuming from a checkpoi
 
 Readers (`grpokit inspect`, the HTML report) open the file read-only and can do so while the
 trainer is writing. On read-only storage (a finished run on a read-only mount, a folder without write
-permission) SQLite cannot create the WAL store's `-shm` file that a read-only connection needs; the reader then
-opens the file as immutable (nothing can change it there), or, when the `-wal` file still holds steps that were
-never copied into the main file (a trainer killed by SIGKILL), a private copy of both in a temporary folder,
-so no committed step is left out.
+permission) or a full disk, SQLite cannot create the `-shm` file that a read-only connection to a WAL store
+needs (a live trainer would have made it); the reader then opens the file as immutable, or, when the `-wal`
+file still holds steps that were never copied into the main file (a trainer killed by SIGKILL), a private copy
+of both in a temporary folder, so no committed step is left out.
 """
 
 from __future__ import annotations
@@ -84,10 +84,23 @@ def resolve_store_path(path: str | Path) -> Path:
     return path / STORE_FILENAME
 
 
-def _cannot_open(err: sqlite3.OperationalError) -> bool:
-    """SQLite could not open the file (SQLITE_CANTOPEN): for a WAL store on read-only storage, its -shm file."""
+# SQLite's errors for a WAL store whose -shm file (the readers' shared index) cannot be made or used: read-only
+# storage (CANTOPEN, READONLY_CANTINIT) or a full disk (IOERR_SHMSIZE and its kin).
+_NO_SHARED_MEMORY = {
+    "SQLITE_CANTOPEN",
+    "SQLITE_READONLY_CANTINIT",
+    "SQLITE_IOERR_SHMOPEN",
+    "SQLITE_IOERR_SHMSIZE",
+    "SQLITE_IOERR_SHMMAP",
+}
+
+
+def _no_shared_memory(err: sqlite3.OperationalError) -> bool:
+    """SQLite could not set up the store's -shm file (:data:`_NO_SHARED_MEMORY`)."""
     name = getattr(err, "sqlite_errorname", None)  # Python >= 3.11
-    return name == "SQLITE_CANTOPEN" if name is not None else "unable to open database file" in str(err)
+    if name is not None:
+        return name in _NO_SHARED_MEMORY
+    return str(err) in ("unable to open database file", "disk I/O error")
 
 
 def _nan_if_null(value: float | None) -> float:
@@ -151,16 +164,16 @@ class RolloutStore:
         return conn
 
     def _read_only_uri(self) -> str:
-        """The URI a read-only connection opens: the file with ``mode=ro``; on read-only storage, where that
-        cannot open a WAL store (no ``-shm`` file and no way to create one), the file as ``immutable``, or a
-        private copy when its ``-wal`` file holds steps not in the main file yet (module docstring)."""
+        """The URI a read-only connection opens: the file with ``mode=ro``; where that cannot open a WAL store
+        (read-only storage or a full disk: no ``-shm`` file and no way to create one), the file as ``immutable``,
+        or a private copy when its ``-wal`` file holds steps not in the main file yet (module docstring)."""
         uri = f"{self.path.resolve().as_uri()}?mode=ro"
         try:
             with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as conn:
                 conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
             return uri
         except sqlite3.OperationalError as err:
-            if not _cannot_open(err):
+            if not _no_shared_memory(err):
                 raise StoreError(f"{self.path} cannot be read ({err})") from err
         except sqlite3.DatabaseError as err:
             raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err

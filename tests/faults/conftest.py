@@ -62,6 +62,17 @@ def snapshot(run: Path) -> dict[str, str]:
 
 # ---- edges: a finished run, the fault hooks, full and read-only storage
 
+# What a reader of the store may add to a run folder: SQLite's shared-memory index and (empty) log of a WAL database.
+READER_FILES = ("rollouts.sqlite-shm", "rollouts.sqlite-wal")
+
+
+def kept(run: Path, before: dict[str, str]) -> bool:
+    """Every file of ``before`` (a :func:`snapshot`) is in ``run`` unchanged, and nothing was added besides
+    :data:`READER_FILES` (where the storage let SQLite create them)."""
+    after = snapshot(run)
+    added = set(after) - set(before)
+    return all(after.get(name) == digest for name, digest in before.items()) and added <= set(READER_FILES)
+
 
 def hooked_env(**faults: str) -> dict:
     """cli_env with the fault hooks first on PYTHONPATH and ``faults`` (GRPOKIT_FAULT_* variables) set."""
