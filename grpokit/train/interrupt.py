@@ -46,11 +46,6 @@ def stop_message(signum: int, step: int) -> str:
     return f"received {name} before the first step finished; there was nothing to save"
 
 
-def raise_interrupted(signum: int, frame) -> None:
-    """A signal handler that stops at once."""
-    raise Interrupted(signum)
-
-
 def importing(frame) -> bool:
     """Whether ``frame`` (a signal handler's) runs inside an import: a frame of importlib's bootstrap is on the
     stack (every ``import`` statement, ``importlib.import_module`` and a C extension's own imports pass there)."""
