@@ -18,12 +18,12 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from grpokit.config import expand_path
+from grpokit.config.extensions import import_failure, module_file
 from grpokit.rewards.format import FormatReward
 from grpokit.rewards.judge import RewardModelReward
 from grpokit.rewards.length import LengthReward
@@ -115,29 +115,6 @@ class UserImportError(ValueError):
     message is one line: where (file and line), the exception and its message."""
 
 
-def import_failure(exc: BaseException, path: str | None = None) -> str:
-    """One line for ``exc``, raised while importing the file ``path`` (None: a module whose file is unknown):
-    ``FILE:LINE (CODE) raised TYPE at import: MESSAGE``. The line is the innermost of ``path``'s own lines in the
-    traceback (without ``path``: the innermost frame that is not importlib's), so an error inside a library the
-    file imports points at the file's import of it; a SyntaxError gives the line it could not parse."""
-    message = str(exc)
-    if isinstance(exc, SyntaxError) and exc.filename:
-        filename, lineno, code, message = exc.filename, exc.lineno, exc.text, exc.msg
-    else:
-        filename = lineno = code = None
-        for entry in traceback.extract_tb(exc.__traceback__):
-            if entry.filename == path if path is not None else not entry.filename.startswith("<frozen"):
-                filename, lineno, code = entry.filename, entry.lineno, entry.line
-    if isinstance(exc, SystemExit):
-        message = f"exit code {exc.code!r}; a file that exits when imported: guard that with if __name__ == '__main__'"
-    lines = message.strip().splitlines()
-    message = lines[0] + (" ..." if len(lines) > 1 else "") if lines else ""  # one line, however long the message
-    where = f"{filename}:{lineno}" if filename else (path or "the module")
-    code = (code or "").strip()
-    where += f" ({code[:80]})" if code else ""
-    return f"{where} raised {type(exc).__name__} at import" + (f": {message}" if message else "")
-
-
 def _function_from(module: Any, function: str, where: str) -> Callable:
     fn = getattr(module, function, None)
     if fn is None:
@@ -178,18 +155,9 @@ def _import_module(location: str, what: str):
     except ImportError as exc:
         if exc.name is not None and (location + ".").startswith(exc.name + "."):  # it (or its package) is missing
             raise ValueError(f"{what}: cannot import module {location!r}: {exc}") from exc
-        raise UserImportError(f"{what}: {import_failure(exc, _module_file(location))}") from exc
+        raise UserImportError(f"{what}: {import_failure(exc, module_file(location))}") from exc
     except (Exception, SystemExit) as exc:
-        raise UserImportError(f"{what}: {import_failure(exc, _module_file(location))}") from exc
-
-
-def _module_file(location: str) -> str | None:
-    """The file of the module ``location`` (without importing it), or None."""
-    try:
-        spec = importlib.util.find_spec(location)
-    except (Exception, SystemExit):
-        return None
-    return spec.origin if spec is not None and spec.has_location else None
+        raise UserImportError(f"{what}: {import_failure(exc, module_file(location))}") from exc
 
 
 def reward_name(fn: Callable) -> str:

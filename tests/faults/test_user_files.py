@@ -1,6 +1,6 @@
-"""Every user file that fails to import, whatever names it (a reward, a tool, an environment factory, a tool parser;
-a file path or an installed module): `grpokit train` exits 2 with one line naming the file, the line and the
-exception, before any model loads. docs/reliability.md lists these promises."""
+"""Every user file that fails to import, whatever names it (a reward, a tool, an environment factory, a tool parser,
+algo.imports; a file path or an installed module): `grpokit train` exits 2 with one line naming the file, the line
+and the exception, before any model loads. docs/reliability.md lists these promises."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ FILES = {
     "tool_missing_module.py": ("import json\nimport no_such_module_for_grpokit\n", 2, "ModuleNotFoundError"),
     "env_exits.py": ("import sys\n\nsys.exit('configure me first')\n", 3, "SystemExit"),
     "parser_raises.py": ("PATTERNS = {}\nPATTERNS['call'].compile()\n", 2, "KeyError"),
+    "loss_module.py": ("import grpokit.algos\n\nBASE = grpokit.algos.no_such_loss_helper\n", 3, "AttributeError"),
 }
 TOOL = '''def multiply(a: int, b: int) -> int:
     """Multiply two integers.
@@ -33,13 +34,15 @@ TOOL = '''def multiply(a: int, b: int) -> int:
 '''
 
 
-def write_config(folder: Path, model_dir: Path, rewards: list, agent: dict | None = None) -> Path:
+def write_config(
+    folder: Path, model_dir: Path, rewards: list, agent: dict | None = None, algo: dict | None = None
+) -> Path:
     data = folder / "train.jsonl"
     data.write_text('{"prompt": [{"role": "user", "content": "w1 w2"}], "target": "w7"}\n' * 4)
     config = {
         "model": {"model_name_or_path": str(model_dir)},
         "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 2},
+        "algo": {"num_generations": 2, **(algo or {})},
         "generation": {"max_completion_length": 4},
         "optim": {"per_device_train_batch_size": 4, "max_steps": 1},
         "run": {"output_dir": str(folder / "run"), "progress_bar": False, "report_to": ["jsonl"]},
@@ -59,6 +62,7 @@ def write_config(folder: Path, model_dir: Path, rewards: list, agent: dict | Non
         ("tools", "tool_missing_module.py"),
         ("environment_factory", "env_exits.py"),
         ("tool_parser", "parser_raises.py"),
+        ("imports", "loss_module.py"),  # algo.imports: modules that register losses
     ],
 )
 def test_a_user_file_that_fails_to_import(tmp_path, tiny_model_dir, setting, name):
@@ -67,14 +71,16 @@ def test_a_user_file_that_fails_to_import(tmp_path, tiny_model_dir, setting, nam
     user_file.write_text(text)
     (tmp_path / "tool.py").write_text(TOOL)
     spec = f"{user_file}:thing"
-    rewards, agent = [TARGET_REWARD], {}
-    if setting == "rewards":
+    rewards, agent, algo = [TARGET_REWARD], {}, {}
+    if setting == "imports":
+        algo = {"imports": [str(user_file)]}
+    elif setting == "rewards":
         rewards = [spec]
     elif setting == "tool_parser":  # read only for a run with tools
         agent = {"tools": [f"{tmp_path / 'tool.py'}:multiply"], "tool_parser": spec}
     else:
         agent = {setting: [spec] if setting == "tools" else spec}
-    config = write_config(tmp_path, tiny_model_dir, rewards, agent)
+    config = write_config(tmp_path, tiny_model_dir, rewards, agent, algo)
     proc = subprocess.run(
         [sys.executable, "-m", "grpokit", "train", str(config)],
         cwd=tmp_path,
@@ -86,7 +92,7 @@ def test_a_user_file_that_fails_to_import(tmp_path, tiny_model_dir, setting, nam
     )
     message = one_line(proc, 2)
     code = text.splitlines()[line - 1].strip()
-    prefix = "rewards" if setting == "rewards" else "agent"
+    prefix = {"rewards": "rewards", "imports": "imports"}.get(setting, "agent")
     assert message.startswith(f"grpokit: error: {prefix}: {user_file}:{line} ({code}) raised {exception} at import"), (
         message
     )
