@@ -37,10 +37,14 @@ def _run(argv: list[str] | None, signals: interrupt.CommandSignals) -> int:
     """Parse ``argv``, run the command, and turn each way it can fail into one line and an exit status."""
     args = _parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except BaseException as exc:
         signals.finish()
         return _failed(exc, signals.signum)
+    signals.finish()
+    if signals.signum is None or code >= 128:  # no signal, or one the command has reported (the trainer's stop)
+        return code
+    return _stopped(signals.signum)  # its Interrupted was swallowed (a library's except BaseException)
 
 
 def _failed(exc: BaseException, signum: int | None) -> int:

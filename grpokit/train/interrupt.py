@@ -7,19 +7,23 @@ into a one-line message and exit status 128 + the signal number (130 for SIGINT,
 Checkpoints and store steps are written atomically, so stopping at any point leaves neither torn.
 
 Around the training loop, a command of the CLI has :class:`CommandSignals` from its first line to its last: a
-signal raises :class:`Interrupted` (one line, exit 128 + signum), except while a module is being imported, where
-it ends the process at once with the same line (:func:`exit_at_once`): an exception raised inside an import leaves
-that module half-initialised, and libraries turn it into another error (numpy's "cannot load module more than once
-per process", transformers' "Could not import module ...") with tracebacks of their own.
+signal raises :class:`Interrupted` (one line, exit 128 + signum), but not inside an import: an exception raised
+there leaves the module half-initialised, and libraries turn it into another error (numpy's "cannot load module
+more than once per process", transformers' "Could not import module ...") with tracebacks of their own. A signal
+that arrives during an import is delivered again as soon as no import is running (a watcher thread sees the main
+thread leave it), so cleanup code runs as for any other stop; a second signal meanwhile ends the process at once
+(:func:`exit_at_once`), so an import that never finishes cannot hold the process.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -73,12 +77,17 @@ def exit_at_once(signum: int, message: str | None = None) -> None:
 class CommandSignals:
     """SIGINT and SIGTERM for the whole of a CLI command (the trainer's :class:`SignalStop` takes over while it
     trains). ``signum`` records the first signal, so whatever a library makes of the :class:`Interrupted`, the
-    CLI still reports the signal; inside an import the process ends at once (:func:`exit_at_once`).
+    CLI still reports the signal. A signal inside an import waits for it to end (module docstring).
     ``finish()``: the command is over (its result written), so from then on a signal ends the process at once,
     through the interpreter's teardown too."""
 
+    # How often the watcher looks whether the main thread is still importing.
+    POLL_SECONDS = 0.01
+
     def __init__(self):
         self.signum: int | None = None
+        self._waiting: int | None = None  # a signal that arrived during an import, not delivered yet
+        self._redelivered = False  # the watcher is delivering it again (not a second signal from outside)
 
     def install(self) -> dict:
         """Handle SIGINT and SIGTERM here; returns the previous handlers for :func:`restore`."""
@@ -87,9 +96,29 @@ class CommandSignals:
     def __call__(self, signum: int, frame) -> None:
         if self.signum is None:
             self.signum = signum
+        redelivered, self._redelivered = self._redelivered, False
         if importing(frame):
-            exit_at_once(signum)
+            if self._waiting is not None and not redelivered:  # a second signal while the first waits
+                exit_at_once(signum)
+            self._waiting = signum
+            threading.Thread(target=self._deliver_after_import, name="grpokit-signal", daemon=True).start()
+            return
+        self._waiting = None
         raise Interrupted(signum)
+
+    def _deliver_after_import(self) -> None:
+        """Wait until the main thread runs outside any import, then deliver the waiting signal there again."""
+        main = threading.main_thread().ident
+        while self._waiting is not None:
+            frame = sys._current_frames().get(main)
+            if frame is None:  # the main thread has ended
+                return
+            if not importing(frame):
+                self._redelivered = True
+                _thread.interrupt_main(self._waiting)  # runs __call__ in the main thread, as the signal would
+                return
+            del frame
+            time.sleep(self.POLL_SECONDS)
 
     def finish(self) -> None:
         install(lambda signum, frame: exit_at_once(signum))

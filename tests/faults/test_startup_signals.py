@@ -93,6 +93,21 @@ def test_a_signal_while_the_cli_imports(config, entry, module, signame):
     assert not (config.parent / "run").exists()  # nothing was written
 
 
+def test_a_second_signal_during_an_import_stops_at_once(config):
+    """The first signal waits for the import to end; a second one meanwhile ends the process at once, with the
+    line of the second (an import that never ended could not hold the process)."""
+    proc = subprocess.run(
+        [*entry_point("python -m grpokit"), "train", str(config)],
+        cwd=config.parent,
+        env=hooked_env(GRPOKIT_FAULT_SIGNAL_AT="torch:SIGINT,SIGTERM"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert_stopped(proc, "SIGTERM")
+
+
 @pytest.mark.parametrize("entry, signame", [("python -m grpokit", "SIGINT"), ("console script", "SIGTERM")])
 def test_a_signal_in_the_interpreters_teardown(config, entry, signame):
     """The command finished and printed its result; a signal while the interpreter shuts down is still the one line

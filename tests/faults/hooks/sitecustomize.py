@@ -1,8 +1,8 @@
 """Fault injection for the CLI in a subprocess: put this folder first on PYTHONPATH and set one of
 
-- ``GRPOKIT_FAULT_SIGNAL_AT=module:SIGNAL``: send SIGNAL to this process when ``module`` is first imported (from the
-  import system's search for it, so the handler runs inside that import and inside whatever imports it: a C
-  extension's initialisation included);
+- ``GRPOKIT_FAULT_SIGNAL_AT=module:SIGNAL[,SIGNAL...]``: send the signals to this process, one after the other,
+  when ``module`` is first imported (from the import system's search for it, so the handler runs inside that import
+  and inside whatever imports it: a C extension's initialisation included);
 - ``GRPOKIT_FAULT_SIGNAL_AT_EXIT=SIGNAL``: send it in the interpreter's teardown (the last atexit handler to run);
 - ``GRPOKIT_FAULT_WRITE_ERROR=ERRNO:PATH``: simulate storage that fails under PATH, where the real thing cannot be
   had (no tmpfs mount, root ignoring permissions). ENOSPC, EDQUOT, EIO, EFBIG fail at the first ``write()`` of a
@@ -33,7 +33,8 @@ if _signal_at:
         def find_spec(self, fullname, path=None, target=None):
             if fullname == _module and not _SignalOnImport.fired:
                 _SignalOnImport.fired = True
-                os.kill(os.getpid(), getattr(signal, _name))
+                for name in _name.split(","):
+                    os.kill(os.getpid(), getattr(signal, name))
             return None
 
     sys.meta_path.insert(0, _SignalOnImport())
