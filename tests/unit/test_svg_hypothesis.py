@@ -48,12 +48,14 @@ def hang_guard(seconds: float = GUARD_SECONDS, memory: int = GUARD_MEMORY):
             raise TimeoutError(f"still running after {seconds} s: an endless loop")
 
     previous = signal.signal(signal.SIGALRM, check)
-    signal.setitimer(signal.ITIMER_REAL, 0.2, 0.2)
+    delay, interval = signal.setitimer(signal.ITIMER_REAL, 0.2, 0.2)  # another timer's (pytest-timeout's), if any
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if delay:  # give the other timer back what it had left
+            signal.setitimer(signal.ITIMER_REAL, max(delay - (time.monotonic() - start), 0.001), interval)
 
 
 def _peak_rss() -> int:
