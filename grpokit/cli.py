@@ -1,14 +1,94 @@
-"""Command line: grpokit train | eval | explain | demo | inspect | report | env."""
+"""Command line: grpokit train | eval | explain | demo | inspect | report | env.
+
+Every way out of a command is one line on stderr, never a traceback, besides a bug's: a signal (exit 128 + signum,
+from the first line of ``main`` to the interpreter's last, imports included: ``interrupt.CommandSignals``), an error
+grpokit raises on purpose and a file the storage would not read or write (``grpokit: error: ...``, exit 2).
+"""
 
 from __future__ import annotations
 
-import argparse
-import signal
 import sys
 from pathlib import Path
 
+from grpokit.train import interrupt  # signal handling only: no heavy import comes before the handlers
+
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command in ``argv`` (default: the process's arguments) and return its exit status.
+
+    Without ``argv`` main owns the process (the console script, ``python -m grpokit``): its signal handlers stay
+    until the process ends. With ``argv`` (a call from Python) the caller's handlers are restored on return."""
+    signals = interrupt.CommandSignals()
+    previous = signals.install()  # first, before anything that imports numpy, torch or transformers
+    try:
+        return _run(argv, signals)
+    except BaseException:  # while parsing the arguments (argparse's SystemExit), or a bug re-raised
+        signals.finish()  # what remains is reporting: a signal now ends the process at once
+        if signals.signum is None:
+            raise
+        return _stopped(signals.signum)  # a signal, whatever a library made of it
+    finally:
+        signals.finish()
+        if argv is not None:
+            interrupt.restore(previous)
+
+
+def _run(argv: list[str] | None, signals: interrupt.CommandSignals) -> int:
+    """Parse ``argv``, run the command, and turn each way it can fail into one line and an exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        code = int(args.func(args) or 0)
+    except BaseException as exc:
+        signals.finish()
+        return _failed(exc, signals.signum)
+    signals.finish()
+    if signals.signum is None or code >= 128:  # no signal, or one the command has reported (the trainer's stop)
+        return code
+    return _stopped(signals.signum)  # its Interrupted was swallowed (a library's except BaseException)
+
+
+def _failed(exc: BaseException, signum: int | None) -> int:
+    """One line and the exit status for ``exc``, which ended a command; re-raises a bug."""
+    if isinstance(exc, interrupt.Interrupted):
+        print(f"grpokit: {exc.message}", file=sys.stderr)
+        return 128 + exc.signum
+    if signum is not None or isinstance(exc, KeyboardInterrupt):  # whatever a library made of the signal
+        # (KeyboardInterrupt alone: Python's own SIGINT handler, when main() runs outside the main thread)
+        return _stopped(signum or 2)
+    if isinstance(exc, BrokenPipeError):  # `grpokit inspect RUN | head`: the reader has all it wants
+        _silence_stdout()
+        return 141  # as a shell reports a process ended by SIGPIPE
+    if is_user_error(exc):
+        print(f"grpokit: error: {exc}", file=sys.stderr)
+        return 2
+    from grpokit.io_errors import storage_error_line
+
+    line = storage_error_line(exc)
+    if line is None:
+        raise exc
+    print(f"grpokit: error: {line}", file=sys.stderr)
+    return 2
+
+
+def _stopped(signum: int) -> int:
+    print(f"grpokit: stopped by {interrupt.signal_name(signum)}", file=sys.stderr)
+    return 128 + signum
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail on the closed pipe again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _parser():
+    import argparse
+
     parser = argparse.ArgumentParser(prog="grpokit", description="GRPO-family RL fine-tuning of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -43,25 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpokit.store.cli import register
 
     register(sub)
-    args = parser.parse_args(argv)
-    from grpokit.train import interrupt
-
-    previous = interrupt.install(interrupt.raise_interrupted)  # the trainer has its own handler while it trains
-    try:
-        return int(args.func(args) or 0)
-    except interrupt.Interrupted as exc:
-        print(f"grpokit: {exc.message}", file=sys.stderr)
-        return 128 + exc.signum
-    except KeyboardInterrupt:  # Python's own SIGINT handler: main() runs outside the main thread
-        print("grpokit: stopped by SIGINT", file=sys.stderr)
-        return 128 + signal.SIGINT
-    except Exception as exc:
-        if not is_user_error(exc):
-            raise
-        print(f"grpokit: error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        interrupt.restore(previous)
+    return parser
 
 
 def is_user_error(exc: BaseException) -> bool:
@@ -129,7 +191,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    """Evaluate and print the metrics as JSON. Nothing is written: the trainer's output_dir is a temporary folder
+    (it only has to pass the run-folder check), so a finished run on read-only storage evaluates too."""
     import json
+    import tempfile
 
     from grpokit.config import ConfigError, load_config
     from grpokit.train.trainer import GRPOTrainer
@@ -149,11 +214,15 @@ def cmd_eval(args) -> int:
     if cfg.eval_dataset is None:
         raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
     _keep_freed_memory_on_cpu(cfg.device)
-    trainer = GRPOTrainer(
-        args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None)
-    )
-    metrics = trainer.evaluate()
-    print(json.dumps(metrics, indent=2))
+    with tempfile.TemporaryDirectory(prefix="grpokit-eval-") as scratch:
+        trainer = GRPOTrainer(args=cfg.replace(output_dir=str(Path(scratch) / "eval"), resume_from=None))
+        try:
+            metrics = trainer.evaluate()
+        finally:
+            trainer.rewards.close()  # the reward worker processes
+    from grpokit.io_errors import write_stdout
+
+    write_stdout(json.dumps(metrics, indent=2) + "\n")
     return 0
 
 
@@ -197,5 +266,4 @@ def cmd_env(args) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())

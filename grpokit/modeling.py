@@ -129,16 +129,12 @@ def model_config(name_or_path: str, trust_remote_code: bool = False):
 
 
 def _from_pretrained(cls, source: str, what: str, **kwargs):
-    """``cls.from_pretrained`` with one clear message when the folder or hub id cannot be read
-    (a typo, no network, a gated repo, a folder without config.json) instead of a transformers traceback."""
-    try:
-        return cls.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as exc:  # ValueError: a folder whose config.json is missing or has no model_type
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FileNotFoundError(
-            f"cannot load the {what} {source!r} ({first}); check the hub id or path, "
-            "or download it and give the local folder (set HF_HUB_OFFLINE=1 to stay offline)."
-        ) from None
+    """``cls.from_pretrained`` with one clear message when the folder or hub id cannot be read (a typo, no network,
+    HF_HUB_OFFLINE without the files cached, a gated repo, a folder without config.json) instead of a transformers
+    traceback, within seconds when the hub cannot be reached (:func:`grpokit.hub.from_pretrained`)."""
+    from grpokit.hub import from_pretrained
+
+    return from_pretrained(cls, source, what, **kwargs)
 
 
 # bitsandbytes runs Linear4bit on CPU from this version on

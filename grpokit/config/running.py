@@ -29,6 +29,9 @@ class RunConfig:
     (or final model), and put back if it stops before."""
     max_nonfinite_steps: int = 3
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    warn_tied_steps: int = 10
+    """Warn when every group's completions tie (one reward per group: no advantage, nothing learned) this many steps
+    in a row, naming the reward functions and their values; 0 = never."""
     progress_bar: bool = True
     """Show a progress bar with live reward and KL (TRL's disable_tqdm=True sets it false)."""
     log_completions: bool = False

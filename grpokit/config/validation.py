@@ -158,6 +158,7 @@ def _run(r: RunConfig) -> None:
         f"save_total_limit={r.save_total_limit} must be >= 1 or null.",
     )
     check(r.max_nonfinite_steps >= 1, f"max_nonfinite_steps={r.max_nonfinite_steps} must be >= 1.")
+    check(r.warn_tied_steps >= 0, f"warn_tied_steps={r.warn_tied_steps} must be >= 0 (0 = never warn).")
     check(r.logging_steps >= 1, f"logging_steps={r.logging_steps} must be >= 1.")
     check(
         r.num_completions_to_print is None or r.num_completions_to_print >= 1,

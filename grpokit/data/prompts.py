@@ -96,13 +96,24 @@ def check_reward_columns(
     """Fail before training when a reward needs a column that a row lacks. ``rewards``: {name: function}."""
     for reward, fn in rewards.items():
         for column in reward_columns(fn):
+            if column == prompt_column:  # never passed as a column: the prompts are a keyword of their own
+                raise DataError(
+                    f"reward {reward!r} asks for {column!r}, the prompt column, which the trainer passes as the "
+                    "keyword 'prompts' (one per completion); rename the parameter to prompts."
+                )
             missing = next((i for i, row in enumerate(rows) if column not in row), None)
             if missing is not None:
                 columns = ", ".join(repr(k) for k in rows[missing] if k != prompt_column) or "none"
+                keyword = difflib.get_close_matches(column, REWARD_KEYWORDS, n=1, cutoff=0.8)
+                fix = (
+                    f"did you mean the keyword {keyword[0]!r}, which the trainer passes? Rename the parameter to "
+                    f"{keyword[0]}, or add a column {column!r} to the data."
+                    if keyword
+                    else f"add the column {column!r} to the data, or configure the reward to read another column."
+                )
                 raise DataError(
                     f"reward {reward!r} needs the column {column!r}, but {name} row {missing} has none (its other "
-                    f"columns: {columns}); add the column {column!r} to the data, or configure the reward to read "
-                    "another column."
+                    f"columns: {columns}); {fix}"
                 )
 
 
@@ -111,7 +122,13 @@ def _read_path(path: str, name: str) -> list[dict]:
         return _builtin(path.split(":", 1)[1], name)
     p = Path(path).expanduser()
     if not p.exists():
-        raise DataError(f"{name} {path!r} does not exist; give the path of a .jsonl, .parquet or .csv file.")
+        hub = ""
+        if not p.suffix and path.count("/") == 1 and not path.startswith((".", "/", "~")):  # looks like org/name
+            hub = (
+                " grpokit reads local files, not hub datasets: save it first with "
+                f"datasets.load_dataset({path!r}, split='train').save_to_disk(FOLDER) and give FOLDER."
+            )
+        raise DataError(f"{name} {path!r} does not exist; give the path of a .jsonl, .parquet or .csv file.{hub}")
     if p.is_dir():
         import datasets
 

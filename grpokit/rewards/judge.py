@@ -29,9 +29,11 @@ TEXTS = ("prompt+completion", "completion")
 def _load_pretrained(path: str, tokenizer: Any):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(path)
+    from grpokit.hub import from_pretrained
+
+    model = from_pretrained(AutoModelForSequenceClassification, path, "reward model")
     if tokenizer is None or isinstance(tokenizer, str):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer or path)
+        tokenizer = from_pretrained(AutoTokenizer, tokenizer or path, "reward model's tokenizer")
     if model.config.pad_token_id is None:
         # HF sequence classifiers pool the last non-pad token, so batching needs a pad id.
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -182,7 +184,9 @@ class ClassifierReward:
                 )
             from transformers import AutoTokenizer
 
-            processing_class = AutoTokenizer.from_pretrained(path)
+            from grpokit.hub import from_pretrained
+
+            processing_class = from_pretrained(AutoTokenizer, path, "reward model's tokenizer")
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
         if config is not None:

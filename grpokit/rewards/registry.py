@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.config import expand_path
+from grpokit.config.extensions import import_failure, module_file
 from grpokit.rewards.format import FormatReward
 from grpokit.rewards.judge import RewardModelReward
 from grpokit.rewards.length import LengthReward
@@ -100,10 +101,18 @@ def _load_file(path: str):
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:
+        del sys.modules[module_name]
+        raise UserImportError(import_failure(exc, path)) from exc
     except BaseException:
         del sys.modules[module_name]
         raise
     return module
+
+
+class UserImportError(ValueError):
+    """A user's file or module (a reward, a tool, an environment, a tool parser) raised while it was imported; the
+    message is one line: where (file and line), the exception and its message."""
 
 
 def _function_from(module: Any, function: str, where: str) -> Callable:
@@ -123,11 +132,7 @@ def _load_target(target: str) -> Callable:
         raise ValueError(f"reward {target!r}: expected 'module:function' or 'file.py:function'")
     if location.endswith(".py") or "/" in location or "\\" in location:
         return FileFunction(location, function)
-    try:
-        module = importlib.import_module(location)
-    except ImportError as exc:
-        raise ValueError(f"reward {target!r}: cannot import module {location!r}: {exc}") from exc
-    return _function_from(module, function, location)
+    return _function_from(_import_module(location, f"reward {target!r}"), function, location)
 
 
 def load_callable(target: str, what: str) -> Callable:
@@ -139,11 +144,20 @@ def load_callable(target: str, what: str) -> Callable:
     if location.endswith(".py") or "/" in location or "\\" in location:
         path = str(Path(expand_path(location)).resolve())
         return _function_from(_load_file(path), name, path)
+    return _function_from(_import_module(location, f"{what} {target!r}"), name, location)
+
+
+def _import_module(location: str, what: str):
+    """The installed module ``location``; a ValueError naming ``what`` when it is missing, or a
+    :class:`UserImportError` when importing it raised (:func:`import_failure`)."""
     try:
-        module = importlib.import_module(location)
+        return importlib.import_module(location)
     except ImportError as exc:
-        raise ValueError(f"{what} {target!r}: cannot import module {location!r}: {exc}") from exc
-    return _function_from(module, name, location)
+        if exc.name is not None and (location + ".").startswith(exc.name + "."):  # it (or its package) is missing
+            raise ValueError(f"{what}: cannot import module {location!r}: {exc}") from exc
+        raise UserImportError(f"{what}: {import_failure(exc, module_file(location))}") from exc
+    except (Exception, SystemExit) as exc:
+        raise UserImportError(f"{what}: {import_failure(exc, module_file(location))}") from exc
 
 
 def reward_name(fn: Callable) -> str:

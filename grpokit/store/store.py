@@ -8,16 +8,23 @@ power loss can drop the last few committed steps, which resuming from a checkpoi
 (`rollback_after`).
 
 Readers (`grpokit inspect`, the HTML report) open the file read-only and can do so while the
-trainer is writing.
+trainer is writing. On read-only storage (a finished run on a read-only mount, a folder without write
+permission) or a full disk, SQLite cannot create the `-shm` file that a read-only connection to a WAL store
+needs (a live trainer would have made it); the reader then opens the file as immutable, or, when the `-wal`
+file still holds steps that were never copied into the main file (a trainer killed by SIGKILL), a private copy
+of both in a temporary folder, so no committed step is left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -78,6 +85,25 @@ def resolve_store_path(path: str | Path) -> Path:
     return path / STORE_FILENAME
 
 
+# SQLite's errors for a WAL store whose -shm file (the readers' shared index) cannot be made or used: read-only
+# storage (CANTOPEN, READONLY_CANTINIT) or a full disk (IOERR_SHMSIZE and its kin).
+_NO_SHARED_MEMORY = {
+    "SQLITE_CANTOPEN",
+    "SQLITE_READONLY_CANTINIT",
+    "SQLITE_IOERR_SHMOPEN",
+    "SQLITE_IOERR_SHMSIZE",
+    "SQLITE_IOERR_SHMMAP",
+}
+
+
+def _no_shared_memory(err: sqlite3.OperationalError) -> bool:
+    """SQLite could not set up the store's -shm file (:data:`_NO_SHARED_MEMORY`)."""
+    name = getattr(err, "sqlite_errorname", None)  # Python >= 3.11
+    if name is not None:
+        return name in _NO_SHARED_MEMORY
+    return str(err) in ("unable to open database file", "disk I/O error")
+
+
 def _nan_if_null(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -94,6 +120,8 @@ class RolloutStore:
         self.path = resolve_store_path(path)
         self.readonly = readonly
         self._query_conn: sqlite3.Connection | None = None
+        self._read_uri: str | None = None  # how a read-only connection opens the file (see _read_only_uri)
+        self._copy: str | None = None  # the temporary folder of a private copy, removed by close()
         self._conn = self._connect_readonly() if readonly else self._connect_writable(run_id)
         try:
             self._check_schema_version()
@@ -129,11 +157,42 @@ class RolloutStore:
                 f"no rollout store at {self.path}: not a run folder, or a run that has not written "
                 "a step yet (its metrics.jsonl, if any, still gives `grpokit report`)"
             )
-        uri = f"{self.path.resolve().as_uri()}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        if self._read_uri is None:
+            self._read_uri = self._read_only_uri()
+        conn = sqlite3.connect(self._read_uri, uri=True, isolation_level=None)
         # A reader waits for the trainer's commit instead of failing with "database is locked".
         conn.execute("PRAGMA busy_timeout=10000")
         return conn
+
+    def _read_only_uri(self) -> str:
+        """The URI a read-only connection opens: the file with ``mode=ro``; where that cannot open a WAL store
+        (read-only storage or a full disk: no ``-shm`` file and no way to create one), the file as ``immutable``,
+        or a private copy when its ``-wal`` file holds steps not in the main file yet (module docstring)."""
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        try:
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as conn:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return uri
+        except sqlite3.OperationalError as err:
+            if not _no_shared_memory(err):
+                raise StoreError(f"{self.path} cannot be read ({err})") from err
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err
+        wal = self.path.with_name(self.path.name + "-wal")
+        if not (wal.is_file() and wal.stat().st_size > 0):
+            return f"{self.path.resolve().as_uri()}?immutable=1"
+        self._copy = tempfile.mkdtemp(prefix="grpokit-store-")
+        copy = Path(self._copy) / self.path.name
+        try:
+            shutil.copyfile(self.path, copy)
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        except OSError as err:
+            raise StoreError(
+                f"{self.path} is on read-only storage and its last steps are still in {wal.name}, which SQLite "
+                f"can only read from a copy; copying it to {self._copy} failed ({err.strerror}); set TMPDIR to a "
+                "folder with room, or copy the run folder to writable storage"
+            ) from err
+        return f"{copy.as_uri()}?mode=ro"
 
     def _table_columns(self) -> list[str]:
         return [row[1] for row in self._conn.execute("PRAGMA table_info(rollouts)")]
@@ -394,6 +453,9 @@ class RolloutStore:
             if conn is not None:
                 conn.close()
         self._query_conn = None
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy = None
 
     def __enter__(self) -> RolloutStore:
         return self

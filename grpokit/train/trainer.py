@@ -45,6 +45,7 @@ from grpokit.train.metrics import PhaseClock, step_metrics, train_summary
 from grpokit.train.run_dir import RunFolder, open_run_dir, resume_point
 from grpokit.train.scheduler import RolloutScheduler
 from grpokit.train.stopping import StopRules
+from grpokit.train.ties import TieWatch
 
 _PADDING = -1e9  # pads masked entropies (>= 0) to the same length on every process before a gather
 
@@ -131,6 +132,8 @@ class GRPOTrainer:
         self.step = 0
         self.stop_reason: str | None = None
         self.stop_rules = StopRules(args)  # non-finite steps, KL over max_kl
+        # a warning when every group ties for warn_tied_steps steps (a group-relative advantage learns nothing)
+        self.ties = TieWatch(args.warn_tied_steps, args.num_generations, not self.algorithm.uses_critic)
         # what a checkpoint saves and a resume restores
         self.run_state = RunState(
             args, model, self.learner, self.train_source, self.rollout_scheduler, self.stop_rules, procs.is_main
@@ -323,6 +326,9 @@ class GRPOTrainer:
         records = procs.gather_objects(records)  # every rank's, on rank 0
         if procs.is_main:
             self.run_log.step(step, [r for part in records for r in part], metrics)
+            tied = self.ties.step(step, all_rewards.names, all_rewards.per_func, all_rewards.combined)
+            if tied:
+                self.run_log.warn(tied)
         return metrics
 
     def _score(self, step: int, indices: list[int], rollouts):

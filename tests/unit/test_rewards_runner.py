@@ -316,3 +316,31 @@ def test_timeout_kills_the_worker_and_a_new_one_scores_the_next_batch(tmp_path):
     assert not old.is_alive() and runner.pool.processes[0][0].pid is None  # killed, which ends the abandoned call
     assert runner.score(["p"], ["!!!"]).per_func[0, 1] == 3.0  # a new worker on the next batch
     runner.close()
+
+
+def exits_at_once(prompts, completions, **columns):
+    import os
+
+    os._exit(3)
+
+
+def killed_by_the_kernel(prompts, completions, **columns):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "fn, how",
+    [
+        (exits_at_once, "exited with status 3 while scoring (os._exit() in the reward function or the code it calls"),
+        (killed_by_the_kernel, "was killed by SIGKILL (the kernel's out-of-memory killer sends it, as does kill -9)"),
+    ],
+)
+def test_a_worker_that_dies_is_reported_with_its_exit_status_or_signal(fn, how):
+    """Not "exit code None": the worker is reaped before its end is described (its pipe closes first)."""
+    with RewardRunner([fn, fixed([1.0, 1.0])], workers=1) as runner:
+        result = runner.score(["p", "p"], ["a", "b"])
+    assert result.errors[0].startswith(f"{fn.__name__}: the reward worker process {how}"), result.errors[0]
+    assert result.per_func[:, 1].tolist() == [1.0, 1.0]  # the other function scored as usual
