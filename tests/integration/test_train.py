@@ -143,11 +143,14 @@ def test_tensorboard_and_wandb_offline(tmp_path, tiny_model_dir, word_prompts, m
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "gsm8k-recipe")  # docs/gpu.md: the W&B project comes from WANDB_PROJECT
     config = write_config(tmp_path, tiny_model_dir, word_prompts, run={"report_to": ["jsonl", "tensorboard", "wandb"]})
     assert main(["train", str(config), "max_steps=2"]) == 0
     run = tmp_path / "run"
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert list((run / "wandb").glob("offline-run-*"))
+    (offline,) = (run / "wandb").glob("offline-run-*")
+    (record,) = offline.glob("run-*.wandb")  # the run's record holds its project's name
+    assert b"gsm8k-recipe" in record.read_bytes()
 
 
 def test_explain_prints_sizes(tmp_path, tiny_model_dir, word_prompts, capsys):
