@@ -130,15 +130,18 @@ def _endpoint() -> str:
 def hub_unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
     """None when the hub's endpoint answers an HTTP request within ``timeout`` seconds (any status: it is there),
     else the reason. The request runs on a daemon thread, so a resolver that hangs costs ``timeout`` too."""
-    from huggingface_hub import get_session
+    import urllib.error
+    import urllib.request
 
     outcome: list[str | None] = []
 
     def probe() -> None:
-        try:
-            get_session().head(_endpoint(), timeout=timeout)
+        try:  # urllib honours HTTPS_PROXY / NO_PROXY as huggingface_hub's client does
+            urllib.request.urlopen(urllib.request.Request(_endpoint(), method="HEAD"), timeout=timeout).close()
             outcome.append(None)
-        except Exception as exc:  # httpx or requests errors, OSError: unreachable either way
+        except urllib.error.HTTPError:  # an HTTP status: the hub is there
+            outcome.append(None)
+        except Exception as exc:  # URLError, OSError, a timeout: unreachable either way
             outcome.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:160])
 
     thread = threading.Thread(target=probe, daemon=True, name="grpokit-hub-probe")
