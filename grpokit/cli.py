@@ -128,21 +128,10 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import json
 
-    from grpokit.config import ConfigError, load_config
+    from grpokit.config import ConfigError
     from grpokit.train.trainer import GRPOTrainer
 
-    target = Path(args.target)
-    if target.is_dir():
-        cfg = load_config(_run_config(target), _overrides(args.overrides))
-        final = target / "final"
-        if not final.is_dir():
-            raise FileNotFoundError(
-                f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model."
-            )
-        cfg.model_name_or_path = str(final)
-        cfg.resume_from = None
-    else:
-        cfg = load_config(target, _overrides(args.overrides))
+    cfg = eval_config(Path(args.target), _overrides(args.overrides))
     if cfg.eval_dataset is None:
         raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
     _keep_freed_memory_on_cpu(cfg.device)
@@ -152,6 +141,28 @@ def cmd_eval(args) -> int:
     metrics = trainer.evaluate()
     print(json.dumps(metrics, indent=2))
     return 0
+
+
+def eval_config(target: Path, overrides: list[str]):
+    """The config `grpokit eval` runs: a YAML config as it is (its starting model), or a run folder's config with its
+    final model. A LoRA run's final/ holds the adapter, which transformers loads onto its base: the run's lora
+    section is dropped (lora.r 0), else fresh zero adapters would replace the trained ones and the base be evaluated
+    (a QLoRA run's adapter is evaluated on the unquantised base)."""
+    from grpokit.config import load_config
+
+    if not target.is_dir():
+        return load_config(target, overrides)
+    cfg = load_config(_run_config(target), overrides)
+    final = target / "final"
+    if not final.is_dir():
+        raise FileNotFoundError(
+            f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model."
+        )
+    if (final / "adapter_config.json").is_file():
+        cfg = cfg.replace(r=0, load_in_4bit=False)  # the adapter on its base, in the run's dtype
+    cfg.model_name_or_path = str(final)
+    cfg.resume_from = None
+    return cfg
 
 
 def cmd_explain(args) -> int:
