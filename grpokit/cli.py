@@ -131,38 +131,44 @@ def cmd_eval(args) -> int:
     from grpokit.config import ConfigError
     from grpokit.train.trainer import GRPOTrainer
 
-    cfg = eval_config(Path(args.target), _overrides(args.overrides))
+    cfg, model = eval_inputs(Path(args.target), _overrides(args.overrides))
     if cfg.eval_dataset is None:
         raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
     _keep_freed_memory_on_cpu(cfg.device)
     trainer = GRPOTrainer(
-        args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None)
+        model=model,  # None: the config's model_name_or_path
+        args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None),
     )
     metrics = trainer.evaluate()
     print(json.dumps(metrics, indent=2))
     return 0
 
 
-def eval_config(target: Path, overrides: list[str]):
-    """The config `grpokit eval` runs: a YAML config as it is (its starting model), or a run folder's config with its
-    final model. A LoRA run's final/ holds the adapter, which transformers loads onto its base: the run's lora
-    section is dropped (lora.r 0), else fresh zero adapters would replace the trained ones and the base be evaluated
-    (a QLoRA run's adapter is evaluated on the unquantised base)."""
+def eval_inputs(target: Path, overrides: list[str]):
+    """(config, model or None) of `grpokit eval`: a YAML config as it is (its starting model, loaded by the trainer),
+    or a run folder's config with its final model. A LoRA run's final/ holds the adapter: it is loaded onto its base
+    and merged here (peft), and the run's lora section dropped, since new adapters on top would start from zero and
+    be evaluated in place of the trained ones (a QLoRA run's adapter is merged into the unquantised base)."""
     from grpokit.config import load_config
 
     if not target.is_dir():
-        return load_config(target, overrides)
+        return load_config(target, overrides), None
     cfg = load_config(_run_config(target), overrides)
     final = target / "final"
     if not final.is_dir():
         raise FileNotFoundError(
             f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model."
         )
-    if (final / "adapter_config.json").is_file():
-        cfg = cfg.replace(r=0, load_in_4bit=False)  # the adapter on its base, in the run's dtype
     cfg.model_name_or_path = str(final)
     cfg.resume_from = None
-    return cfg
+    if not (final / "adapter_config.json").is_file():
+        return cfg, None
+    from peft import AutoPeftModelForCausalLM
+
+    model = AutoPeftModelForCausalLM.from_pretrained(str(final), trust_remote_code=cfg.trust_remote_code)
+    tokenizer = cfg.tokenizer_name_or_path or str(final)  # final/ holds the run's tokenizer
+    merged = model.merge_and_unload().requires_grad_(True)  # a plain model, as a full fine-tuning run's (peft froze it)
+    return cfg.replace(r=0, load_in_4bit=False, tokenizer_name_or_path=tokenizer), merged
 
 
 def cmd_explain(args) -> int:

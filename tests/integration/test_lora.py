@@ -78,13 +78,18 @@ def test_lora_trains_adapters_reference_is_base_and_saves(tmp_path, tiny_model_d
     torch.testing.assert_close(logprobs_of(merged, trainer, rollouts), policy, atol=1e-4, rtol=1e-4)
 
     # `grpokit eval RUN` evaluates the trained adapter (loaded onto its base), not fresh zero adapters on the base
-    from grpokit.cli import eval_config
-    from grpokit.train.setup import build_policy
+    from grpokit.cli import eval_inputs
 
-    cfg = eval_config(tmp_path / "run", [])
+    cfg, evaluated = eval_inputs(tmp_path / "run", [])
     assert cfg.model_name_or_path == str(final) and cfg.lora.r == 0
-    evaluated, *_ = build_policy(None, None, cfg)
-    torch.testing.assert_close(logprobs_of(evaluated, trainer, rollouts), policy)
+    torch.testing.assert_close(logprobs_of(evaluated, trainer, rollouts), policy, atol=1e-4, rtol=1e-4)
+    evaluator = GRPOTrainer(
+        model=evaluated,
+        reward_funcs=target_reward,
+        args=cfg.replace(output_dir=str(tmp_path / "eval")),
+        train_dataset=word_prompts,
+    )
+    assert all(p.requires_grad for p in evaluator.model.parameters())  # a plain model: the trainer builds as usual
 
 
 def test_lora_rejects_reference_resync_and_custom_modules(tmp_path, word_prompts):
