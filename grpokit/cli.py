@@ -165,7 +165,10 @@ def eval_inputs(target: Path, overrides: list[str]):
         return cfg, None
     from peft import AutoPeftModelForCausalLM
 
-    model = AutoPeftModelForCausalLM.from_pretrained(str(final), trust_remote_code=cfg.trust_remote_code)
+    from grpokit.hardware import pick_device, pick_dtype
+
+    dtype = pick_dtype(cfg.dtype, pick_device(cfg.device))  # the training run's weights dtype
+    model = AutoPeftModelForCausalLM.from_pretrained(str(final), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
     tokenizer = cfg.tokenizer_name_or_path or str(final)  # final/ holds the run's tokenizer
     merged = model.merge_and_unload().requires_grad_(True)  # a plain model, as a full fine-tuning run's (peft froze it)
     return cfg.replace(r=0, load_in_4bit=False, tokenizer_name_or_path=tokenizer), merged

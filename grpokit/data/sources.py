@@ -52,14 +52,6 @@ def read_source(source: str | Path | dict, name: str = "train_dataset") -> list[
     return _read_path(path, name)
 
 
-def describe(source: Any) -> str:
-    """A source as the config wrote it, for messages."""
-    spec = dataset_spec(source)
-    if spec is None:
-        return repr(str(source))
-    return "{" + ", ".join(f"{k}: {v}" for k, v in spec.items()) + "}"
-
-
 # ---- datasets.load_dataset and save_to_disk folders -----------------------------------------------------------
 
 
