@@ -196,26 +196,18 @@ def cmd_eval(args) -> int:
     import json
     import tempfile
 
-    from grpokit.config import ConfigError, load_config
+    from grpokit.config import ConfigError
     from grpokit.train.trainer import GRPOTrainer
 
-    target = Path(args.target)
-    if target.is_dir():
-        cfg = load_config(_run_config(target), _overrides(args.overrides))
-        final = target / "final"
-        if not final.is_dir():
-            raise FileNotFoundError(
-                f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model."
-            )
-        cfg.model_name_or_path = str(final)
-        cfg.resume_from = None
-    else:
-        cfg = load_config(target, _overrides(args.overrides))
+    cfg, model = eval_inputs(Path(args.target), _overrides(args.overrides))
     if cfg.eval_dataset is None:
         raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
     _keep_freed_memory_on_cpu(cfg.device)
     with tempfile.TemporaryDirectory(prefix="grpokit-eval-") as scratch:
-        trainer = GRPOTrainer(args=cfg.replace(output_dir=str(Path(scratch) / "eval"), resume_from=None))
+        trainer = GRPOTrainer(
+            model=model,  # None: the config's model_name_or_path
+            args=cfg.replace(output_dir=str(Path(scratch) / "eval"), resume_from=None),
+        )
         try:
             metrics = trainer.evaluate()
         finally:
@@ -224,6 +216,36 @@ def cmd_eval(args) -> int:
 
     write_stdout(json.dumps(metrics, indent=2) + "\n")
     return 0
+
+
+def eval_inputs(target: Path, overrides: list[str]):
+    """(config, model or None) of `grpokit eval`: a YAML config as it is (its starting model, loaded by the trainer),
+    or a run folder's config with its final model. A LoRA run's final/ holds the adapter: it is loaded onto its base
+    and merged here (peft), and the run's lora section dropped, since new adapters on top would start from zero and
+    be evaluated in place of the trained ones (a QLoRA run's adapter is merged into the unquantised base)."""
+    from grpokit.config import load_config
+
+    if not target.is_dir():
+        return load_config(target, overrides), None
+    cfg = load_config(_run_config(target), overrides)
+    final = target / "final"
+    if not final.is_dir():
+        raise FileNotFoundError(
+            f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model."
+        )
+    cfg.model_name_or_path = str(final)
+    cfg.resume_from = None
+    if not (final / "adapter_config.json").is_file():
+        return cfg, None
+    from peft import AutoPeftModelForCausalLM
+
+    from grpokit.hardware import pick_device, pick_dtype
+
+    dtype = pick_dtype(cfg.dtype, pick_device(cfg.device))  # the training run's weights dtype
+    model = AutoPeftModelForCausalLM.from_pretrained(str(final), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = cfg.tokenizer_name_or_path or str(final)  # final/ holds the run's tokenizer
+    merged = model.merge_and_unload().requires_grad_(True)  # a plain model, as a full fine-tuning run's (peft froze it)
+    return cfg.replace(r=0, load_in_4bit=False, tokenizer_name_or_path=tokenizer), merged
 
 
 def cmd_explain(args) -> int:

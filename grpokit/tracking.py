@@ -90,7 +90,7 @@ class Tracker:
                     "report_to includes wandb but it is not installed: pip install 'grpokit[wandb]'."
                 ) from None
             self._wandb = wandb.init(
-                project="grpokit",
+                project=os.environ.get("WANDB_PROJECT") or "grpokit",  # an explicit project would override the env
                 name=run_name or self.run_dir.name,
                 dir=str(self.run_dir),
                 config=config,

@@ -13,6 +13,7 @@ from grpokit.config.reference import config_reference
 from grpokit.config.schema import (
     ALIASES,
     CHOICES,
+    DATASET_KEYS,
     FIELD_SECTION,
     PATH_FIELDS,
     REPORT_SINKS,
@@ -24,6 +25,7 @@ from grpokit.config.schema import (
 __all__ = [
     "ALIASES",
     "CHOICES",
+    "DATASET_KEYS",
     "FIELD_SECTION",
     "PATH_FIELDS",
     "REPORT_SINKS",

@@ -28,6 +28,8 @@ def coerce(cls: type, name: str, value: Any) -> Any:
     if origin in (Union, types.UnionType):
         args = [t for t in typing.get_args(expected) if t is not type(None)]
         optional = len(args) < len(typing.get_args(expected))
+        if len(args) > 1:  # str | dict (a dataset): a value of one of the types, as given
+            return _one_of(cls, name, value, tuple(args), optional)
         expected = args[0]
     if value is None:
         if optional or expected is Any:
@@ -72,6 +74,15 @@ def coerce(cls: type, name: str, value: Any) -> Any:
         f"{name}={value!r} has the wrong type: expected {expected.__name__}, got "
         f"{type(value).__name__}{_example(cls, name)}.{hint}"
     )
+
+
+def _one_of(cls: type, name: str, value: Any, types_: tuple, optional: bool) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, types_):
+        return expand_path(value) if isinstance(value, str) and name in PATH_FIELDS else value
+    expected = " or ".join(t.__name__ for t in types_)
+    raise ConfigError(f"{name}={value!r} has the wrong type: expected {expected}, got {type(value).__name__}.")
 
 
 def _example(cls: type, name: str) -> str:

@@ -48,6 +48,10 @@ def _cli_value(key: str, text: str) -> Any:
         return text
     if hint == str | None:
         return None if text in ("null", "~") else text
+    if hint == str | dict | None:  # a dataset: a path or hf:... as written, a {path: ...} mapping parsed
+        if text in ("null", "~"):
+            return None
+        return parse_scalar(text) if text.lstrip().startswith("{") else text
     return parse_scalar(text)
 
 

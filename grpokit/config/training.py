@@ -35,12 +35,24 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train_dataset: str | None = None
-    """JSONL / Parquet / CSV path, a datasets folder, or `builtin:arithmetic`."""
-    eval_dataset: str | None = None
+    train_dataset: str | dict | None = None
+    """A JSONL / JSON / Parquet / CSV file, a datasets folder (save_to_disk), `builtin:arithmetic`, or what
+    datasets.load_dataset loads: a mapping {path, name, split, data_files, data_dir, revision} (path: a hub id such as
+    openai/gsm8k, a folder of data files, or json / csv / parquet with data_files), in short hf:PATH[:NAME[:SPLIT]]."""
+    eval_dataset: str | dict | None = None
     """Same forms as train_dataset; evaluation is skipped when empty."""
     prompt_column: str = "prompt"
-    """Column holding the prompt: a string, or chat messages [{role, content}, ...]."""
+    """Column holding the prompt: a string, or chat messages [{role, content}, ...]; with prompt_template, the column
+    the built prompt is written to."""
+    prompt_template: str | None = None
+    """Build each prompt from its row: a format string naming columns in braces, e.g. "{question}\nAnswer after ####."
+    (literal braces doubled: {{ }}); null = the prompt_column as it is. The reward functions still get every column."""
+    system_prompt: str | None = None
+    """A system message put before each prompt."""
+    use_chat_template: bool | None = None
+    """true: each prompt is chat messages ([system,] user), rendered by the tokenizer's chat template | false: plain
+    text (the system prompt, a blank line, the prompt) | null: true when prompt_template or system_prompt is set.
+    Prompts that are chat messages in the data always get the chat template."""
     max_prompt_length: int | None = 512
     """Prompts longer than this many tokens are handled per `prompt_overflow`; null = no limit."""
     prompt_overflow: str = "truncate"

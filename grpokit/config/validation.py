@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import difflib
 import math
+import string
 from typing import TYPE_CHECKING
 
 from grpokit.config import rules
-from grpokit.config.schema import CHOICES, REPORT_SINKS, ConfigError, check
+from grpokit.config.schema import CHOICES, DATASET_KEYS, REPORT_SINKS, ConfigError, check
 
 if TYPE_CHECKING:
     from grpokit.config.facade import GRPOConfig
@@ -129,6 +130,60 @@ def _data(d: DataConfig) -> None:
     check(
         d.max_prompt_length is None or d.max_prompt_length >= 1,
         f"max_prompt_length={d.max_prompt_length} must be >= 1 or null.",
+    )
+    for name in ("train_dataset", "eval_dataset"):
+        _dataset(name, getattr(d, name))
+    if d.prompt_template is not None:
+        _prompt_template(d.prompt_template)
+
+
+def _dataset(name: str, value: object) -> None:
+    """A dataset mapping has datasets.load_dataset's keys and a path; hf:PATH[:NAME[:SPLIT]] has a path."""
+    example = "e.g. {path: openai/gsm8k, name: main, split: train}"
+    if isinstance(value, str) and value.startswith("hf:"):
+        check(
+            bool(value[3:].split(":", 1)[0]),
+            f"{name}={value!r} names no dataset; write hf:PATH[:NAME[:SPLIT]], e.g. hf:openai/gsm8k:main:train.",
+        )
+        return
+    if not isinstance(value, dict):
+        return
+    for key in value:
+        if key not in DATASET_KEYS:
+            close = difflib.get_close_matches(str(key), DATASET_KEYS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{name} has an unknown key {key!r}; a dataset mapping takes {', '.join(DATASET_KEYS)} (the "
+                f"arguments of datasets.load_dataset), {example}.{hint}"
+            )
+    check(
+        isinstance(value.get("path"), str) and bool(value["path"]),
+        f"{name} needs a path: a hub id, a local folder, or json / csv / parquet with data_files; {example}.",
+    )
+    for key in ("name", "split", "data_dir", "revision"):
+        check(
+            value.get(key) is None or isinstance(value[key], str),
+            f"{name}.{key}={value.get(key)!r} must be a string, {example}.",
+        )
+    files = value.get("data_files")
+    check(
+        files is None or isinstance(files, (str, list, dict)),
+        f"{name}.data_files={files!r} must be a path, a list of paths or a mapping of split -> paths.",
+    )
+
+
+def _prompt_template(template: str) -> None:
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    except ValueError as exc:
+        raise ConfigError(
+            f"prompt_template={template!r} is not a valid format string ({exc}); name columns in braces, e.g. "
+            "{question}, and write literal braces as {{ and }}."
+        ) from None
+    check(
+        bool(fields) and all(field and not field[0].isdigit() for field in fields),
+        f"prompt_template={template!r} names no column; put the column in braces, e.g. "
+        '"{question}\\nAnswer after ####." (literal braces are written {{ and }}).',
     )
 
 

@@ -1,36 +1,44 @@
-"""Prompt datasets: loading (datasets.Dataset, list of dicts, JSONL / Parquet / CSV, built-in tasks),
-validation, chat templates, prompt length limits, and a seeded, resumable batch order."""
+"""Prompt datasets: loading (datasets.Dataset, list of dicts, or a source: grpokit.data.sources), prompts built from
+columns (grpokit.data.prompt_builder), validation, chat templates, prompt length limits, and a seeded, resumable
+batch order."""
 
 from __future__ import annotations
 
-import csv
 import difflib
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from grpokit.data.prompt_builder import PromptBuilder
+from grpokit.data.sources import DataError, read_source
 from grpokit.modeling import decode, encode_prompt
 
-
-class DataError(ValueError):
-    """A dataset problem, with a message that names the fix."""
+__all__ = ["DataError", "PromptBuilder", "PromptSource", "load_rows", "render_prompt", "reward_arguments"]
 
 
-def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dataset") -> list[dict]:
-    """Rows of a dataset given as a datasets.Dataset, a list of dicts, a file path or ``builtin:<task>``."""
+def load_rows(
+    source: Any, prompt_column: str = "prompt", name: str = "train_dataset", prompts: PromptBuilder | None = None
+) -> list[dict]:
+    """Rows of a dataset given as a datasets.Dataset, a list of dicts, a file or folder path, ``builtin:<task>``, or
+    what datasets.load_dataset loads (``hf:...`` or a mapping: :mod:`grpokit.data.sources`), with each prompt built
+    by ``prompts`` (the config's prompt_template / system_prompt / use_chat_template) when given, then checked."""
     if source is None:
-        raise DataError(f"{name} is not set; give a JSONL / Parquet / CSV path, a list of dicts or a datasets.Dataset.")
-    if isinstance(source, (str, Path)):
-        rows = _read_path(str(source), name)
+        raise DataError(
+            f"{name} is not set; give a JSONL / Parquet / CSV path, a datasets folder, a hub dataset "
+            "(hf:openai/gsm8k:main:train), a list of dicts or a datasets.Dataset."
+        )
+    if isinstance(source, (str, Path, dict)):
+        rows = read_source(source, name)
     elif isinstance(source, list):
         rows = source
     elif hasattr(source, "to_list"):
         rows = source.to_list()
     else:
         raise DataError(f"{name} has type {type(source).__name__}; give a path, a list of dicts or a datasets.Dataset.")
+    if rows and prompts is not None:
+        rows = prompts.apply(rows, name)
     if not rows:
         raise DataError(f"{name} is empty; it needs at least one row with a {prompt_column!r} column.")
     for i, row in enumerate(rows):
@@ -117,65 +125,14 @@ def check_reward_columns(
                 )
 
 
-def _read_path(path: str, name: str) -> list[dict]:
-    if path.startswith("builtin:"):
-        return _builtin(path.split(":", 1)[1], name)
-    p = Path(path).expanduser()
-    if not p.exists():
-        hub = ""
-        if not p.suffix and path.count("/") == 1 and not path.startswith((".", "/", "~")):  # looks like org/name
-            hub = (
-                " grpokit reads local files, not hub datasets: save it first with "
-                f"datasets.load_dataset({path!r}, split='train').save_to_disk(FOLDER) and give FOLDER."
-            )
-        raise DataError(f"{name} {path!r} does not exist; give the path of a .jsonl, .parquet or .csv file.{hub}")
-    if p.is_dir():
-        import datasets
-
-        return datasets.load_from_disk(str(p)).to_list()
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        text = p.read_text()
-        if suffix == ".json" and text.lstrip().startswith("["):
-            return json.loads(text)
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise DataError(
-                        f"{p}:{n} is not valid JSON ({exc.msg}); each line must be one JSON object."
-                    ) from None
-        return rows
-    if suffix == ".csv":
-        with p.open(newline="") as f:
-            return list(csv.DictReader(f))
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(p).to_pylist()
-    raise DataError(f"{name} {path!r}: unknown file type {suffix!r}; use .jsonl, .json, .parquet or .csv.")
-
-
-def _builtin(task: str, name: str) -> list[dict]:
-    spec, _, split = task.partition("/")
-    if spec == "arithmetic":
-        from grpokit.data import arithmetic
-
-        train, held_out = arithmetic.arithmetic_splits()
-        return held_out if split in ("eval", "test") else train
-    raise DataError(f"{name}: unknown built-in task {task!r}; available: builtin:arithmetic, builtin:arithmetic/eval.")
-
-
 def render_prompt(tokenizer, prompt: str | list) -> tuple[str, bool]:
     """Prompt text and whether a chat template produced it (chat messages get the template)."""
     if isinstance(prompt, str):
         return prompt, False
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
-            "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts or "
-            "a tokenizer with a chat template."
+            "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts "
+            "(data.use_chat_template: false) or a tokenizer with a chat template."
         )
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True), True
 

@@ -59,7 +59,7 @@ def check_inputs(
     reward workers on rank 0 only: it scores every rank's rows on them; environments' ``get_reward`` added), the
     data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
     (TRL)."""
-    from grpokit.data.prompts import load_rows
+    from grpokit.data.prompts import PromptBuilder, load_rows
     from grpokit.train.tool_rollouts import check_tool_prompts, resolve_tools
 
     args.validate(procs.world_size)
@@ -67,9 +67,11 @@ def check_inputs(
         from grpokit.rollout.vllm_engine import check_vllm_environment
 
         check_vllm_environment(procs.enabled)
-    train_rows = load_rows(train_dataset if train_dataset is not None else args.train_dataset, args.prompt_column)
+    prompts = PromptBuilder.from_config(args)  # prompt_template, system_prompt, use_chat_template
+    train_source = train_dataset if train_dataset is not None else args.train_dataset
+    train_rows = load_rows(train_source, args.prompt_column, prompts=prompts)
     eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
-    eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset") if eval_source is not None else None
+    eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset", prompts) if eval_source is not None else None
     if procs.is_main:
         check_run_dir(args)
     tool_spec = resolve_tools(args, tools, environment_factory)
