@@ -314,9 +314,10 @@ class RewardSettings:
     """Seconds a reward function may take per batch before its values become None (its worker process is killed)."""
     reward_workers: int = 0
     """Worker processes per reward function, each scoring a chunk of whole groups (CPU-heavy rewards); 0 = one."""
-    reward_isolation: bool = True
-    """Run each reward function in a worker process that is killed at its timeout; false = threads in the trainer,
-    where a timeout cannot stop code that holds the GIL."""
+    reward_isolation: bool | None = None
+    """true: each reward function in a worker process, killed at its timeout; false: threads in the trainer, where a
+    timeout cannot stop code that holds the GIL; null: rewards named by a string (built-ins, module:function,
+    file.py:function) in worker processes, functions passed from Python in the trainer's process (as TRL)."""
 
 
 @dataclass
@@ -421,6 +422,7 @@ class GRPOConfig:
         values = _flatten(kwargs)
         grpokit_values, trl_given, unused = _from_trl(values, values)
         self._build(rewards, grpokit_values, trl_given, unused)
+        object.__setattr__(self, "given_keys", frozenset(values))  # see is_given
         if unused:
             warnings.warn(trl_compat.unused_message(unused), UserWarning, stacklevel=2)
 
@@ -448,7 +450,8 @@ class GRPOConfig:
             section is None and key in trl_compat.TRL_DEFAULTS
         ):  # TRL-only: translated and validated as in the constructor
             new = self.replace(**{key: value})
-            self.__dict__.update({k: getattr(new, k) for k in (*SECTIONS, "trl_settings", "unused_trl_settings")})
+            keys = (*SECTIONS, "trl_settings", "unused_trl_settings", "given_keys")
+            self.__dict__.update({k: new.__dict__[k] for k in keys})
             return
         if section is None:
             raise ConfigError(_unknown_key_message(name))
@@ -458,6 +461,13 @@ class GRPOConfig:
             v,
         ) in values.items():  # a TRL form (report_to="none") becomes grpokit's value; TRL's None keeps the current one
             setattr(getattr(self, FIELD_SECTION[k]), k, _coerce(SECTIONS[FIELD_SECTION[k]], k, v))
+        object.__setattr__(self, "given_keys", self.__dict__.get("given_keys", frozenset()) | {key})
+
+    def is_given(self, key: str) -> bool:
+        """Whether ``key`` was set (constructor, YAML, override, ``replace``, attribute) rather than left at its
+        default: where TRL's default differs from grpokit's, TRL's rule can then apply (``max_steps`` when the
+        environment owns the data)."""
+        return ALIASES.get(key, key) in self.__dict__.get("given_keys", frozenset())
 
     def _flat(self) -> dict:
         return {k: v for section in SECTIONS for k, v in dataclasses.asdict(getattr(self, section)).items()}
@@ -472,6 +482,7 @@ class GRPOConfig:
         unused = _from_trl(trl_given, {**merged_flat, **values})[2] if trl_given else {}
         new = object.__new__(GRPOConfig)
         new._build(overrides.get("rewards", merged["rewards"]), {**merged_flat, **values}, trl_given, unused)
+        object.__setattr__(new, "given_keys", self.__dict__.get("given_keys", frozenset()) | frozenset(given))
         before = self.unused_trl_settings
         fresh = {k: v for k, v in unused.items() if k not in before or v != before[k]}
         if fresh:
@@ -1114,8 +1125,10 @@ def config_reference() -> str:
     lines += [
         "### `rewards`",
         "",
-        "A list; each entry is a built-in name, `module:function`, `path/to/file.py:function`, or a mapping "
-        "`{name: ..., weight: ..., <params>}`.",
+        "A list; each entry is a built-in name, `module:function`, `path/to/file.py:function`, a reward model (a "
+        "folder or a Hub id `owner/name` holding an `AutoModelForSequenceClassification`, scored as TRL scores it), "
+        "or a mapping `{name: ..., weight: ..., <params>}`. A bare name is a built-in, never a Hub id; an existing "
+        "folder is a model; `:` names a function ([from_trl.md](from_trl.md#reward-functions)).",
         "",
         "Aliases: " + ", ".join(f"`{k}` = `{v}`" for k, v in ALIASES.items()) + ".",
         "",
