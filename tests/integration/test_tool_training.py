@@ -199,7 +199,10 @@ def test_environment_instances_reach_the_rewards(tmp_path):
     trainer = GRPOTrainer(
         scripted_chat_lm(tokenizer, [CALL, ANSWER]),
         [uses_environments, in_a_worker],
-        args=settings(run, max_steps=1, beta=0.0, eval_steps=1, num_generations_eval=2, pass_at_k=[1]),
+        # reward_isolation: in_a_worker in a worker process (functions from Python run here by default, as in TRL)
+        args=settings(
+            run, max_steps=1, beta=0.0, eval_steps=1, num_generations_eval=2, pass_at_k=[1], reward_isolation=True
+        ),
         train_dataset=chat_rows(),
         eval_dataset=chat_rows(2),
         processing_class=tokenizer,
@@ -390,7 +393,7 @@ def test_a_trl_agent_script_runs_with_the_import_changed(tmp_path):
     tokenizer = qwen_style_tokenizer()
     calls = tmp_path / "calls.jsonl"
 
-    def record_reward(completions, **kwargs):  # in a worker process: what it saw goes to a file
+    def record_reward(completions, **kwargs):  # what it saw goes to a file
         with open(calls, "a") as f:
             f.write(json.dumps(completions) + "\n")
         return [0.0] * len(completions)

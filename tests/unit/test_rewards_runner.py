@@ -1,6 +1,7 @@
 """RewardRunner: weighted combination, metrics, failures, timeouts, async and worker processes."""
 
 import asyncio
+import os
 import math
 import textwrap
 import threading
@@ -316,3 +317,30 @@ def test_timeout_kills_the_worker_and_a_new_one_scores_the_next_batch(tmp_path):
     assert not old.is_alive() and runner.pool.processes[0][0].pid is None  # killed, which ends the abandoned call
     assert runner.score(["p"], ["!!!"]).per_func[0, 1] == 3.0  # a new worker on the next batch
     runner.close()
+
+
+def test_isolate_none_runs_named_rewards_in_workers_and_given_functions_here(tmp_path):
+    """isolate=None (GRPOTrainer's default, reward_isolation: null): a function object runs in this process, as TRL
+    runs it, so what it appends to a list it closes over is seen here; a function named by a string (a file's, a
+    built-in) runs in a worker process."""
+    path = tmp_path / "pid_rewards.py"
+    path.write_text(
+        "import os\n\ndef pid(prompts, completions, **columns):\n    return [float(os.getpid())] * len(completions)\n"
+    )
+    seen = []
+
+    def counting(prompts, completions, **columns):
+        seen.append(len(completions))
+        return [float(os.getpid())] * len(completions)
+
+    with RewardRunner([counting, f"{path}:pid", {"name": "format", "pattern": "x"}], isolate=None) as runner:
+        assert runner.pool.processes[0] is None  # the function object: on a thread here
+        assert runner.pool.processes[1] is not None and runner.pool.processes[2] is not None  # named: workers
+        result = runner.score(["p", "p"], ["a", "b"])
+        result = runner.score(["p", "p", "p"], ["a", "b", "c"])
+    assert seen == [2, 3]  # both calls, seen by the caller
+    assert result.per_func[:, 0].tolist() == [float(os.getpid())] * 3
+    assert float(os.getpid()) not in result.per_func[:, 1].tolist()
+    with RewardRunner([counting], isolate=True) as runner:  # isolation stays one setting away
+        runner.score(["p"], ["a"])
+    assert seen == [2, 3]  # the worker process's list, not this one
