@@ -227,6 +227,74 @@ def test_environment_instances_reach_the_rewards(tmp_path):
     assert step["tools/call_frequency"] == 1.0
 
 
+RESETS: list[dict] = []  # what every GuessTheProduct.reset() was called with
+
+
+class GuessTheProduct:
+    """An environment that owns the data (no train_dataset): reset() gives each rollout its prompt."""
+
+    def reset(self, **row) -> str:
+        RESETS.append(row)
+        self.calls = []
+        return "What is 6 times 7?"
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        self.calls.append((a, b))
+        return a * b
+
+    def get_reward(self) -> float:
+        return float(self.calls == [(6, 7)])
+
+
+def test_the_environment_owns_the_data(tmp_path):
+    """TRL's environment-owned data: without a train_dataset each rollout's prompt is its environment's reset()
+    (appended to an empty user message, as TRL does) and max_steps sets the run's length."""
+    tokenizer = qwen_style_tokenizer()
+    seen = []
+
+    def record(prompts, completions, **kwargs):
+        seen.append(prompts)
+        return [0.0] * len(completions)
+
+    RESETS.clear()
+    run = tmp_path / "run"
+    trainer = GRPOTrainer(
+        scripted_chat_lm(tokenizer, [CALL, ANSWER]),
+        [closeness, record],
+        args=settings(run, max_steps=2, beta=0.0),
+        processing_class=tokenizer,
+        environment_factory=GuessTheProduct,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert [len(batch) for batch in seen] == [8, 8]  # 2 prompts x 4 generations per step
+    assert all(prompt == [{"role": "user", "content": "What is 6 times 7?"}] for batch in seen for prompt in batch)
+    assert RESETS == [{"prompt": [{"role": "user", "content": ""}]}] * 16  # TRL's placeholder row
+    assert all(isinstance(e, GuessTheProduct) and e.calls == [(6, 7)] for e in trainer.environments)
+    steps = metrics(run)
+    assert [m["rewards/GuessTheProduct/mean"] for m in steps] == [1.0, 1.0]  # the tool was called with 6 and 7
+    assert [m["tools/call_frequency"] for m in steps] == [1.0, 1.0]
+
+
+def test_without_a_dataset_the_environment_must_own_the_data(tmp_path):
+    """TRL's errors, with its words and grpokit's fix, before any model loads (the model path does not exist)."""
+    model = str(tmp_path / "no-such-model")
+    no_max_steps = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8)
+    with pytest.raises(ValueError, match=r"max_steps must be set to a positive value when the environment owns"):
+        GRPOTrainer(model, closeness, args=no_max_steps, environment_factory=GuessTheProduct)
+    args = settings(tmp_path / "run", max_steps=1)
+    with pytest.raises(ValueError, match=r"A `dict` `environment_factory` .* requires a `train_dataset`"):
+        GRPOTrainer(model, closeness, args=args, environment_factory={"a": GuessTheProduct, "b": GuessTheProduct})
+    with pytest.raises(ValueError, match=r"`train_dataset` is required unless an `environment_factory` is provided"):
+        GRPOTrainer(model, closeness, args=args)
+
+
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory):
     """A random tiny Llama (the fused decoder, the kept KV cache) with the Qwen-style tool template; about one token

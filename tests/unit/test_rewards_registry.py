@@ -149,7 +149,7 @@ def test_reward_kind_tells_the_strings_apart(reward_model_folder, user_file, tmp
 def test_a_reward_model_folder_loads_as_trl_loads_it(reward_model_folder):
     import torch
 
-    name, model, weight = resolve_reward({"name": str(reward_model_folder), "weight": 0.5})
+    _, model, weight = resolve_reward({"name": str(reward_model_folder), "weight": 0.5})
     assert isinstance(model, torch.nn.Module) and (model.config.num_labels, weight) == (1, 0.5)
     from grpokit.rewards import RewardRunner
 
@@ -174,5 +174,5 @@ def test_reward_model_strings_that_do_not_load_say_what_was_read(reward_model_fo
         resolve_reward("owner/no-such-reward-model")  # offline here: not in the cache
     with pytest.raises(ValueError, match="takes no parameters"):
         resolve_reward({"name": str(reward_model_folder), "label": 1})
-    with pytest.raises(ValueError, match="expected 'module:function' or 'file.py:function'"):
+    with pytest.raises(ValueError, match=r"expected 'module:function' or 'file\.py:function'"):
         resolve_reward(str(tmp_path / "rewards.py"))

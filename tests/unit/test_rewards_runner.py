@@ -1,8 +1,8 @@
 """RewardRunner: weighted combination, metrics, failures, timeouts, async and worker processes."""
 
 import asyncio
-import os
 import math
+import os
 import textwrap
 import threading
 
