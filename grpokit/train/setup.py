@@ -263,7 +263,15 @@ def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimi
         procs.wrap(reference.model, device, args.strategy)
     optimizer, scheduler = build_optimizer(model, args, optimizers, is_sharded(trained), device)
     learner = Learner(
-        trained, reference, optimizer, scheduler, args, autocast_dtype=autocast_dtype, kernels=kernels, critic=critic
+        trained,
+        reference,
+        optimizer,
+        scheduler,
+        args,
+        autocast_dtype=autocast_dtype,
+        kernels=kernels,
+        critic=critic,
+        procs=procs,
     )
     return reference, optimizer, scheduler, learner
 
