@@ -41,6 +41,7 @@ class GRPOConfig:
         values = flatten(kwargs)
         grpokit_values, trl_given, unused = from_trl(values, values)
         self._build(rewards, grpokit_values, trl_given, unused)
+        object.__setattr__(self, "given_keys", frozenset(values))  # see is_given
         if unused:
             warnings.warn(trl_compat.unused_message(unused), UserWarning, stacklevel=2)
 
@@ -68,7 +69,8 @@ class GRPOConfig:
             section is None and key in trl_compat.TRL_DEFAULTS
         ):  # TRL-only: translated and validated as in the constructor
             new = self.replace(**{key: value})
-            self.__dict__.update({k: getattr(new, k) for k in (*SECTIONS, "trl_settings", "unused_trl_settings")})
+            keys = (*SECTIONS, "trl_settings", "unused_trl_settings", "given_keys")
+            self.__dict__.update({k: new.__dict__[k] for k in keys})
             return
         if section is None:
             raise ConfigError(unknown_key_message(name))
@@ -78,6 +80,13 @@ class GRPOConfig:
             v,
         ) in values.items():  # a TRL form (report_to="none") becomes grpokit's value; TRL's None keeps the current one
             setattr(getattr(self, FIELD_SECTION[k]), k, coerce(SECTIONS[FIELD_SECTION[k]], k, v))
+        object.__setattr__(self, "given_keys", self.__dict__.get("given_keys", frozenset()) | {key})
+
+    def is_given(self, key: str) -> bool:
+        """Whether ``key`` was set (constructor, YAML, override, ``replace``, attribute) rather than left at its
+        default: where TRL's default differs from grpokit's, TRL's rule can then apply (``max_steps`` when the
+        environment owns the data)."""
+        return ALIASES.get(key, key) in self.__dict__.get("given_keys", frozenset())
 
     def _flat(self) -> dict:
         return {k: v for section in SECTIONS for k, v in dataclasses.asdict(getattr(self, section)).items()}
@@ -92,6 +101,7 @@ class GRPOConfig:
         unused = from_trl(trl_given, {**merged_flat, **values})[2] if trl_given else {}
         new = object.__new__(GRPOConfig)
         new._build(overrides.get("rewards", merged["rewards"]), {**merged_flat, **values}, trl_given, unused)
+        object.__setattr__(new, "given_keys", self.__dict__.get("given_keys", frozenset()) | frozenset(given))
         before = self.unused_trl_settings
         fresh = {k: v for k, v in unused.items() if k not in before or v != before[k]}
         if fresh:

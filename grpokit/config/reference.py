@@ -21,8 +21,10 @@ def config_reference() -> str:
     lines += [
         "### `rewards`",
         "",
-        "A list; each entry is a built-in name, `module:function`, `path/to/file.py:function`, or a mapping "
-        "`{name: ..., weight: ..., <params>}`.",
+        "A list; each entry is a built-in name, `module:function`, `path/to/file.py:function`, a reward model (a "
+        "folder or a Hub id `owner/name` holding an `AutoModelForSequenceClassification`, scored as TRL scores it), "
+        "or a mapping `{name: ..., weight: ..., <params>}`. A bare name is a built-in, never a Hub id; an existing "
+        "folder is a model; `:` names a function ([from_trl.md](from_trl.md#reward-functions)).",
         "",
         "Aliases: " + ", ".join(f"`{k}` = `{v}`" for k, v in ALIASES.items()) + ".",
         "",

@@ -110,9 +110,10 @@ class RewardSettings:
     """Seconds a reward function may take per batch before its values become None (its worker process is killed)."""
     reward_workers: int = 0
     """Worker processes per reward function, each scoring a chunk of whole groups (CPU-heavy rewards); 0 = one."""
-    reward_isolation: bool = True
-    """Run each reward function in a worker process that is killed at its timeout; false = threads in the trainer,
-    where a timeout cannot stop code that holds the GIL."""
+    reward_isolation: bool | None = None
+    """true: each reward function in a worker process, killed at its timeout; false: threads in the trainer, where a
+    timeout cannot stop code that holds the GIL; null: rewards named by a string (built-ins, module:function,
+    file.py:function) in worker processes, functions passed from Python in the trainer's process (as TRL)."""
 
 
 @dataclass

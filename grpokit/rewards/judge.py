@@ -165,6 +165,24 @@ def _joined(tokenizer: Any, prompt: Any, completion: Any) -> str:
     return text_of(prompt) + text_of(completion)
 
 
+def load_sequence_classifier(name: str, device: str | torch.device | None = None, **kwargs: Any) -> torch.nn.Module:
+    """The reward model a string names in ``reward_funcs`` (TRL's reading): an ``AutoModelForSequenceClassification``
+    with one output (``num_labels=1``) from a local folder or a Hub id, moved to ``device``. ``kwargs`` go to
+    ``from_pretrained`` (``dtype``, ``trust_remote_code``). A ValueError names the string when it does not load."""
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"reward {name!r} names a reward model (a folder or a Hub id owner/name) that cannot be loaded: {first}. "
+            "Give an existing folder holding an AutoModelForSequenceClassification, a Hub id in the local cache (or "
+            "online), a built-in name, or a function as module:function or file.py:function."
+        ) from exc
+    return model if device is None else model.to(device)
+
+
 class ClassifierReward:
     """An ``nn.Module`` sequence classifier as a reward, as TRL's GRPOTrainer uses one: the
     ``processing_class`` tokenizes prompt + completion (right padding, no special tokens added) and

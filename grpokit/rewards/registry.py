@@ -6,8 +6,14 @@ A spec is one of:
 - ``"accuracy"``: the name of a built-in (:data:`BUILTINS`);
 - ``"package.module:function"``: a function imported from an installed module;
 - ``"path/to/file.py:function"``: a function from a Python file, loaded by path;
+- ``"path/to/folder"`` or ``"owner/model"``: a reward model, as TRL reads a string in ``reward_funcs``: an
+  ``AutoModelForSequenceClassification`` with one output, loaded from the folder or the Hub id and scored as TRL
+  scores it (:class:`~grpokit.rewards.judge.ClassifierReward`);
 - a dict ``{"name": <any of the above>, "weight": 1.0, **params}``: params go to the built-in's
   constructor, or are bound to a user function with functools.partial.
+
+How a string is told apart (:func:`reward_kind`): a built-in's name first (a bare name is never a Hub id), then an
+existing folder, then ``:`` (a function), then a slash (a Hub id); anything else is an unknown built-in.
 """
 
 from __future__ import annotations
@@ -43,6 +49,22 @@ def _unknown(kind: str, name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown {kind} {name!r}{hint} Known: {', '.join(sorted(known))}"
+
+
+def reward_kind(name: str) -> str:
+    """How a reward string is read: ``"builtin"`` (a name in :data:`BUILTINS`, or an unknown bare name, which
+    :func:`get_reward` refuses with a suggestion), ``"model"`` (an existing folder, or a Hub id ``owner/name``: TRL's
+    reward model) or ``"function"`` (``module:function``, ``file.py:function``; a ``.py`` path without a function
+    too, which :func:`resolve_reward` refuses naming the form)."""
+    if name in BUILTINS:
+        return "builtin"
+    if Path(expand_path(name)).is_dir():
+        return "model"
+    if ":" in name or name.endswith(".py"):
+        return "function"
+    if "/" in name or "\\" in name:
+        return "model"
+    return "builtin"
 
 
 def get_reward(name: str, **params: Any) -> Callable[..., list[float | None]]:
@@ -168,8 +190,10 @@ def reward_name(fn: Callable) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
-def resolve_reward(spec: Any) -> tuple[str, Callable, float]:
-    """Turn a spec (see the module docstring) into ``(name, fn, weight)``."""
+def resolve_reward(spec: Any, model_kwargs: Mapping[str, Any] | None = None) -> tuple[str, Callable, float]:
+    """Turn a spec (see the module docstring) into ``(name, fn, weight)``. A reward model named by a string is
+    returned as the loaded ``nn.Module`` (the runner wraps it to score as TRL does); ``model_kwargs`` go to its
+    loading (:func:`~grpokit.rewards.judge.load_sequence_classifier`: ``device``, ``dtype``, ``trust_remote_code``)."""
     params: dict[str, Any] = {}
     weight = 1.0
     target = spec
@@ -179,9 +203,20 @@ def resolve_reward(spec: Any) -> tuple[str, Callable, float]:
             raise ValueError(f"reward spec {dict(spec)!r} needs a 'name' key")
         target = params.pop("name")
         weight = float(params.pop("weight", 1.0))
-    if isinstance(target, str) and ":" not in target:
+    kind = reward_kind(target) if isinstance(target, str) else None
+    if kind == "builtin":
         return target, get_reward(target, **params), weight
-    if isinstance(target, str):
+    if kind == "model":
+        if params:
+            raise ValueError(
+                f"reward {target!r} is a reward model, scored as TRL scores it, and takes no parameters (got "
+                f"{', '.join(sorted(params))}); for scoring options use {{name: reward_model, model: {target}, ...}}."
+            )
+        from grpokit.rewards.judge import load_sequence_classifier
+
+        model = load_sequence_classifier(expand_path(target), **dict(model_kwargs or {}))
+        return reward_name(model), model, weight
+    if kind == "function":
         fn = _load_target(target)
     elif callable(target):
         fn = target

@@ -54,13 +54,14 @@ def check_inputs(
     environment_factory: Any = None,
 ) -> Inputs:
     """Everything checked before a model loads, in this order: the config for this many processes (and vLLM's
-    environment), the datasets (the arguments, else the config's), the run folder (on rank 0, which owns it), the
+    environment), the datasets (the arguments, else the config's; without one, an environment that owns the data:
+    placeholder prompts its ``reset()`` fills in, for ``max_steps``), the run folder (on rank 0, which owns it), the
     tools and environments (TRL's ``tools`` / ``environment_factory``, else the config's), the reward functions (Ray
     reward workers on rank 0 only: it scores every rank's rows on them; environments' ``get_reward`` added), the
     data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
     (TRL)."""
     from grpokit.data.prompts import PromptBuilder, load_rows
-    from grpokit.train.tool_rollouts import check_tool_prompts, resolve_tools
+    from grpokit.train.tool_rollouts import check_tool_prompts, environment_owned_rows, resolve_tools
 
     args.validate(procs.world_size)
     if args.engine == "vllm":
@@ -69,7 +70,10 @@ def check_inputs(
         check_vllm_environment(procs.enabled)
     prompts = PromptBuilder.from_config(args)  # prompt_template, system_prompt, use_chat_template
     train_source = train_dataset if train_dataset is not None else args.train_dataset
-    train_rows = load_rows(train_source, args.prompt_column, prompts=prompts)
+    if train_source is None:  # the environment owns the data (TRL): its reset() gives each prompt
+        train_rows = environment_owned_rows(args, environment_factory, procs.world_size)
+    else:
+        train_rows = load_rows(train_source, args.prompt_column, prompts=prompts)
     eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
     eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset", prompts) if eval_source is not None else None
     if procs.is_main:
@@ -119,12 +123,18 @@ def build_reward_runner(
     extra = list(extra or [])
     if (reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs)) and not extra:
         raise ConfigError(
-            "no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy)"
-            ", or an environment_factory whose environment defines get_reward()."
+            "No reward source provided: pass reward_funcs=... or list them under `rewards:` in the config (e.g. "
+            "- accuracy), or an environment_factory whose environment defines get_reward()."
         )
     specs = [] if reward_funcs is None else reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     if processing_classes is not None and not isinstance(processing_classes, list):
-        processing_classes = [processing_classes] * len(specs)
+        processing_classes = [processing_classes]  # TRL: one processing class is the list of one
+    if processing_classes is not None and len(processing_classes) != len(specs):
+        raise ConfigError(
+            f"The number of reward processing classes ({len(processing_classes)}) must match the number of reward "
+            f"functions ({len(specs)}); pass reward_processing_classes as a list with one entry per reward function, "
+            "in order (None for a plain function)."
+        )
     weights = args.reward_weights
     if extra:
         weights = None if weights is None else [*weights, *[1.0] * len(extra)]
@@ -138,14 +148,21 @@ def build_reward_runner(
             pool = functools.partial(
                 RayRewardPool, workers=args.num_reward_workers, worker_cpus=args.reward_worker_cpus
             )
+        device = pick_device(args.device)
         return RewardRunner(
             specs,
             weights=weights,
             timeout=args.reward_timeout,
             workers=0 if args.num_reward_workers > 0 else args.reward_workers,
-            isolate=args.reward_isolation,
+            isolate=args.reward_isolation,  # None: named rewards isolated, Python functions here (RewardRunner)
             processing_classes=processing_classes,
             pool=pool,
+            # reward models named by a string, loaded as TRL loads them, on the policy's device and in its dtype
+            model_kwargs={
+                "device": device,
+                "dtype": pick_dtype(args.dtype, device),
+                "trust_remote_code": args.trust_remote_code,
+            },
         )
     except (
         ValueError,

@@ -49,6 +49,13 @@ class ToolSpec:
     workers: int
     isolation: str
 
+    def all_tools(self) -> list[Callable]:
+        """The plain tools, then each environment's tools (bound to the instance made when the run was built)."""
+        tools = list(self.tools)
+        for pool in [] if self.environments is None else self.environments.pools.values():
+            tools += [t for t in pool.tools if t.__name__ not in {x.__name__ for x in tools}]
+        return tools
+
     def reward_functions(self) -> list[Callable]:
         """The environments' ``get_reward`` as reward functions (TRL: weight 1, named after the class)."""
         if self.environments is None:
@@ -97,6 +104,37 @@ def resolve_tools(args: GRPOConfig, tools: Sequence[Callable] | None, environmen
         args.tool_workers,
         args.tool_isolation,
     )
+
+
+PLACEHOLDER_PROMPT = [{"role": "user", "content": ""}]  # TRL's: reset()'s observation becomes the whole message
+
+
+def environment_owned_rows(args: GRPOConfig, environment_factory: Any, world_size: int = 1) -> list[dict[str, Any]]:
+    """The training rows of a run without a ``train_dataset`` (TRL's environment-owned data): one step's prompts, each
+    an empty user message to which the environment's ``reset()`` appends the real prompt; ``max_steps``, which must
+    be set, counts the steps. Without an environment, or with several (a ``{name: factory}`` dict, which routes rows by
+    their ``environment`` column), a dataset is required; errors carry TRL's words and grpokit's fix."""
+    factory = environment_factory if environment_factory is not None else args.environment_factory
+    if factory is None:
+        raise DataError(
+            "`train_dataset` is required unless an `environment_factory` is provided: give train_dataset=... (or "
+            "data.train_dataset: a JSONL / Parquet / CSV path, a list of dicts or a datasets.Dataset), or an "
+            "environment_factory whose reset() returns each prompt (with max_steps)."
+        )
+    if isinstance(factory, Mapping):
+        raise ConfigError(
+            "A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an `environment` "
+            "column naming each row's environment; give such a dataset, or pass a single environment factory whose "
+            "reset() returns the prompt."
+        )
+    if not args.is_given("max_steps") or args.max_steps < 1:
+        raise ConfigError(
+            "max_steps must be set to a positive value when the environment owns the data (no train_dataset: each "
+            "prompt comes from reset(), so there are no epochs to count); set max_steps=N (GRPOConfig(max_steps=...), "
+            "or optim.max_steps in YAML)."
+        )
+    rows = args.prompts_per_step(world_size)  # one step's prompts, drawn again every step
+    return [{args.prompt_column: [dict(m) for m in PLACEHOLDER_PROMPT]} for _ in range(rows)]
 
 
 def check_tool_prompts(rows: Sequence[Mapping[str, Any]], prompt_column: str, name: str = "train_dataset") -> None:

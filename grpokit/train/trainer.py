@@ -24,6 +24,7 @@ from grpokit.hardware import autocast_dtype
 from grpokit.kernels import Kernels
 from grpokit.modeling import ensure_pad_token
 from grpokit.rewards.contract import RewardState
+from grpokit.rewards.judge import ClassifierReward
 from grpokit.rollout.types import SamplingParams
 from grpokit.store.record import rollout_records
 from grpokit.train import setup
@@ -170,6 +171,39 @@ class GRPOTrainer:
     @property
     def sampling(self) -> SamplingParams:
         return self.rollout_scheduler.sampling
+
+    # ---- TRL's reward and environment attributes (read-only views of the reward runner and the tool rollouts) ----
+    @property
+    def reward_funcs(self) -> list:
+        """The reward functions in scoring order (a reward model as its ``nn.Module``; environments' ``get_reward``
+        last), as TRL's ``trainer.reward_funcs``."""
+        return [fn.model if isinstance(fn, ClassifierReward) else fn for fn in self.rewards.functions]
+
+    @property
+    def reward_func_names(self) -> list[str]:
+        """Each reward function's name, as in the ``rewards/<name>/mean`` metrics."""
+        return list(self.rewards.names)
+
+    @property
+    def reward_weights(self) -> torch.Tensor:
+        """The weights of the reward functions [F], float32 as in TRL."""
+        return self.rewards.weights.to(torch.float32)
+
+    @property
+    def reward_processing_classes(self) -> list:
+        """Each reward function's tokenizer (a reward model's, given or loaded from its folder) or None."""
+        return [getattr(fn, "processing_class", None) for fn in self.rewards.functions]
+
+    @property
+    def tools(self) -> list:
+        """The run's tools: the plain ones, then each environment's methods (of its first instance), as TRL's."""
+        scheduler = self.rollout_scheduler
+        return [] if scheduler.tool_rollouts is None else scheduler.tool_rollouts.spec.all_tools()
+
+    @property
+    def environments(self) -> list | None:
+        """The environment instances of the last sampled rollouts, in order (None without environments)."""
+        return self.rollout_scheduler.environments
 
     @property
     def interrupted_by(self) -> int | None:

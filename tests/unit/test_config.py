@@ -85,3 +85,17 @@ def test_loss_spec_carries_the_loss_settings():
     )
     assert cfg.loss_spec() == LossSpec("dr_grpo", 0.1, 0.3, 0.02, True, "sequence", 17, 2.5)
     assert GRPOConfig(epsilon=0.1).loss_spec().upper_epsilon == 0.1  # epsilon_high defaults to epsilon
+
+
+def test_is_given_tells_a_set_key_from_a_default(tmp_path):
+    # TRL's rules that depend on a key being set (max_steps with environment-owned data) read it
+    config = GRPOConfig(learning_rate=1e-5, group_size=4)
+    assert config.is_given("learning_rate") and config.is_given("num_generations") and config.is_given("group_size")
+    assert not config.is_given("max_steps") and config.max_steps == 100  # grpokit's default, not given
+    assert config.replace(max_steps=7).is_given("max_steps") and config.replace(max_steps=7).is_given("learning_rate")
+    config.max_steps = 3
+    assert config.is_given("max_steps")
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  max_steps: 5\n")
+    assert load_config(path).is_given("max_steps") and not load_config(path).is_given("beta")
+    assert load_config(path, ["beta=0.1"]).is_given("beta")
