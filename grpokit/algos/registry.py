@@ -60,30 +60,32 @@ class Algorithm:
 
     name: its ``algo.algorithm`` value. min_generations: the fewest completions per prompt it can learn from.
     uses_critic: the trainer builds and trains a value model (``train/critic.py``) and passes its values.
-    needs_old_logprobs: the advantages read the sampling policy's log-probs (computed before the update).
-    advantages: ``(inputs, config) -> AdvantageOutputs``; ``config`` is the run's GRPOConfig, read by name.
+    needs_old_logprobs: ``(settings) -> bool``, the advantages read the sampling policy's log-probs (computed before
+    the update). advantages: ``(inputs, settings) -> AdvantageOutputs``. ``settings`` is the config's ``algo``
+    section (``grpokit.config.training``'s AlgoConfig, not imported here: algos/ sits below config; the algorithm's own
+    settings, read by name).
     """
 
     name: str
     min_generations: int
     uses_critic: bool
     advantages: Callable[[AdvantageInputs, Any], AdvantageOutputs]
-    needs_old_logprobs: Callable[[Any], bool] = lambda config: False
+    needs_old_logprobs: Callable[[Any], bool] = lambda settings: False
 
 
-def _grpo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
+def _grpo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
     """The GRPO family (``advantage_estimator``, ``scale_rewards``): one advantage per sequence from the rewards
     of its group, computed over every process's rows (complete groups) and sliced to this process's."""
     from grpokit.algos.advantages import compute_advantages
 
     every = compute_advantages(
-        inputs.rewards, inputs.num_generations, config.advantage_estimator, config.scale_rewards
+        inputs.rewards, inputs.num_generations, settings.advantage_estimator, settings.scale_rewards
     )  # [N]
     mine = every[inputs.rows].float().to(inputs.completion_mask.device)  # [n]
     return AdvantageOutputs(advantages=mine, per_sequence=mine)
 
 
-def _ppo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
+def _ppo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
     """PPO with a learned value (``algos.gae.ppo_advantages``): the reward on the last token, the KL folded in
     with ``kl_in_reward``, GAE with ``gamma`` and ``lam``, whitened over the tokens. A completion without a
     reward (NaN) leaves the losses (its loss mask is 0). Per sequence: the mean of its token advantages."""
@@ -96,13 +98,13 @@ def _ppo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
     rewards = inputs.rewards[inputs.rows].to(inputs.values.device)  # [n]
     missing = rewards.isnan()  # [n]
     mask = inputs.completion_mask * (~missing).to(inputs.completion_mask.dtype)[:, None]  # [n, T]
-    in_reward = config.kl_in_reward and inputs.beta > 0
+    in_reward = settings.kl_in_reward and inputs.beta > 0
     advantages, returns, kl = ppo_advantages(
         rewards.nan_to_num(0.0).float(),
         inputs.values,
         mask,
-        config.gamma,
-        config.lam,
+        settings.gamma,
+        settings.lam,
         old_logprobs=inputs.old_logprobs if in_reward else None,
         ref_logprobs=inputs.ref_logprobs if in_reward else None,
         beta=inputs.beta if in_reward else 0.0,
@@ -125,7 +127,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         min_generations=1,
         uses_critic=True,
         advantages=_ppo_advantages,
-        needs_old_logprobs=lambda config: config.kl_in_reward and config.beta > 0,
+        needs_old_logprobs=lambda settings: settings.kl_in_reward and settings.beta > 0,
     ),
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -27,73 +28,100 @@ RESUME_FREE_KEYS = {
 }
 
 
-def check_run_dir(args) -> None:
+@dataclass(frozen=True)
+class RunDirSpec:
+    """What the run folder's code takes from the config: the folder (``output_dir``), whether to resume
+    (``resume_from``: latest | a checkpoint folder | None) or ``overwrite``, the resolved ``config`` (its
+    ``to_dict()``: written as config.yaml, compared with an existing run's, given to the trackers), the trackers'
+    settings (``report_to``, ``max_steps``, ``logging_steps``, ``progress_bar``, ``run_name``) and the completions
+    table (``log_completions``, ``num_completions_to_print``)."""
+
+    output_dir: str
+    config: dict = field(default_factory=dict)
+    resume_from: str | None = None
+    overwrite: bool = False
+    report_to: tuple = ("console", "jsonl")
+    max_steps: int = 1
+    logging_steps: int = 1
+    progress_bar: bool = True
+    run_name: str | None = None
+    log_completions: bool = False
+    num_completions_to_print: int | None = None
+
+    def resuming(self, resume_from: str) -> RunDirSpec:
+        """This spec resuming from ``resume_from`` (GRPOTrainer.train's ``resume_from_checkpoint``), in the
+        config written to the folder too."""
+        config = {**self.config, "run": {**self.config.get("run", {}), "resume_from": resume_from}}
+        return replace(self, resume_from=resume_from, config=config)
+
+
+def check_run_dir(spec: RunDirSpec) -> None:
     """Refuse an ``output_dir`` that cannot be a run folder, or holds another run unless resuming or
     overwriting (before any model loads)."""
-    _check_folder_path(Path(args.output_dir))
-    if args.resume_from not in (None, "latest"):
-        checkpoint.resolve_resume(args.output_dir, args.resume_from)  # raises when it is not a checkpoint folder
-    config_file = Path(args.output_dir) / "config.yaml"
-    if config_file.exists() and args.resume_from is None and not args.overwrite:
+    _check_folder_path(Path(spec.output_dir))
+    if spec.resume_from not in (None, "latest"):
+        checkpoint.resolve_resume(spec.output_dir, spec.resume_from)  # raises when it is not a checkpoint folder
+    config_file = Path(spec.output_dir) / "config.yaml"
+    if config_file.exists() and spec.resume_from is None and not spec.overwrite:
         old = yaml.safe_load(config_file.read_text()) or {}
-        diff = _differences(old, args.to_dict())
+        diff = _differences(old, spec.config)
         what = f"a run of a different config ({', '.join(diff[:3])})" if diff else "a run"
         raise ConfigError(
-            f"output_dir {args.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
+            f"output_dir {spec.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
             "overwrite: true to replace it, or choose another output_dir."
         )
 
 
-def resume_point(args, check: bool = True) -> Path | None:
+def resume_point(spec: RunDirSpec, check: bool = True) -> Path | None:
     """The checkpoint folder to resume from (``resume_from``: latest | a path), or None to start at step 0.
     ``check``: first refuse an ``output_dir`` that cannot hold this run (:func:`check_run_dir`; rank 0)."""
     if check:
-        check_run_dir(args)
-    return None if args.resume_from is None else checkpoint.resolve_resume(args.output_dir, args.resume_from)
+        check_run_dir(spec)
+    return None if spec.resume_from is None else checkpoint.resolve_resume(spec.output_dir, spec.resume_from)
 
 
-def open_run_dir(args, start: int):
+def open_run_dir(spec: RunDirSpec, start: int):
     """Create or reopen ``output_dir`` (clearing it when overwriting), write config.yaml, and open the store
     and the tracker (a :class:`RunLog`), dropping the steps after ``start`` (the step resumed from, or 0). The
     trainer resumes before calling this, so a checkpoint that does not fit the model leaves the run folder as it was."""
-    run_dir = Path(args.output_dir)
+    run_dir = Path(spec.output_dir)
     config_file = run_dir / "config.yaml"
-    resuming = args.resume_from is not None
+    resuming = spec.resume_from is not None
     if config_file.exists() and not resuming:
         for name in ("rollouts.sqlite", "rollouts.sqlite-wal", "rollouts.sqlite-shm", "metrics.jsonl", "report.html"):
             (run_dir / name).unlink(missing_ok=True)
         for name in ("checkpoints", "final"):
             shutil.rmtree(run_dir / name, ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(config_file, args.to_yaml())
+    _write_atomic(config_file, yaml.safe_dump(spec.config, sort_keys=False))
     store = RolloutStore(run_dir / "rollouts.sqlite", run_id=run_dir.name)
     store.rollback_after(start)  # steps after the checkpoint are redone exactly once
     _truncate_metrics(run_dir / "metrics.jsonl", start)
     tracker = Tracker(
         run_dir,
-        args.report_to,
-        args.to_dict(),
-        args.max_steps,
-        args.logging_steps,
-        args.progress_bar,
-        run_name=args.run_name,
+        list(spec.report_to),
+        spec.config,
+        spec.max_steps,
+        spec.logging_steps,
+        spec.progress_bar,
+        run_name=spec.run_name,
         start_step=start,
     )  # run_name: TRL's key, the W&B run's name
-    return RunLog(args, run_dir, store, tracker)
+    return RunLog(spec, run_dir, store, tracker)
 
 
 class RunLog:
     """What rank 0 writes to an open run folder while the run goes: each step's rollout records and metrics (the
     store, one transaction, then the trackers), evaluations, the closing summary; ``close()`` writes report.html."""
 
-    def __init__(self, args, path: Path, store: RolloutStore, tracker: Tracker):
-        self.args, self.path, self.store, self.tracker = args, path, store, tracker
+    def __init__(self, spec: RunDirSpec, path: Path, store: RolloutStore, tracker: Tracker):
+        self.spec, self.path, self.store, self.tracker = spec, path, store, tracker
 
     def step(self, step: int, records: list, metrics: dict) -> None:
         self.store.write_step(step, records, metrics)
         self.tracker.log(metrics, step)
-        if self.args.log_completions and step % self.args.logging_steps == 0:
-            self.tracker.log_completions(records, step, self.args.num_completions_to_print)
+        if self.spec.log_completions and step % self.spec.logging_steps == 0:
+            self.tracker.log_completions(records, step, self.spec.num_completions_to_print)
 
     def evaluation(self, step: int, metrics: dict) -> None:
         self.store.write_eval(step, "eval", metrics)

@@ -15,11 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.config import ConfigError, GRPOConfig
+from grpokit.config import ConfigError
+from grpokit.config.running import AgentConfig
 from grpokit.data.prompts import DataError
 from grpokit.rewards.contract import is_conversational
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine
+from grpokit.rollout.registry import MultiTurnSpec, get_engine
 from grpokit.rollout.types import Conversation, Rollouts, SamplingParams
 from grpokit.tools import (
     ConversationTokens,
@@ -60,23 +62,30 @@ class ToolSpec:
         return functions
 
 
-def resolve_tools(args: GRPOConfig, tools: Sequence[Callable] | None, environment_factory: Any) -> ToolSpec | None:
+def resolve_tools(
+    agent: AgentConfig,
+    tools: Sequence[Callable] | None,
+    environment_factory: Any,
+    check_settings: Callable[[], None] = lambda: None,
+) -> ToolSpec | None:
     """The run's :class:`ToolSpec` from GRPOTrainer's ``tools`` and ``environment_factory`` where given, else from
-    the config's ``tools`` and ``environment_factory``; None when the run has neither (single-turn rollouts).
-    Bad tools, environments or parser names are a :class:`ConfigError` naming the setting."""
+    the config's ``agent`` section (``tools``, ``environment_factory``); None when the run has neither (single-turn
+    rollouts). ``check_settings``: called once the run is known to have tools (the root passes the config's
+    refusal of settings multi-turn rollouts cannot run with). Bad tools, environments or parser names are a
+    :class:`ConfigError` naming the setting."""
     from grpokit.rewards.registry import load_callable
 
     try:
         if tools is None:
-            tools = [load_callable(spec, "tools") for spec in args.tools]
-        if environment_factory is None and args.environment_factory is not None:
-            environment_factory = load_callable(args.environment_factory, "environment_factory")
+            tools = [load_callable(spec, "tools") for spec in agent.tools]
+        if environment_factory is None and agent.environment_factory is not None:
+            environment_factory = load_callable(agent.environment_factory, "environment_factory")
         if not tools and environment_factory is None:
             return None
-        args.check_multi_turn()
+        check_settings()
         tools = list(tools)
         tool_schemas(tools)  # every tool documented and typed, before any model loads
-        parser = args.tool_parser
+        parser = agent.tool_parser
         if parser == "auto":
             parser = None
         elif ":" in parser:
@@ -92,10 +101,10 @@ def resolve_tools(args: GRPOConfig, tools: Sequence[Callable] | None, environmen
         tools,
         environments,
         parser,
-        args.max_tool_calling_iterations,
-        args.tool_timeout,
-        args.tool_workers,
-        args.tool_isolation,
+        agent.max_tool_calling_iterations,
+        agent.tool_timeout,
+        agent.tool_workers,
+        agent.tool_isolation,
     )
 
 
@@ -123,13 +132,8 @@ class ToolRollouts:
             )
         except ToolError as exc:
             raise ConfigError(f"agent: {exc}") from exc
-        self.engine = MultiTurnEngine(
-            engine,
-            chat,
-            self._executor(),
-            max_tool_calling_iterations=spec.max_tool_calling_iterations,
-            parser=spec.parser,
-        )
+        settings = MultiTurnSpec(engine, chat, self._executor(), spec.max_tool_calling_iterations, spec.parser)
+        self.engine: MultiTurnEngine = get_engine("multi-turn").build(None, settings)
         self.sessions: list = []
         self.closed = False
 
