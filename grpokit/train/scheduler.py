@@ -65,11 +65,6 @@ class RolloutScheduler:
         """Sampling's metrics of the last step: Ray worker restarts, tool calls (multi-turn rollouts)."""
         return self.source.metrics()
 
-    @property
-    def environments(self) -> list | None:
-        """The environment instances of the last sampled rollouts, in order (None without environments)."""
-        return None if self.tool_rollouts is None else self.tool_rollouts.environments
-
     def state_dict(self) -> tuple[dict, dict | None]:
         """(the checkpoint's trainer-state entries, async mode's pending rollouts of the next step or None)."""
         indices, pending = self.source.state_dict()
