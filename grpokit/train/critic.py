@@ -57,7 +57,7 @@ class Critic:
 
     @classmethod
     def build(
-        cls, policy: torch.nn.Module, cfg: CriticSpec, device: torch.device, dtype, autocast_dtype, kernels
+        cls, policy: torch.nn.Module, cfg: CriticSpec, *, device: torch.device, dtype, autocast_dtype, kernels
     ) -> Critic:
         """The critic of a run: on a copy of ``policy``'s trunk, or ``value_model_name_or_path``; LoRA adapters
         on its trunk when the run trains LoRA; AdamW at the critic's learning rate with the policy's schedule."""

@@ -236,7 +236,9 @@ def adamw(params: list, args: GRPOConfig, device: torch.device) -> torch.optim.O
     return AdamW8bit(params, **hyper)
 
 
-def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels):
+def build_learner(
+    model, args: GRPOConfig, *, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels
+):
     """(reference or None, optimizer, lr scheduler, Learner) of the policy ``model``, wrapped for DDP / FSDP by
     ``procs``. FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
     reference copy is sharded the same way (its pass and its resync stay shard by shard). An algorithm with a
@@ -246,7 +248,9 @@ def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimi
         from grpokit.train.critic import Critic
 
         dtype = pick_dtype(args.dtype, device)
-        critic = Critic.build(model, specs.critic_spec(args), device, dtype, autocast_dtype, kernels)
+        critic = Critic.build(
+            model, specs.critic_spec(args), device=device, dtype=dtype, autocast_dtype=autocast_dtype, kernels=kernels
+        )
     reference = Reference(model, use_adapters=use_lora) if args.beta > 0 else None
     trained = procs.wrap(model, device, args.strategy)
     if is_sharded(trained) and reference is not None and reference.model is not None:

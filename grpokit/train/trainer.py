@@ -147,7 +147,14 @@ class GRPOTrainer:
         )  # one round per step, or dynamic sampling's rounds
         self.algorithm = get_algorithm(spec.algorithm)  # what the steps ask for advantages (algos/registry.py)
         self.reference, self.optimizer, self.scheduler, self.learner = setup.build_learner(
-            model, args, procs, device, self.use_lora, optimizers, self.autocast_dtype, self.kernels
+            model,
+            args,
+            procs=procs,
+            device=device,
+            use_lora=self.use_lora,
+            optimizers=optimizers,
+            autocast_dtype=self.autocast_dtype,
+            kernels=self.kernels,
         )
         # The run around the steps: evaluation, stop rules, checkpoints, signals, callbacks.
         self.evaluator = Evaluator(

@@ -44,7 +44,7 @@ def build(tiny_model_dir, micro_batch: int, loss_type: str) -> Critic:
     )
     torch.manual_seed(0)  # the head's init
     policy = load_model(str(tiny_model_dir), torch.float32, CPU)
-    return Critic.build(policy, critic_spec(cfg), CPU, torch.float32, None, None)
+    return Critic.build(policy, critic_spec(cfg), device=CPU, dtype=torch.float32, autocast_dtype=None, kernels=None)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
