@@ -137,6 +137,14 @@ class GRPOConfig:
             importance_sampling_level=self.importance_sampling_level,
             max_completion_length=self.max_completion_length,
             sampling_cap=self.vllm_importance_sampling_cap,
+            delta=self.delta,
+            sapo_temperature_pos=self.sapo_temperature_pos,
+            sapo_temperature_neg=self.sapo_temperature_neg,
+            vespo_k_pos=self.vespo_k_pos,
+            vespo_lambda_pos=self.vespo_lambda_pos,
+            vespo_k_neg=self.vespo_k_neg,
+            vespo_lambda_neg=self.vespo_lambda_neg,
+            off_policy_mask_threshold=self.off_policy_mask_threshold,
         )
 
     # ---- validation ----------------------------------------------------------------------

@@ -1,62 +1,61 @@
 """The cross-section rules: settings of different sections that cannot run together.
 
-Each rule raises a :class:`ConfigError` naming both settings and the fix. Algorithm-specific options are
-checked by the algorithm's own entry (algos/registry.py).
+Each rule raises a :class:`ConfigError` naming both settings and the fix. Algorithm- and loss-specific options are
+checked by the algorithm's or the loss's own entry (algos/registry.py, algos/loss_registry.py).
 """
 
 from __future__ import annotations
 
 import difflib
+import warnings
 from typing import TYPE_CHECKING
 
 from grpokit import trl_compat
+from grpokit.algos.loss_registry import get_loss, loss_types
 from grpokit.algos.registry import ALGORITHMS
+from grpokit.config.extensions import import_modules
 from grpokit.config.schema import ConfigError, check
 
 if TYPE_CHECKING:
     from grpokit.config.facade import GRPOConfig
 
 
+def imports(cfg: GRPOConfig) -> None:
+    """The modules of ``algo.imports``, imported first: what they register is then known to the checks below."""
+    import_modules(cfg.algo.imports)
+
+
 def algorithm(cfg: GRPOConfig, world_size: int) -> None:
-    """``algorithm`` by name (``algos/registry.py``) and the options of the chosen one."""
+    """``algorithm`` by name (``algos/registry.py``) and the options of the chosen one (its ``check``)."""
     a = cfg.algo
     if a.algorithm not in ALGORITHMS:
         close = difflib.get_close_matches(str(a.algorithm), ALGORITHMS, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"algorithm={a.algorithm!r} is not valid; choose one of {', '.join(ALGORITHMS)}.{hint}")
-    chosen = ALGORITHMS[a.algorithm]
-    check(
-        a.num_generations >= chosen.min_generations,
-        f"num_generations={a.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set "
-        "num_generations >= 2 (or algorithm: ppo, whose learned value needs no group)."
-        if a.algorithm == "grpo"
-        else f"num_generations={a.num_generations} must be >= {chosen.min_generations}.",
-    )
-    check(
-        not a.kl_in_reward or a.algorithm == "ppo",
-        f"kl_in_reward: true folds the KL into per-token rewards, which algorithm: {a.algorithm} has none of; "
-        "use algorithm: ppo, or kl_in_reward: false (the KL term in the loss).",
-    )
-    if a.algorithm != "ppo":
-        return
-    check(0 <= a.gamma <= 1, f"gamma={a.gamma} must be in [0, 1] (GAE's discount; 1 = none).")
-    check(0 <= a.lam <= 1, f"lam={a.lam} must be in [0, 1] (GAE's lambda).")
-    check(a.vf_coef > 0, f"vf_coef={a.vf_coef} must be > 0 (the value loss's weight).")
-    check(a.cliprange_value > 0, f"cliprange_value={a.cliprange_value} must be > 0 (e.g. 0.2).")
-    check(
-        a.critic_learning_rate is None or a.critic_learning_rate >= 0,
-        f"critic_learning_rate={a.critic_learning_rate} must be >= 0 or null (= learning_rate).",
-    )
-    check(
-        a.importance_sampling_level == "token",
-        "algorithm: ppo gives every token its own advantage, which a sequence-level ratio "
-        "(importance_sampling_level: sequence, GSPO) cannot use; set importance_sampling_level: token.",
-    )
-    check(
-        world_size == 1,
-        f"algorithm: ppo trains its critic in one process; this run has {world_size} (torchrun): run it as one "
-        "process, or use algorithm: grpo.",
-    )
+    try:
+        ALGORITHMS[a.algorithm].check(a, world_size)  # the algorithm reads its own section
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def loss(cfg: GRPOConfig) -> None:
+    """``loss_type`` by name (``algos/loss_registry.py``: the built-ins and those ``algo.imports`` registered), the
+    settings it cannot run with (its ``check``: a ConfigError) and its advice on likely mistakes (a warning)."""
+    a = cfg.algo
+    names = loss_types()
+    if a.loss_type not in names:
+        close = difflib.get_close_matches(str(a.loss_type), names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"loss_type={a.loss_type!r} is not valid; choose one of {', '.join(names)} (or a loss registered by a "
+            f"module of algo.imports).{hint}"
+        )
+    try:
+        advice = get_loss(a.loss_type).check(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for line in advice:
+        warnings.warn(f"grpokit: {line}", UserWarning, stacklevel=2)
 
 
 def kl_control_and_dynamic_sampling(cfg: GRPOConfig, world_size: int) -> None:

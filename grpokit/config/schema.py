@@ -14,7 +14,7 @@ import inspect
 import itertools
 
 from grpokit import trl_compat
-from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, LOSS_TYPES, SCALE_REWARDS
+from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, SCALE_REWARDS
 from grpokit.config.running import (
     AgentConfig,
     DistributedConfig,
@@ -53,12 +53,12 @@ ALIASES = {
     "num_ppo_epochs": "num_iterations",
 }
 
-# The algorithms' option lists are defined in grpokit/algos/names.py, with the code that implements them.
+# The algorithms' option lists are defined in grpokit/algos/names.py, with the code that implements them; the
+# loss types and algorithms are their registries' names (checked in rules.py, after algo.imports has run).
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "ref_model_dtype": ("auto", "bfloat16"),
     "optimizer": trl_compat.OPTIMIZERS,
-    "loss_type": LOSS_TYPES,
     "scale_rewards": SCALE_REWARDS,
     "advantage_estimator": ESTIMATORS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,

@@ -6,7 +6,7 @@ read them). Field names are unique across all sections, so a bare key names one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -80,9 +80,35 @@ class AlgoConfig:
     epsilon: float = 0.2
     """Lower clip range of the importance ratio."""
     epsilon_high: float | None = None
-    """Upper clip range (DAPO clip-higher); defaults to epsilon."""
+    """Upper clip range (DAPO clip-higher); defaults to epsilon. cispo: the cap of the importance weight itself (e.g.
+    5.0)."""
+    delta: float | None = None
+    """Two-sided clipping (INTELLECT-2): the clipped surrogate's unclipped ratio is capped at delta too (above
+    1 + epsilon_high, e.g. 4); null = off."""
     loss_type: str = "dapo"
-    """Loss aggregation: grpo | bnpo | dr_grpo | dapo."""
+    """The policy loss: grpo | bnpo | dr_grpo | dapo (the clipped surrogate, by aggregation) | cispo | sapo | luspo |
+    vespo, or a loss registered by a module of `imports` (docs/from_trl.md)."""
+    imports: list = field(default_factory=list)
+    """Python modules imported before the config is checked, each a dotted name or a path/to/file.py: one that
+    registers a loss (grpokit.algos.register_loss) makes its name a valid loss_type."""
+    sapo_temperature_pos: float = 1.0
+    """sapo: temperature of the soft gate for tokens with a positive advantage."""
+    sapo_temperature_neg: float = 1.05
+    """sapo: temperature of the soft gate for tokens with a non-positive advantage."""
+    vespo_k_pos: float = 2.0
+    """vespo: power k of the kernel w^k exp(lambda (1 - w)) on the sequence importance weight w, for A >= 0."""
+    vespo_lambda_pos: float = 3.0
+    """vespo: decay lambda of the kernel, for A >= 0."""
+    vespo_k_neg: float = 3.0
+    """vespo: power k of the kernel, for A < 0."""
+    vespo_lambda_neg: float = 2.0
+    """vespo: decay lambda of the kernel, for A < 0."""
+    top_entropy_quantile: float = 1.0
+    """rho in (0, 1]: the policy term only on each micro-batch's top-rho tokens by entropy ("Beyond the 80/20 Rule"
+    uses 0.2); 1 = every token."""
+    off_policy_mask_threshold: float | None = None
+    """Drop from the policy term each sequence with a negative advantage whose mean log(mu / pi) since sampling
+    exceeds this (DeepSeek-V3.2's off-policy sequence mask, e.g. 0.5); null = off."""
     scale_rewards: str = "group"
     """Advantage scaling: group | batch | none (Dr. GRPO)."""
     advantage_estimator: str = "grpo"

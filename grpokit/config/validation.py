@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 
 def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
     """Every check of the config, sections first where a cross-section rule needs their values sound."""
+    rules.imports(cfg)
     _choices(cfg)
     rules.algorithm(cfg, world_size)
     _algo(cfg.algo)
+    rules.loss(cfg)
     rules.kl_control_and_dynamic_sampling(cfg, world_size)
     _generation(cfg.generation)
     _optim(cfg.optim)
@@ -68,6 +70,19 @@ def _algo(a: AlgoConfig) -> None:
     check(a.ref_model_sync_steps >= 0, f"ref_model_sync_steps={a.ref_model_sync_steps} must be >= 0 (0 = never).")
     check(a.max_kl is None or a.max_kl > 0, f"max_kl={a.max_kl} must be > 0 or null.")
     check(a.max_kl_patience >= 1, f"max_kl_patience={a.max_kl_patience} must be >= 1.")
+    check(
+        a.delta is None or a.delta > 1,
+        f"delta={a.delta} must be > 1 or null (the cap on the unclipped ratio, above 1 + epsilon_high, e.g. 4).",
+    )
+    check(
+        0 <= a.top_entropy_quantile <= 1,
+        f"top_entropy_quantile={a.top_entropy_quantile} must be in [0, 1] (the fraction of tokens trained on, by "
+        "entropy; 1 = all, 0.2 in its paper).",
+    )
+    check(
+        a.off_policy_mask_threshold is None or a.off_policy_mask_threshold >= 0,
+        f"off_policy_mask_threshold={a.off_policy_mask_threshold} must be >= 0 or null (a mean log-ratio, e.g. 0.5).",
+    )
 
 
 def _generation(g: GenerationConfig) -> None:

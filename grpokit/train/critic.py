@@ -2,9 +2,10 @@
 
 The learner asks it for the values of a generated batch before the update (``values``, no gradient: the
 old values of the clipped value loss and GAE's V) and gives it one optimizer step per policy mini-batch
-(``step``: micro-batches of ``per_device_train_batch_size`` rows, ``value_loss`` x vf_coef aggregated by the
-run's ``loss_type``, gradients clipped to ``max_grad_norm``). Its weights, optimizer and schedule are saved
-in checkpoints (``state``) and restored on resume.
+(``step``: micro-batches of ``per_device_train_batch_size`` rows, ``value_loss`` x vf_coef aggregated as the
+run's ``loss_type`` aggregates (its registry entry, ``algos.loss_registry``), gradients clipped to
+``max_grad_norm``). Its weights, optimizer and schedule are saved in checkpoints (``state``) and restored on
+resume.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.value import value_loss
 from grpokit.config import ConfigError
 from grpokit.config.running import LoraConfig
@@ -54,6 +56,7 @@ class Critic:
         self.device = model.head.weight.device
         self.autocast_dtype = autocast_dtype
         self.kernels = kernels if kernels is not None else Kernels.select(self.device, autocast_dtype)
+        self.loss_kind = get_loss(cfg.loss_type)  # the policy loss's aggregation, and how its micro-batches combine
 
     @classmethod
     def build(
@@ -123,11 +126,11 @@ class Critic:
                     mask[rows],
                     cfg.cliprange_value,
                     cfg.vf_coef,
-                    cfg.loss_type,
+                    self.loss_kind.aggregation,
                     num_items_in_batch=num_items,
                     max_completion_length=cfg.max_completion_length,
                 )
-                scaled = loss if cfg.loss_type == "dapo" else loss / num_micro  # as the policy's micro-batches
+                scaled = loss / self.loss_kind.micro_batch_divisor(num_micro)  # as the policy's micro-batches
                 scaled.backward()
             total += float(scaled.detach())
             parts.append(metrics)
@@ -142,7 +145,7 @@ class Critic:
         self.scheduler.step()
         summed = sum(p["value_loss"] for p in parts)
         return {
-            "value_loss": summed if cfg.loss_type == "dapo" else summed / len(parts),
+            "value_loss": summed / self.loss_kind.micro_batch_divisor(len(parts)),
             "value_clip_frac": sum(p["value_clip_frac"] for p in parts) / len(parts),
             "critic/grad_norm": grad_norm,
             "critic/learning_rate": lr,

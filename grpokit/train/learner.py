@@ -1,4 +1,4 @@
-"""The policy update: log-probs, the clipped surrogate with KL, micro-batches, clipping, AdamW.
+"""The policy update: log-probs, the run's policy loss (a registered loss type) with KL, micro-batches, clipping, AdamW.
 
 One call to :meth:`Learner.update` consumes one generated batch: the reference pass (skipped when
 beta = 0), the old-policy pass (only when num_iterations > 1; otherwise old = logp.detach(), as in
@@ -24,11 +24,14 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.algos.kl_control import KLController
+from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.losses import LossSpec, policy_loss
-from grpokit.algos.names import KL, MICRO_BATCH_MEANS, POLICY_LOSS
+from grpokit.algos.names import KL, POLICY_LOSS
+from grpokit.algos.token_masks import high_entropy_mask
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
-from grpokit.processes import is_sharded
+from grpokit.processes import SingleProcess, is_sharded
+from grpokit.train.accelerator import gather_ragged
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
 
@@ -43,7 +46,8 @@ class LearnerSpec:
     kl_horizon: its horizon. per_device_train_batch_size: rows per micro-batch; num_mini_batches and
     num_iterations: optimizer steps per generation batch (mini-batches x passes). reference_casts: the frozen
     reference may keep its Linear weights in the autocast dtype (not with reference resyncs, whose small mix-ups
-    need float32); reference_in_bf16: every weight of the reference in bf16 (``ref_model_dtype: bfloat16``).
+    need float32); reference_in_bf16: every weight of the reference in bf16 (``ref_model_dtype: bfloat16``);
+    top_entropy_quantile: the loss covers the tokens in this top quantile of entropy (1: all).
     """
 
     loss: LossSpec
@@ -59,6 +63,7 @@ class LearnerSpec:
     kl_horizon: float = 10000.0
     reference_casts: bool = True
     reference_in_bf16: bool = False
+    top_entropy_quantile: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,11 +102,13 @@ class Learner:
         autocast_dtype: torch.dtype | None = None,
         kernels: Kernels | None = None,
         critic=None,
+        procs=None,
     ):
         """``cfg``: the learner's settings (a :class:`LearnerSpec`; a Learner built by hand may pass the run's
         GRPOConfig, which the composition root turns into one). ``kernels``: the run's choice of kernels (default:
         chosen here for the model's device and ``autocast_dtype``). ``critic``: a ``train.critic.Critic`` trained
-        alongside (algorithms with a critic)."""
+        alongside (algorithms with a critic). ``procs``: the run's processes (``processes.SingleProcess`` by
+        default), for the entropy quantile over every process's tokens (``top_entropy_quantile``)."""
         if not isinstance(cfg, LearnerSpec):
             from grpokit.train.specs import learner_spec
 
@@ -112,7 +119,9 @@ class Learner:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.cfg = cfg
+        self.procs = procs if procs is not None else SingleProcess()
         self.loss_spec = cfg.loss
+        self.loss_kind = get_loss(cfg.loss_type)  # its aggregation says how micro-batch losses combine
         # beta across steps: the loss of each update uses the controller's current beta (fixed unless adaptive)
         self.kl_controller = KLController(cfg.beta, cfg.target_kl, cfg.kl_horizon)
         self.autocast_dtype = autocast_dtype
@@ -261,9 +270,11 @@ class Learner:
                         ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
                         num_items_in_batch=num_items,
                         sampling_logprobs=None if sampling_logprobs is None else sampling_logprobs[rows],
+                        token_mask=self._entropy_mask(entropy, loss_mask[rows]),
                     )
-                    # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
-                    scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
+                    # a batch-normalised loss (dapo's) is already divided by the whole batch's tokens; the others
+                    # are their micro-batch's mean
+                    scaled = loss / self.loss_kind.micro_batch_divisor(num_micro)
                     t1 = time.perf_counter()
                     scaled.backward()
                 clock["time/policy_logprobs"] += t1 - t0
@@ -273,6 +284,15 @@ class Learner:
                 logprob_parts.append(logprobs.detach().float())
                 entropy_parts.append(entropy.float())
         return loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts)
+
+    def _entropy_mask(self, entropy: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor | None:
+        """[mb, T] the micro-batch's tokens in the top ``top_entropy_quantile`` of its entropies (over every
+        process's tokens of this micro-batch, as TRL), or None when the option is off (1.0)."""
+        quantile = self.cfg.top_entropy_quantile
+        if quantile >= 1.0:
+            return None
+        gather = (lambda values: gather_ragged(self.procs, values)) if self.procs.enabled else None
+        return high_entropy_mask(entropy.detach().float(), loss_mask, 1.0 - quantile, gather)
 
     def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask) -> dict:
         """Clip, check finiteness, step. Metrics of the iteration."""
@@ -303,12 +323,12 @@ class Learner:
             "entropy": float((entropy * loss_mask).sum() / mask_sum),
             "completion_logprob_mean": float((logprobs * loss_mask).sum() / mask_sum),
         }
-        for key in MICRO_BATCH_MEANS:
-            if key in parts[0]:
+        for key in parts[0]:  # the loss's other metrics are micro-batch means: averaged
+            if key not in (POLICY_LOSS, KL):
                 metrics[key] = sum(p[key] for p in parts) / len(parts)
-        # dapo parts share the batch-wide denominator, so they add up; the others are micro-batch means
+        # batch-normalised parts (dapo's) share the batch-wide denominator, so they add up; the others are means
         policy = sum(p[POLICY_LOSS] for p in parts)
-        metrics[POLICY_LOSS] = policy if cfg.loss_type == "dapo" else policy / len(parts)
+        metrics[POLICY_LOSS] = policy / self.loss_kind.micro_batch_divisor(len(parts))
         if KL in parts[0]:
             # each part's KL is the mean over its micro-batch's tokens: weighted by them, the batch's token mean
             tokens = [float(mask.sum()) for mask in loss_mask.split(cfg.per_device_train_batch_size)]

@@ -265,6 +265,7 @@ def build_learner(
         autocast_dtype=autocast_dtype,
         kernels=kernels,
         critic=critic,
+        procs=procs,
     )
     return reference, optimizer, scheduler, learner
 

@@ -60,6 +60,7 @@ def learner_spec(args: GRPOConfig) -> LearnerSpec:
         kl_horizon=args.kl_horizon,
         reference_casts=not args.ref_model_sync_steps,
         reference_in_bf16=args.ref_model_dtype == "bfloat16",
+        top_entropy_quantile=args.top_entropy_quantile,
     )
 
 

@@ -17,6 +17,7 @@ import torch
 
 from grpokit.algos.names import BETA, KL
 from grpokit.algos.registry import AdvantageInputs, get_algorithm
+from grpokit.algos.token_masks import high_entropy_mask, off_policy_sequence_mask
 from grpokit.config import GRPOConfig
 from grpokit.config.training import AlgoConfig
 from grpokit.data.prompts import reward_arguments
@@ -28,6 +29,7 @@ from grpokit.rewards.contract import RewardState
 from grpokit.rollout.types import SamplingParams
 from grpokit.store.record import rollout_records
 from grpokit.train import setup, specs
+from grpokit.train.accelerator import ProcessAccelerator
 from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.checkpoint import RunState, save_final_model
 from grpokit.train.dynamic_sampling import renumber_repeats
@@ -64,6 +66,9 @@ class LoopSpec:
     logging_steps: int = 1
     save_at_end: bool = True
     merge_on_save: bool = False
+
+
+_PADDING = -1e9  # pads masked entropies (>= 0) to the same length on every process before a gather
 
 
 class GRPOTrainer:
@@ -219,9 +224,42 @@ class GRPOTrainer:
         """The signal that stopped training (None: none did)."""
         return self.signals.signum
 
+    @property
+    def accelerator(self) -> ProcessAccelerator:
+        """TRL's ``trainer.accelerator``: this run's processes (rank, count, gather, reduce), as accelerate answers."""
+        return ProcessAccelerator(self.procs, self.device)
+
     def add_callback(self, callback: Any) -> None:
         """Add a ``TrainerCallback`` (instance or class), as ``transformers.Trainer.add_callback``."""
         self.callbacks.add(callback)
+
+    # ---- TRL's helpers (their math is in algos/token_masks.py) ---------------------------------
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """TRL's helper: [N, T] bool, the masked tokens whose entropy is at least the ``threshold``-quantile of every
+        process's masked entropies (``algos.token_masks.high_entropy_mask``; ``top_entropy_quantile`` uses
+        threshold = 1 - top_entropy_quantile). Reads only ``self.accelerator``'s ``pad_across_processes`` and
+        ``gather``."""
+        accelerator = self.accelerator
+
+        def gather(values: torch.Tensor) -> torch.Tensor:
+            everyone = accelerator.gather(accelerator.pad_across_processes(values, dim=0, pad_index=_PADDING))
+            return everyone[everyone != _PADDING]  # entropies are >= 0, so the padding is told apart
+
+        return high_entropy_mask(entropies, mask, threshold, gather)
+
+    @staticmethod
+    def get_off_policy_mask(
+        advantages: torch.Tensor,
+        per_token_logps: torch.Tensor,
+        sampling_per_token_logps: torch.Tensor,
+        mask: torch.Tensor,
+        off_policy_threshold: float,
+    ) -> torch.Tensor:
+        """TRL's helper: [N, 1], 0 for the sequences with A < 0 whose mean log(mu / pi) exceeds the threshold
+        (``algos.token_masks.off_policy_sequence_mask``; ``off_policy_mask_threshold``), 1 for the others."""
+        return off_policy_sequence_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
 
     # ---- the loop --------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None):

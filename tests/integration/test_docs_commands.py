@@ -59,6 +59,13 @@ NOT_RUNNABLE = {
         "three 494M-parameter runs: ~20 min, ~13 GB"
     ),
     "python bench/ref_dtype.py --layers 4": "a 152k-vocabulary model, two references: ~1 min, ~3 GB",
+    "python bench/vs_trl.py --shapes main --configs grpokit_fp32,grpokit --steps 2 --rounds 1 --layers 1": (
+        "the benchmark's floor report on a 1-layer model: ~5 min"
+    ),
+    "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 GRPOKIT_CPU_CAPS=avx2 python bench/backward_ab.py --layers 1 "
+    "--reps 2 --variants new,head@b9c1dc9,no_sparse_embedding_grad": (
+        "a 152k-vocabulary model's backward, six times: ~30 min under load"
+    ),
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (
