@@ -115,7 +115,7 @@ def trainable_sizes(model: torch.nn.Module, cfg: GRPOConfig) -> list[int]:
         return [p.numel() for p in model.parameters()]
     from peft import get_peft_model
 
-    wrapped = get_peft_model(copy.deepcopy(model), lora_config(cfg))
+    wrapped = get_peft_model(copy.deepcopy(model), lora_config(cfg.lora))
     return [p.numel() for p in wrapped.parameters() if p.requires_grad]
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from grpokit.config import GRPOConfig, expand_path
+from grpokit.config import expand_path
+from grpokit.config.running import LoraConfig as LoraSettings
 
 
 def is_hf_model(model: torch.nn.Module) -> bool:
@@ -141,11 +142,10 @@ def _from_pretrained(cls, source: str, what: str, **kwargs):
 MIN_BITSANDBYTES = "0.48"
 
 
-def lora_config(args: GRPOConfig):
-    """peft's LoraConfig for ``args.lora`` (a causal LM's adapters)."""
+def lora_config(lora: LoraSettings):
+    """peft's LoraConfig for the config's ``lora`` section (a causal LM's adapters)."""
     from peft import LoraConfig
 
-    lora = args.lora
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,

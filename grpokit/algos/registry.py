@@ -61,25 +61,26 @@ class Algorithm:
 
     name: its ``algo.algorithm`` value. min_generations: the fewest completions per prompt it can learn from.
     uses_critic: the trainer builds and trains a value model (``train/critic.py``) and passes its values.
-    needs_old_logprobs: the advantages read the sampling policy's log-probs (computed before the update).
-    advantages: ``(inputs, config) -> AdvantageOutputs``; ``config`` is the run's GRPOConfig, read by name.
-    validate: ``(config, world_size)``: raises ValueError (one line naming the fix) for settings the algorithm cannot
-    run with; :meth:`check` calls it, then checks ``min_generations``.
+    needs_old_logprobs: ``(settings) -> bool``, the advantages read the sampling policy's log-probs (computed before
+    the update). advantages: ``(inputs, settings) -> AdvantageOutputs``. validate: ``(settings, world_size)``: raises
+    ValueError (one line naming the fix) for settings the algorithm cannot run with; :meth:`check` calls it, then
+    checks ``min_generations``. ``settings`` is the config's ``algo`` section (``grpokit.config.training``'s
+    AlgoConfig, not imported here: algos/ sits below config), the algorithm's own settings, read by name.
     """
 
     name: str
     min_generations: int
     uses_critic: bool
     advantages: Callable[[AdvantageInputs, Any], AdvantageOutputs]
-    needs_old_logprobs: Callable[[Any], bool] = lambda config: False
-    validate: Callable[[Any, int], None] = lambda config, world_size: None
+    needs_old_logprobs: Callable[[Any], bool] = lambda settings: False
+    validate: Callable[[Any, int], None] = lambda settings, world_size: None
 
-    def check(self, config: Any, world_size: int = 1) -> None:
-        """The algorithm's own checks of the run's settings (``config``, read by name); ValueError on the first
-        that fails."""
-        self.validate(config, world_size)
-        if config.num_generations < self.min_generations:
-            raise ValueError(f"num_generations={config.num_generations} must be >= {self.min_generations}.")
+    def check(self, settings: Any, world_size: int = 1) -> None:
+        """The algorithm's own checks of the run's ``algo`` section (read by name); ValueError on the first that
+        fails."""
+        self.validate(settings, world_size)
+        if settings.num_generations < self.min_generations:
+            raise ValueError(f"num_generations={settings.num_generations} must be >= {self.min_generations}.")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -87,32 +88,32 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _grpo_settings(config: Any, world_size: int) -> None:
+def _grpo_settings(settings: Any, world_size: int) -> None:
     """GRPO compares the completions of a group, and has no per-token rewards to fold a KL into."""
     _require(
-        config.num_generations >= 2,
-        f"num_generations={config.num_generations}: GRPO needs at least 2 completions per prompt to compare them; set "
-        "num_generations >= 2 (or algorithm: ppo, whose learned value needs no group).",
+        settings.num_generations >= 2,
+        f"num_generations={settings.num_generations}: GRPO needs at least 2 completions per prompt to compare them; "
+        "set num_generations >= 2 (or algorithm: ppo, whose learned value needs no group).",
     )
     _require(
-        not config.kl_in_reward,
-        f"kl_in_reward: true folds the KL into per-token rewards, which algorithm: {config.algorithm} has none of; "
+        not settings.kl_in_reward,
+        f"kl_in_reward: true folds the KL into per-token rewards, which algorithm: {settings.algorithm} has none of; "
         "use algorithm: ppo, or kl_in_reward: false (the KL term in the loss).",
     )
 
 
-def _ppo_settings(config: Any, world_size: int) -> None:
+def _ppo_settings(settings: Any, world_size: int) -> None:
     """PPO's GAE and value-loss options, its per-token advantages, and its one-process critic."""
-    _require(0 <= config.gamma <= 1, f"gamma={config.gamma} must be in [0, 1] (GAE's discount; 1 = none).")
-    _require(0 <= config.lam <= 1, f"lam={config.lam} must be in [0, 1] (GAE's lambda).")
-    _require(config.vf_coef > 0, f"vf_coef={config.vf_coef} must be > 0 (the value loss's weight).")
-    _require(config.cliprange_value > 0, f"cliprange_value={config.cliprange_value} must be > 0 (e.g. 0.2).")
+    _require(0 <= settings.gamma <= 1, f"gamma={settings.gamma} must be in [0, 1] (GAE's discount; 1 = none).")
+    _require(0 <= settings.lam <= 1, f"lam={settings.lam} must be in [0, 1] (GAE's lambda).")
+    _require(settings.vf_coef > 0, f"vf_coef={settings.vf_coef} must be > 0 (the value loss's weight).")
+    _require(settings.cliprange_value > 0, f"cliprange_value={settings.cliprange_value} must be > 0 (e.g. 0.2).")
     _require(
-        config.critic_learning_rate is None or config.critic_learning_rate >= 0,
-        f"critic_learning_rate={config.critic_learning_rate} must be >= 0 or null (= learning_rate).",
+        settings.critic_learning_rate is None or settings.critic_learning_rate >= 0,
+        f"critic_learning_rate={settings.critic_learning_rate} must be >= 0 or null (= learning_rate).",
     )
     _require(
-        config.importance_sampling_level == "token",
+        settings.importance_sampling_level == "token",
         "algorithm: ppo gives every token its own advantage, which a sequence-level ratio "
         "(importance_sampling_level: sequence, GSPO) cannot use; set importance_sampling_level: token.",
     )
@@ -123,19 +124,19 @@ def _ppo_settings(config: Any, world_size: int) -> None:
     )
 
 
-def _grpo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
+def _grpo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
     """The GRPO family (``advantage_estimator``, ``scale_rewards``): one advantage per sequence from the rewards
     of its group, computed over every process's rows (complete groups) and sliced to this process's."""
     from grpokit.algos.advantages import compute_advantages
 
     every = compute_advantages(
-        inputs.rewards, inputs.num_generations, config.advantage_estimator, config.scale_rewards
+        inputs.rewards, inputs.num_generations, settings.advantage_estimator, settings.scale_rewards
     )  # [N]
     mine = every[inputs.rows].float().to(inputs.completion_mask.device)  # [n]
     return AdvantageOutputs(advantages=mine, per_sequence=mine)
 
 
-def _ppo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
+def _ppo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
     """PPO with a learned value (``algos.gae.ppo_advantages``): the reward on the last token, the KL folded in
     with ``kl_in_reward``, GAE with ``gamma`` and ``lam``, whitened over the tokens. A completion without a
     reward (NaN) leaves the losses (its loss mask is 0). Per sequence: the mean of its token advantages."""
@@ -148,13 +149,13 @@ def _ppo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
     rewards = inputs.rewards[inputs.rows].to(inputs.values.device)  # [n]
     missing = rewards.isnan()  # [n]
     mask = inputs.completion_mask * (~missing).to(inputs.completion_mask.dtype)[:, None]  # [n, T]
-    in_reward = config.kl_in_reward and inputs.beta > 0
+    in_reward = settings.kl_in_reward and inputs.beta > 0
     advantages, returns, kl = ppo_advantages(
         rewards.nan_to_num(0.0).float(),
         inputs.values,
         mask,
-        config.gamma,
-        config.lam,
+        settings.gamma,
+        settings.lam,
         old_logprobs=inputs.old_logprobs if in_reward else None,
         ref_logprobs=inputs.ref_logprobs if in_reward else None,
         beta=inputs.beta if in_reward else 0.0,
@@ -179,7 +180,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         min_generations=1,
         uses_critic=True,
         advantages=_ppo_advantages,
-        needs_old_logprobs=lambda config: config.kl_in_reward and config.beta > 0,
+        needs_old_logprobs=lambda settings: settings.kl_in_reward and settings.beta > 0,
         validate=_ppo_settings,
     ),
 }

@@ -4,7 +4,8 @@ Defaults follow TRL's GRPOConfig where the concept exists there, except ``beta =
 ``use_bias_correction_kl = False`` (plain k3, the formula of docs/architecture.md; TRL 1.16: True).
 Every error is raised before any model is loaded, as a :class:`ConfigError` naming the problem
 and the fix. The facade is for users, YAML and TRL scripts; inside grpokit only the config package and
-the composition root (grpokit/train/setup.py) read it.
+the composition root (grpokit/train/setup.py and grpokit/train/specs.py) read it
+(tests/unit/test_config_reads.py).
 """
 
 from __future__ import annotations

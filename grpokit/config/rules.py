@@ -33,7 +33,7 @@ def algorithm(cfg: GRPOConfig, world_size: int) -> None:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"algorithm={a.algorithm!r} is not valid; choose one of {', '.join(ALGORITHMS)}.{hint}")
     try:
-        ALGORITHMS[a.algorithm].check(cfg, world_size)
+        ALGORITHMS[a.algorithm].check(a, world_size)  # the algorithm reads its own section
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

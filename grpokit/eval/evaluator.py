@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -72,15 +73,29 @@ def evaluate(
     return metrics
 
 
+@dataclass(frozen=True)
+class EvalSpec:
+    """A run's evaluation settings: ``num_generations_eval`` samples per prompt, the ``pass_at_k`` values,
+    ``temperature`` (eval_temperature, else the sampling temperature), ``success_threshold``, the dataset's
+    ``prompt_column`` and ``max_eval_prompts`` (None: all)."""
+
+    num_generations_eval: int = 8
+    pass_at_k: tuple = (1, 8)
+    temperature: float = 1.0
+    success_threshold: float = 1.0
+    prompt_column: str = "prompt"
+    max_eval_prompts: int | None = None
+
+
 class Evaluator:
     """A run's evaluation: :func:`evaluate` on its eval prompts (``source``, a PromptSource, and their ``rows``;
-    None without an eval set) with its engine, rewards and settings (a GRPOConfig's ``eval_temperature``, else the
-    sampling temperature, ``num_generations_eval``, ``pass_at_k``, ``success_threshold``, ``prompt_column``,
-    ``max_eval_prompts``); ``tools``: the run's ``ToolRollouts`` (multi-turn tool rollouts), or None."""
+    None without an eval set) with its engine, rewards and settings (an :class:`EvalSpec`); ``tools``: the run's
+    ``ToolRollouts`` (multi-turn tool rollouts), or None."""
 
     def __init__(
         self,
-        args,
+        spec: EvalSpec,
+        *,
         engine,
         tokenizer,
         source,
@@ -89,13 +104,13 @@ class Evaluator:
         params: SamplingParams,
         tools=None,
     ):
-        self.args, self.engine, self.tokenizer, self.source, self.rows = args, engine, tokenizer, source, rows
+        self.spec, self.engine, self.tokenizer, self.source, self.rows = spec, engine, tokenizer, source, rows
         self.reward_runner, self.params, self.tools = reward_runner, params, tools
 
     def __call__(self, trainer_state=None) -> dict[str, float]:
         if self.source is None:
             raise ValueError("evaluate() needs an eval_dataset (argument or data.eval_dataset).")
-        args = self.args
+        spec = self.spec
         return evaluate(
             self.engine,
             self.tokenizer,
@@ -103,12 +118,12 @@ class Evaluator:
             self.rows,
             self.reward_runner,
             trainer_state=trainer_state,
-            num_samples=args.num_generations_eval,
-            ks=args.pass_at_k,
-            params=dataclasses.replace(self.params, temperature=args.eval_temperature or args.temperature),
-            success_threshold=args.success_threshold,
-            prompt_column=args.prompt_column,
-            max_prompts=args.max_eval_prompts,
+            num_samples=spec.num_generations_eval,
+            ks=list(spec.pass_at_k),
+            params=dataclasses.replace(self.params, temperature=spec.temperature),
+            success_threshold=spec.success_threshold,
+            prompt_column=spec.prompt_column,
+            max_prompts=spec.max_eval_prompts,
             tools=self.tools,
         )
 

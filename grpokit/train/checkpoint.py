@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -187,6 +188,15 @@ def _errno_text(code: int) -> str:
     return f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
 
 
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """What a run's checkpoints keep: ``save_reference`` (the reference's weights: it is resynced, so they are no
+    longer the starting ones) and ``save_total_limit`` (step checkpoints kept; None: all)."""
+
+    save_reference: bool = False
+    save_total_limit: int | None = None
+
+
 class RunState:
     """Everything a checkpoint saves and a resume restores: the policy weights (``model``, unwrapped), the
     ``learner``'s optimizer, LR scheduler and resynced reference weights, the data position (``data``, the
@@ -195,8 +205,8 @@ class RunState:
     sampling engine's generator). ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0,
     which writes (under FSDP the other ranks join in to gather)."""
 
-    def __init__(self, args, model, learner, data, rollouts, stop_rules, is_main: bool):
-        self.args, self.model, self.data, self.rollouts, self.stop_rules = args, model, data, rollouts, stop_rules
+    def __init__(self, spec: CheckpointSpec, *, model, learner, data, rollouts, stop_rules, is_main: bool):
+        self.spec, self.model, self.data, self.rollouts, self.stop_rules = spec, model, data, rollouts, stop_rules
         self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
         self.kl_controller = learner.kl_controller
         self.critic = learner.critic
@@ -221,8 +231,8 @@ class RunState:
             self.scheduler,
             state,
             rng,
-            reference_model=reference if self.args.ref_model_sync_steps else None,  # unsynced: the starting weights
-            save_total_limit=self.args.save_total_limit,
+            reference_model=reference if self.spec.save_reference else None,  # unsynced: the starting weights
+            save_total_limit=self.spec.save_total_limit,
             pending_rollouts=pending,
             critic=self.critic,
             run_record=run_record,

@@ -30,6 +30,7 @@ class PhaseClock:
 
 def step_metrics(
     rewards,
+    *,
     update: dict[str, float],
     advantages: torch.Tensor,
     group_size: int,

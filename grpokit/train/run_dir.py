@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -33,36 +34,63 @@ RESUME_FREE_KEYS = {
 }
 
 
-def check_run_dir(args) -> None:
+@dataclass(frozen=True)
+class RunDirSpec:
+    """What the run folder's code takes from the config: the folder (``output_dir``), whether to resume
+    (``resume_from``: latest | a checkpoint folder | None) or ``overwrite``, the resolved ``config`` (its
+    ``to_dict()``: written as config.yaml, compared with an existing run's, given to the trackers), the trackers'
+    settings (``report_to``, ``max_steps``, ``logging_steps``, ``progress_bar``, ``run_name``) and the completions
+    table (``log_completions``, ``num_completions_to_print``)."""
+
+    output_dir: str
+    config: dict = field(default_factory=dict)
+    resume_from: str | None = None
+    overwrite: bool = False
+    report_to: tuple = ("console", "jsonl")
+    max_steps: int = 1
+    logging_steps: int = 1
+    progress_bar: bool = True
+    run_name: str | None = None
+    log_completions: bool = False
+    num_completions_to_print: int | None = None
+
+    def resuming(self, resume_from: str) -> RunDirSpec:
+        """This spec resuming from ``resume_from`` (GRPOTrainer.train's ``resume_from_checkpoint``), in the
+        config written to the folder too."""
+        config = {**self.config, "run": {**self.config.get("run", {}), "resume_from": resume_from}}
+        return replace(self, resume_from=resume_from, config=config)
+
+
+def check_run_dir(spec: RunDirSpec) -> None:
     """Refuse an ``output_dir`` that cannot be a run folder, or holds another run unless resuming or
     overwriting (before any model loads)."""
-    _check_folder_path(Path(args.output_dir))
-    check_unlocked(args.output_dir)  # another run writing here is refused before any model loads
-    if args.resume_from not in (None, "latest"):
-        checkpoint.resolve_resume(args.output_dir, args.resume_from)  # raises when it is not a checkpoint folder
-    run_dir = Path(args.output_dir)
+    _check_folder_path(Path(spec.output_dir))
+    check_unlocked(spec.output_dir)  # another run writing here is refused before any model loads
+    if spec.resume_from not in (None, "latest"):
+        checkpoint.resolve_resume(spec.output_dir, spec.resume_from)  # raises when it is not a checkpoint folder
+    run_dir = Path(spec.output_dir)
     config_file = run_dir / "config.yaml"
-    if args.resume_from is None and not args.overwrite and overwrite.holds_run(run_dir):
+    if spec.resume_from is None and not spec.overwrite and overwrite.holds_run(run_dir):
         old = (yaml.safe_load(config_file.read_text()) or {}) if config_file.is_file() else {}
-        diff = _differences(old, args.to_dict()) if old else []
+        diff = _differences(old, spec.config) if old else []
         what = f"a run of a different config ({', '.join(diff[:3])})" if diff else "a run"
         raise ConfigError(
-            f"output_dir {args.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
+            f"output_dir {spec.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
             "overwrite: true to replace it, or choose another output_dir."
         )
 
 
-def resume_point(args, check: bool = True) -> ResumePoint | None:
+def resume_point(spec: RunDirSpec, check: bool = True) -> ResumePoint | None:
     """The checked checkpoint to resume from (``resume_from``: latest | a path), or None to start at step 0.
     ``check`` (rank 0, which owns the folder): first refuse an ``output_dir`` that cannot hold this run
     (:func:`check_run_dir`), and check the store and metrics.jsonl against the checkpoint (``train/resume.py``)."""
     if check:
-        check_run_dir(args)
-    if args.resume_from is None:
+        check_run_dir(spec)
+    if spec.resume_from is None:
         return None
-    point = find_checkpoint(args.output_dir, args.resume_from)
+    point = find_checkpoint(spec.output_dir, spec.resume_from)
     if check and point is not None:
-        check_run_files(Path(args.output_dir), point, "jsonl" in args.report_to)
+        check_run_files(Path(spec.output_dir), point, "jsonl" in spec.report_to)
         if point.note:
             print(f"grpokit: {point.note}", file=sys.stderr, flush=True)
     return point
@@ -74,8 +102,8 @@ class RunFolder:
     checkpoint, or its final model when it saves none. :meth:`release` moves the previous run back if this one
     never got there, then drops the lock."""
 
-    def __init__(self, args):
-        self.path = Path(args.output_dir)
+    def __init__(self, spec: RunDirSpec):
+        self.path = Path(spec.output_dir)
         self.lock = RunLock(self.path)
         self.previous: overwrite.SetAside | None = None
         self.lock.acquire()
@@ -84,7 +112,7 @@ class RunFolder:
         except BaseException:
             self.lock.release()
             raise
-        if done and not args.overwrite:
+        if done and not spec.overwrite:
             print(f"grpokit: {done}", file=sys.stderr, flush=True)
 
     def set_aside(self) -> None:
@@ -106,21 +134,21 @@ class RunFolder:
             self.lock.release()
 
 
-def open_run_dir(args, start: int, folder: RunFolder | None = None, point: ResumePoint | None = None):
+def open_run_dir(spec: RunDirSpec, start: int, folder: RunFolder | None = None, point: ResumePoint | None = None):
     """Create or reopen ``output_dir`` (with overwrite, moving the previous run aside in ``folder``), write
     config.yaml, and open the store and the tracker (a :class:`RunLog`), dropping the steps after ``start`` (the step
     of ``point``, the checkpoint resumed from, checked by :func:`resume_point`; 0: everything, the evaluation before
     step 1 included). The trainer resumes before calling this, so a checkpoint that does not fit the model leaves the
     run folder as it was."""
-    run_dir = Path(args.output_dir)
+    run_dir = Path(spec.output_dir)
     config_file = run_dir / "config.yaml"
-    resuming = args.resume_from is not None
+    resuming = spec.resume_from is not None
     if not resuming and overwrite.holds_run(run_dir):
         if folder is None:
             raise RunFolderError(f"{run_dir} holds a run: overwriting it needs the folder's lock (a RunFolder)")
         folder.set_aside()
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(config_file, args.to_yaml())
+    _write_atomic(config_file, yaml.safe_dump(spec.config, sort_keys=False))
     store = RolloutStore(run_dir / "rollouts.sqlite", run_id=run_dir.name)
     store.rollback_after(start if start else -1)  # steps after the checkpoint are redone exactly once
     _truncate_metrics(run_dir / "metrics.jsonl", start)
@@ -130,15 +158,15 @@ def open_run_dir(args, start: int, folder: RunFolder | None = None, point: Resum
         first, chain = start + 1, EMPTY_CHAIN
     tracker = Tracker(
         run_dir,
-        args.report_to,
-        args.to_dict(),
-        args.max_steps,
-        args.logging_steps,
-        args.progress_bar,
-        run_name=args.run_name,
+        list(spec.report_to),
+        spec.config,
+        spec.max_steps,
+        spec.logging_steps,
+        spec.progress_bar,
+        run_name=spec.run_name,
         start_step=start,
     )  # run_name: TRL's key, the W&B run's name
-    return RunLog(args, run_dir, store, tracker, first, chain)
+    return RunLog(spec, run_dir, store, tracker, first, chain)
 
 
 class RunLog:
@@ -146,9 +174,15 @@ class RunLog:
     store, one transaction, then the trackers), evaluations, the closing summary; ``close()`` writes report.html."""
 
     def __init__(
-        self, args, path: Path, store: RolloutStore, tracker: Tracker, first: int = 1, chain: str = EMPTY_CHAIN
+        self,
+        spec: RunDirSpec,
+        path: Path,
+        store: RolloutStore,
+        tracker: Tracker,
+        first: int = 1,
+        chain: str = EMPTY_CHAIN,
     ):
-        self.args, self.path, self.store, self.tracker = args, path, store, tracker
+        self.spec, self.path, self.store, self.tracker = spec, path, store, tracker
         self.first, self.chain = first, chain  # the digest chain of the store's steps first.. (store/integrity.py)
 
     def step(self, step: int, records: list, metrics: dict) -> None:
@@ -156,8 +190,8 @@ class RunLog:
         self.chain = next_chain(self.chain, self.store.step_digest(step))
         with self._writing_metrics():
             self.tracker.log(metrics, step)
-        if self.args.log_completions and step % self.args.logging_steps == 0:
-            self.tracker.log_completions(records, step, self.args.num_completions_to_print)
+        if self.spec.log_completions and step % self.spec.logging_steps == 0:
+            self.tracker.log_completions(records, step, self.spec.num_completions_to_print)
 
     def evaluation(self, step: int, metrics: dict) -> None:
         self.store.write_eval(step, "eval", metrics)

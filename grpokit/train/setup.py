@@ -1,12 +1,17 @@
-"""Building the trainer's parts from user input: the arguments and data, the policy (path, hub id, loaded model;
-LoRA), the rewards, the learner (reference, optimizer and its schedule), and the checks of the data against them."""
+"""The composition root: building the trainer's parts from user input: the arguments and data, the policy (path,
+hub id, loaded model; LoRA), the rewards, the learner (reference, optimizer and its schedule), the rollout engine
+and source, and the checks of the data against them.
+
+With :mod:`grpokit.train.specs` (each part's settings as a frozen spec), this is the only code outside the config
+package that reads the whole config: every part gets only its own settings."""
 
 from __future__ import annotations
 
 import functools
 import math
 import warnings
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -15,6 +20,7 @@ from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.modeling import is_hf_model, load_model, load_tokenizer, lora_config
 from grpokit.processes import is_sharded
+from grpokit.train import specs
 from grpokit.train.learner import Learner
 from grpokit.train.reference import Reference
 from grpokit.train.run_dir import check_run_dir
@@ -32,7 +38,8 @@ def trainer_arguments(args: GRPOConfig | None, peft_config: Any, processing_clas
     return args, processing_class if processing_class is not None else tokenizer
 
 
-class Inputs(NamedTuple):
+@dataclass(frozen=True)
+class Inputs:
     """What the trainer has checked before it loads a model."""
 
     args: GRPOConfig  # max_steps resolved
@@ -71,14 +78,19 @@ def check_inputs(
     prompts = PromptBuilder.from_config(args)  # prompt_template, system_prompt, use_chat_template
     train_source = train_dataset if train_dataset is not None else args.train_dataset
     if train_source is None:  # the environment owns the data (TRL): its reset() gives each prompt
-        train_rows = environment_owned_rows(args, environment_factory, procs.world_size)
+        train_rows = environment_owned_rows(
+            environment_factory if environment_factory is not None else args.environment_factory,
+            max_steps=args.max_steps if args.is_given("max_steps") else None,
+            prompts_per_step=args.prompts_per_step(procs.world_size),
+            prompt_column=args.prompt_column,
+        )
     else:
         train_rows = load_rows(train_source, args.prompt_column, prompts=prompts)
     eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
     eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset", prompts) if eval_source is not None else None
     if procs.is_main:
-        check_run_dir(args)
-    tool_spec = resolve_tools(args, tools, environment_factory)
+        check_run_dir(specs.run_dir_spec(args))
+    tool_spec = resolve_tools(args.agent, tools, environment_factory, check_settings=args.check_multi_turn)
     if tool_spec is not None:
         check_tool_prompts(train_rows, args.prompt_column)
         if eval_rows:
@@ -248,7 +260,9 @@ def adamw(params: list, args: GRPOConfig, device: torch.device) -> torch.optim.O
     return AdamW8bit(params, **hyper)
 
 
-def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels):
+def build_learner(
+    model, args: GRPOConfig, *, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels
+):
     """(reference or None, optimizer, lr scheduler, Learner) of the policy ``model``, wrapped for DDP / FSDP by
     ``procs``. FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
     reference copy is sharded the same way (its pass and its resync stay shard by shard). An algorithm with a
@@ -257,7 +271,10 @@ def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimi
     if get_algorithm(args.algorithm).uses_critic:
         from grpokit.train.critic import Critic
 
-        critic = Critic.build(model, args, device, pick_dtype(args.dtype, device), autocast_dtype, kernels)
+        dtype = pick_dtype(args.dtype, device)
+        critic = Critic.build(
+            model, specs.critic_spec(args), device=device, dtype=dtype, autocast_dtype=autocast_dtype, kernels=kernels
+        )
     reference = Reference(model, use_adapters=use_lora) if args.beta > 0 else None
     trained = procs.wrap(model, device, args.strategy)
     if is_sharded(trained) and reference is not None and reference.model is not None:
@@ -268,13 +285,112 @@ def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimi
         reference,
         optimizer,
         scheduler,
-        args,
+        specs.learner_spec(args),
         autocast_dtype=autocast_dtype,
         kernels=kernels,
         critic=critic,
         procs=procs,
     )
     return reference, optimizer, scheduler, learner
+
+
+def build_rollouts(
+    args: GRPOConfig,
+    *,
+    model,
+    tokenizer,
+    prompts,
+    procs,
+    device,
+    autocast_dtype,
+    source: str | None,
+    kernels,
+    tools=None,
+):
+    """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.registry``), the sampler
+    (Ray workers, tool rollouts, a seed per group, or the engine's one stream) and the source (one step off with
+    ``async_rollouts``, else synchronous) from ``train.rollout_sources``. ``source``: the model's folder or hub id
+    when it was given by name (vLLM loads its copy from there), else None; ``tools``: the run's ToolSpec, or None.
+    Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
+    from grpokit.modeling import eos_token_ids
+    from grpokit.rollout.registry import EngineParts, get_engine
+    from grpokit.train.rollout_sources import SAMPLERS, SOURCES
+    from grpokit.train.scheduler import RolloutScheduler
+    from grpokit.train.tool_rollouts import ToolRollouts
+
+    eos = eos_token_ids(model, tokenizer)
+    kind = get_engine(args.engine)
+    parts = EngineParts(model, eos, tokenizer.pad_token_id, device, autocast_dtype, kernels, seed=args.seed)
+    engine = kind.build(parts, specs.vllm_spec(args, source))
+    sampling = specs.sampling_params(args)
+    # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
+    tool_rollouts = None if tools is None else ToolRollouts(tools, engine, tokenizer, args.prompt_column)
+    common = dict(
+        engine=engine,
+        prompts=prompts,
+        procs=procs,
+        model=model,
+        num_generations=args.num_generations,
+        params=sampling,
+        seed=args.seed,
+    )
+    if args.backend == "ray":  # rank 0 (the only process without torchrun) connects and starts the workers
+        sampler = SAMPLERS["ray"](remote=_start_ray(args, parts) if procs.is_main else None, **common)
+    elif tool_rollouts is not None:  # groups seeded on their own, decoded in one batch
+        sampler = SAMPLERS["tools"](tools=tool_rollouts, **common)
+    elif args.seed_per_group or procs.enabled:  # rollouts must not depend on the split over processes
+        sampler = SAMPLERS["group_seeded"](**common)
+    else:
+        sampler = SAMPLERS["engine"](**common)
+    if args.async_rollouts:
+        rollout_source = SOURCES["one_step_off"](sampler, last_step=args.max_steps)
+    else:
+        rollout_source = SOURCES["sync"](sampler)
+    scheduler = RolloutScheduler(
+        source=rollout_source,
+        engine=engine,
+        prompts=prompts,
+        procs=procs,
+        prompts_per_step=args.prompts_per_step(procs.world_size),
+        sampling=sampling,
+        tool_rollouts=tool_rollouts,
+    )
+    inputs = specs.update_inputs_spec(args, rollout_source.off_policy, kind.separate_weights)
+    return scheduler, inputs
+
+
+def _start_ray(args: GRPOConfig, parts):
+    """Connect to Ray (``distributed.address``) and start the rollout workers."""
+    from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
+
+    connect(args.address, args.ray_num_cpus)
+    return RayRolloutEngine(
+        parts.model,
+        parts.eos_token_ids,
+        parts.pad_token_id,
+        args.num_rollout_workers,
+        args.rollout_worker_cpus,
+        args.rollout_worker_gpus,
+        parts.autocast_dtype,
+    )
+
+
+def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int):
+    """How each step samples (``train.dynamic_sampling``): one round, or with ``dynamic_sampling`` rounds until
+    the batch holds informative groups; ``score``: the trainer's scoring of a round."""
+    from grpokit.train.dynamic_sampling import DynamicRounds, SingleRound
+
+    if not args.dynamic_sampling:
+        return SingleRound(scheduler, score)
+    return DynamicRounds(
+        scheduler,
+        score,
+        target_groups=args.prompts_per_step(),
+        max_rounds=args.max_sampling_rounds,
+        num_generations=args.num_generations,
+        num_mini_batches=args.num_mini_batches,
+        pad_token_id=pad_token_id,
+    )
 
 
 def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any = None):
@@ -342,7 +458,7 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig, peft_config: Any = None
         )
     if args.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
-    return get_peft_model(model, lora_config(args) if peft_config is None else _causal_lm(peft_config))
+    return get_peft_model(model, lora_config(args.lora) if peft_config is None else _causal_lm(peft_config))
 
 
 def lora_settings(peft_config: Any) -> dict:
