@@ -82,15 +82,16 @@ def first_prompt(cfg: GRPOConfig) -> list[str]:
     """Lines showing train_dataset's first prompt as the model reads it (built from the row by prompt_template /
     system_prompt, rendered by the tokenizer's chat template) and the columns the reward functions get; a line
     saying why when the data or the tokenizer cannot be loaded here."""
-    from grpokit.data.prompts import PromptBuilder, load_rows, render_prompt
+    from grpokit.data.prompts import load_rows, render_prompt
     from grpokit.data.sources import read_source
+    from grpokit.train.specs import prompt_builder
 
     head = "# first prompt (train_dataset row 0, as the model reads it)"
     if cfg.train_dataset is None:
         return [head, "unavailable: no train_dataset"]
     try:  # the first row only is built and checked: training checks them all
         first = read_source(cfg.train_dataset)[:1]
-        row = load_rows(first, cfg.prompt_column, prompts=PromptBuilder.from_config(cfg))[0]
+        row = load_rows(first, cfg.prompt_column, prompts=prompt_builder(cfg))[0]
     except Exception as exc:  # the data cannot be read here (offline hub, missing file): say so and go on
         return [head, f"unavailable: {_reason(exc)}"]
     prompt = row[cfg.prompt_column]

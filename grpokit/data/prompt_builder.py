@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import string
 from dataclasses import dataclass
-from typing import Any
 
 from grpokit.data.sources import DataError
 
@@ -22,11 +21,6 @@ class PromptBuilder:
     template: str | None = None
     system_prompt: str | None = None
     chat: bool | None = None  # None: chat messages when template or system_prompt is set
-
-    @classmethod
-    def from_config(cls, args: Any) -> PromptBuilder:
-        """The builder of a GRPOConfig's data section."""
-        return cls(args.prompt_column, args.prompt_template, args.system_prompt, args.use_chat_template)
 
     @property
     def active(self) -> bool:

@@ -67,7 +67,7 @@ def check_inputs(
     reward workers on rank 0 only: it scores every rank's rows on them; environments' ``get_reward`` added), the
     data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
     (TRL)."""
-    from grpokit.data.prompts import PromptBuilder, load_rows
+    from grpokit.data.prompts import load_rows
     from grpokit.train.tool_rollouts import check_tool_prompts, environment_owned_rows, resolve_tools
 
     args.validate(procs.world_size)
@@ -75,7 +75,7 @@ def check_inputs(
         from grpokit.rollout.vllm_engine import check_vllm_environment
 
         check_vllm_environment(procs.enabled)
-    prompts = PromptBuilder.from_config(args)  # prompt_template, system_prompt, use_chat_template
+    prompts = specs.prompt_builder(args)  # prompt_template, system_prompt, use_chat_template
     train_source = train_dataset if train_dataset is not None else args.train_dataset
     if train_source is None:  # the environment owns the data (TRL): its reset() gives each prompt
         train_rows = environment_owned_rows(

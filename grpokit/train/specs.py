@@ -16,6 +16,7 @@ from grpokit.train.schedule import OptimSpec
 
 if TYPE_CHECKING:
     from grpokit.config import GRPOConfig
+    from grpokit.data.prompt_builder import PromptBuilder
     from grpokit.eval.evaluator import EvalSpec
     from grpokit.rollout.registry import VLLMSpec
     from grpokit.rollout.types import SamplingParams
@@ -132,6 +133,13 @@ def tie_watch(args: GRPOConfig, group_relative: bool) -> TieWatch:
     from grpokit.train.ties import TieWatch
 
     return TieWatch(args.warn_tied_steps, args.num_generations, group_relative)
+
+
+def prompt_builder(args: GRPOConfig) -> PromptBuilder:
+    """How the data section builds each row's prompt (prompt_template, system_prompt, use_chat_template)."""
+    from grpokit.data.prompt_builder import PromptBuilder
+
+    return PromptBuilder(args.prompt_column, args.prompt_template, args.system_prompt, args.use_chat_template)
 
 
 def checkpoint_spec(args: GRPOConfig) -> CheckpointSpec:

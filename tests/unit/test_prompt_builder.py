@@ -7,6 +7,7 @@ import pytest
 
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import DataError, PromptBuilder, load_rows, reward_inputs
+from grpokit.train.specs import prompt_builder
 
 ROWS = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"}]
 TEMPLATE = "{question}\nAnswer after ####."
@@ -15,12 +16,12 @@ TEMPLATE = "{question}\nAnswer after ####."
 def test_nothing_set_leaves_the_rows_alone():
     rows = [{"prompt": "2+2=", "answer": "4"}]
     assert PromptBuilder().apply(rows) is rows
-    assert not PromptBuilder.from_config(GRPOConfig()).active
+    assert not prompt_builder(GRPOConfig()).active
 
 
 def test_template_and_system_prompt_make_chat_messages():
     cfg = GRPOConfig(prompt_template=TEMPLATE, system_prompt="You are a careful tutor.")
-    rows = load_rows(ROWS, cfg.prompt_column, prompts=PromptBuilder.from_config(cfg))
+    rows = load_rows(ROWS, cfg.prompt_column, prompts=prompt_builder(cfg))
     assert rows[0]["prompt"] == [
         {"role": "system", "content": "You are a careful tutor."},
         {"role": "user", "content": "Tom has 3 apples and buys 4. How many?\nAnswer after ####."},
