@@ -100,9 +100,11 @@ def _keep_freed_memory_on_cpu(device: str) -> None:
 def cmd_train(args) -> int:
     from grpokit.config import load_config
     from grpokit.processes import under_torchrun
+    from grpokit.train.run_dir import check_run_dir
     from grpokit.train.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))
+    check_run_dir(cfg)  # a folder holding another run is refused before the model loads (GRPOTrainer: in train())
     _keep_freed_memory_on_cpu(cfg.device)
     finished = distributed = False
     try:
@@ -149,7 +151,7 @@ def cmd_eval(args) -> int:
     trainer = GRPOTrainer(
         args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None)
     )
-    metrics = trainer.evaluate()
+    metrics = trainer.evaluation_metrics()  # grpokit's names, as metrics.jsonl has them
     print(json.dumps(metrics, indent=2))
     return 0
 

@@ -20,7 +20,8 @@ class DataError(ValueError):
 
 
 def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dataset") -> list[dict]:
-    """Rows of a dataset given as a datasets.Dataset, a list of dicts, a file path or ``builtin:<task>``."""
+    """Rows of a dataset given as a datasets.Dataset or IterableDataset, a list of dicts, a file path or
+    ``builtin:<task>``."""
     if source is None:
         raise DataError(f"{name} is not set; give a JSONL / Parquet / CSV path, a list of dicts or a datasets.Dataset.")
     if isinstance(source, (str, Path)):
@@ -29,6 +30,8 @@ def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dat
         rows = source
     elif hasattr(source, "to_list"):
         rows = source.to_list()
+    elif type(source).__name__ == "IterableDataset":  # datasets' streaming form (finite: it is read whole)
+        rows = [dict(row) for row in source]
     else:
         raise DataError(f"{name} has type {type(source).__name__}; give a path, a list of dicts or a datasets.Dataset.")
     if not rows:

@@ -133,11 +133,14 @@ class RunState:
     ``learner``'s optimizer, LR scheduler and resynced reference weights, the data position (``data``, the
     training PromptSource), the rollout scheduler's state (``rollouts``: policy version, async mode's pending
     step), the stop rules' counters, the learner's KL controller (beta), and the RNG streams (torch's and the
-    sampling engine's generator). ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0,
-    which writes (under FSDP the other ranks join in to gather)."""
+    sampling engine's generator), and of the transformers ``TrainerState`` (``trainer_state``, a callable returning
+    the run's ``trainer.state``) what TRL's checkpoints restore: ``log_history`` and ``num_input_tokens_seen``.
+    ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0, which writes (under FSDP the other
+    ranks join in to gather)."""
 
-    def __init__(self, args, model, learner, data, rollouts, stop_rules, is_main: bool):
+    def __init__(self, args, model, learner, data, rollouts, stop_rules, is_main: bool, trainer_state=None):
         self.args, self.model, self.data, self.rollouts, self.stop_rules = args, model, data, rollouts, stop_rules
+        self.trainer_state = trainer_state
         self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
         self.kl_controller = learner.kl_controller
         self.critic = learner.critic
@@ -152,6 +155,10 @@ class RunState:
         scheduled, pending = self.rollouts.state_dict()
         state = {"data": self.data.state_dict(), "counters": self.stop_rules.counters, **scheduled}
         state["kl_controller"] = self.kl_controller.state_dict()  # the adaptive beta
+        if self.trainer_state is not None:  # TRL's trainer_state.json fields a resumed trainer.state starts from
+            trainer = self.trainer_state()
+            state["num_input_tokens_seen"] = trainer.num_input_tokens_seen
+            state["log_history"] = [{k: v for k, v in entry.items() if _is_json_number(v)} for entry in trainer.log_history]
         rng = {"torch": torch.get_rng_state(), "sampler": self.rollouts.engine.generator.get_state()}
         save_checkpoint(
             run_dir,
@@ -183,7 +190,16 @@ class RunState:
             raise CheckpointError(f"{path} holds no KL controller state; resume it with kl_controller: fixed.")
         torch.set_rng_state(rng["torch"])
         self.rollouts.engine.generator.set_state(rng["sampler"])
+        if self.trainer_state is not None:  # absent from older checkpoints: the history starts empty then
+            trainer = self.trainer_state()
+            trainer.num_input_tokens_seen = state.get("num_input_tokens_seen", 0)
+            trainer.log_history = list(state.get("log_history", []))
         return self.saved_step
+
+
+def _is_json_number(value) -> bool:
+    """A value trainer_state.json can hold as JSON: an int or a finite float (NaN and inf are not JSON)."""
+    return isinstance(value, int) or (isinstance(value, float) and value == value and abs(value) != float("inf"))
 
 
 def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool = False) -> None:

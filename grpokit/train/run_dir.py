@@ -27,20 +27,21 @@ RESUME_FREE_KEYS = {
 }
 
 
-def check_run_dir(args) -> None:
-    """Refuse an ``output_dir`` that cannot be a run folder, or holds another run unless resuming or
-    overwriting (before any model loads)."""
+def check_run_dir(args, existing: bool = True) -> None:
+    """Refuse an ``output_dir`` that cannot be a run folder, or (``existing``) holds another run unless resuming or
+    overwriting. ``existing=False``: the path only (a trainer being built, which ``train()`` may yet be told to
+    resume)."""
     _check_folder_path(Path(args.output_dir))
     if args.resume_from not in (None, "latest"):
         checkpoint.resolve_resume(args.output_dir, args.resume_from)  # raises when it is not a checkpoint folder
     config_file = Path(args.output_dir) / "config.yaml"
-    if config_file.exists() and args.resume_from is None and not args.overwrite:
+    if existing and config_file.exists() and args.resume_from is None and not args.overwrite:
         old = yaml.safe_load(config_file.read_text()) or {}
         diff = _differences(old, args.to_dict())
         what = f"a run of a different config ({', '.join(diff[:3])})" if diff else "a run"
         raise ConfigError(
-            f"output_dir {args.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
-            "overwrite: true to replace it, or choose another output_dir."
+            f"output_dir {args.output_dir!r} already holds {what}; set resume_from: latest to continue it "
+            "(TRL: train(resume_from_checkpoint=True)), overwrite: true to replace it, or choose another output_dir."
         )
 
 
@@ -95,8 +96,9 @@ class RunLog:
         if self.args.log_completions and step % self.args.logging_steps == 0:
             self.tracker.log_completions(records, step, self.args.num_completions_to_print)
 
-    def evaluation(self, step: int, metrics: dict) -> None:
-        self.store.write_eval(step, "eval", metrics)
+    def evaluation(self, step: int, metrics: dict, dataset: str = "eval") -> None:
+        """An evaluation of the eval set ``dataset`` ("eval": the one eval_dataset; else a name of a dict of them)."""
+        self.store.write_eval(step, dataset, metrics)
         self.tracker.log_eval(metrics, step)
 
     def summary(self, step: int, summary: dict, metrics: dict) -> None:
