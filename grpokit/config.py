@@ -155,6 +155,13 @@ class GenerationConfig:
     """Top-k sampling; 0 = off."""
     min_p: float = 0.0
     """Min-p sampling: drop tokens whose probability is below min_p x the top token's; 0 = off."""
+    repetition_penalty: float = 1.0
+    """Divide a positive logit (multiply a negative one) of each token already in the prompt or completion by this,
+    as transformers and vLLM do; 1 = off."""
+    generation_kwargs: dict | None = None
+    """TRL's generation_kwargs (transformers' GenerationConfig keys), overriding the keys above as in TRL: top_p, top_k,
+    min_p, repetition_penalty, no_repeat_ngram_size, min_new_tokens, suppress_tokens, begin_suppress_tokens,
+    bad_words_ids, do_sample; other keys are refused by name (docs/from_trl.md)."""
     engine: str = "hf"
     """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps
     while the learner trains)."""
@@ -503,6 +510,25 @@ class GRPOConfig:
     def prompts_per_step(self, world_size: int = 1) -> int:
         return self.completions_per_step(world_size) // self.num_generations
 
+    def sampling_options(self) -> dict:
+        """How completions are sampled besides their length and temperature (``SamplingParams`` fields): top_p,
+        top_k, min_p, repetition_penalty, and what ``generation_kwargs`` adds or overrides (TRL's forms,
+        ``trl_compat.generation_options``)."""
+        g = self.generation
+        try:
+            return trl_compat.generation_options(
+                g.temperature,
+                g.max_completion_length,
+                g.top_p,
+                g.top_k,
+                g.min_p,
+                g.repetition_penalty,
+                g.generation_kwargs,
+                g.engine,
+            )
+        except trl_compat.TRLValueError as exc:
+            raise ConfigError(str(exc)) from None
+
     def loss_spec(self) -> LossSpec:
         """The settings of ``algos.policy_loss`` for this run, built once by the learner."""
         from grpokit.algos.losses import LossSpec  # torch: only for training
@@ -548,6 +574,13 @@ class GRPOConfig:
         _check(0 < g.top_p <= 1, f"top_p={g.top_p} must be in (0, 1].")
         _check(g.top_k >= 0, f"top_k={g.top_k} must be >= 0 (0 = off).")
         _check(0 <= g.min_p < 1, f"min_p={g.min_p} must be in [0, 1) (0 = off).")
+        _check(g.repetition_penalty > 0, f"repetition_penalty={g.repetition_penalty} must be > 0 (1 = off).")
+        sampling = self.sampling_options()  # generation_kwargs' keys, checked; their values in range too
+        for key in ("top_p", "top_k", "min_p", "repetition_penalty"):
+            if g.generation_kwargs and key in g.generation_kwargs:
+                value = sampling[key]
+                ok = {"top_p": 0 < value <= 1, "top_k": value >= 0, "min_p": 0 <= value < 1}.get(key, value > 0)
+                _check(ok, f"generation_kwargs {key}={value!r} is out of range (as the config key {key}).")
         _check(o.learning_rate >= 0, f"learning_rate={o.learning_rate} must be >= 0.")
         _check(
             o.max_steps >= 1 or o.max_steps == -1,
@@ -997,6 +1030,9 @@ def _coerce(cls: type, name: str, value: Any) -> Any:
             return list(value)
         if isinstance(value, (str, int)):
             return [value]
+    elif expected is dict:
+        if isinstance(value, dict):
+            return dict(value)
     hint = ""
     if isinstance(value, dict) and value and all(key in FIELD_SECTION for key in value):
         sections = sorted({FIELD_SECTION[key] for key in value})  # a section's settings under a setting's name

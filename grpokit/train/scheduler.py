@@ -62,9 +62,8 @@ class RolloutScheduler:
                 autocast_dtype=autocast_dtype,
                 kernels=kernels,
             )
-        self.sampling = SamplingParams(
-            args.max_completion_length, args.temperature, args.top_p, args.top_k, min_p=args.min_p
-        )
+        # temperature, top-p/k, min-p, repetition penalty and TRL's generation_kwargs (checked by the config)
+        self.sampling = SamplingParams(args.max_completion_length, args.temperature, **args.sampling_options())
         # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
         self.tool_rollouts = None if tools is None else ToolRollouts(tools, self.engine, tokenizer, args.prompt_column)
         self._tool_metrics: dict[str, float] = {}
