@@ -275,6 +275,13 @@ TRANSLATED = (
     "do_eval",
     "do_predict",
     "local_rank",
+    "disable_dropout",  # the policy's (and its reference copy's) Dropout modules get p = 0, as TRL does
+    "chat_template_kwargs",  # passed to apply_chat_template wherever a prompt or a tool round is rendered
+    # read by trainer.push_to_hub() (the repo, its visibility, the token and branch)
+    "hub_model_id",
+    "hub_token",
+    "hub_private_repo",
+    "hub_revision",
 )
 
 
@@ -292,6 +299,11 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     trl = {k: v for k, v in given.items() if k not in grpokit_fields}
     unused: dict[str, Any] = {}
     explicit = set(values)
+    if trl.get("chat_template_kwargs") is not None and not isinstance(trl["chat_template_kwargs"], dict):
+        raise TRLValueError(
+            f"chat_template_kwargs={trl['chat_template_kwargs']!r} has the wrong type: expected a dict of "
+            "apply_chat_template keywords, e.g. {'enable_thinking': False}."
+        )
     for key, value in trl.items():  # TRL's switches are booleans (None: unset)
         switch = isinstance(TRL_DEFAULTS.get(key), bool) or key in ("bf16", "tf32", "disable_tqdm")
         if switch and value is not None and not isinstance(value, bool):

@@ -154,8 +154,9 @@ def _builtin(task: str, name: str) -> list[dict]:
     raise DataError(f"{name}: unknown built-in task {task!r}; available: builtin:arithmetic, builtin:arithmetic/eval.")
 
 
-def render_prompt(tokenizer, prompt: str | list) -> tuple[str, bool]:
-    """Prompt text and whether a chat template produced it (chat messages get the template)."""
+def render_prompt(tokenizer, prompt: str | list, **template_kwargs) -> tuple[str, bool]:
+    """Prompt text and whether a chat template produced it (chat messages get the template, with
+    ``template_kwargs``: TRL's chat_template_kwargs, e.g. ``enable_thinking=False``)."""
     if isinstance(prompt, str):
         return prompt, False
     if not getattr(tokenizer, "chat_template", None):
@@ -163,7 +164,7 @@ def render_prompt(tokenizer, prompt: str | list) -> tuple[str, bool]:
             "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts or "
             "a tokenizer with a chat template."
         )
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True), True
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **template_kwargs), True
 
 
 class PromptSource:
@@ -183,6 +184,7 @@ class PromptSource:
         overflow: str = "truncate",
         seed: int = 0,
         shuffle: bool = True,
+        template_kwargs: dict | None = None,
     ):
         self.rows, self.seed, self.shuffle = rows, seed, shuffle
         self.texts: list[str] = []
@@ -191,7 +193,7 @@ class PromptSource:
         self.num_dropped = 0
         keep = []
         for i, row in enumerate(rows):
-            text, chat = render_prompt(tokenizer, row[prompt_column])
+            text, chat = render_prompt(tokenizer, row[prompt_column], **(template_kwargs or {}))
             ids = encode_prompt(tokenizer, text, chat)
             if max_prompt_length is not None and len(ids) > max_prompt_length:
                 if overflow == "error":

@@ -65,7 +65,11 @@ class RolloutScheduler:
         # temperature, top-p/k, min-p, repetition penalty and TRL's generation_kwargs (checked by the config)
         self.sampling = SamplingParams(args.max_completion_length, args.temperature, **args.sampling_options())
         # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
-        self.tool_rollouts = None if tools is None else ToolRollouts(tools, self.engine, tokenizer, args.prompt_column)
+        self.tool_rollouts = (
+            None
+            if tools is None
+            else ToolRollouts(tools, self.engine, tokenizer, args.prompt_column, args.chat_template_kwargs)
+        )
         self._tool_metrics: dict[str, float] = {}
         # Rollouts must not depend on how a step's prompts are split over processes or Ray workers.
         self.seed_per_group = args.seed_per_group or args.backend == "ray" or procs.enabled

@@ -199,7 +199,12 @@ def prompt_sources(args: GRPOConfig, tokenizer, train_rows: list, evals: dict):
     its rows)} of ``evals``, :func:`eval_sets`)."""
     from grpokit.data.prompts import PromptSource
 
-    kw = dict(prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow)
+    kw = dict(
+        prompt_column=args.prompt_column,
+        max_prompt_length=args.max_prompt_length,
+        overflow=args.prompt_overflow,
+        template_kwargs=args.chat_template_kwargs,  # TRL's
+    )
     train = PromptSource(train_rows, tokenizer, seed=args.seed, shuffle=args.shuffle, **kw)
     return train, {name: (PromptSource(rows, tokenizer, shuffle=False, **kw), rows) for name, rows in evals.items()}
 
@@ -310,6 +315,10 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
     if use_lora:
         torch.manual_seed(args.seed)  # the adapters' random init (lora_A) follows the seed, not whatever ran before
         model = apply_lora(model, args, peft_config)
+    if args.disable_dropout:  # TRL's: no dropout in the policy (nor in its reference copy, made from it)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
     if args.gradient_checkpointing and not args.load_in_4bit:  # QLoRA's preparation has enabled it already
         # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias)
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(

@@ -330,3 +330,37 @@ def test_repetition_penalty_stops_greedy_repeats(tmp_path, tiny_model_dir):
 
     assert all(repeats(ids) for ids in completions("plain"))
     assert not any(repeats(ids) for ids in completions("penalised", repetition_penalty=10.0))
+
+
+def test_chat_template_kwargs_reach_the_prompts(tmp_path, tiny_model_dir):
+    """TRL's chat_template_kwargs are apply_chat_template's keywords for every prompt (e.g. enable_thinking)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}assistant :{% if terse %} w0{% endif %}{% endif %}"
+    )
+    rows = [{"prompt": [{"role": "user", "content": "w1 w2"}], "target": "w3"}] * 2
+
+    def texts(**options):
+        args = config(tmp_path / "run", per_device_train_batch_size=4, num_generations=2, **options)
+        trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=args, train_dataset=rows, processing_class=tokenizer)
+        return trainer.train_source.texts
+
+    assert texts() == ["user : w1 w2 assistant :"] * 2
+    assert texts(chat_template_kwargs={"terse": True}) == ["user : w1 w2 assistant : w0"] * 2
+
+
+def test_disable_dropout_zeroes_the_policy_dropout():
+    from grpokit.train.setup import build_policy
+
+    class Tokenizer:
+        eos_token_id = pad_token_id = 0
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Dropout(0.3), torch.nn.Linear(4, 10))
+    kept, *_ = build_policy(model, Tokenizer(), GRPOConfig(device="cpu"))
+    assert kept[1].p == 0.3
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Dropout(0.3), torch.nn.Linear(4, 10))
+    policy, *_ = build_policy(model, Tokenizer(), GRPOConfig(device="cpu", disable_dropout=True))
+    assert policy[1].p == 0.0
