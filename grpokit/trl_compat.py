@@ -573,7 +573,12 @@ def generation_options(
         "greedy": False,
     }
     given = dict(generation_kwargs or {})
-    pinned = {"temperature": temperature, "max_new_tokens": max_completion_length, "num_beams": 1, "num_return_sequences": 1}
+    pinned = {
+        "temperature": temperature,
+        "max_new_tokens": max_completion_length,
+        "num_beams": 1,
+        "num_return_sequences": 1,
+    }
     refused = [k for k in given if k not in GENERATION_KWARGS and k not in INERT_GENERATION_KWARGS and k not in pinned]
     if engine == "vllm":
         refused += [k for k in given if k in GENERATION_KWARGS and k not in VLLM_GENERATION_KWARGS]
@@ -602,7 +607,9 @@ def _generation_value(key: str, value: Any) -> Any:
         return TRLValueError(f"generation_kwargs {key}={value!r}: expected {expected}.")
 
     def token_ids(v: Any) -> tuple[int, ...]:
-        if not isinstance(v, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v):
+        if not isinstance(v, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v
+        ):
             raise bad("a list of token ids (integers >= 0)")
         return tuple(v)
 
@@ -613,7 +620,11 @@ def _generation_value(key: str, value: Any) -> Any:
     if key in ("suppress_tokens", "begin_suppress_tokens"):
         return token_ids(value)
     if key == "bad_words_ids":
-        if not isinstance(value, (list, tuple)) or not value or any(not isinstance(w, (list, tuple)) or not w for w in value):
+        if (
+            not isinstance(value, (list, tuple))
+            or not value
+            or any(not isinstance(w, (list, tuple)) or not w for w in value)
+        ):
             raise bad("a non-empty list of non-empty lists of token ids")
         return tuple(token_ids(w) for w in value)
     if key in ("top_k", "no_repeat_ngram_size", "min_new_tokens"):

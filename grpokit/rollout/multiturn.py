@@ -403,7 +403,8 @@ class MultiTurnEngine:
         join(list(range(len(rollouts))))
         while True:
             if batch.rows:
-                processed = None  # min_new_tokens and begin_suppress_tokens count the turn's tokens (TRL: a generate call)
+                # min_new_tokens and begin_suppress_tokens count the turn's tokens (TRL: one generate call per turn)
+                processed = None
                 if rules is not None:
                     processed = rules.apply(batch.logits, batch.rows, [len(turn[i]) for i in batch.rows])
                 generators_now = [generators[i] for i in batch.rows]

@@ -158,7 +158,9 @@ class RunState:
         if self.trainer_state is not None:  # TRL's trainer_state.json fields a resumed trainer.state starts from
             trainer = self.trainer_state()
             state["num_input_tokens_seen"] = trainer.num_input_tokens_seen
-            state["log_history"] = [{k: v for k, v in entry.items() if _is_json_number(v)} for entry in trainer.log_history]
+            state["log_history"] = [
+                {k: v for k, v in entry.items() if _is_json_number(v)} for entry in trainer.log_history
+            ]
         rng = {"torch": torch.get_rng_state(), "sampler": self.rollouts.engine.generator.get_state()}
         save_checkpoint(
             run_dir,

@@ -132,7 +132,11 @@ def test_eval_strategy_steps_logs_trl_names_per_eval_dataset(tmp_path, tiny_mode
         assert f"eval_second_{name}" in second, name
     assert second["eval_second_num_prompts"] == 3.0 and second["eval_second_custom_accuracy"] == 0.75
     assert 0.0 <= second["eval_second_pass@1"] <= second["eval_second_pass@2"] <= 1.0
-    assert [(s, sorted(m)[0].split("_")[1]) for s, m in recorder.evaluations][::2] == [(0, "first"), (1, "first"), (2, "first")]
+    assert [(s, sorted(m)[0].split("_")[1]) for s, m in recorder.evaluations][::2] == [
+        (0, "first"),
+        (1, "first"),
+        (2, "first"),
+    ]
     steps = [h for h in history if "loss" in h]
     assert [h["step"] for h in steps] == [1, 2]
     assert TRL_STEP_NAMES <= set(steps[0]), TRL_STEP_NAMES - set(steps[0])
@@ -141,7 +145,9 @@ def test_eval_strategy_steps_logs_trl_names_per_eval_dataset(tmp_path, tiny_mode
     assert steps[0] == {**recorder.logs[2], "step": 1}  # on_log saw the same entry (after the two step-0 evals)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert "completion_length/mean" in lines[-1] or "completion_length/mean" in lines[-3]
-    assert any("eval/second/reward" in line for line in lines) and not any("eval_second_reward" in line for line in lines)
+    assert any("eval/second/reward" in line for line in lines) and not any(
+        "eval_second_reward" in line for line in lines
+    )
     with RolloutStore(run, readonly=True) as store:
         assert {e["dataset"] for e in store.evals()} == {"first", "second"}
     # evaluate() after training: TRL's names for both datasets, epoch, and two more log entries
@@ -173,7 +179,9 @@ def test_evaluate_returns_trl_names_for_one_eval_dataset(tmp_path, tiny_model_di
 def test_save_model_writes_a_loadable_model_and_tokenizer(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=config(tmp_path / "run", max_steps=1), train_dataset=PROMPTS)
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), has_target, args=config(tmp_path / "run", max_steps=1), train_dataset=PROMPTS
+    )
     trainer.train()
     trainer.save_model(str(tmp_path / "saved"))
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
@@ -211,10 +219,14 @@ def test_resume_from_checkpoint_on_a_new_trainer(tmp_path, tiny_model_dir):
     def args(run, **overrides):
         return config(run, lr_scheduler_type="constant", **overrides)
 
-    straight = GRPOTrainer(str(tiny_model_dir), has_target, args=args(tmp_path / "straight", max_steps=3), train_dataset=PROMPTS)
+    straight = GRPOTrainer(
+        str(tiny_model_dir), has_target, args=args(tmp_path / "straight", max_steps=3), train_dataset=PROMPTS
+    )
     straight.train()
     run = tmp_path / "run"
-    first = GRPOTrainer(str(tiny_model_dir), has_target, args=args(run, max_steps=2, save_steps=1), train_dataset=PROMPTS)
+    first = GRPOTrainer(
+        str(tiny_model_dir), has_target, args=args(run, max_steps=2, save_steps=1), train_dataset=PROMPTS
+    )
     first.train()
     again = GRPOTrainer(str(tiny_model_dir), has_target, args=args(run, max_steps=3), train_dataset=PROMPTS)
     from grpokit.config import ConfigError
@@ -345,7 +357,9 @@ def test_chat_template_kwargs_reach_the_prompts(tmp_path, tiny_model_dir):
 
     def texts(**options):
         args = config(tmp_path / "run", per_device_train_batch_size=4, num_generations=2, **options)
-        trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=args, train_dataset=rows, processing_class=tokenizer)
+        trainer = GRPOTrainer(
+            str(tiny_model_dir), has_target, args=args, train_dataset=rows, processing_class=tokenizer
+        )
         return trainer.train_source.texts
 
     assert texts() == ["user : w1 w2 assistant :"] * 2

@@ -77,7 +77,9 @@ def test_rollouts_from_vllm_rejects_incomplete_outputs():
 
 
 def test_sampling_kwargs_follow_the_generation_config():
-    params = SamplingParams(64, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, repetition_penalty=1.3, min_new_tokens=4)
+    params = SamplingParams(
+        64, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, repetition_penalty=1.3, min_new_tokens=4
+    )
     assert vllm_sampling_kwargs(params, 8, seed=123, eos_token_ids=[7, 2, 7]) == {
         "n": 8,
         "temperature": 0.7,
