@@ -343,6 +343,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
             values[key] = max(1, math.ceil(values[key] * max_steps))
     if "eval_steps" in values and values["eval_steps"] is None:
         del values["eval_steps"]
+    samples = values.get("num_generations_eval")  # TRL's num_generations_eval=1 must not trip the default pass@8
+    default_ks = "pass_at_k" not in values and context.get("pass_at_k", [1, 8]) == [1, 8]
+    if default_ks and isinstance(samples, int) and not isinstance(samples, bool) and 1 <= samples < 8:
+        values["pass_at_k"] = sorted({1, samples})
     if values.get("eval_strategy") == "no":
         values["eval_steps"] = 0  # TRL ignores eval_steps then
     elif values.get("eval_strategy") == "steps" and "eval_steps" not in values:

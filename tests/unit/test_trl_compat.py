@@ -362,3 +362,13 @@ def test_from_trl_doc_names_every_trl_key():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "from_trl.md").read_text()
     missing = [key for key in TRL_DEFAULTS if f"`{key}" not in doc]
     assert missing == [], "docs/from_trl.md does not say what grpokit does with these TRL keys"
+
+
+def test_pass_at_k_follows_a_small_num_generations_eval():
+    """TRL's num_generations_eval=1 (its test_train_with_num_generations_eval) with grpokit's default pass_at_k
+    [1, 8]: the default becomes [1, n] rather than refusing k = 8 > n; a pass_at_k given is kept (and checked)."""
+    assert quiet(num_generations_eval=1).pass_at_k == [1]
+    assert quiet(num_generations_eval=4).pass_at_k == [1, 4]
+    assert quiet(num_generations_eval=16).pass_at_k == [1, 8]
+    with pytest.raises(ConfigError, match=r"pass_at_k contains 8: each k must be an integer in \[1, num_generations"):
+        GRPOConfig(num_generations_eval=2, pass_at_k=[1, 8])
