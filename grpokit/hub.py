@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -43,16 +44,26 @@ def cache_folder() -> str:
 
 @functools.cache
 def _unreachable(url: str) -> str | None:
-    """None when ``url`` answers one HEAD request within :data:`PROBE_SECONDS`, else the reason it did not."""
+    """None when ``url`` answers one HEAD request within :data:`PROBE_SECONDS`, else the reason it did not. The
+    request runs on a daemon thread: the name lookup before it has no timeout of its own, and a resolver that hangs
+    must cost no more than the request."""
     from huggingface_hub.utils import get_session
 
-    try:
-        get_session().head(url, timeout=PROBE_SECONDS, follow_redirects=False)
-    except Exception as exc:  # DNS, refused, timeout, proxy, TLS: every way of not reaching it
-        cause = exc.__cause__ or exc.__context__
-        text = str(exc).strip() or (str(cause).strip() if cause else "") or type(exc).__name__
-        return text.splitlines()[0]
-    return None
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            get_session().head(url, timeout=PROBE_SECONDS, follow_redirects=False)
+            outcome.append(None)
+        except Exception as exc:  # DNS, refused, timeout, proxy, TLS: every way of not reaching it
+            cause = exc.__cause__ or exc.__context__
+            text = str(exc).strip() or (str(cause).strip() if cause else "") or type(exc).__name__
+            outcome.append(text.splitlines()[0])
+
+    thread = threading.Thread(target=probe, name="grpokit-hub-probe", daemon=True)
+    thread.start()
+    thread.join(PROBE_SECONDS + 1.0)
+    return outcome[0] if outcome else f"no answer within {PROBE_SECONDS:g} s"
 
 
 def unreachable() -> str | None:
