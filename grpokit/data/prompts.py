@@ -19,11 +19,17 @@ __all__ = ["DataError", "PromptBuilder", "PromptSource", "load_rows", "render_pr
 
 
 def load_rows(
-    source: Any, prompt_column: str = "prompt", name: str = "train_dataset", prompts: PromptBuilder | None = None
+    source: Any,
+    prompt_column: str = "prompt",
+    name: str = "train_dataset",
+    prompts: PromptBuilder | None = None,
+    default_prompt: list | None = None,
 ) -> list[dict]:
     """Rows of a dataset given as a datasets.Dataset, a list of dicts, a file or folder path, ``builtin:<task>``, or
     what datasets.load_dataset loads (``hf:...`` or a mapping: :mod:`grpokit.data.sources`), with each prompt built
-    by ``prompts`` (the config's prompt_template / system_prompt / use_chat_template) when given, then checked."""
+    by ``prompts`` (the config's prompt_template / system_prompt / use_chat_template) when given, then checked.
+    ``default_prompt``: the prompt of a row that still has none (a copy of the row gets a copy of it), for
+    environments whose ``reset()`` supplies the prompt (TRL: such a dataset may only route rows to environments)."""
     if source is None:
         raise DataError(
             f"{name} is not set; give a JSONL / Parquet / CSV path, a datasets folder, a hub dataset "
@@ -39,6 +45,13 @@ def load_rows(
         raise DataError(f"{name} has type {type(source).__name__}; give a path, a list of dicts or a datasets.Dataset.")
     if rows and prompts is not None:
         rows = prompts.apply(rows, name)
+    if default_prompt is not None:
+        rows = [
+            {**row, prompt_column: [dict(m) for m in default_prompt]}
+            if isinstance(row, dict) and prompt_column not in row
+            else row
+            for row in rows
+        ]
     if not rows:
         raise DataError(f"{name} is empty; it needs at least one row with a {prompt_column!r} column.")
     for i, row in enumerate(rows):

@@ -68,7 +68,12 @@ def check_inputs(
     data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
     (TRL)."""
     from grpokit.data.prompts import load_rows
-    from grpokit.train.tool_rollouts import check_tool_prompts, environment_owned_rows, resolve_tools
+    from grpokit.train.tool_rollouts import (
+        PLACEHOLDER_PROMPT,
+        check_tool_prompts,
+        environment_owned_rows,
+        resolve_tools,
+    )
 
     args.validate(procs.world_size)
     if args.engine == "vllm":
@@ -76,6 +81,8 @@ def check_inputs(
 
         check_vllm_environment(procs.enabled)
     prompts = specs.prompt_builder(args)  # prompt_template, system_prompt, use_chat_template
+    has_environment = environment_factory is not None or args.environment_factory is not None
+    default_prompt = PLACEHOLDER_PROMPT if has_environment else None
     train_source = train_dataset if train_dataset is not None else args.train_dataset
     if train_source is None:  # the environment owns the data (TRL): its reset() gives each prompt
         train_rows = environment_owned_rows(
@@ -84,10 +91,14 @@ def check_inputs(
             prompts_per_step=args.prompts_per_step(procs.world_size),
             prompt_column=args.prompt_column,
         )
-    else:
-        train_rows = load_rows(train_source, args.prompt_column, prompts=prompts)
+    else:  # with an environment, a row may leave its prompt to reset(): an empty user message then (TRL)
+        train_rows = load_rows(train_source, args.prompt_column, prompts=prompts, default_prompt=default_prompt)
     eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
-    eval_rows = load_rows(eval_source, args.prompt_column, "eval_dataset", prompts) if eval_source is not None else None
+    eval_rows = (
+        load_rows(eval_source, args.prompt_column, "eval_dataset", prompts, default_prompt)
+        if eval_source is not None
+        else None
+    )
     if procs.is_main:
         check_run_dir(specs.run_dir_spec(args))
     tool_spec = resolve_tools(args.agent, tools, environment_factory, check_settings=args.check_multi_turn)

@@ -253,7 +253,8 @@ class GRPOTrainer:
     @property
     def environments(self) -> list | None:
         """The environment instances of the last sampled rollouts, in order (None without environments)."""
-        return self.rollout_scheduler.environments
+        tool_rollouts = self.rollout_scheduler.tool_rollouts
+        return None if tool_rollouts is None else tool_rollouts.environments
 
     @property
     def interrupted_by(self) -> int | None:

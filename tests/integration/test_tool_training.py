@@ -282,6 +282,38 @@ def test_the_environment_owns_the_data(tmp_path):
     assert [m["tools/call_frequency"] for m in steps] == [1.0, 1.0]
 
 
+class AskSevenTimesSix(GuessTheProduct):
+    def reset(self, **row) -> str:
+        super().reset(**row)
+        return "What is 7 times 6?"
+
+
+def test_a_dataset_may_only_route_rows_to_environments(tmp_path):
+    """TRL: with a {name: factory} dict the rows may hold only their `environment`; each rollout's prompt is then its
+    environment's reset() (appended to an empty user message)."""
+    tokenizer = qwen_style_tokenizer()
+    seen = []
+
+    def record(prompts, environments, **kwargs):
+        seen.extend(zip([p[-1]["content"] for p in prompts], [type(e).__name__ for e in environments]))
+        return [0.0] * len(prompts)
+
+    RESETS.clear()
+    trainer = GRPOTrainer(
+        scripted_chat_lm(tokenizer, [CALL, ANSWER]),
+        [closeness, record],
+        args=settings(tmp_path / "run", max_steps=1, beta=0.0, shuffle=False),
+        train_dataset=[{"environment": "six"}, {"environment": "seven"}] * 4,
+        processing_class=tokenizer,
+        environment_factory={"six": GuessTheProduct, "seven": AskSevenTimesSix},
+    )
+    trainer.train()
+    questions = {"GuessTheProduct": "What is 6 times 7?", "AskSevenTimesSix": "What is 7 times 6?"}
+    assert len(seen) == 8 and {name for _, name in seen} == set(questions)
+    assert all(prompt == questions[name] for prompt, name in seen)
+    assert RESETS == [{"prompt": [{"role": "user", "content": ""}]}] * 8  # no `environment`: it only routes
+
+
 def test_without_a_dataset_the_environment_must_own_the_data(tmp_path):
     """TRL's errors, with its words and grpokit's fix, before any model loads (the model path does not exist)."""
     model = str(tmp_path / "no-such-model")
