@@ -64,7 +64,12 @@ def main() -> None:
             ref = {}
             for dtype in ("auto", "bfloat16"):
                 learner = Learner(
-                    policy, Reference(policy, False), None, None, cfg.replace(ref_model_dtype=dtype), autocast_dtype
+                    policy,
+                    Reference(policy, False),
+                    None,
+                    None,
+                    cfg.replace(ref_model_dtype=dtype),
+                    autocast_dtype=autocast_dtype,
                 )
                 ref[dtype] = learner.reference_logprobs(batch)
                 del learner

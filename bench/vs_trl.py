@@ -169,7 +169,7 @@ def model_sizes(workdir: Path) -> dict:
         h * h * 2 + h * kv * 2 + 2 * kv + h + 3 * h * cfg["intermediate_size"] + 2 * h
     )  # attn + biases + MLP + norms
     body = cfg["num_hidden_layers"] * per_layer + h
-    return {"total": head + body, "head": head, "body": body}
+    return {"total": head + body, "head": head, "body": body, "layers": cfg["num_hidden_layers"], "kv_width": kv}
 
 
 def matmul_peak(threads: int, seconds: float = 3.0) -> dict[str, float]:
@@ -190,6 +190,41 @@ def matmul_peak(threads: int, seconds: float = 3.0) -> dict[str, float]:
                 best = max(best, 2 * n**3 / (time.perf_counter() - t) / 1e9)
         peak[name] = best
     return peak
+
+
+def memory_bandwidth(threads: int, seconds: float = 2.0, megabytes: int = 256) -> dict[str, float]:
+    """Best GB/s of a large float32 copy (b = a: 2 x size moved) and triad (a = b + 2 c: 3 x size) on ``threads``
+    threads, over arrays of ``megabytes`` each (far above any cache)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    n = megabytes * 2**20 // 4
+    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
+    best = {"copy_GBps": 0.0, "triad_GBps": 0.0}
+    for name, moved, op in (
+        ("copy_GBps", 2, lambda: a.copy_(b)),
+        ("triad_GBps", 3, lambda: torch.add(b, c, alpha=2.0, out=a)),
+    ):
+        op()
+        stop = time.perf_counter() + seconds / 2
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            op()
+            best[name] = max(best[name], moved * 4 * n / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, MB (from /proc/self/statm; 0 where it does not exist)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return 0.0
+
+
+def max_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ---- workers (one process per configuration) ---------------------------------------------------
@@ -340,10 +375,57 @@ def run_grpokit(
         return m
 
     trainer._train_step = timed_step
+    marks: list = []  # (step, phase, "start"/"end", RSS MB now, peak RSS MB so far), the last step's kept
+    sample_phases(trainer, marks, records)
     trainer.train()
     for r in records:
         r["autocast"] = str(trainer.autocast_dtype).replace("torch.", "")
+    records[-1]["rss_marks"] = [m for m in marks if m[0] == len(records)]
+    records[-1]["ledger"] = memory_parts(args, workdir)
     return records
+
+
+def sample_phases(trainer, marks: list, records: list) -> None:
+    """Record RSS now and the peak so far at the start and end of each phase of a step (generation, reference pass,
+    each micro-batch's policy forward and backward, optimizer step): where the peak is reached, and what was
+    resident just before."""
+    import torch
+
+    import grpokit.train.learner as learner_module
+
+    def sampled(phase, fn):
+        def run(*a, **k):
+            marks.append((len(records) + 1, phase, "start", rss_mb(), max_rss_mb()))
+            try:
+                return fn(*a, **k)
+            finally:
+                marks.append((len(records) + 1, phase, "end", rss_mb(), max_rss_mb()))
+
+        return run
+
+    trainer.engine.generate = sampled("generate", trainer.engine.generate)
+    trainer.learner.reference_logprobs = sampled("ref_logprobs", trainer.learner.reference_logprobs)
+    trainer.learner._optimizer_step = sampled("optimizer", trainer.learner._optimizer_step)
+    learner_module.completion_logprobs = sampled("policy_logprobs", learner_module.completion_logprobs)
+    backward = torch.Tensor.backward
+    torch.Tensor.backward = lambda self, *a, **k: sampled("backward", backward)(self, *a, **k)
+
+
+def memory_parts(cfg, workdir: Path) -> dict:
+    """grpokit.memory's estimate of this run's parts, bytes (the floor's and those above it)."""
+    from grpokit.memory import PROCESS_OVERHEAD, build_meta_model, estimate_memory
+
+    m = estimate_memory(cfg, build_meta_model(str(workdir / "model")))
+    return {
+        "weights": m.weights,
+        "gradients": m.gradients,
+        "adamw": m.adamw,
+        "reference": m.reference,
+        "optimizer_step": m.optimizer_step,
+        **m.parts,
+        "runtime": PROCESS_OVERHEAD,
+        "parameters": m.parameters,
+    }
 
 
 def worker(argv: list[str]) -> None:
@@ -356,7 +438,7 @@ def worker(argv: list[str]) -> None:
     p.add_argument("--peak", action="store_true")
     a = p.parse_args(argv)
     if a.peak:
-        print("RESULT " + json.dumps(matmul_peak(a.threads)), flush=True)
+        print("RESULT " + json.dumps(matmul_peak(a.threads) | memory_bandwidth(a.threads)), flush=True)
         return
     import torch
 
@@ -407,9 +489,12 @@ def run_worker(args, worker_args: list[str], label: str, workdir: Path | None = 
 
 def summarise(runs: list[dict]) -> dict:
     """Medians over every timed step of every round (each run's first step is its warm-up); peak memory of the worst
-    run."""
+    run, with its last step's RSS samples and memory parts (grpokit's runs)."""
     timed = [r for run in runs for r in run["records"][1:]]
+    worst = max(runs, key=lambda run: run["peak_rss_mb"])["records"][-1]
     return {
+        "rss_marks": worst.get("rss_marks"),
+        "ledger": worst.get("ledger"),
         "step_time": statistics.median(r["step_time"] for r in timed),
         "phases": {p: statistics.median(r["phases"].get(p, 0.0) for r in timed) for p in PHASES},
         "completion_tokens": statistics.median(r["completion_tokens"] for r in timed),
@@ -487,7 +572,84 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
             + ", ".join(f"{k} {v:.2f} ({v * peak[dtype]:.0f} GFLOP/s)" for k, v in mfu.items())
         )
         out[f"train_mfu_{'fp32' if dtype == 'float32' else 'bf16'}"] = mfu["train"]
+        out.update(floor_report(name, r, sizes, peak, dtype, prompts, T))
     return out
+
+
+def floor_report(name: str, r: dict, sizes: dict, peak: dict, dtype: str, prompts: int, T: int) -> dict:
+    """Each phase's achieved GFLOP/s against the measured matmul peak, generation's weight + KV-cache traffic against
+    the measured memory bandwidth, the step against its FLOP floor, and the peak memory's ledger; ``key=value``
+    results (``floor_step_fraction``, ``peak_rss_over_floor``)."""
+    n = prompts * G
+    fwd = forward_flops(sizes, prompts, r["completion_tokens"])
+    ph, gflops = r["phases"], peak[dtype]
+    flops = {"generate": fwd, "ref_logprobs": fwd, "policy_logprobs": fwd, "backward": 2 * fwd}
+    floor_s = sum(flops.values()) / gflops / 1e9  # a step's FLOPs at the peak: ~5 forward passes
+    print(
+        f"floor {name}: a step is {sum(flops.values()) / 1e12:.2f} TFLOP (5 forward passes of {fwd / 1e12:.3f}), "
+        f"{floor_s:.1f} s at the {dtype} peak; the step took {r['step_time']:.1f} s = "
+        f"{floor_s / r['step_time']:.0%} of the floor's speed"
+    )
+    for phase, f in flops.items():
+        achieved = f / max(ph[phase], 1e-9) / 1e9
+        print(f"  {phase:<16}{ph[phase]:>8.2f} s  {achieved:>6.0f} GFLOP/s = {achieved / gflops:>4.0%} of peak")
+    # generation: each decoding step reads every weight (compute dtype) and the KV cache so far (float32)
+    wbytes = sizes["total"] * (2 if dtype == "bfloat16" else 4)
+    kv_row = sizes["layers"] * 2 * sizes["kv_width"] * 4  # bytes per cached position per row
+    kv = sum(n * (PROMPT_TOKENS + t) * kv_row for t in range(T))
+    traffic = T * wbytes + kv
+    gbps = traffic / max(ph["generate"], 1e-9) / 1e9
+    band = peak.get("triad_GBps", 0.0)
+    print(
+        f"  generate traffic: {T} decoding steps x {wbytes / 1e9:.2f} GB of weights + {kv / 1e9:.2f} GB of KV cache "
+        f"= {traffic / 1e9:.1f} GB, {gbps:.1f} GB/s"
+        + (f" = {gbps / band:.0%} of the measured triad bandwidth ({band:.1f} GB/s)" if band else "")
+    )
+    params = sizes["total"]
+    adamw_traffic = 7 * 4 * params  # fused AdamW reads p, g, m, v and writes p, m, v (float32)
+    print(
+        f"  optimizer+rest {ph['optimizer_other']:>6.2f} s  AdamW's {adamw_traffic / 1e9:.1f} GB of traffic: "
+        f"{adamw_traffic / max(ph['optimizer_other'], 1e-9) / 1e9:.1f} GB/s"
+    )
+    out = {f"floor_step_fraction_{name}": floor_s / r["step_time"]}
+    ledger, marks = r.get("ledger"), r.get("rss_marks")
+    if ledger:
+        out.update(memory_ledger(name, r["peak_rss_mb"], ledger, marks))
+    return out
+
+
+def memory_ledger(name: str, peak_mb: float, ledger: dict, marks: list | None) -> dict:
+    """Print the peak RSS as the floor's parts (weights, gradients, AdamW moments, reference: grpokit.memory's
+    estimate) and the parts above it at the phase where the peak was reached, with what the estimate does not
+    account for (allocator retention, copies) as the rest."""
+    mb = lambda b: b / 2**20
+    floor = {k: ledger[k] for k in ("weights", "gradients", "adamw", "reference")}
+    floor_mb = mb(sum(floor.values()))
+    phase, before = "?", None
+    if marks:
+        top = max(m[4] for m in marks)
+        first = next(i for i, m in enumerate(marks) if m[4] >= top)
+        phase = marks[first][1]
+        before = next((m[3] for m in reversed(marks[:first]) if m[1] == phase and m[2] == "start"), None)
+    print(
+        f"memory {name}: peak RSS {peak_mb:,.0f} MB = {peak_mb / floor_mb:.2f}x the floor ({floor_mb:,.0f} MB), "
+        f"reached during {phase}" + (f" (RSS at its start {before:,.0f} MB)" if before is not None else "")
+    )
+    for k, v in floor.items():
+        print(f"  floor  {k:<16}{mb(v):>9,.0f} MB")
+    # above the floor, by the phase that holds them: the learner's micro-batch (with the gradients) or generation
+    if phase in ("generate",):
+        above = {k: ledger[k] for k in ("kv_cache", "decoder_weights")}
+    elif phase == "optimizer":
+        above = {"optimizer_step": ledger["optimizer_step"]}
+    else:
+        above = {k: ledger[k] for k in ("activations", "kept_logits", "head_chunks", "weight_casts")}
+    above["runtime"] = ledger["runtime"]  # grpokit.memory.PROCESS_OVERHEAD: an estimate, not measured here
+    for k, v in above.items():
+        print(f"  above  {k:<16}{mb(v):>9,.0f} MB")
+    rest = peak_mb - floor_mb - mb(sum(above.values()))
+    print(f"  above  rest (allocator retention, copies, not estimated) {rest:,.0f} MB")
+    return {f"peak_rss_over_floor_{name}": peak_mb / floor_mb}
 
 
 def default_configs(shape: str) -> list[str]:

@@ -1,7 +1,11 @@
 """``python -m grpokit``: the CLI, also as ``torchrun --nproc_per_node K -m grpokit train CONFIG``."""
 
-import sys
+from grpokit.train.interrupt import guard_start_up
 
-from grpokit.cli import main
+guard_start_up()  # first: a signal while the CLI is imported is one line, not a traceback
+
+import sys  # noqa: E402
+
+from grpokit.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -1,14 +1,94 @@
-"""Command line: grpokit train | eval | explain | demo | inspect | report | env."""
+"""Command line: grpokit train | eval | explain | demo | inspect | report | env.
+
+Every way out of a command is one line on stderr, never a traceback, besides a bug's: a signal (exit 128 + signum,
+from the first line of ``main`` to the interpreter's last, imports included: ``interrupt.CommandSignals``), an error
+grpokit raises on purpose and a file the storage would not read or write (``grpokit: error: ...``, exit 2).
+"""
 
 from __future__ import annotations
 
-import argparse
-import signal
 import sys
 from pathlib import Path
 
+from grpokit.train import interrupt  # signal handling only: no heavy import comes before the handlers
+
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command in ``argv`` (default: the process's arguments) and return its exit status.
+
+    Without ``argv`` main owns the process (the console script, ``python -m grpokit``): its signal handlers stay
+    until the process ends. With ``argv`` (a call from Python) the caller's handlers are restored on return."""
+    signals = interrupt.CommandSignals()
+    previous = signals.install()  # first, before anything that imports numpy, torch or transformers
+    try:
+        return _run(argv, signals)
+    except BaseException:  # while parsing the arguments (argparse's SystemExit), or a bug re-raised
+        signals.finish()  # what remains is reporting: a signal now ends the process at once
+        if signals.signum is None:
+            raise
+        return _stopped(signals.signum)  # a signal, whatever a library made of it
+    finally:
+        signals.finish()
+        if argv is not None:
+            interrupt.restore(previous)
+
+
+def _run(argv: list[str] | None, signals: interrupt.CommandSignals) -> int:
+    """Parse ``argv``, run the command, and turn each way it can fail into one line and an exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        code = int(args.func(args) or 0)
+    except BaseException as exc:
+        signals.finish()
+        return _failed(exc, signals.signum)
+    signals.finish()
+    if signals.signum is None or code >= 128:  # no signal, or one the command has reported (the trainer's stop)
+        return code
+    return _stopped(signals.signum)  # its Interrupted was swallowed (a library's except BaseException)
+
+
+def _failed(exc: BaseException, signum: int | None) -> int:
+    """One line and the exit status for ``exc``, which ended a command; re-raises a bug."""
+    if isinstance(exc, interrupt.Interrupted):
+        print(f"grpokit: {exc.message}", file=sys.stderr)
+        return 128 + exc.signum
+    if signum is not None or isinstance(exc, KeyboardInterrupt):  # whatever a library made of the signal
+        # (KeyboardInterrupt alone: Python's own SIGINT handler, when main() runs outside the main thread)
+        return _stopped(signum or 2)
+    if isinstance(exc, BrokenPipeError):  # `grpokit inspect RUN | head`: the reader has all it wants
+        _silence_stdout()
+        return 141  # as a shell reports a process ended by SIGPIPE
+    if is_user_error(exc):
+        print(f"grpokit: error: {exc}", file=sys.stderr)
+        return 2
+    from grpokit.io_errors import storage_error_line
+
+    line = storage_error_line(exc)
+    if line is None:
+        raise exc
+    print(f"grpokit: error: {line}", file=sys.stderr)
+    return 2
+
+
+def _stopped(signum: int) -> int:
+    print(f"grpokit: stopped by {interrupt.signal_name(signum)}", file=sys.stderr)
+    return 128 + signum
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail on the closed pipe again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _parser():
+    import argparse
+
     parser = argparse.ArgumentParser(prog="grpokit", description="GRPO-family RL fine-tuning of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -43,25 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpokit.store.cli import register
 
     register(sub)
-    args = parser.parse_args(argv)
-    from grpokit.train import interrupt
-
-    previous = interrupt.install(interrupt.raise_interrupted)  # the trainer has its own handler while it trains
-    try:
-        return int(args.func(args) or 0)
-    except interrupt.Interrupted as exc:
-        print(f"grpokit: {exc.message}", file=sys.stderr)
-        return 128 + exc.signum
-    except KeyboardInterrupt:  # Python's own SIGINT handler: main() runs outside the main thread
-        print("grpokit: stopped by SIGINT", file=sys.stderr)
-        return 128 + signal.SIGINT
-    except Exception as exc:
-        if not is_user_error(exc):
-            raise
-        print(f"grpokit: error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        interrupt.restore(previous)
+    return parser
 
 
 def is_user_error(exc: BaseException) -> bool:
@@ -73,10 +135,13 @@ def is_user_error(exc: BaseException) -> bool:
     from grpokit.rewards.contract import RewardError
     from grpokit.store.store import StoreError
     from grpokit.train.checkpoint import CheckpointError
+    from grpokit.train.run_lock import RunFolderError
 
     if isinstance(exc, ImportError):
         return exc.name is None
-    return isinstance(exc, (ConfigError, DataError, CheckpointError, StoreError, RewardError, FileNotFoundError))
+    return isinstance(
+        exc, (ConfigError, DataError, CheckpointError, StoreError, RewardError, RunFolderError, FileNotFoundError)
+    )
 
 
 def _overrides(items: list[str]) -> list[str]:
@@ -98,13 +163,17 @@ def _keep_freed_memory_on_cpu(device: str) -> None:
 
 
 def cmd_train(args) -> int:
+    import os
+
     from grpokit.config import load_config
     from grpokit.processes import under_torchrun
     from grpokit.train.run_dir import check_run_dir
+    from grpokit.train.specs import run_dir_spec
     from grpokit.train.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))
-    check_run_dir(cfg)  # a folder holding another run is refused before the model loads (GRPOTrainer: in train())
+    if os.environ.get("RANK", "0") == "0":  # rank 0 owns the run folder (GRPOTrainer checks it again in train())
+        check_run_dir(run_dir_spec(cfg))  # a folder holding another run is refused before the model loads
     _keep_freed_memory_on_cpu(cfg.device)
     finished = distributed = False
     try:
@@ -128,32 +197,61 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    """Evaluate and print the metrics as JSON. Nothing is written: the trainer's output_dir is a temporary folder
+    (it only has to pass the run-folder check), so a finished run on read-only storage evaluates too."""
     import json
+    import tempfile
 
-    from grpokit.config import ConfigError, load_config
+    from grpokit.config import ConfigError
     from grpokit.train.trainer import GRPOTrainer
 
-    target = Path(args.target)
-    if target.is_dir():
-        cfg = load_config(_run_config(target), _overrides(args.overrides))
-        final = target / "final"
-        if not final.is_dir():
-            raise FileNotFoundError(
-                f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model."
-            )
-        cfg.model_name_or_path = str(final)
-        cfg.resume_from = None
-    else:
-        cfg = load_config(target, _overrides(args.overrides))
+    cfg, model = eval_inputs(Path(args.target), _overrides(args.overrides))
     if cfg.eval_dataset is None:
         raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
     _keep_freed_memory_on_cpu(cfg.device)
-    trainer = GRPOTrainer(
-        args=cfg.replace(output_dir=str(Path(cfg.output_dir) / "eval"), overwrite=True, resume_from=None)
-    )
-    metrics = trainer.evaluation_metrics()  # grpokit's names, as metrics.jsonl has them
-    print(json.dumps(metrics, indent=2))
+    with tempfile.TemporaryDirectory(prefix="grpokit-eval-") as scratch:
+        trainer = GRPOTrainer(
+            model=model,  # None: the config's model_name_or_path
+            args=cfg.replace(output_dir=str(Path(scratch) / "eval"), resume_from=None),
+        )
+        try:
+            metrics = trainer.evaluation_metrics()  # grpokit's names, as metrics.jsonl has them
+        finally:
+            trainer.rewards.close()  # the reward worker processes
+    from grpokit.io_errors import write_stdout
+
+    write_stdout(json.dumps(metrics, indent=2) + "\n")
     return 0
+
+
+def eval_inputs(target: Path, overrides: list[str]):
+    """(config, model or None) of `grpokit eval`: a YAML config as it is (its starting model, loaded by the trainer),
+    or a run folder's config with its final model. A LoRA run's final/ holds the adapter: it is loaded onto its base
+    and merged here (peft), and the run's lora section dropped, since new adapters on top would start from zero and
+    be evaluated in place of the trained ones (a QLoRA run's adapter is merged into the unquantised base)."""
+    from grpokit.config import load_config
+
+    if not target.is_dir():
+        return load_config(target, overrides), None
+    cfg = load_config(_run_config(target), overrides)
+    final = target / "final"
+    if not final.is_dir():
+        raise FileNotFoundError(
+            f"{target} has no final/ model yet; evaluate a finished run, or its config to use the starting model."
+        )
+    cfg.model_name_or_path = str(final)
+    cfg.resume_from = None
+    if not (final / "adapter_config.json").is_file():
+        return cfg, None
+    from peft import AutoPeftModelForCausalLM
+
+    from grpokit.hardware import pick_device, pick_dtype
+
+    dtype = pick_dtype(cfg.dtype, pick_device(cfg.device))  # the training run's weights dtype
+    model = AutoPeftModelForCausalLM.from_pretrained(str(final), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = cfg.tokenizer_name_or_path or str(final)  # final/ holds the run's tokenizer
+    merged = model.merge_and_unload().requires_grad_(True)  # a plain model, as a full fine-tuning run's (peft froze it)
+    return cfg.replace(r=0, load_in_4bit=False, tokenizer_name_or_path=tokenizer), merged
 
 
 def cmd_explain(args) -> int:
@@ -196,5 +294,4 @@ def cmd_env(args) -> int:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main())

@@ -1,8 +1,9 @@
 """`grpokit env`: the facts a bug report needs, as ``trl env`` and ``transformers env`` print them.
 
 Versions (grpokit, its dependencies, the optional extras that are installed), Python and the OS, the
-CPU (model, the instruction sets the fast paths depend on, cores, memory), GPUs, and what grpokit
-would choose on this machine: device, dtype, bf16 autocast and the fast paths, all from the same
+CPU (model, the instruction sets the fast paths depend on, cores, memory), CUDA, the GPUs, vLLM and
+flash-attention (:mod:`grpokit.gpu_caps`, with a warning line for each mismatch that breaks a GPU run), and what
+grpokit would choose on this machine: device, dtype, bf16 autocast and the fast paths, all from the same
 probes and choice training uses (:mod:`grpokit.hardware`, :mod:`grpokit.cpu_caps`,
 :meth:`grpokit.kernels.Kernels.select`), so ``GRPOKIT_CPU_CAPS`` shows here too.
 """
@@ -19,6 +20,7 @@ import torch
 
 import grpokit
 from grpokit.cpu_caps import ENV, cpu_caps, describe
+from grpokit.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
 from grpokit.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
 from grpokit.kernels import Kernels
 from grpokit.memory import available_bytes
@@ -87,18 +89,12 @@ def report() -> dict[str, str]:
         f"oneDNN bf16 {'yes' if caps.onednn_bf16 else 'no'}"
     )
     out["memory"] = f"{_gib(_total_memory())} total, {_gib(available_bytes(torch.device('cpu')))} available"
-    gpus = (
-        [
-            f"{torch.cuda.get_device_name(i)} ({_gib(torch.cuda.get_device_properties(i).total_memory)})"
-            for i in range(torch.cuda.device_count())
-        ]
-        if torch.cuda.is_available()
-        else []
-    )
-    cuda = "built" if torch.version.cuda else "not built"
-    out["GPUs"] = ", ".join(gpus) if gpus else f"none (CUDA {cuda} in torch)"
+    gpu = gpu_caps()
+    out.update(gpu_lines(gpu))
     out["MPS"] = "available" if torch.backends.mps.is_available() else "no"
     out.update(choices())
+    for n, warning in enumerate(gpu_warnings(gpu), 1):
+        out[f"warning {n}"] = warning
     return out
 
 

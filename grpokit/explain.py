@@ -1,6 +1,9 @@
-"""`grpokit explain`: the resolved config and the sizes it implies, without loading weights."""
+"""`grpokit explain`: the resolved config, the sizes it implies, and the first prompt as built, without loading
+weights."""
 
 from __future__ import annotations
+
+import yaml
 
 from grpokit.config import GRPOConfig
 from grpokit.hardware import pick_device
@@ -9,6 +12,11 @@ from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS
 
 
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
+    """The resolved config, the derived sizes and memory estimate, and the first training prompt as built."""
+    return "\n".join([_sizes(cfg, world_size), "", *first_prompt(cfg)])
+
+
+def _sizes(cfg: GRPOConfig, world_size: int) -> str:
     B, N = cfg.prompts_per_step(world_size), cfg.completions_per_step(world_size)
     T, P = cfg.max_completion_length, cfg.max_prompt_length or 0
     mini = cfg.num_mini_batches
@@ -68,6 +76,44 @@ def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
     if warning:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+def first_prompt(cfg: GRPOConfig) -> list[str]:
+    """Lines showing train_dataset's first prompt as the model reads it (built from the row by prompt_template /
+    system_prompt, rendered by the tokenizer's chat template) and the columns the reward functions get; a line
+    saying why when the data or the tokenizer cannot be loaded here."""
+    from grpokit.data.prompts import load_rows, render_prompt
+    from grpokit.data.sources import read_source
+    from grpokit.train.specs import prompt_builder
+
+    head = "# first prompt (train_dataset row 0, as the model reads it)"
+    if cfg.train_dataset is None:
+        return [head, "unavailable: no train_dataset"]
+    try:  # the first row only is built and checked: training checks them all
+        first = read_source(cfg.train_dataset)[:1]
+        row = load_rows(first, cfg.prompt_column, prompts=prompt_builder(cfg))[0]
+    except Exception as exc:  # the data cannot be read here (offline hub, missing file): say so and go on
+        return [head, f"unavailable: {_reason(exc)}"]
+    prompt = row[cfg.prompt_column]
+    columns = ", ".join(k for k in row if k != cfg.prompt_column) or "none"
+    tail = [f"# reward functions also get the columns: {columns}"]
+    if isinstance(prompt, str):
+        return [head, prompt, *tail]
+    name = cfg.tokenizer_name_or_path or cfg.model_name_or_path
+    try:
+        from grpokit.modeling import load_tokenizer
+
+        if not name:
+            raise ValueError("no model_name_or_path")
+        text, _ = render_prompt(load_tokenizer(name, cfg.trust_remote_code), prompt)
+    except Exception as exc:  # no tokenizer here: show the messages the chat template will render
+        messages = yaml.safe_dump(prompt, sort_keys=False, allow_unicode=True, width=120).rstrip()
+        return [head, f"(chat messages; the chat template is unavailable: {_reason(exc)})", messages, *tail]
+    return [head, text, *tail]
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
 
 def _size(n: int) -> str:

@@ -44,7 +44,7 @@ resident memory of real runs.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -69,6 +69,9 @@ class MemoryEstimate:
     micro_batch: int
     generation: int
     optimizer_step: int = 0
+    # the micro-batch's and generation's parts by name (saved activations, kept logits, the head's chunks, autocast's
+    # weight casts; KV cache, the fused decoder's weight copy), for reports that list what is above the weights
+    parts: dict = field(default_factory=dict)
 
     @property
     def peak(self) -> int:
@@ -112,7 +115,7 @@ def trainable_sizes(model: torch.nn.Module, cfg: GRPOConfig) -> list[int]:
         return [p.numel() for p in model.parameters()]
     from peft import get_peft_model
 
-    wrapped = get_peft_model(copy.deepcopy(model), lora_config(cfg))
+    wrapped = get_peft_model(copy.deepcopy(model), lora_config(cfg.lora))
     return [p.numel() for p in wrapped.parameters() if p.requires_grad]
 
 
@@ -195,6 +198,14 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         micro_batch=micro_batch,
         generation=kv_cache + (linear * compute if fused else 0),
         optimizer_step=5 * 4 * largest_8bit if eight_bit and device.type == "cpu" else 0,
+        parts={
+            "activations": activations,
+            "kept_logits": kept_logits,
+            "head_chunks": head_chunks,
+            "weight_casts": casts,
+            "kv_cache": kv_cache,
+            "decoder_weights": linear * compute if fused else 0,
+        },
     )
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from grpokit.config import GRPOConfig, expand_path
+from grpokit.config import expand_path
+from grpokit.config.running import LoraConfig as LoraSettings
 
 
 def is_hf_model(model: torch.nn.Module) -> bool:
@@ -129,27 +130,22 @@ def model_config(name_or_path: str, trust_remote_code: bool = False):
 
 
 def _from_pretrained(cls, source: str, what: str, **kwargs):
-    """``cls.from_pretrained`` with one clear message when the folder or hub id cannot be read
-    (a typo, no network, a gated repo, a folder without config.json) instead of a transformers traceback."""
-    try:
-        return cls.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as exc:  # ValueError: a folder whose config.json is missing or has no model_type
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FileNotFoundError(
-            f"cannot load the {what} {source!r} ({first}); check the hub id or path, "
-            "or download it and give the local folder (set HF_HUB_OFFLINE=1 to stay offline)."
-        ) from None
+    """``cls.from_pretrained`` with one clear message when the folder or hub id cannot be read (a typo, no network,
+    HF_HUB_OFFLINE without the files cached, a gated repo, a folder without config.json) instead of a transformers
+    traceback, within seconds when the hub cannot be reached (:func:`grpokit.hub.from_pretrained`)."""
+    from grpokit.hub import from_pretrained
+
+    return from_pretrained(cls, source, what, **kwargs)
 
 
 # bitsandbytes runs Linear4bit on CPU from this version on
 MIN_BITSANDBYTES = "0.48"
 
 
-def lora_config(args: GRPOConfig):
-    """peft's LoraConfig for ``args.lora`` (a causal LM's adapters)."""
+def lora_config(lora: LoraSettings):
+    """peft's LoraConfig for the config's ``lora`` section (a causal LM's adapters)."""
     from peft import LoraConfig
 
-    lora = args.lora
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,

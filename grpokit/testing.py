@@ -76,6 +76,30 @@ def build_tiny_causal_lm(
     return model, tokenizer
 
 
+def build_tiny_reward_model(path: str | Path | None, tokenizer, hidden_size: int = 32, seed: int = 0):
+    """A random-init one-layer ``LlamaForSequenceClassification`` with one output (a reward model as TRL loads one:
+    ``num_labels=1``) sized for ``tokenizer``, saved with it to ``path`` when given; returns (model, tokenizer)."""
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden_size,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config)
+    if path is not None:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return model, tokenizer
+
+
 class TinyGPT(torch.nn.Module):
     """A nanoGPT-style custom module: ``forward(input_ids) -> logits [B, L, V]``, no HF machinery."""
 

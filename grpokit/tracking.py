@@ -7,8 +7,10 @@ The console shows the same thing from the CLI and from ``trainer.train()`` in Py
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 from grpokit.algos.names import KL
@@ -16,6 +18,39 @@ from grpokit.store.record import RolloutRecord
 
 EVAL_CONSOLE = ("reward", "greedy_accuracy", "num_prompts")  # and every pass@k
 CONSOLE_KEYS = ("reward", "reward_std", KL, "loss", "entropy", "completion_length/mean", "grad_norm", "step_time")
+
+
+class HashedAppend:
+    """A file held open for appending lines (metrics.jsonl) that knows the length and SHA-256 of its whole content,
+    so a checkpoint can record them (``record``) and a resume can tell a truncated or changed file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._digest, self.bytes = hashlib.sha256(), 0
+        if path.exists():
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    self._digest.update(chunk)
+                    self.bytes += len(chunk)
+        self._file = open(path, "ab")  # noqa: SIM115 (held open for the run, closed in close())
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        self._file.write(data)
+        self._file.flush()
+        self._digest.update(data)
+        self.bytes += len(data)
+
+    def sync(self) -> None:
+        """Flush to disk (fsync)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def record(self) -> dict:
+        return {"bytes": self.bytes, "sha256": self._digest.hexdigest()}
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class Tracker:
@@ -37,7 +72,7 @@ class Tracker:
         self.logging_steps = logging_steps
         self.console = Console(stderr=True)
         # held open for the run, closed in close()
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "a") if "jsonl" in self.sinks else None  # noqa: SIM115
+        self._jsonl = HashedAppend(self.run_dir / "metrics.jsonl") if "jsonl" in self.sinks else None
         self._tb = None
         self._wandb = None
         if "tensorboard" in self.sinks:
@@ -56,7 +91,7 @@ class Tracker:
                     "report_to includes wandb but it is not installed: pip install 'grpokit[wandb]'."
                 ) from None
             self._wandb = wandb.init(
-                project="grpokit",
+                project=os.environ.get("WANDB_PROJECT") or "grpokit",  # an explicit project would override the env
                 name=run_name or self.run_dir.name,
                 dir=str(self.run_dir),
                 config=config,
@@ -91,7 +126,6 @@ class Tracker:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
-            self._jsonl.flush()
         if self._tb is not None:
             for k, v in clean.items():
                 self._tb.add_scalar(k, v, step)
@@ -104,6 +138,13 @@ class Tracker:
         if "console" in self.sinks and step % self.logging_steps == 0 and "reward" in clean:
             parts = [f"{k}={clean[k]:.4g}" for k in CONSOLE_KEYS if k in clean]
             self.console.print(f"step {step}: " + "  ".join(parts), soft_wrap=True)  # one line per step, greppable
+
+    def metrics_file(self) -> dict | None:
+        """metrics.jsonl's length and SHA-256 after an fsync (None: the run writes no metrics.jsonl)."""
+        if self._jsonl is None:
+            return None
+        self._jsonl.sync()
+        return self._jsonl.record()
 
     def log_eval(self, metrics: dict, step: int) -> None:
         """Every metric to the sinks; on the console the headline ones (reward, pass@k, greedy accuracy, prompts)."""

@@ -6,7 +6,7 @@ from grpokit.config import config_reference
 
 HEADER = (
     "# Config reference\n\n"
-    "Generated from `grpokit/config.py` by `python scripts/gen_config_reference.py`; do not edit by hand.\n\n"
+    "Generated from `grpokit/config/` by `python scripts/gen_config_reference.py`; do not edit by hand.\n\n"
 )
 
 if __name__ == "__main__":

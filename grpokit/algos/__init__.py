@@ -1,4 +1,4 @@
-"""Pure tensor math of the GRPO family: advantages, losses, KL estimators, log-probs, pass@k.
+"""Pure tensor math of the GRPO family: advantages, losses (a registry of them), KL estimators, log-probs, pass@k.
 
 The names are imported on first use, so ``grpokit.algos.names`` (option lists and metric names, no
 torch) can be imported by the config and the store without loading torch.
@@ -7,22 +7,28 @@ torch) can be imported by the config and the store without loading torch.
 import importlib
 
 _WHERE = {
+    "AGGREGATIONS": "names",
     "ESTIMATORS": "names",
     "IMPORTANCE_SAMPLING_LEVELS": "names",
     "KL_ESTIMATORS": "names",
-    "LOSS_TYPES": "names",
-    "SCALE_REWARDS": "names",
     "LossSpec": "losses",
+    "PolicyTerms": "losses",
+    "SCALE_REWARDS": "names",
     "aggregate": "masked",
     "compute_advantages": "advantages",
     "entropy_from_logits": "logprobs",
+    "get_loss": "loss_registry",
     "group_advantages": "advantages",
+    "high_entropy_mask": "token_masks",
     "importance_log_ratio": "losses",
     "kl_estimate": "kl",
+    "loss_types": "loss_registry",
     "masked_mean": "masked",
     "masked_sum": "masked",
+    "off_policy_sequence_mask": "token_masks",
     "pass_at_k": "passk",
     "policy_loss": "losses",
+    "register_loss": "loss_registry",
     "reinforce_pp_advantages": "advantages",
     "rloo_advantages": "advantages",
     "selective_logprobs": "logprobs",

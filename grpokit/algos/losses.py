@@ -1,9 +1,10 @@
-"""The clipped policy-gradient surrogate of the GRPO family, with its KL penalty and aggregation.
+"""The policy loss of the GRPO family: a registered per-token loss, its masks, KL penalty and aggregation.
 
-Composition, not subclasses: ratio level (``token`` | ``sequence``) x clipping (epsilon,
-epsilon_high) x KL penalty (beta, k3) x aggregation (``loss_type``), held by one frozen
-:class:`LossSpec` built once per run (``GRPOConfig.loss_spec()``). Each combination gives the
-same numbers as TRL's GRPOTrainer._compute_loss on the same tensors.
+Composition, not subclasses: ratio level (``token`` | ``sequence``) x per-token loss (``loss_type``, a
+registered loss: the clipped surrogate of grpo / bnpo / dr_grpo / dapo / luspo, cispo, sapo, vespo; see
+``loss_registry``) x masks (off-policy sequences, high-entropy tokens) x KL penalty (beta, k3) x the
+loss's aggregation, held by one frozen :class:`LossSpec` built once per run (``GRPOConfig.loss_spec()``).
+Each built-in loss gives the same numbers as TRL's GRPOTrainer._compute_loss on the same tensors.
 """
 
 from __future__ import annotations
@@ -13,20 +14,19 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.algos.kl import kl_estimate
+from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.masked import aggregate, masked_mean
 from grpokit.algos.names import (
-    CLIP_HIGH,
-    CLIP_LOW,
-    CLIP_REGION,
     IMPORTANCE_SAMPLING_LEVELS,
     IS_CAPPED_FRACTION,
     IS_LOGPROB_ABS_DIFF,
     IS_WEIGHT_MEAN,
     KL,
-    LOSS_TYPES,
+    OFF_POLICY_DROPPED,
     POLICY_LOSS,
     RATIO_MEAN,
 )
+from grpokit.algos.token_masks import off_policy_sequence_mask
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,10 @@ class LossSpec:
     """The settings of :func:`policy_loss` that stay fixed for a run; checked once, when built.
 
     Attributes:
-        loss_type: aggregation, one of ``LOSS_TYPES`` (see ``grpokit.algos.masked.aggregate``).
+        loss_type: a registered loss (``loss_registry.loss_types()``).
         epsilon: lower clip range of the importance ratio.
-        epsilon_high: upper clip range (DAPO's clip-higher); None means ``epsilon``.
+        epsilon_high: upper clip range (DAPO's clip-higher); None means ``epsilon``. For ``cispo`` the cap of the
+            importance weight itself (ScaleRL's epsilon_max, as TRL reads it).
         beta: KL coefficient; ``policy_loss`` then needs ``ref_logprobs``.
         use_bias_correction_kl: use r * k3 as each token's KL term (DeepSeek-V3.2's importance-weighted
             k3, TRL's ``use_bias_correction_kl``): its gradient is the unbiased reverse-KL gradient for
@@ -45,6 +46,12 @@ class LossSpec:
         importance_sampling_level: ``token`` or ``sequence`` (GSPO), see ``importance_log_ratio``.
         max_completion_length: required by ``dr_grpo``.
         sampling_cap: cap C of the truncated importance weights applied with ``sampling_logprobs``.
+        delta: the clipped surrogate's upper bound on the unclipped ratio (INTELLECT-2's two-sided clipping); None:
+            none.
+        sapo_temperature_pos, sapo_temperature_neg: ``sapo``'s gate temperatures for A > 0 and A <= 0.
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: ``vespo``'s kernel for A >= 0 and A < 0.
+        off_policy_mask_threshold: drop sequences with A < 0 whose mean KL(sampler || policy) exceeds it
+            (DeepSeek-V3.2's off-policy sequence masking, ``token_masks.off_policy_sequence_mask``); None: off.
     """
 
     loss_type: str = "dapo"
@@ -55,10 +62,17 @@ class LossSpec:
     importance_sampling_level: str = "token"
     max_completion_length: int | None = None
     sampling_cap: float = 3.0
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    off_policy_mask_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"unknown loss_type {self.loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
+        get_loss(self.loss_type)  # a ValueError naming the registered losses
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             raise ValueError(
                 f"unknown importance_sampling_level {self.importance_sampling_level!r}; "
@@ -69,6 +83,35 @@ class LossSpec:
     def upper_epsilon(self) -> float:
         """epsilon_high, or epsilon when it is None."""
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+@dataclass(frozen=True)
+class PolicyTerms:
+    """One micro-batch's tensors, as a registered loss receives them. N sequences, T tokens; R is T at token
+    level and 1 at sequence level.
+
+    logprobs: [N, T] the policy's log-probs (with gradient). log_ratio: [N, T] logp - old_logp per token (with
+    gradient). ratio: [N, R] the importance ratio at ``level`` (``importance_log_ratio``, exponentiated; with
+    gradient). advantages: [N, 1] one per sequence, or [N, T] one per token (PPO). mask: [N, T] 1 on the tokens
+    that count. level: ``token`` or ``sequence``. sampling_weights: [N, T] vLLM's truncated importance weights
+    (``truncated_importance_weights``, no gradient) or None.
+    """
+
+    logprobs: torch.Tensor
+    log_ratio: torch.Tensor
+    ratio: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    level: str
+    sampling_weights: torch.Tensor | None = None
+
+    def batch_mean(self, values: torch.Tensor) -> float:
+        """Mean of ``values`` over the micro-batch: over the masked tokens for [N, T] values; over the sequences
+        for one value per sequence ([N, 1], as at sequence level), as TRL's metrics."""
+        values = values.float()
+        if self.level == "sequence" or values.shape[-1] != self.mask.shape[-1]:
+            return values.mean().item()
+        return masked_mean(values, self.mask).item()
 
 
 def importance_log_ratio(
@@ -106,15 +149,6 @@ def truncated_importance_weights(
     return torch.exp(log_weights).clamp(max=cap)  # [N, T]; inf -> cap on padding
 
 
-def _batch_mean(values: torch.Tensor, completion_mask: torch.Tensor, level: str) -> float:
-    """Masked token mean at token level; at sequence level, where values are [N, 1] (one per
-    sequence), the plain mean over sequences (as TRL)."""
-    values = values.float()
-    if level == "sequence":
-        return values.mean().item()
-    return masked_mean(values, completion_mask).item()
-
-
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor | None,
@@ -125,17 +159,23 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     num_items_in_batch: int | float | torch.Tensor | None = None,
     sampling_logprobs: torch.Tensor | None = None,
+    token_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate loss with optional KL penalty; returns (scalar loss, metrics).
+    """The registered loss ``spec.loss_type`` with its masks and KL penalty; returns (scalar loss, metrics).
 
-    Per token, with r the importance ratio (see ``importance_log_ratio``) and A_i the advantage:
+    Per token, with r the importance ratio (see ``importance_log_ratio``), A_i the advantage and l_{i,t} the
+    loss's own per-token value (the clipped surrogate -min(r A_i, clip(r, 1 - epsilon, 1 + epsilon_high) A_i) for
+    grpo / bnpo / dr_grpo / dapo / luspo; see each loss's module for the others):
 
-        L_{i,t} = -min(r A_i, clip(r, 1 - epsilon, 1 + epsilon_high) A_i) + beta * k3_{i,t}
+        L_{i,t} = l_{i,t} * o_i * h_{i,t} * w_{i,t} + beta * k3_{i,t}
         k3_{i,t} = exp(ref - logp) - (ref - logp) - 1
 
+    where o_i is 0 for a sequence the off-policy mask drops (``spec.off_policy_mask_threshold``), h_{i,t} is
+    ``token_mask`` (top_entropy_quantile's high-entropy tokens) and w_{i,t} vLLM's truncated importance weight
+    (unless the loss weighs it itself); each factor is 1 when not in use. Then L is reduced to a scalar by the
+    loss's aggregation (``grpokit.algos.masked.aggregate``) over ``completion_mask``.
     (Shao et al. 2024 for GRPO; asymmetric "clip-higher" epsilon_high from DAPO, Yu et al. 2025;
-    sequence-level ratio from GSPO, Zheng et al. 2025), then reduced to a scalar by ``loss_type``
-    (see ``grpokit.algos.masked.aggregate``). The settings come from ``spec`` (:class:`LossSpec`).
+    sequence-level ratio from GSPO, Zheng et al. 2025.)
 
     Args:
         logprobs: [N, T] log-probs of the completion tokens under the policy being trained.
@@ -145,16 +185,20 @@ def policy_loss(
             only: A_{i,t} replaces A_i in the formula above).
         completion_mask: [N, T], 1 for real completion tokens (float or bool).
         ref_logprobs: [N, T] log-probs under the reference model; required when ``spec.beta`` > 0.
-        num_items_in_batch: completion tokens in the whole generation batch, for ``dapo``.
+        num_items_in_batch: completion tokens in the whole generation batch, for the ``dapo`` aggregation.
         sampling_logprobs: [N, T] log-probs reported by a separate sampler (vLLM); when given, each
-            token's surrogate term (not the KL term) is multiplied by
-            ``truncated_importance_weights(old_logprobs, sampling_logprobs, spec.sampling_cap)``.
+            token's policy term (not the KL term) is multiplied by
+            ``truncated_importance_weights(old_logprobs, sampling_logprobs, spec.sampling_cap)``. The off-policy
+            mask measures the drift from them (else from ``old_logprobs``).
+        token_mask: [N, T] 0/1, the tokens whose policy term counts (``token_masks.high_entropy_mask``); the KL
+            term and the normalisation still cover ``completion_mask``.
 
-    Metrics (python floats, named in ``grpokit.algos.names``): clip_ratio/low_mean (ratio < 1-eps
-    with A < 0), clip_ratio/high_mean (ratio > 1+eps_high with A > 0), clip_ratio/region_mean
-    (either), as fractions of masked tokens (of sequences at sequence level); ratio_mean; policy_loss
-    (loss without the KL term); kl (masked mean of k3, only when beta > 0); with sampling log-probs
-    sampling_is/weight_mean, sampling_is/capped_fraction and sampling_is/logprob_abs_diff.
+    Metrics (python floats, named in ``grpokit.algos.names``): the loss's own (the clipped surrogate's
+    clip_ratio/low_mean (ratio < 1-eps with A < 0), clip_ratio/high_mean (ratio > 1+eps_high with A > 0),
+    clip_ratio/region_mean (either), as fractions of masked tokens, of sequences at sequence level); ratio_mean;
+    policy_loss (loss without the KL term); kl (masked mean of k3, only when beta > 0); with sampling log-probs
+    sampling_is/weight_mean, sampling_is/capped_fraction and sampling_is/logprob_abs_diff; with the off-policy
+    mask off_policy_mask/dropped_fraction.
     """
     if completion_mask.shape != logprobs.shape or advantages.shape not in (logprobs.shape[:1], logprobs.shape):
         raise ValueError(
@@ -169,44 +213,49 @@ def policy_loss(
         )
     if spec.beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs (log-probs under the reference model)")
-    epsilon, epsilon_high, level = spec.epsilon, spec.upper_epsilon, spec.importance_sampling_level
+    kind = get_loss(spec.loss_type)
+    level = spec.importance_sampling_level
     if old_logprobs is None:
         old_logprobs = logprobs.detach()
 
     log_weights = importance_log_ratio(logprobs, old_logprobs, completion_mask, level)
     ratio = torch.exp(log_weights)  # [N, T] or [N, 1]
-    clipped_ratio = torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)  # [N, T] or [N, 1]
     if not per_token:
         advantages = advantages.unsqueeze(-1)  # [N] -> [N, 1], shared by the sequence's tokens
-    surrogate = -torch.min(ratio * advantages, clipped_ratio * advantages)  # [N, T] or [N, 1]
-    surrogate = surrogate.expand_as(logprobs)  # [N, 1] -> [N, T] at sequence level
+    is_weights = None
     if sampling_logprobs is not None:
         is_weights = truncated_importance_weights(old_logprobs, sampling_logprobs, spec.sampling_cap)  # [N, T]
+    terms = PolicyTerms(logprobs, logprobs - old_logprobs, ratio, advantages, completion_mask, level, is_weights)
+    surrogate, own_metrics = kind.per_token(terms, spec)  # [N, T] or [N, 1]
+    surrogate = surrogate.expand_as(logprobs)  # [N, 1] -> [N, T] at sequence level
+    if spec.off_policy_mask_threshold is not None:
+        drift_from = old_logprobs if sampling_logprobs is None else sampling_logprobs
+        kept = off_policy_sequence_mask(
+            advantages, logprobs, drift_from, completion_mask, spec.off_policy_mask_threshold
+        )  # [N, 1] (or [N, T] with per-token advantages)
+        surrogate = surrogate * kept
+    if token_mask is not None:
+        surrogate = surrogate * token_mask.to(surrogate.dtype)
+    if is_weights is not None and not kind.weighs_sampling_itself:
         surrogate = surrogate * is_weights
     aggregation = {"max_completion_length": spec.max_completion_length, "num_items_in_batch": num_items_in_batch}
-    pg_loss = aggregate(surrogate, completion_mask, spec.loss_type, **aggregation)  # [N, T] -> []
+    pg_loss = aggregate(surrogate, completion_mask, kind.aggregation, **aggregation)  # [N, T] -> []
     loss = pg_loss
 
     with torch.no_grad():
-        low = (ratio < 1.0 - epsilon) & (advantages < 0)  # [N, T] or [N, 1]
-        high = (ratio > 1.0 + epsilon_high) & (advantages > 0)  # [N, T] or [N, 1]
-        metrics = {
-            CLIP_LOW: _batch_mean(low, completion_mask, level),
-            CLIP_HIGH: _batch_mean(high, completion_mask, level),
-            CLIP_REGION: _batch_mean(low | high, completion_mask, level),
-            RATIO_MEAN: _batch_mean(ratio, completion_mask, level),
-            POLICY_LOSS: pg_loss.item(),
-        }
-        if sampling_logprobs is not None:
+        metrics = {**own_metrics, RATIO_MEAN: terms.batch_mean(ratio), POLICY_LOSS: pg_loss.item()}
+        if is_weights is not None:
             metrics[IS_WEIGHT_MEAN] = masked_mean(is_weights, completion_mask).item()
             metrics[IS_CAPPED_FRACTION] = masked_mean((is_weights >= spec.sampling_cap).float(), completion_mask).item()
             mismatch = torch.nan_to_num(
                 old_logprobs - sampling_logprobs, nan=0.0, posinf=0.0, neginf=0.0
             ).abs()  # [N, T]
             metrics[IS_LOGPROB_ABS_DIFF] = masked_mean(mismatch, completion_mask).item()
+        if spec.off_policy_mask_threshold is not None:
+            metrics[OFF_POLICY_DROPPED] = 1.0 - terms.batch_mean(kept)
     if spec.beta > 0:
         kl = kl_estimate(logprobs, ref_logprobs, "k3")  # [N, T]
         penalty = kl * ratio if spec.use_bias_correction_kl else kl  # [N, T] (ratio [N, 1] at sequence level)
-        loss = pg_loss + spec.beta * aggregate(penalty, completion_mask, spec.loss_type, **aggregation)  # []
+        loss = pg_loss + spec.beta * aggregate(penalty, completion_mask, kind.aggregation, **aggregation)  # []
         metrics[KL] = masked_mean(kl.detach(), completion_mask).item()
     return loss, metrics

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.algos.names import LOSS_TYPES
+from grpokit.algos.names import AGGREGATIONS
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -36,7 +36,8 @@ def aggregate(
     num_items_in_batch: int | float | torch.Tensor | None = None,
     max_completion_length: int | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token values [N, T] to a scalar loss, by ``loss_type`` name.
+    """Reduce per-token values [N, T] to a scalar loss, by aggregation name (``names.AGGREGATIONS``, each named
+    after the loss type that introduced it; a registered loss names its own, see ``loss_registry``).
 
     With L_{i,t} the per-token value, m_{i,t} the mask and |o_i| = sum_t m_{i,t}:
 
@@ -50,11 +51,15 @@ def aggregate(
       processes, pass the global token count divided by P (as TRL does).
     - ``dr_grpo`` (Liu et al. 2025, "Understanding R1-Zero-Like Training"):
       sum_{i,t} m L / (N * max_completion_length), a constant normaliser free of length bias.
+    - ``luspo`` (Liu et al. 2026, LUSPO): (1/N) sum_i sum_t m L (each sequence's token sum: a sequence
+      weighs by its length).
 
     These match TRL's GRPOTrainer (per process and per gradient-accumulation step).
     """
-    if mode not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {mode!r}; valid choices: {', '.join(LOSS_TYPES)}")
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; valid choices: {', '.join(AGGREGATIONS)}")
+    if mode == "luspo":
+        return masked_sum(values, mask, dim=-1).mean()  # [N, T] -> [N] -> []
     if mode == "grpo":
         per_sequence = masked_mean(values, mask, dim=-1)  # [N, T] -> [N]
         return per_sequence.mean()  # [N] -> []

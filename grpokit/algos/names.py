@@ -4,10 +4,15 @@ Each option list is defined here once: the function that implements the options 
 against it, and ``grpokit.config`` validates the config with it. Each metric name is defined here once
 and imported wherever the metric is read by name (the learner, the console, the report). This module
 imports nothing, so the config, the store and the console can use these names without loading torch.
+The loss types are not a fixed list: they are the registered losses (``loss_registry.loss_types()``).
 """
 
 # --- options ------------------------------------------------------------------------------------
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # masked.aggregate
+# How a loss's per-token values become one number (masked.aggregate), named after the loss that introduced each.
+AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+# The aggregations that divide by the token count of the whole generation batch (num_items_in_batch), so the
+# losses of its micro-batches add up; the others give each micro-batch's own mean.
+BATCH_NORMALISED = ("dapo",)
 SCALE_REWARDS = ("group", "batch", "none")  # advantages.group_advantages
 ESTIMATORS = ("grpo", "rloo", "reinforce_pp")  # advantages.compute_advantages
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # losses.importance_log_ratio
@@ -24,16 +29,11 @@ KL = "kl"  # masked mean of k3 (only with beta > 0)
 IS_WEIGHT_MEAN = "sampling_is/weight_mean"  # with sampling log-probs (vLLM)
 IS_CAPPED_FRACTION = "sampling_is/capped_fraction"
 IS_LOGPROB_ABS_DIFF = "sampling_is/logprob_abs_diff"
-# Means over the batch's tokens (or sequences) that a learner averages over its micro-batches.
-MICRO_BATCH_MEANS = (
-    CLIP_LOW,
-    CLIP_HIGH,
-    CLIP_REGION,
-    RATIO_MEAN,
-    IS_WEIGHT_MEAN,
-    IS_CAPPED_FRACTION,
-    IS_LOGPROB_ABS_DIFF,
-)
+CISPO_CLIP = "cispo_clip_ratio"  # cispo: ratio above its cap with A > 0 (the weight is capped)
+VESPO_PHI = "vespo/phi_seq_mean"  # vespo: mean of the sequence weights phi(w) over sequences
+OFF_POLICY_DROPPED = "off_policy_mask/dropped_fraction"  # sequences the off-policy mask left out
+# policy_loss's other metrics are means over the micro-batch's tokens (or sequences), which a learner averages
+# over its micro-batches; a registered loss's own metrics are read the same way.
 
 # --- metrics of the trainer's step: the KL controller and DAPO's dynamic sampling ---------------
 BETA = "beta"  # the KL coefficient the step's loss used (kl_control.KLController.beta before its update)

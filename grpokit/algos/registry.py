@@ -1,9 +1,10 @@
 """Algorithms by name (``algo.algorithm``): what each one provides to the training loop.
 
-An :class:`Algorithm` says whether it trains a critic, how few completions per prompt it accepts, and how a
-step's advantages come from its tensors (:class:`AdvantageInputs` -> :class:`AdvantageOutputs`). The trainer
-asks this registry and nothing else, so a new algorithm is one module under ``grpokit/algos/`` and one entry
-in ``ALGORITHMS``. Importing this module loads no torch (the config validates names and counts with it); the
+An :class:`Algorithm` says whether it trains a critic, how few completions per prompt it accepts, how a
+step's advantages come from its tensors (:class:`AdvantageInputs` -> :class:`AdvantageOutputs`) and which
+settings it cannot run with (``check``, called by the config's validation). The trainer and the config ask this
+registry and nothing else, so a new algorithm is one module under ``grpokit/algos/`` and one entry in
+``ALGORITHMS``. Importing this module loads no torch (the config validates names and counts with it); the
 advantage functions import their math when called.
 """
 
@@ -60,30 +61,82 @@ class Algorithm:
 
     name: its ``algo.algorithm`` value. min_generations: the fewest completions per prompt it can learn from.
     uses_critic: the trainer builds and trains a value model (``train/critic.py``) and passes its values.
-    needs_old_logprobs: the advantages read the sampling policy's log-probs (computed before the update).
-    advantages: ``(inputs, config) -> AdvantageOutputs``; ``config`` is the run's GRPOConfig, read by name.
+    needs_old_logprobs: ``(settings) -> bool``, the advantages read the sampling policy's log-probs (computed before
+    the update). advantages: ``(inputs, settings) -> AdvantageOutputs``. validate: ``(settings, world_size)``: raises
+    ValueError (one line naming the fix) for settings the algorithm cannot run with; :meth:`check` calls it, then
+    checks ``min_generations``. ``settings`` is the config's ``algo`` section (``grpokit.config.training``'s
+    AlgoConfig, not imported here: algos/ sits below config), the algorithm's own settings, read by name.
     """
 
     name: str
     min_generations: int
     uses_critic: bool
     advantages: Callable[[AdvantageInputs, Any], AdvantageOutputs]
-    needs_old_logprobs: Callable[[Any], bool] = lambda config: False
+    needs_old_logprobs: Callable[[Any], bool] = lambda settings: False
+    validate: Callable[[Any, int], None] = lambda settings, world_size: None
+
+    def check(self, settings: Any, world_size: int = 1) -> None:
+        """The algorithm's own checks of the run's ``algo`` section (read by name); ValueError on the first that
+        fails."""
+        self.validate(settings, world_size)
+        if settings.num_generations < self.min_generations:
+            raise ValueError(f"num_generations={settings.num_generations} must be >= {self.min_generations}.")
 
 
-def _grpo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _grpo_settings(settings: Any, world_size: int) -> None:
+    """GRPO compares the completions of a group, and has no per-token rewards to fold a KL into."""
+    _require(
+        settings.num_generations >= 2,
+        f"num_generations={settings.num_generations}: GRPO needs at least 2 completions per prompt to compare them; "
+        "set num_generations >= 2 (or algorithm: ppo, whose learned value needs no group).",
+    )
+    _require(
+        not settings.kl_in_reward,
+        f"kl_in_reward: true folds the KL into per-token rewards, which algorithm: {settings.algorithm} has none of; "
+        "use algorithm: ppo, or kl_in_reward: false (the KL term in the loss).",
+    )
+
+
+def _ppo_settings(settings: Any, world_size: int) -> None:
+    """PPO's GAE and value-loss options, its per-token advantages, and its one-process critic."""
+    _require(0 <= settings.gamma <= 1, f"gamma={settings.gamma} must be in [0, 1] (GAE's discount; 1 = none).")
+    _require(0 <= settings.lam <= 1, f"lam={settings.lam} must be in [0, 1] (GAE's lambda).")
+    _require(settings.vf_coef > 0, f"vf_coef={settings.vf_coef} must be > 0 (the value loss's weight).")
+    _require(settings.cliprange_value > 0, f"cliprange_value={settings.cliprange_value} must be > 0 (e.g. 0.2).")
+    _require(
+        settings.critic_learning_rate is None or settings.critic_learning_rate >= 0,
+        f"critic_learning_rate={settings.critic_learning_rate} must be >= 0 or null (= learning_rate).",
+    )
+    _require(
+        settings.importance_sampling_level == "token",
+        "algorithm: ppo gives every token its own advantage, which a sequence-level ratio "
+        "(importance_sampling_level: sequence, GSPO) cannot use; set importance_sampling_level: token.",
+    )
+    _require(
+        world_size == 1,
+        f"algorithm: ppo trains its critic in one process; this run has {world_size} (torchrun): run it as one "
+        "process, or use algorithm: grpo.",
+    )
+
+
+def _grpo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
     """The GRPO family (``advantage_estimator``, ``scale_rewards``): one advantage per sequence from the rewards
     of its group, computed over every process's rows (complete groups) and sliced to this process's."""
     from grpokit.algos.advantages import compute_advantages
 
     every = compute_advantages(
-        inputs.rewards, inputs.num_generations, config.advantage_estimator, config.scale_rewards
+        inputs.rewards, inputs.num_generations, settings.advantage_estimator, settings.scale_rewards
     )  # [N]
     mine = every[inputs.rows].float().to(inputs.completion_mask.device)  # [n]
     return AdvantageOutputs(advantages=mine, per_sequence=mine)
 
 
-def _ppo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
+def _ppo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
     """PPO with a learned value (``algos.gae.ppo_advantages``): the reward on the last token, the KL folded in
     with ``kl_in_reward``, GAE with ``gamma`` and ``lam``, whitened over the tokens. A completion without a
     reward (NaN) leaves the losses (its loss mask is 0). Per sequence: the mean of its token advantages."""
@@ -96,13 +149,13 @@ def _ppo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
     rewards = inputs.rewards[inputs.rows].to(inputs.values.device)  # [n]
     missing = rewards.isnan()  # [n]
     mask = inputs.completion_mask * (~missing).to(inputs.completion_mask.dtype)[:, None]  # [n, T]
-    in_reward = config.kl_in_reward and inputs.beta > 0
+    in_reward = settings.kl_in_reward and inputs.beta > 0
     advantages, returns, kl = ppo_advantages(
         rewards.nan_to_num(0.0).float(),
         inputs.values,
         mask,
-        config.gamma,
-        config.lam,
+        settings.gamma,
+        settings.lam,
         old_logprobs=inputs.old_logprobs if in_reward else None,
         ref_logprobs=inputs.ref_logprobs if in_reward else None,
         beta=inputs.beta if in_reward else 0.0,
@@ -119,13 +172,16 @@ def _ppo_advantages(inputs: AdvantageInputs, config: Any) -> AdvantageOutputs:
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm("grpo", min_generations=2, uses_critic=False, advantages=_grpo_advantages),
+    "grpo": Algorithm(
+        "grpo", min_generations=2, uses_critic=False, advantages=_grpo_advantages, validate=_grpo_settings
+    ),
     "ppo": Algorithm(
         "ppo",
         min_generations=1,
         uses_critic=True,
         advantages=_ppo_advantages,
-        needs_old_logprobs=lambda config: config.kl_in_reward and config.beta > 0,
+        needs_old_logprobs=lambda settings: settings.kl_in_reward and settings.beta > 0,
+        validate=_ppo_settings,
     ),
 }
 

@@ -46,8 +46,9 @@ def value_loss(
     V^clip = clip(V, old_V - c, old_V + c) and
     L_t = 0.5 * max((V_t - R_t)^2, (V^clip_t - R_t)^2)  (Schulman et al. 2017's value clipping as in
     OpenAI baselines' PPO2, TRL's former PPOTrainer and verl's ``compute_value_loss``), reduced over
-    tokens by ``aggregate`` with ``loss_type`` (``bnpo``, the token mean, is verl's default
-    "token-mean"; ``num_items_in_batch`` and ``max_completion_length`` as in ``aggregate``).
+    tokens by ``aggregate`` with ``loss_type``, an aggregation name (``names.AGGREGATIONS``; the run's loss type's
+    ``aggregation``; ``bnpo``, the token mean, is verl's default "token-mean"; ``num_items_in_batch`` and
+    ``max_completion_length`` as in ``aggregate``).
 
     Metrics (floats): ``value_loss`` (before ``vf_coef``), ``value_clip_frac`` (fraction of masked
     tokens where the clipped error is the larger, i.e. the clipped term is used), ``explained_variance``

@@ -1,31 +1,43 @@
-"""Prompt datasets: loading (datasets.Dataset, list of dicts, JSONL / Parquet / CSV, built-in tasks),
-validation, chat templates, prompt length limits, and a seeded, resumable batch order."""
+"""Prompt datasets: loading (datasets.Dataset, list of dicts, or a source: grpokit.data.sources), prompts built from
+columns (grpokit.data.prompt_builder), validation, chat templates, prompt length limits, and a seeded, resumable
+batch order."""
 
 from __future__ import annotations
 
-import csv
 import difflib
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from grpokit.data.prompt_builder import PromptBuilder
+from grpokit.data.sources import DataError, read_source
 from grpokit.modeling import decode, encode_prompt
 
-
-class DataError(ValueError):
-    """A dataset problem, with a message that names the fix."""
+__all__ = ["DataError", "PromptBuilder", "PromptSource", "load_rows", "render_prompt", "reward_arguments"]
 
 
-def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dataset") -> list[dict]:
-    """Rows of a dataset given as a datasets.Dataset or IterableDataset, a list of dicts, a file path or
-    ``builtin:<task>``."""
+def load_rows(
+    source: Any,
+    prompt_column: str = "prompt",
+    name: str = "train_dataset",
+    prompts: PromptBuilder | None = None,
+    default_prompt: list | None = None,
+) -> list[dict]:
+    """Rows of a dataset given as a datasets.Dataset or IterableDataset, a list of dicts, a file or folder path,
+    ``builtin:<task>``, or
+    what datasets.load_dataset loads (``hf:...`` or a mapping: :mod:`grpokit.data.sources`), with each prompt built
+    by ``prompts`` (the config's prompt_template / system_prompt / use_chat_template) when given, then checked.
+    ``default_prompt``: the prompt of a row that still has none (a copy of the row gets a copy of it), for
+    environments whose ``reset()`` supplies the prompt (TRL: such a dataset may only route rows to environments)."""
     if source is None:
-        raise DataError(f"{name} is not set; give a JSONL / Parquet / CSV path, a list of dicts or a datasets.Dataset.")
-    if isinstance(source, (str, Path)):
-        rows = _read_path(str(source), name)
+        raise DataError(
+            f"{name} is not set; give a JSONL / Parquet / CSV path, a datasets folder, a hub dataset "
+            "(hf:openai/gsm8k:main:train), a list of dicts or a datasets.Dataset."
+        )
+    if isinstance(source, (str, Path, dict)):
+        rows = read_source(source, name)
     elif isinstance(source, list):
         rows = source
     elif hasattr(source, "to_list"):
@@ -34,6 +46,15 @@ def load_rows(source: Any, prompt_column: str = "prompt", name: str = "train_dat
         rows = [dict(row) for row in source]
     else:
         raise DataError(f"{name} has type {type(source).__name__}; give a path, a list of dicts or a datasets.Dataset.")
+    if rows and prompts is not None:
+        rows = prompts.apply(rows, name)
+    if default_prompt is not None:
+        rows = [
+            {**row, prompt_column: [dict(m) for m in default_prompt]}
+            if isinstance(row, dict) and prompt_column not in row
+            else row
+            for row in rows
+        ]
     if not rows:
         raise DataError(f"{name} is empty; it needs at least one row with a {prompt_column!r} column.")
     for i, row in enumerate(rows):
@@ -99,59 +120,25 @@ def check_reward_columns(
     """Fail before training when a reward needs a column that a row lacks. ``rewards``: {name: function}."""
     for reward, fn in rewards.items():
         for column in reward_columns(fn):
+            if column == prompt_column:  # never passed as a column: the prompts are a keyword of their own
+                raise DataError(
+                    f"reward {reward!r} asks for {column!r}, the prompt column, which the trainer passes as the "
+                    "keyword 'prompts' (one per completion); rename the parameter to prompts."
+                )
             missing = next((i for i, row in enumerate(rows) if column not in row), None)
             if missing is not None:
                 columns = ", ".join(repr(k) for k in rows[missing] if k != prompt_column) or "none"
+                keyword = difflib.get_close_matches(column, REWARD_KEYWORDS, n=1, cutoff=0.8)
+                fix = (
+                    f"did you mean the keyword {keyword[0]!r}, which the trainer passes? Rename the parameter to "
+                    f"{keyword[0]}, or add a column {column!r} to the data."
+                    if keyword
+                    else f"add the column {column!r} to the data, or configure the reward to read another column."
+                )
                 raise DataError(
                     f"reward {reward!r} needs the column {column!r}, but {name} row {missing} has none (its other "
-                    f"columns: {columns}); add the column {column!r} to the data, or configure the reward to read "
-                    "another column."
+                    f"columns: {columns}); {fix}"
                 )
-
-
-def _read_path(path: str, name: str) -> list[dict]:
-    if path.startswith("builtin:"):
-        return _builtin(path.split(":", 1)[1], name)
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise DataError(f"{name} {path!r} does not exist; give the path of a .jsonl, .parquet or .csv file.")
-    if p.is_dir():
-        import datasets
-
-        return datasets.load_from_disk(str(p)).to_list()
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        text = p.read_text()
-        if suffix == ".json" and text.lstrip().startswith("["):
-            return json.loads(text)
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise DataError(
-                        f"{p}:{n} is not valid JSON ({exc.msg}); each line must be one JSON object."
-                    ) from None
-        return rows
-    if suffix == ".csv":
-        with p.open(newline="") as f:
-            return list(csv.DictReader(f))
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(p).to_pylist()
-    raise DataError(f"{name} {path!r}: unknown file type {suffix!r}; use .jsonl, .json, .parquet or .csv.")
-
-
-def _builtin(task: str, name: str) -> list[dict]:
-    spec, _, split = task.partition("/")
-    if spec == "arithmetic":
-        from grpokit.data import arithmetic
-
-        train, held_out = arithmetic.arithmetic_splits()
-        return held_out if split in ("eval", "test") else train
-    raise DataError(f"{name}: unknown built-in task {task!r}; available: builtin:arithmetic, builtin:arithmetic/eval.")
 
 
 def render_prompt(tokenizer, prompt: str | list, **template_kwargs) -> tuple[str, bool]:
@@ -161,8 +148,8 @@ def render_prompt(tokenizer, prompt: str | list, **template_kwargs) -> tuple[str
         return prompt, False
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
-            "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts or "
-            "a tokenizer with a chat template."
+            "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts "
+            "(data.use_chat_template: false) or a tokenizer with a chat template."
         )
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **template_kwargs), True
 

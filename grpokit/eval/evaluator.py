@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -14,7 +15,7 @@ from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.types import SamplingParams
 
 
-@dataclasses.dataclass
+@dataclass
 class Evaluation:
     """One evaluation of an eval set: the ``num_samples`` sampled completions of each prompt, their ``rewards`` (one
     ``RewardResult`` over all of them, prompt by prompt), ``lengths`` [P*n] (tokens the model wrote) and
@@ -122,19 +123,31 @@ def concat_results(results: list[RewardResult]) -> RewardResult:
     )
 
 
+@dataclass(frozen=True)
+class EvalSpec:
+    """A run's evaluation settings: ``num_generations_eval`` samples per prompt, the ``pass_at_k`` values,
+    ``temperature`` (eval_temperature, else the sampling temperature), ``success_threshold``, the dataset's
+    ``prompt_column`` and ``max_eval_prompts`` (None: all)."""
+
+    num_generations_eval: int = 8
+    pass_at_k: tuple = (1, 8)
+    temperature: float = 1.0
+    success_threshold: float = 1.0
+    prompt_column: str = "prompt"
+    max_eval_prompts: int | None = None
+
+
 class Evaluator:
     """A run's evaluation: :func:`evaluate` of an eval set (a PromptSource and its rows) with the run's engine,
-    rewards and settings (a GRPOConfig's ``eval_temperature``, else the sampling temperature,
-    ``num_generations_eval``, ``pass_at_k``, ``success_threshold``, ``prompt_column``, ``max_eval_prompts``);
-    ``params``: the run's SamplingParams (every sampling option but the temperature as in training); ``tools``:
-    the run's ``ToolRollouts`` (multi-turn tool rollouts), or None."""
+    rewards and settings (an :class:`EvalSpec`); ``params``: the run's SamplingParams (every sampling option but the
+    temperature as in training); ``tools``: the run's ``ToolRollouts`` (multi-turn tool rollouts), or None."""
 
-    def __init__(self, args, engine, tokenizer, reward_runner, params: SamplingParams, tools=None):
-        self.args, self.engine, self.tokenizer = args, engine, tokenizer
+    def __init__(self, spec: EvalSpec, *, engine, tokenizer, reward_runner, params: SamplingParams, tools=None):
+        self.spec, self.engine, self.tokenizer = spec, engine, tokenizer
         self.reward_runner, self.params, self.tools = reward_runner, params, tools
 
     def __call__(self, source, rows: list[dict], trainer_state=None) -> Evaluation:
-        args = self.args
+        spec = self.spec
         return evaluate(
             self.engine,
             self.tokenizer,
@@ -142,12 +155,12 @@ class Evaluator:
             rows,
             self.reward_runner,
             trainer_state=trainer_state,
-            num_samples=args.num_generations_eval,
-            ks=args.pass_at_k,
-            params=dataclasses.replace(self.params, temperature=args.eval_temperature or args.temperature),
-            success_threshold=args.success_threshold,
-            prompt_column=args.prompt_column,
-            max_prompts=args.max_eval_prompts,
+            num_samples=spec.num_generations_eval,
+            ks=list(spec.pass_at_k),
+            params=dataclasses.replace(self.params, temperature=spec.temperature),
+            success_threshold=spec.success_threshold,
+            prompt_column=spec.prompt_column,
+            max_prompts=spec.max_eval_prompts,
             tools=self.tools,
         )
 

@@ -29,9 +29,11 @@ TEXTS = ("prompt+completion", "completion")
 def _load_pretrained(path: str, tokenizer: Any):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(path)
+    from grpokit.hub import from_pretrained
+
+    model = from_pretrained(AutoModelForSequenceClassification, path, "reward model")
     if tokenizer is None or isinstance(tokenizer, str):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer or path)
+        tokenizer = from_pretrained(AutoTokenizer, tokenizer or path, "reward model's tokenizer")
     if model.config.pad_token_id is None:
         # HF sequence classifiers pool the last non-pad token, so batching needs a pad id.
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -163,6 +165,24 @@ def _joined(tokenizer: Any, prompt: Any, completion: Any) -> str:
     return text_of(prompt) + text_of(completion)
 
 
+def load_sequence_classifier(name: str, device: str | torch.device | None = None, **kwargs: Any) -> torch.nn.Module:
+    """The reward model a string names in ``reward_funcs`` (TRL's reading): an ``AutoModelForSequenceClassification``
+    with one output (``num_labels=1``) from a local folder or a Hub id, moved to ``device``. ``kwargs`` go to
+    ``from_pretrained`` (``dtype``, ``trust_remote_code``). A ValueError names the string when it does not load."""
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(name, num_labels=1, **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"reward {name!r} names a reward model (a folder or a Hub id owner/name) that cannot be loaded: {first}. "
+            "Give an existing folder holding an AutoModelForSequenceClassification, a Hub id in the local cache (or "
+            "online), a built-in name, or a function as module:function or file.py:function."
+        ) from exc
+    return model if device is None else model.to(device)
+
+
 class ClassifierReward:
     """An ``nn.Module`` sequence classifier as a reward, as TRL's GRPOTrainer uses one: the
     ``processing_class`` tokenizes prompt + completion (right padding, no special tokens added) and
@@ -182,7 +202,9 @@ class ClassifierReward:
                 )
             from transformers import AutoTokenizer
 
-            processing_class = AutoTokenizer.from_pretrained(path)
+            from grpokit.hub import from_pretrained
+
+            processing_class = from_pretrained(AutoTokenizer, path, "reward model's tokenizer")
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
         if config is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,6 +94,22 @@ def _silence_timeout_warnings() -> None:
         logging.getLogger(logger).addFilter(_not_timeout_warning)
 
 
+EXACT_MATCH_ONLY = (
+    "reward accuracy: math-verify is not installed, so answers are compared by exact match only (0.5 does not "
+    "match \\frac{1}{2}, nor x+1 1+x); pip install 'grpokit[math]' for symbolic equivalence."
+)
+
+
+@functools.cache
+def math_verify_installed() -> bool:
+    """Whether math-verify can be imported (the ``math`` extra); without it ``accuracy`` is exact match only."""
+    try:
+        import math_verify  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _math_verify_equal(prediction: str, reference: str) -> bool:
     """Symbolic equality by math-verify; False when it is not installed or cannot parse either."""
     try:
@@ -126,6 +143,8 @@ class AccuracyReward:
     def __init__(self, answer_column: str = "answer"):
         self.answer_column = answer_column
         self.required_columns = (answer_column,)  # checked against the dataset before the model loads
+        if not math_verify_installed():  # said at the start of the run, not discovered from its curves
+            warnings.warn(f"grpokit: {EXACT_MATCH_ONLY}", stacklevel=2)
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float | None]:
         references = require_column(columns, self.answer_column, self.name)

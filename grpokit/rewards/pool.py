@@ -14,7 +14,7 @@ import itertools
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from grpokit.rewards.contract import LIVE_KEYWORDS, Outcome, TimedCall, reads_live_objects
@@ -56,21 +56,26 @@ def chunks(n: int, parts: int, group_size: int = 1) -> list[slice]:
 
 class LocalRewardPool:
     """The functions on this machine: each in ``max(1, workers)`` worker processes, each process scoring
-    a chunk (``isolate`` or ``workers > 0``); otherwise, and for reward models (``in_process``), functions
-    that read live objects (``environments``) and functions a process cannot hold, on threads of this
-    process, where a timeout cannot stop code that holds the GIL (with a warning naming why)."""
+    a chunk (``isolate`` or ``workers > 0``; ``isolate`` may be one flag per function); otherwise, and for reward
+    models (``in_process``), functions that read live objects (``environments``) and functions a process cannot
+    hold, on threads of this process, where a timeout cannot stop code that holds the GIL (with a warning naming
+    why)."""
 
-    def __init__(self, names: list[str], functions: list[Callable], workers: int = 0, isolate: bool = True):
+    def __init__(
+        self, names: list[str], functions: list[Callable], workers: int = 0, isolate: bool | Sequence[bool] = True
+    ):
         self.functions = functions
         # [F]: a function's worker processes (one per chunk), or None to run it on a thread here
         self.processes: list[list[RewardProcess] | None] = [None] * len(functions)
-        if isolate or workers:
-            self._start_processes(names, max(1, workers))
+        flags = [isolate] * len(functions) if isinstance(isolate, bool) else list(isolate)
+        if len(flags) != len(functions):
+            raise ValueError(f"got {len(flags)} isolation flags for {len(functions)} reward functions")
+        self._start_processes(names, max(1, workers), [flag or workers > 0 for flag in flags])
         weakref.finalize(self, _kill_all, self.processes)
 
-    def _start_processes(self, names: list[str], count: int) -> None:
+    def _start_processes(self, names: list[str], count: int, isolated: list[bool]) -> None:
         for f, (name, fn) in enumerate(zip(names, self.functions)):
-            if getattr(fn, "in_process", False) or reads_live_objects(fn):
+            if not isolated[f] or getattr(fn, "in_process", False) or reads_live_objects(fn):
                 continue
             context, why = process_context(fn)
             if context is None:

@@ -6,8 +6,14 @@ A spec is one of:
 - ``"accuracy"``: the name of a built-in (:data:`BUILTINS`);
 - ``"package.module:function"``: a function imported from an installed module;
 - ``"path/to/file.py:function"``: a function from a Python file, loaded by path;
+- ``"path/to/folder"`` or ``"owner/model"``: a reward model, as TRL reads a string in ``reward_funcs``: an
+  ``AutoModelForSequenceClassification`` with one output, loaded from the folder or the Hub id and scored as TRL
+  scores it (:class:`~grpokit.rewards.judge.ClassifierReward`);
 - a dict ``{"name": <any of the above>, "weight": 1.0, **params}``: params go to the built-in's
   constructor, or are bound to a user function with functools.partial.
+
+How a string is told apart (:func:`reward_kind`): a built-in's name first (a bare name is never a Hub id), then an
+existing folder, then ``:`` (a function), then a slash (a Hub id); anything else is an unknown built-in.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.config import expand_path
+from grpokit.config.extensions import import_failure, module_file
 from grpokit.rewards.format import FormatReward
 from grpokit.rewards.judge import RewardModelReward
 from grpokit.rewards.length import LengthReward
@@ -42,6 +49,22 @@ def _unknown(kind: str, name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown {kind} {name!r}{hint} Known: {', '.join(sorted(known))}"
+
+
+def reward_kind(name: str) -> str:
+    """How a reward string is read: ``"builtin"`` (a name in :data:`BUILTINS`, or an unknown bare name, which
+    :func:`get_reward` refuses with a suggestion), ``"model"`` (an existing folder, or a Hub id ``owner/name``: TRL's
+    reward model) or ``"function"`` (``module:function``, ``file.py:function``; a ``.py`` path without a function
+    too, which :func:`resolve_reward` refuses naming the form)."""
+    if name in BUILTINS:
+        return "builtin"
+    if Path(expand_path(name)).is_dir():
+        return "model"
+    if ":" in name or name.endswith(".py"):
+        return "function"
+    if "/" in name or "\\" in name:
+        return "model"
+    return "builtin"
 
 
 def get_reward(name: str, **params: Any) -> Callable[..., list[float | None]]:
@@ -100,10 +123,18 @@ def _load_file(path: str):
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:
+        del sys.modules[module_name]
+        raise UserImportError(import_failure(exc, path)) from exc
     except BaseException:
         del sys.modules[module_name]
         raise
     return module
+
+
+class UserImportError(ValueError):
+    """A user's file or module (a reward, a tool, an environment, a tool parser) raised while it was imported; the
+    message is one line: where (file and line), the exception and its message."""
 
 
 def _function_from(module: Any, function: str, where: str) -> Callable:
@@ -123,11 +154,7 @@ def _load_target(target: str) -> Callable:
         raise ValueError(f"reward {target!r}: expected 'module:function' or 'file.py:function'")
     if location.endswith(".py") or "/" in location or "\\" in location:
         return FileFunction(location, function)
-    try:
-        module = importlib.import_module(location)
-    except ImportError as exc:
-        raise ValueError(f"reward {target!r}: cannot import module {location!r}: {exc}") from exc
-    return _function_from(module, function, location)
+    return _function_from(_import_module(location, f"reward {target!r}"), function, location)
 
 
 def load_callable(target: str, what: str) -> Callable:
@@ -139,11 +166,20 @@ def load_callable(target: str, what: str) -> Callable:
     if location.endswith(".py") or "/" in location or "\\" in location:
         path = str(Path(expand_path(location)).resolve())
         return _function_from(_load_file(path), name, path)
+    return _function_from(_import_module(location, f"{what} {target!r}"), name, location)
+
+
+def _import_module(location: str, what: str):
+    """The installed module ``location``; a ValueError naming ``what`` when it is missing, or a
+    :class:`UserImportError` when importing it raised (:func:`import_failure`)."""
     try:
-        module = importlib.import_module(location)
+        return importlib.import_module(location)
     except ImportError as exc:
-        raise ValueError(f"{what} {target!r}: cannot import module {location!r}: {exc}") from exc
-    return _function_from(module, name, location)
+        if exc.name is not None and (location + ".").startswith(exc.name + "."):  # it (or its package) is missing
+            raise ValueError(f"{what}: cannot import module {location!r}: {exc}") from exc
+        raise UserImportError(f"{what}: {import_failure(exc, module_file(location))}") from exc
+    except (Exception, SystemExit) as exc:
+        raise UserImportError(f"{what}: {import_failure(exc, module_file(location))}") from exc
 
 
 def reward_name(fn: Callable) -> str:
@@ -154,8 +190,10 @@ def reward_name(fn: Callable) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
-def resolve_reward(spec: Any) -> tuple[str, Callable, float]:
-    """Turn a spec (see the module docstring) into ``(name, fn, weight)``."""
+def resolve_reward(spec: Any, model_kwargs: Mapping[str, Any] | None = None) -> tuple[str, Callable, float]:
+    """Turn a spec (see the module docstring) into ``(name, fn, weight)``. A reward model named by a string is
+    returned as the loaded ``nn.Module`` (the runner wraps it to score as TRL does); ``model_kwargs`` go to its
+    loading (:func:`~grpokit.rewards.judge.load_sequence_classifier`: ``device``, ``dtype``, ``trust_remote_code``)."""
     params: dict[str, Any] = {}
     weight = 1.0
     target = spec
@@ -165,9 +203,20 @@ def resolve_reward(spec: Any) -> tuple[str, Callable, float]:
             raise ValueError(f"reward spec {dict(spec)!r} needs a 'name' key")
         target = params.pop("name")
         weight = float(params.pop("weight", 1.0))
-    if isinstance(target, str) and ":" not in target:
+    kind = reward_kind(target) if isinstance(target, str) else None
+    if kind == "builtin":
         return target, get_reward(target, **params), weight
-    if isinstance(target, str):
+    if kind == "model":
+        if params:
+            raise ValueError(
+                f"reward {target!r} is a reward model, scored as TRL scores it, and takes no parameters (got "
+                f"{', '.join(sorted(params))}); for scoring options use {{name: reward_model, model: {target}, ...}}."
+            )
+        from grpokit.rewards.judge import load_sequence_classifier
+
+        model = load_sequence_classifier(expand_path(target), **dict(model_kwargs or {}))
+        return reward_name(model), model, weight
+    if kind == "function":
         fn = _load_target(target)
     elif callable(target):
         fn = target

@@ -2,7 +2,10 @@
 
 Where a function runs is the pool's business (:mod:`grpokit.rewards.pool`). By default
 (``isolate=True``) in its own worker process (:mod:`grpokit.rewards.workers`), which is killed at the
-function's timeout whatever the function does; with ``workers=N > 0`` in N processes per function,
+function's timeout whatever the function does; ``isolate=None`` isolates the functions named by a string
+(built-ins, ``module:function``, ``file.py:function``) and runs the function objects given to it on threads here,
+as TRL runs them, so what they change in their module or closure is seen by the caller (GRPOTrainer's default,
+``reward_isolation: null``); with ``workers=N > 0`` in N processes per function,
 each scoring a contiguous chunk of whole groups (``group_size`` completions of one prompt stay
 together), for CPU-heavy rewards. Reward models (a ``reward_model`` or an ``nn.Module``, marked
 ``in_process``), and every function with ``isolate=False``, run on daemon threads in this process,
@@ -133,8 +136,11 @@ class RewardRunner:
     ``weights``: one weight per spec; when given it replaces the specs' own weights.
     ``timeout``: seconds allowed per function per batch (per chunk with workers).
     ``workers``: processes per function, each scoring a chunk; 0 = one process each (``isolate``) or
-    none. ``isolate=False`` runs the functions on threads in this process.
-    ``processing_classes``: one tokenizer (or None) per spec, used by ``nn.Module`` rewards.
+    none. ``isolate=False`` runs the functions on threads in this process; ``isolate=None`` isolates the specs given
+    as strings and runs the callables on threads (see the module docstring).
+    ``processing_classes``: one tokenizer (or None) per spec, used by ``nn.Module`` rewards (TRL's
+    ``reward_processing_classes``; a missing one is loaded from the model's folder).
+    ``model_kwargs``: how reward models named by a string are loaded (``device``, ``dtype``, ``trust_remote_code``).
     ``pool``: builds where the functions run from (names, functions) (a
     :data:`~grpokit.rewards.pool.PoolFactory`, e.g. ``functools.partial(RayRewardPool, workers=4)``);
     default a :class:`~grpokit.rewards.pool.LocalRewardPool` of ``workers`` and ``isolate``.
@@ -147,9 +153,10 @@ class RewardRunner:
         weights: Sequence[float] | None = None,
         timeout: float = 10.0,
         workers: int = 0,
-        isolate: bool = True,
+        isolate: bool | None = True,
         processing_classes: Sequence[Any] | None = None,
         pool: PoolFactory | None = None,
+        model_kwargs: Mapping[str, Any] | None = None,
     ):
         if isinstance(specs, (str, Mapping)) or callable(specs):
             specs = [specs]
@@ -160,9 +167,14 @@ class RewardRunner:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         if processing_classes is not None and len(processing_classes) != len(specs):
-            raise ValueError(f"got {len(processing_classes)} reward processing classes for {len(specs)} rewards")
+            raise ValueError(
+                f"The number of reward processing classes ({len(processing_classes)}) must match the number of reward "
+                f"functions ({len(specs)}); give one per reward function, in order (None for a plain function)."
+            )
         classes = list(processing_classes) if processing_classes is not None else [None] * len(specs)
-        resolved = [_classifier(*resolve_reward(spec), tokenizer) for spec, tokenizer in zip(specs, classes)]
+        resolved = [
+            _classifier(*resolve_reward(spec, model_kwargs), tokenizer) for spec, tokenizer in zip(specs, classes)
+        ]
         if weights is None:
             weights = [weight for _, _, weight in resolved]
         elif len(weights) != len(resolved):
@@ -175,6 +187,8 @@ class RewardRunner:
         self.timeout = float(timeout)
         self._announced: set[tuple[str, str]] = set()
         self._batches = self._failed_in_a_row = 0
+        if isolate is None:  # the functions named by a string in worker processes, the objects given here on threads
+            isolate = [isinstance(spec.get("name") if isinstance(spec, Mapping) else spec, str) for spec in specs]
         make_pool = pool or functools.partial(LocalRewardPool, workers=workers, isolate=isolate)
         self.pool = make_pool(self.names, self.functions)
 

@@ -121,9 +121,43 @@ class RewardProcess:
 
 
 def _died(proc: RewardProcess) -> Outcome:
-    code = proc._process.exitcode if proc._process is not None else None
+    """The outcome of a call whose process closed its pipe: it is ending, so it is reaped (a second at most) to
+    say how it ended."""
+    code = None
+    if proc._process is not None:
+        proc._process.join(_REAP_SECONDS)
+        code = proc._process.exitcode
     proc.kill()
-    return Outcome(error=f"the reward worker process died (exit code {code})")
+    return Outcome(error=f"the reward worker process {how_it_ended(code)}")
+
+
+# How long a worker whose pipe closed may take to end before it is killed: it is exiting already.
+_REAP_SECONDS = 1.0
+_SIGNAL_CAUSES = {
+    signal.SIGKILL: "the kernel's out-of-memory killer sends it, as does kill -9",
+    signal.SIGSEGV: "a crash in C code: an extension the function uses",
+    signal.SIGABRT: "an abort in C code: an extension the function uses",
+    signal.SIGBUS: "a crash in C code: an extension the function uses",
+    signal.SIGTERM: "another process asked it to stop",
+}
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """``multiprocessing``'s ``exitcode`` of a reward worker as words: the exit status or the signal, and the
+    likely cause (a worker only ends by itself through ``os._exit``, or the C code it runs)."""
+    if exitcode is None:
+        return "closed its pipe and did not exit (it was killed)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        cause = _SIGNAL_CAUSES.get(-exitcode)
+        return f"was killed by {name}" + (f" ({cause})" if cause else "")
+    return (
+        f"exited with status {exitcode} while scoring (os._exit() in the reward function or the code it calls: "
+        "a reward function must return its values)"
+    )
 
 
 def run_calls(

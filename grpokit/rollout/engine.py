@@ -34,9 +34,25 @@ from grpokit.rollout.types import Rollouts, SamplingParams
 
 
 class RolloutEngine(Protocol):
-    """Anything that turns prompts into Rollouts (the HF engine here; Ray and vLLM engines elsewhere)."""
+    """What every rollout engine provides (the engines by name: :mod:`grpokit.rollout.registry`).
+
+    ``generate``: ``num_generations`` completions of each prompt as :class:`Rollouts` stamped with
+    ``policy_version``, the optimizer steps of the weights it samples from. ``sync_weights()``: the learner has
+    changed the policy's weights (one version more); the engine samples from them from the next ``generate`` on
+    (a colocated engine shares them; one with its own copy reloads it before sampling). ``takes_group_seeds``:
+    ``generate(..., seeds=)`` takes one seed per prompt and samples each group from it (else
+    :func:`grpokit.rollout.seeding.generate_per_group` reseeds ``generator`` before each group). ``generator``:
+    the engine's random stream (saved in checkpoints); ``pad_token_id``: the right padding of its completions.
+    """
+
+    takes_group_seeds: bool
+    policy_version: int
+    generator: torch.Generator
+    pad_token_id: int
 
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams) -> Rollouts: ...
+
+    def sync_weights(self) -> None: ...
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +68,9 @@ def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[
 
 
 class HFRolloutEngine:
-    """Samples from a local policy model (HF causal LM or a custom logits module)."""
+    """Samples from a local policy model (HF causal LM or a custom logits module), sharing its weights."""
+
+    takes_group_seeds = False  # one random stream: generate_per_group reseeds it group by group
 
     def __init__(
         self,
@@ -73,6 +91,10 @@ class HFRolloutEngine:
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.policy_version = 0
+
+    def sync_weights(self) -> None:
+        """The policy was updated: the engine samples from the same (shared) weights, one version on."""
+        self.policy_version += 1
 
     @torch.no_grad()  # not inference_mode: its tensors could not enter the autograd graph of the update
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams) -> Rollouts:

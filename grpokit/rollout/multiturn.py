@@ -305,10 +305,26 @@ class MultiTurnEngine:
         keep_cache: bool = True,
     ):
         self.engine, self.chat, self.executor = engine, chat, executor
+        self.pad_token_id = engine.pad_token_id
         self.max_tool_calling_iterations = max_tool_calling_iterations
         self.parser = parser
         self.keep_cache = keep_cache
         self.on_step: Callable[[list[int], list[ToolRollout]], None] | None = None
+
+    # The RolloutEngine protocol (grpokit.rollout.engine): groups seeded on their own (``seeds``); the weights, the
+    # random stream and the policy version are the base engine's. Prompts are chat messages, not token ids.
+    takes_group_seeds = True
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self.engine.generator
+
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
 
     @torch.no_grad()
     def generate(

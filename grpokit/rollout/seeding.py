@@ -25,9 +25,10 @@ def group_seed(seed: int, step: int, group: int) -> int:
 def generate_per_group(
     engine, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams
 ) -> Rollouts:
-    """Sample each prompt's group with ``engine`` after seeding its generator with that group's seed
-    (an engine that seeds groups itself, such as vLLM's, takes the seeds in one call)."""
-    if getattr(engine, "takes_group_seeds", False):
+    """Sample each prompt's group with ``engine`` (a :class:`grpokit.rollout.engine.RolloutEngine`) after seeding
+    its generator with that group's seed; an engine that seeds groups itself (``takes_group_seeds``, vLLM's)
+    takes the seeds in one call."""
+    if engine.takes_group_seeds:
         return engine.generate(prompt_ids, num_generations, params, seeds=seeds)
     parts = []
     for prompt, seed in zip(prompt_ids, seeds):

@@ -218,6 +218,10 @@ class VLLMRolloutEngine:
             self._sleep()
         return rollouts_from_vllm(outputs, num_generations, self.pad_token_id, self.policy_version)
 
+    def sync_weights(self) -> None:
+        """The policy was updated: its weights are copied into vLLM before the next sampling (one version on)."""
+        self.policy_version += 1
+
     def _wake(self) -> None:
         if self.sleep_mode:
             torch.cuda.empty_cache()  # hand the learner's cached blocks back before vLLM maps its memory

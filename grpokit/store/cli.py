@@ -1,15 +1,27 @@
 """The `inspect` and `report` subcommands; grpokit/cli.py adds them with `register(subparsers)`.
 
-Their StoreErrors reach the user as `grpokit: error: ...` (exit 2) through grpokit/cli.py's main."""
+Their StoreErrors reach the user as `grpokit: error: ...` (exit 2) through grpokit/cli.py's main. Both only read
+the run folder, so they work on a finished run on read-only storage; `report` writes RUN/report.html, or where
+`--output` says, or, when the run folder cannot be written, a file in the temporary folder, saying so.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import hashlib
 import sys
+import tempfile
 import webbrowser
+from pathlib import Path
 
+from grpokit.io_errors import storage_errno, write_stdout
 from grpokit.store.inspect import inspect_run
-from grpokit.store.report import write_report
+from grpokit.store.report import REPORT_FILENAME, report_page, write_page
+from grpokit.store.store import StoreError
+
+# The run folder refused report.html for one of these: write it to the temporary folder instead.
+_FALL_BACK_ON = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,8 +49,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=run_inspect)
 
-    report = subparsers.add_parser("report", help="write RUN/report.html (curves, samples)")
+    report = subparsers.add_parser(
+        "report",
+        help="write RUN/report.html (curves, samples)",
+        description="Write RUN/report.html: the run's summary, curves and best and worst completions. When the "
+        "run folder cannot be written (read-only storage, a full disk), the report goes to the temporary folder "
+        "and the command says where.",
+    )
     report.add_argument("run", help="run folder")
+    report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of RUN/report.html")
     report.add_argument("--open", action="store_true", help="open the report in a browser")
     report.set_defaults(func=run_report)
 
@@ -54,13 +73,45 @@ def run_inspect(args: argparse.Namespace) -> int:
         sql=args.sql,
         as_json=args.json,
     )
-    sys.stdout.write(output)
+    write_stdout(output)
     return 0
 
 
 def run_report(args: argparse.Namespace) -> int:
-    path = write_report(args.run)
-    print(f"wrote {path}")
+    page = report_page(args.run)
+    path = Path(args.output) if args.output is not None else Path(args.run) / REPORT_FILENAME
+    try:
+        write_page(path, page)
+    except OSError as exc:
+        if args.output is not None or storage_errno(exc) not in _FALL_BACK_ON:
+            raise
+        path = _fall_back(Path(args.run), path, page, exc)
+    write_stdout(f"wrote {path}\n")
     if args.open:
         webbrowser.open(path.resolve().as_uri())
     return 0
+
+
+def fallback_report_path(run: Path) -> Path:
+    """Where the report of ``run`` goes when its folder cannot be written: the temporary folder, named after the
+    run (and a hash of its full path, so two runs of the same name do not overwrite each other's)."""
+    digest = hashlib.sha1(str(run.resolve()).encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"grpokit-report-{run.resolve().name}-{digest}.html"
+
+
+def _fall_back(run: Path, refused: Path, page: str, exc: OSError) -> Path:
+    fallback = fallback_report_path(run)
+    cause = exc.strerror or str(exc)
+    try:
+        write_page(fallback, page)
+    except OSError as again:
+        raise StoreError(
+            f"cannot write {refused} ({cause}) nor {fallback} ({again.strerror or again}); "
+            "choose a writable place with --output FILE"
+        ) from again
+    print(
+        f"grpokit: {refused} cannot be written ({cause}); wrote the report to {fallback} instead "
+        "(--output FILE chooses where)",
+        file=sys.stderr,
+    )
+    return fallback

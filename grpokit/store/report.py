@@ -10,6 +10,7 @@ such as eval/num_prompts are in the summary, never on an axis with fractions).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -61,13 +62,21 @@ h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32
 """
 
 
-def write_report(run_dir: str | Path, steps: list[int] | None = None) -> Path:
-    """Write RUN/report.html and return its path.
+def write_report(run_dir: str | Path, steps: list[int] | None = None, output: str | Path | None = None) -> Path:
+    """Write RUN/report.html (or ``output``) and return its path.
 
     Curves come from the store's step metrics, or from RUN/metrics.jsonl when the store has none;
     metrics a run did not log are skipped. Sample completions (best and worst by reward) are
-    shown for `steps`, by default the first, middle and last step with rollouts.
+    shown for `steps`, by default the first, middle and last step with rollouts. The page is written to a
+    temporary file beside it, then renamed: a stop or a full disk while writing leaves the previous report whole.
     """
+    path = Path(output) if output is not None else Path(run_dir) / REPORT_FILENAME
+    write_page(path, report_page(run_dir, steps))
+    return path
+
+
+def report_page(run_dir: str | Path, steps: list[int] | None = None) -> str:
+    """The report of the run in ``run_dir`` as one HTML page (see :func:`write_report`); reads only."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise StoreError(f"no run folder at {run_dir}")
@@ -85,11 +94,22 @@ def write_report(run_dir: str | Path, steps: list[int] | None = None) -> Path:
         metrics = _read_metrics_jsonl(run_dir / METRICS_FILENAME)
     curves = _curves(metrics, evals)
     summary = run_summary(run_dir, metrics, evals, written_at)
-    path = run_dir / REPORT_FILENAME
-    tmp = path.with_name(path.name + ".tmp")  # a stop while writing never leaves a torn report
-    tmp.write_text(_page(run_dir.name, run_id, curves, samples, summary), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return _page(run_dir.name, run_id, curves, samples, summary)
+
+
+def write_page(path: Path, page: str) -> None:
+    """Write ``page`` to ``path`` through a temporary file beside it and a rename; on any failure the temporary
+    file is removed and ``path`` is as it was (an OSError names ``path``)."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno is not None:  # name the report, not its temporary file
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
+        raise
 
 
 def _read_metrics_jsonl(path: Path) -> list[dict]:

@@ -8,15 +8,23 @@ power loss can drop the last few committed steps, which resuming from a checkpoi
 (`rollback_after`).
 
 Readers (`grpokit inspect`, the HTML report) open the file read-only and can do so while the
-trainer is writing.
+trainer is writing. On read-only storage (a finished run on a read-only mount, a folder without write
+permission) or a full disk, SQLite cannot create the `-shm` file that a read-only connection to a WAL store
+needs (a live trainer would have made it); the reader then opens the file as immutable, or, when the `-wal`
+file still holds steps that were never copied into the main file (a trainer killed by SIGKILL), a private copy
+of both in a temporary folder, so no committed step is left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -77,6 +85,25 @@ def resolve_store_path(path: str | Path) -> Path:
     return path / STORE_FILENAME
 
 
+# SQLite's errors for a WAL store whose -shm file (the readers' shared index) cannot be made or used: read-only
+# storage (CANTOPEN, READONLY_CANTINIT) or a full disk (IOERR_SHMSIZE and its kin).
+_NO_SHARED_MEMORY = {
+    "SQLITE_CANTOPEN",
+    "SQLITE_READONLY_CANTINIT",
+    "SQLITE_IOERR_SHMOPEN",
+    "SQLITE_IOERR_SHMSIZE",
+    "SQLITE_IOERR_SHMMAP",
+}
+
+
+def _no_shared_memory(err: sqlite3.OperationalError) -> bool:
+    """SQLite could not set up the store's -shm file (:data:`_NO_SHARED_MEMORY`)."""
+    name = getattr(err, "sqlite_errorname", None)  # Python >= 3.11
+    if name is not None:
+        return name in _NO_SHARED_MEMORY
+    return str(err) in ("unable to open database file", "disk I/O error")
+
+
 def _nan_if_null(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -93,6 +120,8 @@ class RolloutStore:
         self.path = resolve_store_path(path)
         self.readonly = readonly
         self._query_conn: sqlite3.Connection | None = None
+        self._read_uri: str | None = None  # how a read-only connection opens the file (see _read_only_uri)
+        self._copy: str | None = None  # the temporary folder of a private copy, removed by close()
         self._conn = self._connect_readonly() if readonly else self._connect_writable(run_id)
         try:
             self._check_schema_version()
@@ -128,11 +157,42 @@ class RolloutStore:
                 f"no rollout store at {self.path}: not a run folder, or a run that has not written "
                 "a step yet (its metrics.jsonl, if any, still gives `grpokit report`)"
             )
-        uri = f"{self.path.resolve().as_uri()}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        if self._read_uri is None:
+            self._read_uri = self._read_only_uri()
+        conn = sqlite3.connect(self._read_uri, uri=True, isolation_level=None)
         # A reader waits for the trainer's commit instead of failing with "database is locked".
         conn.execute("PRAGMA busy_timeout=10000")
         return conn
+
+    def _read_only_uri(self) -> str:
+        """The URI a read-only connection opens: the file with ``mode=ro``; where that cannot open a WAL store
+        (read-only storage or a full disk: no ``-shm`` file and no way to create one), the file as ``immutable``,
+        or a private copy when its ``-wal`` file holds steps not in the main file yet (module docstring)."""
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        try:
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as conn:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return uri
+        except sqlite3.OperationalError as err:
+            if not _no_shared_memory(err):
+                raise StoreError(f"{self.path} cannot be read ({err})") from err
+        except sqlite3.DatabaseError as err:
+            raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err
+        wal = self.path.with_name(self.path.name + "-wal")
+        if not (wal.is_file() and wal.stat().st_size > 0):
+            return f"{self.path.resolve().as_uri()}?immutable=1"
+        self._copy = tempfile.mkdtemp(prefix="grpokit-store-")
+        copy = Path(self._copy) / self.path.name
+        try:
+            shutil.copyfile(self.path, copy)
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        except OSError as err:
+            raise StoreError(
+                f"{self.path} is on read-only storage and its last steps are still in {wal.name}, which SQLite "
+                f"can only read from a copy; copying it to {self._copy} failed ({err.strerror}); set TMPDIR to a "
+                "folder with room, or copy the run folder to writable storage"
+            ) from err
+        return f"{copy.as_uri()}?mode=ro"
 
     def _table_columns(self) -> list[str]:
         return [row[1] for row in self._conn.execute("PRAGMA table_info(rollouts)")]
@@ -171,10 +231,11 @@ class RolloutStore:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._conn.execute("COMMIT")
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                self._conn.execute("ROLLBACK")
             raise
-        self._conn.execute("COMMIT")
 
     # ----------------------------------------------------------------- writing
 
@@ -196,6 +257,39 @@ class RolloutStore:
                     f"step {step} is already in {self.path}; call rollback_after({step - 1}) before writing it again"
                 ) from err
             raise StoreError(f"step {step}: {err} (two rollouts share prompt_index and completion_index?)") from err
+        except sqlite3.OperationalError as err:
+            raise self._write_failed(f"step {step}", err) from None
+
+    def _write_failed(self, what: str, err: sqlite3.OperationalError) -> StoreError:
+        """One line for a write SQLite could not do (a full disk, an I/O error); the steps before it are intact."""
+        cause = str(err)
+        if getattr(err, "sqlite_errorname", "") == "SQLITE_FULL":
+            cause = "No space left on device (ENOSPC; SQLite: database or disk is full)"
+        return StoreError(
+            f"cannot write {what} to {self.path}: {cause}; the steps before it are intact: fix that, then resume "
+            "with resume_from=latest."
+        )
+
+    def step_digest(self, step: int) -> str:
+        """The digest of step ``step`` as stored (``store/integrity.py``; a checkpoint records the chain of them)."""
+        from grpokit.store.integrity import step_digest
+
+        return step_digest(self._conn, step)
+
+    def sync(self) -> None:
+        """Make every committed step durable: a WAL checkpoint copies what no reader holds into the database, then
+        both files are fsynced. A checkpoint that records the store is written only after this."""
+        try:
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # copies what no reader holds into the database
+        except sqlite3.OperationalError as err:
+            raise self._write_failed("the committed steps", err) from None
+        for file in (self.path, self.path.with_name(self.path.name + "-wal")):  # and whatever a reader held back
+            if file.exists():
+                fd = os.open(file, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def _rollout_row(self, step: int, i: int, rollout: RolloutRecord) -> tuple:
         if not isinstance(rollout, RolloutRecord):
@@ -230,12 +324,17 @@ class RolloutStore:
                 self._conn.executemany("INSERT INTO evals (step, dataset, name, value) VALUES (?, ?, ?, ?)", rows)
         except sqlite3.IntegrityError as err:
             raise DuplicateStepError(f"eval of {dataset!r} at step {step} is already in {self.path}") from err
+        except sqlite3.OperationalError as err:
+            raise self._write_failed(f"the evaluation of step {step}", err) from None
 
     def rollback_after(self, step: int) -> None:
         """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""
-        with self._transaction():
-            for table in ("steps", "rollouts", "step_metrics", "evals"):
-                self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
+        try:
+            with self._transaction():
+                for table in ("steps", "rollouts", "step_metrics", "evals"):
+                    self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
+        except sqlite3.OperationalError as err:
+            raise self._write_failed(f"the removal of the steps after step {step}", err) from None
 
     # ----------------------------------------------------------------- reading
 
@@ -354,6 +453,9 @@ class RolloutStore:
             if conn is not None:
                 conn.close()
         self._query_conn = None
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy = None
 
     def __enter__(self) -> RolloutStore:
         return self

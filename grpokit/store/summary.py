@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-# The config keys that name the algorithm variant (DESIGN.md: one name, one formula).
+# The config keys that name the algorithm variant (one name, one formula: docs/architecture.md).
 ALGORITHM_KEYS = ("algorithm", "advantage_estimator", "loss_type", "scale_rewards", "importance_sampling_level", "beta")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import sys
 from html import escape
 
 # Tableau 10: distinguishable lines, also for the common forms of colour blindness.
@@ -21,29 +23,61 @@ def nice_ticks(lo: float, hi: float, count: int = 5, min_step: float = 0.0) -> l
 
     The step is the smallest of {1, 2, 5, 10} x 10^floor(log10(raw)) not below
     raw = (hi - lo) / (count - 1), and not below `min_step` (1 keeps step axes on integers).
+    Total: at most count + 1 ticks for any floats. A range that is empty, flat up to float rounding
+    (-0.3375 and -0.33749999999999997) or not finite gives one tick (none when neither end is finite);
+    a range wider than the largest float is ticked at half scale.
     """
-    if hi <= lo:
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [v for v in (lo, hi) if math.isfinite(v)][:1]
+    if max(abs(lo), abs(hi)) > _HUGE:  # hi - lo or the step could overflow: tick the halved range
+        return [2 * t for t in nice_ticks(lo / 2, hi / 2, count, min_step / 2)]
+    if _flat(lo, hi):
         return [lo]
     raw = max((hi - lo) / max(count - 1, 1), min_step)
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks = []
-    value = first
-    while value <= hi + step * 1e-9:
-        ticks.append(round(value / step) * step)  # no 0.30000000000000004 labels
-        value += step
-    return ticks
+    # Tick i is i * step: counted, not accumulated, so rounding cannot stall or stretch the sequence.
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    return [i * step for i in range(first, min(last, first + count) + 1)]
+
+
+# Above this magnitude a range's width could overflow (float max is 1.8e308); below _TINY it underflows.
+_HUGE, _TINY = 1e300, 1e-300
+
+
+def _flat(lo: float, hi: float) -> bool:
+    """Whether [lo, hi] is a single value up to float rounding (relative 1e-9, or below any float's scale)."""
+    return hi - lo <= max(abs(lo), abs(hi)) * 1e-9 or hi - lo < _TINY
 
 
 def _y_range(values: list[float]) -> tuple[float, float]:
+    """The value axis of finite ``values``: their range padded by 5%; a flat line (equal up to rounding) gets a
+    band of 10% of its value (0.5 at zero) around it, so it sits mid-chart. Never wider than the floats."""
     lo, hi = min(values), max(values)
-    if hi > lo:
-        pad = (hi - lo) * 0.05
-        return lo - pad, hi + pad
-    # A flat line: give it a band around its value so it sits mid-chart.
+    if not _flat(lo, hi):
+        pad = (hi / 2 - lo / 2) * 0.1  # 5% of the range, computed at half scale so it cannot overflow
+        return _clamp(lo - pad), _clamp(hi + pad)
     pad = abs(lo) * 0.1 or 0.5
-    return lo - pad, hi + pad
+    return _clamp(lo - pad), _clamp(lo + pad)
+
+
+def _clamp(value: float) -> float:
+    return max(-sys.float_info.max, min(sys.float_info.max, value))
+
+
+def _fraction(value: float, lo: float, hi: float) -> float:
+    """Where ``value`` lies in [lo, hi] (hi > lo), 0..1, computed at half scale so no difference overflows."""
+    return (value / 2 - lo / 2) / (hi / 2 - lo / 2)
+
+
+def _tick_labels(ticks: list[float]) -> list[str]:
+    """Labels with enough significant digits to tell neighbouring ticks apart (3 at least, 15 at most)."""
+    if len(ticks) < 2:
+        return [_label(t) for t in ticks]
+    step = min(b - a for a, b in itertools.pairwise(ticks))
+    scale = max(abs(t) for t in ticks)
+    digits = 3 if step <= 0 or scale <= 0 else max(3, min(15, math.ceil(math.log10(scale / step)) + 2))
+    return [f"{t:.{digits}g}" for t in ticks]
 
 
 def _label(value: float) -> str:
@@ -68,6 +102,10 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
 
     Returns "" when no series has a point, so callers can skip the chart.
     """
+    # Only finite points can be drawn (NaN, inf: a gap in the data, not a place on the axis).
+    series = {
+        name: [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)] for name, points in series.items()
+    }
     series = {name: points for name, points in series.items() if points}
     if not series:
         return ""
@@ -80,15 +118,16 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
     xs = [x for points in series.values() for x, _ in points]
     ys = [y for points in series.values() for _, y in points]
     x_lo, x_hi = min(xs), max(xs)
-    if x_hi == x_lo:
-        x_lo, x_hi = x_lo - 1, x_hi + 1
+    if _flat(x_lo, x_hi):  # one step: a band of one step either side (10% of it where 1 is below rounding)
+        pad = abs(x_lo) * 0.1 if _flat(x_lo - 1, x_lo + 1) else 1.0
+        x_lo, x_hi = _clamp(x_lo - pad), _clamp(x_lo + pad)
     y_lo, y_hi = _y_range(ys)
 
     def px(x: float) -> float:
-        return left + (x - x_lo) / (x_hi - x_lo) * plot_w
+        return left + _fraction(x, x_lo, x_hi) * plot_w
 
     def py(y: float) -> float:
-        return top + (y_hi - y) / (y_hi - y_lo) * plot_h
+        return top + (1 - _fraction(y, y_lo, y_hi)) * plot_h
 
     parts = [
         (
@@ -99,16 +138,16 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
         f'<text x="{left}" y="18" class="title">{escape(title)}</text>',
         f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>',
     ]
-    for tick in nice_ticks(y_lo, y_hi):
+    y_ticks = nice_ticks(y_lo, y_hi)
+    for tick, label in zip(y_ticks, _tick_labels(y_ticks)):
         y = py(tick)
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_label(tick)}</text>')
-    for tick in nice_ticks(x_lo, x_hi, count=6, min_step=1):
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{label}</text>')
+    x_ticks = nice_ticks(x_lo, x_hi, count=6, min_step=1)
+    for tick, label in zip(x_ticks, _tick_labels(x_ticks)):
         x = px(tick)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + plot_h}" y2="{top + plot_h + 4}" class="axis"/>')
-        parts.append(
-            f'<text x="{x:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">{_label(tick)}</text>'
-        )
+        parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">{label}</text>')
     parts.append(
         f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="tick" text-anchor="middle">step</text>'
     )

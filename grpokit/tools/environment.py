@@ -94,6 +94,7 @@ class EnvironmentPool:
         self.factory = factory
         first = self._make()
         self.schemas = EnvironmentSession(first).schemas
+        self.tools = environment_tools(first)  # the tools, bound to this first instance (TRL's trainer.tools)
         self.environment_class = type(first)
         self.has_reward = callable(getattr(first, "get_reward", None))
         self._idle: list[Any] = [first]
@@ -160,7 +161,8 @@ class Environments:
     def reward_functions(self) -> list[tuple[str, Callable]]:
         """(name, function) for each environment class that defines ``get_reward``: a reward function of
         TRL's contract, ``fn(environments, **kwargs)`` with the batch's instances, giving that class's
-        rollouts their ``get_reward()`` (None for other classes and for broken instances)."""
+        rollouts their ``get_reward()`` (None for other classes and for broken instances; an instance from
+        outside the batch is asked directly)."""
         functions, seen = [], set()
         for pool in self.pools.values():
             cls = pool.environment_class
@@ -169,9 +171,14 @@ class Environments:
             seen.add(cls)
 
             def get_reward(environments: Sequence[Any], _cls: type = cls, **kwargs: Any) -> list[float | None]:
+                # an instance of this batch through its session (None once broken); any other, directly
                 sessions = {id(s.instance): s for s in self.current}
                 return [
-                    sessions[id(e)].get_reward() if id(e) in sessions and type(e) is _cls else None
+                    None
+                    if type(e) is not _cls
+                    else sessions[id(e)].get_reward()
+                    if id(e) in sessions
+                    else e.get_reward()
                     for e in environments
                 ]
 

@@ -11,29 +11,54 @@ checkpoint, as in transformers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
+@dataclass(frozen=True)
+class CallbackSpec:
+    """When the run logs, evaluates and saves (``logging_steps``; ``eval_strategy`` / ``eval_steps``;
+    ``save_strategy`` / ``save_steps``), and ``per_device_train_batch_size`` for the TrainerState."""
+
+    logging_steps: int = 1
+    eval_strategy: str = "steps"
+    eval_steps: int = 0
+    save_strategy: str = "steps"
+    save_steps: int = 0
+    per_device_train_batch_size: int = 8
+
+
 class CallbackRunner:
-    """The run's callbacks, ``state`` (global_step, max_steps, epoch, log_history ...) and ``control``."""
+    """The run's callbacks, ``state`` (global_step, max_steps, epoch, log_history ...) and ``control``.
+
+    ``spec``: its :class:`CallbackSpec`. ``args``: the user's config object, passed unread to every event as
+    transformers passes its TrainingArguments."""
 
     def __init__(
-        self, callbacks: list | None, args, max_steps: int, steps_per_epoch: int, is_main: bool, **objects: Any
+        self,
+        callbacks: list | None,
+        spec: CallbackSpec,
+        *,
+        args: Any,
+        max_steps: int,
+        steps_per_epoch: int,
+        is_main: bool,
+        **objects: Any,
     ):
         from transformers.trainer_callback import TrainerControl, TrainerState
 
         self.callbacks = []
         for cb in callbacks or []:
             self.add(cb)
-        self.args = args
+        self.spec, self.args = spec, args
         self.objects = objects  # model, processing_class, optimizer, lr_scheduler: passed to every event
         self.steps_per_epoch = steps_per_epoch
         self.state = TrainerState(
             max_steps=max_steps,
-            logging_steps=args.logging_steps,
-            eval_steps=args.eval_steps,
-            save_steps=args.save_steps,
-            train_batch_size=args.per_device_train_batch_size,
+            logging_steps=spec.logging_steps,
+            eval_steps=spec.eval_steps,
+            save_steps=spec.save_steps,
+            train_batch_size=spec.per_device_train_batch_size,
             num_train_epochs=-(-max_steps // steps_per_epoch),
             is_local_process_zero=is_main,
             is_world_process_zero=is_main,
@@ -51,9 +76,9 @@ class CallbackRunner:
     def every(self, kind: str) -> int:
         """Steps between evaluations (``kind="eval"``) or checkpoints (``"save"``) of the run's ``eval_strategy`` /
         ``save_strategy`` (steps: eval_steps / save_steps; epoch: the steps per epoch); 0: never (no)."""
-        args = self.args
+        spec = self.spec
         strategy, every = (
-            (args.eval_strategy, args.eval_steps) if kind == "eval" else (args.save_strategy, args.save_steps)
+            (spec.eval_strategy, spec.eval_steps) if kind == "eval" else (spec.save_strategy, spec.save_steps)
         )
         if strategy == "epoch":
             every = self.steps_per_epoch

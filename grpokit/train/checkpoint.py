@@ -6,16 +6,21 @@ reference weights when the reference is resynced, optimizer and scheduler states
 trainer state (step, data position, counters) with the grpokit version; :class:`RunState` gathers them from
 a run's parts. Each folder is written under
 a temporary name and renamed into place, and renamed away before it is deleted, so a folder named
-step-N is always complete, even after a kill at any moment.
+step-N is always complete, even after a kill at any moment. Its last file is ``manifest.json`` (``train/manifest.py``:
+each file's size and SHA-256, and what the store and metrics.jsonl held), which a resume checks before loading.
+A write that fails (a full disk) removes the temporary folder and raises one :class:`CheckpointError` naming the
+file and the cause; the checkpoints before it are untouched.
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,6 +29,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 import grpokit
 from grpokit.processes import is_sharded
+from grpokit.train.manifest import ManifestError, verify_folder, write_manifest
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # safetensors metadata of a model.safetensors that holds the trainable parameters only (names as in named_parameters)
@@ -69,8 +75,10 @@ def save_checkpoint(
     save_total_limit: int | None = None,
     pending_rollouts: dict | None = None,
     critic=None,
+    run_record: dict | None = None,
 ) -> Path | None:
-    """Write ``step-N`` atomically. ``pending_rollouts``: async mode's rollouts of step N+1, sampled
+    """Write ``step-N`` atomically, its manifest last (``run_record``: what the store and metrics.jsonl hold,
+    :meth:`RunLog.seal`). ``pending_rollouts``: async mode's rollouts of step N+1, sampled
     before the checkpoint (a dict of tensors and lists, kept in states.pt). ``critic``: PPO's
     ``train.critic.Critic``: its weights in critic.safetensors (the trainable ones only when its trunk has
     LoRA adapters), its optimizer and scheduler in states.pt.
@@ -99,33 +107,94 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step}"
     tmp = root / f".tmp-step-{step}"
-    tmp.mkdir()
-    for name, value in weights.items():
-        if value is not None:
-            _save_weights(value, tmp / f"{name}.safetensors", trainable_only=value is trainable)
-    states = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
-    if pending_rollouts is not None:
-        states["pending_rollouts"] = pending_rollouts
-    if critic is not None:
-        critic_model, states["critic"] = critic.state()
-        critic_trainable = trainable_parameters(critic_model)
-        _save_weights(
-            critic_model if critic_trainable is None else critic_trainable,
-            tmp / "critic.safetensors",
-            trainable_only=critic_trainable is not None,
-        )
-    torch.save(states, tmp / "states.pt")
-    state = dict(trainer_state, step=step, grpokit_version=grpokit.__version__)
-    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-    _fsync_dir(tmp)
+    writing = tmp
+    try:
+        tmp.mkdir()
+        for name, value in weights.items():
+            if value is not None:
+                writing = tmp / f"{name}.safetensors"
+                _save_weights(value, writing, trainable_only=value is trainable)
+        states = {"optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rng_states}
+        if pending_rollouts is not None:
+            states["pending_rollouts"] = pending_rollouts
+        if critic is not None:
+            critic_model, states["critic"] = critic.state()
+            critic_trainable = trainable_parameters(critic_model)
+            writing = tmp / "critic.safetensors"
+            _save_weights(
+                critic_model if critic_trainable is None else critic_trainable,
+                writing,
+                trainable_only=critic_trainable is not None,
+            )
+        writing = tmp / "states.pt"
+        with open(writing, "wb") as f:  # a Python file: a failed write keeps its OSError (torch's own writer does not)
+            torch.save(states, f)
+        state = dict(trainer_state, step=step, grpokit_version=grpokit.__version__)
+        writing = tmp / "trainer_state.json"
+        writing.write_text(json.dumps(state, indent=2))
+        writing = tmp / "manifest.json"
+        write_manifest(tmp, run_record)  # fsyncs every file; written last
+        _fsync_dir(tmp)
+    except Exception as exc:
+        cause = _os_error(exc, tmp)
+        if cause is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # the partial files would only hold on to the space
+        earlier = [p.name for p in list_checkpoints(run_dir)]
+        kept = f"checkpoint {earlier[-1]} and the earlier steps are intact" if earlier else "nothing was lost"
+        raise CheckpointError(
+            f"cannot write checkpoint {final}: {cause} while writing {writing.name}; {kept}: "
+            "fix that, then resume with resume_from=latest."
+        ) from None
     if final.exists():
         _remove(final)
     os.replace(tmp, final)
     _fsync_dir(root)
-    if save_total_limit is not None:
-        for old in list_checkpoints(run_dir)[:-save_total_limit]:
+    if save_total_limit is not None:  # folders of later steps (an older try of this run) are not counted
+        done = [p for p in list_checkpoints(run_dir) if step_of(p) <= step]
+        for old in done[:-save_total_limit]:
             _remove(old)
     return final
+
+
+def step_of(folder: Path) -> int:
+    """N of a ``step-N`` folder."""
+    return int(STEP_DIR.match(folder.name).group(1))
+
+
+def _os_error(exc: BaseException, folder: Path) -> str | None:
+    """'No space left on device (ENOSPC)' for a write that failed with an OS error, found in the exception (an
+    OSError, or one torch or safetensors wrapped), else by a full filesystem; None when the cause is not the OS."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return _errno_text(seen.errno)
+        found = re.search(r"os error (\d+)", str(seen))  # safetensors: "... (os error 28)"
+        if found:
+            return _errno_text(int(found.group(1)))
+        seen = seen.__cause__ or seen.__context__
+    if not isinstance(exc, RuntimeError):
+        return None
+    try:
+        stats = os.statvfs(folder.parent)
+    except OSError:
+        return None
+    if stats.f_bavail * stats.f_frsize < 1 << 20:  # torch's writer loses the errno; a full disk explains it
+        return _errno_text(errno.ENOSPC)
+    return None
+
+
+def _errno_text(code: int) -> str:
+    return f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """What a run's checkpoints keep: ``save_reference`` (the reference's weights: it is resynced, so they are no
+    longer the starting ones) and ``save_total_limit`` (step checkpoints kept; None: all)."""
+
+    save_reference: bool = False
+    save_total_limit: int | None = None
 
 
 class RunState:
@@ -138,8 +207,10 @@ class RunState:
     ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0, which writes (under FSDP the other
     ranks join in to gather)."""
 
-    def __init__(self, args, model, learner, data, rollouts, stop_rules, is_main: bool, trainer_state=None):
-        self.args, self.model, self.data, self.rollouts, self.stop_rules = args, model, data, rollouts, stop_rules
+    def __init__(
+        self, spec: CheckpointSpec, *, model, learner, data, rollouts, stop_rules, is_main: bool, trainer_state=None
+    ):
+        self.spec, self.model, self.data, self.rollouts, self.stop_rules = spec, model, data, rollouts, stop_rules
         self.trainer_state = trainer_state
         self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
         self.kl_controller = learner.kl_controller
@@ -147,8 +218,9 @@ class RunState:
         self.is_main = is_main
         self.saved_step = 0
 
-    def save(self, run_dir: Path, step: int) -> bool:
-        """Write ``step-N`` (:func:`save_checkpoint`); False on a rank that takes no part (not rank 0, not sharded)."""
+    def save(self, run_dir: Path, step: int, run_record: dict | None = None) -> bool:
+        """Write ``step-N`` (:func:`save_checkpoint`; ``run_record``: rank 0's :meth:`RunLog.seal`); False on a rank
+        that takes no part (not rank 0, not sharded)."""
         if not (self.is_main or is_sharded(self.model)):
             return False
         reference = self.reference.model if self.reference is not None else None  # None: LoRA's adapters off
@@ -170,18 +242,22 @@ class RunState:
             self.scheduler,
             state,
             rng,
-            reference_model=reference if self.args.ref_model_sync_steps else None,  # unsynced: the starting weights
-            save_total_limit=self.args.save_total_limit,
+            reference_model=reference if self.spec.save_reference else None,  # unsynced: the starting weights
+            save_total_limit=self.spec.save_total_limit,
             pending_rollouts=pending,
             critic=self.critic,
+            run_record=run_record,
         )
         self.saved_step = step
         return True
 
-    def load(self, path: str | Path) -> int:
-        """Restore everything from the checkpoint folder ``path`` (:func:`load_checkpoint`); returns its step."""
+    def load(self, path: str | Path, verified: bool = False) -> int:
+        """Restore everything from the checkpoint folder ``path`` (:func:`load_checkpoint`; ``verified``: its manifest
+        was checked already); returns its step."""
         reference = self.reference.model if self.reference is not None else None
-        state, rng = load_checkpoint(path, self.model, self.optimizer, self.scheduler, reference, critic=self.critic)
+        state, rng = load_checkpoint(
+            path, self.model, self.optimizer, self.scheduler, reference, critic=self.critic, verified=verified
+        )
         self.saved_step = int(state["step"])
         self.data.load_state_dict(state["data"])
         self.rollouts.load_state_dict(state, state["pending_rollouts"])
@@ -207,7 +283,8 @@ def _is_json_number(value) -> bool:
 def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool = False) -> None:
     """The final model in ``folder`` (RUN/final): ``save_pretrained`` model and tokenizer, or model.safetensors
     for a custom module; with ``merged`` (LoRA, ``merge_on_save``) also the merged model in ``folder/merged``.
-    Rank 0 writes; an FSDP-sharded model is first gathered there, so then every rank calls this."""
+    Rank 0 writes; an FSDP-sharded model is first gathered there, so then every rank calls this. Written under a
+    temporary name and renamed, so RUN/final is whole or absent; a failed write (a full disk) is one CheckpointError."""
     state = None  # None: the module's own weights
     if is_sharded(model):
         from grpokit.distributed.fsdp import full_state_dict
@@ -215,18 +292,33 @@ def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool
         state = full_state_dict(model)
     if not is_main:
         return
-    if hasattr(model, "save_pretrained"):
-        model.save_pretrained(folder, state_dict=state)
-        if merged:
-            copy.deepcopy(model).merge_and_unload().save_pretrained(folder / "merged")
-    else:
-        folder.mkdir(parents=True, exist_ok=True)
-        if state is None:
-            save_model(model, str(folder / "model.safetensors"))
+    tmp = folder.with_name(f".tmp-{folder.name}")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing it
+    try:
+        if hasattr(model, "save_pretrained"):
+            model.save_pretrained(tmp, state_dict=state)
+            if merged:
+                copy.deepcopy(model).merge_and_unload().save_pretrained(tmp / "merged")
         else:
-            save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    if hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(folder)
+            tmp.mkdir(parents=True, exist_ok=True)
+            if state is None:
+                save_model(model, str(tmp / "model.safetensors"))
+            else:
+                save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if hasattr(tokenizer, "save_pretrained"):
+            tokenizer.save_pretrained(tmp)
+    except Exception as exc:
+        cause = _os_error(exc, tmp)
+        if cause is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(
+            f"cannot write the final model {folder}: {cause}; the checkpoints are intact: fix that, then resume with "
+            "resume_from=latest."
+        ) from None
+    if folder.exists():
+        _remove(folder)
+    os.replace(tmp, folder)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
@@ -251,13 +343,28 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
+def verify_checkpoint(path: str | Path) -> dict:
+    """Check every file of the checkpoint folder ``path`` against its manifest; returns the manifest, or raises a
+    CheckpointError naming the damaged file."""
+    try:
+        return verify_folder(Path(path))
+    except ManifestError as exc:
+        raise CheckpointError(f"checkpoint {path} is damaged: {exc}") from None
+
+
 def load_checkpoint(
-    path: str | Path, model, optimizer, scheduler, reference_model=None, critic=None
+    path: str | Path, model, optimizer, scheduler, reference_model=None, critic=None, verified: bool = False
 ) -> tuple[dict, dict]:
     """Restore weights and optimizer/scheduler in place (and ``critic``'s, PPO); return (trainer_state, rng_states).
+    The folder is checked against its manifest first, unless the caller did (``verified``).
 
     trainer_state gets ``pending_rollouts`` from states.pt (None when none were saved)."""
     path = Path(path)
+    if not verified:
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{exc}; resume from another checkpoint folder.") from None
     try:
         state = json.loads((path / "trainer_state.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:

@@ -2,40 +2,68 @@
 
 The learner asks it for the values of a generated batch before the update (``values``, no gradient: the
 old values of the clipped value loss and GAE's V) and gives it one optimizer step per policy mini-batch
-(``step``: micro-batches of ``per_device_train_batch_size`` rows, ``value_loss`` x vf_coef aggregated by the
-run's ``loss_type``, gradients clipped to ``max_grad_norm``). Its weights, optimizer and schedule are saved
-in checkpoints (``state``) and restored on resume.
+(``step``: micro-batches of ``per_device_train_batch_size`` rows, ``value_loss`` x vf_coef aggregated as the
+run's ``loss_type`` aggregates (its registry entry, ``algos.loss_registry``), gradients clipped to
+``max_grad_norm``). Its weights, optimizer and schedule are saved in checkpoints (``state``) and restored on
+resume.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.value import value_loss
 from grpokit.config import ConfigError
+from grpokit.config.running import LoraConfig
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
 from grpokit.train.logprobs import Batch
-from grpokit.train.schedule import make_scheduler
+from grpokit.train.schedule import OptimSpec
 from grpokit.train.value_model import ValueModel
 
 
-class Critic:
-    """``model``: the ValueModel; ``optimizer`` and ``scheduler`` its own; ``cfg`` the run's GRPOConfig."""
+@dataclass(frozen=True)
+class CriticSpec:
+    """The critic's own settings, built once by the composition root (:func:`grpokit.train.specs.critic_spec`).
 
-    def __init__(self, model: ValueModel, optimizer, scheduler, cfg, autocast_dtype=None, kernels=None):
+    The value loss: ``cliprange_value``, ``vf_coef``, aggregated by ``loss_type`` (``max_completion_length``:
+    dr_grpo's constant); micro-batches of ``per_device_train_batch_size`` rows; gradients clipped to
+    ``max_grad_norm`` (0: off). Built from ``value_model_name_or_path`` (None: a copy of the policy's trunk),
+    with LoRA adapters on its trunk when ``lora`` is given (the run trains LoRA), trained by AdamW and the
+    schedule of ``optim`` (its learning rate the critic's)."""
+
+    per_device_train_batch_size: int
+    cliprange_value: float
+    vf_coef: float
+    loss_type: str
+    max_completion_length: int
+    max_grad_norm: float
+    optim: OptimSpec
+    value_model_name_or_path: str | None = None
+    trust_remote_code: bool = False
+    lora: LoraConfig | None = None
+
+
+class Critic:
+    """``model``: the ValueModel; ``optimizer`` and ``scheduler`` its own; ``cfg`` its :class:`CriticSpec`."""
+
+    def __init__(self, model: ValueModel, optimizer, scheduler, cfg: CriticSpec, autocast_dtype=None, kernels=None):
         self.model, self.optimizer, self.scheduler, self.cfg = model, optimizer, scheduler, cfg
         self.device = model.head.weight.device
         self.autocast_dtype = autocast_dtype
         self.kernels = kernels if kernels is not None else Kernels.select(self.device, autocast_dtype)
+        self.loss_kind = get_loss(cfg.loss_type)  # the policy loss's aggregation, and how its micro-batches combine
 
     @classmethod
-    def build(cls, policy: torch.nn.Module, cfg, device: torch.device, dtype, autocast_dtype, kernels) -> Critic:
+    def build(
+        cls, policy: torch.nn.Module, cfg: CriticSpec, *, device: torch.device, dtype, autocast_dtype, kernels
+    ) -> Critic:
         """The critic of a run: on a copy of ``policy``'s trunk, or ``value_model_name_or_path``; LoRA adapters
-        on its trunk when the run trains LoRA (``lora.r > 0``); AdamW at ``critic_learning_rate`` (default the
-        policy's) with the policy's schedule."""
+        on its trunk when the run trains LoRA; AdamW at the critic's learning rate with the policy's schedule."""
         try:
             if cfg.value_model_name_or_path:
                 model = ValueModel.from_pretrained(cfg.value_model_name_or_path, dtype, device, cfg.trust_remote_code)
@@ -46,29 +74,25 @@ class Critic:
                 f"algorithm: ppo: {exc}. The critic needs a Hugging Face model: give one as the policy or as "
                 "value_model_name_or_path."
             ) from None
-        if cfg.lora.r > 0:
+        if cfg.lora is not None:
             from grpokit.modeling import lora_config
 
-            config = lora_config(cfg)
+            config = lora_config(cfg.lora)
             config.task_type = "FEATURE_EXTRACTION"  # the trunk returns hidden states
             model.add_lora(config)
         else:
             model.requires_grad_(True)  # a trunk copied from a LoRA policy comes frozen
         model.train()
-        lr = cfg.learning_rate if cfg.critic_learning_rate is None else cfg.critic_learning_rate
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
             params,
-            lr=lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            eps=cfg.adam_epsilon,
-            weight_decay=cfg.weight_decay,
+            lr=cfg.optim.learning_rate,
+            betas=cfg.optim.betas,
+            eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
             fused=device.type in ("cpu", "cuda"),
         )
-        total = cfg.max_steps * cfg.optimizer_steps_per_step()
-        warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total)
-        scheduler = make_scheduler(optimizer, cfg.lr_scheduler_type, warmup, total)
-        return cls(model, optimizer, scheduler, cfg, autocast_dtype, kernels)
+        return cls(model, optimizer, cfg.optim.scheduler(optimizer), cfg, autocast_dtype, kernels)
 
     def values(self, batch: Batch) -> torch.Tensor:
         """[N, T] float32 values of the batch's completion tokens, 0 at padding, without gradient."""
@@ -80,7 +104,7 @@ class Critic:
         return torch.cat(out)  # [N, T]
 
     def step(
-        self, batch: Batch, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, num_items
+        self, batch: Batch, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *, num_items
     ) -> dict[str, float]:
         """One optimizer step on a mini-batch: the clipped value loss x vf_coef over its micro-batches.
         Metrics: value_loss (before vf_coef, the micro-batches' mean, dapo's parts summed), value_clip_frac,
@@ -102,11 +126,11 @@ class Critic:
                     mask[rows],
                     cfg.cliprange_value,
                     cfg.vf_coef,
-                    cfg.loss_type,
+                    self.loss_kind.aggregation,
                     num_items_in_batch=num_items,
                     max_completion_length=cfg.max_completion_length,
                 )
-                scaled = loss if cfg.loss_type == "dapo" else loss / num_micro  # as the policy's micro-batches
+                scaled = loss / self.loss_kind.micro_batch_divisor(num_micro)  # as the policy's micro-batches
                 scaled.backward()
             total += float(scaled.detach())
             parts.append(metrics)
@@ -121,7 +145,7 @@ class Critic:
         self.scheduler.step()
         summed = sum(p["value_loss"] for p in parts)
         return {
-            "value_loss": summed if cfg.loss_type == "dapo" else summed / len(parts),
+            "value_loss": summed / self.loss_kind.micro_batch_divisor(len(parts)),
             "value_clip_frac": sum(p["value_clip_frac"] for p in parts) / len(parts),
             "critic/grad_norm": grad_norm,
             "critic/learning_rate": lr,

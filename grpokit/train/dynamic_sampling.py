@@ -11,7 +11,7 @@ the store, the dropped ones with no advantage (``None``: not trained on).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -20,40 +20,23 @@ from grpokit.algos.names import SAMPLING_GROUPS_TRAINED, SAMPLING_PROMPTS, SAMPL
 from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.seeding import concat_rollouts
 from grpokit.rollout.types import Rollouts
-
-
-@dataclass
-class Sampled:
-    """Scored groups: the prompt index of each group, their Rollouts (G per prompt), decoded completions [N] and
-    RewardResult."""
-
-    indices: list[int]
-    rollouts: Rollouts
-    completions: list[str]
-    reward: RewardResult
-
-
-@dataclass
-class StepRounds:
-    """A step's rounds: ``sampled`` every round joined in order; ``train_rows`` long [k*G], the rows of ``sampled``
-    to train on (whole informative groups, in sampling order); ``metrics`` the rounds, prompts and groups."""
-
-    sampled: Sampled
-    train_rows: torch.Tensor
-    metrics: dict[str, float]
+from grpokit.train.trajectory import Trajectory
 
 
 def sample_rounds(
-    first: Sampled,
-    next_round: Callable[[int], Sampled],
+    first: Trajectory,
+    next_round: Callable[[int], Trajectory],
+    *,
     target_groups: int,
     max_rounds: int,
     num_generations: int,
     num_mini_batches: int,
     pad_token_id: int,
-) -> StepRounds:
+) -> Trajectory:
     """Add rounds after ``first`` (``next_round(r)`` samples and scores round r >= 1) until ``target_groups``
-    informative groups are found or ``max_rounds`` rounds were sampled."""
+    informative groups are found or ``max_rounds`` rounds were sampled. Returns every round joined in order, with
+    ``train_rows`` the rows to train on (whole informative groups, in sampling order) and ``metrics`` the rounds,
+    prompts and groups."""
     G = num_generations
     state = add_round(SamplingRounds(target_groups, max_rounds), first.reward.combined, G)
     rounds = [first]
@@ -69,14 +52,14 @@ def sample_rounds(
         SAMPLING_GROUPS_TRAINED: float(groups),
         SAMPLING_SHORT: float(state.short),
     }
-    return StepRounds(join(rounds, pad_token_id), rows[: groups * G], metrics)
+    return replace(join(rounds, pad_token_id), train_rows=rows[: groups * G], metrics=metrics)
 
 
-def join(rounds: list[Sampled], pad_token_id: int) -> Sampled:
+def join(rounds: list[Trajectory], pad_token_id: int) -> Trajectory:
     """The rounds as one batch, in order (one round: itself)."""
     if len(rounds) == 1:
         return rounds[0]
-    return Sampled(
+    return Trajectory(
         [i for r in rounds for i in r.indices],
         concat_rollouts([r.rollouts for r in rounds], pad_token_id),
         [c for r in rounds for c in r.completions],
@@ -138,3 +121,61 @@ def renumber_repeats(records: list, num_generations: int) -> list:
         index = repeat * num_generations + record.completion_index
         out.append(replace(record, completion_index=index) if repeat else record)
     return out
+
+
+# ---- how a step samples: one round, or dynamic sampling's rounds (chosen once by the composition root) ----------
+Score = Callable[[int, list[int], Rollouts], Trajectory]  # (step, this rank's prompt indices, their rollouts)
+
+
+class SingleRound:
+    """A step trains on one round: the rollout scheduler's batch, scored (``score``, the trainer's)."""
+
+    def __init__(self, scheduler, score: Score):
+        self.scheduler, self.score = scheduler, score
+
+    def sample(self, step: int, clock) -> Trajectory:
+        """The step's :class:`Trajectory`; ``clock`` (a PhaseClock) times its generate and reward phases."""
+        indices, rollouts = self.scheduler.next(step)  # this rank's prompts, G rollouts each
+        clock.lap("generate")
+        trajectory = self.score(step, indices, rollouts)
+        clock.lap("reward")
+        return trajectory
+
+
+class DynamicRounds(SingleRound):
+    """DAPO's dynamic sampling (one process): after the first round, more rounds (``scheduler.more``) until
+    ``target_groups`` informative groups are found or ``max_rounds`` rounds were sampled (:func:`sample_rounds`)."""
+
+    def __init__(
+        self,
+        scheduler,
+        score: Score,
+        *,
+        target_groups: int,
+        max_rounds: int,
+        num_generations: int,
+        num_mini_batches: int,
+        pad_token_id: int,
+    ):
+        super().__init__(scheduler, score)
+        self.target_groups, self.max_rounds = target_groups, max_rounds
+        self.num_generations, self.num_mini_batches, self.pad_token_id = num_generations, num_mini_batches, pad_token_id
+
+    def sample(self, step: int, clock) -> Trajectory:
+        def next_round(r: int) -> Trajectory:
+            indices, rollouts = self.scheduler.more(step, r)
+            clock.lap("generate")
+            trajectory = self.score(step, indices, rollouts)
+            clock.lap("reward")
+            return trajectory
+
+        rounds = sample_rounds(
+            super().sample(step, clock),
+            next_round,
+            target_groups=self.target_groups,
+            max_rounds=self.max_rounds,
+            num_generations=self.num_generations,
+            num_mini_batches=self.num_mini_batches,
+            pad_token_id=self.pad_token_id,
+        )
+        return replace(rounds, all_rewards=None)  # one process: this rank's rewards are the global batch's

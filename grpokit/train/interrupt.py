@@ -5,12 +5,25 @@ store rows and metrics stay consistent) and the trainer stops with a checkpoint 
 signal, or one outside the training loop, raises :class:`Interrupted` at once; the CLI turns it
 into a one-line message and exit status 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
 Checkpoints and store steps are written atomically, so stopping at any point leaves neither torn.
+
+Around the training loop, a command of the CLI has :class:`CommandSignals` from its first line to its last: a
+signal raises :class:`Interrupted` (one line, exit 128 + signum), but not inside an import: an exception raised
+there leaves the module half-initialised, and libraries turn it into another error (numpy's "cannot load module
+more than once per process", transformers' "Could not import module ...") with tracebacks of their own. A signal
+that arrives during an import is delivered again as soon as no import is running (a watcher thread sees the main
+thread leave it), so cleanup code runs as for any other stop; a second signal meanwhile ends the process at once
+(:func:`exit_at_once`), so an import that never finishes cannot hold the process.
 """
 
 from __future__ import annotations
 
+import _thread
+import contextlib
+import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -37,9 +50,84 @@ def stop_message(signum: int, step: int) -> str:
     return f"received {name} before the first step finished; there was nothing to save"
 
 
-def raise_interrupted(signum: int, frame) -> None:
-    """A signal handler that stops at once."""
-    raise Interrupted(signum)
+def importing(frame) -> bool:
+    """Whether ``frame`` (a signal handler's) runs inside an import: a frame of importlib's bootstrap is on the
+    stack (every ``import`` statement, ``importlib.import_module`` and a C extension's own imports pass there)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def exit_at_once(signum: int, message: str | None = None) -> None:
+    """End the process now with one line on stderr and exit status 128 + ``signum``: no exception, so no
+    library can catch it, rewrap it or print a traceback. For the CLI's own process only (never a library's
+    caller): stdout is flushed if it can be, stderr written with one system call (a signal handler may have
+    interrupted a write to it)."""
+    with contextlib.suppress(Exception):  # a reentrant call, a closed or broken pipe: the line still goes out
+        sys.stdout.flush()
+    line = f"grpokit: {message or f'stopped by {signal_name(signum)}'}\n"
+    try:
+        os.write(2, line.encode(errors="replace"))
+    finally:
+        os._exit(128 + signum)
+
+
+class CommandSignals:
+    """SIGINT and SIGTERM for the whole of a CLI command (the trainer's :class:`SignalStop` takes over while it
+    trains). ``signum`` records the first signal, so whatever a library makes of the :class:`Interrupted`, the
+    CLI still reports the signal. A signal inside an import waits for it to end (module docstring).
+    ``finish()``: the command is over (its result written), so from then on a signal ends the process at once,
+    through the interpreter's teardown too."""
+
+    # How often the watcher looks whether the main thread is still importing.
+    POLL_SECONDS = 0.01
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._waiting: int | None = None  # a signal that arrived during an import, not delivered yet
+        self._redelivered = False  # the watcher is delivering it again (not a second signal from outside)
+
+    def install(self) -> dict:
+        """Handle SIGINT and SIGTERM here; returns the previous handlers for :func:`restore`."""
+        return install(self)
+
+    def __call__(self, signum: int, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        redelivered, self._redelivered = self._redelivered, False
+        if importing(frame):
+            if self._waiting is not None and not redelivered:  # a second signal while the first waits
+                exit_at_once(signum)
+            self._waiting = signum
+            threading.Thread(target=self._deliver_after_import, name="grpokit-signal", daemon=True).start()
+            return
+        self._waiting = None
+        raise Interrupted(signum)
+
+    def _deliver_after_import(self) -> None:
+        """Wait until the main thread runs outside any import, then deliver the waiting signal there again."""
+        main = threading.main_thread().ident
+        while self._waiting is not None:
+            frame = sys._current_frames().get(main)
+            if frame is None:  # the main thread has ended
+                return
+            if not importing(frame):
+                self._redelivered = True
+                _thread.interrupt_main(self._waiting)  # runs __call__ in the main thread, as the signal would
+                return
+            del frame
+            time.sleep(self.POLL_SECONDS)
+
+    def finish(self) -> None:
+        install(lambda signum, frame: exit_at_once(signum))
+
+
+def guard_start_up() -> None:
+    """The first line of ``python -m grpokit``: a signal before the CLI's own handlers are in place (while
+    grpokit.cli and what it needs are imported) ends the process with one line instead of a traceback."""
+    install(lambda signum, frame: exit_at_once(signum))
 
 
 def install(handler: Callable) -> dict:

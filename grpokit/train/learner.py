@@ -1,4 +1,4 @@
-"""The policy update: log-probs, the clipped surrogate with KL, micro-batches, clipping, AdamW.
+"""The policy update: log-probs, the run's policy loss (a registered loss type) with KL, micro-batches, clipping, AdamW.
 
 One call to :meth:`Learner.update` consumes one generated batch: the reference pass (skipped when
 beta = 0), the old-policy pass (only when num_iterations > 1; otherwise old = logp.detach(), as in
@@ -19,17 +19,75 @@ import contextlib
 import dataclasses
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
 from grpokit.algos.kl_control import KLController
-from grpokit.algos.losses import policy_loss
-from grpokit.algos.names import KL, MICRO_BATCH_MEANS, POLICY_LOSS
+from grpokit.algos.loss_registry import get_loss
+from grpokit.algos.losses import LossSpec, policy_loss
+from grpokit.algos.names import KL, POLICY_LOSS
+from grpokit.algos.token_masks import high_entropy_mask
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
-from grpokit.processes import is_sharded
+from grpokit.processes import SingleProcess, is_sharded
+from grpokit.train.accelerator import gather_ragged
 from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.reference import Reference
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    """The learner's own settings, built once from the run's config by the composition root
+    (:func:`grpokit.train.specs.learner_spec`).
+
+    loss: ``algos.policy_loss``'s settings (beta: the starting coefficient; 0 with kl_in_reward). beta: the KL
+    coefficient (0: no reference pass); target_kl: the adaptive controller's target (None: beta stays);
+    kl_horizon: its horizon. per_device_train_batch_size: rows per micro-batch; num_mini_batches and
+    num_iterations: optimizer steps per generation batch (mini-batches x passes). reference_casts: the frozen
+    reference may keep its Linear weights in the autocast dtype (not with reference resyncs, whose small mix-ups
+    need float32); reference_in_bf16: every weight of the reference in bf16 (``ref_model_dtype: bfloat16``);
+    top_entropy_quantile: the loss covers the tokens in this top quantile of entropy (1: all).
+    """
+
+    loss: LossSpec
+    loss_type: str
+    temperature: float
+    per_device_train_batch_size: int
+    num_mini_batches: int = 1
+    num_iterations: int = 1
+    max_grad_norm: float = 1.0
+    beta: float = 0.0
+    kl_in_reward: bool = False
+    target_kl: float | None = None
+    kl_horizon: float = 10000.0
+    reference_casts: bool = True
+    reference_in_bf16: bool = False
+    top_entropy_quantile: float = 1.0
+
+
+@dataclass(frozen=True)
+class TrainingBatch:
+    """One generation batch (or a mini-batch of it) as the learner trains on it: the ``batch`` layout, advantages
+    [N] or [N, T], the loss mask [N, T], and the optional per-token tensors [N, T] (None: not used this run)."""
+
+    batch: Batch
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    sampling_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def rows(self, rows: slice) -> TrainingBatch:
+        """The rows ``rows`` of every tensor (and of the batch layout)."""
+        tensors = {
+            f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
+            for f in dataclasses.fields(self)
+            if f.name != "batch"
+        }
+        return TrainingBatch(self.batch.rows(rows), **tensors)
 
 
 class Learner:
@@ -39,34 +97,44 @@ class Learner:
         reference: Reference | None,
         optimizer,
         scheduler,
-        cfg,
+        cfg: LearnerSpec,
+        *,
         autocast_dtype: torch.dtype | None = None,
         kernels: Kernels | None = None,
         critic=None,
+        procs=None,
     ):
-        """``kernels``: the run's choice of kernels (default: chosen here for the model's device and
-        ``autocast_dtype``). ``critic``: a ``train.critic.Critic`` trained alongside (algorithms with a critic)."""
+        """``cfg``: the learner's settings (a :class:`LearnerSpec`; a Learner built by hand may pass the run's
+        GRPOConfig, which the composition root turns into one). ``kernels``: the run's choice of kernels (default:
+        chosen here for the model's device and ``autocast_dtype``). ``critic``: a ``train.critic.Critic`` trained
+        alongside (algorithms with a critic). ``procs``: the run's processes (``processes.SingleProcess`` by
+        default), for the entropy quantile over every process's tokens (``top_entropy_quantile``)."""
+        if not isinstance(cfg, LearnerSpec):
+            from grpokit.train.specs import learner_spec
+
+            cfg = learner_spec(cfg)
         self.model = model
         self.critic = critic
         self.reference = reference
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.cfg = cfg
-        self.loss_spec = cfg.loss_spec()
+        self.procs = procs if procs is not None else SingleProcess()
+        self.loss_spec = cfg.loss
+        self.loss_kind = get_loss(cfg.loss_type)  # its aggregation says how micro-batch losses combine
         # beta across steps: the loss of each update uses the controller's current beta (fixed unless adaptive)
-        adaptive = cfg.kl_controller == "adaptive"
-        self.kl_controller = KLController(cfg.beta, cfg.target_kl if adaptive else None, cfg.kl_horizon)
+        self.kl_controller = KLController(cfg.beta, cfg.target_kl, cfg.kl_horizon)
         self.autocast_dtype = autocast_dtype
         self.kernels = (
             kernels if kernels is not None else Kernels.select(next(model.parameters()).device, autocast_dtype)
         )
         if reference is not None and reference.model is not None and not is_sharded(reference.model):
-            if autocast_dtype is not None and not cfg.ref_model_sync_steps:
+            if autocast_dtype is not None and cfg.reference_casts:
                 # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
                 # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32,
                 # nor once FSDP has sharded it (its shards must keep the dtype they were sharded with)
                 self.kernels.store_reference(reference.model)
-            if cfg.ref_model_dtype == "bfloat16":  # the rest of its weights too (config: it changes the numbers)
+            if cfg.reference_in_bf16:  # the rest of its weights too (config: it changes the numbers)
                 reference.store_in(torch.bfloat16)
 
     def autocast(self):
@@ -102,6 +170,7 @@ class Learner:
         advantages: torch.Tensor,
         loss_mask: torch.Tensor,
         ref_logprobs: torch.Tensor | None,
+        *,
         old_logprobs: torch.Tensor | None = None,
         num_items_in_batch: torch.Tensor | None = None,
         sampling_logprobs: torch.Tensor | None = None,
@@ -131,43 +200,48 @@ class Learner:
         if old_logprobs is None and cfg.num_iterations * minis > 1:
             old_logprobs = self.old_logprobs(batch)
         num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
-        whole = (batch, advantages, loss_mask, ref_logprobs, old_logprobs, sampling_logprobs, old_values, returns)
+        whole = TrainingBatch(
+            batch,
+            advantages,
+            loss_mask,
+            ref_logprobs=ref_logprobs,
+            old_logprobs=old_logprobs,
+            sampling_logprobs=sampling_logprobs,
+            old_values=old_values,
+            returns=returns,
+        )
         size = len(batch) // minis
         spans = [slice(j * size, (j + 1) * size) for j in range(minis)]  # each mini-batch's rows, in order
-        minibatches = (
-            [whole]
-            if minis == 1
-            else [(batch.rows(rows), *(None if t is None else t[rows] for t in whole[1:])) for rows in spans]
-        )
+        minibatches = [whole] if minis == 1 else [whole.rows(rows) for rows in spans]
         history: list[dict] = []
         clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
         if self.critic is not None:
             clock["time/critic"] = 0.0
         for _ in range(cfg.num_iterations):
-            for part, adv, mask, ref, old, sampled, values, targets in minibatches:
+            for part in minibatches:
                 self.model.train()
                 with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
-                    loss, parts, logprobs, entropy = self._accumulate(
-                        part, adv, mask, ref, old, num_items / minis, clock, sampled
-                    )
+                    loss, parts, logprobs, entropy = self._accumulate(part, num_items=num_items / minis, clock=clock)
                 t0 = time.perf_counter()
-                history.append(self._optimizer_step(loss, parts, logprobs, entropy, mask))
+                history.append(self._optimizer_step(loss, parts, logprobs, entropy, part.loss_mask))
                 clock["time/optimizer"] += time.perf_counter() - t0
                 if self.critic is not None:
                     t0 = time.perf_counter()
-                    critic = self.critic.step(part, values, targets, mask, num_items / minis)
+                    critic = self.critic.step(
+                        part.batch, part.old_values, part.returns, part.loss_mask, num_items=num_items / minis
+                    )
                     history[-1] |= critic | {"nonfinite": max(history[-1]["nonfinite"], critic["nonfinite"])}
                     clock["time/critic"] += time.perf_counter() - t0
         last = history[-minis:]
         mean = {key: sum(h[key] for h in last) / minis for key in last[0]}
         return mean | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
 
-    def _accumulate(
-        self, batch, advantages, loss_mask, ref_logprobs, old_logprobs, num_items, clock, sampling_logprobs=None
-    ):
-        """Forward and backward over the micro-batches, gradients summed; (loss, per-micro-batch metrics,
-        logprobs [N, T], entropy [N, T])."""
+    def _accumulate(self, part: TrainingBatch, *, num_items, clock: dict):
+        """Forward and backward over the micro-batches of ``part``, gradients summed; (loss, per-micro-batch
+        metrics, logprobs [N, T], entropy [N, T])."""
         cfg = self.cfg
+        batch, advantages, loss_mask = part.batch, part.advantages, part.loss_mask
+        ref_logprobs, old_logprobs, sampling_logprobs = part.ref_logprobs, part.old_logprobs, part.sampling_logprobs
         mb = cfg.per_device_train_batch_size
         num_micro = math.ceil(len(batch) / mb)
         parts: list[dict] = []
@@ -196,9 +270,11 @@ class Learner:
                         ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
                         num_items_in_batch=num_items,
                         sampling_logprobs=None if sampling_logprobs is None else sampling_logprobs[rows],
+                        token_mask=self._entropy_mask(entropy, loss_mask[rows]),
                     )
-                    # dapo is already normalised by the whole batch's tokens; the others by their micro-batch
-                    scaled = loss if cfg.loss_type == "dapo" else loss / num_micro
+                    # a batch-normalised loss (dapo's) is already divided by the whole batch's tokens; the others
+                    # are their micro-batch's mean
+                    scaled = loss / self.loss_kind.micro_batch_divisor(num_micro)
                     t1 = time.perf_counter()
                     scaled.backward()
                 clock["time/policy_logprobs"] += t1 - t0
@@ -208,6 +284,15 @@ class Learner:
                 logprob_parts.append(logprobs.detach().float())
                 entropy_parts.append(entropy.float())
         return loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts)
+
+    def _entropy_mask(self, entropy: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor | None:
+        """[mb, T] the micro-batch's tokens in the top ``top_entropy_quantile`` of its entropies (over every
+        process's tokens of this micro-batch, as TRL), or None when the option is off (1.0)."""
+        quantile = self.cfg.top_entropy_quantile
+        if quantile >= 1.0:
+            return None
+        gather = (lambda values: gather_ragged(self.procs, values)) if self.procs.enabled else None
+        return high_entropy_mask(entropy.detach().float(), loss_mask, 1.0 - quantile, gather)
 
     def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask) -> dict:
         """Clip, check finiteness, step. Metrics of the iteration."""
@@ -238,12 +323,12 @@ class Learner:
             "entropy": float((entropy * loss_mask).sum() / mask_sum),
             "completion_logprob_mean": float((logprobs * loss_mask).sum() / mask_sum),
         }
-        for key in MICRO_BATCH_MEANS:
-            if key in parts[0]:
+        for key in parts[0]:  # the loss's other metrics are micro-batch means: averaged
+            if key not in (POLICY_LOSS, KL):
                 metrics[key] = sum(p[key] for p in parts) / len(parts)
-        # dapo parts share the batch-wide denominator, so they add up; the others are micro-batch means
+        # batch-normalised parts (dapo's) share the batch-wide denominator, so they add up; the others are means
         policy = sum(p[POLICY_LOSS] for p in parts)
-        metrics[POLICY_LOSS] = policy if cfg.loss_type == "dapo" else policy / len(parts)
+        metrics[POLICY_LOSS] = policy / self.loss_kind.micro_batch_divisor(len(parts))
         if KL in parts[0]:
             # each part's KL is the mean over its micro-batch's tokens: weighted by them, the batch's token mean
             tokens = [float(mask.sum()) for mask in loss_mask.split(cfg.per_device_train_batch_size)]
@@ -253,20 +338,42 @@ class Learner:
         return metrics
 
 
-def update_inputs(cfg, rollouts, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """``(loss_mask [N, T], old_logprobs [N, T] or None, sampling_logprobs [N, T] or None)`` of a step's rollouts for
-    :meth:`Learner.update`. The loss mask is the completion mask, without truncated completions under
-    ``mask_truncated_completions``; for multi-turn rollouts only the tokens the model sampled
-    (``rollouts.loss_mask``): tool results and template tokens get no policy loss and no KL, and do not count in
-    any loss type's token normalisation (TRL's ``completion_mask * tool_mask``). Async rollouts come from an
-    older policy: the ratio is taken against their sampling log-probs. vLLM's log-probs differ from the learner's
-    for the same weights: they weight tokens (truncated importance sampling,
+@dataclass(frozen=True)
+class UpdateInputsSpec:
+    """How a step's rollouts become the learner's inputs: ``mask_truncated_completions``; ``ratio_to_sampler``:
+    the rollouts come from an older policy (one-step-off rollouts), so the ratio is taken against their sampling
+    log-probs; ``importance_weights``: a separate sampler (vLLM) whose log-probs weight each token
+    (``vllm_importance_sampling_correction``). Chosen once by the composition root from the rollout source and
+    the engine."""
+
+    mask_truncated_completions: bool = False
+    ratio_to_sampler: bool = False
+    importance_weights: bool = False
+
+
+@dataclass(frozen=True)
+class UpdateInputs:
+    """loss_mask [N, T]; old_logprobs [N, T] or None (recomputed by the learner when it needs them);
+    sampling_logprobs [N, T] or None (no importance weights)."""
+
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    sampling_logprobs: torch.Tensor | None = None
+
+
+def update_inputs(spec: UpdateInputsSpec, rollouts, device: torch.device) -> UpdateInputs:
+    """The :class:`UpdateInputs` of a step's rollouts for :meth:`Learner.update`. The loss mask is the completion
+    mask, without truncated completions under ``mask_truncated_completions``; for multi-turn rollouts only the
+    tokens the model sampled (``rollouts.loss_mask``): tool results and template tokens get no policy loss and no
+    KL, and do not count in any loss type's token normalisation (TRL's ``completion_mask * tool_mask``). Async
+    rollouts come from an older policy: the ratio is taken against their sampling log-probs. vLLM's log-probs
+    differ from the learner's for the same weights: they weight tokens (truncated importance sampling,
     ``vllm_importance_sampling_correction``), never replace old_logprobs."""
     loss_mask = rollouts.completion_mask.to(device)  # [N, T]
     if rollouts.loss_mask is not None:  # multi-turn: the model's own tokens only
         loss_mask = loss_mask * rollouts.loss_mask.to(device)
-    if cfg.mask_truncated_completions:
+    if spec.mask_truncated_completions:
         loss_mask = loss_mask * (~rollouts.truncated).to(device)[:, None].float()
-    old_logprobs = rollouts.logprobs.to(device) if cfg.async_rollouts else None
-    tis = cfg.engine == "vllm" and cfg.vllm_importance_sampling_correction
-    return loss_mask, old_logprobs, rollouts.logprobs.to(device) if tis else None
+    old_logprobs = rollouts.logprobs.to(device) if spec.ratio_to_sampler else None
+    sampling_logprobs = rollouts.logprobs.to(device) if spec.importance_weights else None
+    return UpdateInputs(loss_mask, old_logprobs, sampling_logprobs)

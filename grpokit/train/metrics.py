@@ -69,6 +69,7 @@ def sample_metrics(rewards, group_size: int, lengths: torch.Tensor, truncated: t
 
 def step_metrics(
     rewards,
+    *,
     update: dict[str, float],
     advantages: torch.Tensor,
     group_size: int,

@@ -3,8 +3,29 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """An AdamW and its schedule: peak ``learning_rate``, ``betas``, ``eps``, ``weight_decay``, ``optimizer``
+    (adamw_torch_fused | an 8-bit name), and ``lr_scheduler_type`` with ``warmup_steps`` over ``total_steps``
+    optimizer steps. Built once by the composition root (:func:`grpokit.train.specs.optim_spec`)."""
+
+    learning_rate: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    optimizer: str
+    lr_scheduler_type: str
+    warmup_steps: int
+    total_steps: int
+
+    def scheduler(self, optimizer: torch.optim.Optimizer):
+        """The LR schedule of ``optimizer`` (:func:`make_scheduler`)."""
+        return make_scheduler(optimizer, self.lr_scheduler_type, self.warmup_steps, self.total_steps)
 
 
 def lr_lambda(kind: str, warmup_steps: int, total_steps: int):

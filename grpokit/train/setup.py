@@ -1,5 +1,9 @@
-"""Building the trainer's parts from user input: the arguments and data, the policy (path, hub id, loaded model;
-LoRA), the rewards, the learner (reference, optimizer and its schedule), and the checks of the data against them."""
+"""The composition root: building the trainer's parts from user input: the arguments and data, the policy (path,
+hub id, loaded model; LoRA), the rewards, the learner (reference, optimizer and its schedule), the rollout engine
+and source, and the checks of the data against them.
+
+With :mod:`grpokit.train.specs` (each part's settings as a frozen spec), this is the only code outside the config
+package that reads the whole config: every part gets only its own settings."""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import functools
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,6 +21,7 @@ from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.modeling import is_hf_model, load_model, load_tokenizer, lora_config
 from grpokit.processes import is_sharded
+from grpokit.train import specs
 from grpokit.train.learner import Learner
 from grpokit.train.reference import Reference
 from grpokit.train.run_dir import check_run_dir
@@ -33,7 +39,8 @@ def trainer_arguments(args: GRPOConfig | None, peft_config: Any, processing_clas
     return args, processing_class if processing_class is not None else tokenizer
 
 
-class Inputs(NamedTuple):
+@dataclass(frozen=True)
+class Inputs:
     """What the trainer has checked before it loads a model."""
 
     args: GRPOConfig  # max_steps resolved
@@ -55,26 +62,44 @@ def check_inputs(
     environment_factory: Any = None,
 ) -> Inputs:
     """Everything checked before a model loads, in this order: the config for this many processes (and vLLM's
-    environment), the datasets (the arguments, else the config's), the run folder (on rank 0, which owns it), the
+    environment), the datasets (the arguments, else the config's; without one, an environment that owns the data:
+    placeholder prompts its ``reset()`` fills in, for ``max_steps``), the run folder (on rank 0, which owns it), the
     tools and environments (TRL's ``tools`` / ``environment_factory``, else the config's), the reward functions (Ray
     reward workers on rank 0 only: it scores every rank's rows on them; environments' ``get_reward`` added), the
     data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
-    (TRL). The run folder check here is the path's only: whether it holds a run is for ``train()`` to say, which may
-    be told to resume it (TRL's ``train(resume_from_checkpoint=True)`` on a new trainer); the CLI checks that too
-    before building the trainer."""
+    (TRL). Whether the run folder holds a run is not checked here but by ``train()``, which may be told to resume it
+    (TRL's ``train(resume_from_checkpoint=True)`` on a new trainer); the CLI checks it before building the trainer."""
     from grpokit.data.prompts import load_rows
-    from grpokit.train.tool_rollouts import check_tool_prompts, resolve_tools
+    from grpokit.train.tool_rollouts import (
+        PLACEHOLDER_PROMPT,
+        check_tool_prompts,
+        environment_owned_rows,
+        resolve_tools,
+    )
 
     args.validate(procs.world_size)
     if args.engine == "vllm":
         from grpokit.rollout.vllm_engine import check_vllm_environment
 
         check_vllm_environment(procs.enabled)
-    train_rows = load_rows(train_dataset if train_dataset is not None else args.train_dataset, args.prompt_column)
-    evals = eval_sets(eval_dataset if eval_dataset is not None else args.eval_dataset, args.prompt_column)
+    prompts = specs.prompt_builder(args)  # prompt_template, system_prompt, use_chat_template
+    has_environment = environment_factory is not None or args.environment_factory is not None
+    default_prompt = PLACEHOLDER_PROMPT if has_environment else None
+    train_source = train_dataset if train_dataset is not None else args.train_dataset
+    if train_source is None:  # the environment owns the data (TRL): its reset() gives each prompt
+        train_rows = environment_owned_rows(
+            environment_factory if environment_factory is not None else args.environment_factory,
+            max_steps=args.max_steps if args.is_given("max_steps") else None,
+            prompts_per_step=args.prompts_per_step(procs.world_size),
+            prompt_column=args.prompt_column,
+        )
+    else:  # with an environment, a row may leave its prompt to reset(): an empty user message then (TRL)
+        train_rows = load_rows(train_source, args.prompt_column, prompts=prompts, default_prompt=default_prompt)
+    eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
+    evals = eval_sets(eval_source, args.prompt_column, prompts, default_prompt)
     if procs.is_main:
-        check_run_dir(args, existing=False)
-    tool_spec = resolve_tools(args, tools, environment_factory)
+        check_run_dir(specs.run_dir_spec(args), existing=False)
+    tool_spec = resolve_tools(args.agent, tools, environment_factory, check_settings=args.check_multi_turn)
     if tool_spec is not None:
         check_tool_prompts(train_rows, args.prompt_column)
         for name, rows in evals.items():
@@ -92,19 +117,25 @@ def check_inputs(
     return Inputs(args, train_rows, evals, rewards, steps_per_epoch, tool_spec)
 
 
-def eval_sets(eval_dataset: Any, prompt_column: str) -> dict:
+def eval_sets(eval_dataset: Any, prompt_column: str, prompts=None, default_prompt: list | None = None) -> dict:
     """The eval datasets' rows by name: ``{}`` without one; ``{None: rows}`` for one dataset (a ``datasets.Dataset``
-    or ``IterableDataset``, a list of dicts, a path); ``{name: rows}`` for a dict of them (TRL's: a dict,
-    ``DatasetDict`` or ``IterableDatasetDict``), each evaluated on its own, its metrics named ``eval_<name>_...``."""
+    or ``IterableDataset``, a list of dicts, a path, a ``datasets.load_dataset`` mapping with a ``path``);
+    ``{name: rows}`` for a dict of them (TRL's: a dict, ``DatasetDict`` or ``IterableDatasetDict``), each evaluated
+    on its own, its metrics named ``eval_<name>_...``. ``prompts``, ``default_prompt``: as ``load_rows`` takes them."""
+    from grpokit.config.schema import DATASET_KEYS
     from grpokit.data.prompts import DataError, load_rows
 
     if eval_dataset is None:
         return {}
-    if isinstance(eval_dataset, Mapping):
+    load_spec = type(eval_dataset) is dict and "path" in eval_dataset and set(eval_dataset) <= set(DATASET_KEYS)
+    if isinstance(eval_dataset, Mapping) and not load_spec:
         if not eval_dataset:
             raise DataError("eval_dataset is an empty dict; give at least one {name: dataset}, or no eval_dataset.")
-        return {str(name): load_rows(ds, prompt_column, eval_set_name(str(name))) for name, ds in eval_dataset.items()}
-    return {None: load_rows(eval_dataset, prompt_column, "eval_dataset")}
+        return {
+            str(name): load_rows(ds, prompt_column, eval_set_name(str(name)), prompts, default_prompt)
+            for name, ds in eval_dataset.items()
+        }
+    return {None: load_rows(eval_dataset, prompt_column, "eval_dataset", prompts, default_prompt)}
 
 
 def eval_set_name(name: str | None) -> str:
@@ -139,12 +170,18 @@ def build_reward_runner(
     extra = list(extra or [])
     if (reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs)) and not extra:
         raise ConfigError(
-            "no reward functions: pass reward_funcs=... or list them under `rewards:` in the config (e.g. - accuracy)"
-            ", or an environment_factory whose environment defines get_reward()."
+            "No reward source provided: pass reward_funcs=... or list them under `rewards:` in the config (e.g. "
+            "- accuracy), or an environment_factory whose environment defines get_reward()."
         )
     specs = [] if reward_funcs is None else reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
     if processing_classes is not None and not isinstance(processing_classes, list):
-        processing_classes = [processing_classes] * len(specs)
+        processing_classes = [processing_classes]  # TRL: one processing class is the list of one
+    if processing_classes is not None and len(processing_classes) != len(specs):
+        raise ConfigError(
+            f"The number of reward processing classes ({len(processing_classes)}) must match the number of reward "
+            f"functions ({len(specs)}); pass reward_processing_classes as a list with one entry per reward function, "
+            "in order (None for a plain function)."
+        )
     weights = args.reward_weights
     if extra:
         weights = None if weights is None else [*weights, *[1.0] * len(extra)]
@@ -158,14 +195,21 @@ def build_reward_runner(
             pool = functools.partial(
                 RayRewardPool, workers=args.num_reward_workers, worker_cpus=args.reward_worker_cpus
             )
+        device = pick_device(args.device)
         return RewardRunner(
             specs,
             weights=weights,
             timeout=args.reward_timeout,
             workers=0 if args.num_reward_workers > 0 else args.reward_workers,
-            isolate=args.reward_isolation,
+            isolate=args.reward_isolation,  # None: named rewards isolated, Python functions here (RewardRunner)
             processing_classes=processing_classes,
             pool=pool,
+            # reward models named by a string, loaded as TRL loads them, on the policy's device and in its dtype
+            model_kwargs={
+                "device": device,
+                "dtype": pick_dtype(args.dtype, device),
+                "trust_remote_code": args.trust_remote_code,
+            },
         )
     except (
         ValueError,
@@ -257,7 +301,9 @@ def adamw(params: list, args: GRPOConfig, device: torch.device) -> torch.optim.O
     return AdamW8bit(params, **hyper)
 
 
-def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels):
+def build_learner(
+    model, args: GRPOConfig, *, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels
+):
     """(reference or None, optimizer, lr scheduler, Learner) of the policy ``model``, wrapped for DDP / FSDP by
     ``procs``. FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
     reference copy is sharded the same way (its pass and its resync stay shard by shard). An algorithm with a
@@ -266,16 +312,130 @@ def build_learner(model, args: GRPOConfig, procs, device, use_lora: bool, optimi
     if get_algorithm(args.algorithm).uses_critic:
         from grpokit.train.critic import Critic
 
-        critic = Critic.build(model, args, device, pick_dtype(args.dtype, device), autocast_dtype, kernels)
+        dtype = pick_dtype(args.dtype, device)
+        critic = Critic.build(
+            model, specs.critic_spec(args), device=device, dtype=dtype, autocast_dtype=autocast_dtype, kernels=kernels
+        )
     reference = Reference(model, use_adapters=use_lora) if args.beta > 0 else None
     trained = procs.wrap(model, device, args.strategy)
     if is_sharded(trained) and reference is not None and reference.model is not None:
         procs.wrap(reference.model, device, args.strategy)
     optimizer, scheduler = build_optimizer(model, args, optimizers, is_sharded(trained), device)
     learner = Learner(
-        trained, reference, optimizer, scheduler, args, autocast_dtype=autocast_dtype, kernels=kernels, critic=critic
+        trained,
+        reference,
+        optimizer,
+        scheduler,
+        specs.learner_spec(args),
+        autocast_dtype=autocast_dtype,
+        kernels=kernels,
+        critic=critic,
+        procs=procs,
     )
     return reference, optimizer, scheduler, learner
+
+
+def build_rollouts(
+    args: GRPOConfig,
+    *,
+    model,
+    tokenizer,
+    prompts,
+    procs,
+    device,
+    autocast_dtype,
+    source: str | None,
+    kernels,
+    tools=None,
+):
+    """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.registry``), the sampler
+    (Ray workers, tool rollouts, a seed per group, or the engine's one stream) and the source (one step off with
+    ``async_rollouts``, else synchronous) from ``train.rollout_sources``. ``source``: the model's folder or hub id
+    when it was given by name (vLLM loads its copy from there), else None; ``tools``: the run's ToolSpec, or None.
+    Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
+    from grpokit.modeling import eos_token_ids
+    from grpokit.rollout.registry import EngineParts, get_engine
+    from grpokit.train.rollout_sources import SAMPLERS, SOURCES
+    from grpokit.train.scheduler import RolloutScheduler
+    from grpokit.train.tool_rollouts import ToolRollouts
+
+    eos = eos_token_ids(model, tokenizer)
+    kind = get_engine(args.engine)
+    parts = EngineParts(model, eos, tokenizer.pad_token_id, device, autocast_dtype, kernels, seed=args.seed)
+    engine = kind.build(parts, specs.vllm_spec(args, source))
+    sampling = specs.sampling_params(args)
+    # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
+    tool_rollouts = (
+        None
+        if tools is None
+        else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)  # TRL's kwargs
+    )
+    common = dict(
+        engine=engine,
+        prompts=prompts,
+        procs=procs,
+        model=model,
+        num_generations=args.num_generations,
+        params=sampling,
+        seed=args.seed,
+    )
+    if args.backend == "ray":  # rank 0 (the only process without torchrun) connects and starts the workers
+        sampler = SAMPLERS["ray"](remote=_start_ray(args, parts) if procs.is_main else None, **common)
+    elif tool_rollouts is not None:  # groups seeded on their own, decoded in one batch
+        sampler = SAMPLERS["tools"](tools=tool_rollouts, **common)
+    elif args.seed_per_group or procs.enabled:  # rollouts must not depend on the split over processes
+        sampler = SAMPLERS["group_seeded"](**common)
+    else:
+        sampler = SAMPLERS["engine"](**common)
+    if args.async_rollouts:
+        rollout_source = SOURCES["one_step_off"](sampler, last_step=args.max_steps)
+    else:
+        rollout_source = SOURCES["sync"](sampler)
+    scheduler = RolloutScheduler(
+        source=rollout_source,
+        engine=engine,
+        prompts=prompts,
+        procs=procs,
+        prompts_per_step=args.prompts_per_step(procs.world_size),
+        sampling=sampling,
+        tool_rollouts=tool_rollouts,
+    )
+    inputs = specs.update_inputs_spec(args, rollout_source.off_policy, kind.separate_weights)
+    return scheduler, inputs
+
+
+def _start_ray(args: GRPOConfig, parts):
+    """Connect to Ray (``distributed.address``) and start the rollout workers."""
+    from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
+
+    connect(args.address, args.ray_num_cpus)
+    return RayRolloutEngine(
+        parts.model,
+        parts.eos_token_ids,
+        parts.pad_token_id,
+        args.num_rollout_workers,
+        args.rollout_worker_cpus,
+        args.rollout_worker_gpus,
+        parts.autocast_dtype,
+    )
+
+
+def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int):
+    """How each step samples (``train.dynamic_sampling``): one round, or with ``dynamic_sampling`` rounds until
+    the batch holds informative groups; ``score``: the trainer's scoring of a round."""
+    from grpokit.train.dynamic_sampling import DynamicRounds, SingleRound
+
+    if not args.dynamic_sampling:
+        return SingleRound(scheduler, score)
+    return DynamicRounds(
+        scheduler,
+        score,
+        target_groups=args.prompts_per_step(),
+        max_rounds=args.max_sampling_rounds,
+        num_generations=args.num_generations,
+        num_mini_batches=args.num_mini_batches,
+        pad_token_id=pad_token_id,
+    )
 
 
 def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any = None):
@@ -347,7 +507,7 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig, peft_config: Any = None
         )
     if args.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
-    return get_peft_model(model, lora_config(args) if peft_config is None else _causal_lm(peft_config))
+    return get_peft_model(model, lora_config(args.lora) if peft_config is None else _causal_lm(peft_config))
 
 
 def lora_settings(peft_config: Any) -> dict:

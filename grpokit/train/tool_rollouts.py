@@ -15,11 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.config import ConfigError, GRPOConfig
+from grpokit.config import ConfigError
+from grpokit.config.running import AgentConfig
 from grpokit.data.prompts import DataError
 from grpokit.rewards.contract import is_conversational
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine
+from grpokit.rollout.registry import MultiTurnSpec, get_engine
 from grpokit.rollout.types import Conversation, Rollouts, SamplingParams
 from grpokit.tools import (
     ConversationTokens,
@@ -49,6 +51,13 @@ class ToolSpec:
     workers: int
     isolation: str
 
+    def all_tools(self) -> list[Callable]:
+        """The plain tools, then each environment's tools (bound to the instance made when the run was built)."""
+        tools = list(self.tools)
+        for pool in [] if self.environments is None else self.environments.pools.values():
+            tools += [t for t in pool.tools if t.__name__ not in {x.__name__ for x in tools}]
+        return tools
+
     def reward_functions(self) -> list[Callable]:
         """The environments' ``get_reward`` as reward functions (TRL: weight 1, named after the class)."""
         if self.environments is None:
@@ -60,23 +69,30 @@ class ToolSpec:
         return functions
 
 
-def resolve_tools(args: GRPOConfig, tools: Sequence[Callable] | None, environment_factory: Any) -> ToolSpec | None:
+def resolve_tools(
+    agent: AgentConfig,
+    tools: Sequence[Callable] | None,
+    environment_factory: Any,
+    check_settings: Callable[[], None] = lambda: None,
+) -> ToolSpec | None:
     """The run's :class:`ToolSpec` from GRPOTrainer's ``tools`` and ``environment_factory`` where given, else from
-    the config's ``tools`` and ``environment_factory``; None when the run has neither (single-turn rollouts).
-    Bad tools, environments or parser names are a :class:`ConfigError` naming the setting."""
+    the config's ``agent`` section (``tools``, ``environment_factory``); None when the run has neither (single-turn
+    rollouts). ``check_settings``: called once the run is known to have tools (the root passes the config's
+    refusal of settings multi-turn rollouts cannot run with). Bad tools, environments or parser names are a
+    :class:`ConfigError` naming the setting."""
     from grpokit.rewards.registry import load_callable
 
     try:
         if tools is None:
-            tools = [load_callable(spec, "tools") for spec in args.tools]
-        if environment_factory is None and args.environment_factory is not None:
-            environment_factory = load_callable(args.environment_factory, "environment_factory")
+            tools = [load_callable(spec, "tools") for spec in agent.tools]
+        if environment_factory is None and agent.environment_factory is not None:
+            environment_factory = load_callable(agent.environment_factory, "environment_factory")
         if not tools and environment_factory is None:
             return None
-        args.check_multi_turn()
+        check_settings()
         tools = list(tools)
         tool_schemas(tools)  # every tool documented and typed, before any model loads
-        parser = args.tool_parser
+        parser = agent.tool_parser
         if parser == "auto":
             parser = None
         elif ":" in parser:
@@ -92,11 +108,43 @@ def resolve_tools(args: GRPOConfig, tools: Sequence[Callable] | None, environmen
         tools,
         environments,
         parser,
-        args.max_tool_calling_iterations,
-        args.tool_timeout,
-        args.tool_workers,
-        args.tool_isolation,
+        agent.max_tool_calling_iterations,
+        agent.tool_timeout,
+        agent.tool_workers,
+        agent.tool_isolation,
     )
+
+
+PLACEHOLDER_PROMPT = [{"role": "user", "content": ""}]  # TRL's: reset()'s observation becomes the whole message
+
+
+def environment_owned_rows(
+    factory: Any, *, max_steps: int | None, prompts_per_step: int, prompt_column: str
+) -> list[dict[str, Any]]:
+    """The training rows of a run without a ``train_dataset`` (TRL's environment-owned data): one step's prompts
+    (``prompts_per_step``), each an empty user message to which the environment's ``reset()`` appends the real
+    prompt; ``max_steps`` (None: not set by the user), which must be set, counts the steps. Without an environment,
+    or with several (a ``{name: factory}`` dict, which routes rows by their ``environment`` column), a dataset is
+    required; errors carry TRL's words and grpokit's fix."""
+    if factory is None:
+        raise DataError(
+            "`train_dataset` is required unless an `environment_factory` is provided: give train_dataset=... (or "
+            "data.train_dataset: a JSONL / Parquet / CSV path, a list of dicts or a datasets.Dataset), or an "
+            "environment_factory whose reset() returns each prompt (with max_steps)."
+        )
+    if isinstance(factory, Mapping):
+        raise ConfigError(
+            "A `dict` `environment_factory` (multiple environments) requires a `train_dataset` with an `environment` "
+            "column naming each row's environment; give such a dataset, or pass a single environment factory whose "
+            "reset() returns the prompt."
+        )
+    if max_steps is None or max_steps < 1:
+        raise ConfigError(
+            "max_steps must be set to a positive value when the environment owns the data (no train_dataset: each "
+            "prompt comes from reset(), so there are no epochs to count); set max_steps=N (GRPOConfig(max_steps=...), "
+            "or optim.max_steps in YAML)."
+        )
+    return [{prompt_column: [dict(m) for m in PLACEHOLDER_PROMPT]} for _ in range(prompts_per_step)]
 
 
 def check_tool_prompts(rows: Sequence[Mapping[str, Any]], prompt_column: str, name: str = "train_dataset") -> None:
@@ -130,13 +178,8 @@ class ToolRollouts:
             )
         except ToolError as exc:
             raise ConfigError(f"agent: {exc}") from exc
-        self.engine = MultiTurnEngine(
-            engine,
-            chat,
-            self._executor(),
-            max_tool_calling_iterations=spec.max_tool_calling_iterations,
-            parser=spec.parser,
-        )
+        settings = MultiTurnSpec(engine, chat, self._executor(), spec.max_tool_calling_iterations, spec.parser)
+        self.engine: MultiTurnEngine = get_engine("multi-turn").build(None, settings)
         self.sessions: list = []
         self.closed = False
 

@@ -1,6 +1,6 @@
 """The GRPO training loop.
 
-One step (DESIGN.md): RolloutScheduler.next (prompts, G rollouts each) -> RewardRunner.score -> reference
+One step (docs/architecture.md): RolloutScheduler.next (prompts, G rollouts each) -> RewardRunner.score -> reference
 log-probs (and the critic's values) -> the algorithm's advantages -> Learner.update -> RolloutStore.write_step ->
 Tracker.log; evaluation every eval_steps, checkpoints every save_steps. Every torchrun rank runs this
 same loop; rank 0 alone owns the run folder.
@@ -9,6 +9,7 @@ same loop; rank 0 alone owns the run folder.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +17,23 @@ import torch
 
 from grpokit.algos.names import BETA, KL
 from grpokit.algos.registry import AdvantageInputs, get_algorithm
+from grpokit.algos.token_masks import high_entropy_mask, off_policy_sequence_mask
 from grpokit.config import GRPOConfig
+from grpokit.config.training import AlgoConfig
 from grpokit.data.prompts import reward_arguments
 from grpokit.eval.evaluator import Evaluator
 from grpokit.hardware import autocast_dtype
 from grpokit.kernels import Kernels
 from grpokit.modeling import ensure_pad_token
 from grpokit.rewards.contract import RewardState
+from grpokit.rewards.judge import ClassifierReward
 from grpokit.rollout.types import SamplingParams
 from grpokit.store.record import rollout_records
-from grpokit.train import setup
+from grpokit.train import setup, specs
+from grpokit.train.accelerator import ProcessAccelerator
 from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.checkpoint import RunState, save_final_model
-from grpokit.train.dynamic_sampling import (
-    Sampled,
-    StepRounds,
-    renumber_repeats,
-    sample_rounds,
-    stored_advantages,
-    take_rows,
-)
+from grpokit.train.dynamic_sampling import renumber_repeats
 from grpokit.train.interrupt import SignalStop, stop_message
 from grpokit.train.learner import update_inputs
 from grpokit.train.logprobs import build_batch
@@ -49,9 +47,38 @@ from grpokit.train.metrics import (
     trl_eval_names,
     trl_names,
 )
-from grpokit.train.run_dir import open_run_dir, resume_point
-from grpokit.train.scheduler import RolloutScheduler
+from grpokit.train.run_dir import RunFolder, open_run_dir, resume_point
 from grpokit.train.stopping import StopRules
+from grpokit.train.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """The training loop's own settings, built once by the composition root (:func:`grpokit.train.specs.loop_spec`):
+    the model's name (None: a module was given), ``dtype``, ``seed``; the ``algorithm`` and its section (``algo``,
+    read by the algorithm's advantages); G (``num_generations``), ``max_steps`` (resolved), the global
+    ``completions_per_step``; the dataset's ``prompt_column``; ``rewards_on_main`` (Ray reward workers: rank 0
+    scores every rank's rows); the reference resync (``ref_model_sync_steps``, ``ref_model_mixup_alpha``);
+    ``logging_steps``; ``save_at_end`` (save_strategy is not no) and ``merge_on_save``."""
+
+    model_name_or_path: str | None
+    dtype: str
+    seed: int
+    algorithm: str
+    algo: AlgoConfig
+    num_generations: int
+    max_steps: int
+    completions_per_step: int
+    prompt_column: str = "prompt"
+    rewards_on_main: bool = False
+    ref_model_sync_steps: int = 0
+    ref_model_mixup_alpha: float = 0.6
+    logging_steps: int = 1
+    save_at_end: bool = True
+    merge_on_save: bool = False
+
+
+_PADDING = -1e9  # pads masked entropies (>= 0) to the same length on every process before a gather
 
 
 class GRPOTrainer:
@@ -107,12 +134,15 @@ class GRPOTrainer:
             tools,
             environment_factory,
         )
-        self.args, self.train_rows, eval_rows, self.rewards, self.steps_per_epoch, tool_spec = inputs
+        self.args = args = inputs.args  # the user's GRPOConfig (max_steps resolved), as TRL's trainer.args
+        self.train_rows, eval_rows, self.rewards = inputs.train_rows, inputs.eval_sets, inputs.rewards
         self.train_dataset = train_dataset  # as given (TRL's attributes)
         self.eval_dataset = eval_dataset if eval_dataset is not None else args.eval_dataset
-        args = self.args  # max_steps resolved
+        self.steps_per_epoch = inputs.steps_per_epoch
+        spec = self.spec = specs.loop_spec(args, procs.world_size)  # the loop's own settings
+        self.run_dir_spec = specs.run_dir_spec(args)
         # The policy, its prompts, how it samples and how it learns.
-        path = model if isinstance(model, str) else args.model_name_or_path if model is None else None
+        path = model if isinstance(model, str) else spec.model_name_or_path if model is None else None
         if path and procs.is_main:
             setup.warn_if_too_big(args, path)
         model, tokenizer, device, self.use_lora = setup.build_policy(model, tokenizer, args, peft_config)
@@ -120,30 +150,57 @@ class GRPOTrainer:
         ensure_pad_token(tokenizer)
         # the eval sets by name (None: the one eval_dataset): (PromptSource, rows)
         self.train_source, self.eval_sets = setup.prompt_sources(args, tokenizer, self.train_rows, eval_rows)
-        torch.manual_seed(args.seed)
-        self.autocast_dtype = autocast_dtype(args.dtype, device, model)
+        torch.manual_seed(spec.seed)
+        self.autocast_dtype = autocast_dtype(spec.dtype, device, model)
         self.kernels = Kernels.select(device, self.autocast_dtype)  # this run's fast paths, chosen once
-        self.rollout_scheduler = RolloutScheduler(
-            args, model, tokenizer, self.train_source, procs, device, self.autocast_dtype, path, self.kernels, tool_spec
+        self.rollout_scheduler, self.update_inputs_spec = setup.build_rollouts(
+            args,
+            model=model,
+            tokenizer=tokenizer,
+            prompts=self.train_source,
+            procs=procs,
+            device=device,
+            autocast_dtype=self.autocast_dtype,
+            source=path,
+            kernels=self.kernels,
+            tools=inputs.tools,
         )
-        self.algorithm = get_algorithm(args.algorithm)  # what the steps ask for advantages (algos/registry.py)
+        self.step_sampling = setup.build_step_sampling(
+            args, self.rollout_scheduler, self._score, tokenizer.pad_token_id
+        )  # one round per step, or dynamic sampling's rounds
+        self.algorithm = get_algorithm(spec.algorithm)  # what the steps ask for advantages (algos/registry.py)
         self.reference, self.optimizer, self.scheduler, self.learner = setup.build_learner(
-            model, args, procs, device, self.use_lora, optimizers, self.autocast_dtype, self.kernels
+            model,
+            args,
+            procs=procs,
+            device=device,
+            use_lora=self.use_lora,
+            optimizers=optimizers,
+            autocast_dtype=self.autocast_dtype,
+            kernels=self.kernels,
         )
         # The run around the steps: evaluation, stop rules, checkpoints, signals, callbacks.
         self.evaluator = Evaluator(
-            args, self.engine, tokenizer, self.rewards, self.sampling, tools=self.rollout_scheduler.tool_rollouts
+            specs.eval_spec(args),
+            engine=self.engine,
+            tokenizer=tokenizer,
+            reward_runner=self.rewards,
+            params=self.sampling,
+            tools=self.rollout_scheduler.tool_rollouts,
         )
         self.step = 0
         self.stop_reason: str | None = None
-        self.stop_rules = StopRules(args)  # non-finite steps, KL over max_kl
+        self.stop_rules = StopRules(specs.stop_spec(args))  # non-finite steps, KL over max_kl
+        # a warning when every group ties for warn_tied_steps steps (a group-relative advantage learns nothing)
+        self.ties = specs.tie_watch(args, group_relative=not self.algorithm.uses_critic)
         self._writing = False  # rank 0 while train() runs: evaluations go to the run folder too
         self.callbacks = CallbackRunner(
             callbacks,
-            args,
-            args.max_steps,
-            self.steps_per_epoch,
-            procs.is_main,
+            specs.callback_spec(args),
+            args=args,  # passed to the callbacks' events, as transformers passes its TrainingArguments
+            max_steps=spec.max_steps,
+            steps_per_epoch=self.steps_per_epoch,
+            is_main=procs.is_main,
             model=model,
             processing_class=tokenizer,
             optimizer=self.optimizer,
@@ -151,14 +208,14 @@ class GRPOTrainer:
         )
         # what a checkpoint saves and a resume restores
         self.run_state = RunState(
-            args,
-            model,
-            self.learner,
-            self.train_source,
-            self.rollout_scheduler,
-            self.stop_rules,
-            procs.is_main,
-            trainer_state=lambda: self.state,
+            specs.checkpoint_spec(args),
+            model=model,
+            learner=self.learner,
+            data=self.train_source,
+            rollouts=self.rollout_scheduler,
+            stop_rules=self.stop_rules,
+            is_main=procs.is_main,
+            trainer_state=lambda: self.state,  # log_history and num_input_tokens_seen, as TRL's checkpoints
         )
         self.signals = SignalStop(lambda: (self.step, self.run_state.saved_step), enabled=procs.is_main)
         self.callbacks.event("on_init_end")
@@ -202,14 +259,81 @@ class GRPOTrainer:
     def sampling(self) -> SamplingParams:
         return self.rollout_scheduler.sampling
 
+    # ---- TRL's reward and environment attributes (read-only views of the reward runner and the tool rollouts) ----
+    @property
+    def reward_funcs(self) -> list:
+        """The reward functions in scoring order (a reward model as its ``nn.Module``; environments' ``get_reward``
+        last), as TRL's ``trainer.reward_funcs``."""
+        return [fn.model if isinstance(fn, ClassifierReward) else fn for fn in self.rewards.functions]
+
+    @property
+    def reward_func_names(self) -> list[str]:
+        """Each reward function's name, as in the ``rewards/<name>/mean`` metrics."""
+        return list(self.rewards.names)
+
+    @property
+    def reward_weights(self) -> torch.Tensor:
+        """The weights of the reward functions [F], float32 as in TRL."""
+        return self.rewards.weights.to(torch.float32)
+
+    @property
+    def reward_processing_classes(self) -> list:
+        """Each reward function's tokenizer (a reward model's, given or loaded from its folder) or None."""
+        return [getattr(fn, "processing_class", None) for fn in self.rewards.functions]
+
+    @property
+    def tools(self) -> list:
+        """The run's tools: the plain ones, then each environment's methods (of its first instance), as TRL's."""
+        scheduler = self.rollout_scheduler
+        return [] if scheduler.tool_rollouts is None else scheduler.tool_rollouts.spec.all_tools()
+
+    @property
+    def environments(self) -> list | None:
+        """The environment instances of the last sampled rollouts, in order (None without environments)."""
+        tool_rollouts = self.rollout_scheduler.tool_rollouts
+        return None if tool_rollouts is None else tool_rollouts.environments
+
     @property
     def interrupted_by(self) -> int | None:
         """The signal that stopped training (None: none did)."""
         return self.signals.signum
 
+    @property
+    def accelerator(self) -> ProcessAccelerator:
+        """TRL's ``trainer.accelerator``: this run's processes (rank, count, gather, reduce), as accelerate answers."""
+        return ProcessAccelerator(self.procs, self.device)
+
     def add_callback(self, callback: Any) -> None:
         """Add a ``TrainerCallback`` (instance or class), as ``transformers.Trainer.add_callback``."""
         self.callbacks.add(callback)
+
+    # ---- TRL's helpers (their math is in algos/token_masks.py) ---------------------------------
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """TRL's helper: [N, T] bool, the masked tokens whose entropy is at least the ``threshold``-quantile of every
+        process's masked entropies (``algos.token_masks.high_entropy_mask``; ``top_entropy_quantile`` uses
+        threshold = 1 - top_entropy_quantile). Reads only ``self.accelerator``'s ``pad_across_processes`` and
+        ``gather``."""
+        accelerator = self.accelerator
+
+        def gather(values: torch.Tensor) -> torch.Tensor:
+            everyone = accelerator.gather(accelerator.pad_across_processes(values, dim=0, pad_index=_PADDING))
+            return everyone[everyone != _PADDING]  # entropies are >= 0, so the padding is told apart
+
+        return high_entropy_mask(entropies, mask, threshold, gather)
+
+    @staticmethod
+    def get_off_policy_mask(
+        advantages: torch.Tensor,
+        per_token_logps: torch.Tensor,
+        sampling_per_token_logps: torch.Tensor,
+        mask: torch.Tensor,
+        off_policy_threshold: float,
+    ) -> torch.Tensor:
+        """TRL's helper: [N, 1], 0 for the sequences with A < 0 whose mean log(mu / pi) exceeds the threshold
+        (``algos.token_masks.off_policy_sequence_mask``; ``off_policy_mask_threshold``), 1 for the others."""
+        return off_policy_sequence_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
 
     # ---- the loop --------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None):
@@ -223,21 +347,37 @@ class GRPOTrainer:
         a new trainer on the run's output_dir continues it from there, ``trainer.state.log_history`` included. An
         output_dir that holds a run is refused here unless told to resume it (or ``overwrite``).
         """
-        args, main = self.args, self.procs.is_main
+        main = self.procs.is_main
         if resume_from_checkpoint:
-            args.resume_from = "latest" if resume_from_checkpoint is True else str(resume_from_checkpoint)
-        found = resume_point(args, check=main)
+            resume = "latest" if resume_from_checkpoint is True else str(resume_from_checkpoint)
+            self.run_dir_spec = self.run_dir_spec.resuming(resume)
+        self.run_folder = RunFolder(self.run_dir_spec) if main else None  # the folder's lock; a previous run set aside
+        try:
+            summary = self._train(main)
+        finally:
+            if main:
+                self.run_folder.release()  # an overwritten run comes back unless this one is durable
+        if self.stop_reason and main:
+            self.run_log.warn(f"stopped at step {self.step}: {self.stop_reason}")
+        from transformers.trainer_utils import TrainOutput
+
+        return TrainOutput(self.step, summary["train_loss"], summary)
+
+    def _train(self, main: bool) -> dict:
+        """train() with the run folder held: resume, open the folder, the steps, the end; returns the summary."""
+        found = resume_point(self.run_dir_spec, check=main)  # checked: the checkpoint, on rank 0 the store and metrics
         if found is not None:  # loaded before the run folder is written: a misfit changes nothing there
-            self.resume(found)
-        self.run_dir = Path(args.output_dir)
-        if main:
-            self.run_log = open_run_dir(args, self.step)  # rank 0's writers: store, trackers, report
+            self.step = self.run_state.load(found.path, verified=True)
+            self.callbacks.set_step(self.step)
+        self.run_dir = Path(self.run_dir_spec.output_dir)
+        if main:  # rank 0's writers: store, trackers, report
+            self.run_log = open_run_dir(self.run_dir_spec, self.step, self.run_folder, found)
             self._writing = True
         metrics, losses, started = {}, [], time.perf_counter()
         try:
             with self.signals:
                 self._begin_training()
-                while self.step < args.max_steps and self.stop_reason is None and self.interrupted_by is None:
+                while self.step < self.spec.max_steps and self.stop_reason is None and self.interrupted_by is None:
                     metrics = self._run_step()
                     if "loss" in metrics:  # a step without an informative group makes no update
                         losses.append(metrics["loss"])
@@ -245,16 +385,12 @@ class GRPOTrainer:
                 summary = self._end_training(metrics, losses, time.perf_counter() - started)
         finally:
             self._close()
-        if self.stop_reason and main:
-            self.run_log.warn(f"stopped at step {self.step}: {self.stop_reason}")
-        from transformers.trainer_utils import TrainOutput
-
-        return TrainOutput(self.step, summary["train_loss"], summary)
+        return summary
 
     def _begin_training(self) -> None:
         """on_train_begin (and on_epoch_begin), then the evaluation before training."""
         self.callbacks.set_step(self.step)
-        self.callbacks.state.max_steps = self.args.max_steps
+        self.callbacks.state.max_steps = self.spec.max_steps
         self.callbacks.event("on_train_begin")
         self.callbacks.event("on_epoch_begin")
         if self.step == 0 and self._evaluates:
@@ -269,63 +405,61 @@ class GRPOTrainer:
 
     def _train_step(self, step: int) -> dict:
         """Rollouts, rewards, the algorithm's advantages and the update; rank 0 stores and logs the step."""
-        args, G, procs, clock = self.args, self.args.num_generations, self.procs, PhaseClock()
-        indices, rollouts = self.rollout_scheduler.next(step)  # this rank's prompts, G rollouts each
+        G, procs, clock = self.spec.num_generations, self.procs, PhaseClock()
+        # this rank's prompts, G rollouts each, scored (dynamic sampling: every round, and the rows trained on)
+        sampled = self.step_sampling.sample(step, clock)
+        rollouts = sampled.rollouts
         staleness = self.engine.policy_version - rollouts.policy_version  # updates since the sampling policy
-        clock.lap("generate")
-        completions, reward, all_rewards = self._score(step, indices, rollouts)
-        clock.lap("reward")
-        trained, rewards, train_rows, sampling = rollouts, all_rewards.combined, None, {}
-        if args.dynamic_sampling:  # DAPO: more rounds until the groups trained on are informative (one process)
-            rounds = self._sampling_rounds(step, Sampled(indices, rollouts, completions, reward), clock)
-            s = rounds.sampled  # every round: stored, and the reward metrics cover them
-            indices, rollouts, completions, reward = s.indices, s.rollouts, s.completions, s.reward
-            all_rewards = reward  # one process: this rank's rewards are the global batch's
-            train_rows, sampling = rounds.train_rows, rounds.metrics
-            trained, rewards = take_rows(rollouts, train_rows), reward.combined[train_rows]
+        trained = sampled.trained
         beta = self.learner.kl_controller.beta  # the KL coefficient of this step
         advantages, update = torch.empty(0), {}  # no informative group at all: no update
         if trained.completion_ids.size(0):
-            advantages, update = self._learn(trained, rewards, beta, clock)
+            advantages, update = self._learn(trained, sampled.trained_rewards, beta, clock)
         if KL in update:  # the adaptive controller moves beta after each step (Ziegler et al.: n_steps = N)
             self.learner.kl_controller.update(update[KL], n_steps=advantages.numel() * procs.world_size)
-        update = {BETA: beta, **update, **sampling}
+        update = {BETA: beta, **update, **sampled.metrics}
 
         all_advantages = procs.gather(advantages.float())  # [N_global trained], one per completion
         all_lengths = procs.gather(rollouts.sampled_lengths.float())  # [N_global] tokens the model wrote
-        prompt_tokens = procs.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in indices) * G)))
+        prompt_tokens = procs.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in sampled.indices) * G)))
         all_truncated = procs.gather(rollouts.truncated.float())  # [N_global]
         state = self.state
         state.num_input_tokens_seen += int(prompt_tokens.item() + all_lengths.sum().item())  # TRL's num_tokens
         metrics = step_metrics(
-            all_rewards,
-            update,
-            all_advantages,
-            G,
-            all_lengths,
-            all_truncated,
-            prompt_tokens.item(),
-            self.train_source,
-            staleness,
-            clock.metrics(),
-            self.rollout_scheduler.metrics(),
+            sampled.global_rewards,
+            update=update,
+            advantages=all_advantages,
+            group_size=G,
+            lengths=all_lengths,
+            truncated=all_truncated,
+            prompt_tokens=prompt_tokens.item(),
+            source=self.train_source,
+            staleness=staleness,
+            times=clock.metrics(),
+            extra=self.rollout_scheduler.metrics(),
             tokens_seen=state.num_input_tokens_seen,
         )
-        if train_rows is not None:  # every sampled group, the dropped ones without an advantage
-            advantages = stored_advantages(advantages, train_rows, len(completions))
-        records = rollout_records(indices, rollouts, completions, reward, advantages, self.train_source)
-        if train_rows is not None:
+        stored = sampled.stored_advantages(advantages)  # every sampled group, the dropped ones without an advantage
+        records = rollout_records(
+            sampled.indices, rollouts, sampled.completions, sampled.reward, stored, self.train_source
+        )
+        if sampled.train_rows is not None:  # a prompt drawn again by a later round: its completions numbered on
             records = renumber_repeats(records, G)
         records = procs.gather_objects(records)  # every rank's, on rank 0
         if procs.is_main:
             self.run_log.step(step, [r for part in records for r in part], metrics)
+            everyone = sampled.global_rewards  # every process's rewards
+            tied = self.ties.step(step, everyone.names, everyone.per_func, everyone.combined)
+            if tied:
+                self.run_log.warn(tied)
         return metrics
 
-    def _score(self, step: int, indices: list[int], rollouts):
-        """(decoded completions, this rank's RewardResult, every rank's) of this rank's ``rollouts``."""
-        args, procs = self.args, self.procs
+    def _score(self, step: int, indices: list[int], rollouts) -> Trajectory:
+        """This rank's ``rollouts`` of the prompts ``indices``, decoded and scored (this rank's RewardResult and
+        every rank's)."""
+        spec, procs = self.spec, self.procs
         prompts, completions, columns, completion_ids = reward_arguments(
-            self.train_rows, indices, rollouts, self.tokenizer, args.prompt_column
+            self.train_rows, indices, rollouts, self.tokenizer, spec.prompt_column
         )
         scored = completions  # tool rollouts: their messages (and environments), as TRL passes them
         if rollouts.conversations is not None:
@@ -338,52 +472,41 @@ class GRPOTrainer:
             prompts,
             scored,
             columns,
-            args.num_generations,
-            on_main=args.num_reward_workers > 0,
+            spec.num_generations,
+            on_main=spec.rewards_on_main,
             completion_ids=completion_ids,
             trainer_state=self._reward_state(step),
         )
-        return completions, reward, all_rewards
-
-    def _sampling_rounds(self, step: int, first: Sampled, clock: PhaseClock) -> StepRounds:
-        """Dynamic sampling's rounds of ``step`` after its ``first`` (``train/dynamic_sampling.py``)."""
-
-        def next_round(r: int) -> Sampled:
-            indices, rollouts = self.rollout_scheduler.more(step, r)
-            clock.lap("generate")
-            completions, reward, _ = self._score(step, indices, rollouts)
-            clock.lap("reward")
-            return Sampled(indices, rollouts, completions, reward)
-
-        args = self.args
-        return sample_rounds(
-            first,
-            next_round,
-            args.prompts_per_step(),
-            args.max_sampling_rounds,
-            args.num_generations,
-            args.num_mini_batches,
-            self.tokenizer.pad_token_id,
-        )
+        return Trajectory(indices, rollouts, completions, reward, all_rewards)
 
     def _learn(self, rollouts, rewards: torch.Tensor, beta: float, clock: PhaseClock) -> tuple[torch.Tensor, dict]:
         """Reference log-probs, the algorithm's advantages (``algos/registry.py``) and the learner's update on this
         rank's ``rollouts``; ``rewards`` [N_global] the combined rewards of every rank's, ``beta`` the step's KL
         coefficient. Returns (this rank's advantages, one per completion [n]; the update's metrics, averaged over
         ranks)."""
-        args, procs = self.args, self.procs
-        loss_mask, old_logprobs, sampling_logprobs = update_inputs(args, rollouts, self.device)
+        spec, procs = self.spec, self.procs
+        inputs = update_inputs(self.update_inputs_spec, rollouts, self.device)
+        loss_mask, old_logprobs = inputs.loss_mask, inputs.old_logprobs
         batch = build_batch(self.model, rollouts, self.tokenizer.pad_token_id, self.device)
         ref_logprobs = self.learner.reference_logprobs(batch)
-        if old_logprobs is None and self.algorithm.needs_old_logprobs(args):
+        if old_logprobs is None and self.algorithm.needs_old_logprobs(spec.algo):
             old_logprobs = self.learner.old_logprobs(batch)
         old_values = self.learner.values(batch)  # [n, T] with a critic, else None
         n = rollouts.completion_ids.size(0)
         rows = slice(procs.rank * n, (procs.rank + 1) * n)  # this rank's rows of the global batch
-        inputs = AdvantageInputs(
-            rewards, args.num_generations, rows, loss_mask, old_logprobs, ref_logprobs, old_values, beta
+        found = self.algorithm.advantages(
+            AdvantageInputs(
+                rewards,
+                spec.num_generations,
+                rows,
+                loss_mask,
+                old_logprobs=old_logprobs,
+                ref_logprobs=ref_logprobs,
+                values=old_values,
+                beta=beta,
+            ),
+            spec.algo,
         )
-        found = self.algorithm.advantages(inputs, args)
         loss_mask = loss_mask if found.loss_mask is None else found.loss_mask
         # DDP averages gradients over ranks, so dapo's per-rank denominator is the global token count / ranks.
         num_items = procs.sum(loss_mask.sum()).clamp(min=1.0) / procs.world_size
@@ -395,33 +518,33 @@ class GRPOTrainer:
             ref_logprobs,
             old_logprobs=old_logprobs,
             num_items_in_batch=num_items,
-            sampling_logprobs=sampling_logprobs,
+            sampling_logprobs=inputs.sampling_logprobs,
             old_values=old_values,
             returns=found.returns,
         )
         update = procs.mean_metrics(update | found.metrics)
-        self.engine.policy_version += 1  # colocated engine: it samples from these same weights next step
+        self.engine.sync_weights()  # the engine samples from the updated weights next step
         clock.lap("update")
         return found.per_sequence.float().cpu(), update
 
     def _after_step(self, metrics: dict) -> None:
-        args, step = self.args, self.step
-        if args.ref_model_sync_steps and self.reference is not None and step % args.ref_model_sync_steps == 0:
-            self.reference.sync(args.ref_model_mixup_alpha)
+        spec, step = self.spec, self.step
+        if spec.ref_model_sync_steps and self.reference is not None and step % spec.ref_model_sync_steps == 0:
+            self.reference.sync(spec.ref_model_mixup_alpha)
         reason = self.stop_rules.check(metrics)
         self.stop_reason = reason or self.stop_reason
         self.callbacks.set_step(step)
         # a callback may ask for a log, an evaluation, a checkpoint, the end
         control = self.callbacks.event("on_step_end")
-        if step % args.logging_steps == 0 or control.should_log:
+        if step % spec.logging_steps == 0 or control.should_log:
             self.callbacks.log(trl_names(metrics))
         if (self.callbacks.due("eval", step) and self._evaluates) or (control.should_evaluate and self.eval_sets):
             self._evaluate_and_log(step)
-        if (self.callbacks.due("save", step) and step < args.max_steps) or control.should_save:
+        if (self.callbacks.due("save", step) and step < spec.max_steps) or control.should_save:
             self._save_checkpoint()
         if step % self.steps_per_epoch == 0:
             self.callbacks.event("on_epoch_end")
-            if step < args.max_steps:
+            if step < spec.max_steps:
                 self.callbacks.event("on_epoch_begin")
         if self.callbacks.control.should_training_stop and self.stop_reason is None:
             self.stop_reason = "a callback set control.should_training_stop"
@@ -429,21 +552,21 @@ class GRPOTrainer:
     def _finish(self) -> None:
         """Last checkpoint, evaluation and final model (every rank calls it: FSDP gathers the weights).
         Stopped by a signal: only the checkpoint of the last finished step, if it is not on disk yet."""
-        if self.step > self.run_state.saved_step and (
-            self.args.save_strategy != "no" or self.interrupted_by is not None
-        ):
+        if self.step > self.run_state.saved_step and (self.spec.save_at_end or self.interrupted_by is not None):
             self._save_checkpoint()
         if self.interrupted_by is not None:
             self.stop_reason = stop_message(self.interrupted_by, self.step)
             return
         if self._evaluates and not self.callbacks.due("eval", self.step):
             self._evaluate_and_log(self.step)
-        merged = self.use_lora and self.args.merge_on_save
+        merged = self.use_lora and self.spec.merge_on_save
         save_final_model(self.run_dir / "final", self.model, self.tokenizer, self.procs.is_main, merged)
+        if self.procs.is_main:
+            self.run_folder.durable()  # a run that saves no checkpoint is durable once its final model is
 
     def _end_training(self, metrics: dict, losses: list[float], seconds: float) -> dict:
         """TRL's closing log entry, a summary line on rank 0, on_train_end; returns the entry."""
-        summary = train_summary(losses, self.args.completions_per_step(self.procs.world_size), seconds)
+        summary = train_summary(losses, self.spec.completions_per_step, seconds)
         if self.step % self.steps_per_epoch:  # on_epoch_end for an epoch the run ended inside, as transformers does
             self.callbacks.event("on_epoch_end")
         if self.procs.is_main:
@@ -529,7 +652,7 @@ class GRPOTrainer:
             return self.eval_sets
         if isinstance(eval_dataset, str) and eval_dataset in self.eval_sets:
             return {eval_dataset: self.eval_sets[eval_dataset]}
-        rows = setup.eval_sets(eval_dataset, self.args.prompt_column)
+        rows = setup.eval_sets(eval_dataset, self.args.prompt_column, specs.prompt_builder(self.args))
         setup.check_data(self.args, self.train_rows, rows, self.rewards, self.procs.world_size)
         return setup.prompt_sources(self.args, self.tokenizer, self.train_rows, rows)[1]
 
@@ -545,14 +668,14 @@ class GRPOTrainer:
         """TRL's ``trainer.save_model()``: the model and its tokenizer in ``output_dir`` (default ``args.output_dir``),
         loadable with ``from_pretrained`` (with LoRA: the adapter, loadable with peft; a custom module:
         model.safetensors). Under FSDP every rank calls it (the weights are gathered to rank 0, which writes)."""
-        folder = Path(output_dir if output_dir is not None else self.args.output_dir)
+        folder = Path(output_dir if output_dir is not None else self.run_dir_spec.output_dir)
         save_final_model(folder, self.model, self.tokenizer, self.procs.is_main)
 
     def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token=None, **kwargs):
         """TRL's ``trainer.push_to_hub()``: :meth:`save_model` to output_dir, then upload the model's files (not the
         run's store, checkpoints and reports) to the Hub repo ``hub_model_id`` (default: output_dir's name), created
         if needed. Without the Hub (offline, no network, no token) it raises one line saying where the model is."""
-        from grpokit.train.hub import push_folder
+        from grpokit.hub import push_folder
 
         self.save_model()
         if not self.procs.is_main:
@@ -568,12 +691,17 @@ class GRPOTrainer:
         )
 
     def _save_checkpoint(self) -> None:
-        """Rank 0 writes; under FSDP every rank joins to gather the weights and optimizer state."""
-        if self.run_state.save(self.run_dir, self.step):
+        """Rank 0 writes (after flushing the store and metrics.jsonl to disk, which the checkpoint records); under FSDP
+        every rank joins to gather the weights and optimizer state."""
+        record = self.run_log.seal() if self.procs.is_main else None
+        if self.run_state.save(self.run_dir, self.step, record):
+            if self.procs.is_main:
+                self.run_folder.durable()  # the first checkpoint: an overwritten run can go now
             self.callbacks.event("on_save")
 
     def resume(self, path: str | Path) -> None:
-        """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder."""
+        """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder (checked
+        against its manifest first)."""
         self.step = self.run_state.load(path)
         self.callbacks.set_step(self.step)
 
@@ -582,4 +710,4 @@ class GRPOTrainer:
         before the step's update: ``global_step`` counts the updates done)."""
         source = self.train_source
         epoch = source.epoch + source.position / len(source.usable)
-        return RewardState(global_step=step - 1, max_steps=self.args.max_steps, epoch=epoch)
+        return RewardState(global_step=step - 1, max_steps=self.spec.max_steps, epoch=epoch)

@@ -79,17 +79,17 @@ class ValueModel(torch.nn.Module):
         """
         from transformers import AutoModelForTokenClassification
 
+        from grpokit.hub import from_pretrained
+
         source = model_source(name_or_path)
-        try:
-            model = AutoModelForTokenClassification.from_pretrained(
-                source, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code
-            )
-        except (OSError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise FileNotFoundError(
-                f"cannot load the value model {source!r} ({first}); give a local model folder or hub id of a "
-                "causal LM or a one-label token classifier."
-            ) from None
+        model = from_pretrained(  # a message, within seconds, when it cannot be loaded (grpokit/hub.py)
+            AutoModelForTokenClassification,
+            source,
+            "value model (a causal LM or a one-label token classifier)",
+            num_labels=1,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+        )
         head = next((getattr(model, name) for name in HEAD_NAMES if hasattr(model, name)), None)
         if head is None:
             raise ValueError(f"{type(model).__name__} has no value head named {' or '.join(HEAD_NAMES)}")

@@ -59,6 +59,13 @@ NOT_RUNNABLE = {
         "three 494M-parameter runs: ~20 min, ~13 GB"
     ),
     "python bench/ref_dtype.py --layers 4": "a 152k-vocabulary model, two references: ~1 min, ~3 GB",
+    "python bench/vs_trl.py --shapes main --configs grpokit_fp32,grpokit --steps 2 --rounds 1 --layers 1": (
+        "the benchmark's floor report on a 1-layer model: ~5 min"
+    ),
+    "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 GRPOKIT_CPU_CAPS=avx2 python bench/backward_ab.py --layers 1 "
+    "--reps 2 --variants new,head@b9c1dc9,no_sparse_embedding_grad": (
+        "a 152k-vocabulary model's backward, six times: ~30 min under load"
+    ),
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (
@@ -77,6 +84,21 @@ NOT_RUNNABLE = {
         "needs a tool-calling chat template (the tiny local model's has none); tests/integration/test_tool_training.py "
         "trains from an agent section"
     ),
+    "grpokit train examples/gsm8k/gpu_vllm.yaml": (
+        "needs a CUDA GPU and vLLM (generation.engine: vllm), and Qwen2.5-0.5B-Instruct from the hub; "
+        "tests/integration/test_examples_gsm8k.py runs the recipe's stages with cpu.yaml on a stand-in"
+    ),
+    "grpokit eval examples/gsm8k/gpu_vllm.yaml": "needs a CUDA GPU and vLLM (generation.engine: vllm)",
+    "grpokit eval runs/gsm8k-gpu-vllm": "needs the GPU run's folder (a CUDA GPU and vLLM)",
+    "WANDB_PROJECT=gsm8k grpokit train examples/gsm8k/gpu_vllm.yaml 'report_to=[console,jsonl,wandb]' "
+    "run_name=qwen0.5b-grpo": (
+        "needs a CUDA GPU and a W&B account; tests/integration/test_train.py logs to W&B offline under WANDB_PROJECT"
+    ),
+    'pip install -e ".[vllm,math]"': "installs packages (network) on a CUDA machine",
+    'pip install -e ".[math]"': "installs packages (network)",
+    'pip install -e ".[wandb]"': "installs packages (network)",
+    "pip install torch --index-url https://download.pytorch.org/whl/cu128": "installs torch's CUDA build (network)",
+    "wandb login": "needs a W&B account (network)",
     "ray start --head --port 6379 --dashboard-host 0.0.0.0": "starts a multi-node Ray cluster's head",
     "ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
     "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": (
@@ -149,6 +171,12 @@ APPENDED = {
     "python examples/molecules/run.py": MOLECULES_SHORT,
     "python examples/fill_in/run.py": FILL_IN_SHORT,
     "python examples/tools/run.py": TOOLS_SHORT,
+    # GSM8K from the hub -> the stand-in the test generates (make_gsm8k_standin); the stand-in block's own
+    # command reads the stand-in it wrote, and runs as documented
+    "python examples/gsm8k/prepare.py": ["--source", "gsm8k-standin"],
+    "python examples/gsm8k/prepare.py --source data/gsm8k-standin --out data/gsm8k": [],
+    "grpokit train examples/gsm8k/cpu.yaml": TINY_MODEL + SHORT_RUN,
+    "grpokit eval runs/gsm8k-cpu": ["max_eval_prompts=4", "max_completion_length=8"],
     # three models in turn: one timed step each, no sampling comparison, short completions
     "python bench/qlora.py --prompts 2 --completion-length 32 --steps 3 --sampling-repeats 2": [
         "--steps",
@@ -266,6 +294,13 @@ def workdir(tmp_path, tiny_model_dir):
     return tmp_path
 
 
+def make_gsm8k_standin(workdir: Path) -> None:
+    """``gsm8k-standin``: the GSM8K-format stand-in of examples/gsm8k (a small one), read in place of openai/gsm8k."""
+    command = [sys.executable, "examples/gsm8k/standin.py", "gsm8k-standin", "--train", "32", "--test", "8"]
+    result = run(command, workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def environment(workdir: Path) -> dict[str, str]:
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # this venv's python, grpokit
     return {
@@ -324,6 +359,8 @@ def test_documented_block_runs(block, workdir):
         assert result.returncode == 0, f"{block.id}: the Python snippet failed:\n{result.stderr[-4000:]}"
         return
     skipped, ran, not_runnable = [], 0, _normalised(NOT_RUNNABLE)
+    if any("gsm8k-standin" in appended(c) for c in commands(block.text, block.lang)):
+        make_gsm8k_standin(workdir)
     for command in commands(block.text, block.lang):
         if normalise(command) in not_runnable:
             skipped.append(f"{command!r}: {not_runnable[normalise(command)]}")

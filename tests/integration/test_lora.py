@@ -77,6 +77,20 @@ def test_lora_trains_adapters_reference_is_base_and_saves(tmp_path, tiny_model_d
     merged = AutoModelForCausalLM.from_pretrained(final / "merged")
     torch.testing.assert_close(logprobs_of(merged, trainer, rollouts), policy, atol=1e-4, rtol=1e-4)
 
+    # `grpokit eval RUN` evaluates the trained adapter (loaded onto its base), not fresh zero adapters on the base
+    from grpokit.cli import eval_inputs
+
+    cfg, evaluated = eval_inputs(tmp_path / "run", [])
+    assert cfg.model_name_or_path == str(final) and cfg.lora.r == 0
+    torch.testing.assert_close(logprobs_of(evaluated, trainer, rollouts), policy, atol=1e-4, rtol=1e-4)
+    evaluator = GRPOTrainer(
+        model=evaluated,
+        reward_funcs=target_reward,
+        args=cfg.replace(output_dir=str(tmp_path / "eval")),
+        train_dataset=word_prompts,
+    )
+    assert all(p.requires_grad for p in evaluator.model.parameters())  # a plain model: the trainer builds as usual
+
 
 def test_lora_rejects_reference_resync_and_custom_modules(tmp_path, word_prompts):
     from grpokit.testing import TinyGPT, build_word_tokenizer

@@ -50,7 +50,7 @@ def test_one_generation_feeds_steps_per_generation_optimizer_steps(tiny_model_di
     generate, next_rollouts, accumulate = t.engine.generate, t.rollout_scheduler.next, t.learner._accumulate
     t.engine.generate = lambda *a, **k: generated.append(1) or generate(*a, **k)
     t.rollout_scheduler.next = lambda step: (out := next_rollouts(step), sampled.append(out[1]))[0]
-    t.learner._accumulate = lambda batch, *a: seen.append(batch.completion_ids.clone()) or accumulate(batch, *a)
+    t.learner._accumulate = lambda part, **kw: seen.append(part.batch.completion_ids.clone()) or accumulate(part, **kw)
     t.train()
     stepped = {int(state["step"]) for state in t.optimizer.state.values()}  # AdamW counts its steps per parameter
     assert len(generated) == 2 and stepped == {4}  # 2 steps x 1 generation, 2 x 2 optimizer steps

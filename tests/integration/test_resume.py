@@ -16,6 +16,7 @@ from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore
 from grpokit.train.checkpoint import CheckpointError, list_checkpoints
+from grpokit.train.manifest import read_manifest, write_manifest
 
 # Per-step numbers that must agree between a straight run and a resumed one.
 COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "learning_rate", "completion_logprob_mean")
@@ -125,17 +126,26 @@ def finished_run(tmp_path_factory, tiny_model_dir):
 
 
 def broken_copy(run: Path, tmp_path: Path) -> Path:
+    """A copy of the finished run folder; returns its checkpoint, for the test to damage."""
     import shutil
 
-    source = list_checkpoints(run)[-1]
-    target = tmp_path / "run" / "checkpoints" / source.name
-    shutil.copytree(source, target)
-    return target
+    shutil.copytree(run, tmp_path / "run")
+    return list_checkpoints(tmp_path / "run")[-1]
 
 
 def truncate(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
+
+
+def resealed(damage):
+    """``damage``, then the manifest rewritten to match: a checkpoint whose files are as written, but not loadable."""
+
+    def apply(ckpt: Path) -> None:
+        damage(ckpt)
+        write_manifest(ckpt, read_manifest(ckpt)["run"])
+
+    return apply
 
 
 class NotATensor:
@@ -148,20 +158,31 @@ class NotATensor:
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda ckpt: truncate(ckpt / "model.safetensors"), "may be truncated"),
-        (lambda ckpt: truncate(ckpt / "states.pt"), "it may be truncated"),
-        (lambda ckpt: torch.save({"optimizer": NotATensor()}, ckpt / "states.pt"), "cannot read the checkpoint"),
         (
-            lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpokit_version": "0.0.0-other"}'),
+            lambda ckpt: truncate(ckpt / "model.safetensors"),
+            r"model.safetensors is truncated \(\d+ bytes, \d+ expected",
+        ),
+        (lambda ckpt: truncate(ckpt / "states.pt"), r"states.pt is truncated"),
+        (
+            resealed(lambda ckpt: torch.save({"optimizer": NotATensor()}, ckpt / "states.pt")),
+            "cannot read the checkpoint",
+        ),
+        (resealed(lambda ckpt: truncate(ckpt / "model.safetensors")), "may be truncated"),
+        (
+            resealed(
+                lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpokit_version": "0.0.0-other"}')
+            ),
             "was written by grpokit '0.0.0-other'",
         ),
         (
-            lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpok'),
+            resealed(lambda ckpt: (ckpt / "trainer_state.json").write_text('{"step": 1, "grpok')),
             "trainer_state.json is missing or corrupt",
         ),
     ],
 )
 def test_a_broken_checkpoint_gives_a_clear_error(finished_run, tiny_model_dir, tmp_path, damage, message):
+    """Damage the manifest sees (sizes, checksums) is refused before loading; files that match a rewritten manifest
+    but do not load (foreign pickles, another version, torn weights) are refused by the loader."""
     run, prompts = finished_run
     checkpoint = broken_copy(run, tmp_path)
     damage(checkpoint)

@@ -209,3 +209,29 @@ def test_the_same_keywords_types_and_alignment_as_trl(tmp_path, tiny_model_dir):
     theirs, ours = _shape(calls["trl"][0]), _shape(calls["grpokit"][0])
     assert set(ours.pop("names")) - set(theirs.pop("names")) == {"completion_lengths"}  # grpokit adds token counts
     assert ours == theirs
+
+
+def test_a_reward_model_folder_in_the_config_rewards(tmp_path, tiny_model_dir):
+    """`rewards:` takes a reward model's folder as reward_funcs does: TRL's AutoModelForSequenceClassification with
+    one output, named after the folder, each completion's reward logits[:, 0] of prompt + completion (its own
+    tokenizer, right padding, no special tokens added), weighted like any reward."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from grpokit.testing import build_tiny_reward_model
+
+    folder = tmp_path / "models" / "word-judge"
+    model, tokenizer = build_tiny_reward_model(folder, AutoTokenizer.from_pretrained(tiny_model_dir))
+    config = write_config(tmp_path, tiny_model_dir, [{"name": str(folder), "weight": 2.0}, TARGET_REWARD])
+    assert main(["train", str(config), "max_steps=1"]) == 0
+    with RolloutStore(tmp_path / "run", readonly=True) as store:
+        rows = store.rollouts(step=1)
+    texts = [row["prompt"] + row["completion"] for row in rows]
+    inputs = tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    with torch.no_grad():
+        expected = model(**inputs).logits[:, 0]
+    got = torch.tensor([row["rewards"]["word-judge"] for row in rows])
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    combined = torch.tensor([row["reward"] for row in rows])
+    target = torch.tensor([row["rewards"]["target_fraction"] for row in rows])
+    torch.testing.assert_close(combined, 2.0 * expected + target, atol=1e-4, rtol=1e-4)

@@ -199,7 +199,10 @@ def test_environment_instances_reach_the_rewards(tmp_path):
     trainer = GRPOTrainer(
         scripted_chat_lm(tokenizer, [CALL, ANSWER]),
         [uses_environments, in_a_worker],
-        args=settings(run, max_steps=1, beta=0.0, eval_steps=1, num_generations_eval=2, pass_at_k=[1]),
+        # reward_isolation: in_a_worker in a worker process (functions from Python run here by default, as in TRL)
+        args=settings(
+            run, max_steps=1, beta=0.0, eval_steps=1, num_generations_eval=2, pass_at_k=[1], reward_isolation=True
+        ),
         train_dataset=chat_rows(),
         eval_dataset=chat_rows(2),
         processing_class=tokenizer,
@@ -222,6 +225,106 @@ def test_environment_instances_reach_the_rewards(tmp_path):
     assert step["rewards/Calculator/mean"] == 1.0  # get_reward, named after the class (TRL)
     assert step["rewards/in_a_worker/mean"] == 0.0
     assert step["tools/call_frequency"] == 1.0
+
+
+RESETS: list[dict] = []  # what every GuessTheProduct.reset() was called with
+
+
+class GuessTheProduct:
+    """An environment that owns the data (no train_dataset): reset() gives each rollout its prompt."""
+
+    def reset(self, **row) -> str:
+        RESETS.append(row)
+        self.calls = []
+        return "What is 6 times 7?"
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        self.calls.append((a, b))
+        return a * b
+
+    def get_reward(self) -> float:
+        return float(self.calls == [(6, 7)])
+
+
+def test_the_environment_owns_the_data(tmp_path):
+    """TRL's environment-owned data: without a train_dataset each rollout's prompt is its environment's reset()
+    (appended to an empty user message, as TRL does) and max_steps sets the run's length."""
+    tokenizer = qwen_style_tokenizer()
+    seen = []
+
+    def record(prompts, completions, **kwargs):
+        seen.append(prompts)
+        return [0.0] * len(completions)
+
+    RESETS.clear()
+    run = tmp_path / "run"
+    trainer = GRPOTrainer(
+        scripted_chat_lm(tokenizer, [CALL, ANSWER]),
+        [closeness, record],
+        args=settings(run, max_steps=2, beta=0.0),
+        processing_class=tokenizer,
+        environment_factory=GuessTheProduct,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert [len(batch) for batch in seen] == [8, 8]  # 2 prompts x 4 generations per step
+    assert all(prompt == [{"role": "user", "content": "What is 6 times 7?"}] for batch in seen for prompt in batch)
+    assert RESETS == [{"prompt": [{"role": "user", "content": ""}]}] * 16  # TRL's placeholder row
+    assert all(isinstance(e, GuessTheProduct) and e.calls == [(6, 7)] for e in trainer.environments)
+    steps = metrics(run)
+    assert [m["rewards/GuessTheProduct/mean"] for m in steps] == [1.0, 1.0]  # the tool was called with 6 and 7
+    assert [m["tools/call_frequency"] for m in steps] == [1.0, 1.0]
+
+
+class AskSevenTimesSix(GuessTheProduct):
+    def reset(self, **row) -> str:
+        super().reset(**row)
+        return "What is 7 times 6?"
+
+
+def test_a_dataset_may_only_route_rows_to_environments(tmp_path):
+    """TRL: with a {name: factory} dict the rows may hold only their `environment`; each rollout's prompt is then its
+    environment's reset() (appended to an empty user message)."""
+    tokenizer = qwen_style_tokenizer()
+    seen = []
+
+    def record(prompts, environments, **kwargs):
+        seen.extend(zip([p[-1]["content"] for p in prompts], [type(e).__name__ for e in environments]))
+        return [0.0] * len(prompts)
+
+    RESETS.clear()
+    trainer = GRPOTrainer(
+        scripted_chat_lm(tokenizer, [CALL, ANSWER]),
+        [closeness, record],
+        args=settings(tmp_path / "run", max_steps=1, beta=0.0, shuffle=False),
+        train_dataset=[{"environment": "six"}, {"environment": "seven"}] * 4,
+        processing_class=tokenizer,
+        environment_factory={"six": GuessTheProduct, "seven": AskSevenTimesSix},
+    )
+    trainer.train()
+    questions = {"GuessTheProduct": "What is 6 times 7?", "AskSevenTimesSix": "What is 7 times 6?"}
+    assert len(seen) == 8 and {name for _, name in seen} == set(questions)
+    assert all(prompt == questions[name] for prompt, name in seen)
+    assert RESETS == [{"prompt": [{"role": "user", "content": ""}]}] * 8  # no `environment`: it only routes
+
+
+def test_without_a_dataset_the_environment_must_own_the_data(tmp_path):
+    """TRL's errors, with its words and grpokit's fix, before any model loads (the model path does not exist)."""
+    model = str(tmp_path / "no-such-model")
+    no_max_steps = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8)
+    with pytest.raises(ValueError, match=r"max_steps must be set to a positive value when the environment owns"):
+        GRPOTrainer(model, closeness, args=no_max_steps, environment_factory=GuessTheProduct)
+    args = settings(tmp_path / "run", max_steps=1)
+    with pytest.raises(ValueError, match=r"A `dict` `environment_factory` .* requires a `train_dataset`"):
+        GRPOTrainer(model, closeness, args=args, environment_factory={"a": GuessTheProduct, "b": GuessTheProduct})
+    with pytest.raises(ValueError, match=r"`train_dataset` is required unless an `environment_factory` is provided"):
+        GRPOTrainer(model, closeness, args=args)
 
 
 @pytest.fixture(scope="module")
@@ -390,7 +493,7 @@ def test_a_trl_agent_script_runs_with_the_import_changed(tmp_path):
     tokenizer = qwen_style_tokenizer()
     calls = tmp_path / "calls.jsonl"
 
-    def record_reward(completions, **kwargs):  # in a worker process: what it saw goes to a file
+    def record_reward(completions, **kwargs):  # what it saw goes to a file
         with open(calls, "a") as f:
             f.write(json.dumps(completions) + "\n")
         return [0.0] * len(completions)

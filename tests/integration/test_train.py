@@ -144,11 +144,14 @@ def test_tensorboard_and_wandb_offline(tmp_path, tiny_model_dir, word_prompts, m
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "gsm8k-recipe")  # docs/gpu.md: the W&B project comes from WANDB_PROJECT
     config = write_config(tmp_path, tiny_model_dir, word_prompts, run={"report_to": ["jsonl", "tensorboard", "wandb"]})
     assert main(["train", str(config), "max_steps=2"]) == 0
     run = tmp_path / "run"
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
-    assert list((run / "wandb").glob("offline-run-*"))
+    (offline,) = (run / "wandb").glob("offline-run-*")
+    (record,) = offline.glob("run-*.wandb")  # the run's record holds its project's name
+    assert b"gsm8k-recipe" in record.read_bytes()
 
 
 def test_explain_prints_sizes(tmp_path, tiny_model_dir, word_prompts, capsys):
@@ -169,6 +172,28 @@ def test_explain_says_why_there_is_no_memory_estimate(tmp_path, tiny_model_dir, 
     assert main(["explain", str(config)]) == 0
     out = capsys.readouterr().out
     assert "memory estimate:           unavailable (FileNotFoundError: model path" in out and "does not exist" in out
+
+
+def test_explain_shows_the_first_prompt_built_from_columns(tmp_path, tiny_model_dir, capsys):
+    """prompt_template and system_prompt build the prompt from a dataset's columns (here a datasets.load_dataset
+    mapping over a JSONL file), rendered by the tokenizer's chat template; the reward columns are named."""
+    rows = [{"question": f"w{i} w{i + 1}", "target": "w7"} for i in range(8)]
+    config = write_config(
+        tmp_path, tiny_model_dir, rows, data={"prompt_template": "{question} w9", "system_prompt": "w3"}
+    )
+    data = {"path": "json", "data_files": str(tmp_path / "train.jsonl")}
+    assert main(["explain", str(config), f"train_dataset={json.dumps(data)}"]) == 0
+    out = capsys.readouterr().out
+    first = out.split("# first prompt (train_dataset row 0, as the model reads it)\n", 1)[1].splitlines()
+    # conftest's chat template: "{role} : {content} " per message, then "assistant :"
+    assert first[0] == "system : w3 user : w0 w1 w9 assistant :"
+    assert first[1] == "# reward functions also get the columns: question, target"
+    assert "prompt_template: '{question} w9'" in out and "    path: json" in out  # the resolved config shows both
+
+    # a hub dataset offline: explain still prints everything else and says why there is no prompt
+    assert main(["explain", str(config), "train_dataset=hf:openai/gsm8k:main:train"]) == 0
+    out = capsys.readouterr().out
+    assert "unavailable: DataError: train_dataset: 'openai/gsm8k' is not in the local datasets cache" in out
 
 
 def test_config_error_is_one_clear_message(tmp_path, tiny_model_dir, word_prompts, capsys):

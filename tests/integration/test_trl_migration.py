@@ -154,7 +154,82 @@ trainer = GRPOTrainer(model=MODEL, reward_funcs=[reward_len, record_reward], arg
 trainer.train()
 """
 
-SCRIPTS = {"standard": STANDARD, "conversational": CONVERSATIONAL, "peft": PEFT, "callbacks": CALLBACKS}
+REWARD_MODEL = f"""
+from datasets import Dataset
+
+dataset = Dataset.from_list(
+    [{{"prompt": f"w{{i}} w{{i + 1}} w{{i + 2}}", "ground_truth": f"w{{i + 3}}"}} for i in range(8)]
+)
+
+training_args = GRPOConfig({COMMON_ARGS}, max_steps=2)
+trainer = GRPOTrainer(
+    model=MODEL,
+    reward_funcs=[REWARD_MODEL, record_reward],  # a string: the reward model's folder (or Hub id)
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+"""
+
+REWARD_MODEL_CONVERSATIONAL = f"""
+from datasets import Dataset
+from transformers import AutoTokenizer
+
+dataset = Dataset.from_list([{{"prompt": [{{"role": "user", "content": f"w{{i}} w{{i + 1}}"}}]}} for i in range(8)])
+
+training_args = GRPOConfig({COMMON_ARGS}, max_steps=2)
+trainer = GRPOTrainer(
+    model=MODEL,
+    reward_funcs=[REWARD_MODEL, record_reward],
+    args=training_args,
+    train_dataset=dataset,
+    reward_processing_classes=[AutoTokenizer.from_pretrained(REWARD_MODEL), None],
+)
+trainer.train()
+"""
+
+# TRL's documented pattern of a reward with side effects: it counts its calls in a list it closes over, and reads a
+# curriculum level that a callback raises after every step.
+SIDE_EFFECTS = f"""
+from datasets import Dataset
+from transformers import TrainerCallback
+
+dataset = Dataset.from_list([{{"prompt": f"w{{i}} w{{i + 1}} w{{i + 2}}"}} for i in range(8)])
+calls = []
+curriculum = {{"level": 0}}
+
+
+def reward_len(completions, **kwargs):
+    calls.append((len(completions), curriculum["level"]))
+    return [-abs(curriculum["level"] + 2 - len(completion.split())) / 4 for completion in completions]
+
+
+class RaiseTheLevel(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        curriculum["level"] += 1
+
+
+training_args = GRPOConfig({COMMON_ARGS}, max_steps=3)
+trainer = GRPOTrainer(
+    model=MODEL,
+    reward_funcs=[reward_len, record_reward],
+    args=training_args,
+    train_dataset=dataset,
+    callbacks=[RaiseTheLevel()],
+)
+trainer.train()
+"""
+
+SCRIPTS = {
+    "standard": STANDARD,
+    "conversational": CONVERSATIONAL,
+    "peft": PEFT,
+    "callbacks": CALLBACKS,
+    "reward_model": REWARD_MODEL,
+    "reward_model_conversational": REWARD_MODEL_CONVERSATIONAL,
+    "side_effects": SIDE_EFFECTS,
+}
+STEPS = {"peft": 1, "side_effects": 3}  # global_step after each script's train(); 2 for the others
 
 
 @pytest.fixture(scope="module")
@@ -186,11 +261,22 @@ def describe(value, top: bool = True):
     return type(value).__name__
 
 
-def run(script: str, library: str, model_dir, out_dir) -> tuple[dict, list[dict]]:
+@pytest.fixture(scope="module")
+def reward_model_dir(model_dir, tmp_path_factory):
+    """A tiny one-output sequence classifier over the policy's word tokenizer, saved to a folder `tiny-judge-rm`."""
+    from transformers import AutoTokenizer
+
+    from grpokit.testing import build_tiny_reward_model
+
+    path = tmp_path_factory.mktemp("reward-models") / "tiny-judge-rm"
+    build_tiny_reward_model(path, AutoTokenizer.from_pretrained(model_dir))
+    return path
+
+
+def run(script: str, library: str, model_dir, out_dir, reward_model_dir) -> tuple[dict, list[dict]]:
     """Run ``script`` after ``from <library> import GRPOConfig, GRPOTrainer``; (its namespace, the recorded calls).
 
-    The recording reward appends each call to a file: grpokit runs reward functions in worker processes,
-    where a list in this process would not see them."""
+    The recording reward appends each call to a file, which stays readable if a run isolates its rewards."""
     log = out_dir / "reward_calls.jsonl"
 
     def record_reward(**kwargs):
@@ -212,6 +298,7 @@ def run(script: str, library: str, model_dir, out_dir) -> tuple[dict, list[dict]
     source = f"from {library} import GRPOConfig, GRPOTrainer\n" + SCRIPTS[script]
     namespace = {
         "MODEL": str(model_dir),
+        "REWARD_MODEL": str(reward_model_dir),
         "OUTPUT_DIR": str(out_dir),
         "record_reward": record_reward,
         "__name__": "__main__",
@@ -250,7 +337,7 @@ def check_alignment(calls: list[dict], namespace: dict, tokenizer) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(model_dir, tmp_path_factory):
+def runs(model_dir, reward_model_dir, tmp_path_factory):
     """Every script under both libraries, once per module: {(script, library): (namespace, calls)}."""
     import torch
 
@@ -259,7 +346,8 @@ def runs(model_dir, tmp_path_factory):
     def get(script: str, library: str):
         if (script, library) not in cache:
             torch.manual_seed(0)
-            cache[script, library] = run(script, library, model_dir, tmp_path_factory.mktemp(f"{script}-{library}"))
+            out_dir = tmp_path_factory.mktemp(f"{script}-{library}")
+            cache[script, library] = run(script, library, model_dir, out_dir, reward_model_dir)
         return cache[script, library]
 
     return get
@@ -282,7 +370,7 @@ def test_grpokit_passes_what_trl_passes(script, runs, model_dir):
     check_alignment(ours, ours_ns, tokenizer)  # ... and for grpokit
     for namespace in (theirs_ns, ours_ns):
         state = namespace["trainer"].state
-        assert state.global_step == {"peft": 1, "callbacks": 2}.get(script, 2)
+        assert state.global_step == STEPS.get(script, 2)
         assert any(key.endswith("recorded") for key in state.log_history[0])  # log_metric reached the step's metrics
 
 
@@ -330,3 +418,34 @@ def test_callbacks_see_the_same_events(runs):
     for mine, trls in zip(ours.logs, theirs.logs):
         assert mine["epoch"] == pytest.approx(trls["epoch"])  # 8 prompts, 2 per step: a quarter epoch per step
         assert {"reward", "reward_std", "loss", "entropy", "learning_rate"} & set(trls) <= set(mine)  # TRL's names
+
+
+@pytest.mark.parametrize("script", ["reward_model", "reward_model_conversational"])
+def test_a_reward_model_named_by_a_string_is_scored_as_trl_scores_it(script, runs):
+    """A folder in reward_funcs is TRL's reward model: the same name in the metrics, and on grpokit's own completions
+    TRL's scoring code (its trainer's _calculate_rewards, chat template for messages, logits[:, 0]) gives the values
+    grpokit logged."""
+    theirs_ns, _ = runs(script, "trl")
+    ours_ns, ours = runs(script, "grpokit")
+    name = "tiny-judge-rm"
+    for namespace in (theirs_ns, ours_ns):
+        assert name in namespace["trainer"].reward_func_names
+        assert f"rewards/{name}/mean" in namespace["trainer"].state.log_history[0]
+    trl_trainer = theirs_ns["trainer"]
+    index = trl_trainer.reward_func_names.index(name)
+    trl_trainer.reward_funcs = [trl_trainer.reward_funcs[index]]  # TRL's scorer with the reward model alone
+    trl_trainer.reward_processing_classes = [trl_trainer.reward_processing_classes[index]]
+    trl_trainer.reward_func_names = [name]
+    kw = ours[0]["kwargs"]  # what grpokit's first step gave its rewards: the reward model saw the same
+    n = len(kw["completions"])
+    expected = trl_trainer._calculate_rewards([{}] * n, kw["prompts"], kw["completions"], kw["completion_ids"])
+    logged = ours_ns["trainer"].state.log_history[0][f"rewards/{name}/mean"]
+    assert logged == pytest.approx(expected[:, 0].float().mean().item(), abs=1e-4)
+
+
+def test_rewards_given_from_python_run_where_the_script_sees_their_side_effects(runs):
+    """As in TRL, a reward function passed from Python runs in the script's process: its list of calls and the
+    curriculum level a callback raises are the script's own (grpokit's worker processes would have seen neither)."""
+    theirs = runs("side_effects", "trl")[0]["calls"]
+    ours = runs("side_effects", "grpokit")[0]["calls"]
+    assert ours == theirs == [(8, 0), (8, 1), (8, 2)]

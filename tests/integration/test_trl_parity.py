@@ -8,11 +8,15 @@ grpokit's learner functions on a second copy of the model loaded from the same f
 * per-token log-probs: grpokit's shared-prefix pass through the fused LM head against TRL's full
   forward over [left-padded prompt | completion] (float32, 1e-5);
 * the loss and its gradient for each loss type both libraries define (grpo, bnpo, dr_grpo, dapo,
-  and GSPO's sequence-level ratio), off-policy (old log-probs away from the current ones, so the
-  clipping is active on both sides) and with the k3 KL to a reference that differs from the policy,
-  plain (grpokit's default) and importance-weighted (``use_bias_correction_kl``, TRL's default);
+  GSPO's sequence-level ratio, two-sided clipping (delta), cispo, sapo, luspo, vespo, each with settings off
+  their defaults), off-policy (old log-probs away from the current ones, so the clipping is active on both
+  sides) and with the k3 KL to a reference that differs from the policy, plain (grpokit's default) and
+  importance-weighted (``use_bias_correction_kl``, TRL's default);
+* the off-policy sequence mask and the high-entropy token mask (``off_policy_mask_threshold``,
+  ``top_entropy_quantile``: TRL computes its entropies in ``_compute_loss``, grpokit in its log-prob pass);
 * the gradient of a whole ``Learner.update`` over two micro-batches against TRL's two accumulation
-  steps on the same halves (the learner's micro-batch scaling against TRL's normalizers).
+  steps on the same halves (the learner's micro-batch scaling against TRL's normalizers), for each
+  aggregation and with both masks.
 
 The per-micro-batch checks run TRL in eval mode, where its loss is not divided by the accumulation
 steps (grpokit's learner does that division itself, outside ``policy_loss``).
@@ -23,7 +27,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpokit.algos import LossSpec, policy_loss
+from grpokit.algos import LossSpec, high_entropy_mask, policy_loss
 from grpokit.modeling import load_model
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
@@ -107,10 +111,61 @@ def loss_terms(trainer, model, inputs, mask, seed):
     return (current + 0.3 * noise(0)) * mask, (current + 0.5 * noise(1)) * mask, torch.linspace(-1.5, 1.5, mask.size(0))
 
 
-def set_trl_loss(trainer, loss_type, level, corrected):
+# Each case: (loss_type, importance_sampling_level, settings off the defaults). cispo's cap (epsilon_high) is the
+# weight itself: 1.3 caps some of the noisy ratios and not others.
+CASES = {
+    "grpo": ("grpo", "token", {}),
+    "bnpo": ("bnpo", "token", {}),
+    "dr_grpo": ("dr_grpo", "token", {}),
+    "dapo": ("dapo", "token", {}),
+    "gspo": ("grpo", "sequence", {}),
+    "delta": ("dapo", "token", {"delta": 1.5}),
+    "cispo": ("cispo", "token", {"epsilon_high": 1.3}),
+    "cispo_sequence": ("cispo", "sequence", {"epsilon_high": 1.3}),
+    "sapo": ("sapo", "token", {"sapo_temperature_pos": 0.9, "sapo_temperature_neg": 1.3}),
+    "sapo_sequence": ("sapo", "sequence", {}),
+    "luspo": ("luspo", "sequence", {}),
+    "luspo_token": ("luspo", "token", {}),
+    "vespo": (
+        "vespo",
+        "token",
+        {"vespo_k_pos": 1.5, "vespo_lambda_pos": 2.5, "vespo_k_neg": 2.5, "vespo_lambda_neg": 1.5},
+    ),
+}
+# TRL reads these from its args at every call; the defaults of both libraries
+LOSS_SETTINGS = {
+    "delta": None,
+    "sapo_temperature_pos": 1.0,
+    "sapo_temperature_neg": 1.05,
+    "vespo_k_pos": 2.0,
+    "vespo_lambda_pos": 3.0,
+    "vespo_k_neg": 3.0,
+    "vespo_lambda_neg": 2.0,
+}
+
+
+def set_trl_loss(trainer, loss_type, level, corrected, settings=None):
+    settings = settings or {}
     trainer.loss_type, trainer.importance_sampling_level = loss_type, level
-    trainer.epsilon_low, trainer.epsilon_high = 0.2, 0.28
+    trainer.epsilon_low, trainer.epsilon_high = 0.2, settings.get("epsilon_high", 0.28)
     trainer.args.use_bias_correction_kl = corrected
+    for key, default in LOSS_SETTINGS.items():
+        setattr(trainer.args, key, settings.get(key, default))
+
+
+def our_spec(loss_type, level, corrected, settings=None, **more) -> LossSpec:
+    settings = dict(settings or {})
+    return LossSpec(
+        loss_type=loss_type,
+        epsilon=0.2,
+        epsilon_high=settings.pop("epsilon_high", 0.28),
+        beta=BETA,
+        use_bias_correction_kl=corrected,
+        importance_sampling_level=level,
+        max_completion_length=T,
+        **settings,
+        **more,
+    )
 
 
 def assert_same_gradients(ours, grads, theirs):
@@ -128,21 +183,9 @@ def test_logprobs_equal_trl(both):
     torch.testing.assert_close(got[mask], expected[mask], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("corrected", [False, True], ids=["k3", "bias_corrected_kl"])
-@pytest.mark.parametrize(
-    "loss_type,level",
-    [("grpo", "token"), ("bnpo", "token"), ("dr_grpo", "token"), ("dapo", "token"), ("grpo", "sequence")],
-    ids=["grpo", "bnpo", "dr_grpo", "dapo", "gspo"],
-)
-def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
-    trainer, theirs, ours, batch, inputs = both
-    mask = batch.completion_mask.float()
-    old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=1)
-    num_items = mask.sum()
-    set_trl_loss(trainer, loss_type, level, corrected)
-
+def trl_loss_and_gradients(trainer, theirs, inputs, advantages, old, ref, num_items):
     theirs.zero_grad(set_to_none=True)
-    trl_loss = trainer._compute_loss(
+    loss = trainer._compute_loss(
         theirs,
         inputs
         | {
@@ -152,27 +195,56 @@ def test_loss_and_gradients_equal_trl(both, loss_type, level, corrected):
             "num_items_in_batch": num_items,
         },
     )
-    trl_loss.backward()
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("corrected", [False, True], ids=["k3", "bias_corrected_kl"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_loss_and_gradients_equal_trl(both, case, corrected):
+    trainer, theirs, ours, batch, inputs = both
+    loss_type, level, settings = CASES[case]
+    mask = batch.completion_mask.float()
+    old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=1)
+    num_items = mask.sum()
+    set_trl_loss(trainer, loss_type, level, corrected, settings)
+    trl_loss = trl_loss_and_gradients(trainer, theirs, inputs, advantages, old, ref, num_items)
 
     ours.zero_grad(set_to_none=True)
     logprobs, _ = completion_logprobs(ours, batch, TEMPERATURE)
-    loss, _ = policy_loss(
-        logprobs,
-        old,
-        advantages,
-        mask,
-        LossSpec(
-            loss_type=loss_type,
-            epsilon=0.2,
-            epsilon_high=0.28,
-            beta=BETA,
-            use_bias_correction_kl=corrected,
-            importance_sampling_level=level,
-            max_completion_length=T,
-        ),
-        ref_logprobs=ref,
-        num_items_in_batch=num_items,
+    spec = our_spec(loss_type, level, corrected, settings)
+    loss, _ = policy_loss(logprobs, old, advantages, mask, spec, ref_logprobs=ref, num_items_in_batch=num_items)
+    loss.backward()
+
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-7)
+    assert_same_gradients(ours, [p.grad for p in ours.parameters()], theirs)
+
+
+@pytest.mark.parametrize("case", ["dapo", "grpo", "cispo", "vespo"])
+def test_masks_equal_trl(both, case):
+    # off_policy_mask_threshold 0.05 drops some negative-advantage sequences of the noisy old log-probs;
+    # top_entropy_quantile 0.5 keeps half of the tokens, chosen by each library's own entropies
+    trainer, theirs, ours, batch, inputs = both
+    loss_type, level, settings = CASES[case]
+    mask = batch.completion_mask.float()
+    old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=2)
+    num_items = mask.sum()
+    set_trl_loss(trainer, loss_type, level, False, settings)
+    trainer.off_policy_mask_threshold, trainer.top_entropy_quantile = 0.05, 0.5
+    try:
+        trl_loss = trl_loss_and_gradients(trainer, theirs, inputs, advantages, old, ref, num_items)
+    finally:
+        trainer.off_policy_mask_threshold, trainer.top_entropy_quantile = None, 1.0
+
+    ours.zero_grad(set_to_none=True)
+    logprobs, entropy = completion_logprobs(ours, batch, TEMPERATURE, with_entropy=True)
+    keep = high_entropy_mask(entropy.detach(), mask, 1.0 - 0.5)
+    assert 0.3 < keep.sum() / mask.sum() < 0.7
+    spec = our_spec(loss_type, level, False, settings, off_policy_mask_threshold=0.05)
+    loss, metrics = policy_loss(
+        logprobs, old, advantages, mask, spec, ref_logprobs=ref, num_items_in_batch=num_items, token_mask=keep
     )
+    assert 0 < metrics["off_policy_mask/dropped_fraction"] < 0.5  # some sequences dropped, not every one
     loss.backward()
 
     assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-5, abs=1e-7)
@@ -190,18 +262,24 @@ class _Capture(torch.optim.Optimizer):
         self.grads = [p.grad.clone() for group in self.param_groups for p in group["params"]]
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
-def test_accumulated_update_equals_trl(both, loss_type):
+@pytest.mark.parametrize("masks", [False, True], ids=["", "masks"])
+@pytest.mark.parametrize("case", ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
+def test_accumulated_update_equals_trl(both, case, masks):
     # Learner.update over 2 micro-batches of 6 rows against TRL's _compute_loss in train mode on the same
     # two halves with 2 accumulation steps: the summed gradients (grpokit divides by the micro-batch count,
-    # except dapo, normalised by the whole batch's tokens; TRL the same through its normalizers).
+    # except a batch-normalised loss (dapo's aggregation), normalised by the whole batch's tokens; TRL the same
+    # through its normalizers). With masks: the off-policy mask and the high-entropy mask of each micro-batch.
     from grpokit.config import GRPOConfig
     from grpokit.train.learner import Learner
 
     trainer, theirs, ours, batch, inputs = both
+    loss_type, level, settings = CASES[case]
     mask = batch.completion_mask.float()
     old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=3)
-    set_trl_loss(trainer, loss_type, "token", False)
+    set_trl_loss(trainer, loss_type, level, False, settings)
+    mask_settings = {"off_policy_mask_threshold": 0.05, "top_entropy_quantile": 0.5} if masks else {}
+    for key, value in mask_settings.items():
+        setattr(trainer, key, value)
     trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = 2
     theirs.zero_grad(set_to_none=True)
     theirs.train()
@@ -216,6 +294,7 @@ def test_accumulated_update_equals_trl(both, loss_type):
             trainer._compute_loss(theirs, part).backward()
     finally:
         theirs.eval()
+        trainer.off_policy_mask_threshold, trainer.top_entropy_quantile = None, 1.0
 
     cfg = GRPOConfig(
         num_generations=G,
@@ -223,11 +302,13 @@ def test_accumulated_update_equals_trl(both, loss_type):
         gradient_accumulation_steps=2,
         beta=BETA,
         loss_type=loss_type,
+        importance_sampling_level=level,
         epsilon=0.2,
-        epsilon_high=0.28,
+        **({"epsilon_high": 0.28} | settings),
         max_completion_length=T,
         temperature=TEMPERATURE,
         max_grad_norm=0.0,
+        **mask_settings,
     )
     optimizer = _Capture(ours.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)

@@ -89,8 +89,11 @@ def damage(run: Path, kind: str | None) -> None:
 
 
 def snapshot(path: Path) -> dict[str, str]:
-    """Every file under ``path`` (or ``path`` itself) with a hash of its bytes."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    """Every file under ``path`` (or ``path`` itself) with a hash of its bytes; the run folder's lock file left out
+    (a refused `train` that took the lock names itself there as the folder's last writer)."""
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.name != ".grpokit.lock")
+    )
     return {str(p.relative_to(path.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 

@@ -55,16 +55,18 @@ def test_docs_config_reference_is_current():
 def test_algorithm_options_are_the_lists_algos_implements():
     # one definition: config validates with the very tuples the algorithms check against
     from grpokit.algos import names
-    from grpokit.config import CHOICES, FIELD_SECTION, SECTIONS, _field_docs
+    from grpokit.algos.loss_registry import loss_types
+    from grpokit.config import CHOICES, FIELD_SECTION, SECTIONS, field_docs
 
-    assert CHOICES["loss_type"] is names.LOSS_TYPES
+    assert "loss_type" not in CHOICES  # the loss registry's names, checked after algo.imports (test_config_losses)
+    assert all(name in field_docs(SECTIONS["algo"])["loss_type"] for name in loss_types())
     assert CHOICES["scale_rewards"] is names.SCALE_REWARDS
     assert CHOICES["advantage_estimator"] is names.ESTIMATORS
     assert CHOICES["importance_sampling_level"] is names.IMPORTANCE_SAMPLING_LEVELS
     with pytest.raises(ConfigError, match="choose one of grpo, bnpo, dr_grpo, dapo"):
         GRPOConfig(loss_type="ppo")
     for name, choices in CHOICES.items():  # the field's help line names every option
-        doc = _field_docs(SECTIONS[FIELD_SECTION[name]])[name]
+        doc = field_docs(SECTIONS[FIELD_SECTION[name]])[name]
         assert all(choice in doc for choice in choices), (name, doc)
 
 
@@ -83,3 +85,17 @@ def test_loss_spec_carries_the_loss_settings():
     )
     assert cfg.loss_spec() == LossSpec("dr_grpo", 0.1, 0.3, 0.02, True, "sequence", 17, 2.5)
     assert GRPOConfig(epsilon=0.1).loss_spec().upper_epsilon == 0.1  # epsilon_high defaults to epsilon
+
+
+def test_is_given_tells_a_set_key_from_a_default(tmp_path):
+    # TRL's rules that depend on a key being set (max_steps with environment-owned data) read it
+    config = GRPOConfig(learning_rate=1e-5, group_size=4)
+    assert config.is_given("learning_rate") and config.is_given("num_generations") and config.is_given("group_size")
+    assert not config.is_given("max_steps") and config.max_steps == 100  # grpokit's default, not given
+    assert config.replace(max_steps=7).is_given("max_steps") and config.replace(max_steps=7).is_given("learning_rate")
+    config.max_steps = 3
+    assert config.is_given("max_steps")
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  max_steps: 5\n")
+    assert load_config(path).is_given("max_steps") and not load_config(path).is_given("beta")
+    assert load_config(path, ["beta=0.1"]).is_given("beta")

@@ -12,6 +12,7 @@ from grpokit.modeling import load_model
 from grpokit.rollout.types import Rollouts
 from grpokit.train.critic import Critic
 from grpokit.train.logprobs import build_batch
+from grpokit.train.specs import critic_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")
@@ -43,7 +44,7 @@ def build(tiny_model_dir, micro_batch: int, loss_type: str) -> Critic:
     )
     torch.manual_seed(0)  # the head's init
     policy = load_model(str(tiny_model_dir), torch.float32, CPU)
-    return Critic.build(policy, cfg, CPU, torch.float32, None, None)
+    return Critic.build(policy, critic_spec(cfg), device=CPU, dtype=torch.float32, autocast_dtype=None, kernels=None)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
@@ -60,7 +61,7 @@ def test_a_step_over_micro_batches_is_the_value_loss_of_the_mini_batch(tiny_mode
     expected, parts = value_loss(old_values, old, returns, mask, 0.05, 0.5, loss_type, num_items_in_batch=num_items)
     metrics = {}
     for critic in (whole, split):
-        metrics[critic] = critic.step(batch, old, returns, mask, num_items)
+        metrics[critic] = critic.step(batch, old, returns, mask, num_items=num_items)
     # the metric is the mini-batch's value loss before vf_coef (dapo: micro-batch parts add up to it)
     assert metrics[whole]["value_loss"] == pytest.approx(parts["value_loss"], rel=1e-6)
     assert metrics[whole]["value_loss"] == pytest.approx(float(expected) / 0.5, rel=1e-6)
@@ -85,7 +86,7 @@ def test_the_critic_starts_from_the_policy_s_trunk_and_state_round_trips(tiny_mo
     assert all(p.requires_grad for p in critic.model.parameters())  # full fine-tuning without lora
     rollouts, mask, returns = batch_and_targets()
     batch = build_batch(critic.model.trunk, rollouts, 0, CPU)
-    critic.step(batch, critic.values(batch), returns, mask, mask.sum())
+    critic.step(batch, critic.values(batch), returns, mask, num_items=mask.sum())
     module, states = critic.state()
     fresh = build(tiny_model_dir, 4, "dapo")
     fresh.model.load_state_dict(module.state_dict())

@@ -162,7 +162,7 @@ def _round(indices, rewards, G=2, width=3, extra=None):
     """Sampled groups with token ids that name their row (row n of this round: ids 100*first_index + n)."""
     from grpokit.rewards.runner import RewardResult
     from grpokit.rollout.types import Rollouts
-    from grpokit.train.dynamic_sampling import Sampled
+    from grpokit.train.trajectory import Trajectory
 
     N = len(indices) * G
     ids = torch.arange(N)[:, None].repeat(1, width) + 100 * indices[0]  # [N, width]
@@ -184,7 +184,18 @@ def _round(indices, rewards, G=2, width=3, extra=None):
         logged={"m": [float(indices[0])]},
         extra=extra or {},
     )
-    return Sampled(list(indices), rollouts, [f"c{indices[0]}-{n}" for n in range(N)], reward)
+    return Trajectory(list(indices), rollouts, [f"c{indices[0]}-{n}" for n in range(N)], reward)
+
+
+def rounds(target_groups, max_rounds, num_generations, num_mini_batches):
+    """sample_rounds' settings (pad token 0)."""
+    return dict(
+        target_groups=target_groups,
+        max_rounds=max_rounds,
+        num_generations=num_generations,
+        num_mini_batches=num_mini_batches,
+        pad_token_id=0,
+    )
 
 
 def test_sample_rounds_fill_the_batch_and_join_every_round():
@@ -201,7 +212,7 @@ def test_sample_rounds_fill_the_batch_and_join_every_round():
         asked.append(r)
         return later[r]
 
-    out = sample_rounds(first, next_round, 3, 5, 2, 1, pad_token_id=0)
+    out = sample_rounds(first, next_round, **rounds(3, 5, 2, 1))
     assert asked == [1]
     assert out.train_rows.tolist() == [2, 3, 6, 7, 10, 11]
     assert out.metrics == {
@@ -210,7 +221,7 @@ def test_sample_rounds_fill_the_batch_and_join_every_round():
         SAMPLING_GROUPS_TRAINED: 3.0,
         SAMPLING_SHORT: 0.0,
     }
-    joined = out.sampled
+    joined = out
     assert joined.indices == [10, 11, 12, 20, 21, 22]
     assert joined.completions[6] == "c20-0" and len(joined.completions) == 12
     assert joined.rollouts.completion_ids[:, 0].tolist() == [*range(1000, 1006), *range(2000, 2006)]
@@ -227,13 +238,13 @@ def test_sample_rounds_at_the_cap_train_whole_mini_batches_or_nothing():
     def one_varied(r):
         return _round([10 * r + 1, 10 * r + 2], [0, 1, 1, 1])
 
-    out = sample_rounds(one_varied(0), one_varied, 4, 3, 2, 1, pad_token_id=0)
+    out = sample_rounds(one_varied(0), one_varied, **rounds(4, 3, 2, 1))
     assert out.metrics[SAMPLING_SHORT] == 1.0 and out.train_rows.tolist() == [0, 1, 4, 5, 8, 9]
     # with 2 mini-batches only 2 of the 3 groups are trained: whole groups in each mini-batch
-    out = sample_rounds(one_varied(0), one_varied, 4, 3, 2, 2, pad_token_id=0)
+    out = sample_rounds(one_varied(0), one_varied, **rounds(4, 3, 2, 2))
     assert out.metrics[SAMPLING_GROUPS_TRAINED] == 2.0 and out.train_rows.tolist() == [0, 1, 4, 5]
     # nothing informative within the cap: no row to train on
-    out = sample_rounds(_round([1, 2], [1, 1, 0, 0]), lambda r: _round([3, 4], [1, 1, 0, 0]), 2, 2, 2, 1, 0)
+    out = sample_rounds(_round([1, 2], [1, 1, 0, 0]), lambda r: _round([3, 4], [1, 1, 0, 0]), **rounds(2, 2, 2, 1))
     assert out.train_rows.tolist() == [] and out.metrics[SAMPLING_GROUPS_TRAINED] == 0.0
 
 

@@ -9,7 +9,9 @@ from grpokit.modeling import load_model, load_tokenizer
 def test_unreachable_hub_id_names_the_model_and_the_fix(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(
-        FileNotFoundError, match=r"cannot load the model 'nosuchorg/nosuchmodel'.*give the local folder"
+        FileNotFoundError,
+        match=r"cannot load the model 'nosuchorg/nosuchmodel'; HF_HUB_OFFLINE is set, so nothing is downloaded, "
+        r"and it is not in the local cache .*; unset HF_HUB_OFFLINE to download it, or give a local folder\.$",
     ):
         load_model("nosuchorg/nosuchmodel", torch.float32, torch.device("cpu"))
     with pytest.raises(FileNotFoundError, match="cannot load the tokenizer 'nosuchorg/nosuchmodel'"):

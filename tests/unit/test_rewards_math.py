@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from grpokit.rewards import MissingColumnError, RewardError, get_reward
-from grpokit.rewards.math import extract_answer, normalise, reference_answer
+from grpokit.rewards.math import AccuracyReward, extract_answer, normalise, reference_answer
 
 
 @pytest.mark.parametrize(
@@ -109,3 +109,27 @@ def test_accuracy_fallback_without_math_verify(monkeypatch):
     references = ["0.5", "1000", "5", r"\frac{1}{2}", "5"]
     # Exact match after normalisation still works; LaTeX-vs-decimal needs math-verify.
     assert fn([""] * 5, completions, answer=references) == [0.0, 1.0, 1.0, 1.0, 0.0]
+
+
+def test_accuracy_says_at_start_when_it_falls_back_to_exact_match(monkeypatch):
+    """Without the math extra the reward still works (exact match), and says so when it is built: the start of a
+    run, not the middle of its flat curves."""
+    from grpokit.rewards import math as math_reward
+
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # import math_verify raises ImportError
+    math_reward.math_verify_installed.cache_clear()
+    try:
+        with pytest.warns(
+            UserWarning,
+            match=r"^grpokit: reward accuracy: math-verify is not installed, so answers "
+            r"are compared by exact match only .* pip install 'grpokit\[math\]'",
+        ):
+            reward = AccuracyReward()
+        assert reward(["p", "p"], ["\\boxed{1,000}", "\\boxed{0.5}"], answer=["1000", "\\frac{1}{2}"]) == [1.0, 0.0]
+    finally:
+        math_reward.math_verify_installed.cache_clear()
+
+
+def test_accuracy_with_math_verify_installed_says_nothing(recwarn):
+    AccuracyReward()
+    assert not [w for w in recwarn if "math-verify" in str(w.message)]

@@ -115,3 +115,64 @@ def test_resolve_errors(user_file):
         resolve_reward({"weight": 1.0})
     with pytest.raises(TypeError):
         resolve_reward(3)
+
+
+@pytest.fixture(scope="module")
+def reward_model_folder(tmp_path_factory):
+    """A tiny sequence classifier with one output and its word tokenizer, saved to a folder named `judge-rm`."""
+    from grpokit.testing import build_tiny_reward_model, build_word_tokenizer
+
+    path = tmp_path_factory.mktemp("models") / "judge-rm"
+    build_tiny_reward_model(path, build_word_tokenizer(["good", "bad", "answer"]))
+    return path
+
+
+def test_reward_kind_tells_the_strings_apart(reward_model_folder, user_file, tmp_path, monkeypatch):
+    from grpokit.rewards.registry import reward_kind
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "accuracy").mkdir()  # a folder named like a built-in does not shadow it: a bare name is a built-in
+    (tmp_path / "my-rm").mkdir()  # an existing folder, even without a slash, is a model
+    expected = {
+        "accuracy": "builtin",
+        "acuracy": "builtin",  # an unknown bare name: refused as a built-in, with a suggestion (never a Hub id)
+        "my-rm": "model",
+        str(reward_model_folder): "model",
+        "owner/some-reward-model": "model",  # a Hub id
+        "os.path:join": "function",
+        f"{user_file}:exclaim": "function",
+        "rewards.py": "function",  # a file without its function: refused naming the form
+    }
+    assert {spec: reward_kind(spec) for spec in expected} == expected
+
+
+def test_a_reward_model_folder_loads_as_trl_loads_it(reward_model_folder):
+    import torch
+
+    _, model, weight = resolve_reward({"name": str(reward_model_folder), "weight": 0.5})
+    assert isinstance(model, torch.nn.Module) and (model.config.num_labels, weight) == (1, 0.5)
+    from grpokit.rewards import RewardRunner
+
+    runner = RewardRunner([str(reward_model_folder)], isolate=False)
+    assert runner.names == ["judge-rm"]  # TRL's name: the model id's last part
+    tokenizer = runner.functions[0].processing_class  # loaded from the folder, as TRL does without one given
+    result = runner.score(["good answer", "bad"], [" good", " bad answer"])
+    inputs = tokenizer(
+        text=["good answer good", "bad bad answer"],
+        return_tensors="pt",
+        padding=True,
+        padding_side="right",
+        add_special_tokens=False,
+    )
+    with torch.no_grad():
+        expected = model(**inputs).logits[:, 0].double()  # TRL's reward: logits[:, 0] of prompt + completion
+    torch.testing.assert_close(result.per_func[:, 0], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_reward_model_strings_that_do_not_load_say_what_was_read(reward_model_folder, tmp_path):
+    with pytest.raises(ValueError, match=r"'owner/no-such-reward-model' names a reward model .* cannot be loaded"):
+        resolve_reward("owner/no-such-reward-model")  # offline here: not in the cache
+    with pytest.raises(ValueError, match="takes no parameters"):
+        resolve_reward({"name": str(reward_model_folder), "label": 1})
+    with pytest.raises(ValueError, match=r"expected 'module:function' or 'file\.py:function'"):
+        resolve_reward(str(tmp_path / "rewards.py"))

@@ -2,6 +2,7 @@
 
 import asyncio
 import math
+import os
 import textwrap
 import threading
 
@@ -316,3 +317,58 @@ def test_timeout_kills_the_worker_and_a_new_one_scores_the_next_batch(tmp_path):
     assert not old.is_alive() and runner.pool.processes[0][0].pid is None  # killed, which ends the abandoned call
     assert runner.score(["p"], ["!!!"]).per_func[0, 1] == 3.0  # a new worker on the next batch
     runner.close()
+
+
+def exits_at_once(prompts, completions, **columns):
+    import os
+
+    os._exit(3)
+
+
+def killed_by_the_kernel(prompts, completions, **columns):
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    "fn, how",
+    [
+        (exits_at_once, "exited with status 3 while scoring (os._exit() in the reward function or the code it calls"),
+        (killed_by_the_kernel, "was killed by SIGKILL (the kernel's out-of-memory killer sends it, as does kill -9)"),
+    ],
+)
+def test_a_worker_that_dies_is_reported_with_its_exit_status_or_signal(fn, how):
+    """Not "exit code None": the worker is reaped before its end is described (its pipe closes first)."""
+    with RewardRunner([fn, fixed([1.0, 1.0])], workers=1) as runner:
+        result = runner.score(["p", "p"], ["a", "b"])
+    assert result.errors[0].startswith(f"{fn.__name__}: the reward worker process {how}"), result.errors[0]
+    assert result.per_func[:, 1].tolist() == [1.0, 1.0]  # the other function scored as usual
+
+
+def test_isolate_none_runs_named_rewards_in_workers_and_given_functions_here(tmp_path):
+    """isolate=None (GRPOTrainer's default, reward_isolation: null): a function object runs in this process, as TRL
+    runs it, so what it appends to a list it closes over is seen here; a function named by a string (a file's, a
+    built-in) runs in a worker process."""
+    path = tmp_path / "pid_rewards.py"
+    path.write_text(
+        "import os\n\ndef pid(prompts, completions, **columns):\n    return [float(os.getpid())] * len(completions)\n"
+    )
+    seen = []
+
+    def counting(prompts, completions, **columns):
+        seen.append(len(completions))
+        return [float(os.getpid())] * len(completions)
+
+    with RewardRunner([counting, f"{path}:pid", {"name": "format", "pattern": "x"}], isolate=None) as runner:
+        assert runner.pool.processes[0] is None  # the function object: on a thread here
+        assert runner.pool.processes[1] is not None and runner.pool.processes[2] is not None  # named: workers
+        result = runner.score(["p", "p"], ["a", "b"])
+        result = runner.score(["p", "p", "p"], ["a", "b", "c"])
+    assert seen == [2, 3]  # both calls, seen by the caller
+    assert result.per_func[:, 0].tolist() == [float(os.getpid())] * 3
+    assert float(os.getpid()) not in result.per_func[:, 1].tolist()
+    with RewardRunner([counting], isolate=True) as runner:  # isolation stays one setting away
+        runner.score(["p"], ["a"])
+    assert seen == [2, 3]  # the worker process's list, not this one

@@ -32,16 +32,16 @@ def test_step_metrics_by_hand():
     source = SimpleNamespace(num_truncated=3, num_dropped=1)
     metrics = step_metrics(
         rewards,
-        {"loss": 0.5},
-        advantages,
-        2,
-        lengths,
-        truncated,
-        10.0,
-        source,
-        1,
-        times,
-        {"restarts": 0.0},
+        update={"loss": 0.5},
+        advantages=advantages,
+        group_size=2,
+        lengths=lengths,
+        truncated=truncated,
+        prompt_tokens=10.0,
+        source=source,
+        staleness=1,
+        times=times,
+        extra={"restarts": 0.0},
         tokens_seen=130.0,
     )
     assert metrics["reward"] == pytest.approx(0.75)  # the RewardResult's own metrics come first

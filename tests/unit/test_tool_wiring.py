@@ -18,6 +18,7 @@ from grpokit.rollout.types import Conversation, Rollouts, Turn
 from grpokit.store import RolloutStore
 from grpokit.store.record import RolloutRecord, conversation_record
 from grpokit.train.learner import update_inputs
+from grpokit.train.specs import update_inputs_spec
 
 
 def multi_turn_rollouts(groups: int = 2, G: int = 2) -> Rollouts:
@@ -50,7 +51,7 @@ def multi_turn_rollouts(groups: int = 2, G: int = 2) -> Rollouts:
 def test_tool_tokens_get_no_loss_and_no_kl(loss_type, expected):
     rollouts = multi_turn_rollouts(groups=1, G=1)
     cfg = GRPOConfig(loss_type=loss_type, beta=0.1, max_completion_length=4, num_generations=2)
-    loss_mask, _, _ = update_inputs(cfg, rollouts, torch.device("cpu"))
+    loss_mask = update_inputs(update_inputs_spec(cfg, False, False), rollouts, torch.device("cpu")).loss_mask
     assert loss_mask.tolist() == [[1.0, 0.0, 0.0, 1.0]]
     logprobs = torch.tensor([[-1.0, -3.0, -5.0, -2.0]], requires_grad=True)
     # the reference agrees on the model's tokens (k3 = 0 there) and is far off on the tool's: no KL may come from them
@@ -75,7 +76,7 @@ def test_mask_truncated_completions_still_applies_to_multi_turn():
     rollouts = multi_turn_rollouts()
     rollouts.finish_reasons = ["length", "stop", "stop", "stop"]
     cfg = GRPOConfig(mask_truncated_completions=True, num_generations=2)
-    loss_mask, _, _ = update_inputs(cfg, rollouts, torch.device("cpu"))
+    loss_mask = update_inputs(update_inputs_spec(cfg, False, False), rollouts, torch.device("cpu")).loss_mask
     assert loss_mask.sum(1).tolist() == [0.0, 2.0, 2.0, 2.0]
     assert rollouts.sampled_lengths.tolist() == [2, 2, 2, 2] and rollouts.completion_lengths.tolist() == [4] * 4
 

@@ -62,7 +62,7 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
         cfg = GRPOConfig(
             push_to_hub=True,
             use_liger_kernel=True,
-            top_entropy_quantile=0.2,
+            entropy_coef=0.01,
             remove_unused_columns=False,
             vllm_importance_sampling_mode="sequence_mask",
         )
@@ -71,7 +71,7 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
     for name in (
         "push_to_hub=True",
         "use_liger_kernel=True",
-        "top_entropy_quantile=0.2",
+        "entropy_coef=0.01",
         "vllm_importance_sampling_mode='sequence_mask'",
     ):
         assert name in messages[0]

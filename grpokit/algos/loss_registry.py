@@ -1,0 +1,122 @@
+"""Policy losses by name (``loss_type``): what each computes per token and how it is normalised.
+
+A loss is a function ``(terms, spec) -> (per_token [N, T] or [N, 1], metrics)`` of one micro-batch's
+``losses.PolicyTerms`` (log-probs, importance ratio, advantages, mask) and the run's ``losses.LossSpec``.
+:func:`register_loss` files it under a name with its *aggregation* (how ``masked.aggregate`` turns the
+per-token values into one number, one of ``names.AGGREGATIONS``), which also says how the learner combines
+micro-batches: a batch-normalised aggregation (``dapo``'s, divided by the generation batch's token count)
+adds them up, the others are micro-batch means the learner averages. ``losses.policy_loss`` adds what every
+loss shares (the off-policy and entropy masks, vLLM's importance weights, the KL term).
+
+The config's ``loss_type`` values are this registry's names, so a new loss is one module with one
+``@register_loss`` (and, for a user, the module named in ``algo.imports``); nothing else lists them.
+Importing this module loads no torch (the config validates names with it): the built-in losses import
+torch inside their functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from grpokit.algos.names import AGGREGATIONS, BATCH_NORMALISED
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpokit.algos.losses import LossSpec, PolicyTerms
+
+    PerTokenLoss = Callable[[PolicyTerms, LossSpec], tuple[torch.Tensor, dict[str, float]]]
+
+
+def _no_advice(settings: Any) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class PolicyLossType:
+    """A registered loss.
+
+    name: its ``loss_type``. per_token: ``(terms, spec) -> (per-token loss [N, T] or [N, 1], metrics)``.
+    aggregation: one of ``names.AGGREGATIONS``, used for the policy term and the KL term (and PPO's value loss).
+    weighs_sampling_itself: the loss folds vLLM's importance weights (``terms.sampling_weights``) into its own
+    weight, so ``policy_loss`` does not multiply its per-token loss by them (vespo).
+    check: ``settings -> advice``: raises ValueError for settings the loss cannot run with (one line naming the
+    fix); returns lines of advice for settings that run but are likely not what was meant (the config warns).
+    ``settings`` is the run's config, read by attribute (``settings.epsilon_high``).
+    """
+
+    name: str
+    per_token: PerTokenLoss
+    aggregation: str
+    weighs_sampling_itself: bool = False
+    check: Callable[[Any], list[str]] = _no_advice
+
+    @property
+    def batch_normalised(self) -> bool:
+        """Each micro-batch's loss is already divided by the whole generation batch's token count, so the
+        micro-batches' losses add up to the batch's (otherwise each is its own micro-batch's mean)."""
+        return self.aggregation in BATCH_NORMALISED
+
+    def micro_batch_divisor(self, num_micro: int) -> int:
+        """What the sum of ``num_micro`` micro-batch losses (or policy-loss metrics) is divided by for the
+        batch's: 1 when batch-normalised, else ``num_micro`` (their mean)."""
+        return 1 if self.batch_normalised else num_micro
+
+
+LOSSES: dict[str, PolicyLossType] = {}
+
+
+def register_loss(
+    name: str,
+    *,
+    aggregation: str,
+    weighs_sampling_itself: bool = False,
+    check: Callable[[Any], list[str]] | None = None,
+) -> Callable[[PerTokenLoss], PerTokenLoss]:
+    """Decorator: register ``fn(terms, spec) -> (per_token, metrics)`` as ``loss_type: name``.
+
+    ``aggregation``: how the per-token loss becomes one number (``names.AGGREGATIONS``: grpo = mean over sequences
+    of each one's token mean, bnpo = token mean of the micro-batch, dapo = token sum / tokens of the generation batch,
+    dr_grpo = token sum / (N * max_completion_length), luspo = mean over sequences of each one's token sum).
+    ``check``: see :class:`PolicyLossType`. Registering a name twice with different functions is refused, unless
+    it is the same function again (its module imported anew). Returns ``fn`` unchanged.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {', '.join(AGGREGATIONS)}")
+
+    def decorate(fn: PerTokenLoss) -> PerTokenLoss:
+        known = LOSSES.get(name)
+        if known is not None and _where(known.per_token) != _where(fn):
+            raise ValueError(
+                f"loss_type {name!r} is registered already (by {_where(known.per_token)}); choose another name."
+            )
+        LOSSES[name] = PolicyLossType(name, fn, aggregation, weighs_sampling_itself, check or _no_advice)
+        return fn
+
+    return decorate
+
+
+def _where(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+# The modules of the built-in losses, which register them when imported (on the first look-up, in this order).
+BUILT_IN = ("clipped", "cispo", "sapo", "luspo", "vespo")
+
+
+def loss_types() -> tuple[str, ...]:
+    """The registered ``loss_type`` names, in the order they were registered (the built-ins first)."""
+    for module in BUILT_IN:
+        importlib.import_module(f"grpokit.algos.{module}")
+    return tuple(LOSSES)
+
+
+def get_loss(name: str) -> PolicyLossType:
+    """The loss registered as ``name``; a ValueError listing the names otherwise."""
+    names = loss_types()
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss_type {name!r}; valid choices: {', '.join(names)}")
+    return LOSSES[name]

@@ -1,0 +1,211 @@
+"""The cross-section rules: settings of different sections that cannot run together.
+
+Each rule raises a :class:`ConfigError` naming both settings and the fix. Algorithm- and loss-specific options are
+checked by the algorithm's or the loss's own entry (algos/registry.py, algos/loss_registry.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from typing import TYPE_CHECKING
+
+from grpokit import trl_compat
+from grpokit.algos.loss_registry import get_loss, loss_types
+from grpokit.algos.registry import ALGORITHMS
+from grpokit.config.extensions import import_modules
+from grpokit.config.schema import ConfigError, check
+
+if TYPE_CHECKING:
+    from grpokit.config.facade import GRPOConfig
+
+
+def imports(cfg: GRPOConfig) -> None:
+    """The modules of ``algo.imports``, imported first: what they register is then known to the checks below."""
+    import_modules(cfg.algo.imports)
+
+
+def algorithm(cfg: GRPOConfig, world_size: int) -> None:
+    """``algorithm`` by name (``algos/registry.py``) and the options of the chosen one (its ``check``)."""
+    a = cfg.algo
+    if a.algorithm not in ALGORITHMS:
+        close = difflib.get_close_matches(str(a.algorithm), ALGORITHMS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"algorithm={a.algorithm!r} is not valid; choose one of {', '.join(ALGORITHMS)}.{hint}")
+    try:
+        ALGORITHMS[a.algorithm].check(a, world_size)  # the algorithm reads its own section
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def loss(cfg: GRPOConfig) -> None:
+    """``loss_type`` by name (``algos/loss_registry.py``: the built-ins and those ``algo.imports`` registered), the
+    settings it cannot run with (its ``check``: a ConfigError) and its advice on likely mistakes (a warning)."""
+    a = cfg.algo
+    names = loss_types()
+    if a.loss_type not in names:
+        close = difflib.get_close_matches(str(a.loss_type), names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"loss_type={a.loss_type!r} is not valid; choose one of {', '.join(names)} (or a loss registered by a "
+            f"module of algo.imports).{hint}"
+        )
+    try:
+        advice = get_loss(a.loss_type).check(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    for line in advice:
+        warnings.warn(f"grpokit: {line}", UserWarning, stacklevel=2)
+
+
+def kl_control_and_dynamic_sampling(cfg: GRPOConfig, world_size: int) -> None:
+    a = cfg.algo
+    check(a.kl_horizon > 0, f"kl_horizon={a.kl_horizon} must be > 0 (e.g. 10000).")
+    if a.kl_controller == "adaptive":
+        check(
+            a.target_kl is not None and a.target_kl > 0,
+            f"kl_controller: adaptive needs target_kl > 0 (the KL to steer towards, e.g. 0.1), got {a.target_kl}.",
+        )
+        check(
+            a.beta > 0,
+            "kl_controller: adaptive multiplies beta each step, so beta=0 would stay 0; start it above 0 "
+            "(e.g. beta: 0.04).",
+        )
+        n = cfg.completions_per_step(world_size)
+        check(
+            a.kl_horizon > 0.2 * n,
+            f"kl_horizon={a.kl_horizon} must be above 0.2 x completions per step ({n}) = {0.2 * n:g}, or one step "
+            "could take beta to 0 or below; raise it (e.g. 10000).",
+        )
+    else:
+        check(
+            a.target_kl is None,
+            f"target_kl={a.target_kl} is used by the adaptive KL controller only; set kl_controller: adaptive, or "
+            "remove target_kl for a fixed beta.",
+        )
+    check(a.max_sampling_rounds >= 1, f"max_sampling_rounds={a.max_sampling_rounds} must be >= 1.")
+    if not a.dynamic_sampling:
+        return
+    check(
+        a.num_generations >= 2,
+        f"dynamic_sampling keeps the groups whose rewards differ, and a group of num_generations="
+        f"{a.num_generations} never differs; set num_generations >= 2, or turn dynamic_sampling off.",
+    )
+    check(
+        not cfg.distributed.async_rollouts,
+        "dynamic_sampling samples more prompts within a step, which async_rollouts (the next step sampled "
+        "ahead) cannot; set async_rollouts: false (Ray rollout workers still sample each round), or turn "
+        "dynamic_sampling off.",
+    )
+    check(
+        world_size == 1,
+        f"dynamic_sampling runs in one process; under torchrun ({world_size} processes) the informative groups "
+        "would land unevenly on the ranks. Run one process (backend: ray spreads the sampling over workers), or "
+        "turn dynamic_sampling off.",
+    )
+
+
+def batch_size(cfg: GRPOConfig, world_size: int) -> None:
+    o, a = cfg.optim, cfg.algo
+    n = cfg.completions_per_step(world_size)
+    mini = f" x num_mini_batches ({o.num_mini_batches})" if o.num_mini_batches > 1 else ""
+    check(
+        n % a.num_generations == 0,
+        f"completions per step = per_device_train_batch_size ({o.per_device_train_batch_size}) x "
+        f"gradient_accumulation_steps ({o.gradient_accumulation_steps}){mini} x processes ({world_size}) = {n} "
+        f"is not divisible by num_generations ({a.num_generations}); make it a multiple of {a.num_generations}.",
+    )
+
+
+def lora_and_model(cfg: GRPOConfig) -> None:
+    a, lora, model = cfg.algo, cfg.lora, cfg.model
+    check(
+        lora.r == 0 or a.ref_model_sync_steps == 0,
+        f"ref_model_sync_steps={a.ref_model_sync_steps} cannot be used with LoRA: the reference is the base model "
+        "under the adapters, which never changes; set ref_model_sync_steps: 0.",
+    )
+    check(
+        not model.load_in_4bit or lora.r > 0,
+        "load_in_4bit: true trains LoRA adapters on frozen 4-bit weights (QLoRA); set lora.r > 0 (e.g. lora.r: 16).",
+    )
+    if model.ref_model_dtype == "bfloat16":
+        check(
+            lora.r == 0,
+            "ref_model_dtype: bfloat16 stores the reference copy in bf16, but with LoRA there is no copy (the "
+            "reference is the base under the adapters); set ref_model_dtype: auto.",
+        )
+        check(
+            a.ref_model_sync_steps == 0,
+            "ref_model_dtype: bfloat16 cannot be used with ref_model_sync_steps: the resync's small mix-ups "
+            "would be lost to bf16 rounding; set ref_model_dtype: auto or ref_model_sync_steps: 0.",
+        )
+
+
+def reward_weights(cfg: GRPOConfig) -> None:
+    weights = cfg.reward.reward_weights
+    if weights is not None and cfg.rewards:
+        check(
+            len(weights) == len(cfg.rewards),
+            f"reward_weights has {len(weights)} values but there are {len(cfg.rewards)} reward functions; give "
+            "one weight per function.",
+        )
+
+
+def distributed(cfg: GRPOConfig) -> None:
+    d = cfg.distributed
+    check(
+        d.num_reward_workers == 0 or cfg.reward.reward_workers == 0,
+        f"num_reward_workers={d.num_reward_workers} (Ray actors) and reward_workers="
+        f"{cfg.reward.reward_workers} (worker processes of the learner) are two places to run the rewards; set "
+        "one of them to 0.",
+    )
+    if cfg.generation.engine == "vllm":
+        vllm(cfg)
+    check(
+        d.strategy != "fsdp" or cfg.lora.r == 0,
+        "strategy: fsdp shards full fine-tuning; LoRA trains small adapters (lora.r > 0), which "
+        "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.",
+    )
+    check(
+        d.strategy != "fsdp"
+        or (cfg.optim.optimizer not in trl_compat.EIGHT_BIT_OPTIMIZERS and cfg.model.ref_model_dtype == "auto"),
+        "strategy: fsdp shards the weights and AdamW's state already; the 8-bit optimizer and ref_model_dtype: "
+        "bfloat16 are for one process's memory: set optimizer: adamw_torch_fused and ref_model_dtype: auto, or "
+        "strategy: ddp.",
+    )
+
+
+def vllm(cfg: GRPOConfig) -> None:
+    """Settings engine: vllm cannot run with (the CUDA and package checks are the trainer's, at start)."""
+    g = cfg.generation
+    fix = "or set generation.engine: hf"
+    check(
+        cfg.distributed.backend == "none",
+        "generation.engine: vllm samples in the learner process; it cannot be combined with distributed.backend: "
+        f"{cfg.distributed.backend} (set backend: none, {fix}).",
+    )
+    check(
+        cfg.model.device == "auto" or cfg.model.device.startswith("cuda"),
+        f"generation.engine: vllm runs on CUDA, but model.device={cfg.model.device!r}; set device: auto or cuda, "
+        f"{fix}.",
+    )
+    check(
+        not cfg.model.load_in_4bit,
+        f"generation.engine: vllm cannot load the learner's 4-bit (QLoRA) weights; set load_in_4bit: false, {fix}.",
+    )
+    check(g.temperature <= 2.0, f"temperature={g.temperature}: vLLM samples at temperatures up to 2; lower it, {fix}.")
+    check(
+        0 < g.vllm_gpu_memory_utilization <= 1,
+        f"vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the GPU's "
+        "memory, e.g. 0.3).",
+    )
+    check(
+        g.vllm_max_model_length is None or g.vllm_max_model_length > g.max_completion_length,
+        f"vllm_max_model_length={g.vllm_max_model_length} leaves no room for a prompt: it must exceed "
+        f"max_completion_length={g.max_completion_length} (or be null).",
+    )
+    check(
+        g.vllm_importance_sampling_cap >= 1,
+        f"vllm_importance_sampling_cap={g.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at it; "
+        "1 never up-weights a token).",
+    )

@@ -1,0 +1,111 @@
+"""The config's shape: its sections by name, aliases, allowed values, and the field -> section map.
+
+A config has sections (``model``, ``data``, ``algo``, ``generation``, ``optim``, ``run``, ``eval``,
+``lora``, ``distributed``, ``reward``, ``agent``) plus a ``rewards`` list. Field names are unique across
+sections, so a bare key (``num_generations=16``) names the one field of that name in whichever section
+holds it; the seeds' aliases (``group_size``, ``kl_coef``, ``kl_beta``, ``clip_range``) are accepted too.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import itertools
+
+from grpokit import trl_compat
+from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, SCALE_REWARDS
+from grpokit.config.running import (
+    AgentConfig,
+    DistributedConfig,
+    EvalConfig,
+    LoraConfig,
+    RewardSettings,
+    RunConfig,
+)
+from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, ModelConfig, OptimConfig
+
+
+class ConfigError(ValueError):
+    """A config problem, with a message that names the fix."""
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "algo": AlgoConfig,
+    "generation": GenerationConfig,
+    "optim": OptimConfig,
+    "run": RunConfig,
+    "eval": EvalConfig,
+    "lora": LoraConfig,
+    "distributed": DistributedConfig,
+    "reward": RewardSettings,
+    "agent": AgentConfig,
+}
+
+ALIASES = {
+    "group_size": "num_generations",
+    "kl_coef": "beta",
+    "kl_beta": "beta",
+    "clip_range": "epsilon",
+    "cliprange": "epsilon",
+    "num_ppo_epochs": "num_iterations",
+}
+
+# The algorithms' option lists are defined in grpokit/algos/names.py, with the code that implements them; the
+# loss types and algorithms are their registries' names (checked in rules.py, after algo.imports has run).
+CHOICES = {
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "ref_model_dtype": ("auto", "bfloat16"),
+    "optimizer": trl_compat.OPTIMIZERS,
+    "scale_rewards": SCALE_REWARDS,
+    "advantage_estimator": ESTIMATORS,
+    "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+    "kl_controller": KL_CONTROLLERS,
+    "lr_scheduler_type": ("constant", "linear", "cosine"),
+    "prompt_overflow": ("truncate", "drop", "error"),
+    "backend": ("none", "ray"),
+    "engine": ("hf", "vllm"),
+    "strategy": ("ddp", "fsdp"),
+    "save_strategy": ("steps", "epoch", "no"),
+    "eval_strategy": ("steps", "epoch", "no"),
+    "tool_isolation": ("process", "thread"),
+}
+
+REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
+
+# The keys of a dataset given as a mapping (data.train_dataset / eval_dataset): datasets.load_dataset's arguments.
+DATASET_KEYS = ("path", "name", "split", "data_files", "data_dir", "revision")
+
+# field name -> section name; built once, field names are unique across sections.
+FIELD_SECTION: dict[str, str] = {f.name: section for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+
+# Fields holding a filesystem path (or a hub id / keyword, which expansion leaves alone). Reward files
+# (`path/to/file.py:function`) are expanded where they are loaded (rewards/registry.py), with expand_path.
+PATH_FIELDS = (
+    "model_name_or_path",
+    "tokenizer_name_or_path",
+    "value_model_name_or_path",
+    "train_dataset",
+    "eval_dataset",
+    "output_dir",
+    "resume_from",
+)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field (dataclass attribute docstrings) as one line, read from the source."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for prev, node in itertools.pairwise(body):
+        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docs[prev.target.id] = " ".join(str(node.value.value).split())
+    return docs
+
+
+def check(ok: bool, message: str) -> None:
+    """Raise a ConfigError with ``message`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(message)

@@ -1,0 +1,130 @@
+"""The rollout engines by name: what samples a run's completions.
+
+Every engine implements :class:`grpokit.rollout.engine.RolloutEngine` (``generate``, ``policy_version``,
+``sync_weights``, ``takes_group_seeds``). The composition root picks one by ``generation.engine`` (hf | vllm)
+and, when the run has tools or environments, wraps it in the multi-turn engine; nothing else names an engine.
+
+- ``hf``: :class:`~grpokit.rollout.engine.HFRolloutEngine`, grpokit's own sampler on the policy's own weights.
+- ``vllm``: :class:`~grpokit.rollout.vllm_engine.VLLMRolloutEngine`, a colocated vLLM with its own copy of the
+  weights (``separate_weights``: its log-probs differ from the learner's, so they weight tokens).
+- ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
+  (chat prompts; built by :class:`grpokit.train.tool_rollouts.ToolRollouts` from the run's tools).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineParts:
+    """What any engine samples with: the policy ``model``, its ``eos_token_ids`` and ``pad_token_id``, the
+    ``device``, ``autocast_dtype`` and ``kernels`` of the run, and the sampler's ``seed``."""
+
+    model: Any
+    eos_token_ids: list[int]
+    pad_token_id: int
+    device: Any = None
+    autocast_dtype: Any = None
+    kernels: Any = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class VLLMSpec:
+    """vLLM's own settings: where it loads the model from (``source``: the policy's folder or hub id; None: a
+    loaded module, whose config it is built from), ``gpu_memory_utilization``, ``max_model_len`` (None: the
+    model's), ``enable_sleep_mode`` and ``trust_remote_code``."""
+
+    source: str | None = None
+    gpu_memory_utilization: float = 0.3
+    max_model_len: int | None = None
+    enable_sleep_mode: bool = True
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class MultiTurnSpec:
+    """The multi-turn engine's parts: the ``base`` hf engine whose model it samples, ``chat``
+    (``grpokit.tools.ConversationTokens``), the ``executor`` of tool calls, ``max_tool_calling_iterations``
+    (None: no limit) and the tool-call ``parser`` (None: from the chat template)."""
+
+    base: Any
+    chat: Any
+    executor: Any
+    max_tool_calling_iterations: int | None = None
+    parser: Any = None
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """An engine kind: ``build(parts, spec)`` makes one (``spec``: its own settings, or None); ``separate_weights``:
+    it samples from its own copy of the weights, so its log-probs are not the learner's."""
+
+    build: Callable[[EngineParts, Any], Any]
+    separate_weights: bool = False
+
+
+def _hf(parts: EngineParts, spec: Any = None):
+    from grpokit.rollout.engine import HFRolloutEngine
+
+    return HFRolloutEngine(
+        parts.model,
+        parts.eos_token_ids,
+        parts.pad_token_id,
+        parts.device,
+        seed=parts.seed,
+        autocast_dtype=parts.autocast_dtype,
+        kernels=parts.kernels,
+    )
+
+
+def _vllm(parts: EngineParts, spec: VLLMSpec):
+    from grpokit.config import ConfigError
+    from grpokit.modeling import is_hf_model
+    from grpokit.rollout.vllm_engine import VLLMRolloutEngine
+
+    if not is_hf_model(parts.model):
+        raise ConfigError(
+            "generation.engine: vllm samples Hugging Face causal LMs; a custom forward(input_ids) module needs "
+            "generation.engine: hf."
+        )
+    return VLLMRolloutEngine(
+        parts.model,
+        parts.eos_token_ids,
+        parts.pad_token_id,
+        source=spec.source,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        max_model_len=spec.max_model_len,
+        enable_sleep_mode=spec.enable_sleep_mode,
+        seed=parts.seed,
+        trust_remote_code=spec.trust_remote_code,
+    )
+
+
+def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):
+    from grpokit.rollout.multiturn import MultiTurnEngine
+
+    return MultiTurnEngine(
+        spec.base,
+        spec.chat,
+        spec.executor,
+        max_tool_calling_iterations=spec.max_tool_calling_iterations,
+        parser=spec.parser,
+    )
+
+
+ENGINES: dict[str, EngineEntry] = {
+    "hf": EngineEntry(_hf),
+    "vllm": EngineEntry(_vllm, separate_weights=True),
+    "multi-turn": EngineEntry(_multi_turn),
+}
+
+
+def get_engine(name: str) -> EngineEntry:
+    """The engine kind called ``name``; a ValueError listing the names otherwise."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown rollout engine {name!r}; valid choices: {', '.join(ENGINES)}")
+    return ENGINES[name]

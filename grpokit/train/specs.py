@@ -1,0 +1,218 @@
+"""The composition root's reading of the config: each part's own settings, as a typed, frozen spec.
+
+The flat :class:`~grpokit.config.GRPOConfig` is for users, YAML and TRL scripts. Inside grpokit only the
+config package and the composition root (this module and :mod:`grpokit.train.setup`, which builds the parts)
+read it: every other part takes the spec built here (or the one config section it needs) and nothing else, so
+what a part depends on is written in its spec's fields. ``tests/unit/test_config_reads.py`` keeps it so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from grpokit.train.learner import LearnerSpec, UpdateInputsSpec
+from grpokit.train.schedule import OptimSpec
+
+if TYPE_CHECKING:
+    from grpokit.config import GRPOConfig
+    from grpokit.data.prompt_builder import PromptBuilder
+    from grpokit.eval.evaluator import EvalSpec
+    from grpokit.rollout.registry import VLLMSpec
+    from grpokit.rollout.types import SamplingParams
+    from grpokit.train.callbacks import CallbackSpec
+    from grpokit.train.checkpoint import CheckpointSpec
+    from grpokit.train.critic import CriticSpec
+    from grpokit.train.run_dir import RunDirSpec
+    from grpokit.train.stopping import StopSpec
+    from grpokit.train.ties import TieWatch
+    from grpokit.train.trainer import LoopSpec
+
+
+def optim_spec(args: GRPOConfig, learning_rate: float | None = None) -> OptimSpec:
+    """AdamW and its schedule over max_steps x num_iterations x num_mini_batches optimizer steps;
+    ``learning_rate`` (default: the config's) for a second optimizer such as the critic's."""
+    total = args.max_steps * args.optimizer_steps_per_step()
+    return OptimSpec(
+        learning_rate=args.learning_rate if learning_rate is None else learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+        optimizer=args.optimizer,
+        lr_scheduler_type=args.lr_scheduler_type,
+        warmup_steps=args.warmup_steps or int(args.warmup_ratio * total),
+        total_steps=total,
+    )
+
+
+def learner_spec(args: GRPOConfig) -> LearnerSpec:
+    """The policy update's settings (:class:`grpokit.train.learner.Learner`)."""
+    adaptive = args.kl_controller == "adaptive"
+    return LearnerSpec(
+        loss=args.loss_spec(),
+        loss_type=args.loss_type,
+        temperature=args.temperature,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        num_mini_batches=args.num_mini_batches,
+        num_iterations=args.num_iterations,
+        max_grad_norm=args.max_grad_norm,
+        beta=args.beta,
+        kl_in_reward=args.kl_in_reward,
+        target_kl=args.target_kl if adaptive else None,
+        kl_horizon=args.kl_horizon,
+        reference_casts=not args.ref_model_sync_steps,
+        reference_in_bf16=args.ref_model_dtype == "bfloat16",
+        top_entropy_quantile=args.top_entropy_quantile,
+    )
+
+
+def critic_spec(args: GRPOConfig) -> CriticSpec:
+    """PPO's critic (:class:`grpokit.train.critic.Critic`): its value loss, model and AdamW (its own learning
+    rate, default the policy's, on the policy's schedule)."""
+    from grpokit.train.critic import CriticSpec
+
+    return CriticSpec(
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        cliprange_value=args.cliprange_value,
+        vf_coef=args.vf_coef,
+        loss_type=args.loss_type,
+        max_completion_length=args.max_completion_length,
+        max_grad_norm=args.max_grad_norm,
+        optim=optim_spec(args, args.critic_learning_rate),
+        value_model_name_or_path=args.value_model_name_or_path,
+        trust_remote_code=args.trust_remote_code,
+        lora=dataclasses.replace(args.lora) if args.lora.r > 0 else None,
+    )
+
+
+def update_inputs_spec(args: GRPOConfig, off_policy: bool, separate_sampler: bool) -> UpdateInputsSpec:
+    """How rollouts become the learner's inputs; ``off_policy``: the run's rollout source samples ahead (one step
+    off); ``separate_sampler``: its engine samples from its own copy of the weights (vLLM)."""
+    return UpdateInputsSpec(
+        mask_truncated_completions=args.mask_truncated_completions,
+        ratio_to_sampler=off_policy,
+        importance_weights=separate_sampler and args.vllm_importance_sampling_correction,
+    )
+
+
+def vllm_spec(args: GRPOConfig, source: str | None) -> VLLMSpec:
+    """vLLM's settings (``generation.engine: vllm``); ``source``: the policy's folder or hub id when it was given
+    by name (vLLM loads its copy from there), else None. Its context: vllm_max_model_length, else
+    max_prompt_length + max_completion_length (the model's own without max_prompt_length)."""
+    import os
+
+    from grpokit.rollout.registry import VLLMSpec
+
+    max_len = args.vllm_max_model_length
+    if max_len is None and args.max_prompt_length is not None:
+        max_len = args.max_prompt_length + args.max_completion_length
+    return VLLMSpec(
+        source=source and os.path.expanduser(source),
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_len=max_len,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        trust_remote_code=args.trust_remote_code,
+    )
+
+
+def sampling_params(args: GRPOConfig) -> SamplingParams:
+    """How training samples its completions: temperature, top-p/k, min-p, repetition penalty and TRL's
+    generation_kwargs (checked by the config)."""
+    from grpokit.rollout.types import SamplingParams
+
+    return SamplingParams(args.max_completion_length, args.temperature, **args.sampling_options())
+
+
+def stop_spec(args: GRPOConfig) -> StopSpec:
+    from grpokit.train.stopping import StopSpec
+
+    return StopSpec(args.max_nonfinite_steps, args.max_kl, args.max_kl_patience)
+
+
+def tie_watch(args: GRPOConfig, group_relative: bool) -> TieWatch:
+    """The watch behind the warning when every group ties for ``warn_tied_steps`` steps in a row."""
+    from grpokit.train.ties import TieWatch
+
+    return TieWatch(args.warn_tied_steps, args.num_generations, group_relative)
+
+
+def prompt_builder(args: GRPOConfig) -> PromptBuilder:
+    """How the data section builds each row's prompt (prompt_template, system_prompt, use_chat_template)."""
+    from grpokit.data.prompt_builder import PromptBuilder
+
+    return PromptBuilder(args.prompt_column, args.prompt_template, args.system_prompt, args.use_chat_template)
+
+
+def checkpoint_spec(args: GRPOConfig) -> CheckpointSpec:
+    from grpokit.train.checkpoint import CheckpointSpec
+
+    return CheckpointSpec(save_reference=bool(args.ref_model_sync_steps), save_total_limit=args.save_total_limit)
+
+
+def run_dir_spec(args: GRPOConfig) -> RunDirSpec:
+    """The run folder's settings, with the resolved config it writes as config.yaml."""
+    from grpokit.train.run_dir import RunDirSpec
+
+    return RunDirSpec(
+        output_dir=args.output_dir,
+        config=args.to_dict(),
+        resume_from=args.resume_from,
+        overwrite=args.overwrite,
+        report_to=tuple(args.report_to),
+        max_steps=args.max_steps,
+        logging_steps=args.logging_steps,
+        progress_bar=args.progress_bar,
+        run_name=args.run_name,  # TRL's key, the W&B run's name
+        log_completions=args.log_completions,
+        num_completions_to_print=args.num_completions_to_print,
+    )
+
+
+def callback_spec(args: GRPOConfig) -> CallbackSpec:
+    from grpokit.train.callbacks import CallbackSpec
+
+    return CallbackSpec(
+        logging_steps=args.logging_steps,
+        eval_strategy=args.eval_strategy,
+        eval_steps=args.eval_steps,
+        save_strategy=args.save_strategy,
+        save_steps=args.save_steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+    )
+
+
+def eval_spec(args: GRPOConfig) -> EvalSpec:
+    from grpokit.eval.evaluator import EvalSpec
+
+    return EvalSpec(
+        num_generations_eval=args.num_generations_eval,
+        pass_at_k=tuple(args.pass_at_k),
+        temperature=args.eval_temperature or args.temperature,
+        success_threshold=args.success_threshold,
+        prompt_column=args.prompt_column,
+        max_eval_prompts=args.max_eval_prompts,
+    )
+
+
+def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
+    """The training loop's own settings (:class:`grpokit.train.trainer.GRPOTrainer`); ``args`` with max_steps
+    resolved."""
+    from grpokit.train.trainer import LoopSpec
+
+    return LoopSpec(
+        model_name_or_path=args.model_name_or_path,
+        dtype=args.dtype,
+        seed=args.seed,
+        algorithm=args.algorithm,
+        algo=dataclasses.replace(args.algo),
+        num_generations=args.num_generations,
+        max_steps=args.max_steps,
+        completions_per_step=args.completions_per_step(world_size),
+        prompt_column=args.prompt_column,
+        rewards_on_main=args.num_reward_workers > 0,
+        ref_model_sync_steps=args.ref_model_sync_steps,
+        ref_model_mixup_alpha=args.ref_model_mixup_alpha,
+        logging_steps=args.logging_steps,
+        save_at_end=args.save_strategy != "no",
+        merge_on_save=args.merge_on_save,
+    )

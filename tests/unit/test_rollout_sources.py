@@ -1,0 +1,168 @@
+"""Rollout engines behind one protocol, rollout sources behind one interface, and a scheduler that only dispatches."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import torch
+
+from grpokit.processes import SingleProcess
+from grpokit.rollout.engine import HFRolloutEngine, RolloutEngine
+from grpokit.rollout.multiturn import MultiTurnEngine
+from grpokit.rollout.registry import ENGINES, EngineParts, get_engine
+from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.rollout.vllm_engine import VLLMRolloutEngine
+from grpokit.train import scheduler as scheduler_module
+from grpokit.train.rollout_sources import SAMPLERS, SOURCES, OneStepOffRollouts, SyncRollouts
+from grpokit.train.scheduler import RolloutScheduler
+
+
+def test_every_engine_provides_the_whole_protocol():
+    assert set(ENGINES) == {"hf", "vllm", "multi-turn"}
+    assert [name for name, entry in ENGINES.items() if entry.separate_weights] == ["vllm"]  # its own weight copy
+    members = {"generate", "sync_weights", "takes_group_seeds", "policy_version", "generator", "pad_token_id"}
+    assert members <= set(RolloutEngine.__annotations__) | {"generate", "sync_weights"}
+    # class attributes, not duck-typed: each engine says whether it seeds groups itself
+    assert (HFRolloutEngine.takes_group_seeds, VLLMRolloutEngine.takes_group_seeds) == (False, True)
+    assert MultiTurnEngine.takes_group_seeds is True
+    for cls in (HFRolloutEngine, VLLMRolloutEngine, MultiTurnEngine):
+        assert callable(cls.sync_weights) and callable(cls.generate), cls
+        assert "seeds" in inspect.signature(cls.generate).parameters or not cls.takes_group_seeds, cls
+
+
+def test_the_hf_engine_syncs_by_version_and_unknown_engines_are_named():
+    engine = get_engine("hf").build(EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu")), None)
+    assert isinstance(engine, HFRolloutEngine) and engine.policy_version == 0
+    engine.sync_weights()
+    engine.sync_weights()
+    assert engine.policy_version == 2  # shared weights: one version per update, nothing copied
+    try:
+        get_engine("tgi")
+    except ValueError as exc:
+        assert "hf, vllm, multi-turn" in str(exc)
+    else:
+        raise AssertionError("an unknown engine name must fail")
+
+
+def _rollouts(batch: list[int], step: int) -> Rollouts:
+    """One completion per prompt whose single token is 100 * step + the prompt index."""
+    n = len(batch)
+    return Rollouts(
+        prompt_ids=[[i] for i in batch],
+        completion_ids=torch.tensor([[100 * step + i] for i in batch]),
+        completion_mask=torch.ones(n, 1),
+        logprobs=torch.zeros(n, 1),
+        finish_reasons=["stop"] * n,
+        num_generations=1,
+        policy_version=step,
+    )
+
+
+class _Workers:
+    """A stand-in for the Ray sampler: submit returns a handle, collect and scatter hand the rollouts over."""
+
+    def __init__(self):
+        self.calls = []
+        self.procs = SingleProcess()
+
+    def sample(self, step, batch, first_group):
+        self.calls.append(("sample", step, list(batch), first_group))
+        return _rollouts(batch, step)
+
+    def submit(self, step, batch, first_group=0):
+        self.calls.append(("submit", step, list(batch)))
+        return ("pending", step, list(batch))
+
+    def collect(self, pending):
+        self.calls.append(("collect", pending[1]))
+        return _rollouts(pending[2], pending[1])
+
+    def scatter(self, rollouts):
+        return rollouts
+
+    def metrics(self):
+        return {"rollout_worker_restarts": 0.0}
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+class _Prompts:
+    """Draws consecutive prompt indices."""
+
+    def __init__(self):
+        self.next = 0
+
+    def next_indices(self, n):
+        out = list(range(self.next, self.next + n))
+        self.next += n
+        return out
+
+
+def _scheduler(source):
+    engine = type("Engine", (), {"policy_version": 0})()
+    return RolloutScheduler(
+        source=source,
+        engine=engine,
+        prompts=_Prompts(),
+        procs=SingleProcess(),
+        prompts_per_step=2,
+        sampling=SamplingParams(1),
+    )
+
+
+def test_one_step_off_samples_the_next_step_while_this_one_trains_and_checkpoints_it():
+    workers = _Workers()
+    scheduler = _scheduler(OneStepOffRollouts(workers, last_step=3))
+    indices, rollouts = scheduler.next(1)  # nothing pending: step 1 sampled now, step 2 submitted
+    assert indices == [0, 1] and rollouts.completion_ids.flatten().tolist() == [100, 101]
+    assert workers.calls == [("sample", 1, [0, 1], 0), ("submit", 2, [2, 3])]
+    state, pending = scheduler.state_dict()  # a checkpoint after step 1 collects step 2's rollouts
+    assert state["pending_indices"] == [2, 3] and pending["completion_ids"].flatten().tolist() == [202, 203]
+    indices, rollouts = scheduler.next(2)  # the prefetched batch; step 3 submitted
+    assert indices == [2, 3] and rollouts.completion_ids.flatten().tolist() == [202, 203]
+    assert workers.calls[-1] == ("submit", 3, [4, 5])
+    scheduler.next(3)
+    assert workers.calls[-1] == ("collect", 3)  # the last step submits nothing further
+    # a resume restores the pending batch exactly: the next step trains on it, nothing is drawn for it
+    resumed_workers = _Workers()
+    resumed = _scheduler(OneStepOffRollouts(resumed_workers, last_step=3))
+    resumed.load_state_dict(state, pending)
+    indices, rollouts = resumed.next(2)
+    assert indices == [2, 3] and rollouts.completion_ids.flatten().tolist() == [202, 203]
+    assert resumed_workers.calls == [("submit", 3, [0, 1])]  # its own prompt source draws the next batch
+    assert resumed.engine.policy_version == 0 and resumed.metrics() == {"rollout_worker_restarts": 0.0}
+
+
+def test_sync_sources_sample_in_the_step_and_number_later_rounds_on():
+    workers = _Workers()
+    scheduler = _scheduler(SyncRollouts(workers))
+    scheduler.next(1)
+    scheduler.more(1, 1)  # dynamic sampling's round 1: a fresh batch, its groups after round 0's 2
+    scheduler.more(1, 2)
+    assert workers.calls == [("sample", 1, [0, 1], 0), ("sample", 1, [2, 3], 2), ("sample", 1, [4, 5], 4)]
+    assert scheduler.state_dict() == ({"policy_version": 0, "pending_indices": None}, None)
+    # a checkpoint's drawn-but-unsampled batch is sampled first on resume
+    scheduler.load_state_dict({"policy_version": 4, "pending_indices": [7, 8]}, None)
+    assert scheduler.next(2)[0] == [7, 8] and scheduler.engine.policy_version == 4
+    scheduler.close()
+    assert workers.calls[-1] == ("close",)
+
+
+def test_the_registries_name_every_mode():
+    assert set(SOURCES) == {"sync", "one_step_off"}
+    assert (SOURCES["one_step_off"].off_policy, SOURCES["sync"].off_policy) == (True, False)
+    assert set(SAMPLERS) == {"engine", "group_seeded", "tools", "ray"}
+
+
+def test_the_scheduler_dispatches_without_mode_branches():
+    # no if / conditional expression of the scheduler tests a mode: its engine, backend, sampler or a string
+    modes = {"engine", "backend", "async_rollouts", "seed_per_group", "dynamic_sampling", "remote", "tool_rollouts"}
+    tree = ast.parse(inspect.getsource(scheduler_module))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp)):
+            names = {n.attr for n in ast.walk(node.test) if isinstance(n, ast.Attribute)}
+            names |= {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+            strings = [n for n in ast.walk(node.test) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            assert not (names & modes) and not strings, ast.unparse(node.test)
