@@ -285,28 +285,13 @@ def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool
     for a custom module; with ``merged`` (LoRA, ``merge_on_save``) also the merged model in ``folder/merged``.
     Rank 0 writes; an FSDP-sharded model is first gathered there, so then every rank calls this. Written under a
     temporary name and renamed, so RUN/final is whole or absent; a failed write (a full disk) is one CheckpointError."""
-    state = None  # None: the module's own weights
-    if is_sharded(model):
-        from grpokit.distributed.fsdp import full_state_dict
-
-        state = full_state_dict(model)
+    state = _gathered_state(model)
     if not is_main:
         return
     tmp = folder.with_name(f".tmp-{folder.name}")
     shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing it
     try:
-        if hasattr(model, "save_pretrained"):
-            model.save_pretrained(tmp, state_dict=state)
-            if merged:
-                copy.deepcopy(model).merge_and_unload().save_pretrained(tmp / "merged")
-        else:
-            tmp.mkdir(parents=True, exist_ok=True)
-            if state is None:
-                save_model(model, str(tmp / "model.safetensors"))
-            else:
-                save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        if hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(tmp)
+        _write_model(tmp, model, tokenizer, state, merged)
     except Exception as exc:
         cause = _os_error(exc, tmp)
         if cause is None:
@@ -319,6 +304,41 @@ def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool
     if folder.exists():
         _remove(folder)
     os.replace(tmp, folder)
+
+
+def save_model_files(folder: Path, model, tokenizer, is_main: bool) -> None:
+    """TRL's ``trainer.save_model(folder)``: the model and tokenizer written into ``folder`` as ``save_pretrained``
+    writes them (LoRA: the adapter; a custom module: model.safetensors), beside what the folder holds already (a
+    run folder keeps its config, store and checkpoints). Rank 0 writes; under FSDP every rank calls this."""
+    state = _gathered_state(model)
+    if is_main:
+        _write_model(folder, model, tokenizer, state)
+
+
+def _gathered_state(model) -> dict | None:
+    """An FSDP-sharded model's full state dict, gathered to rank 0 (every rank calls it); None: the module's own."""
+    if not is_sharded(model):
+        return None
+    from grpokit.distributed.fsdp import full_state_dict
+
+    return full_state_dict(model)
+
+
+def _write_model(folder: Path, model, tokenizer, state: dict | None, merged: bool = False) -> None:
+    """``save_pretrained`` model (``state``: gathered weights, or None) and tokenizer in ``folder``, or
+    model.safetensors for a custom module; with ``merged`` (LoRA) also the merged model in ``folder/merged``."""
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(folder, state_dict=state)
+        if merged:
+            copy.deepcopy(model).merge_and_unload().save_pretrained(folder / "merged")
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        if state is None:
+            save_model(model, str(folder / "model.safetensors"))
+        else:
+            save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(folder)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:

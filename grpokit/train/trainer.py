@@ -32,7 +32,7 @@ from grpokit.store.record import rollout_records
 from grpokit.train import setup, specs
 from grpokit.train.accelerator import ProcessAccelerator
 from grpokit.train.callbacks import CallbackRunner
-from grpokit.train.checkpoint import RunState, save_final_model
+from grpokit.train.checkpoint import RunState, save_final_model, save_model_files
 from grpokit.train.dynamic_sampling import renumber_repeats
 from grpokit.train.interrupt import SignalStop, stop_message
 from grpokit.train.learner import update_inputs
@@ -669,7 +669,7 @@ class GRPOTrainer:
         loadable with ``from_pretrained`` (with LoRA: the adapter, loadable with peft; a custom module:
         model.safetensors). Under FSDP every rank calls it (the weights are gathered to rank 0, which writes)."""
         folder = Path(output_dir if output_dir is not None else self.run_dir_spec.output_dir)
-        save_final_model(folder, self.model, self.tokenizer, self.procs.is_main)
+        save_model_files(folder, self.model, self.tokenizer, self.procs.is_main)
 
     def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token=None, **kwargs):
         """TRL's ``trainer.push_to_hub()``: :meth:`save_model` to output_dir, then upload the model's files (not the
