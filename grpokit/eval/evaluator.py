@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,8 +20,9 @@ class Evaluation:
     """One evaluation of an eval set: the ``num_samples`` sampled completions of each prompt, their ``rewards`` (one
     ``RewardResult`` over all of them, prompt by prompt), ``lengths`` [P*n] (tokens the model wrote) and
     ``truncated`` [P*n] (1.0 where a completion hit max_completion_length); ``metrics``: ``eval/pass@k`` for each k,
-    ``eval/greedy_accuracy``, ``eval/num_prompts``; ``seconds`` it took, in ``batches`` batches of prompts.
-    The names of the reward and length metrics are the trainer's (``grpokit.train.metrics``)."""
+    ``eval/greedy_accuracy``, ``eval/num_prompts``; ``seconds`` it took, in ``batches`` batches of prompts;
+    ``samples``: each batch's sampled ``Rollouts`` and their combined rewards (the trainer's evaluation loss reads
+    them). The names of the reward and length metrics are the trainer's (``grpokit.train.metrics``)."""
 
     rewards: RewardResult
     lengths: torch.Tensor
@@ -30,6 +31,7 @@ class Evaluation:
     metrics: dict[str, float]
     seconds: float
     batches: int
+    samples: list = field(default_factory=list)
 
 
 def evaluate(
@@ -61,7 +63,7 @@ def evaluate(
     """
     started = time.perf_counter()
     indices = [int(i) for i in source.usable][:max_prompts]
-    sampled, correct, greedy_correct, lengths, truncated = [], [], [], [], []
+    sampled, correct, greedy_correct, lengths, truncated, samples = [], [], [], [], [], []
     score = functools.partial(
         _score,
         engine,
@@ -78,6 +80,7 @@ def evaluate(
         chunk = indices[start : start + prompts_per_batch]
         result, rollouts = score(chunk, num_samples, params)
         sampled.append(result)
+        samples.append((rollouts, result.combined))
         lengths.append(rollouts.sampled_lengths.float())
         truncated.append(rollouts.truncated.float())
         correct.append(
@@ -98,6 +101,7 @@ def evaluate(
         metrics=metrics,
         seconds=time.perf_counter() - started,
         batches=len(sampled),
+        samples=samples,
     )
 
 

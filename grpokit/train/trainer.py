@@ -633,12 +633,31 @@ class GRPOTrainer:
             seconds = found.seconds
             results[name] = {
                 **{EVAL + k: v for k, v in sampled.items()},
+                **{EVAL + k: v for k, v in self._evaluation_loss(found).items()},
                 **found.metrics,
                 EVAL + "runtime": round(seconds, 4),
                 EVAL + "samples_per_second": round(found.lengths.numel() / seconds, 3) if seconds else 0.0,
                 EVAL + "steps_per_second": round(found.batches / seconds, 3) if seconds else 0.0,
             }
         return results
+
+    def _evaluation_loss(self, found) -> dict[str, float]:
+        """TRL's evaluation loss of an evaluation's samples (``found``, an ``Evaluation``): each batch's advantages
+        from its rewards (groups of num_generations_eval), then ``Learner.evaluation_loss``; the metrics (``loss``,
+        ``entropy``, ``kl``, clip ratios) averaged over the batches, as TRL averages its eval batches. Not for an
+        algorithm with a critic, nor across processes (the forward runs on rank 0 alone): {} then."""
+        if self.algorithm.uses_critic or self.procs.enabled or not found.samples:
+            return {}
+        per_batch = []
+        for rollouts, rewards in found.samples:
+            loss_mask = update_inputs(self.update_inputs_spec, rollouts, self.device).loss_mask
+            n = rollouts.completion_ids.size(0)
+            advantages = self.algorithm.advantages(
+                AdvantageInputs(rewards, rollouts.num_generations, slice(0, n), loss_mask), self.spec.algo
+            )
+            batch = build_batch(self.model, rollouts, self.tokenizer.pad_token_id, self.device)
+            per_batch.append(self.learner.evaluation_loss(batch, advantages.advantages, loss_mask))
+        return {key: sum(m[key] for m in per_batch) / len(per_batch) for key in per_batch[0]}
 
     def _eval_sets_of(self, eval_dataset: Any) -> dict:
         """{name: (PromptSource, rows)} to evaluate: the trainer's eval sets, one of them (``eval_dataset`` names a

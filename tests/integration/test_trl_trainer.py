@@ -171,6 +171,8 @@ def test_evaluate_returns_trl_names_for_one_eval_dataset(tmp_path, tiny_model_di
     )
     metrics = trainer.evaluate()
     assert metrics["eval_num_prompts"] == 2.0 and "eval_reward" in metrics and "eval_custom_accuracy" in metrics
+    # TRL's eval loss of the samples (Learner.evaluation_loss; tests/unit/test_evaluation_loss.py), beta 0.04: a KL
+    assert {"eval_loss", "eval_entropy", "eval_kl", "eval_clip_ratio/region_mean"} <= set(metrics)
     assert not any(k.startswith("eval/") for k in metrics)
     assert trainer.state.log_history[-1] == {**metrics, "step": 0}
     assert trainer.evaluation_metrics()["eval/num_prompts"] == 2.0  # grpokit's names, as metrics.jsonl has them
