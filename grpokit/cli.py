@@ -163,11 +163,17 @@ def _keep_freed_memory_on_cpu(device: str) -> None:
 
 
 def cmd_train(args) -> int:
+    import os
+
     from grpokit.config import load_config
     from grpokit.processes import under_torchrun
+    from grpokit.train.run_dir import check_run_dir
+    from grpokit.train.specs import run_dir_spec
     from grpokit.train.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))
+    if os.environ.get("RANK", "0") == "0":  # rank 0 owns the run folder (GRPOTrainer checks it again in train())
+        check_run_dir(run_dir_spec(cfg))  # a folder holding another run is refused before the model loads
     _keep_freed_memory_on_cpu(cfg.device)
     finished = distributed = False
     try:
@@ -209,7 +215,7 @@ def cmd_eval(args) -> int:
             args=cfg.replace(output_dir=str(Path(scratch) / "eval"), resume_from=None),
         )
         try:
-            metrics = trainer.evaluate()
+            metrics = trainer.evaluation_metrics()  # grpokit's names, as metrics.jsonl has them
         finally:
             trainer.rewards.close()  # the reward worker processes
     from grpokit.io_errors import write_stdout

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -43,16 +44,26 @@ def cache_folder() -> str:
 
 @functools.cache
 def _unreachable(url: str) -> str | None:
-    """None when ``url`` answers one HEAD request within :data:`PROBE_SECONDS`, else the reason it did not."""
+    """None when ``url`` answers one HEAD request within :data:`PROBE_SECONDS`, else the reason it did not. The
+    request runs on a daemon thread: the name lookup before it has no timeout of its own, and a resolver that hangs
+    must cost no more than the request."""
     from huggingface_hub.utils import get_session
 
-    try:
-        get_session().head(url, timeout=PROBE_SECONDS, follow_redirects=False)
-    except Exception as exc:  # DNS, refused, timeout, proxy, TLS: every way of not reaching it
-        cause = exc.__cause__ or exc.__context__
-        text = str(exc).strip() or (str(cause).strip() if cause else "") or type(exc).__name__
-        return text.splitlines()[0]
-    return None
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            get_session().head(url, timeout=PROBE_SECONDS, follow_redirects=False)
+            outcome.append(None)
+        except Exception as exc:  # DNS, refused, timeout, proxy, TLS: every way of not reaching it
+            cause = exc.__cause__ or exc.__context__
+            text = str(exc).strip() or (str(cause).strip() if cause else "") or type(exc).__name__
+            outcome.append(text.splitlines()[0])
+
+    thread = threading.Thread(target=probe, name="grpokit-hub-probe", daemon=True)
+    thread.start()
+    thread.join(PROBE_SECONDS + 1.0)
+    return outcome[0] if outcome else f"no answer within {PROBE_SECONDS:g} s"
 
 
 def unreachable() -> str | None:
@@ -121,3 +132,49 @@ def _load(cls: Any, source: str, what: str, fix: str, cause: bool = True, **kwar
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         said = f" ({first})" if cause else ""
         raise FileNotFoundError(f"cannot load the {what} {source!r}{said}; {fix}.") from None
+
+
+# What a run folder holds besides a saved model: never uploaded by push_folder.
+RUN_FILES = ["checkpoints/**", "final/**", "eval/**", "rollouts.sqlite*", "metrics.jsonl", "report.html", "*.tmp"]
+
+
+def push_folder(
+    folder: Path,
+    repo: str,
+    *,
+    token: str | None = None,
+    private: bool = False,
+    commit_message: str = "End of training",
+    revision: str | None = None,
+):
+    """Upload ``folder`` (a saved model) to the Hub repo ``repo``, created if needed, without a run's own files
+    (:data:`RUN_FILES`): TRL's ``trainer.push_to_hub()``. Returns huggingface_hub's commit info. Offline mode, a hub
+    out of reach (found within seconds, as for loading), a missing token or a refusal is a ``ConnectionError`` of one
+    line naming the repo, the cause and where the model is."""
+
+    def failed(cause: str) -> ConnectionError:
+        return ConnectionError(
+            f"push_to_hub: could not upload to the Hub repo {repo!r} ({cause}); the model is saved in {folder}, "
+            f"upload it later with `hf upload {repo} {folder}`."
+        )
+
+    if offline():
+        raise failed("HF_HUB_OFFLINE is set")
+    reason = unreachable()
+    if reason is not None:
+        raise failed(f"the hub is out of reach: {reason}")
+    try:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        repo_id = api.create_repo(repo, private=private, exist_ok=True).repo_id
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            commit_message=commit_message,
+            revision=revision,
+            ignore_patterns=RUN_FILES,
+        )
+    except Exception as exc:  # unauthorised, refused ...: one line, the model stays on disk
+        text = str(exc).strip()
+        raise failed(f"{type(exc).__name__}: {text.splitlines()[0] if text else 'no message'}") from None

@@ -16,6 +16,7 @@ from pathlib import Path
 from grpokit.algos.names import KL
 from grpokit.store.record import RolloutRecord
 
+EVAL_CONSOLE = ("reward", "greedy_accuracy", "num_prompts")  # and every pass@k
 CONSOLE_KEYS = ("reward", "reward_std", KL, "loss", "entropy", "completion_length/mean", "grad_norm", "step_time")
 
 
@@ -146,9 +147,11 @@ class Tracker:
         return self._jsonl.record()
 
     def log_eval(self, metrics: dict, step: int) -> None:
+        """Every metric to the sinks; on the console the headline ones (reward, pass@k, greedy accuracy, prompts)."""
         self.log(metrics, step)
         if "console" in self.sinks:
-            self.console.print(f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+            shown = {k: v for k, v in metrics.items() if k.rpartition("/")[2] in EVAL_CONSOLE or "/pass@" in k}
+            self.console.print(f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in shown.items()))
 
     def log_completions(self, records: list[RolloutRecord], step: int, limit: int | None = None) -> None:
         """TRL's ``log_completions``: a table of the step's prompts, completions, rewards and advantages."""

@@ -275,6 +275,13 @@ TRANSLATED = (
     "do_eval",
     "do_predict",
     "local_rank",
+    "disable_dropout",  # the policy's (and its reference copy's) Dropout modules get p = 0, as TRL does
+    "chat_template_kwargs",  # passed to apply_chat_template wherever a prompt or a tool round is rendered
+    # read by trainer.push_to_hub() (the repo, its visibility, the token and branch)
+    "hub_model_id",
+    "hub_token",
+    "hub_private_repo",
+    "hub_revision",
 )
 
 
@@ -292,6 +299,11 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     trl = {k: v for k, v in given.items() if k not in grpokit_fields}
     unused: dict[str, Any] = {}
     explicit = set(values)
+    if trl.get("chat_template_kwargs") is not None and not isinstance(trl["chat_template_kwargs"], dict):
+        raise TRLValueError(
+            f"chat_template_kwargs={trl['chat_template_kwargs']!r} has the wrong type: expected a dict of "
+            "apply_chat_template keywords, e.g. {'enable_thinking': False}."
+        )
     for key, value in trl.items():  # TRL's switches are booleans (None: unset)
         switch = isinstance(TRL_DEFAULTS.get(key), bool) or key in ("bf16", "tf32", "disable_tqdm")
         if switch and value is not None and not isinstance(value, bool):
@@ -331,6 +343,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
             values[key] = max(1, math.ceil(values[key] * max_steps))
     if "eval_steps" in values and values["eval_steps"] is None:
         del values["eval_steps"]
+    samples = values.get("num_generations_eval")  # TRL's num_generations_eval=1 must not trip the default pass@8
+    default_ks = "pass_at_k" not in values and context.get("pass_at_k", [1, 8]) == [1, 8]
+    if default_ks and isinstance(samples, int) and not isinstance(samples, bool) and 1 <= samples < 8:
+        values["pass_at_k"] = sorted({1, samples})
     if values.get("eval_strategy") == "no":
         values["eval_steps"] = 0  # TRL ignores eval_steps then
     elif values.get("eval_strategy") == "steps" and "eval_steps" not in values:
@@ -395,7 +411,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
                 "batch; make it a multiple, or set num_mini_batches (optimizer steps per generation batch)."
             )
         put("num_mini_batches", minis // accumulation, source)
-        _count_generation_batches(values, minis // accumulation, source)
+        iterations = _int(values.get("num_iterations", context.get("num_iterations")), 1)
+        if iterations > 1:
+            source += f" with num_iterations={iterations}"
+        _count_generation_batches(values, minis // accumulation * iterations, source)
     optim = getattr(trl.get("optim"), "value", trl.get("optim"))  # transformers' OptimizerNames is a str enum
     if optim in OPTIMIZERS:
         put("optimizer", optim, f"optim={optim!r}")
@@ -414,9 +433,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
 
 def _count_generation_batches(values: dict[str, Any], per_batch: int, source: str) -> None:
     """TRL's ``max_steps``, ``save_steps``, ``eval_steps`` and ``logging_steps`` count optimizer steps; grpokit's
-    count generation batches of ``per_batch`` optimizer steps each. Convert the given ones, so a TRL script runs
-    as many optimizer steps as under TRL: ``max_steps`` must be a whole number of generation batches, the
-    others round up to one."""
+    count generation batches of ``per_batch`` optimizer steps each (steps_per_generation / gradient accumulation,
+    times num_iterations: TRL reuses a generation batch num_iterations times). Convert the given ones, so a TRL
+    script runs as many optimizer steps on as many completions as under TRL: ``max_steps`` must be a whole number
+    of generation batches, the others round up to one."""
     if per_batch == 1:
         return
     max_steps = values.get("max_steps")
@@ -489,3 +509,140 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # values that do not compare (arrays, odd objects) count as different
         return False
+
+
+# ---- generation_kwargs (TRL passes them to transformers' GenerationConfig; they override its own keys) ----------
+# The keys grpokit's sampler honours exactly, on every path (grpokit.rollout.sampling, logits_rules): the
+# SamplingParams field each sets. do_sample=False samples greedily.
+GENERATION_KWARGS = {
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "no_repeat_ngram_size": "no_repeat_ngram_size",
+    "min_new_tokens": "min_new_tokens",
+    "suppress_tokens": "suppress_tokens",
+    "begin_suppress_tokens": "begin_suppress_tokens",
+    "bad_words_ids": "bad_words_ids",
+    "do_sample": "greedy",
+}
+# Keys that only say how transformers computes, not what is sampled: accepted, nothing to do.
+INERT_GENERATION_KWARGS = (
+    "use_cache",
+    "cache_implementation",
+    "disable_compile",
+    "compile_config",
+    "pad_token_id",
+    "bos_token_id",
+    "return_dict_in_generate",
+    "output_scores",
+    "output_logits",
+    "output_attentions",
+    "output_hidden_states",
+)
+# Keys accepted with the one value that agrees with grpokit's own setting (the fix names the setting).
+PINNED_GENERATION_KWARGS = {
+    "temperature": "temperature",  # the learner takes log-probs at the sampling temperature
+    "max_new_tokens": "max_completion_length",
+    "num_beams": None,  # 1: sampling, no beam search
+    "num_return_sequences": None,  # 1: TRL repeats each prompt num_generations times itself
+}
+# The sampler keys vLLM's SamplingParams takes with the same meaning (grpokit.rollout.vllm_engine).
+VLLM_GENERATION_KWARGS = ("top_p", "top_k", "min_p", "repetition_penalty", "min_new_tokens", "do_sample")
+
+
+def generation_options(
+    temperature: float,
+    max_completion_length: int,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    repetition_penalty: float,
+    generation_kwargs: dict[str, Any] | None,
+    engine: str = "hf",
+) -> dict[str, Any]:
+    """The sampler's options (``grpokit.rollout.types.SamplingParams`` fields but the length and temperature) from
+    the generation settings and TRL's ``generation_kwargs``, whose keys override the settings as in TRL. Raises
+    TRLValueError naming every key grpokit cannot honour exactly, and every invalid value."""
+    options: dict[str, Any] = {
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "repetition_penalty": repetition_penalty,
+        "no_repeat_ngram_size": 0,
+        "min_new_tokens": 0,
+        "suppress_tokens": (),
+        "begin_suppress_tokens": (),
+        "bad_words_ids": (),
+        "greedy": False,
+    }
+    given = dict(generation_kwargs or {})
+    pinned = {
+        "temperature": temperature,
+        "max_new_tokens": max_completion_length,
+        "num_beams": 1,
+        "num_return_sequences": 1,
+    }
+    refused = [k for k in given if k not in GENERATION_KWARGS and k not in INERT_GENERATION_KWARGS and k not in pinned]
+    if engine == "vllm":
+        refused += [k for k in given if k in GENERATION_KWARGS and k not in VLLM_GENERATION_KWARGS]
+    if refused:
+        where = "vLLM's sampler (engine: vllm)" if engine == "vllm" else "grpokit's sampler"
+        raise TRLValueError(
+            f"generation_kwargs: {', '.join(map(repr, refused))} cannot be honoured exactly by {where}; remove "
+            f"{'it' if len(refused) == 1 else 'them'}. Honoured: {', '.join(GENERATION_KWARGS)} (and "
+            "temperature, max_new_tokens, num_beams=1 when they agree with the config); docs/from_trl.md."
+        )
+    for key, value in given.items():
+        if key in pinned:
+            if not _same(value, pinned[key]) and value is not None:
+                setting = PINNED_GENERATION_KWARGS[key]
+                fix = f"set {setting}={value!r} instead" if setting else f"grpokit samples; {key} must be 1"
+                raise TRLValueError(f"generation_kwargs {key}={value!r} differs from what grpokit runs: {fix}.")
+        elif key in GENERATION_KWARGS:
+            options[GENERATION_KWARGS[key]] = _generation_value(key, value)
+    return options
+
+
+def _generation_value(key: str, value: Any) -> Any:
+    """A generation_kwargs value in the SamplingParams field's form, or TRLValueError naming what is wrong."""
+
+    def bad(expected: str) -> TRLValueError:
+        return TRLValueError(f"generation_kwargs {key}={value!r}: expected {expected}.")
+
+    def token_ids(v: Any) -> tuple[int, ...]:
+        if not isinstance(v, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v
+        ):
+            raise bad("a list of token ids (integers >= 0)")
+        return tuple(v)
+
+    if key == "do_sample":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return not value  # greedy
+    if key in ("suppress_tokens", "begin_suppress_tokens"):
+        return token_ids(value)
+    if key == "bad_words_ids":
+        if (
+            not isinstance(value, (list, tuple))
+            or not value
+            or any(not isinstance(w, (list, tuple)) or not w for w in value)
+        ):
+            raise bad("a non-empty list of non-empty lists of token ids")
+        return tuple(token_ids(w) for w in value)
+    if key in ("top_k", "no_repeat_ngram_size", "min_new_tokens"):
+        if value is None:
+            return 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad("an integer >= 0")
+        return value
+    if key == "min_p" and value is None:
+        return 0.0
+    if key == "top_p" and value is None:
+        return 1.0
+    if key == "repetition_penalty" and value is None:
+        return 1.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise bad("a number")
+    return float(value)

@@ -66,6 +66,8 @@ def coerce(cls: type, name: str, value: Any) -> Any:
             return list(value)
         if isinstance(value, (str, int)):
             return [value]
+    elif expected is dict and isinstance(value, dict):
+        return dict(value)
     hint = ""
     if isinstance(value, dict) and value and all(key in FIELD_SECTION for key in value):
         sections = sorted({FIELD_SECTION[key] for key in value})  # a section's settings under a setting's name

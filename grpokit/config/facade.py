@@ -134,6 +134,13 @@ class GRPOConfig:
     def prompts_per_step(self, world_size: int = 1) -> int:
         return self.completions_per_step(world_size) // self.num_generations
 
+    def sampling_options(self) -> dict:
+        """How completions are sampled besides their length and temperature (``SamplingParams`` fields): top_p,
+        top_k, min_p, repetition_penalty, and what ``generation_kwargs`` adds or overrides (TRL's forms)."""
+        from grpokit.config.validation import sampling_options
+
+        return sampling_options(self.generation)
+
     def loss_spec(self) -> LossSpec:
         """The settings of ``algos.policy_loss`` for this run, built once by the learner."""
         from grpokit.algos.losses import LossSpec  # torch: only for training

@@ -50,7 +50,8 @@ class EvalConfig:
     num_generations_eval: int = 8
     """Samples per eval prompt (n of pass@k)."""
     pass_at_k: list = field(default_factory=lambda: [1, 8])
-    """k values reported as eval/pass@k (k <= num_generations_eval)."""
+    """k values reported as eval/pass@k (k <= num_generations_eval; left at [1, 8] with num_generations_eval n < 8 it
+    becomes [1, n])."""
     eval_temperature: float | None = None
     """Sampling temperature for evaluation; defaults to temperature."""
     max_eval_prompts: int | None = None

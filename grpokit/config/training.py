@@ -163,6 +163,13 @@ class GenerationConfig:
     """Top-k sampling; 0 = off."""
     min_p: float = 0.0
     """Min-p sampling: drop tokens whose probability is below min_p x the top token's; 0 = off."""
+    repetition_penalty: float = 1.0
+    """Divide a positive logit (multiply a negative one) of each token already in the prompt or completion by this,
+    as transformers and vLLM do; 1 = off."""
+    generation_kwargs: dict | None = None
+    """TRL's generation_kwargs (transformers' GenerationConfig keys), overriding the keys above as in TRL: top_p, top_k,
+    min_p, repetition_penalty, no_repeat_ngram_size, min_new_tokens, suppress_tokens, begin_suppress_tokens,
+    bad_words_ids, do_sample; other keys are refused by name (docs/from_trl.md)."""
     engine: str = "hf"
     """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps
     while the learner trains)."""

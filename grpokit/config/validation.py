@@ -95,6 +95,34 @@ def _generation(g: GenerationConfig) -> None:
     check(0 < g.top_p <= 1, f"top_p={g.top_p} must be in (0, 1].")
     check(g.top_k >= 0, f"top_k={g.top_k} must be >= 0 (0 = off).")
     check(0 <= g.min_p < 1, f"min_p={g.min_p} must be in [0, 1) (0 = off).")
+    check(g.repetition_penalty > 0, f"repetition_penalty={g.repetition_penalty} must be > 0 (1 = off).")
+    sampling = sampling_options(g)  # generation_kwargs' keys, checked; their values in range too
+    for key in ("top_p", "top_k", "min_p", "repetition_penalty"):
+        if g.generation_kwargs and key in g.generation_kwargs:
+            value = sampling[key]
+            ok = {"top_p": 0 < value <= 1, "top_k": value >= 0, "min_p": 0 <= value < 1}.get(key, value > 0)
+            check(ok, f"generation_kwargs {key}={value!r} is out of range (as the config key {key}).")
+
+
+def sampling_options(g: GenerationConfig) -> dict:
+    """How completions are sampled besides their length and temperature (``SamplingParams`` fields): top_p, top_k,
+    min_p, repetition_penalty, and what ``generation_kwargs`` adds or overrides (TRL's forms,
+    ``trl_compat.generation_options``); a key grpokit cannot honour is a ConfigError naming it."""
+    from grpokit import trl_compat
+
+    try:
+        return trl_compat.generation_options(
+            g.temperature,
+            g.max_completion_length,
+            g.top_p,
+            g.top_k,
+            g.min_p,
+            g.repetition_penalty,
+            g.generation_kwargs,
+            g.engine,
+        )
+    except trl_compat.TRLValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _optim(o: OptimConfig) -> None:

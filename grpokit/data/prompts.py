@@ -25,7 +25,8 @@ def load_rows(
     prompts: PromptBuilder | None = None,
     default_prompt: list | None = None,
 ) -> list[dict]:
-    """Rows of a dataset given as a datasets.Dataset, a list of dicts, a file or folder path, ``builtin:<task>``, or
+    """Rows of a dataset given as a datasets.Dataset or IterableDataset, a list of dicts, a file or folder path,
+    ``builtin:<task>``, or
     what datasets.load_dataset loads (``hf:...`` or a mapping: :mod:`grpokit.data.sources`), with each prompt built
     by ``prompts`` (the config's prompt_template / system_prompt / use_chat_template) when given, then checked.
     ``default_prompt``: the prompt of a row that still has none (a copy of the row gets a copy of it), for
@@ -41,6 +42,8 @@ def load_rows(
         rows = source
     elif hasattr(source, "to_list"):
         rows = source.to_list()
+    elif type(source).__name__ == "IterableDataset":  # datasets' streaming form (finite: it is read whole)
+        rows = [dict(row) for row in source]
     else:
         raise DataError(f"{name} has type {type(source).__name__}; give a path, a list of dicts or a datasets.Dataset.")
     if rows and prompts is not None:
@@ -138,8 +141,9 @@ def check_reward_columns(
                 )
 
 
-def render_prompt(tokenizer, prompt: str | list) -> tuple[str, bool]:
-    """Prompt text and whether a chat template produced it (chat messages get the template)."""
+def render_prompt(tokenizer, prompt: str | list, **template_kwargs) -> tuple[str, bool]:
+    """Prompt text and whether a chat template produced it (chat messages get the template, with
+    ``template_kwargs``: TRL's chat_template_kwargs, e.g. ``enable_thinking=False``)."""
     if isinstance(prompt, str):
         return prompt, False
     if not getattr(tokenizer, "chat_template", None):
@@ -147,7 +151,7 @@ def render_prompt(tokenizer, prompt: str | list) -> tuple[str, bool]:
             "a prompt is a list of chat messages but the tokenizer has no chat_template; give plain string prompts "
             "(data.use_chat_template: false) or a tokenizer with a chat template."
         )
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True), True
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **template_kwargs), True
 
 
 class PromptSource:
@@ -167,6 +171,7 @@ class PromptSource:
         overflow: str = "truncate",
         seed: int = 0,
         shuffle: bool = True,
+        template_kwargs: dict | None = None,
     ):
         self.rows, self.seed, self.shuffle = rows, seed, shuffle
         self.texts: list[str] = []
@@ -175,7 +180,7 @@ class PromptSource:
         self.num_dropped = 0
         keep = []
         for i, row in enumerate(rows):
-            text, chat = render_prompt(tokenizer, row[prompt_column])
+            text, chat = render_prompt(tokenizer, row[prompt_column], **(template_kwargs or {}))
             ids = encode_prompt(tokenizer, text, chat)
             if max_prompt_length is not None and len(ids) > max_prompt_length:
                 if overflow == "error":

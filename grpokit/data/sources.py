@@ -14,14 +14,13 @@ from __future__ import annotations
 import csv
 import json
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
+from grpokit import hub
 from grpokit.config import DATASET_KEYS, expand_path
 
 HUB_PREFIX = "hf:"
-PROBE_TIMEOUT = 4.0  # seconds the hub gets to answer before a load is refused
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 
@@ -79,10 +78,10 @@ def load_spec(spec: dict, name: str) -> list[dict]:
 
     offline = bool(datasets.config.HF_HUB_OFFLINE)
     if not offline and needs_hub(path, spec.get("data_files")):
-        reason = hub_unreachable()
+        reason = hub.unreachable()
         if reason is not None:
             raise DataError(
-                f"{name}: cannot load {path!r}: the Hugging Face Hub ({_endpoint()}) does not answer ({reason}); "
+                f"{name}: cannot load {path!r}: the Hugging Face Hub ({hub.endpoint()}) does not answer ({reason}); "
                 "connect this machine (HF_ENDPOINT names a mirror), set HF_HUB_OFFLINE=1 to use a copy in the local "
                 "datasets cache, or save the dataset where the hub answers (save_to_disk) and give that folder."
             )
@@ -111,35 +110,6 @@ def needs_hub(path: str, data_files: Any = None) -> bool:
     if path in _PACKAGED_DATASETS_MODULES:
         return "://" in json.dumps(data_files)  # hf:// or https:// data files
     return True
-
-
-def _endpoint() -> str:
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
-
-
-def hub_unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
-    """None when the hub's endpoint answers an HTTP request within ``timeout`` seconds (any status: it is there),
-    else the reason. The request runs on a daemon thread, so a resolver that hangs costs ``timeout`` too."""
-    import urllib.error
-    import urllib.request
-
-    outcome: list[str | None] = []
-
-    def probe() -> None:
-        try:  # urllib honours HTTPS_PROXY / NO_PROXY as huggingface_hub's client does
-            urllib.request.urlopen(urllib.request.Request(_endpoint(), method="HEAD"), timeout=timeout).close()
-            outcome.append(None)
-        except urllib.error.HTTPError:  # an HTTP status: the hub is there
-            outcome.append(None)
-        except Exception as exc:  # URLError, OSError, a timeout: unreachable either way
-            outcome.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:160])
-
-    thread = threading.Thread(target=probe, daemon=True, name="grpokit-hub-probe")
-    thread.start()
-    thread.join(timeout + 1.0)
-    return outcome[0] if outcome else f"no answer within {timeout:g} s"
 
 
 def _expand_files(files: Any) -> Any:

@@ -1,16 +1,37 @@
-"""Evaluation: n samples per held-out prompt, mean reward, unbiased pass@k, and greedy accuracy."""
+"""Evaluation: n samples per held-out prompt, their rewards and lengths, unbiased pass@k, and greedy accuracy."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
 from grpokit.algos import pass_at_k
 from grpokit.data.prompts import reward_arguments
+from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.types import SamplingParams
+
+
+@dataclass
+class Evaluation:
+    """One evaluation of an eval set: the ``num_samples`` sampled completions of each prompt, their ``rewards`` (one
+    ``RewardResult`` over all of them, prompt by prompt), ``lengths`` [P*n] (tokens the model wrote) and
+    ``truncated`` [P*n] (1.0 where a completion hit max_completion_length); ``metrics``: ``eval/pass@k`` for each k,
+    ``eval/greedy_accuracy``, ``eval/num_prompts``; ``seconds`` it took, in ``batches`` batches of prompts;
+    ``samples``: each batch's sampled ``Rollouts`` and their combined rewards (the trainer's evaluation loss reads
+    them). The names of the reward and length metrics are the trainer's (``grpokit.train.metrics``)."""
+
+    rewards: RewardResult
+    lengths: torch.Tensor
+    truncated: torch.Tensor
+    num_samples: int
+    metrics: dict[str, float]
+    seconds: float
+    batches: int
+    samples: list = field(default_factory=list)
 
 
 def evaluate(
@@ -29,9 +50,9 @@ def evaluate(
     max_prompts: int | None = None,
     trainer_state=None,
     tools=None,
-) -> dict[str, float]:
-    """Metrics ``eval/reward``, ``eval/pass@k`` for each k, ``eval/greedy_accuracy``, and
-    ``eval/<name>`` for each name the reward functions logged with ``log_metric`` (the mean).
+) -> Evaluation:
+    """Sample ``num_samples`` completions of each eval prompt with ``params`` and one greedily (the same ``params``:
+    repetition penalty and suppressed tokens apply), and score them.
 
     The rewards are called as in training (:mod:`grpokit.rewards.contract`), with ``trainer_state``.
     ``tools``: the run's ``ToolRollouts`` (grpokit.train.tool_rollouts): samples are multi-turn tool rollouts,
@@ -40,9 +61,9 @@ def evaluate(
     A sample is correct when its combined reward >= ``success_threshold``; pass@k per prompt is the
     unbiased estimator over its n samples (Chen et al. 2021), averaged over prompts.
     """
+    started = time.perf_counter()
     indices = [int(i) for i in source.usable][:max_prompts]
-    rewards, correct, greedy_correct = [], [], []
-    logged: dict[str, list[float]] = {}
+    sampled, correct, greedy_correct, lengths, truncated, samples = [], [], [], [], [], []
     score = functools.partial(
         _score,
         engine,
@@ -52,25 +73,58 @@ def evaluate(
         reward_runner,
         prompt_column=prompt_column,
         trainer_state=trainer_state,
-        logged=logged,
         tools=tools,
     )
+    greedy = dataclasses.replace(params, greedy=True)
     for start in range(0, len(indices), prompts_per_batch):
         chunk = indices[start : start + prompts_per_batch]
-        sampled = score(chunk, num_samples, params)
-        rewards.append(sampled)
-        correct.append((sampled.nan_to_num(float("-inf")) >= success_threshold).view(len(chunk), num_samples).sum(1))
-        greedy = SamplingParams(params.max_completion_length, greedy=True)
-        g = score(chunk, 1, greedy)
-        greedy_correct.append(g.nan_to_num(float("-inf")) >= success_threshold)
-    rewards_all = torch.cat(rewards)  # [P*n]
+        result, rollouts = score(chunk, num_samples, params)
+        sampled.append(result)
+        samples.append((rollouts, result.combined))
+        lengths.append(rollouts.sampled_lengths.float())
+        truncated.append(rollouts.truncated.float())
+        correct.append(
+            (result.combined.nan_to_num(float("-inf")) >= success_threshold).view(len(chunk), num_samples).sum(1)
+        )
+        g, _ = score(chunk, 1, greedy)
+        greedy_correct.append(g.combined.nan_to_num(float("-inf")) >= success_threshold)
     correct_all = torch.cat(correct)  # [P]
-    metrics = {"eval/reward": float(rewards_all.nanmean()), "eval/num_prompts": float(len(indices))}
+    metrics = {"eval/num_prompts": float(len(indices))}
     for k in ks:
         metrics[f"eval/pass@{k}"] = sum(pass_at_k(num_samples, int(c), k) for c in correct_all) / len(indices)
     metrics["eval/greedy_accuracy"] = float(torch.cat(greedy_correct).float().mean())
-    metrics.update({f"eval/{name}": sum(values) / len(values) for name, values in logged.items()})
-    return metrics
+    return Evaluation(
+        rewards=concat_results(sampled),
+        lengths=torch.cat(lengths),
+        truncated=torch.cat(truncated),
+        num_samples=num_samples,
+        metrics=metrics,
+        seconds=time.perf_counter() - started,
+        batches=len(sampled),
+        samples=samples,
+    )
+
+
+def concat_results(results: list[RewardResult]) -> RewardResult:
+    """One RewardResult of consecutive batches' (the same functions): rows in order, error counts added, logged
+    values and extra columns joined."""
+    first = results[0]
+    logged: dict[str, list[float]] = {}
+    extra: dict[str, list] = {}
+    for r in results:
+        for name, values in r.logged.items():
+            logged.setdefault(name, []).extend(values)
+        for name, values in r.extra.items():
+            extra.setdefault(name, []).extend(values)
+    return RewardResult(
+        names=list(first.names),
+        per_func=torch.cat([r.per_func for r in results]),
+        combined=torch.cat([r.combined for r in results]),
+        errors=[e for r in results for e in r.errors],
+        error_counts={name: sum(r.error_counts[name] for r in results) for name in first.names},
+        logged=logged,
+        extra=extra,
+    )
 
 
 @dataclass(frozen=True)
@@ -88,34 +142,21 @@ class EvalSpec:
 
 
 class Evaluator:
-    """A run's evaluation: :func:`evaluate` on its eval prompts (``source``, a PromptSource, and their ``rows``;
-    None without an eval set) with its engine, rewards and settings (an :class:`EvalSpec`); ``tools``: the run's
-    ``ToolRollouts`` (multi-turn tool rollouts), or None."""
+    """A run's evaluation: :func:`evaluate` of an eval set (a PromptSource and its rows) with the run's engine,
+    rewards and settings (an :class:`EvalSpec`); ``params``: the run's SamplingParams (every sampling option but the
+    temperature as in training); ``tools``: the run's ``ToolRollouts`` (multi-turn tool rollouts), or None."""
 
-    def __init__(
-        self,
-        spec: EvalSpec,
-        *,
-        engine,
-        tokenizer,
-        source,
-        rows: list[dict] | None,
-        reward_runner,
-        params: SamplingParams,
-        tools=None,
-    ):
-        self.spec, self.engine, self.tokenizer, self.source, self.rows = spec, engine, tokenizer, source, rows
+    def __init__(self, spec: EvalSpec, *, engine, tokenizer, reward_runner, params: SamplingParams, tools=None):
+        self.spec, self.engine, self.tokenizer = spec, engine, tokenizer
         self.reward_runner, self.params, self.tools = reward_runner, params, tools
 
-    def __call__(self, trainer_state=None) -> dict[str, float]:
-        if self.source is None:
-            raise ValueError("evaluate() needs an eval_dataset (argument or data.eval_dataset).")
+    def __call__(self, source, rows: list[dict], trainer_state=None) -> Evaluation:
         spec = self.spec
         return evaluate(
             self.engine,
             self.tokenizer,
-            self.source,
-            self.rows,
+            source,
+            rows,
             self.reward_runner,
             trainer_state=trainer_state,
             num_samples=spec.num_generations_eval,
@@ -129,8 +170,9 @@ class Evaluator:
 
 
 def _score(
-    engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state, logged, tools
-) -> torch.Tensor:
+    engine, tokenizer, source, rows, reward_runner, chunk, n, params, *, prompt_column, trainer_state, tools
+) -> tuple[RewardResult, object]:
+    """(RewardResult, Rollouts) of ``n`` samples of each prompt of ``chunk``."""
     if tools is None:
         rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
     else:
@@ -139,6 +181,4 @@ def _score(
     if tools is not None:
         prompts, texts, columns = tools.reward_inputs(prompts, rollouts.conversations, columns)
     result = reward_runner.score(prompts, texts, columns, group_size=n, completion_ids=ids, trainer_state=trainer_state)
-    for name, values in result.logged.items():
-        logged.setdefault(name, []).extend(values)
-    return result.combined  # [len(chunk) * n]
+    return result, rollouts

@@ -28,6 +28,7 @@ import torch
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
 from grpokit.modeling import is_hf_model, logits_of
+from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.sampling import sample_next
 from grpokit.rollout.types import Rollouts, SamplingParams
 
@@ -155,8 +156,13 @@ class HFRolloutEngine:
         lengths = torch.full((N,), T, dtype=torch.long, device=self.device)
         stopped = torch.zeros(N, dtype=torch.bool, device=self.device)
         active = torch.arange(N, device=self.device)  # rows still decoding
+        histories = [p for p in prompt_ids for _ in range(G)]  # row n's context: its prompt, then what it samples
+        rules = logits_rules(params, histories, self.eos_token_ids.tolist(), logits.size(-1), self.device)
         for t in range(T):
-            token, logprob = sample_next(logits, params, self.generator)  # [A], [A]
+            processed = None if rules is None else rules.apply(logits, active, t)  # [A, V]
+            token, logprob = sample_next(logits, params, self.generator, processed)  # [A], [A]
+            if rules is not None:
+                rules.append(active, token)
             tokens[active, t] = token
             logprobs[active, t] = logprob
             done = torch.isin(token, self.eos_token_ids)  # [A]
@@ -203,9 +209,15 @@ class HFRolloutEngine:
         logprobs = torch.zeros((G, T), dtype=torch.float32, device=self.device)
         lengths = torch.full((G,), T, dtype=torch.long, device=self.device)
         stopped = torch.zeros(G, dtype=torch.bool, device=self.device)
+        rules, rows = None, torch.arange(G, device=self.device)
         for t in range(T):
             logits = logits_of(self.model(seq))[:, -1]  # [G, V]
-            token, logprob = sample_next(logits, params, self.generator)  # [G]
+            if t == 0:
+                rules = logits_rules(params, [prompt] * G, self.eos_token_ids.tolist(), logits.size(-1), self.device)
+            processed = None if rules is None else rules.apply(logits, rows, t)  # [G, V]
+            token, logprob = sample_next(logits, params, self.generator, processed)  # [G]
+            if rules is not None:
+                rules.append(rows, token)
             running = ~stopped
             tokens[running, t] = token[running]
             logprobs[running, t] = logprob[running]

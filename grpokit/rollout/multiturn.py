@@ -41,6 +41,7 @@ from grpokit.hardware import autocast
 from grpokit.kernels.kv_cache import PreallocatedLayer
 from grpokit.modeling import is_hf_model, logits_of
 from grpokit.rollout.engine import HFRolloutEngine, left_pad
+from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.sampling import sample_next
 from grpokit.rollout.types import Conversation, Rollouts, SamplingParams, Turn
 from grpokit.tools.conversation import ConversationTokens
@@ -401,17 +402,31 @@ class MultiTurnEngine:
         times: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(rollouts))}
         started: dict[int, float] = {}
         index = {id(r): i for i, r in enumerate(rollouts)}
+        rules = None  # the logits processors (logits_rules), each rollout's context its whole conversation so far
 
         def join(indices: list[int]) -> None:
+            nonlocal rules
             for i in indices:
                 turn[i], limit[i], started[i] = [], loop.remaining(rollouts[i]), time.monotonic()
             budgets = [limit[i] - len(turn[i]) for i in [*batch.rows, *indices]]
             batch.add(indices, budgets)
+            if rules is None and params.has_rules:
+                empty = [[] for _ in rollouts]
+                rules = logits_rules(params, empty, sorted(stops), batch.logits.size(-1), batch.logits.device)
+            for i in indices if rules is not None else ():
+                rules.reset(i, rollouts[i].conversation.ids)
 
         join(list(range(len(rollouts))))
         while True:
             if batch.rows:
-                tokens, token_logprobs = sample_next(batch.logits, params, [generators[i] for i in batch.rows])
+                # min_new_tokens and begin_suppress_tokens count the turn's tokens (TRL: one generate call per turn)
+                processed = None
+                if rules is not None:
+                    processed = rules.apply(batch.logits, batch.rows, [len(turn[i]) for i in batch.rows])
+                generators_now = [generators[i] for i in batch.rows]
+                tokens, token_logprobs = sample_next(batch.logits, params, generators_now, processed)
+                if rules is not None:
+                    rules.append(batch.rows, tokens)
                 if self.on_step is not None:
                     self.on_step(list(batch.rows), rollouts)
                 leaving, waiting = [], []

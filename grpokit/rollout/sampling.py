@@ -24,23 +24,28 @@ Generators = torch.Generator | Sequence[torch.Generator] | None
 
 
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: Generators
+    logits: torch.Tensor, params: SamplingParams, generator: Generators, processed: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row (filters in vLLM's order: min-p, then top-k, then top-p).
 
     ``generator``: one for the batch, or one per row (each row's draw then depends only on its own stream, not on
     which other rows share the batch: what multi-turn rollouts need, whose batches change with tool timing).
 
-    logits: [N, V] raw next-token logits. Returns (tokens [N] long, logprobs [N] float32) where the
-    log-prob is log softmax(logits / temperature) at the chosen token, before top-k / top-p filtering:
-    the same quantity the learner recomputes (as TRL does), so ratio = 1 on-policy.
+    logits: [N, V] raw next-token logits; ``processed``: the same after the logits processors (repetition penalty,
+    banned tokens: :class:`grpokit.rollout.logits_rules.LogitsRules`), which the draw uses instead. Returns
+    (tokens [N] long, logprobs [N] float32) where the log-prob is log softmax(logits / temperature) at the chosen
+    token, before the processors and the top-k / top-p filters: the same quantity the learner recomputes (as TRL
+    does), so ratio = 1 on-policy.
     """
     scaled = logits if params.temperature == 1.0 else logits.float() / params.temperature  # [N, V]
     probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)  # [N, V]
+    drawn = probs  # what the draw weighs: the model's probabilities, or those after the processors
+    if processed is not None:
+        drawn = torch.softmax(processed / params.temperature, dim=-1, dtype=torch.float32)  # [N, V]
     if params.greedy:
-        tokens = probs.argmax(dim=-1)  # [N]
+        tokens = drawn.argmax(dim=-1)  # [N]
     else:
-        weights = probs
+        weights = drawn
         if params.min_p > 0:  # as vLLM: min-p first, on the probabilities at the sampling temperature
             weights = weights.masked_fill(weights < params.min_p * weights.amax(dim=-1, keepdim=True), 0.0)
         if params.top_k > 0 and params.top_k < weights.size(-1):

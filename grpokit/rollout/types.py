@@ -10,7 +10,9 @@ import torch
 
 @dataclass
 class SamplingParams:
-    """How completions are sampled."""
+    """How completions are sampled. The fields after ``min_p`` are transformers' logits processors grpokit honours
+    (TRL's ``repetition_penalty`` and ``generation_kwargs``; :mod:`grpokit.rollout.logits_rules`), each off at its
+    default."""
 
     max_completion_length: int
     temperature: float = 1.0
@@ -18,6 +20,24 @@ class SamplingParams:
     top_k: int = 0
     greedy: bool = False
     min_p: float = 0.0
+    repetition_penalty: float = 1.0  # a token already in the prompt or completion: logit / p if > 0, else logit * p
+    no_repeat_ngram_size: int = 0  # n > 0: no n-gram occurs twice in prompt + completion
+    min_new_tokens: int = 0  # EOS cannot be sampled before this many tokens of a completion (or turn)
+    suppress_tokens: tuple[int, ...] = ()  # never sampled
+    begin_suppress_tokens: tuple[int, ...] = ()  # not sampled as a completion's (or turn's) first token
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never completed
+
+    @property
+    def has_rules(self) -> bool:
+        """Whether any logits processor is on (:class:`grpokit.rollout.logits_rules.LogitsRules`)."""
+        return bool(
+            self.repetition_penalty != 1.0
+            or self.no_repeat_ngram_size
+            or self.min_new_tokens
+            or self.suppress_tokens
+            or self.begin_suppress_tokens
+            or self.bad_words_ids
+        )
 
 
 @dataclass

@@ -72,6 +72,8 @@ def vllm_sampling_kwargs(params: SamplingParams, num_generations: int, seed: int
         "top_p": params.top_p,
         "top_k": params.top_k,  # 0 = off, as ours
         "min_p": params.min_p,
+        "repetition_penalty": params.repetition_penalty,  # transformers' meaning: prompt and output tokens
+        "min_tokens": params.min_new_tokens,  # stop tokens held back until then (transformers' min_new_tokens)
         "max_tokens": params.max_completion_length,
         "seed": seed,
         "stop_token_ids": sorted(set(eos_token_ids)),

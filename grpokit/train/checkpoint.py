@@ -202,11 +202,16 @@ class RunState:
     ``learner``'s optimizer, LR scheduler and resynced reference weights, the data position (``data``, the
     training PromptSource), the rollout scheduler's state (``rollouts``: policy version, async mode's pending
     step), the stop rules' counters, the learner's KL controller (beta), and the RNG streams (torch's and the
-    sampling engine's generator). ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0,
-    which writes (under FSDP the other ranks join in to gather)."""
+    sampling engine's generator), and of the transformers ``TrainerState`` (``trainer_state``, a callable returning
+    the run's ``trainer.state``) what TRL's checkpoints restore: ``log_history`` and ``num_input_tokens_seen``.
+    ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0, which writes (under FSDP the other
+    ranks join in to gather)."""
 
-    def __init__(self, spec: CheckpointSpec, *, model, learner, data, rollouts, stop_rules, is_main: bool):
+    def __init__(
+        self, spec: CheckpointSpec, *, model, learner, data, rollouts, stop_rules, is_main: bool, trainer_state=None
+    ):
         self.spec, self.model, self.data, self.rollouts, self.stop_rules = spec, model, data, rollouts, stop_rules
+        self.trainer_state = trainer_state
         self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
         self.kl_controller = learner.kl_controller
         self.critic = learner.critic
@@ -222,6 +227,12 @@ class RunState:
         scheduled, pending = self.rollouts.state_dict()
         state = {"data": self.data.state_dict(), "counters": self.stop_rules.counters, **scheduled}
         state["kl_controller"] = self.kl_controller.state_dict()  # the adaptive beta
+        if self.trainer_state is not None:  # TRL's trainer_state.json fields a resumed trainer.state starts from
+            trainer = self.trainer_state()
+            state["num_input_tokens_seen"] = trainer.num_input_tokens_seen
+            state["log_history"] = [
+                {k: v for k, v in entry.items() if _is_json_number(v)} for entry in trainer.log_history
+            ]
         rng = {"torch": torch.get_rng_state(), "sampler": self.rollouts.engine.generator.get_state()}
         save_checkpoint(
             run_dir,
@@ -257,7 +268,16 @@ class RunState:
             raise CheckpointError(f"{path} holds no KL controller state; resume it with kl_controller: fixed.")
         torch.set_rng_state(rng["torch"])
         self.rollouts.engine.generator.set_state(rng["sampler"])
+        if self.trainer_state is not None:  # absent from older checkpoints: the history starts empty then
+            trainer = self.trainer_state()
+            trainer.num_input_tokens_seen = state.get("num_input_tokens_seen", 0)
+            trainer.log_history = list(state.get("log_history", []))
         return self.saved_step
+
+
+def _is_json_number(value) -> bool:
+    """A value trainer_state.json can hold as JSON: an int or a finite float (NaN and inf are not JSON)."""
+    return isinstance(value, int) or (isinstance(value, float) and value == value and abs(value) != float("inf"))
 
 
 def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool = False) -> None:
@@ -265,28 +285,13 @@ def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool
     for a custom module; with ``merged`` (LoRA, ``merge_on_save``) also the merged model in ``folder/merged``.
     Rank 0 writes; an FSDP-sharded model is first gathered there, so then every rank calls this. Written under a
     temporary name and renamed, so RUN/final is whole or absent; a failed write (a full disk) is one CheckpointError."""
-    state = None  # None: the module's own weights
-    if is_sharded(model):
-        from grpokit.distributed.fsdp import full_state_dict
-
-        state = full_state_dict(model)
+    state = _gathered_state(model)
     if not is_main:
         return
     tmp = folder.with_name(f".tmp-{folder.name}")
     shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed while writing it
     try:
-        if hasattr(model, "save_pretrained"):
-            model.save_pretrained(tmp, state_dict=state)
-            if merged:
-                copy.deepcopy(model).merge_and_unload().save_pretrained(tmp / "merged")
-        else:
-            tmp.mkdir(parents=True, exist_ok=True)
-            if state is None:
-                save_model(model, str(tmp / "model.safetensors"))
-            else:
-                save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        if hasattr(tokenizer, "save_pretrained"):
-            tokenizer.save_pretrained(tmp)
+        _write_model(tmp, model, tokenizer, state, merged)
     except Exception as exc:
         cause = _os_error(exc, tmp)
         if cause is None:
@@ -299,6 +304,41 @@ def save_final_model(folder: Path, model, tokenizer, is_main: bool, merged: bool
     if folder.exists():
         _remove(folder)
     os.replace(tmp, folder)
+
+
+def save_model_files(folder: Path, model, tokenizer, is_main: bool) -> None:
+    """TRL's ``trainer.save_model(folder)``: the model and tokenizer written into ``folder`` as ``save_pretrained``
+    writes them (LoRA: the adapter; a custom module: model.safetensors), beside what the folder holds already (a
+    run folder keeps its config, store and checkpoints). Rank 0 writes; under FSDP every rank calls this."""
+    state = _gathered_state(model)
+    if is_main:
+        _write_model(folder, model, tokenizer, state)
+
+
+def _gathered_state(model) -> dict | None:
+    """An FSDP-sharded model's full state dict, gathered to rank 0 (every rank calls it); None: the module's own."""
+    if not is_sharded(model):
+        return None
+    from grpokit.distributed.fsdp import full_state_dict
+
+    return full_state_dict(model)
+
+
+def _write_model(folder: Path, model, tokenizer, state: dict | None, merged: bool = False) -> None:
+    """``save_pretrained`` model (``state``: gathered weights, or None) and tokenizer in ``folder``, or
+    model.safetensors for a custom module; with ``merged`` (LoRA) also the merged model in ``folder/merged``."""
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(folder, state_dict=state)
+        if merged:
+            copy.deepcopy(model).merge_and_unload().save_pretrained(folder / "merged")
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        if state is None:
+            save_model(model, str(folder / "model.safetensors"))
+        else:
+            save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(folder)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:

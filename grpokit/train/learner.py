@@ -160,6 +160,56 @@ class Learner:
         self.model.train()
         return out
 
+    @torch.no_grad()
+    def evaluation_loss(self, batch: Batch, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, float]:
+        """TRL's evaluation loss: ``policy_loss`` of sampled eval completions at the current weights, on-policy
+        (ratio 1), with the reference's KL term at the current beta, cut into micro-batches and combined as the
+        update combines them, without gradient or step. ``advantages`` [N], ``loss_mask`` [N, T]. Returns ``loss``,
+        ``entropy`` (masked mean), ``kl`` (beta > 0) and the loss's own metrics (clip ratios ...), averaged over the
+        micro-batches as :meth:`update` does. One process (the model's forward runs here alone)."""
+        cfg = self.cfg
+        spec = (
+            dataclasses.replace(self.loss_spec, beta=self.kl_controller.beta) if self.loss_spec.beta else self.loss_spec
+        )
+        ref_logprobs = self.reference_logprobs(batch)
+        mb = cfg.per_device_train_batch_size
+        num_micro = math.ceil(len(batch) / mb)
+        num_items = loss_mask.sum().clamp(min=1.0)
+        total, parts, entropies = 0.0, [], []
+        self.model.eval()
+        try:
+            with self.autocast():
+                for start in range(0, len(batch), mb):
+                    rows = slice(start, start + mb)
+                    logprobs, entropy = completion_logprobs(
+                        self.model, batch.rows(rows), cfg.temperature, with_entropy=True, kernels=self.kernels
+                    )
+                    with torch.autocast(logprobs.device.type, enabled=False):
+                        loss, m = policy_loss(
+                            logprobs.float(),
+                            None,
+                            advantages[rows],
+                            loss_mask[rows],
+                            spec,
+                            ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
+                            num_items_in_batch=num_items,
+                            token_mask=self._entropy_mask(entropy, loss_mask[rows]),
+                        )
+                    total += float(loss) / self.loss_kind.micro_batch_divisor(num_micro)
+                    parts.append(m)
+                    entropies.append(entropy.float())
+        finally:
+            self.model.train()
+        mask_sum = loss_mask.sum().clamp(min=1.0)
+        metrics = {"loss": total, "entropy": float((torch.cat(entropies) * loss_mask).sum() / mask_sum)}
+        for key in parts[0]:
+            if key not in (POLICY_LOSS, KL):
+                metrics[key] = sum(p[key] for p in parts) / len(parts)
+        if KL in parts[0]:  # each part's KL is its tokens' mean: weighted by them, the batch's token mean
+            tokens = [float(m.sum()) for m in loss_mask.split(mb)]
+            metrics[KL] = sum(p[KL] * n for p, n in zip(parts, tokens)) / float(mask_sum)
+        return metrics
+
     def values(self, batch: Batch) -> torch.Tensor | None:
         """[N, T] the critic's values of the batch before the update, or None without a critic."""
         return None if self.critic is None else self.critic.values(batch)

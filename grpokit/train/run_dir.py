@@ -61,22 +61,23 @@ class RunDirSpec:
         return replace(self, resume_from=resume_from, config=config)
 
 
-def check_run_dir(spec: RunDirSpec) -> None:
-    """Refuse an ``output_dir`` that cannot be a run folder, or holds another run unless resuming or
-    overwriting (before any model loads)."""
+def check_run_dir(spec: RunDirSpec, existing: bool = True) -> None:
+    """Refuse an ``output_dir`` that cannot be a run folder, or (``existing``) holds another run unless resuming or
+    overwriting (before any model loads). ``existing=False``: not that last check (a trainer being built, which
+    ``train(resume_from_checkpoint=True)`` may yet be told to resume, as in TRL)."""
     _check_folder_path(Path(spec.output_dir))
     check_unlocked(spec.output_dir)  # another run writing here is refused before any model loads
     if spec.resume_from not in (None, "latest"):
         checkpoint.resolve_resume(spec.output_dir, spec.resume_from)  # raises when it is not a checkpoint folder
     run_dir = Path(spec.output_dir)
     config_file = run_dir / "config.yaml"
-    if spec.resume_from is None and not spec.overwrite and overwrite.holds_run(run_dir):
+    if existing and spec.resume_from is None and not spec.overwrite and overwrite.holds_run(run_dir):
         old = (yaml.safe_load(config_file.read_text()) or {}) if config_file.is_file() else {}
         diff = _differences(old, spec.config) if old else []
         what = f"a run of a different config ({', '.join(diff[:3])})" if diff else "a run"
         raise ConfigError(
-            f"output_dir {spec.output_dir!r} already holds {what}; set resume_from: latest to continue it, "
-            "overwrite: true to replace it, or choose another output_dir."
+            f"output_dir {spec.output_dir!r} already holds {what}; set resume_from: latest to continue it "
+            "(TRL: train(resume_from_checkpoint=True)), overwrite: true to replace it, or choose another output_dir."
         )
 
 
@@ -193,8 +194,9 @@ class RunLog:
         if self.spec.log_completions and step % self.spec.logging_steps == 0:
             self.tracker.log_completions(records, step, self.spec.num_completions_to_print)
 
-    def evaluation(self, step: int, metrics: dict) -> None:
-        self.store.write_eval(step, "eval", metrics)
+    def evaluation(self, step: int, metrics: dict, dataset: str = "eval") -> None:
+        """An evaluation of the eval set ``dataset`` ("eval": the one eval_dataset; else a name of a dict of them)."""
+        self.store.write_eval(step, dataset, metrics)
         with self._writing_metrics():
             self.tracker.log_eval(metrics, step)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ class Inputs:
 
     args: GRPOConfig  # max_steps resolved
     train_rows: list[dict]
-    eval_rows: list[dict] | None
+    eval_sets: dict  # the eval datasets' rows by name (eval_sets); {} without one
     rewards: Any  # the RewardRunner
     steps_per_epoch: int
     tools: Any = None  # the ToolSpec of multi-turn tool rollouts, or None
@@ -66,7 +67,8 @@ def check_inputs(
     tools and environments (TRL's ``tools`` / ``environment_factory``, else the config's), the reward functions (Ray
     reward workers on rank 0 only: it scores every rank's rows on them; environments' ``get_reward`` added), the
     data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
-    (TRL)."""
+    (TRL). Whether the run folder holds a run is not checked here but by ``train()``, which may be told to resume it
+    (TRL's ``train(resume_from_checkpoint=True)`` on a new trainer); the CLI checks it before building the trainer."""
     from grpokit.data.prompts import load_rows
     from grpokit.train.tool_rollouts import (
         PLACEHOLDER_PROMPT,
@@ -94,18 +96,14 @@ def check_inputs(
     else:  # with an environment, a row may leave its prompt to reset(): an empty user message then (TRL)
         train_rows = load_rows(train_source, args.prompt_column, prompts=prompts, default_prompt=default_prompt)
     eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
-    eval_rows = (
-        load_rows(eval_source, args.prompt_column, "eval_dataset", prompts, default_prompt)
-        if eval_source is not None
-        else None
-    )
+    evals = eval_sets(eval_source, args.prompt_column, prompts, default_prompt)
     if procs.is_main:
-        check_run_dir(specs.run_dir_spec(args))
+        check_run_dir(specs.run_dir_spec(args), existing=False)
     tool_spec = resolve_tools(args.agent, tools, environment_factory, check_settings=args.check_multi_turn)
     if tool_spec is not None:
         check_tool_prompts(train_rows, args.prompt_column)
-        if eval_rows:
-            check_tool_prompts(eval_rows, args.prompt_column, "eval_dataset")
+        for name, rows in evals.items():
+            check_tool_prompts(rows, args.prompt_column, eval_set_name(name))
     rewards = build_reward_runner(
         reward_funcs if reward_funcs is not None else args.rewards,
         args,
@@ -113,10 +111,36 @@ def check_inputs(
         processing_classes=reward_processing_classes,
         extra=[] if tool_spec is None else tool_spec.reward_functions(),
     )
-    steps_per_epoch = check_data(args, train_rows, eval_rows, rewards, procs.world_size)
+    steps_per_epoch = check_data(args, train_rows, evals, rewards, procs.world_size)
     if args.max_steps == -1:
         args = args.replace(max_steps=max(1, math.ceil(args.num_train_epochs * steps_per_epoch)))
-    return Inputs(args, train_rows, eval_rows, rewards, steps_per_epoch, tool_spec)
+    return Inputs(args, train_rows, evals, rewards, steps_per_epoch, tool_spec)
+
+
+def eval_sets(eval_dataset: Any, prompt_column: str, prompts=None, default_prompt: list | None = None) -> dict:
+    """The eval datasets' rows by name: ``{}`` without one; ``{None: rows}`` for one dataset (a ``datasets.Dataset``
+    or ``IterableDataset``, a list of dicts, a path, a ``datasets.load_dataset`` mapping with a ``path``);
+    ``{name: rows}`` for a dict of them (TRL's: a dict, ``DatasetDict`` or ``IterableDatasetDict``), each evaluated
+    on its own, its metrics named ``eval_<name>_...``. ``prompts``, ``default_prompt``: as ``load_rows`` takes them."""
+    from grpokit.config.schema import DATASET_KEYS
+    from grpokit.data.prompts import DataError, load_rows
+
+    if eval_dataset is None:
+        return {}
+    load_spec = type(eval_dataset) is dict and "path" in eval_dataset and set(eval_dataset) <= set(DATASET_KEYS)
+    if isinstance(eval_dataset, Mapping) and not load_spec:
+        if not eval_dataset:
+            raise DataError("eval_dataset is an empty dict; give at least one {name: dataset}, or no eval_dataset.")
+        return {
+            str(name): load_rows(ds, prompt_column, eval_set_name(str(name)), prompts, default_prompt)
+            for name, ds in eval_dataset.items()
+        }
+    return {None: load_rows(eval_dataset, prompt_column, "eval_dataset", prompts, default_prompt)}
+
+
+def eval_set_name(name: str | None) -> str:
+    """How messages name an eval set: ``eval_dataset``, or ``eval_dataset['name']`` for one of a dict."""
+    return "eval_dataset" if name is None else f"eval_dataset[{name!r}]"
 
 
 def run_processes():
@@ -196,9 +220,9 @@ def build_reward_runner(
         raise ConfigError(f"rewards: {exc}") from exc
 
 
-def check_data(args: GRPOConfig, train_rows: list, eval_rows: list | None, rewards, world_size: int) -> int:
-    """Check the datasets against the reward functions' columns and the step size; returns the steps per
-    epoch (prompts // prompts per step: TRL drops a last partial batch too)."""
+def check_data(args: GRPOConfig, train_rows: list, evals: dict, rewards, world_size: int) -> int:
+    """Check the datasets (``evals``: :func:`eval_sets`) against the reward functions' columns and the step size;
+    returns the steps per epoch (prompts // prompts per step: TRL drops a last partial batch too)."""
     from grpokit.data.prompts import DataError, check_reward_columns
 
     reward_fns = dict(zip(rewards.names, rewards.functions))
@@ -209,18 +233,24 @@ def check_data(args: GRPOConfig, train_rows: list, eval_rows: list | None, rewar
             f"train_dataset has {len(train_rows)} prompts but a step takes {per_step} distinct ones; add prompts or "
             "lower per_device_train_batch_size x gradient_accumulation_steps / num_generations."
         )
-    if eval_rows:
-        check_reward_columns(eval_rows, reward_fns, args.prompt_column, "eval_dataset")
+    for name, rows in evals.items():
+        check_reward_columns(rows, reward_fns, args.prompt_column, eval_set_name(name))
     return len(train_rows) // per_step
 
 
-def prompt_sources(args: GRPOConfig, tokenizer, train_rows: list, eval_rows: list | None):
-    """(training PromptSource: seeded order, shuffled per ``shuffle``; eval PromptSource in dataset order, or None)."""
+def prompt_sources(args: GRPOConfig, tokenizer, train_rows: list, evals: dict):
+    """(training PromptSource: seeded order, shuffled per ``shuffle``; {name: (eval PromptSource in dataset order,
+    its rows)} of ``evals``, :func:`eval_sets`)."""
     from grpokit.data.prompts import PromptSource
 
-    kw = dict(prompt_column=args.prompt_column, max_prompt_length=args.max_prompt_length, overflow=args.prompt_overflow)
+    kw = dict(
+        prompt_column=args.prompt_column,
+        max_prompt_length=args.max_prompt_length,
+        overflow=args.prompt_overflow,
+        template_kwargs=args.chat_template_kwargs,  # TRL's
+    )
     train = PromptSource(train_rows, tokenizer, seed=args.seed, shuffle=args.shuffle, **kw)
-    return train, PromptSource(eval_rows, tokenizer, shuffle=False, **kw) if eval_rows else None
+    return train, {name: (PromptSource(rows, tokenizer, shuffle=False, **kw), rows) for name, rows in evals.items()}
 
 
 def warn_if_too_big(args: GRPOConfig, path: str) -> None:
@@ -335,7 +365,11 @@ def build_rollouts(
     engine = kind.build(parts, specs.vllm_spec(args, source))
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
-    tool_rollouts = None if tools is None else ToolRollouts(tools, engine, tokenizer, args.prompt_column)
+    tool_rollouts = (
+        None
+        if tools is None
+        else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)  # TRL's kwargs
+    )
     common = dict(
         engine=engine,
         prompts=prompts,
@@ -433,6 +467,9 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
         tokenizer = load_tokenizer(tokenizer, args.trust_remote_code)
     if tokenizer is None and args.tokenizer_name_or_path:
         tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
+    loaded_from = getattr(getattr(model, "config", None), "_name_or_path", None)
+    if tokenizer is None and is_hf_model(model) and loaded_from:  # as TRL: the tokenizer the model was loaded with
+        tokenizer = load_tokenizer(loaded_from, args.trust_remote_code)
     if tokenizer is None:
         raise ConfigError(
             "no tokenizer: pass tokenizer=... (an HF tokenizer or any object with encode/decode and eos_token_id)."
@@ -441,6 +478,10 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
     if use_lora:
         torch.manual_seed(args.seed)  # the adapters' random init (lora_A) follows the seed, not whatever ran before
         model = apply_lora(model, args, peft_config)
+    if args.disable_dropout:  # TRL's: no dropout in the policy (nor in its reference copy, made from it)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
     if args.gradient_checkpointing and not args.load_in_4bit:  # QLoRA's preparation has enabled it already
         # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias)
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(

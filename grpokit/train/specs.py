@@ -116,10 +116,11 @@ def vllm_spec(args: GRPOConfig, source: str | None) -> VLLMSpec:
 
 
 def sampling_params(args: GRPOConfig) -> SamplingParams:
-    """How training samples its completions."""
+    """How training samples its completions: temperature, top-p/k, min-p, repetition penalty and TRL's
+    generation_kwargs (checked by the config)."""
     from grpokit.rollout.types import SamplingParams
 
-    return SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k, min_p=args.min_p)
+    return SamplingParams(args.max_completion_length, args.temperature, **args.sampling_options())
 
 
 def stop_spec(args: GRPOConfig) -> StopSpec:

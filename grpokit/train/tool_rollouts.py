@@ -161,13 +161,20 @@ class ToolRollouts:
     """Samples a step's multi-turn rollouts from the dataset rows of its prompts (see the module docstring).
     ``sessions``: the environment session of each rollout of the last batch (empty without environments)."""
 
-    def __init__(self, spec: ToolSpec, engine: HFRolloutEngine, tokenizer: Any, prompt_column: str):
+    def __init__(
+        self, spec: ToolSpec, engine: HFRolloutEngine, tokenizer: Any, prompt_column: str, template_kwargs=None
+    ):
+        """``template_kwargs``: apply_chat_template's keywords for every rendering (TRL's chat_template_kwargs)."""
         self.spec, self.prompt_column = spec, prompt_column
+        template_kwargs = dict(template_kwargs or {})
         try:
-            chat = ConversationTokens(tokenizer)
+            chat = ConversationTokens(tokenizer, **template_kwargs)
             # the template must render tool rounds after a turn the same way whatever follows: checked now
             tool_suffix_ids(
-                tokenizer, [{"role": "tool", "name": "probe", "content": "probe"}], end_of_turn=chat.end_of_turn
+                tokenizer,
+                [{"role": "tool", "name": "probe", "content": "probe"}],
+                end_of_turn=chat.end_of_turn,
+                **template_kwargs,
             )
         except ToolError as exc:
             raise ConfigError(f"agent: {exc}") from exc

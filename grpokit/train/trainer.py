@@ -32,12 +32,21 @@ from grpokit.store.record import rollout_records
 from grpokit.train import setup, specs
 from grpokit.train.accelerator import ProcessAccelerator
 from grpokit.train.callbacks import CallbackRunner
-from grpokit.train.checkpoint import RunState, save_final_model
+from grpokit.train.checkpoint import RunState, save_final_model, save_model_files
 from grpokit.train.dynamic_sampling import renumber_repeats
 from grpokit.train.interrupt import SignalStop, stop_message
 from grpokit.train.learner import update_inputs
 from grpokit.train.logprobs import build_batch
-from grpokit.train.metrics import PhaseClock, step_metrics, train_summary
+from grpokit.train.metrics import (
+    EVAL,
+    PhaseClock,
+    sample_metrics,
+    step_metrics,
+    stored_eval_names,
+    train_summary,
+    trl_eval_names,
+    trl_names,
+)
 from grpokit.train.run_dir import RunFolder, open_run_dir, resume_point
 from grpokit.train.stopping import StopRules
 from grpokit.train.trajectory import Trajectory
@@ -88,7 +97,12 @@ class GRPOTrainer:
     is a transformers ``TrainerState``: ``global_step`` (steps done), ``max_steps``, ``epoch``, ``log_history``.
     ``tools`` (functions) and ``environment_factory`` (a class or factory, or ``{name: factory}``) make rollouts
     multi-turn conversations with tool calls (docs/tools.md); they replace the config's ``agent.tools`` /
-    ``agent.environment_factory``.
+    ``agent.environment_factory``. ``eval_dataset`` may be a dict of datasets (or a ``DatasetDict``), each
+    evaluated on its own as in TRL.
+
+    What ``trainer.state.log_history``, the callbacks and ``evaluate()`` see is named as in TRL
+    (``completions/mean_length``, ``eval_reward`` ...: ``train/metrics.py``'s ``TRL_NAMES``); metrics.jsonl, the
+    store and the console keep grpokit's names.
     """
 
     def __init__(
@@ -121,7 +135,9 @@ class GRPOTrainer:
             environment_factory,
         )
         self.args = args = inputs.args  # the user's GRPOConfig (max_steps resolved), as TRL's trainer.args
-        self.train_rows, self.eval_rows, self.rewards = inputs.train_rows, inputs.eval_rows, inputs.rewards
+        self.train_rows, eval_rows, self.rewards = inputs.train_rows, inputs.eval_sets, inputs.rewards
+        self.train_dataset = train_dataset  # as given (TRL's attributes)
+        self.eval_dataset = eval_dataset if eval_dataset is not None else args.eval_dataset
         self.steps_per_epoch = inputs.steps_per_epoch
         spec = self.spec = specs.loop_spec(args, procs.world_size)  # the loop's own settings
         self.run_dir_spec = specs.run_dir_spec(args)
@@ -132,7 +148,8 @@ class GRPOTrainer:
         model, tokenizer, device, self.use_lora = setup.build_policy(model, tokenizer, args, peft_config)
         self.model, self.tokenizer, self.device = model, tokenizer, device
         ensure_pad_token(tokenizer)
-        self.train_source, self.eval_source = setup.prompt_sources(args, tokenizer, self.train_rows, self.eval_rows)
+        # the eval sets by name (None: the one eval_dataset): (PromptSource, rows)
+        self.train_source, self.eval_sets = setup.prompt_sources(args, tokenizer, self.train_rows, eval_rows)
         torch.manual_seed(spec.seed)
         self.autocast_dtype = autocast_dtype(spec.dtype, device, model)
         self.kernels = Kernels.select(device, self.autocast_dtype)  # this run's fast paths, chosen once
@@ -167,8 +184,6 @@ class GRPOTrainer:
             specs.eval_spec(args),
             engine=self.engine,
             tokenizer=tokenizer,
-            source=self.eval_source,
-            rows=self.eval_rows,
             reward_runner=self.rewards,
             params=self.sampling,
             tools=self.rollout_scheduler.tool_rollouts,
@@ -178,17 +193,7 @@ class GRPOTrainer:
         self.stop_rules = StopRules(specs.stop_spec(args))  # non-finite steps, KL over max_kl
         # a warning when every group ties for warn_tied_steps steps (a group-relative advantage learns nothing)
         self.ties = specs.tie_watch(args, group_relative=not self.algorithm.uses_critic)
-        # what a checkpoint saves and a resume restores
-        self.run_state = RunState(
-            specs.checkpoint_spec(args),
-            model=model,
-            learner=self.learner,
-            data=self.train_source,
-            rollouts=self.rollout_scheduler,
-            stop_rules=self.stop_rules,
-            is_main=procs.is_main,
-        )
-        self.signals = SignalStop(lambda: (self.step, self.run_state.saved_step), enabled=procs.is_main)
+        self._writing = False  # rank 0 while train() runs: evaluations go to the run folder too
         self.callbacks = CallbackRunner(
             callbacks,
             specs.callback_spec(args),
@@ -201,17 +206,49 @@ class GRPOTrainer:
             optimizer=self.optimizer,
             lr_scheduler=self.scheduler,
         )
+        # what a checkpoint saves and a resume restores
+        self.run_state = RunState(
+            specs.checkpoint_spec(args),
+            model=model,
+            learner=self.learner,
+            data=self.train_source,
+            rollouts=self.rollout_scheduler,
+            stop_rules=self.stop_rules,
+            is_main=procs.is_main,
+            trainer_state=lambda: self.state,  # log_history and num_input_tokens_seen, as TRL's checkpoints
+        )
+        self.signals = SignalStop(lambda: (self.step, self.run_state.saved_step), enabled=procs.is_main)
         self.callbacks.event("on_init_end")
 
     @property
     def state(self):
         """The run's transformers ``TrainerState`` (TRL's ``trainer.state``): global_step, max_steps, epoch,
-        log_history."""
-        return self.callbacks.state
+        num_input_tokens_seen, log_history. Settable, as in TRL (the callbacks then see the new one)."""
+        callbacks = self.__dict__.get("callbacks")
+        return callbacks.state if callbacks is not None else self.__dict__.get("_state")
+
+    @state.setter
+    def state(self, value) -> None:
+        callbacks = self.__dict__.get("callbacks")
+        if callbacks is not None:
+            callbacks.state = value
+        else:  # a trainer not built by __init__ (TRL's tests make one with object.__new__)
+            self.__dict__["_state"] = value
 
     @property
     def processing_class(self):
+        """The tokenizer (TRL's name for it); settable."""
         return self.tokenizer
+
+    @processing_class.setter
+    def processing_class(self, value) -> None:
+        self.tokenizer = value
+
+    @property
+    def eval_rows(self) -> list[dict] | None:
+        """The rows of the one eval dataset (None without one, or with a dict of them)."""
+        found = self.eval_sets.get(None)
+        return None if found is None else found[1]
 
     @property
     def engine(self):
@@ -306,7 +343,9 @@ class GRPOTrainer:
         over ranks, so every rank stops together); rank 0 alone writes the run folder, evaluates and saves
         (other ranks join in only to gather FSDP-sharded weights).
 
-        ``resume_from_checkpoint`` (TRL's argument): True = the latest checkpoint of output_dir, or a checkpoint folder.
+        ``resume_from_checkpoint`` (TRL's argument): True = the latest checkpoint of output_dir, or a checkpoint folder;
+        a new trainer on the run's output_dir continues it from there, ``trainer.state.log_history`` included. An
+        output_dir that holds a run is refused here unless told to resume it (or ``overwrite``).
         """
         main = self.procs.is_main
         if resume_from_checkpoint:
@@ -333,6 +372,7 @@ class GRPOTrainer:
         self.run_dir = Path(self.run_dir_spec.output_dir)
         if main:  # rank 0's writers: store, trackers, report
             self.run_log = open_run_dir(self.run_dir_spec, self.step, self.run_folder, found)
+            self._writing = True
         metrics, losses, started = {}, [], time.perf_counter()
         try:
             with self.signals:
@@ -383,6 +423,8 @@ class GRPOTrainer:
         all_lengths = procs.gather(rollouts.sampled_lengths.float())  # [N_global] tokens the model wrote
         prompt_tokens = procs.sum(torch.tensor(float(sum(len(self.train_source.ids[i]) for i in sampled.indices) * G)))
         all_truncated = procs.gather(rollouts.truncated.float())  # [N_global]
+        state = self.state
+        state.num_input_tokens_seen += int(prompt_tokens.item() + all_lengths.sum().item())  # TRL's num_tokens
         metrics = step_metrics(
             sampled.global_rewards,
             update=update,
@@ -395,6 +437,7 @@ class GRPOTrainer:
             staleness=staleness,
             times=clock.metrics(),
             extra=self.rollout_scheduler.metrics(),
+            tokens_seen=state.num_input_tokens_seen,
         )
         stored = sampled.stored_advantages(advantages)  # every sampled group, the dropped ones without an advantage
         records = rollout_records(
@@ -494,10 +537,8 @@ class GRPOTrainer:
         # a callback may ask for a log, an evaluation, a checkpoint, the end
         control = self.callbacks.event("on_step_end")
         if step % spec.logging_steps == 0 or control.should_log:
-            self.callbacks.log(metrics)
-        if (self.callbacks.due("eval", step) and self._evaluates) or (
-            control.should_evaluate and self.eval_source is not None
-        ):
+            self.callbacks.log(trl_names(metrics))
+        if (self.callbacks.due("eval", step) and self._evaluates) or (control.should_evaluate and self.eval_sets):
             self._evaluate_and_log(step)
         if (self.callbacks.due("save", step) and step < spec.max_steps) or control.should_save:
             self._save_checkpoint()
@@ -539,6 +580,7 @@ class GRPOTrainer:
         evaluate() starts them again) and Ray rollout workers."""
         if self.procs.is_main:
             self.run_log.close()
+            self._writing = False
         self.rewards.close()
         self.rollout_scheduler.close()
 
@@ -546,21 +588,126 @@ class GRPOTrainer:
     @property
     def _evaluates(self) -> bool:
         """Whether the run evaluates: an eval set and an eval_strategy that evaluates."""
-        return self.eval_source is not None and self.callbacks.every("eval") > 0
+        return bool(self.eval_sets) and self.callbacks.every("eval") > 0
 
-    def evaluate(self) -> dict[str, float]:
-        """pass@k (k in args.pass_at_k), mean reward and greedy accuracy on the eval dataset."""
-        return self.evaluator(trainer_state=self._reward_state(self.step + 1))
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list | None = None, metric_key_prefix: str = "eval"):
+        """TRL's ``trainer.evaluate()``: sample ``num_generations_eval`` completions of each eval prompt (and one
+        greedily), score them, and return TRL's names: ``eval_reward``, ``eval_reward_std``,
+        ``eval_rewards/<fn>/mean`` and ``/std``, ``eval_frac_reward_zero_std``, ``eval_completions/mean_length`` ...,
+        a ``log_metric`` name as ``eval_<name>``, ``eval_runtime``, ``eval_samples_per_second``,
+        ``eval_steps_per_second``, and grpokit's ``eval_pass@k`` (k in ``pass_at_k``), ``eval_greedy_accuracy``,
+        ``eval_num_prompts``; with ``epoch``. A dict of eval datasets gives each its own names
+        (``eval_<name>_reward`` ...). Like TRL, each dataset's metrics are a ``log_history`` entry and reach the
+        callbacks' ``on_log`` and ``on_evaluate``; during ``train()`` the run folder keeps them under grpokit's
+        names (``eval/reward`` ...; ``eval/<name>/reward`` for a dict's).
+
+        ``eval_dataset``: evaluate this one instead of the trainer's (a dataset, a dict of them, a path, or the name
+        of one of the trainer's dict); ``ignore_keys`` is TRL's and has nothing to ignore here;
+        ``metric_key_prefix`` replaces ``eval`` in the returned names."""
+        out: dict[str, float] = {}
+        for name, metrics in self._evaluations(eval_dataset).items():
+            if self._writing:  # during train(): the run folder keeps grpokit's names
+                self.run_log.evaluation(self.step, stored_eval_names(metrics, name), "eval" if name is None else name)
+            logged = trl_eval_names(metrics, metric_key_prefix if name is None else f"{metric_key_prefix}_{name}")
+            self.callbacks.log(logged)
+            self.callbacks.event("on_evaluate", metrics=logged)
+            out |= logged
+        return out | {"epoch": self.state.epoch}
+
+    def evaluation_metrics(self, eval_dataset: Any = None) -> dict[str, float]:
+        """:meth:`evaluate`'s metrics under grpokit's names, as metrics.jsonl keeps them (``eval/reward``,
+        ``eval/pass@1`` ...; ``eval/<name>/reward`` for one of a dict of datasets), without a log entry."""
+        out: dict[str, float] = {}
+        for name, metrics in self._evaluations(eval_dataset).items():
+            out |= stored_eval_names(metrics, name)
+        return out
+
+    def _evaluations(self, eval_dataset: Any = None) -> dict:
+        """{eval set name (None: the one eval_dataset): its metrics under grpokit's names (``eval/...``)}."""
+        sets = self._eval_sets_of(eval_dataset)
+        state = self._reward_state(self.step + 1)
+        results = {}
+        for name, (source, rows) in sets.items():
+            found = self.evaluator(source, rows, trainer_state=state)
+            sampled = sample_metrics(found.rewards, found.num_samples, found.lengths, found.truncated)
+            seconds = found.seconds
+            results[name] = {
+                **{EVAL + k: v for k, v in sampled.items()},
+                **{EVAL + k: v for k, v in self._evaluation_loss(found).items()},
+                **found.metrics,
+                EVAL + "runtime": round(seconds, 4),
+                EVAL + "samples_per_second": round(found.lengths.numel() / seconds, 3) if seconds else 0.0,
+                EVAL + "steps_per_second": round(found.batches / seconds, 3) if seconds else 0.0,
+            }
+        return results
+
+    def _evaluation_loss(self, found) -> dict[str, float]:
+        """TRL's evaluation loss of an evaluation's samples (``found``, an ``Evaluation``): each batch's advantages
+        from its rewards (groups of num_generations_eval), then ``Learner.evaluation_loss``; the metrics (``loss``,
+        ``entropy``, ``kl``, clip ratios) averaged over the batches, as TRL averages its eval batches. Not for an
+        algorithm with a critic, nor across processes (the forward runs on rank 0 alone): {} then."""
+        if self.algorithm.uses_critic or self.procs.enabled or not found.samples:
+            return {}
+        per_batch = []
+        for rollouts, rewards in found.samples:
+            loss_mask = update_inputs(self.update_inputs_spec, rollouts, self.device).loss_mask
+            n = rollouts.completion_ids.size(0)
+            advantages = self.algorithm.advantages(
+                AdvantageInputs(rewards, rollouts.num_generations, slice(0, n), loss_mask), self.spec.algo
+            )
+            batch = build_batch(self.model, rollouts, self.tokenizer.pad_token_id, self.device)
+            per_batch.append(self.learner.evaluation_loss(batch, advantages.advantages, loss_mask))
+        return {key: sum(m[key] for m in per_batch) / len(per_batch) for key in per_batch[0]}
+
+    def _eval_sets_of(self, eval_dataset: Any) -> dict:
+        """{name: (PromptSource, rows)} to evaluate: the trainer's eval sets, one of them (``eval_dataset`` names a
+        set of a dict, as TRL's ``evaluate("name")``), or ``eval_dataset`` given now, checked as at construction."""
+        if eval_dataset is None:
+            if not self.eval_sets:
+                raise ValueError(
+                    "evaluate() needs an eval_dataset: GRPOTrainer(eval_dataset=...), data.eval_dataset in the "
+                    "config, or evaluate(eval_dataset=...)."
+                )
+            return self.eval_sets
+        if isinstance(eval_dataset, str) and eval_dataset in self.eval_sets:
+            return {eval_dataset: self.eval_sets[eval_dataset]}
+        rows = setup.eval_sets(eval_dataset, self.args.prompt_column, specs.prompt_builder(self.args))
+        setup.check_data(self.args, self.train_rows, rows, self.rewards, self.procs.world_size)
+        return setup.prompt_sources(self.args, self.tokenizer, self.train_rows, rows)[1]
 
     def _evaluate_and_log(self, step: int) -> None:
-        """Rank 0 evaluates; under FSDP every rank joins to gather the weights for it."""
+        """Rank 0 evaluates (:meth:`evaluate`: the run folder and the log); under FSDP every rank joins to gather
+        the weights for it."""
         with self.procs.unsharded(self.model):
-            if not self.procs.is_main:
-                return
-            metrics = self.evaluate()
-        self.run_log.evaluation(step, metrics)
-        self.callbacks.state.log_history.append({**metrics, "epoch": self.state.epoch, "step": step})
-        self.callbacks.event("on_evaluate", metrics=metrics)
+            if self.procs.is_main:
+                self.evaluate()
+
+    # ---- TRL's Trainer surface -------------------------------------------------------------
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """TRL's ``trainer.save_model()``: the model and its tokenizer in ``output_dir`` (default ``args.output_dir``),
+        loadable with ``from_pretrained`` (with LoRA: the adapter, loadable with peft; a custom module:
+        model.safetensors). Under FSDP every rank calls it (the weights are gathered to rank 0, which writes)."""
+        folder = Path(output_dir if output_dir is not None else self.run_dir_spec.output_dir)
+        save_model_files(folder, self.model, self.tokenizer, self.procs.is_main)
+
+    def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token=None, **kwargs):
+        """TRL's ``trainer.push_to_hub()``: :meth:`save_model` to output_dir, then upload the model's files (not the
+        run's store, checkpoints and reports) to the Hub repo ``hub_model_id`` (default: output_dir's name), created
+        if needed. Without the Hub (offline, no network, no token) it raises one line saying where the model is."""
+        from grpokit.hub import push_folder
+
+        self.save_model()
+        if not self.procs.is_main:
+            return None
+        args = self.args
+        return push_folder(
+            Path(args.output_dir),
+            args.hub_model_id or Path(args.output_dir).resolve().name,
+            token=token or args.hub_token,
+            private=bool(args.hub_private_repo),
+            commit_message=commit_message,
+            revision=kwargs.get("revision") or args.hub_revision,
+        )
 
     def _save_checkpoint(self) -> None:
         """Rank 0 writes (after flushing the store and metrics.jsonl to disk, which the checkpoint records); under FSDP

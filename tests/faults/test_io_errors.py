@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import full_disk, grpokit, hooked_env, kept, one_line, snapshot
+from .conftest import cli_env, full_disk, grpokit, hooked_env, kept, one_line, snapshot
 
 ENOSPC_LINE = "No space left on device (ENOSPC); free some space there, or write to another folder"
 
@@ -46,21 +46,39 @@ def test_report_output_on_a_full_disk(finished_run, tmp_path):
     assert one_line(proc, 2) == f"grpokit: error: {target}: {ENOSPC_LINE}"
 
 
-def test_inspect_into_a_file_on_a_full_disk(finished_run, tmp_path):
-    """stdout redirected to a full disk: exit 2, one line naming standard output and ENOSPC (not Python's
-    'Exception ignored' warning at exit and status 120)."""
-    disk = tmp_path / "disk"
-    with full_disk(disk) as env, open(disk / "out.txt", "w") as out:
+def test_inspect_into_a_full_disk(finished_run):
+    """stdout on a full disk (/dev/full, which fails every write with ENOSPC, as a full disk does): exit 2, one line
+    naming standard output and ENOSPC (not Python's 'Exception ignored' warning at exit and status 120)."""
+    with open("/dev/full", "w") as full:
         proc = subprocess.run(
             [sys.executable, "-m", "grpokit", "inspect", str(finished_run), "--step", "1"],
-            env=env,
-            stdout=out,
+            env=cli_env(),
+            stdout=full,
             stderr=subprocess.PIPE,
             text=True,
             timeout=600,
             check=False,
         )
     assert one_line(proc, 2) == f"grpokit: error: <standard output>: {ENOSPC_LINE}"
+
+
+def test_inspect_into_a_closed_pipe(finished_run):
+    """`grpokit inspect RUN | head`: the reader went away; exit 141 (a shell's status for SIGPIPE), nothing said."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe now fails with EPIPE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "grpokit", "inspect", str(finished_run), "--step", "1"],
+            env=cli_env(),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
 
 
 def test_train_into_a_full_disk(tmp_path, tiny_model_dir, finished_run):

@@ -214,7 +214,7 @@ def test_environment_instances_reach_the_rewards(tmp_path):
         json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "eval/reward" in line
     ]
     assert len(evaluations) == 2 and all(e["eval/reward"] == 2.0 for e in evaluations)  # uses_environments + get_reward
-    assert trainer.evaluate()["eval/reward"] == 2.0  # after train(), which closed the tool workers
+    assert trainer.evaluate()["eval_reward"] == 2.0  # after train(), which closed the tool workers
     seen = [call for call in seen if len(call[0]) == 8]  # the training step's call (evaluation calls have 4 or 2)
     ((environments, prompts),) = seen
     assert len(environments) == 8 and len({id(e) for e in environments}) == 8

@@ -87,8 +87,8 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
         "reward_std",
         "advantage/mean",
         "frac_reward_zero_std",
-        "completion_length/mean",
-        "truncated_fraction",
+        "completions/mean_length",  # TRL's names in log_history (metrics.jsonl: completion_length/mean ...)
+        "completions/clipped_ratio",
         "clip_ratio/region_mean",
         "entropy",
         "learning_rate",
@@ -100,8 +100,8 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
         "tokens_per_second",
     ):
         assert key in metrics, key
-    evals = trainer.evaluate()
-    assert 0.0 <= evals["eval/pass@1"] <= evals["eval/pass@4"] <= 1.0
+    evals = trainer.evaluate()  # TRL's names: eval_<name>
+    assert 0.0 <= evals["eval_pass@1"] <= evals["eval_pass@4"] <= 1.0
     stored = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in stored if "eval/pass@1" in m] == [0, 2]  # before training and at eval_steps
     # TRL's return value: transformers' TrainOutput, about the steps run in this call
@@ -116,7 +116,8 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
     assert m["train_samples_per_second"] == pytest.approx(16 / m["train_runtime"], rel=1e-2)
     assert m["train_steps_per_second"] == pytest.approx(2 / m["train_runtime"], rel=1e-2)
     assert m["epoch"] == pytest.approx(2 / (len(word_prompts) // 2))
-    assert trainer.state.log_history[-1] == {**m, "step": 2}  # TRL's closing log entry
+    closing, evaluation = trainer.state.log_history[-2:]  # TRL's closing entry, then evaluate()'s, as in TRL
+    assert closing == {**m, "step": 2} and evaluation == {**evals, "step": 2}
 
 
 def test_chat_prompts(tmp_path, tiny_model_dir):

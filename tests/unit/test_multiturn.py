@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.multiturn import MultiTurnEngine, rollout_generators
 from grpokit.rollout.sampling import sample_next
 from grpokit.rollout.types import SamplingParams
@@ -99,7 +100,8 @@ PROMPTS = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "wh
 
 def reprefill_reference(model, chat, executor, params, generators, max_iterations):
     """ToolLoop.run with a generate that runs each rollout alone: its whole conversation prefilled at every
-    turn (no padding), then decoded token by token, from the rollout's own random stream."""
+    turn (no padding), then decoded token by token, from the rollout's own random stream; the logits
+    processors of ``params`` see the conversation so far as the turn's prompt (TRL: one generate call per turn)."""
     loop = ToolLoop(
         chat,
         executor,
@@ -119,8 +121,13 @@ def reprefill_reference(model, chat, executor, params, generators, max_iteration
             n = index[id(ids)]
             out = model(torch.tensor([ids]), use_cache=True)
             turn = []
+            rules = logits_rules(params, [ids], sorted(stops), out.logits.size(-1))
             while True:
-                token, logprob = sample_next(out.logits[:, -1], params, [generators[n]])
+                logits = out.logits[:, -1]
+                processed = None if rules is None else rules.apply(logits, [0], len(turn))
+                token, logprob = sample_next(logits, params, [generators[n]], processed)
+                if rules is not None:
+                    rules.append([0], token)
                 turn.append(int(token))
                 logprobs[n].append(float(logprob))
                 if turn[-1] in stops or len(turn) == limit:
@@ -133,10 +140,14 @@ def reprefill_reference(model, chat, executor, params, generators, max_iteration
     return rollouts, logprobs
 
 
+# the logits processors (TRL's repetition_penalty, generation_kwargs) per turn, over the whole conversation
+RULES = dict(repetition_penalty=1.5, min_new_tokens=3, begin_suppress_tokens=(5, 6), no_repeat_ngram_size=3)
+
+
 @pytest.mark.parametrize("keep_cache", [True, False])
-@pytest.mark.parametrize("greedy", [False, True])
-def test_kept_cache_equals_reprefilling_every_turn(model, chat, keep_cache, greedy):
-    params = SamplingParams(max_completion_length=240, temperature=0.8, greedy=greedy)
+@pytest.mark.parametrize("greedy, rules", [(False, False), (True, False), (False, True), (True, True)])
+def test_kept_cache_equals_reprefilling_every_turn(model, chat, keep_cache, greedy, rules):
+    params = SamplingParams(max_completion_length=240, temperature=0.8, greedy=greedy, **(RULES if rules else {}))
     with ToolExecutor([echo], isolation="thread") as executor:
         engine = HFRolloutEngine(model, STOPS, chat.tokenizer.pad_token_id, CPU, seed=5)
         multi = MultiTurnEngine(
@@ -165,6 +176,18 @@ def test_kept_cache_equals_reprefilling_every_turn(model, chat, keep_cache, gree
         assert (rollouts.logprobs[n][~sampled] == 0).all()
         assert rollouts.conversations[n].stop_reason == expected.stop_reason
         assert rollouts.conversations[n].messages == expected.messages[1:]
+
+
+def test_logits_rules_change_multi_turn_rollouts(model, chat):
+    """The test above compares with and without the processors against a reference; here: they act at all."""
+    with ToolExecutor([echo], isolation="thread") as executor:
+        engine = HFRolloutEngine(model, STOPS, chat.tokenizer.pad_token_id, CPU, seed=5)
+        multi = MultiTurnEngine(engine, chat, executor, max_tool_calling_iterations=3, parser=echo_parser)
+        plain = multi.generate(PROMPTS, 1, SamplingParams(max_completion_length=60, greedy=True))
+        ruled = multi.generate(PROMPTS, 1, SamplingParams(max_completion_length=60, greedy=True, **RULES))
+    assert plain.completion_ids.tolist() != ruled.completion_ids.tolist()
+    first = [int(ruled.completion_ids[n, 0]) for n in range(2)]
+    assert not set(first) & {5, 6} and not set(first) & set(STOPS)  # begin_suppress_tokens; min_new_tokens
 
 
 def test_logprobs_equal_one_forward_over_the_conversation(model, chat):

@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from grpokit.rewards.runner import RewardResult
-from grpokit.train.metrics import PhaseClock, step_metrics, train_summary
+from grpokit.train.metrics import (
+    TRL_NAMES,
+    PhaseClock,
+    sample_metrics,
+    step_metrics,
+    stored_eval_names,
+    train_summary,
+    trl_eval_names,
+    trl_names,
+)
 
 
 def test_step_metrics_by_hand():
@@ -33,6 +42,7 @@ def test_step_metrics_by_hand():
         staleness=1,
         times=times,
         extra={"restarts": 0.0},
+        tokens_seen=130.0,
     )
     assert metrics["reward"] == pytest.approx(0.75)  # the RewardResult's own metrics come first
     assert metrics["loss"] == 0.5
@@ -45,6 +55,9 @@ def test_step_metrics_by_hand():
         8.0,
     )
     assert metrics["truncated_fraction"] == 0.25
+    # the three that ended with EOS: lengths 2, 4, 6 -> mean 4, min 2, max 6 (TRL's terminated lengths)
+    assert [metrics[f"completion_length/terminated_{s}"] for s in ("mean", "min", "max")] == [4.0, 2.0, 6.0]
+    assert metrics["num_tokens"] == 130.0  # the run's tokens so far, as given
     assert (metrics["prompts_truncated"], metrics["prompts_dropped"], metrics["policy_staleness"]) == (3.0, 1.0, 1.0)
     assert metrics["tokens_per_second"] == 15.0  # (20 completion + 10 prompt tokens) / 2 s
     assert metrics["time/reward"] == 0.5 and metrics["step_time"] == 2.0 and metrics["restarts"] == 0.0
@@ -76,4 +89,60 @@ def test_train_summary_by_hand():
         "train_samples_per_second": 0.0,
         "train_steps_per_second": 0.0,
         "train_loss": 0.0,
+    }
+
+
+def test_terminated_lengths_are_zero_when_every_completion_was_cut():
+    combined = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    rewards = RewardResult(["acc"], combined[:, None], combined, [None] * 2, {"acc": 0})
+    metrics = sample_metrics(rewards, 2, torch.tensor([4.0, 4.0]), torch.tensor([1.0, 1.0]))
+    assert [metrics[f"completion_length/terminated_{s}"] for s in ("mean", "min", "max")] == [0.0, 0.0, 0.0]
+    assert metrics["truncated_fraction"] == 1.0 and metrics["frac_reward_zero_std"] == 0.0
+
+
+def test_trl_names_map_grpokit_names_in_one_table():
+    metrics = {
+        "completion_length/mean": 5.0,
+        "completion_length/min": 2.0,
+        "completion_length/max": 8.0,
+        "truncated_fraction": 0.25,
+        "completion_length/terminated_mean": 4.0,
+        "completion_length/terminated_min": 2.0,
+        "completion_length/terminated_max": 6.0,
+        "reward": 0.75,
+        "rewards/acc/mean": 0.75,
+        "kl": 0.01,
+        "advantage/mean": 0.0,
+    }
+    assert trl_names(metrics) == {
+        "completions/mean_length": 5.0,
+        "completions/min_length": 2.0,
+        "completions/max_length": 8.0,
+        "completions/clipped_ratio": 0.25,
+        "completions/mean_terminated_length": 4.0,
+        "completions/min_terminated_length": 2.0,
+        "completions/max_terminated_length": 6.0,
+        "reward": 0.75,  # the same name in both
+        "rewards/acc/mean": 0.75,
+        "kl": 0.01,
+        "advantage/mean": 0.0,  # grpokit's own, kept
+    }
+    assert set(TRL_NAMES) <= set(metrics)  # every mapped name is one step_metrics writes (checked above)
+
+
+def test_eval_names_for_one_eval_set_and_for_a_dict_of_them():
+    metrics = {"eval/reward": 0.5, "eval/completion_length/mean": 3.0, "eval/pass@1": 0.25, "eval/acc_logged": 1.0}
+    assert trl_eval_names(metrics) == {
+        "eval_reward": 0.5,
+        "eval_completions/mean_length": 3.0,
+        "eval_pass@1": 0.25,
+        "eval_acc_logged": 1.0,
+    }
+    assert trl_eval_names(metrics, "eval_math")["eval_math_completions/mean_length"] == 3.0
+    assert stored_eval_names(metrics) == metrics
+    assert stored_eval_names(metrics, "math") == {
+        "eval/math/reward": 0.5,
+        "eval/math/completion_length/mean": 3.0,
+        "eval/math/pass@1": 0.25,
+        "eval/math/acc_logged": 1.0,
     }

@@ -217,6 +217,92 @@ def test_trl_step_counts_are_converted_to_generation_batches():
     assert quiet(max_steps=100, save_steps=10).max_steps == 100
 
 
+def test_num_iterations_counts_in_trl_step_conversion():
+    """TRL reuses a generation batch num_iterations times: steps_per_generation=2, num_iterations=2 is 2 x 2 = 4
+    optimizer steps per generation batch, so TRL's max_steps=4 is one grpokit step (2 mini-batches, 2 passes),
+    save_steps 6 -> ceil(6 / 4) = 2; num_iterations alone (no steps_per_generation) converts nothing."""
+    cfg = quiet(num_iterations=2, steps_per_generation=2, max_steps=4, save_steps=6)
+    assert (cfg.max_steps, cfg.num_mini_batches, cfg.num_iterations, cfg.save_steps) == (1, 2, 2, 2)
+    assert cfg.max_steps * cfg.optimizer_steps_per_step() == 4
+    assert quiet(num_iterations=3, generation_batch_size=16, per_device_train_batch_size=8, max_steps=12).max_steps == 2
+    assert quiet(num_iterations=2, max_steps=4).max_steps == 4
+    with pytest.raises(ConfigError, match=r"steps_per_generation=2 with num_iterations=2 makes 4 optimizer steps"):
+        GRPOConfig(num_iterations=2, steps_per_generation=2, max_steps=6)
+
+
+def test_repetition_penalty_and_generation_kwargs_are_acted_on():
+    """Both are grpokit settings now: no warning, and the sampler's options follow them (generation_kwargs over the
+    config's own keys, as TRL updates its generation kwargs with them)."""
+    cfg = quiet(
+        repetition_penalty=1.3,
+        top_k=5,
+        generation_kwargs={
+            "top_k": 50,
+            "suppress_tokens": [3, 4],
+            "bad_words_ids": [[7], [8, 9]],
+            "min_new_tokens": 2,
+            "no_repeat_ngram_size": 3,
+            "begin_suppress_tokens": [1],
+            "do_sample": True,
+            "use_cache": True,  # how transformers computes, not what is sampled
+            "temperature": 1.0,  # agrees with temperature
+            "num_beams": 1,
+        },
+    )
+    assert "repetition_penalty" not in cfg.unused_trl_settings and "generation_kwargs" not in cfg.unused_trl_settings
+    assert cfg.sampling_options() == {
+        "top_p": 1.0,
+        "top_k": 50,
+        "min_p": 0.0,
+        "repetition_penalty": 1.3,
+        "no_repeat_ngram_size": 3,
+        "min_new_tokens": 2,
+        "suppress_tokens": (3, 4),
+        "begin_suppress_tokens": (1,),
+        "bad_words_ids": ((7,), (8, 9)),
+        "greedy": False,
+    }
+    assert quiet(generation_kwargs={"do_sample": False}).sampling_options()["greedy"] is True
+    assert load_config(None, ["repetition_penalty=1.1"]).repetition_penalty == 1.1
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (
+            {"generation_kwargs": {"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}},
+            r"generation_kwargs: 'length_penalty' cannot be honoured exactly by grpokit's sampler; remove it",
+        ),
+        ({"generation_kwargs": {"num_beams": 2}}, r"generation_kwargs num_beams=2 differs from what grpokit runs"),
+        (
+            {"generation_kwargs": {"temperature": 0.7}, "temperature": 1.0},
+            r"generation_kwargs temperature=0.7 differs from what grpokit runs: set temperature=0.7 instead",
+        ),
+        (
+            {"generation_kwargs": {"max_new_tokens": 9}, "max_completion_length": 8},
+            r"set max_completion_length=9 instead",
+        ),
+        ({"generation_kwargs": {"typical_p": 0.9, "sequence_bias": {}}}, r"'typical_p', 'sequence_bias' cannot be"),
+        ({"generation_kwargs": {"suppress_tokens": [-1]}}, r"suppress_tokens=\[-1\]: expected a list of token ids"),
+        ({"generation_kwargs": {"bad_words_ids": [1, 2]}}, r"bad_words_ids=\[1, 2\]: expected a non-empty list of"),
+        ({"generation_kwargs": {"top_p": 1.5}}, r"generation_kwargs top_p=1.5 is out of range"),
+        ({"repetition_penalty": 0.0}, r"repetition_penalty=0.0 must be > 0"),
+        ({"generation_kwargs": "top_k=5"}, r"generation_kwargs='top_k=5' has the wrong type: expected dict"),
+    ],
+)
+def test_generation_kwargs_grpokit_cannot_honour_are_refused_by_name(given, message):
+    with pytest.raises(ConfigError, match=message):
+        GRPOConfig(**given)
+
+
+def test_vllm_takes_the_generation_kwargs_it_has():
+    """vLLM's SamplingParams has repetition_penalty and min_tokens with transformers' meaning, not the bans."""
+    with pytest.raises(ConfigError, match=r"'suppress_tokens' cannot be honoured exactly by vLLM's sampler"):
+        GRPOConfig(engine="vllm", generation_kwargs={"suppress_tokens": [1], "min_new_tokens": 2})
+    options = GRPOConfig(engine="vllm", generation_kwargs={"min_new_tokens": 2}).sampling_options()
+    assert options["min_new_tokens"] == 2
+
+
 @pytest.mark.parametrize(
     "given, message",
     [
@@ -276,3 +362,13 @@ def test_from_trl_doc_names_every_trl_key():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "from_trl.md").read_text()
     missing = [key for key in TRL_DEFAULTS if f"`{key}" not in doc]
     assert missing == [], "docs/from_trl.md does not say what grpokit does with these TRL keys"
+
+
+def test_pass_at_k_follows_a_small_num_generations_eval():
+    """TRL's num_generations_eval=1 (its test_train_with_num_generations_eval) with grpokit's default pass_at_k
+    [1, 8]: the default becomes [1, n] rather than refusing k = 8 > n; a pass_at_k given is kept (and checked)."""
+    assert quiet(num_generations_eval=1).pass_at_k == [1]
+    assert quiet(num_generations_eval=4).pass_at_k == [1, 4]
+    assert quiet(num_generations_eval=16).pass_at_k == [1, 8]
+    with pytest.raises(ConfigError, match=r"pass_at_k contains 8: each k must be an integer in \[1, num_generations"):
+        GRPOConfig(num_generations_eval=2, pass_at_k=[1, 8])

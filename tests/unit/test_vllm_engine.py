@@ -77,13 +77,17 @@ def test_rollouts_from_vllm_rejects_incomplete_outputs():
 
 
 def test_sampling_kwargs_follow_the_generation_config():
-    params = SamplingParams(64, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05)
+    params = SamplingParams(
+        64, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, repetition_penalty=1.3, min_new_tokens=4
+    )
     assert vllm_sampling_kwargs(params, 8, seed=123, eos_token_ids=[7, 2, 7]) == {
         "n": 8,
         "temperature": 0.7,
         "top_p": 0.9,
         "top_k": 20,
         "min_p": 0.05,
+        "repetition_penalty": 1.3,  # vLLM's meaning is transformers': prompt and output tokens, / p or * p
+        "min_tokens": 4,  # stop tokens held back until 4 tokens (transformers' min_new_tokens)
         "max_tokens": 64,
         "seed": 123,
         "stop_token_ids": [2, 7],
