@@ -90,6 +90,9 @@ def _parser():
     import argparse
 
     parser = argparse.ArgumentParser(prog="grpokit", description="GRPO-family RL fine-tuning of language models.")
+    from grpokit import __version__
+
+    parser.add_argument("--version", action="version", version=f"grpokit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -97,25 +100,25 @@ def _parser():
         help="train from a YAML config",
         description="Train from a YAML config. Overrides: key=value, section.key=value or --key=value.",
     )
-    p.add_argument("config")
-    p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value overrides")
-    p.set_defaults(func=cmd_train)
+    p.add_argument("config", help="a YAML config (every key: docs/config.md)")
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value settings that replace the config's")
+    p.set_defaults(func=_quietly(cmd_train))
 
     p = sub.add_parser("eval", help="evaluate a config's model, or a run's final model, on its eval dataset")
     p.add_argument("target", help="a YAML config or a run folder")
-    p.add_argument("overrides", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_eval)
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value settings that replace the config's")
+    p.set_defaults(func=_quietly(cmd_eval))
 
     p = sub.add_parser("explain", help="print the resolved config and derived sizes, without training")
     p.add_argument("config", help="a YAML config or a run folder")
-    p.add_argument("overrides", nargs=argparse.REMAINDER)
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value settings that replace the config's")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("demo", help="offline CPU demo: teach a small model arithmetic with GRPO")
-    p.add_argument("--output-dir", default="runs/demo")
+    p.add_argument("--output-dir", default="runs/demo", help="the run folder (default: runs/demo)")
     p.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the example config's)")
     p.add_argument("--rebuild", action="store_true", help="rebuild the cached warm-start policy")
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=_quietly(cmd_demo))
 
     p = sub.add_parser("env", help="print versions, hardware and what grpokit picks here (for bug reports)")
     p.set_defaults(func=cmd_env)
@@ -146,6 +149,34 @@ def is_user_error(exc: BaseException) -> bool:
 
 def _overrides(items: list[str]) -> list[str]:
     return [x for x in items if x != "--"]
+
+
+def _quietly(command):
+    """``command`` (one that loads a model) run with transformers' own progress bars off: see
+    :func:`_quiet_model_loading`."""
+
+    def run(args) -> int:
+        _quiet_model_loading()
+        return command(args)
+
+    return run
+
+
+def _quiet_model_loading() -> None:
+    """Turn off transformers' own progress bars ("Loading weights", "Loading checkpoint shards", "Writing model
+    shards"): drawn on stderr between a run's log lines, they break them up and tell a log nothing. Downloads keep
+    huggingface_hub's bars (a first run of a hub model shows its progress); ``HF_HUB_DISABLE_PROGRESS_BARS=0``
+    keeps every bar. The CLI owns its process; the library leaves a Python user's settings alone."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    if constants.HF_HUB_DISABLE_PROGRESS_BARS is False:  # the user asked for every bar
+        return
+    downloads = not are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # turns off huggingface_hub's bars too,
+    if downloads:
+        enable_progress_bars()  # which downloads keep
 
 
 def _keep_freed_memory_on_cpu(device: str) -> None:

@@ -17,6 +17,7 @@ import functools
 import os
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,17 @@ def _load(cls: Any, source: str, what: str, fix: str, cause: bool = True, **kwar
 
 # What a run folder holds besides a saved model: never uploaded by push_folder.
 RUN_FILES = ["checkpoints/**", "final/**", "eval/**", "rollouts.sqlite*", "metrics.jsonl", "report.html", "*.tmp"]
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    """Where ``push_to_hub`` uploads (TRL's ``hub_model_id``: None = the output folder's name, ``hub_token``,
+    ``hub_private_repo``, ``hub_revision``)."""
+
+    model_id: str | None = None
+    token: str | None = None
+    private: bool = False
+    revision: str | None = None
 
 
 def push_folder(

@@ -151,7 +151,8 @@ class Tracker:
         self.log(metrics, step)
         if "console" in self.sinks:
             shown = {k: v for k, v in metrics.items() if k.rpartition("/")[2] in EVAL_CONSOLE or "/pass@" in k}
-            self.console.print(f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+            line = f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in shown.items())
+            self.console.print(line, soft_wrap=True)  # one line, however narrow (rich wraps at 80 when piped)
 
     def log_completions(self, records: list[RolloutRecord], step: int, limit: int | None = None) -> None:
         """TRL's ``log_completions``: a table of the step's prompts, completions, rewards and advantages."""
@@ -171,7 +172,7 @@ class Tracker:
             return
         parts = [f"{steps} steps in {summary['train_runtime']:.1f}s", f"train_loss={summary['train_loss']:.4g}"]
         parts += [f"{k}={metrics[k]:.4g}" for k in ("reward", KL) if k in metrics]
-        self.console.print("done: " + "  ".join(parts))
+        self.console.print("done: " + "  ".join(parts), soft_wrap=True)
 
     def close(self) -> None:
         if self._progress is not None:

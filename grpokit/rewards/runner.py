@@ -18,11 +18,13 @@ Whatever runs them, the results are checked and combined here, in the order of t
 A function's first failure of each kind is printed at once with its traceback
 (:meth:`RewardRunner.score`), and a batch on which every function failed on every completion
 counts towards :meth:`RewardRunner.check_signal`, which stops a run that has nothing to learn from.
+A completion for which every function returned None (no reward applies) is logged once, in TRL's words.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +36,8 @@ import torch
 from grpokit.rewards.contract import TIMED_OUT, RewardError, as_completions, check_output
 from grpokit.rewards.pool import LocalRewardPool, PoolFactory
 from grpokit.rewards.registry import resolve_reward
+
+logger = logging.getLogger(__name__)
 
 # Batches in a row on which every function failed on every completion before a run stops
 # (the first batch of a run stops it at once).
@@ -186,6 +190,7 @@ class RewardRunner:
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float64)  # [F]
         self.timeout = float(timeout)
         self._announced: set[tuple[str, str]] = set()
+        self._warned_no_reward = False
         self._batches = self._failed_in_a_row = 0
         if isolate is None:  # the functions named by a string in worker processes, the objects given here on threads
             isolate = [isinstance(spec.get("name") if isinstance(spec, Mapping) else spec, str) for spec in specs]
@@ -269,7 +274,30 @@ class RewardRunner:
                     if value is not None:
                         per_func[i, f] = value
                     messages[i][f] = message
+        self._warn_if_no_reward_applies(per_func, messages, batch)
         return RewardValues(per_func, messages, logged, extra)
+
+    def _warn_if_no_reward_applies(self, per_func: torch.Tensor, messages: list[list[str | None]], batch: dict) -> None:
+        """Warn (once per runner, through ``logging``, as TRL does) when every function returned None for a
+        completion: it has no reward, so its advantage is 0 and nothing is learned from it. Failures are not
+        counted here: they are announced with their traceback (:meth:`_announce`)."""
+        if self._warned_no_reward:
+            return
+        absent = torch.isnan(per_func).all(dim=1)  # [N]
+        rows = [i for i in absent.nonzero().flatten().tolist() if all(m is None for m in messages[i])]
+        if not rows:
+            return
+        self._warned_no_reward = True
+        i = rows[0]
+        kwargs = {key: value[i] for key, value in batch.items() if isinstance(value, list) and len(value) > i}
+        logger.warning(
+            "All reward functions returned None for the following kwargs:\n%s\n(%d of %d completions in this batch; "
+            "printed once.) A completion without a reward gets advantage 0 and teaches nothing: make at least one "
+            "reward function return a number for it.",
+            kwargs,
+            len(rows),
+            len(messages),
+        )
 
     def _announce(self, name: str, error: str, trace: str | None) -> None:
         """Print a function's error the first time it occurs, with its traceback."""

@@ -467,6 +467,9 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
         tokenizer = load_tokenizer(tokenizer, args.trust_remote_code)
     if tokenizer is None and args.tokenizer_name_or_path:
         tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
+    loaded_from = getattr(getattr(model, "config", None), "_name_or_path", None)
+    if tokenizer is None and is_hf_model(model) and loaded_from:  # as TRL: the tokenizer the model was loaded with
+        tokenizer = load_tokenizer(loaded_from, args.trust_remote_code)
     if tokenizer is None:
         raise ConfigError(
             "no tokenizer: pass tokenizer=... (an HF tokenizer or any object with encode/decode and eos_token_id)."

@@ -197,6 +197,7 @@ def eval_spec(args: GRPOConfig) -> EvalSpec:
 def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
     """The training loop's own settings (:class:`grpokit.train.trainer.GRPOTrainer`); ``args`` with max_steps
     resolved."""
+    from grpokit.hub import HubSpec
     from grpokit.train.trainer import LoopSpec
 
     return LoopSpec(
@@ -215,4 +216,11 @@ def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
         logging_steps=args.logging_steps,
         save_at_end=args.save_strategy != "no",
         merge_on_save=args.merge_on_save,
+        eval_dataset=args.eval_dataset,
+        hub=HubSpec(
+            model_id=args.hub_model_id,
+            token=args.hub_token,
+            private=bool(args.hub_private_repo),
+            revision=args.hub_revision,
+        ),
     )

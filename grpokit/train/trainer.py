@@ -23,6 +23,7 @@ from grpokit.config.training import AlgoConfig
 from grpokit.data.prompts import reward_arguments
 from grpokit.eval.evaluator import Evaluator
 from grpokit.hardware import autocast_dtype
+from grpokit.hub import HubSpec
 from grpokit.kernels import Kernels
 from grpokit.modeling import ensure_pad_token
 from grpokit.rewards.contract import RewardState
@@ -76,6 +77,8 @@ class LoopSpec:
     logging_steps: int = 1
     save_at_end: bool = True
     merge_on_save: bool = False
+    eval_dataset: Any = None
+    hub: HubSpec | None = None
 
 
 _PADDING = -1e9  # pads masked entropies (>= 0) to the same length on every process before a gather
@@ -137,9 +140,9 @@ class GRPOTrainer:
         self.args = args = inputs.args  # the user's GRPOConfig (max_steps resolved), as TRL's trainer.args
         self.train_rows, eval_rows, self.rewards = inputs.train_rows, inputs.eval_sets, inputs.rewards
         self.train_dataset = train_dataset  # as given (TRL's attributes)
-        self.eval_dataset = eval_dataset if eval_dataset is not None else args.eval_dataset
-        self.steps_per_epoch = inputs.steps_per_epoch
         spec = self.spec = specs.loop_spec(args, procs.world_size)  # the loop's own settings
+        self.eval_dataset = eval_dataset if eval_dataset is not None else spec.eval_dataset
+        self.steps_per_epoch = inputs.steps_per_epoch
         self.run_dir_spec = specs.run_dir_spec(args)
         # The policy, its prompts, how it samples and how it learns.
         path = model if isinstance(model, str) else spec.model_name_or_path if model is None else None
@@ -677,7 +680,7 @@ class GRPOTrainer:
             return self.eval_sets
         if isinstance(eval_dataset, str) and eval_dataset in self.eval_sets:
             return {eval_dataset: self.eval_sets[eval_dataset]}
-        rows = setup.eval_sets(eval_dataset, self.args.prompt_column, specs.prompt_builder(self.args))
+        rows = setup.eval_sets(eval_dataset, self.spec.prompt_column, specs.prompt_builder(self.args))
         setup.check_data(self.args, self.train_rows, rows, self.rewards, self.procs.world_size)
         return setup.prompt_sources(self.args, self.tokenizer, self.train_rows, rows)[1]
 
@@ -705,14 +708,14 @@ class GRPOTrainer:
         self.save_model()
         if not self.procs.is_main:
             return None
-        args = self.args
+        hub, folder = self.spec.hub, Path(self.run_dir_spec.output_dir)
         return push_folder(
-            Path(args.output_dir),
-            args.hub_model_id or Path(args.output_dir).resolve().name,
-            token=token or args.hub_token,
-            private=bool(args.hub_private_repo),
+            folder,
+            hub.model_id or folder.resolve().name,
+            token=token or hub.token,
+            private=hub.private,
             commit_message=commit_message,
-            revision=kwargs.get("revision") or args.hub_revision,
+            revision=kwargs.get("revision") or hub.revision,
         )
 
     def _save_checkpoint(self) -> None:

@@ -4,7 +4,8 @@ Fenced blocks are found generically (```bash / sh / shell / console: one command
 script), so a block added to the docs is run without touching this file. Each runs in a fresh folder
 holding what the docs' placeholders name: ``path/to/causal-lm`` (a tiny local model), ``train.jsonl`` /
 ``eval.jsonl``, ``my_rewards.py``, a ``# config.yaml`` YAML block of the same page written as that file,
-and links to ``examples/``, ``bench/`` and ``docs/``. ``HOME`` is a folder of its own.
+and links to ``examples/``, ``bench/`` and ``docs/``. ``HOME`` is a folder of its own, holding a tiny stand-in
+for the model ``make demo`` caches (the quickstart's).
 
 A command runs exactly as documented, or with arguments appended (``APPENDED``: shortening overrides
 such as ``max_steps=1``, and a local model where the docs name a hub model), or is listed in
@@ -163,6 +164,10 @@ TOOLS_SHORT = [
 ]
 # A documented command's start (the longest one that matches) -> arguments appended to it.
 APPENDED = {
+    # the README's quickstart, on a tiny stand-in for the demo's model (see demo_policy): 2 steps, then 1 more
+    "grpokit train examples/quickstart/config.yaml": ["max_steps=2"],
+    "grpokit train examples/quickstart/config.yaml resume_from=latest": ["max_steps=3"],
+    "grpokit inspect runs/quickstart --step 30": ["--step", "2"],
     "grpokit explain config.yaml": TINY_MODEL,
     "grpokit train config.yaml": TINY_MODEL + SHORT_RUN,
     "grpokit train config.yaml resume_from=latest": TINY_MODEL + SHORT_RUN[1:] + ["max_steps=2"],  # one step more
@@ -277,8 +282,18 @@ def appended(command: str) -> list[str]:
     return table[max(matches, key=len)] if matches else []
 
 
+@pytest.fixture(scope="session")
+def demo_policy(tmp_path_factory):
+    """A tiny stand-in for the model `make demo` caches (same tokenizer and layout, a few warm-start steps): what
+    the quickstart's ``~/.cache/grpokit/demo-policy-v1`` names."""
+    from grpokit.demo import WarmStartConfig, ensure_demo_policy
+
+    tiny = WarmStartConfig(hidden_size=16, num_layers=1, num_heads=2, clean_steps=2, sloppy_steps=1, batch_size=8)
+    return ensure_demo_policy(tmp_path_factory.mktemp("demo-cache"), config=tiny)
+
+
 @pytest.fixture()
-def workdir(tmp_path, tiny_model_dir):
+def workdir(tmp_path, tiny_model_dir, demo_policy):
     """A folder with what the docs' placeholders name (see the module docstring)."""
     (tmp_path / "path" / "to").mkdir(parents=True)
     (tmp_path / "path" / "to" / "causal-lm").symlink_to(tiny_model_dir)
@@ -290,7 +305,8 @@ def workdir(tmp_path, tiny_model_dir):
     (tmp_path / "my_rewards.py").write_text(
         "def brevity(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n"
     )
-    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / ".cache" / "grpokit").mkdir(parents=True)
+    (tmp_path / "home" / ".cache" / "grpokit" / demo_policy.name).symlink_to(demo_policy)
     return tmp_path
 
 
@@ -418,3 +434,11 @@ def test_readme_arithmetic_example_command(tmp_path):
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr[-4000:]
     assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+def test_readme_shows_the_quickstart_config():
+    """The README's quickstart shows examples/quickstart/config.yaml as it is: the block a reader copies is the file
+    the tests run."""
+    config = (ROOT / "examples" / "quickstart" / "config.yaml").read_text()
+    shown = [b.text for b in blocks(ROOT / "README.md") if b.lang in ("yaml", "yml")]
+    assert config in shown, "README.md's quickstart YAML differs from examples/quickstart/config.yaml"

@@ -334,3 +334,17 @@ def test_reward_processing_classes_reach_a_sequence_classifier(tmp_path, tiny_mo
         expected = judge(**inputs).logits[:, 0]
     got = torch.tensor([next(iter(row["rewards"].values())) for row in rows])
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_loaded_model_without_a_tokenizer_gets_the_one_it_was_loaded_with(tmp_path, tiny_model_dir):
+    """TRL's GRPOTrainer(model=<loaded HF model>) with no processing_class loads the tokenizer from the folder the
+    model came from (model.config._name_or_path); a module with no such folder still asks for one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+    trainer = GRPOTrainer(model=model, reward_funcs=has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS)
+    assert trainer.processing_class.name_or_path == str(tiny_model_dir)
+    assert trainer.processing_class.get_vocab() == AutoTokenizer.from_pretrained(str(tiny_model_dir)).get_vocab()
+    model.config._name_or_path = ""  # built from a config: no folder to look in
+    with pytest.raises(ValueError, match="no tokenizer"):
+        GRPOTrainer(model=model, reward_funcs=has_target, args=config(tmp_path / "run2"), train_dataset=PROMPTS)

@@ -372,3 +372,21 @@ def test_isolate_none_runs_named_rewards_in_workers_and_given_functions_here(tmp
     with RewardRunner([counting], isolate=True) as runner:  # isolation stays one setting away
         runner.score(["p"], ["a"])
     assert seen == [2, 3]  # the worker process's list, not this one
+
+
+def test_a_completion_no_reward_applies_to_is_logged_once_as_trl_words_it(caplog):
+    """TRL logs "All reward functions returned None for the following kwargs" when a completion has no reward;
+    grpokit logs it once per run (it gets advantage 0), not for failures (announced with their traceback)."""
+    runner = RewardRunner([fixed([1.0, None]), fixed([None, None])], isolate=False)
+    with caplog.at_level("WARNING", logger="grpokit.rewards.runner"):
+        runner.score(["p0", "p1"], ["c0", "c1"])
+        runner.score(["p0", "p1"], ["c0", "c1"])
+    records = [r for r in caplog.records if "All reward functions returned None" in r.getMessage()]
+    assert len(records) == 1
+    message = records[0].getMessage()
+    assert "'completions': 'c1'" in message and "'prompts': 'p1'" in message and "(1 of 2 completions" in message
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="grpokit.rewards.runner"):
+        RewardRunner([fixed([1.0, 2.0])], isolate=False).score(["p", "p"], ["a", "b"])  # every completion has one
+        RewardRunner([boom, fixed([None])], isolate=False).score(["p"], ["a"])  # a failure is not "returned None"
+    assert "All reward functions returned None" not in caplog.text
