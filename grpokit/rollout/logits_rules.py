@@ -58,11 +58,11 @@ class LogitsRules:
         self.eos = torch.tensor(eos, dtype=torch.long, device=self.device)
         self.words = [w for w in words if len(w) > 1]
         n = len(histories)
-        self.seen = (
-            torch.zeros((n, vocab_size), dtype=torch.bool, device=self.device)
-            if params.repetition_penalty != 1.0
-            else None
-        )  # [n, V]
+        self.penalise = params.repetition_penalty != 1.0
+        # each row's tokens for the penalty, as transformers gathers and scatters them: [n, capacity] ids (-1 after
+        # a row's length), so a step costs rows x context, not rows x vocabulary
+        self.context = torch.full((n, max([len(h) for h in histories] + [1]) + 16), -1, dtype=torch.long)
+        self.length = torch.zeros(n, dtype=torch.long)
         self.keep_tokens = bool(params.no_repeat_ngram_size or self.words)
         self.tokens: list[list[int]] = [[] for _ in range(n)]
         self.ngrams: list[dict[tuple[int, ...], set[int]]] = [{} for _ in range(n)]
@@ -79,10 +79,11 @@ class LogitsRules:
     def reset(self, row: int, history: Sequence[int]) -> None:
         """Row ``row``'s context is now ``history`` (a multi-turn rollout's whole conversation so far)."""
         history = [int(t) for t in history]
-        if self.seen is not None:
-            self.seen[row] = False
-            if history:
-                self.seen[row, history] = True
+        if self.penalise:
+            self._room(len(history))
+            self.context[row] = -1
+            self.context[row, : len(history)] = torch.tensor(history, dtype=torch.long)
+            self.length[row] = len(history)
         if self.keep_tokens:
             self.tokens[row], self.ngrams[row] = [], {}
             for token in history:
@@ -90,12 +91,22 @@ class LogitsRules:
 
     def append(self, rows: torch.Tensor | Sequence[int], tokens: torch.Tensor) -> None:
         """Rows ``rows`` [A] sampled ``tokens`` [A]."""
+        if self.penalise:
+            at = torch.as_tensor(rows, dtype=torch.long)
+            self._room(int(self.length[at].max()) + 1 if at.numel() else 0)
+            self.context[at, self.length[at]] = tokens.cpu().long()
+            self.length[at] += 1
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        if self.seen is not None:
-            self.seen[rows, tokens.to(self.device)] = True
         if self.keep_tokens:
             for row, token in zip(rows.tolist(), tokens.tolist()):
                 self._push(row, token)
+
+    def _room(self, length: int) -> None:
+        """Grow the context tensor to hold ``length`` tokens per row (doubling: appends stay O(1) on average)."""
+        if length > self.context.size(1):
+            grown = torch.full((self.context.size(0), 2 * length), -1, dtype=torch.long)
+            grown[:, : self.context.size(1)] = self.context
+            self.context = grown
 
     def _push(self, row: int, token: int) -> None:
         tokens, n = self.tokens[row], self.params.no_repeat_ngram_size
@@ -110,25 +121,46 @@ class LogitsRules:
         tokens each row has sampled in this completion (or turn) so far, one number or one per row."""
         p = self.params
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        out = logits.float()
-        if self.seen is not None:
-            seen = self.seen[rows].to(out.device)  # [A, V]
-            penalised = torch.where(out < 0, out * p.repetition_penalty, out / p.repetition_penalty)
-            out = torch.where(seen, penalised, out)
+        out = logits.float().clone()  # [A, V]
+        if self.penalise:
+            self._penalise(out, rows.cpu())
         banned = torch.zeros(out.shape, dtype=torch.bool, device=out.device)  # [A, V]
+        any_ban = False
         if self.always is not None:
             banned |= self.always.to(out.device)
+            any_ban = True
         counts = torch.as_tensor(generated, dtype=torch.long, device=out.device).expand(out.size(0))  # [A]
         if self.at_start is not None:
             banned |= (counts == 0)[:, None] & self.at_start.to(out.device)
+            any_ban = True
         if p.min_new_tokens:
             early = (counts < p.min_new_tokens).nonzero().squeeze(-1)  # [a]
             banned[early[:, None], self.eos.to(out.device)[None, :]] = True
+            any_ban = True
         if self.keep_tokens:
             for a, row in enumerate(rows.tolist()):
                 for token in self._banned_by_history(row):
                     banned[a, token] = True
-        return out.masked_fill(banned, float("-inf"))
+                    any_ban = True
+        return out.masked_fill_(banned, float("-inf")) if any_ban else out
+
+    def _penalise(self, out: torch.Tensor, rows: torch.Tensor) -> None:
+        """Repetition penalty in place on ``out`` [A, V] of rows ``rows`` [A]: each token of a row's context has its
+        score divided by p when positive, multiplied when negative (repeats in the context count once: transformers
+        gathers the scores, penalises them and scatters them back, so a repeated id gets the same value)."""
+        width = int(self.length[rows].max()) if rows.numel() else 0
+        if width == 0:
+            return
+        ids = self.context[rows, :width]  # [A, L], -1 after each row's length
+        known = ids >= 0
+        # a padding slot repeats the row's first token (same value written twice); a row with no token writes its
+        # column 0 back unchanged
+        ids = torch.where(known, ids, ids[:, :1].clamp(min=0)).to(out.device)
+        scores = out.gather(1, ids)  # [A, L]
+        penalty = self.params.repetition_penalty
+        penalised = torch.where(scores < 0, scores * penalty, scores / penalty)
+        has_tokens = (self.length[rows] > 0).to(out.device)[:, None]  # [A, 1]
+        out.scatter_(1, ids, torch.where(has_tokens, penalised, scores))
 
     def _banned_by_history(self, row: int) -> set[int]:
         """Tokens banned in row ``row`` by what it holds: those completing a repeated n-gram or a bad word."""

@@ -608,10 +608,12 @@ class GRPOTrainer:
         of one of the trainer's dict); ``ignore_keys`` is TRL's and has nothing to ignore here;
         ``metric_key_prefix`` replaces ``eval`` in the returned names."""
         out: dict[str, float] = {}
-        for name, metrics in self._evaluations(eval_dataset).items():
-            if self._writing:  # during train(): the run folder keeps grpokit's names
+        for name, (metrics, speed) in self._evaluations(eval_dataset).items():
+            if self._writing:  # during train(): the run folder keeps grpokit's names (not the timings: a resume
+                # reproduces every number it holds)
                 self.run_log.evaluation(self.step, stored_eval_names(metrics, name), "eval" if name is None else name)
-            logged = trl_eval_names(metrics, metric_key_prefix if name is None else f"{metric_key_prefix}_{name}")
+            prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
+            logged = trl_eval_names(metrics | speed, prefix)
             self.callbacks.log(logged)
             self.callbacks.event("on_evaluate", metrics=logged)
             out |= logged
@@ -621,12 +623,13 @@ class GRPOTrainer:
         """:meth:`evaluate`'s metrics under grpokit's names, as metrics.jsonl keeps them (``eval/reward``,
         ``eval/pass@1`` ...; ``eval/<name>/reward`` for one of a dict of datasets), without a log entry."""
         out: dict[str, float] = {}
-        for name, metrics in self._evaluations(eval_dataset).items():
+        for name, (metrics, _) in self._evaluations(eval_dataset).items():
             out |= stored_eval_names(metrics, name)
         return out
 
     def _evaluations(self, eval_dataset: Any = None) -> dict:
-        """{eval set name (None: the one eval_dataset): its metrics under grpokit's names (``eval/...``)}."""
+        """{eval set name (None: the one eval_dataset): (its metrics under grpokit's names (``eval/...``), the
+        evaluation's timings: transformers' runtime, samples_per_second, steps_per_second)}."""
         sets = self._eval_sets_of(eval_dataset)
         state = self._reward_state(self.step + 1)
         results = {}
@@ -634,14 +637,17 @@ class GRPOTrainer:
             found = self.evaluator(source, rows, trainer_state=state)
             sampled = sample_metrics(found.rewards, found.num_samples, found.lengths, found.truncated)
             seconds = found.seconds
-            results[name] = {
+            metrics = {
                 **{EVAL + k: v for k, v in sampled.items()},
                 **{EVAL + k: v for k, v in self._evaluation_loss(found).items()},
                 **found.metrics,
+            }
+            speed = {
                 EVAL + "runtime": round(seconds, 4),
                 EVAL + "samples_per_second": round(found.lengths.numel() / seconds, 3) if seconds else 0.0,
                 EVAL + "steps_per_second": round(found.batches / seconds, 3) if seconds else 0.0,
             }
+            results[name] = (metrics, speed)
         return results
 
     def _evaluation_loss(self, found) -> dict[str, float]:
