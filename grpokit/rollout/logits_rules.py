@@ -53,8 +53,8 @@ class LogitsRules:
                     f"{vocab_size}; use ids below {vocab_size}."
                 )
         banned = [*params.suppress_tokens, *(w[0] for w in words if len(w) == 1)]
-        self.always = self._mask(banned)  # [V] or None
-        self.at_start = self._mask(params.begin_suppress_tokens)  # [V] or None
+        self.always = self._ids(banned)  # token ids banned at every step, or None
+        self.at_start = self._ids(params.begin_suppress_tokens)  # banned at a completion's (turn's) first step
         self.eos = torch.tensor(eos, dtype=torch.long, device=self.device)
         self.words = [w for w in words if len(w) > 1]
         n = len(histories)
@@ -69,12 +69,8 @@ class LogitsRules:
         for row, history in enumerate(histories):
             self.reset(row, history)
 
-    def _mask(self, ids: Sequence[int]) -> torch.Tensor | None:
-        if not ids:
-            return None
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-        mask[list(ids)] = True
-        return mask
+    def _ids(self, ids: Sequence[int]) -> torch.Tensor | None:
+        return torch.tensor(sorted(set(ids)), dtype=torch.long, device=self.device) if ids else None
 
     def reset(self, row: int, history: Sequence[int]) -> None:
         """Row ``row``'s context is now ``history`` (a multi-turn rollout's whole conversation so far)."""
@@ -124,25 +120,23 @@ class LogitsRules:
         out = logits.float().clone()  # [A, V]
         if self.penalise:
             self._penalise(out, rows.cpu())
-        banned = torch.zeros(out.shape, dtype=torch.bool, device=out.device)  # [A, V]
-        any_ban = False
+        # the bans, written into their columns only (never a pass over the vocabulary)
+        ban = float("-inf")
         if self.always is not None:
-            banned |= self.always.to(out.device)
-            any_ban = True
+            out[:, self.always.to(out.device)] = ban
         counts = torch.as_tensor(generated, dtype=torch.long, device=out.device).expand(out.size(0))  # [A]
         if self.at_start is not None:
-            banned |= (counts == 0)[:, None] & self.at_start.to(out.device)
-            any_ban = True
+            first = (counts == 0).nonzero().squeeze(-1)  # [a] rows at their first token
+            out[first[:, None], self.at_start.to(out.device)[None, :]] = ban
         if p.min_new_tokens:
             early = (counts < p.min_new_tokens).nonzero().squeeze(-1)  # [a]
-            banned[early[:, None], self.eos.to(out.device)[None, :]] = True
-            any_ban = True
+            out[early[:, None], self.eos.to(out.device)[None, :]] = ban
         if self.keep_tokens:
             for a, row in enumerate(rows.tolist()):
-                for token in self._banned_by_history(row):
-                    banned[a, token] = True
-                    any_ban = True
-        return out.masked_fill_(banned, float("-inf")) if any_ban else out
+                found = self._banned_by_history(row)
+                if found:
+                    out[a, sorted(found)] = ban
+        return out
 
     def _penalise(self, out: torch.Tensor, rows: torch.Tensor) -> None:
         """Repetition penalty in place on ``out`` [A, V] of rows ``rows`` [A]: each token of a row's context has its
