@@ -60,10 +60,11 @@ _FORK_CALLBACKS = frozenset(
 )
 
 
-def importing(frame) -> bool:
-    """Whether ``frame`` (a signal handler's) runs inside an import: a frame of importlib's bootstrap is on the
-    stack (every ``import`` statement, ``importlib.import_module`` and a C extension's own imports pass there);
-    or inside a fork callback, where an exception would be lost."""
+def must_wait(frame) -> bool:
+    """Whether a signal arriving at ``frame`` (a signal handler's) must wait instead of raising: the frame runs
+    inside an import (a frame of importlib's bootstrap is on the stack: every ``import`` statement,
+    ``importlib.import_module`` and a C extension's own imports pass there), or inside a fork callback, where an
+    exception would be printed and lost."""
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib") or frame.f_code in _FORK_CALLBACKS:
             return True
@@ -108,7 +109,7 @@ class CommandSignals:
         if self.signum is None:
             self.signum = signum
         redelivered, self._redelivered = self._redelivered, False
-        if importing(frame):
+        if must_wait(frame):
             if self._waiting is not None and not redelivered:  # a second signal while the first waits
                 exit_at_once(signum)
             self._waiting = signum
@@ -124,7 +125,7 @@ class CommandSignals:
             frame = sys._current_frames().get(main)
             if frame is None:  # the main thread has ended
                 return
-            if not importing(frame):
+            if not must_wait(frame):
                 self._redelivered = True
                 _thread.interrupt_main(self._waiting)  # runs __call__ in the main thread, as the signal would
                 return
