@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -50,11 +51,21 @@ def stop_message(signum: int, step: int) -> str:
     return f"received {name} before the first step finished; there was nothing to save"
 
 
+# Callbacks Python runs around os.fork (logging's lock helpers, registered with os.register_at_fork): an exception
+# raised in them is printed as "Exception ignored" and lost, so a signal waits for them as it waits for an import.
+_FORK_CALLBACKS = frozenset(
+    fn.__code__
+    for fn in (getattr(logging, name, None) for name in ("_acquireLock", "_releaseLock", "_prepareFork", "_afterFork"))
+    if fn is not None
+)
+
+
 def importing(frame) -> bool:
     """Whether ``frame`` (a signal handler's) runs inside an import: a frame of importlib's bootstrap is on the
-    stack (every ``import`` statement, ``importlib.import_module`` and a C extension's own imports pass there)."""
+    stack (every ``import`` statement, ``importlib.import_module`` and a C extension's own imports pass there);
+    or inside a fork callback, where an exception would be lost."""
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        if frame.f_code.co_filename.startswith("<frozen importlib") or frame.f_code in _FORK_CALLBACKS:
             return True
         frame = frame.f_back
     return False
