@@ -5,6 +5,7 @@ log_history``, callbacks' ``on_log`` / ``on_evaluate``, ``trainer.evaluate()``):
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -25,6 +26,9 @@ TRL_NAMES = {
     "completion_length/terminated_max": "completions/max_terminated_length",
 }
 EVAL = "eval/"  # grpokit's prefix of evaluation metrics (TRL's: "eval_")
+# Metrics a TRL log entry gives the last value of (transformers' learning rate and gradient norm; TRL's running
+# token count); every other metric of an entry is its mean over the steps since the previous entry.
+LAST_VALUE = ("learning_rate", "grad_norm", "num_tokens")
 
 
 class PhaseClock:
@@ -110,6 +114,21 @@ def step_metrics(
 def trl_names(metrics: dict) -> dict:
     """``metrics`` (grpokit's names) under TRL's names (:data:`TRL_NAMES`), the other names kept."""
     return {TRL_NAMES.get(name, name): value for name, value in metrics.items()}
+
+
+def window_log(steps: list[dict]) -> dict:
+    """TRL's log entry for the steps since the previous one (``steps``: each step's metrics, in order, under TRL's
+    names; logging_steps of them, or fewer at the end of a run): each metric's mean over the steps where it is a
+    finite number (TRL leaves NaN out; a metric with none is left out here, where TRL writes None), the last value
+    of :data:`LAST_VALUE`. One step: its own metrics (NaN left out)."""
+    names = list(dict.fromkeys(name for step in steps for name in step))
+    entry = {}
+    for name in names:
+        values = [float(s[name]) for s in steps if name in s and isinstance(s[name], (int, float))]
+        values = [v for v in values if math.isfinite(v)]
+        if values:
+            entry[name] = values[-1] if name in LAST_VALUE else sum(values) / len(values)
+    return entry
 
 
 def stored_eval_names(metrics: dict, dataset: str | None = None) -> dict:

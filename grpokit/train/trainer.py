@@ -47,6 +47,7 @@ from grpokit.train.metrics import (
     train_summary,
     trl_eval_names,
     trl_names,
+    window_log,
 )
 from grpokit.train.run_dir import RunFolder, open_run_dir, resume_point
 from grpokit.train.stopping import StopRules
@@ -197,6 +198,7 @@ class GRPOTrainer:
         # a warning when every group ties for warn_tied_steps steps (a group-relative advantage learns nothing)
         self.ties = specs.tie_watch(args, group_relative=not self.algorithm.uses_critic)
         self._writing = False  # rank 0 while train() runs: evaluations go to the run folder too
+        self._unlogged: list[dict] = []  # TRL-named metrics of the steps since the last log entry
         self.callbacks = CallbackRunner(
             callbacks,
             specs.callback_spec(args),
@@ -246,6 +248,12 @@ class GRPOTrainer:
     @processing_class.setter
     def processing_class(self, value) -> None:
         self.tokenizer = value
+
+    @property
+    def ref_model(self):
+        """TRL's ``trainer.ref_model``: the frozen reference copy, or None (beta = 0, or LoRA, whose reference is
+        the policy with its adapters off: TRL's is None then too)."""
+        return None if self.reference is None else self.reference.model
 
     @property
     def eval_rows(self) -> list[dict] | None:
@@ -539,8 +547,10 @@ class GRPOTrainer:
         self.callbacks.set_step(step)
         # a callback may ask for a log, an evaluation, a checkpoint, the end
         control = self.callbacks.event("on_step_end")
-        if step % spec.logging_steps == 0 or control.should_log:
-            self.callbacks.log(trl_names(metrics))
+        self._unlogged.append(trl_names(metrics))
+        if step % spec.logging_steps == 0 or control.should_log:  # TRL's entry: the steps since the last, averaged
+            self.callbacks.log(window_log(self._unlogged))
+            self._unlogged = []
         if (self.callbacks.due("eval", step) and self._evaluates) or (control.should_evaluate and self.eval_sets):
             self._evaluate_and_log(step)
         if (self.callbacks.due("save", step) and step < spec.max_steps) or control.should_save:
@@ -568,8 +578,12 @@ class GRPOTrainer:
             self.run_folder.durable()  # a run that saves no checkpoint is durable once its final model is
 
     def _end_training(self, metrics: dict, losses: list[float], seconds: float) -> dict:
-        """TRL's closing log entry, a summary line on rank 0, on_train_end; returns the entry."""
+        """TRL's closing log entry (with, as TRL's, the averaged metrics of the steps no entry has logged yet), a
+        summary line on rank 0, on_train_end; returns the entry."""
         summary = train_summary(losses, self.spec.completions_per_step, seconds)
+        if self._unlogged:
+            summary |= window_log(self._unlogged)
+            self._unlogged = []
         if self.step % self.steps_per_epoch:  # on_epoch_end for an epoch the run ended inside, as transformers does
             self.callbacks.event("on_epoch_end")
         if self.procs.is_main:

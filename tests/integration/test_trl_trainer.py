@@ -378,3 +378,24 @@ def test_disable_dropout_zeroes_the_policy_dropout():
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Dropout(0.3), torch.nn.Linear(4, 10))
     policy, *_ = build_policy(model, Tokenizer(), GRPOConfig(device="cpu", disable_dropout=True))
     assert policy[1].p == 0.0
+
+
+def test_log_entries_average_the_steps_since_the_last_as_trl(tmp_path, tiny_model_dir):
+    """logging_steps=2, max_steps=3: the entry at step 2 holds the mean of steps 1 and 2 (metrics.jsonl has each
+    step), the closing entry and train()'s metrics the unlogged step 3's, as TRL's closing log carries them; the
+    learning rate is the last step's."""
+    run = tmp_path / "run"
+    trainer = GRPOTrainer(
+        str(tiny_model_dir), has_target, args=config(run, max_steps=3, logging_steps=2), train_dataset=PROMPTS
+    )
+    output = trainer.train()
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    entry, closing = trainer.state.log_history
+    assert entry["step"] == 2 and closing["step"] == 3 and "train_loss" in closing
+    assert entry["loss"] == pytest.approx((steps[0]["loss"] + steps[1]["loss"]) / 2)
+    assert entry["completions/mean_length"] == pytest.approx(
+        (steps[0]["completion_length/mean"] + steps[1]["completion_length/mean"]) / 2
+    )
+    assert entry["learning_rate"] == steps[1]["learning_rate"] and entry["num_tokens"] == steps[1]["num_tokens"]
+    assert closing["reward"] == pytest.approx(steps[2]["reward"]) and output.metrics["reward"] == closing["reward"]
+    assert trainer.ref_model is not None and trainer.ref_model is not trainer.model  # beta 0.04: a frozen copy

@@ -18,6 +18,7 @@ from grpokit.train.metrics import (
     train_summary,
     trl_eval_names,
     trl_names,
+    window_log,
 )
 
 
@@ -146,3 +147,14 @@ def test_eval_names_for_one_eval_set_and_for_a_dict_of_them():
         "eval/math/pass@1": 0.25,
         "eval/math/acc_logged": 1.0,
     }
+
+
+def test_window_log_averages_the_steps_since_the_last_entry():
+    # reward 1 and 3 -> 2; kl NaN at one step -> the other's 0.5 (TRL leaves NaN out); a metric NaN at every step is
+    # left out; learning_rate, grad_norm and num_tokens: the last step's
+    steps = [
+        {"reward": 1.0, "kl": float("nan"), "entropy": float("nan"), "learning_rate": 0.1, "grad_norm": 2.0},
+        {"reward": 3.0, "kl": 0.5, "entropy": float("nan"), "learning_rate": 0.05, "grad_norm": 4.0, "num_tokens": 9},
+    ]
+    assert window_log(steps) == {"reward": 2.0, "kl": 0.5, "learning_rate": 0.05, "grad_norm": 4.0, "num_tokens": 9.0}
+    assert window_log(steps[:1]) == {"reward": 1.0, "learning_rate": 0.1, "grad_norm": 2.0}
