@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 TRL_VERSION = "1.16.0"
@@ -282,6 +283,7 @@ TRANSLATED = (
     "hub_token",
     "hub_private_repo",
     "hub_revision",
+    "use_liger_kernel",  # asks for a fused LM-head loss: grpokit's own fused head; a LoRA lm_head is refused (as TRL)
 )
 
 
@@ -388,6 +390,9 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         put("engine", "vllm", "use_vllm=True")
     elif trl.get("use_vllm") is False:
         put("engine", "hf", "use_vllm=False")
+    generate_only = generate_only_keys(values.get("generation_kwargs"))
+    if generate_only and "engine" not in values and context.get("engine", "hf") == "hf":
+        values["engine"] = "transformers"  # as TRL: transformers' generate with every key given
     if "sync_ref_model" in trl:
         steps = values.get("ref_model_sync_steps", TRL_DEFAULTS["ref_model_sync_steps"]) if trl["sync_ref_model"] else 0
         values["ref_model_sync_steps"] = steps
@@ -421,6 +426,9 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     checks = {  # values that ask for what grpokit does anyway
         "optim": lambda v: v in OPTIMIZERS,
         "logging_strategy": lambda v: v == "steps",
+        # each process reads its own batches (dispatch_batches False / unset); any other setting is accelerate's
+        "accelerator_config": lambda v: accelerator_settings(v).keys() <= {"dispatch_batches"}
+        and not accelerator_settings(v).get("dispatch_batches"),
     }
     for key, value in trl.items():
         if key in checks:
@@ -500,6 +508,53 @@ def unused_message(unused: dict[str, Any]) -> str:
     )
 
 
+@dataclass
+class AcceleratorConfig:
+    """TRL's ``args.accelerator_config`` as read back (transformers' AcceleratorConfig fields grpokit knows).
+    grpokit has no accelerate: every process reads its own batches, which is ``dispatch_batches=False``."""
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = True
+    non_blocking: bool = False
+    gradient_accumulation_kwargs: dict | None = None
+
+
+def accelerator_settings(value: Any) -> dict:
+    """``accelerator_config`` (None, a dict, an AcceleratorConfig or a JSON file path) as a dict of the keys it sets
+    to other than their defaults."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        import json
+
+        with open(value) as f:
+            value = json.load(f)
+    items = value.items() if isinstance(value, dict) else vars(value).items()
+    return {k: v for k, v in items if not _same(v, getattr(AcceleratorConfig, k, object()))}
+
+
+def read_form(key: str, value: Any) -> Any:
+    """A TRL-only key's value as TRL's trainer.args shows it (``accelerator_config`` as an object)."""
+    if key == "accelerator_config":
+        known = {k: v for k, v in accelerator_settings(value).items() if k in AcceleratorConfig.__dataclass_fields__}
+        return AcceleratorConfig(**known)
+    return value
+
+
+def lora_head_check(use_liger_kernel: bool, target_modules: Any) -> None:
+    """TRL's rule: ``use_liger_kernel`` computes the loss from ``lm_head.weight`` directly, so a LoRA adapter on
+    ``lm_head`` would not train; refused (TRLValueError) instead of training a silently frozen head."""
+    targets = [target_modules] if isinstance(target_modules, str) else list(target_modules or [])
+    if use_liger_kernel and any(t == "lm_head" or str(t).endswith(".lm_head") for t in targets):
+        raise TRLValueError(
+            "use_liger_kernel=True fuses the LM head into the loss, which reads lm_head.weight directly: a LoRA "
+            "adapter on lm_head would never train. Remove 'lm_head' from the LoRA target_modules, or set "
+            "use_liger_kernel=False."
+        )
+
+
 def _int(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
@@ -577,20 +632,20 @@ def generation_options(
         "greedy": False,
     }
     given = dict(generation_kwargs or {})
-    pinned = {
-        "temperature": temperature,
-        "max_new_tokens": max_completion_length,
-        "num_beams": 1,
-        "num_return_sequences": 1,
-    }
+    pinned = {"temperature": temperature, "max_new_tokens": max_completion_length, "num_return_sequences": 1}
+    if engine != "transformers":
+        pinned["num_beams"] = 1
     refused = [k for k in given if k not in GENERATION_KWARGS and k not in INERT_GENERATION_KWARGS and k not in pinned]
     if engine == "vllm":
         refused += [k for k in given if k in GENERATION_KWARGS and k not in VLLM_GENERATION_KWARGS]
-    if refused:
+    if engine == "transformers":  # transformers' GenerationConfig checks them when the engine builds it
+        options["transformers_kwargs"] = {k: given[k] for k in refused}
+    elif refused:
         where = "vLLM's sampler (engine: vllm)" if engine == "vllm" else "grpokit's sampler"
+        fix = "" if engine == "vllm" else " or set generation.engine: transformers (transformers' generate honours it)"
         raise TRLValueError(
             f"generation_kwargs: {', '.join(map(repr, refused))} cannot be honoured exactly by {where}; remove "
-            f"{'it' if len(refused) == 1 else 'them'}. Honoured: {', '.join(GENERATION_KWARGS)} (and "
+            f"{'it' if len(refused) == 1 else 'them'}{fix}. Honoured: {', '.join(GENERATION_KWARGS)} (and "
             "temperature, max_new_tokens, num_beams=1 when they agree with the config); docs/from_trl.md."
         )
     for key, value in given.items():
@@ -598,10 +653,21 @@ def generation_options(
             if not _same(value, pinned[key]) and value is not None:
                 setting = PINNED_GENERATION_KWARGS[key]
                 fix = f"set {setting}={value!r} instead" if setting else f"grpokit samples; {key} must be 1"
+                if key == "num_beams":
+                    fix = "grpokit's sampler does not search beams: set generation.engine: transformers, or num_beams=1"
                 raise TRLValueError(f"generation_kwargs {key}={value!r} differs from what grpokit runs: {fix}.")
         elif key in GENERATION_KWARGS:
             options[GENERATION_KWARGS[key]] = _generation_value(key, value)
     return options
+
+
+def generate_only_keys(generation_kwargs: Any) -> list[str]:
+    """The ``generation_kwargs`` keys only transformers' ``generate`` honours (beam search, typical_p ...): with
+    them, a config that does not name its engine samples with ``generation.engine: transformers``, as TRL would."""
+    if not isinstance(generation_kwargs, dict):
+        return []
+    own = (*GENERATION_KWARGS, *INERT_GENERATION_KWARGS, "temperature", "max_new_tokens", "num_return_sequences")
+    return [k for k, v in generation_kwargs.items() if k not in own and not (k == "num_beams" and v in (1, None))]
 
 
 def _generation_value(key: str, value: Any) -> Any:

@@ -59,7 +59,8 @@ class GRPOConfig:
         section = FIELD_SECTION.get(ALIASES.get(name, name))
         if section is None:
             if name in trl_compat.TRL_DEFAULTS and "trl_settings" in self.__dict__:
-                return self.__dict__["trl_settings"].get(name, trl_compat.TRL_DEFAULTS[name])
+                value = self.__dict__["trl_settings"].get(name, trl_compat.TRL_DEFAULTS[name])
+                return trl_compat.read_form(name, value)
             raise AttributeError(unknown_key_message(name))
         return getattr(object.__getattribute__(self, section), ALIASES.get(name, name))
 

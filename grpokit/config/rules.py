@@ -139,6 +139,11 @@ def lora_and_model(cfg: GRPOConfig) -> None:
             "ref_model_dtype: bfloat16 cannot be used with ref_model_sync_steps: the resync's small mix-ups "
             "would be lost to bf16 rounding; set ref_model_dtype: auto or ref_model_sync_steps: 0.",
         )
+    if lora.r > 0:
+        try:
+            trl_compat.lora_head_check(cfg.use_liger_kernel, lora.target_modules)
+        except trl_compat.TRLValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def reward_weights(cfg: GRPOConfig) -> None:

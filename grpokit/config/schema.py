@@ -66,7 +66,7 @@ CHOICES = {
     "lr_scheduler_type": ("constant", "linear", "cosine"),
     "prompt_overflow": ("truncate", "drop", "error"),
     "backend": ("none", "ray"),
-    "engine": ("hf", "vllm"),
+    "engine": ("hf", "vllm", "transformers"),
     "strategy": ("ddp", "fsdp"),
     "save_strategy": ("steps", "epoch", "no"),
     "eval_strategy": ("steps", "epoch", "no"),

@@ -169,10 +169,12 @@ class GenerationConfig:
     generation_kwargs: dict | None = None
     """TRL's generation_kwargs (transformers' GenerationConfig keys), overriding the keys above as in TRL: top_p, top_k,
     min_p, repetition_penalty, no_repeat_ngram_size, min_new_tokens, suppress_tokens, begin_suppress_tokens,
-    bad_words_ids, do_sample; other keys are refused by name (docs/from_trl.md)."""
+    bad_words_ids, do_sample; other GenerationConfig keys (num_beams, length_penalty, typical_p ...) make the run sample
+    with transformers' generate (engine: transformers; docs/from_trl.md)."""
     engine: str = "hf"
     """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps
-    while the learner trains)."""
+    while the learner trains) | transformers (transformers' model.generate with every generation_kwargs key; slower
+    than hf; chosen for you when generation_kwargs asks for what only generate does, e.g. num_beams)."""
     vllm_gpu_memory_utilization: float = 0.3
     """engine vllm: fraction of the GPU's memory vLLM may take for weights, activations and KV cache."""
     vllm_max_model_length: int | None = None

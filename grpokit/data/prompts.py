@@ -18,6 +18,11 @@ from grpokit.modeling import decode, encode_prompt
 __all__ = ["DataError", "PromptBuilder", "PromptSource", "load_rows", "render_prompt", "reward_arguments"]
 
 
+def is_streaming(dataset: Any) -> bool:
+    """Whether ``dataset`` is a datasets ``IterableDataset`` (the streaming form, with no length)."""
+    return type(dataset).__name__ == "IterableDataset"
+
+
 def load_rows(
     source: Any,
     prompt_column: str = "prompt",
@@ -42,7 +47,7 @@ def load_rows(
         rows = source
     elif hasattr(source, "to_list"):
         rows = source.to_list()
-    elif type(source).__name__ == "IterableDataset":  # datasets' streaming form (finite: it is read whole)
+    elif is_streaming(source):  # finite: it is read whole
         rows = [dict(row) for row in source]
     else:
         raise DataError(f"{name} has type {type(source).__name__}; give a path, a list of dicts or a datasets.Dataset.")

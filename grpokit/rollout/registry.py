@@ -7,6 +7,8 @@ and, when the run has tools or environments, wraps it in the multi-turn engine; 
 - ``hf``: :class:`~grpokit.rollout.engine.HFRolloutEngine`, grpokit's own sampler on the policy's own weights.
 - ``vllm``: :class:`~grpokit.rollout.vllm_engine.VLLMRolloutEngine`, a colocated vLLM with its own copy of the
   weights (``separate_weights``: its log-probs differ from the learner's, so they weight tokens).
+- ``transformers``: :class:`~grpokit.rollout.transformers_engine.TransformersRolloutEngine`, transformers' own
+  ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...).
 - ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
   (chat prompts; built by :class:`grpokit.train.tool_rollouts.ToolRollouts` from the run's tools).
 """
@@ -81,6 +83,26 @@ def _hf(parts: EngineParts, spec: Any = None):
     )
 
 
+def _transformers(parts: EngineParts, spec: Any = None):
+    from grpokit.config import ConfigError
+    from grpokit.modeling import is_hf_model
+    from grpokit.rollout.transformers_engine import TransformersRolloutEngine
+
+    if not is_hf_model(parts.model) or not hasattr(parts.model, "generate"):
+        raise ConfigError(
+            "generation.engine: transformers samples with transformers' generate, which a custom forward(input_ids) "
+            "module does not have; remove the generation_kwargs only generate honours and use generation.engine: hf."
+        )
+    return TransformersRolloutEngine(
+        parts.model,
+        parts.eos_token_ids,
+        parts.pad_token_id,
+        parts.device,
+        seed=parts.seed,
+        autocast_dtype=parts.autocast_dtype,
+    )
+
+
 def _vllm(parts: EngineParts, spec: VLLMSpec):
     from grpokit.config import ConfigError
     from grpokit.modeling import is_hf_model
@@ -119,6 +141,7 @@ def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(_hf),
     "vllm": EngineEntry(_vllm, separate_weights=True),
+    "transformers": EngineEntry(_transformers),
     "multi-turn": EngineEntry(_multi_turn),
 }
 

@@ -26,6 +26,9 @@ class SamplingParams:
     suppress_tokens: tuple[int, ...] = ()  # never sampled
     begin_suppress_tokens: tuple[int, ...] = ()  # not sampled as a completion's (or turn's) first token
     bad_words_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never completed
+    # generation_kwargs only transformers' generate honours (num_beams, length_penalty, typical_p ...): they make
+    # the run sample with generation.engine: transformers (grpokit.rollout.transformers_engine)
+    transformers_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_rules(self) -> bool:

@@ -25,7 +25,7 @@ from grpokit.train import specs
 from grpokit.train.learner import Learner
 from grpokit.train.reference import Reference
 from grpokit.train.run_dir import check_run_dir
-from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS
+from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS, accelerator_settings
 
 
 def trainer_arguments(args: GRPOConfig | None, peft_config: Any, processing_class: Any, tokenizer: Any):
@@ -69,7 +69,7 @@ def check_inputs(
     data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
     (TRL). Whether the run folder holds a run is not checked here but by ``train()``, which may be told to resume it
     (TRL's ``train(resume_from_checkpoint=True)`` on a new trainer); the CLI checks it before building the trainer."""
-    from grpokit.data.prompts import load_rows
+    from grpokit.data.prompts import is_streaming, load_rows
     from grpokit.train.tool_rollouts import (
         PLACEHOLDER_PROMPT,
         check_tool_prompts,
@@ -95,6 +95,8 @@ def check_inputs(
         )
     else:  # with an environment, a row may leave its prompt to reset(): an empty user message then (TRL)
         train_rows = load_rows(train_source, args.prompt_column, prompts=prompts, default_prompt=default_prompt)
+        if is_streaming(train_source):
+            args = streaming_train_args(args)
     eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
     evals = eval_sets(eval_source, args.prompt_column, prompts, default_prompt)
     if procs.is_main:
@@ -115,6 +117,30 @@ def check_inputs(
     if args.max_steps == -1:
         args = args.replace(max_steps=max(1, math.ceil(args.num_train_epochs * steps_per_epoch)))
     return Inputs(args, train_rows, evals, rewards, steps_per_epoch, tool_spec)
+
+
+def streaming_train_args(args: GRPOConfig) -> GRPOConfig:
+    """TRL's settings for a streaming (iterable) train dataset: each process reads the stream itself
+    (``accelerator_config.dispatch_batches`` False; True is refused, as in TRL) and one worker reads it in order
+    (``dataloader_num_workers`` 0), so no group of ``num_generations`` is split."""
+    if args.accelerator_config.dispatch_batches:
+        raise ConfigError(
+            "Iterable datasets require `dispatch_batches=False`: each process reads the stream itself. Remove "
+            "dispatch_batches from accelerator_config, or give a map-style datasets.Dataset."
+        )
+    accelerator = {**accelerator_settings(args.accelerator_config), "dispatch_batches": False}
+    with warnings.catch_warnings():  # the user's own accelerator_config was named in the warning already
+        warnings.simplefilter("ignore", UserWarning)
+        return args.replace(dataloader_num_workers=0, accelerator_config=accelerator)
+
+
+def rows_loader(args: GRPOConfig, rows: list[dict], train: bool, streaming: bool) -> torch.utils.data.DataLoader:
+    """transformers' Trainer data loader over ``rows``: the per-device train or eval batch size, as lists of row
+    dicts, ``dataloader_num_workers`` workers; one (0) for a streaming dataset, whose order the workers would
+    interleave."""
+    batch_size = args.per_device_train_batch_size if train else args.per_device_eval_batch_size
+    workers = 0 if streaming else args.dataloader_num_workers
+    return torch.utils.data.DataLoader(rows, batch_size=batch_size, num_workers=workers, collate_fn=list)
 
 
 def eval_sets(eval_dataset: Any, prompt_column: str, prompts=None, default_prompt: list | None = None) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from grpokit.algos.registry import AdvantageInputs, get_algorithm
 from grpokit.algos.token_masks import high_entropy_mask, off_policy_sequence_mask
 from grpokit.config import GRPOConfig
 from grpokit.config.training import AlgoConfig
-from grpokit.data.prompts import reward_arguments
+from grpokit.data.prompts import is_streaming, reward_arguments
 from grpokit.eval.evaluator import Evaluator
 from grpokit.hardware import autocast_dtype
 from grpokit.hub import HubSpec
@@ -317,6 +318,24 @@ class GRPOTrainer:
     def add_callback(self, callback: Any) -> None:
         """Add a ``TrainerCallback`` (instance or class), as ``transformers.Trainer.add_callback``."""
         self.callbacks.add(callback)
+
+    # ---- transformers' Trainer data loaders (grpokit's loop draws its prompts from its own PromptSource) ----
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """A DataLoader over the training rows as Trainer gives it: ``per_device_train_batch_size`` rows a batch,
+        ``dataloader_num_workers`` workers (0 for a streaming dataset). For code that reads the data the Trainer
+        way; training itself samples its prompts from the seeded, resumable prompt source."""
+        return setup.rows_loader(self.args, self.train_rows, train=True, streaming=is_streaming(self.train_dataset))
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> torch.utils.data.DataLoader:
+        """A DataLoader over an eval set's rows: ``eval_dataset`` None (the one eval dataset), a name of a dict of
+        them, or a dataset. A streaming set is read by one worker (0), whatever ``dataloader_num_workers`` says."""
+        if eval_dataset is None or isinstance(eval_dataset, str):
+            name, given = eval_dataset, self.eval_dataset
+            given = given[name] if name is not None and isinstance(given, Mapping) else given
+            rows = self.eval_sets[name][1]
+        else:
+            given, rows = eval_dataset, setup.eval_sets(eval_dataset, self.spec.prompt_column)[None]
+        return setup.rows_loader(self.args, rows, train=False, streaming=is_streaming(given))
 
     # ---- TRL's helpers (their math is in algos/token_masks.py) ---------------------------------
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:

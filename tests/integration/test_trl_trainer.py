@@ -399,3 +399,52 @@ def test_log_entries_average_the_steps_since_the_last_as_trl(tmp_path, tiny_mode
     assert entry["learning_rate"] == steps[1]["learning_rate"] and entry["num_tokens"] == steps[1]["num_tokens"]
     assert closing["reward"] == pytest.approx(steps[2]["reward"]) and output.metrics["reward"] == closing["reward"]
     assert trainer.ref_model is not None and trainer.ref_model is not trainer.model  # beta 0.04: a frozen copy
+
+
+def test_beam_search_generation_kwargs_train_with_transformers_generate(tmp_path, tiny_model_dir):
+    """TRL passes generation_kwargs to transformers' GenerationConfig: beam sampling (num_beams=2, length_penalty)
+    trains, sampled by transformers' generate, and the weights move."""
+    from grpokit.rollout.transformers_engine import TransformersRolloutEngine
+
+    args = config(
+        tmp_path / "run", generation_kwargs={"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}
+    )
+    trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=args, train_dataset=PROMPTS)
+    assert isinstance(trainer.engine, TransformersRolloutEngine)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+    assert any(not torch.equal(p, trainer.model.get_parameter(n)) for n, p in before.items())
+
+
+def test_streaming_dataset_rules_and_data_loaders(tmp_path, tiny_model_dir):
+    """A streaming train set: dispatch_batches=True is refused, dataloader_num_workers becomes 0 and
+    accelerator_config.dispatch_batches False (as TRL). A map-style train set keeps its workers while a streaming
+    eval set's loader reads with one; the loaders yield the rows in batches of the per-device batch sizes."""
+    datasets = pytest.importorskip("datasets")
+    stream = datasets.Dataset.from_list(PROMPTS).to_iterable_dataset()
+    with pytest.raises(ValueError, match=r"Iterable datasets require `dispatch_batches=False`"):
+        GRPOTrainer(
+            str(tiny_model_dir),
+            has_target,
+            args=config(tmp_path / "a", accelerator_config={"dispatch_batches": True}),
+            train_dataset=stream,
+        )
+    trainer = GRPOTrainer(
+        str(tiny_model_dir),
+        has_target,
+        args=config(tmp_path / "b", dataloader_num_workers=2),
+        train_dataset=stream,
+    )
+    assert trainer.args.dataloader_num_workers == 0 and trainer.args.accelerator_config.dispatch_batches is False
+    trainer = GRPOTrainer(
+        str(tiny_model_dir),
+        has_target,
+        args=config(tmp_path / "c", dataloader_num_workers=2, per_device_eval_batch_size=3),
+        train_dataset=PROMPTS,
+        eval_dataset=datasets.Dataset.from_list(PROMPTS[:4]).to_iterable_dataset(),
+    )
+    train_loader, eval_loader = trainer.get_train_dataloader(), trainer.get_eval_dataloader()
+    assert train_loader.num_workers == 2 and eval_loader.num_workers == 0 and trainer.args.dataloader_num_workers == 2
+    assert [len(b) for b in eval_loader] == [3, 1] and next(iter(eval_loader))[0]["prompt"] == PROMPTS[0]["prompt"]
+    assert sum(len(b) for b in train_loader) == len(PROMPTS)

@@ -61,7 +61,7 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
     with pytest.warns(UserWarning) as record:
         cfg = GRPOConfig(
             push_to_hub=True,
-            use_liger_kernel=True,
+            torch_compile=True,
             entropy_coef=0.01,
             remove_unused_columns=False,
             vllm_importance_sampling_mode="sequence_mask",
@@ -70,7 +70,7 @@ def test_unused_keys_are_named_in_one_warning_and_read_back():
     assert len(messages) == 1
     for name in (
         "push_to_hub=True",
-        "use_liger_kernel=True",
+        "torch_compile=True",
         "entropy_coef=0.01",
         "vllm_importance_sampling_mode='sequence_mask'",
     ):
@@ -270,10 +270,14 @@ def test_repetition_penalty_and_generation_kwargs_are_acted_on():
     "given, message",
     [
         (
-            {"generation_kwargs": {"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}},
-            r"generation_kwargs: 'length_penalty' cannot be honoured exactly by grpokit's sampler; remove it",
+            {"engine": "hf", "generation_kwargs": {"top_k": 50, "num_beams": 2, "length_penalty": -0.1}},
+            r"generation_kwargs: 'length_penalty' cannot be honoured exactly by grpokit's sampler; remove it or set "
+            r"generation.engine: transformers",
         ),
-        ({"generation_kwargs": {"num_beams": 2}}, r"generation_kwargs num_beams=2 differs from what grpokit runs"),
+        (
+            {"engine": "hf", "generation_kwargs": {"num_beams": 2}},
+            r"num_beams=2 differs from what grpokit runs: .* set generation.engine: transformers",
+        ),
         (
             {"generation_kwargs": {"temperature": 0.7}, "temperature": 1.0},
             r"generation_kwargs temperature=0.7 differs from what grpokit runs: set temperature=0.7 instead",
@@ -282,7 +286,11 @@ def test_repetition_penalty_and_generation_kwargs_are_acted_on():
             {"generation_kwargs": {"max_new_tokens": 9}, "max_completion_length": 8},
             r"set max_completion_length=9 instead",
         ),
-        ({"generation_kwargs": {"typical_p": 0.9, "sequence_bias": {}}}, r"'typical_p', 'sequence_bias' cannot be"),
+        ({"engine": "hf", "generation_kwargs": {"typical_p": 0.9}}, r"'typical_p' cannot be honoured"),
+        (
+            {"engine": "vllm", "generation_kwargs": {"num_beams": 2}},
+            r"num_beams=2 differs from what grpokit runs",
+        ),
         ({"generation_kwargs": {"suppress_tokens": [-1]}}, r"suppress_tokens=\[-1\]: expected a list of token ids"),
         ({"generation_kwargs": {"bad_words_ids": [1, 2]}}, r"bad_words_ids=\[1, 2\]: expected a non-empty list of"),
         ({"generation_kwargs": {"top_p": 1.5}}, r"generation_kwargs top_p=1.5 is out of range"),
@@ -293,6 +301,35 @@ def test_repetition_penalty_and_generation_kwargs_are_acted_on():
 def test_generation_kwargs_grpokit_cannot_honour_are_refused_by_name(given, message):
     with pytest.raises(ConfigError, match=message):
         GRPOConfig(**given)
+
+
+def test_generation_kwargs_only_generate_honours_choose_the_transformers_engine():
+    """A TRL script's beam search (TRL passes generation_kwargs to transformers' GenerationConfig) samples with
+    transformers' generate when the config does not name an engine; grpokit's own keys stay SamplingParams fields."""
+    cfg = quiet(generation_kwargs={"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1})
+    assert cfg.engine == "transformers"
+    options = cfg.sampling_options()
+    assert options["top_k"] == 50 and options["transformers_kwargs"] == {"num_beams": 2, "length_penalty": -0.1}
+    assert quiet(generation_kwargs={"top_k": 5, "num_beams": 1}).engine == "hf"  # grpokit's sampler honours these
+    assert quiet(generation_kwargs={"typical_p": 0.9}).replace(seed=3).engine == "transformers"
+
+
+def test_liger_kernel_refuses_a_lora_adapter_on_the_lm_head():
+    """As TRL: use_liger_kernel computes the loss from lm_head.weight, so an adapter there would never train."""
+    with pytest.raises(ValueError, match=r"lm_head"):
+        quiet(use_liger_kernel=True, lora={"r": 8, "target_modules": ["q_proj", "lm_head"]})
+    assert quiet(use_liger_kernel=True, lora={"r": 8, "target_modules": ["q_proj"]}).unused_trl_settings == {}
+    assert quiet(lora={"r": 8, "target_modules": ["lm_head"]}).lora.r == 8  # without it the head's adapter trains
+
+
+def test_accelerator_config_reads_back_as_an_object():
+    """TRL's trainer.args.accelerator_config is transformers' AcceleratorConfig; dispatch_batches False (or unset)
+    is what grpokit does anyway, so only other settings are named as not acted on."""
+    cfg = quiet(accelerator_config={"dispatch_batches": False})
+    assert cfg.accelerator_config.dispatch_batches is False and cfg.unused_trl_settings == {}
+    assert quiet().accelerator_config.dispatch_batches is None
+    with pytest.warns(UserWarning, match=r"accelerator_config=\{'split_batches': True\}"):
+        assert GRPOConfig(accelerator_config={"split_batches": True}).accelerator_config.split_batches is True
 
 
 def test_vllm_takes_the_generation_kwargs_it_has():

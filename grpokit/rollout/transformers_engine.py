@@ -1,0 +1,121 @@
+"""Sampling with transformers' own ``model.generate``: for generation options grpokit's sampler cannot honour.
+
+grpokit's sampler (:class:`grpokit.rollout.engine.HFRolloutEngine`) draws one token at a time per row, which covers
+temperature, top-k/p, min-p and the logits processors of :mod:`grpokit.rollout.logits_rules`. TRL passes
+``generation_kwargs`` to transformers' ``GenerationConfig``, so a TRL script may ask for what only ``generate``
+does: beam search (``num_beams``, ``length_penalty``), ``typical_p``, ``epsilon_cutoff``, ``sequence_bias`` ...
+This engine (``generation.engine: transformers``, chosen by the config when such keys are given) runs
+``generate`` with them, as TRL does, on the policy's own weights.
+
+Its log-probs are what the learner computes: log softmax(logits / temperature) of the policy at each sampled token,
+taken by one forward pass over the finished rows (beam search has no per-token sampling probability of its own).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.hardware import autocast
+from grpokit.rollout.engine import left_pad
+from grpokit.rollout.types import Rollouts, SamplingParams
+
+
+class TransformersRolloutEngine:
+    """Samples ``num_generations`` completions per prompt with ``model.generate`` (a transformers causal LM)."""
+
+    takes_group_seeds = False  # one random stream: generate_per_group reseeds it group by group
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        device: torch.device,
+        seed: int = 0,
+        autocast_dtype: torch.dtype | None = None,
+    ):
+        self.model = model
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        self.pad_token_id = pad_token_id
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.generator = torch.Generator().manual_seed(seed)  # seeds each generate call (torch's global RNG)
+        self.policy_version = 0
+
+    def sync_weights(self) -> None:
+        """The policy was updated: ``generate`` runs on the same (shared) weights, one version on."""
+        self.policy_version += 1
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams) -> Rollouts:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ids, mask = left_pad(prompt_ids, self.pad_token_id, self.device)  # [B, P]
+            ids, mask = ids.repeat_interleave(num_generations, 0), mask.repeat_interleave(num_generations, 0)
+            seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            with torch.random.fork_rng(devices=[]), autocast(self.device, self.autocast_dtype):
+                torch.manual_seed(seed)  # generate draws from the global RNG: one seed per call, from this stream
+                sequences = self.model.generate(
+                    input_ids=ids, attention_mask=mask, generation_config=self.generation_config(params)
+                )
+                completions, lengths, stopped = self._completions(sequences[:, ids.size(1) :], params)
+                logprobs = self._logprobs(ids, mask, completions, params.temperature)  # [N, T]
+        finally:
+            self.model.train(was_training)
+        completion_mask = (torch.arange(completions.size(1))[None, :] < lengths[:, None]).float()  # [N, T]
+        return Rollouts(
+            prompt_ids=[list(p) for p in prompt_ids],
+            completion_ids=completions.cpu(),
+            completion_mask=completion_mask,
+            logprobs=logprobs.cpu() * completion_mask,
+            finish_reasons=["stop" if s else "length" for s in stopped.tolist()],
+            num_generations=num_generations,
+            policy_version=self.policy_version,
+        )
+
+    def generation_config(self, params: SamplingParams):
+        """transformers' GenerationConfig for ``params``: its sampling fields, then ``params.transformers_kwargs``
+        (TRL's generation_kwargs that only generate honours), which transformers itself checks."""
+        from transformers import GenerationConfig
+
+        options = {
+            "max_new_tokens": params.max_completion_length,
+            "do_sample": not params.greedy,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k or None,
+            "min_p": params.min_p or None,
+            "repetition_penalty": params.repetition_penalty,
+            "no_repeat_ngram_size": params.no_repeat_ngram_size,
+            "min_new_tokens": params.min_new_tokens or None,
+            "suppress_tokens": list(params.suppress_tokens) or None,
+            "begin_suppress_tokens": list(params.begin_suppress_tokens) or None,
+            "bad_words_ids": [list(w) for w in params.bad_words_ids] or None,
+            "eos_token_id": self.eos_token_ids,
+            "pad_token_id": self.pad_token_id,
+            **params.transformers_kwargs,
+        }
+        return GenerationConfig(**options)
+
+    def _completions(self, generated: torch.Tensor, params: SamplingParams):
+        """(tokens [N, T] padded after each row's EOS, lengths [N], stopped [N]) of ``generate``'s new tokens."""
+        is_eos = torch.isin(generated, torch.tensor(self.eos_token_ids, device=generated.device))  # [N, T']
+        stopped = is_eos.any(dim=1)  # [N]
+        lengths = torch.where(stopped, is_eos.int().argmax(dim=1) + 1, generated.size(1))  # [N]
+        width = max(int(lengths.max()), 1) if generated.size(1) else 1
+        tokens = torch.full((generated.size(0), width), self.pad_token_id, dtype=torch.long)
+        tokens[:, : generated.size(1)] = generated[:, :width].cpu()
+        keep = torch.arange(width)[None, :] < lengths.cpu()[:, None]
+        return tokens.masked_fill(~keep, self.pad_token_id), lengths.cpu(), stopped.cpu()
+
+    def _logprobs(self, ids: torch.Tensor, mask: torch.Tensor, completions: torch.Tensor, temperature: float):
+        """[N, T] log softmax(logits / temperature) of the policy at each completion token: one forward pass over
+        prompt + completion, keeping only the completion's logits."""
+        T = completions.size(1)
+        full = torch.cat([ids, completions.to(ids.device)], dim=1)  # [N, P+T]
+        full_mask = torch.cat([mask, torch.ones_like(completions, device=mask.device)], dim=1)  # [N, P+T]
+        position = (full_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P+T]: left padding does not shift positions
+        out = self.model(input_ids=full, attention_mask=full_mask, position_ids=position, logits_to_keep=T + 1)
+        logits = out.logits[:, :-1].float() / temperature  # [N, T, V]: position t predicts completion token t
+        return torch.log_softmax(logits, dim=-1).gather(-1, completions.to(ids.device)[..., None]).squeeze(-1)
