@@ -427,8 +427,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         "optim": lambda v: v in OPTIMIZERS,
         "logging_strategy": lambda v: v == "steps",
         # each process reads its own batches (dispatch_batches False / unset); any other setting is accelerate's
-        "accelerator_config": lambda v: accelerator_settings(v).keys() <= {"dispatch_batches"}
-        and not accelerator_settings(v).get("dispatch_batches"),
+        "accelerator_config": lambda v: (
+            accelerator_settings(v).keys() <= {"dispatch_batches"}
+            and not accelerator_settings(v).get("dispatch_batches")
+        ),
     }
     for key, value in trl.items():
         if key in checks:

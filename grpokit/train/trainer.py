@@ -9,9 +9,9 @@ same loop; rank 0 alone owns the run folder.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 import torch
