@@ -167,6 +167,12 @@ def distributed(cfg: GRPOConfig) -> None:
     if cfg.generation.engine == "vllm":
         vllm(cfg)
     check(
+        cfg.generation.engine != "transformers" or d.backend != "ray",
+        "generation.engine: transformers (transformers' generate, for generation_kwargs grpokit's sampler cannot "
+        "honour) runs in the learner's processes, not in Ray rollout workers; set backend: none (torchrun is fine), or remove "
+        "those generation_kwargs.",
+    )
+    check(
         d.strategy != "fsdp" or cfg.lora.r == 0,
         "strategy: fsdp shards full fine-tuning; LoRA trains small adapters (lora.r > 0), which "
         "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.",

@@ -11,6 +11,7 @@ from grpokit.processes import SingleProcess
 from grpokit.rollout.engine import HFRolloutEngine, RolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.registry import ENGINES, EngineParts, get_engine
+from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.rollout.vllm_engine import VLLMRolloutEngine
 from grpokit.train import scheduler as scheduler_module
@@ -19,14 +20,14 @@ from grpokit.train.scheduler import RolloutScheduler
 
 
 def test_every_engine_provides_the_whole_protocol():
-    assert set(ENGINES) == {"hf", "vllm", "multi-turn"}
+    assert set(ENGINES) == {"hf", "vllm", "transformers", "multi-turn"}
     assert [name for name, entry in ENGINES.items() if entry.separate_weights] == ["vllm"]  # its own weight copy
     members = {"generate", "sync_weights", "takes_group_seeds", "policy_version", "generator", "pad_token_id"}
     assert members <= set(RolloutEngine.__annotations__) | {"generate", "sync_weights"}
     # class attributes, not duck-typed: each engine says whether it seeds groups itself
     assert (HFRolloutEngine.takes_group_seeds, VLLMRolloutEngine.takes_group_seeds) == (False, True)
-    assert MultiTurnEngine.takes_group_seeds is True
-    for cls in (HFRolloutEngine, VLLMRolloutEngine, MultiTurnEngine):
+    assert MultiTurnEngine.takes_group_seeds is True and TransformersRolloutEngine.takes_group_seeds is False
+    for cls in (HFRolloutEngine, VLLMRolloutEngine, MultiTurnEngine, TransformersRolloutEngine):
         assert callable(cls.sync_weights) and callable(cls.generate), cls
         assert "seeds" in inspect.signature(cls.generate).parameters or not cls.takes_group_seeds, cls
 
@@ -40,7 +41,7 @@ def test_the_hf_engine_syncs_by_version_and_unknown_engines_are_named():
     try:
         get_engine("tgi")
     except ValueError as exc:
-        assert "hf, vllm, multi-turn" in str(exc)
+        assert "hf, vllm, transformers, multi-turn" in str(exc)
     else:
         raise AssertionError("an unknown engine name must fail")
 
