@@ -409,3 +409,10 @@ def test_pass_at_k_follows_a_small_num_generations_eval():
     assert quiet(num_generations_eval=16).pass_at_k == [1, 8]
     with pytest.raises(ConfigError, match=r"pass_at_k contains 8: each k must be an integer in \[1, num_generations"):
         GRPOConfig(num_generations_eval=2, pass_at_k=[1, 8])
+
+
+def test_num_train_epochs_without_max_steps_trains_epochs_as_trl():
+    """TRL trains num_train_epochs passes when max_steps is unset (-1); grpokit's own default stays 100 steps."""
+    assert quiet(num_train_epochs=1).max_steps == -1
+    assert quiet(num_train_epochs=1, max_steps=5).max_steps == 5
+    assert quiet().max_steps == 100
