@@ -25,7 +25,7 @@ demo: $(VENV)/.demo
 	$(BIN)/grpokit demo
 
 test: $(VENV)/.test verl-oracle chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # verl's own PPO code, the reference of tests/unit/test_ppo_vs_verl.py: pinned in tests/verl_oracle/requirements.txt,
 # installed without dependencies into a folder of its own (its pins conflict with the test environment's) and
