@@ -10,8 +10,10 @@ the log-probs of training are those of sampling. The loss mask is 1 exactly on g
 :func:`tool_suffix_ids` gives the environment's tokens of one step, which a rollout engine appends
 to the sequence (and its KV cache) and decodes on from. They come from rendering a short dummy
 conversation with and without the tool messages and keeping the difference (TRL's
-``_get_tool_suffix_ids``); that needs a chat template that renders a conversation's beginning the
-same whatever follows (prefix-preserving), which is checked.
+``_get_tool_suffix_ids``), cut after the assistant turn's closing token. That needs a chat template that
+renders what comes before the assistant turn the same whatever follows, which is checked; the turn itself may
+render differently (Qwen3's own template drops its empty reasoning block once tool messages follow, where TRL
+swaps in a training template), since the model's sampled tokens are kept, never re-rendered.
 """
 
 from __future__ import annotations
@@ -103,15 +105,36 @@ def tool_suffix_ids(
             f"the chat template does not close an assistant turn with tool calls with the end-of-turn token "
             f"{tokenizer.convert_ids_to_tokens(end_of_turn)!r}; pass end_of_turn= the token it uses"
         )
-    cut = ends[-1] + 1 if turn_ended else ends[-1]
-    if full[:cut] != prefix[:cut]:
+    closing = ends[-1]  # the assistant turn's closing token in ``prefix``
+    if full[: closing + 1] != prefix[: closing + 1]:
+        closing = _closing_after_rerender(tokenizer, dummy, prefix, full, ends, end_of_turn, render)
+    return full[closing + 1 :] if turn_ended else full[closing:]
+
+
+def _closing_after_rerender(tokenizer, dummy, prefix, full, ends, end_of_turn, render) -> int:
+    """The index in ``full`` of the assistant turn's closing token when the template renders that turn differently
+    once tool messages follow it (Qwen3's drops the empty reasoning block of a turn that is not the last). The
+    model's turn is never re-rendered (its sampled tokens are kept), so only what follows the turn matters; that is
+    well defined when everything before the turn renders the same and the turn closes with one end-of-turn token."""
+    head = render_ids(tokenizer, dummy[:1], add_generation_prompt=True, **render)  # the user's turn and a header
+    start = _common_length(head, prefix)  # where the assistant turn's own tokens begin, at the latest
+    later = [i for i in range(start, len(full)) if full[i] == end_of_turn]
+    if _common_length(prefix, full) < start or any(start <= i < ends[-1] for i in ends) or not later:
         raise ToolError(
-            "the chat template renders an assistant turn differently once tool messages follow it (it is not "
-            "prefix-preserving, e.g. it drops earlier reasoning), so the tokens the model generated would not be "
-            "the tokens trained on; use a prefix-preserving template for training (chat_template=..., such as "
-            "the *_training.jinja templates TRL ships)"
+            "the chat template renders the turns before an assistant turn differently once tool messages follow "
+            "it (it is not prefix-preserving), so the tokens between the model's turns cannot be told apart; use a "
+            "prefix-preserving template for training (chat_template=..., such as the *_training.jinja templates "
+            "TRL ships)"
         )
-    return full[cut:]
+    return later[0]
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 @dataclass

@@ -115,13 +115,27 @@ def test_conversation_errors(qwen_tokenizer):
         chat.add_tool_results(chat.start(PROMPT, TOOLS), [RESULT])
     with pytest.raises(ToolError, match="at least one tool message"):
         tool_suffix_ids(qwen_tokenizer, [])
-    # a template that re-renders the assistant turn once tool messages follow it
+    # a template that renders the user's turn differently once tool messages follow: the turns cannot be told apart
     unstable = QWEN_STYLE_TEMPLATE.replace(
-        "{%- for call in message.tool_calls %}",
-        "{%- if loop.last %}{{- ' (last)' }}{%- endif %}{%- for call in message.tool_calls %}",
+        "{%- for message in messages %}",
+        "{%- for message in messages %}{%- if message.role == 'user' and messages[-1].role == 'tool' %}~{%- endif %}",
     )
     with pytest.raises(ToolError, match="not prefix-preserving"):
         tool_suffix_ids(qwen_tokenizer, [RESULT], chat_template=unstable)
+
+
+def test_a_rerendered_assistant_turn_keeps_the_suffix(qwen_tokenizer):
+    """A template that writes the last assistant turn differently from earlier ones (Qwen3 drops its empty reasoning
+    block) changes nothing: the model's turn is kept as sampled, and the suffix is what follows the turn's end."""
+    marked = QWEN_STYLE_TEMPLATE.replace(
+        "{%- for call in message.tool_calls %}",
+        "{%- if loop.last %}{{- ' (last)' }}{%- endif %}{%- for call in message.tool_calls %}",
+    )
+    assert tool_suffix_ids(qwen_tokenizer, [RESULT], chat_template=marked) == tool_suffix_ids(qwen_tokenizer, [RESULT])
+    # the model stopped without its end-of-turn token: the suffix starts with it
+    unended = tool_suffix_ids(qwen_tokenizer, [RESULT], chat_template=marked, turn_ended=False)
+    assert qwen_tokenizer.decode(unended[:1]) == "<|im_end|>"
+    assert unended[1:] == tool_suffix_ids(qwen_tokenizer, [RESULT])
 
 
 @pytest.mark.parametrize("name", ["qwen2_5", "qwen3_training", "llama3_1", "llama3_2"])
@@ -152,12 +166,15 @@ def test_real_chat_templates(name):
     assert [tok.decode(conversation.ids[a:b]) for a, b in conversation.spans] == turns
 
 
-def test_qwen3_template_is_refused_for_training():
-    """Qwen3's own template drops the reasoning of earlier turns; its suffix would not match."""
+def test_qwen3_own_template_gives_the_training_templates_suffix():
+    """Qwen3's own template drops the empty reasoning block of an assistant turn that tool messages follow (it is
+    not prefix-preserving); the tokens between turns are those of TRL's qwen3_training.jinja all the same."""
     from importlib import resources
 
     pytest.importorskip("trl", reason="the chat templates come from TRL (the bench extra)")
     tok = byte_tokenizer(["<|im_start|>", "<|endoftext|>"], ["<tool_call>", "</tool_call>"], "<|im_end|>")
-    tok.chat_template = (resources.files("trl") / "chat_templates" / "qwen3.jinja").read_text()
-    with pytest.raises(ToolError, match="not prefix-preserving"):
-        tool_suffix_ids(tok, [RESULT])
+    templates = resources.files("trl") / "chat_templates"
+    own, training = ((templates / f"{name}.jinja").read_text() for name in ("qwen3", "qwen3_training"))
+    suffix = tool_suffix_ids(tok, [RESULT], chat_template=own)
+    assert suffix == tool_suffix_ids(tok, [RESULT], chat_template=training)
+    assert tok.decode(suffix) == "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
