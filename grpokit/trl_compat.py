@@ -335,8 +335,6 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     if isinstance(warmup, float) and 0 < warmup < 1:  # TRL: a fraction of the run
         del values["warmup_steps"]
         put("warmup_ratio", warmup, f"warmup_steps={warmup}")
-    if "num_train_epochs" in values and "max_steps" not in values:  # TRL: epochs count when max_steps is unset
-        values["max_steps"] = -1
     max_steps = context.get("max_steps")
     for key in ("logging_steps", "save_steps", "eval_steps"):
         if isinstance(values.get(key), float) and 0 < values[key] < 1:  # TRL: a fraction of max_steps

@@ -12,8 +12,8 @@ class RunConfig:
     """Run folder: config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/, report.html."""
     report_to: list = field(default_factory=lambda: ["console", "jsonl"])
     """Metric sinks: console, jsonl, tensorboard, wandb."""
-    logging_steps: int = 1
-    """Console logging interval (jsonl and the store get every step)."""
+    logging_steps: int = 10
+    """Console line and log_history entry every this many steps, as TRL (jsonl and the store get every step)."""
     save_strategy: str = "steps"
     """steps (every save_steps and at the end) | epoch (after each pass over train_dataset and at the end) | no (none,
     except on a signal)."""

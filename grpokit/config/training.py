@@ -223,9 +223,9 @@ class OptimConfig:
     """Optimizer steps per generation batch (per num_iterations pass): a step samples this many optimizer steps'
     completions and cuts them in order into mini-batches, one optimizer step each (TRL: steps_per_generation = this
     x gradient_accumulation_steps)."""
-    max_steps: int = 100
-    """Steps to train (each: one generation batch, num_iterations x num_mini_batches optimizer steps); -1 =
-    num_train_epochs over train_dataset."""
+    max_steps: int = -1
+    """Steps to train (each: one generation batch, num_iterations x num_mini_batches optimizer steps); -1 (TRL's
+    default) = num_train_epochs over train_dataset."""
     num_train_epochs: float = 3.0
     """With max_steps -1: passes over train_dataset (steps = ceil(epochs x prompts // prompts per step), as TRL)."""
     seed: int = 42

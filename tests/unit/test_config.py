@@ -91,7 +91,7 @@ def test_is_given_tells_a_set_key_from_a_default(tmp_path):
     # TRL's rules that depend on a key being set (max_steps with environment-owned data) read it
     config = GRPOConfig(learning_rate=1e-5, group_size=4)
     assert config.is_given("learning_rate") and config.is_given("num_generations") and config.is_given("group_size")
-    assert not config.is_given("max_steps") and config.max_steps == 100  # grpokit's default, not given
+    assert not config.is_given("max_steps") and config.max_steps == -1  # the default (TRL's: epochs), not given
     assert config.replace(max_steps=7).is_given("max_steps") and config.replace(max_steps=7).is_given("learning_rate")
     config.max_steps = 3
     assert config.is_given("max_steps")

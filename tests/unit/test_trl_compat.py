@@ -412,7 +412,8 @@ def test_pass_at_k_follows_a_small_num_generations_eval():
 
 
 def test_num_train_epochs_without_max_steps_trains_epochs_as_trl():
-    """TRL trains num_train_epochs passes when max_steps is unset (-1); grpokit's own default stays 100 steps."""
+    """TRL trains num_train_epochs passes when max_steps is unset (-1, its default and grpokit's); logging every 10
+    steps, as TRL (its closing log entry then holds the steps no entry has logged yet)."""
     assert quiet(num_train_epochs=1).max_steps == -1
     assert quiet(num_train_epochs=1, max_steps=5).max_steps == 5
-    assert quiet().max_steps == 100
+    assert (quiet().max_steps, quiet().num_train_epochs, quiet().logging_steps) == (-1, 3.0, 10)
