@@ -169,8 +169,8 @@ def distributed(cfg: GRPOConfig) -> None:
     check(
         cfg.generation.engine != "transformers" or d.backend != "ray",
         "generation.engine: transformers (transformers' generate, for generation_kwargs grpokit's sampler cannot "
-        "honour) runs in the learner's processes, not in Ray rollout workers; set backend: none (torchrun is fine), or remove "
-        "those generation_kwargs.",
+        "honour) runs in the learner's processes, not in Ray rollout workers; set backend: none (torchrun is fine), "
+        "or remove those generation_kwargs.",
     )
     check(
         d.strategy != "fsdp" or cfg.lora.r == 0,

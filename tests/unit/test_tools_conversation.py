@@ -177,4 +177,5 @@ def test_qwen3_own_template_gives_the_training_templates_suffix():
     own, training = ((templates / f"{name}.jinja").read_text() for name in ("qwen3", "qwen3_training"))
     suffix = tool_suffix_ids(tok, [RESULT], chat_template=own)
     assert suffix == tool_suffix_ids(tok, [RESULT], chat_template=training)
-    assert tok.decode(suffix) == "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    expected = "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(suffix) == expected
