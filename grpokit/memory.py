@@ -69,6 +69,7 @@ class MemoryEstimate:
     micro_batch: int
     generation: int
     optimizer_step: int = 0
+    backward_chunk_rows: int = 0  # rows per forward and backward pass of the update (:func:`backward_chunk_rows`)
     # the micro-batch's and generation's parts by name (saved activations, kept logits, the head's chunks, autocast's
     # weight casts; KV cache, the fused decoder's weight copy), for reports that list what is above the weights
     parts: dict = field(default_factory=dict)
@@ -160,23 +161,22 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     eight_bit = cfg.optimizer in EIGHT_BIT_OPTIMIZERS
     largest_8bit = min(max((n for n in sizes if n >= EIGHT_BIT_MIN_SIZE), default=0), EIGHT_BIT_SLICE)
 
-    h, i = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
-    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    h, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or h // heads
-    T, P, mb = cfg.max_completion_length, cfg.max_prompt_length or 0, cfg.per_device_train_batch_size
+    T, P, G = cfg.max_completion_length, cfg.max_prompt_length or 0, cfg.num_generations
     context = P + T
-    # attention probabilities are kept only by grpokit's plain CPU attention (small problems, no checkpointing); SDPA
-    # keeps none
-    plain = device.type == "cpu" and not cfg.gradient_checkpointing and mb * heads * T * context * 4 <= PROBS_BUDGET
-    probs = heads * context * (6 if compute == 2 else 4) * plain
-    per_token = (33 * h + 7 * i if compute == 2 else 39 * h + 14 * i) + probs
-    if cfg.gradient_checkpointing:  # full rows (no shared prefix); saved: each layer's input, plus one layer recomputed
-        tokens = mb * context
-        activations = tokens * (layers * h * b + per_token)
-    else:
-        tokens = mb * T + -(-mb // cfg.num_generations) * P
-        activations = tokens * layers * per_token
+    floor = weights + reference + trainable * trainable_bytes + adamw_bytes(sizes, trainable_bytes, eight_bit)
+
+    def saved_activations(rows: int) -> int:
+        """What a forward pass over ``rows`` completions keeps for its backward."""
+        per_token = activation_bytes_per_token(cfg, config, device, compute, rows)
+        if cfg.gradient_checkpointing:  # full rows (no shared prefix): each layer's input, plus one layer recomputed
+            return rows * context * (layers * h * b + per_token)
+        return (rows * T + -(-rows // G) * P) * layers * per_token  # each group's prompt once (shared prefix)
+
+    mb = backward_chunk_rows(cfg, floor, saved_activations(G) / G)  # rows per forward and backward pass
+    activations = saved_activations(mb)
     logits = mb * T * config.vocab_size * compute
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
     # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's
@@ -198,6 +198,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         micro_batch=micro_batch,
         generation=kv_cache + (linear * compute if fused else 0),
         optimizer_step=5 * 4 * largest_8bit if eight_bit and device.type == "cpu" else 0,
+        backward_chunk_rows=mb,
         parts={
             "activations": activations,
             "kept_logits": kept_logits,
@@ -207,6 +208,61 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
             "decoder_weights": linear * compute if fused else 0,
         },
     )
+
+
+def activation_bytes_per_token(cfg: GRPOConfig, config, device: torch.device, compute: int, rows: int) -> int:
+    """Bytes one token saves for the backward in one decoder layer (the module docstring's a): 33 h + 7 i under
+    bf16 autocast, 39 h + 14 i in one dtype, plus the attention probabilities grpokit's plain CPU attention keeps
+    for small calls of ``rows`` rows (SDPA keeps none)."""
+    h, i = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    heads = config.num_attention_heads
+    T, context = cfg.max_completion_length, (cfg.max_prompt_length or 0) + cfg.max_completion_length
+    plain = device.type == "cpu" and not cfg.gradient_checkpointing and rows * heads * T * context * 4 <= PROBS_BUDGET
+    probs = heads * context * (6 if compute == 2 else 4) * plain
+    return (33 * h + 7 * i if compute == 2 else 39 * h + 14 * i) + probs
+
+
+# The saved activations of one forward and backward pass are kept under this fraction of the state training cannot
+# do without (weights, reference, gradients, AdamW): the peak then stays near that floor (docs/performance.md).
+ACTIVATION_SHARE = 0.1
+MIN_ACTIVATION_BUDGET = 2**28  # below a model this size, the whole micro-batch runs at once
+
+
+def backward_chunk_rows(cfg: GRPOConfig, floor: int, per_row: float) -> int:
+    """Rows per forward and backward pass of a micro-batch: ``backward_chunk_rows`` when set, the micro-batch when
+    ``top_entropy_quantile`` < 1 (its quantile needs the whole micro-batch's entropies), else as many rows as keep
+    ``per_row`` bytes of saved activations each under ACTIVATION_SHARE of ``floor`` (at least
+    MIN_ACTIVATION_BUDGET): whole groups when a group fits (each chunk runs its groups' prompts once), else a
+    divisor of the group size (chunks do not straddle groups)."""
+    mb = cfg.per_device_train_batch_size
+    if cfg.backward_chunk_rows:
+        return min(cfg.backward_chunk_rows, mb)
+    if cfg.top_entropy_quantile < 1.0:
+        return mb
+    rows = int(max(floor * ACTIVATION_SHARE, MIN_ACTIVATION_BUDGET) // max(per_row, 1))
+    if rows >= mb:
+        return mb
+    G = cfg.num_generations
+    if rows >= G:
+        return rows - rows % G
+    return max(d for d in range(1, G + 1) if G % d == 0 and d <= max(rows, 1))
+
+
+def update_chunk_rows(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device) -> int:
+    """The update's rows per forward and backward pass for ``model`` (:func:`backward_chunk_rows`), from the estimate
+    of its architecture on the meta device; the micro-batch for a model without a transformers config."""
+    mb = cfg.per_device_train_batch_size
+    config = getattr(model, "config", None)
+    if cfg.backward_chunk_rows or config is None or not hasattr(config, "num_hidden_layers"):
+        return min(cfg.backward_chunk_rows or mb, mb)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+    except (ValueError, KeyError, TypeError):  # not a causal LM transformers can build from its config
+        return mb
+    return estimate_memory(cfg, meta, device).backward_chunk_rows
 
 
 # What a CPU training process holds beyond its tensors (runtime, allocator): 0.5-0.8 GiB in bench/memory_estimate.py;

@@ -70,3 +70,23 @@ def aggregate(
     if max_completion_length is None:
         raise ValueError("loss_type 'dr_grpo' needs max_completion_length (the generation limit, in tokens)")
     return masked_sum(values, mask) / (values.shape[0] * max_completion_length)  # [N, T] -> []
+
+
+def chunk_share(mode: str, chunk_mask: torch.Tensor, mask: torch.Tensor, *, num_items_in_batch: object = None) -> float:
+    """The weight of a chunk of rows in the aggregate of the whole they come from: for any split of the rows of
+    ``values`` [N, T] into chunks, ``aggregate(values, mask, mode) == sum_c share_c * aggregate(values_c, mask_c,
+    mode)`` (same keywords). ``chunk_mask`` [N_c, T], ``mask`` [N, T].
+
+    - ``grpo``, ``luspo``, ``dr_grpo``: means over the sequences (dr_grpo's over sequences x
+      max_completion_length): share = N_c / N.
+    - ``bnpo`` (and ``dapo`` without ``num_items_in_batch``): the mean over the whole's tokens: share = |m_c| / |m|,
+      with |m| clamped to 1 as :func:`masked_mean` clamps it.
+    - ``dapo``: each chunk is already divided by the generation batch's token count: share = 1.
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; valid choices: {', '.join(AGGREGATIONS)}")
+    if mode == "dapo" and num_items_in_batch is not None:
+        return 1.0
+    if mode == "bnpo" or mode == "dapo":
+        return float(chunk_mask.sum()) / max(float(mask.sum()), 1.0)
+    return chunk_mask.shape[0] / mask.shape[0]

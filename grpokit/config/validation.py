@@ -138,6 +138,10 @@ def _optim(o: OptimConfig) -> None:
         f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.",
     )
     check(
+        o.backward_chunk_rows is None or o.backward_chunk_rows >= 1,
+        f"backward_chunk_rows={o.backward_chunk_rows} must be >= 1, or null to choose it from the model's size.",
+    )
+    check(
         o.gradient_accumulation_steps >= 1,
         f"gradient_accumulation_steps={o.gradient_accumulation_steps} must be >= 1.",
     )

@@ -26,6 +26,7 @@ import torch
 from grpokit.algos.kl_control import KLController
 from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.losses import LossSpec, policy_loss
+from grpokit.algos.masked import chunk_share
 from grpokit.algos.names import KL, POLICY_LOSS
 from grpokit.algos.token_masks import high_entropy_mask
 from grpokit.hardware import autocast
@@ -48,6 +49,10 @@ class LearnerSpec:
     reference may keep its Linear weights in the autocast dtype (not with reference resyncs, whose small mix-ups
     need float32); reference_in_bf16: every weight of the reference in bf16 (``ref_model_dtype: bfloat16``);
     top_entropy_quantile: the loss covers the tokens in this top quantile of entropy (1: all).
+    backward_chunk_rows: rows per forward and backward pass within a micro-batch (None: the whole micro-batch); the
+    loss, its normalisation and the metrics stay the micro-batch's (``algos.chunk_share``), only fewer activations
+    are kept for the backward at a time. Not below the micro-batch with top_entropy_quantile < 1, whose quantile
+    needs the whole micro-batch's entropies (the composition root does not ask for it then).
     """
 
     loss: LossSpec
@@ -64,6 +69,7 @@ class LearnerSpec:
     reference_casts: bool = True
     reference_in_bf16: bool = False
     top_entropy_quantile: float = 1.0
+    backward_chunk_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -287,13 +293,11 @@ class Learner:
         return mean | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
 
     def _accumulate(self, part: TrainingBatch, *, num_items, clock: dict):
-        """Forward and backward over the micro-batches of ``part``, gradients summed; (loss, per-micro-batch
-        metrics, logprobs [N, T], entropy [N, T])."""
-        cfg = self.cfg
-        batch, advantages, loss_mask = part.batch, part.advantages, part.loss_mask
-        ref_logprobs, old_logprobs, sampling_logprobs = part.ref_logprobs, part.old_logprobs, part.sampling_logprobs
-        mb = cfg.per_device_train_batch_size
-        num_micro = math.ceil(len(batch) / mb)
+        """Forward and backward over the micro-batches of ``part`` (each in chunks of ``backward_chunk_rows`` rows),
+        gradients summed; (loss, per-micro-batch metrics, logprobs [N, T], entropy [N, T])."""
+        mb = self.cfg.per_device_train_batch_size
+        chunk = min(self.cfg.backward_chunk_rows or mb, mb)
+        num_micro = math.ceil(len(part.batch) / mb)
         parts: list[dict] = []
         logprob_parts, entropy_parts = [], []
         loss_total = 0.0
@@ -303,37 +307,59 @@ class Learner:
         # per micro-batch. The loss and the backward run with autocast off inside it, as they would
         # outside. Not under FSDP, whose gathered weights are new tensors at every forward.
         with self.autocast() if not is_sharded(self.model) else contextlib.nullcontext():
-            for start in range(0, len(batch), mb):
-                rows = slice(start, start + mb)
-                t0 = time.perf_counter()
-                with self.autocast():
-                    logprobs, entropy = completion_logprobs(
-                        self.model, batch.rows(rows), cfg.temperature, with_entropy=True, kernels=self.kernels
-                    )
-                with no_autocast:
-                    loss, m = policy_loss(
-                        logprobs.float(),
-                        None if old_logprobs is None else old_logprobs[rows],
-                        advantages[rows],
-                        loss_mask[rows],
-                        self.loss_spec,
-                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows],
-                        num_items_in_batch=num_items,
-                        sampling_logprobs=None if sampling_logprobs is None else sampling_logprobs[rows],
-                        token_mask=self._entropy_mask(entropy, loss_mask[rows]),
-                    )
-                    # a batch-normalised loss (dapo's) is already divided by the whole batch's tokens; the others
-                    # are their micro-batch's mean
-                    scaled = loss / self.loss_kind.micro_batch_divisor(num_micro)
+            for start in range(0, len(part.batch), mb):
+                micro = part.rows(slice(start, start + mb))
+                chunks = []  # (metrics, loss share, metric weight) of each chunk
+                for first in range(0, len(micro.batch), chunk):
+                    piece = micro if chunk >= len(micro.batch) else micro.rows(slice(first, first + chunk))
+                    loss, metrics, logprobs, entropy = self._chunk_loss(piece, num_items, clock)
+                    share, weight = self._chunk_weights(piece.loss_mask, micro.loss_mask, num_items)
+                    scaled = loss * share / self.loss_kind.micro_batch_divisor(num_micro)
                     t1 = time.perf_counter()
-                    scaled.backward()
-                clock["time/policy_logprobs"] += t1 - t0
-                clock["time/backward"] += time.perf_counter() - t1
-                loss_total += float(scaled.detach())
-                parts.append(m)
-                logprob_parts.append(logprobs.detach().float())
-                entropy_parts.append(entropy.float())
+                    with no_autocast:
+                        scaled.backward()
+                    clock["time/backward"] += time.perf_counter() - t1
+                    loss_total += float(scaled.detach())
+                    chunks.append((metrics, share, weight))
+                    logprob_parts.append(logprobs.detach().float())
+                    entropy_parts.append(entropy.float())
+                parts.append(_combine_chunks(chunks))
         return loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts)
+
+    def _chunk_loss(self, piece: TrainingBatch, num_items, clock: dict):
+        """The policy's forward over ``piece``'s rows and their loss as if they were the micro-batch:
+        (loss, metrics, logprobs [n, T], entropy [n, T])."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        with self.autocast():
+            logprobs, entropy = completion_logprobs(
+                self.model, piece.batch, cfg.temperature, with_entropy=True, kernels=self.kernels
+            )
+        with torch.autocast(logprobs.device.type, enabled=False):
+            loss, metrics = policy_loss(
+                logprobs.float(),
+                piece.old_logprobs,
+                piece.advantages,
+                piece.loss_mask,
+                self.loss_spec,
+                ref_logprobs=piece.ref_logprobs,
+                num_items_in_batch=num_items,
+                sampling_logprobs=piece.sampling_logprobs,
+                token_mask=self._entropy_mask(entropy, piece.loss_mask),
+            )
+        clock["time/policy_logprobs"] += time.perf_counter() - t0
+        return loss, metrics, logprobs, entropy
+
+    def _chunk_weights(self, chunk_mask: torch.Tensor, micro_mask: torch.Tensor, num_items) -> tuple[float, float]:
+        """(loss share, metric weight) of a chunk of a micro-batch: its loss's weight in the micro-batch's
+        (``algos.chunk_share``, 1 for the whole), and its metrics' (the chunk's share of the micro-batch's tokens, of
+        its sequences at sequence level, as ``PolicyTerms.batch_mean`` averages them)."""
+        if chunk_mask.shape[0] == micro_mask.shape[0]:
+            return 1.0, 1.0
+        share = chunk_share(self.loss_kind.aggregation, chunk_mask, micro_mask, num_items_in_batch=num_items)
+        if self.loss_spec.importance_sampling_level == "sequence":
+            return share, chunk_mask.shape[0] / micro_mask.shape[0]
+        return share, float(chunk_mask.sum()) / max(float(micro_mask.sum()), 1.0)
 
     def _entropy_mask(self, entropy: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor | None:
         """[mb, T] the micro-batch's tokens in the top ``top_entropy_quantile`` of its entropies (over every
@@ -386,6 +412,17 @@ class Learner:
             metrics[KL] = kl
             metrics["kl_penalty"] = self.loss_spec.beta * kl
         return metrics
+
+
+def _combine_chunks(chunks: list[tuple[dict, float, float]]) -> dict:
+    """One micro-batch's loss metrics from its chunks' (metrics, loss share, metric weight): the policy loss adds up
+    by the loss shares, the other metrics (means over tokens or sequences) by their weights."""
+    if len(chunks) == 1:
+        return chunks[0][0]
+    return {
+        key: sum(m[key] * (share if key == POLICY_LOSS else weight) for m, share, weight in chunks)
+        for key in chunks[0][0]
+    }
 
 
 @dataclass(frozen=True)

@@ -334,6 +334,8 @@ def build_learner(
     ``procs``. FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
     reference copy is sharded the same way (its pass and its resync stay shard by shard). An algorithm with a
     critic (``algos.registry``) gets one (``train.critic.Critic``), built from the policy before any update."""
+    from grpokit.memory import update_chunk_rows
+
     critic = None
     if get_algorithm(args.algorithm).uses_critic:
         from grpokit.train.critic import Critic
@@ -352,7 +354,7 @@ def build_learner(
         reference,
         optimizer,
         scheduler,
-        specs.learner_spec(args),
+        specs.learner_spec(args, update_chunk_rows(args, model, device)),
         autocast_dtype=autocast_dtype,
         kernels=kernels,
         critic=critic,

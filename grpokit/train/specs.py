@@ -45,8 +45,9 @@ def optim_spec(args: GRPOConfig, learning_rate: float | None = None) -> OptimSpe
     )
 
 
-def learner_spec(args: GRPOConfig) -> LearnerSpec:
-    """The policy update's settings (:class:`grpokit.train.learner.Learner`)."""
+def learner_spec(args: GRPOConfig, backward_chunk_rows: int | None = None) -> LearnerSpec:
+    """The policy update's settings (:class:`grpokit.train.learner.Learner`); ``backward_chunk_rows``: the root's
+    choice for the model (``memory.update_chunk_rows``; default the config's)."""
     adaptive = args.kl_controller == "adaptive"
     return LearnerSpec(
         loss=args.loss_spec(),
@@ -63,6 +64,7 @@ def learner_spec(args: GRPOConfig) -> LearnerSpec:
         reference_casts=not args.ref_model_sync_steps,
         reference_in_bf16=args.ref_model_dtype == "bfloat16",
         top_entropy_quantile=args.top_entropy_quantile,
+        backward_chunk_rows=backward_chunk_rows or args.backward_chunk_rows,
     )
 
 

@@ -1,0 +1,101 @@
+"""Learner.update in chunks of backward_chunk_rows rows per forward and backward pass: the same gradients, loss and
+metrics as the whole micro-batch at once, for every loss type (each aggregation); and the rows the memory rule
+chooses, by hand."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from grpokit.algos.loss_registry import loss_types
+from grpokit.config import GRPOConfig
+from grpokit.memory import backward_chunk_rows
+from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.types import SamplingParams
+from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+from grpokit.train.learner import Learner
+from grpokit.train.logprobs import build_batch
+from grpokit.train.reference import Reference
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    tokenizer = build_word_tokenizer([f"w{i}" for i in range(30)])
+    model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=2, num_heads=2)
+    rollouts = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=5).generate(
+        [[5, 6, 7], [8, 9]], 4, SamplingParams(max_completion_length=7)
+    )
+    return model, rollouts, build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD at learning rate 0 that keeps each step's gradients (the weights stay as they are)."""
+
+    def step(self, closure=None):
+        self.grads = [p.grad.clone() for group in self.param_groups for p in group["params"]]
+        return super().step(closure)
+
+
+def update(model, batch, rollouts, chunk_rows, **settings):
+    cfg = GRPOConfig(
+        num_generations=4,
+        per_device_train_batch_size=4,
+        max_completion_length=7,
+        beta=0.05,
+        epsilon=0.05,
+        backward_chunk_rows=chunk_rows,
+        **settings,
+    )
+    policy = copy.deepcopy(model)
+    optimizer = RecordingSGD(policy.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    learner = Learner(policy, Reference(model, use_adapters=False), optimizer, scheduler, cfg)
+    mask = rollouts.completion_mask.float()
+    advantages = torch.tensor([1.0, -0.5, 0.25, -0.75, 0.5, 1.5, -1.0, -1.0])
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        ref = learner.reference_logprobs(batch)
+        # an older policy 0.1 away, so ratios move off 1 and some tokens clip
+        old = learner.old_logprobs(batch) + 0.1 * torch.randn(mask.shape, generator=generator)
+    metrics = learner.update(batch, advantages, mask, ref, old_logprobs=old)
+    return metrics, optimizer.grads
+
+
+@pytest.mark.parametrize("loss_type", loss_types())
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_chunks_give_the_micro_batchs_numbers(sampled, loss_type, level):
+    """Micro-batches of 4 rows in chunks of 1, 2 and 3 rows (3: uneven) against each micro-batch at once."""
+    model, rollouts, batch = sampled
+    settings = {"loss_type": loss_type, "importance_sampling_level": level}
+    if loss_type == "cispo":
+        settings["epsilon_high"] = 1.05
+    whole, grads = update(model, batch, rollouts, None, **settings)
+    assert abs(whole["ratio_mean"] - 1.0) > 1e-3  # off-policy: the ratios moved off 1
+    for rows in (1, 2, 3):
+        chunked, chunked_grads = update(model, batch, rollouts, rows, **settings)
+        for a, b in zip(grads, chunked_grads):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+        assert chunked.keys() == whole.keys()
+        for key, value in whole.items():
+            if not key.startswith("time/"):
+                assert chunked[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_backward_chunk_rows_by_hand():
+    """A 10 GB floor allows 1 GB of saved activations; at 180 MB per row that is 5 rows: a divisor of G = 8 (4),
+    a multiple of G = 2 (4), the micro-batch when it is smaller (4), the configured value when set."""
+    cfg = GRPOConfig(num_generations=8, per_device_train_batch_size=32)
+    assert backward_chunk_rows(cfg, 10 * 10**9, 180 * 10**6) == 4
+    assert backward_chunk_rows(cfg.replace(num_generations=2), 10 * 10**9, 180 * 10**6) == 4
+    small = cfg.replace(num_generations=4, per_device_train_batch_size=4)
+    assert backward_chunk_rows(small, 10 * 10**9, 180 * 10**6) == 4
+    assert backward_chunk_rows(cfg.replace(backward_chunk_rows=16), 10 * 10**9, 180 * 10**6) == 16
+    # a small model: the budget is at least 256 MiB, here 26 rows of 10 MiB -> 24 (whole groups of 8)
+    assert backward_chunk_rows(cfg, 10**6, 10 * 2**20) == 24
+    # the entropy quantile needs the whole micro-batch's entropies
+    assert backward_chunk_rows(cfg.replace(top_entropy_quantile=0.2), 10 * 10**9, 180 * 10**6) == 32
