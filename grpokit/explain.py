@@ -61,6 +61,9 @@ def _sizes(cfg: GRPOConfig, world_size: int) -> str:
     )
     lines += [f"  {name + ':':<24}{_size(value)}" for name, value in parts]
     lines.append(
+        f"  (a micro-batch's forward and backward run {m.backward_chunk_rows} rows at a time: backward_chunk_rows)"
+    )
+    lines.append(
         "  plus the process itself (runtime, allocator, buffers in flight): 0.5-0.8 GiB more at the peak"
         " in bench/memory_estimate.py's CPU runs"
     )

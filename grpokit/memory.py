@@ -226,26 +226,31 @@ def activation_bytes_per_token(cfg: GRPOConfig, config, device: torch.device, co
 # do without (weights, reference, gradients, AdamW): the peak then stays near that floor (docs/performance.md).
 ACTIVATION_SHARE = 0.1
 MIN_ACTIVATION_BUDGET = 2**28  # below a model this size, the whole micro-batch runs at once
+# A pass reads every weight once (and again in the backward): below this many completion tokens its matmuls stop
+# being compute-bound on a CPU, so a pass is never made smaller than that.
+MIN_PASS_TOKENS = 256
 
 
 def backward_chunk_rows(cfg: GRPOConfig, floor: int, per_row: float) -> int:
     """Rows per forward and backward pass of a micro-batch: ``backward_chunk_rows`` when set, the micro-batch when
     ``top_entropy_quantile`` < 1 (its quantile needs the whole micro-batch's entropies), else as many rows as keep
     ``per_row`` bytes of saved activations each under ACTIVATION_SHARE of ``floor`` (at least
-    MIN_ACTIVATION_BUDGET): whole groups when a group fits (each chunk runs its groups' prompts once), else a
-    divisor of the group size (chunks do not straddle groups)."""
+    MIN_ACTIVATION_BUDGET), and at least MIN_PASS_TOKENS completion tokens: whole groups when a group fits (each
+    pass runs its groups' prompts once), else a divisor of the group size (passes do not straddle groups)."""
     mb = cfg.per_device_train_batch_size
     if cfg.backward_chunk_rows:
         return min(cfg.backward_chunk_rows, mb)
     if cfg.top_entropy_quantile < 1.0:
         return mb
-    rows = int(max(floor * ACTIVATION_SHARE, MIN_ACTIVATION_BUDGET) // max(per_row, 1))
+    least = -(-MIN_PASS_TOKENS // cfg.max_completion_length)
+    rows = max(int(max(floor * ACTIVATION_SHARE, MIN_ACTIVATION_BUDGET) // max(per_row, 1)), least)
     if rows >= mb:
         return mb
     G = cfg.num_generations
     if rows >= G:
         return rows - rows % G
-    return max(d for d in range(1, G + 1) if G % d == 0 and d <= max(rows, 1))
+    divisors = [d for d in range(least, G + 1) if G % d == 0]
+    return max((d for d in divisors if d <= rows), default=divisors[0])
 
 
 def update_chunk_rows(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device) -> int:

@@ -163,6 +163,7 @@ def test_explain_prints_sizes(tmp_path, tiny_model_dir, word_prompts, capsys):
     assert "memory estimate (tensors):" in out
     for part in ("weights:", "reference:", "gradients:", "AdamW moments:", "one micro-batch:", "generation:"):
         assert f"  {part}" in out, part
+    assert "run 8 rows at a time: backward_chunk_rows" in out  # a tiny model: the whole micro-batch at once
 
 
 def test_explain_says_why_there_is_no_memory_estimate(tmp_path, tiny_model_dir, word_prompts, capsys):

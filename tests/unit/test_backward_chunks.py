@@ -97,5 +97,7 @@ def test_backward_chunk_rows_by_hand():
     assert backward_chunk_rows(cfg.replace(backward_chunk_rows=16), 10 * 10**9, 180 * 10**6) == 16
     # a small model: the budget is at least 256 MiB, here 26 rows of 10 MiB -> 24 (whole groups of 8)
     assert backward_chunk_rows(cfg, 10**6, 10 * 2**20) == 24
+    # never fewer than 256 completion tokens per pass: at 64 tokens, 4 rows even when one row is over the budget
+    assert backward_chunk_rows(cfg.replace(max_completion_length=64), 10**6, 2**30) == 4
     # the entropy quantile needs the whole micro-batch's entropies
     assert backward_chunk_rows(cfg.replace(top_entropy_quantile=0.2), 10 * 10**9, 180 * 10**6) == 32
