@@ -84,8 +84,8 @@ def check_output(output: Any, num_prompts: int) -> RolloutFuncOutput:
     """A rollout_func's ``output`` for ``num_prompts`` prompts, checked: TRL's ValueError when a required key is
     missing; a ValueError naming the key (and row) when a list does not hold one entry per prompt, or a row of
     ``logprobs``, ``logprob_token_ids`` or ``env_mask`` is not as long as its completion, or ``env_mask`` holds
-    anything but 0 and 1. Other keys: a list is one value per prompt (its length checked), anything else is the
-    value of every row."""
+    anything but 0 and 1 (``env_mask`` or ``logprob_token_ids`` None: not given). Other keys: a list is one value per
+    prompt (its length checked), anything else is the value of every row."""
     if not isinstance(output, Mapping):
         raise ValueError(
             f"rollout_func must return a dict with keys {list(REQUIRED_KEYS)}; it returned a {type(output).__name__}."
@@ -93,6 +93,8 @@ def check_output(output: Any, num_prompts: int) -> RolloutFuncOutput:
     missing = sorted(set(REQUIRED_KEYS) - set(output))
     if missing:
         raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
+    # an optional per-token key set to None is absent (TRL: env_mask None is no mask)
+    output = {k: v for k, v in output.items() if not (k in PER_TOKEN_KEYS and k not in REQUIRED_KEYS and v is None)}
     lists = {k: _rows(k, v) for k, v in output.items() if k in (*REQUIRED_KEYS, *PER_TOKEN_KEYS)}
     for key, values in output.items():
         if key not in lists and isinstance(values, (list, tuple)):
