@@ -261,9 +261,13 @@ def reward_arguments(rows: list[dict], indices: list[int], rollouts, tokenizer, 
     """``(prompts, completions, columns, completion_ids)`` for the reward functions, of ``rollouts`` (G per prompt)
     of the prompts ``rows[i]`` for i in ``indices``: each prompt as the dataset holds it (chat messages stay
     messages, as TRL passes them), G times; the decoded completions; :func:`reward_inputs`' columns; each
-    completion's token ids up to its length."""
+    completion's token ids up to its length. Columns that came with the rollouts (``rollouts.columns``) are added,
+    replacing a dataset column of the same name."""
     G, lengths = rollouts.num_generations, rollouts.completion_lengths
     completion_ids = [ids[: int(n)].tolist() for ids, n in zip(rollouts.completion_ids, lengths)]
     completions = [decode(tokenizer, ids) for ids in completion_ids]
     prompts = [rows[i][prompt_column] for i in indices for _ in range(G)]
-    return prompts, completions, reward_inputs(rows, indices, G, prompt_column, lengths.tolist()), completion_ids
+    columns = reward_inputs(rows, indices, G, prompt_column, lengths.tolist())
+    if rollouts.columns:  # the sampler's own (a rollout_func's other keys) win over the dataset's, as in TRL
+        columns.update(rollouts.columns)
+    return prompts, completions, columns, completion_ids

@@ -52,7 +52,8 @@ def evaluate(
     tools=None,
 ) -> Evaluation:
     """Sample ``num_samples`` completions of each eval prompt with ``params`` and one greedily (the same ``params``:
-    repetition penalty and suppressed tokens apply), and score them.
+    repetition penalty and suppressed tokens apply), and score them. An engine that takes raw prompts (a
+    rollout_func, which samples as it likes) gets no greedy pass: no ``eval/greedy_accuracy`` then.
 
     The rewards are called as in training (:mod:`grpokit.rewards.contract`), with ``trainer_state``.
     ``tools``: the run's ``ToolRollouts`` (grpokit.train.tool_rollouts): samples are multi-turn tool rollouts,
@@ -86,13 +87,15 @@ def evaluate(
         correct.append(
             (result.combined.nan_to_num(float("-inf")) >= success_threshold).view(len(chunk), num_samples).sum(1)
         )
-        g, _ = score(chunk, 1, greedy)
-        greedy_correct.append(g.combined.nan_to_num(float("-inf")) >= success_threshold)
+        if not engine.takes_raw_prompts:  # a rollout_func samples as it likes: it has no greedy decoding to ask for
+            g, _ = score(chunk, 1, greedy)
+            greedy_correct.append(g.combined.nan_to_num(float("-inf")) >= success_threshold)
     correct_all = torch.cat(correct)  # [P]
     metrics = {"eval/num_prompts": float(len(indices))}
     for k in ks:
         metrics[f"eval/pass@{k}"] = sum(pass_at_k(num_samples, int(c), k) for c in correct_all) / len(indices)
-    metrics["eval/greedy_accuracy"] = float(torch.cat(greedy_correct).float().mean())
+    if greedy_correct:
+        metrics["eval/greedy_accuracy"] = float(torch.cat(greedy_correct).float().mean())
     return Evaluation(
         rewards=concat_results(sampled),
         lengths=torch.cat(lengths),
@@ -174,7 +177,8 @@ def _score(
 ) -> tuple[RewardResult, object]:
     """(RewardResult, Rollouts) of ``n`` samples of each prompt of ``chunk``."""
     if tools is None:
-        rollouts = engine.generate([source.ids[i] for i in chunk], n, params)
+        raw = engine.takes_raw_prompts  # a rollout_func: the prompts as the dataset holds them
+        rollouts = engine.generate([rows[i][prompt_column] if raw else source.ids[i] for i in chunk], n, params)
     else:
         rollouts = tools.generate([rows[i] for i in chunk], n, params)
     prompts, texts, columns, ids = reward_arguments(rows, chunk, rollouts, tokenizer, prompt_column)

@@ -43,9 +43,12 @@ class RolloutEngine(Protocol):
     ``generate(..., seeds=)`` takes one seed per prompt and samples each group from it (else
     :func:`grpokit.rollout.seeding.generate_per_group` reseeds ``generator`` before each group). ``generator``:
     the engine's random stream (saved in checkpoints); ``pad_token_id``: the right padding of its completions.
+    ``takes_raw_prompts``: ``generate`` takes the prompts as the dataset holds them (strings or chat messages: the
+    rollout_func engine), not their token ids.
     """
 
     takes_group_seeds: bool
+    takes_raw_prompts: bool
     policy_version: int
     generator: torch.Generator
     pad_token_id: int
@@ -71,6 +74,7 @@ class HFRolloutEngine:
     """Samples from a local policy model (HF causal LM or a custom logits module), sharing its weights."""
 
     takes_group_seeds = False  # one random stream: generate_per_group reseeds it group by group
+    takes_raw_prompts = False
 
     def __init__(
         self,

@@ -314,6 +314,7 @@ class MultiTurnEngine:
     # The RolloutEngine protocol (grpokit.rollout.engine): groups seeded on their own (``seeds``); the weights, the
     # random stream and the policy version are the base engine's. Prompts are chat messages, not token ids.
     takes_group_seeds = True
+    takes_raw_prompts = False
 
     @property
     def policy_version(self) -> int:

@@ -1,8 +1,9 @@
 """The rollout engines by name: what samples a run's completions.
 
 Every engine implements :class:`grpokit.rollout.engine.RolloutEngine` (``generate``, ``policy_version``,
-``sync_weights``, ``takes_group_seeds``). The composition root picks one by ``generation.engine`` (hf | vllm)
-and, when the run has tools or environments, wraps it in the multi-turn engine; nothing else names an engine.
+``sync_weights``, ``takes_group_seeds``, ``takes_raw_prompts``). The composition root picks one by
+``generation.engine`` (hf | vllm | transformers), or ``rollout_func`` when GRPOTrainer was given one, and, when the
+run has tools or environments, wraps it in the multi-turn engine; nothing else names an engine.
 
 - ``hf``: :class:`~grpokit.rollout.engine.HFRolloutEngine`, grpokit's own sampler on the policy's own weights.
 - ``vllm``: :class:`~grpokit.rollout.vllm_engine.VLLMRolloutEngine`, a colocated vLLM with its own copy of the
@@ -11,6 +12,8 @@ and, when the run has tools or environments, wraps it in the multi-turn engine; 
   ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...).
 - ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
   (chat prompts; built by :class:`grpokit.train.tool_rollouts.ToolRollouts` from the run's tools).
+- ``rollout_func``: :class:`~grpokit.rollout.rollout_func.RolloutFuncEngine`, TRL's ``GRPOTrainer(rollout_func=...)``:
+  the user's function generates; the engine takes the raw prompts (``takes_raw_prompts``) and converts its output.
 """
 
 from __future__ import annotations
@@ -138,11 +141,19 @@ def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):
     )
 
 
+def _rollout_func(parts: EngineParts, spec):
+    from grpokit.rollout.rollout_func import RolloutFuncEngine
+
+    return RolloutFuncEngine(spec.call, parts.eos_token_ids, parts.pad_token_id, seed=parts.seed)
+
+
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(_hf),
     "vllm": EngineEntry(_vllm, separate_weights=True),
     "transformers": EngineEntry(_transformers),
     "multi-turn": EngineEntry(_multi_turn),
+    # the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights
+    "rollout_func": EngineEntry(_rollout_func),
 }
 
 

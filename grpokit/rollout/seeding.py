@@ -55,18 +55,27 @@ def split_rollouts(rollouts: Rollouts, parts: int) -> list[Rollouts]:
             policy_version=rollouts.policy_version,
             loss_mask=None if rollouts.loss_mask is None else rollouts.loss_mask[k * rows : (k + 1) * rows].clone(),
             conversations=None if rollouts.conversations is None else rollouts.conversations[k * rows : (k + 1) * rows],
+            columns=None
+            if rollouts.columns is None
+            else {name: values[k * rows : (k + 1) * rows] for name, values in rollouts.columns.items()},
         )
         for k in range(parts)
     ]
 
 
 def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
-    """Join Rollouts of the same G and policy version, right-padding to the longest completion. Multi-turn
-    parts (with a loss mask and conversations) join only with multi-turn parts."""
+    """Join Rollouts of the same G and policy version, right-padding to the longest completion. Parts with a loss
+    mask (multi-turn, or a rollout_func's env_mask), conversations or reward columns join only with parts that have
+    them too (the same column names)."""
     width = max(p.completion_ids.size(1) for p in parts)
-    multi_turn = parts[0].loss_mask is not None
-    if any((p.loss_mask is not None) != multi_turn or (p.conversations is not None) != multi_turn for p in parts):
-        raise ValueError("cannot join multi-turn rollouts (loss_mask, conversations) with single-turn ones")
+    first = parts[0]
+    if any((p.loss_mask is None) != (first.loss_mask is None) for p in parts):
+        raise ValueError("cannot join rollouts with a loss_mask (multi-turn, env_mask) with rollouts without one")
+    if any((p.conversations is None) != (first.conversations is None) for p in parts):
+        raise ValueError("cannot join multi-turn rollouts (conversations) with single-turn ones")
+    names = None if first.columns is None else list(first.columns)
+    if any((None if p.columns is None else list(p.columns)) != names for p in parts):
+        raise ValueError("cannot join rollouts whose reward columns differ")
 
     def padded(t: torch.Tensor, value) -> torch.Tensor:
         return torch.nn.functional.pad(t, (0, width - t.size(1)), value=value)  # [n, T]
@@ -77,8 +86,9 @@ def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
         completion_mask=torch.cat([padded(p.completion_mask, 0.0) for p in parts]),  # [N, T]
         logprobs=torch.cat([padded(p.logprobs, 0.0) for p in parts]),  # [N, T]
         finish_reasons=[r for p in parts for r in p.finish_reasons],
-        num_generations=parts[0].num_generations,
+        num_generations=first.num_generations,
         policy_version=min(p.policy_version for p in parts),
-        loss_mask=torch.cat([padded(p.loss_mask, 0.0) for p in parts]) if multi_turn else None,  # [N, T]
-        conversations=[c for p in parts for c in p.conversations] if multi_turn else None,
+        loss_mask=None if first.loss_mask is None else torch.cat([padded(p.loss_mask, 0.0) for p in parts]),  # [N, T]
+        conversations=None if first.conversations is None else [c for p in parts for c in p.conversations],
+        columns=None if names is None else {name: [v for p in parts for v in p.columns[name]] for name in names},
     )

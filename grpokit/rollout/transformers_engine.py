@@ -24,6 +24,7 @@ class TransformersRolloutEngine:
     """Samples ``num_generations`` completions per prompt with ``model.generate`` (a transformers causal LM)."""
 
     takes_group_seeds = False  # one random stream: generate_per_group reseeds it group by group
+    takes_raw_prompts = False
 
     def __init__(
         self,

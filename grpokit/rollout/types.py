@@ -102,6 +102,9 @@ class Rollouts:
     # the tokens the model sampled (None: the same as completion_mask); conversations: N records of the turns
     loss_mask: torch.Tensor | None = None
     conversations: list[Conversation] | None = None
+    # columns for the reward functions that came with the rollouts, not from the dataset (a rollout_func's other
+    # keys, grpokit.rollout.rollout_func): {name: N values, one per completion}; None: none
+    columns: dict[str, list] | None = None
 
     @property
     def group_index(self) -> torch.Tensor:

@@ -152,6 +152,7 @@ class VLLMRolloutEngine:
     """Samples with a colocated ``vllm.LLM`` holding a copy of the policy's weights (see module docstring)."""
 
     takes_group_seeds = True  # generate() seeds each group itself (see grpokit.rollout.seeding)
+    takes_raw_prompts = False
 
     def __init__(
         self,

@@ -97,6 +97,9 @@ def take_rows(rollouts: Rollouts, rows: torch.Tensor) -> Rollouts:
         finish_reasons=[rollouts.finish_reasons[n] for n in picked],
         loss_mask=None if rollouts.loss_mask is None else rollouts.loss_mask[rows],  # [k*G, T]
         conversations=None if rollouts.conversations is None else [rollouts.conversations[n] for n in picked],
+        columns=None
+        if rollouts.columns is None
+        else {name: [values[n] for n in picked] for name, values in rollouts.columns.items()},
     )
 
 

@@ -6,6 +6,8 @@ A *sampler* turns a step's global batch of prompt indices into this rank's share
 - :class:`GroupSeededSampler`: the same, each group sampled from its own seed (``seed_per_group``, torchrun), so the
   rollouts do not depend on how the prompts are split (:mod:`grpokit.rollout.seeding`);
 - :class:`ToolSampler`: multi-turn tool rollouts from the dataset rows (:mod:`grpokit.train.tool_rollouts`);
+- :class:`RawPromptSampler`: an engine that takes the prompts as the dataset holds them (``takes_raw_prompts``: TRL's
+  rollout_func, :mod:`grpokit.rollout.rollout_func`);
 - :class:`RaySampler`: Ray rollout workers (rank 0 publishes the weights, submits, collects and scatters).
 
 A *source* decides when a batch is sampled: :class:`SyncRollouts` in the step (and further rounds within it, for
@@ -97,6 +99,19 @@ class ToolSampler(EngineSampler):
 
     def close(self) -> None:
         self.tools.close()
+
+
+class RawPromptSampler(EngineSampler):
+    """This rank's groups sampled by an engine that takes the raw prompts (``takes_raw_prompts``): each row's
+    ``prompt_column`` as the dataset holds it (a string or chat messages), as TRL hands them to a rollout_func."""
+
+    def __init__(self, *, prompt_column: str, **parts: Any) -> None:
+        super().__init__(**parts)
+        self.prompt_column = prompt_column
+
+    def _generate(self, step: int, indices: list[int], first: int) -> Rollouts:
+        prompts = [self.prompts.rows[i][self.prompt_column] for i in indices]
+        return self.engine.generate(prompts, self.num_generations, self.params)
 
 
 class RaySampler(EngineSampler):
@@ -263,6 +278,7 @@ SAMPLERS: dict[str, type] = {
     "engine": EngineSampler,
     "group_seeded": GroupSeededSampler,
     "tools": ToolSampler,
+    "raw_prompts": RawPromptSampler,
     "ray": RaySampler,
 }
 SOURCES: dict[str, type] = {"sync": SyncRollouts, "one_step_off": OneStepOffRollouts}

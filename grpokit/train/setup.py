@@ -60,6 +60,7 @@ def check_inputs(
     reward_processing_classes: Any,
     tools: Any = None,
     environment_factory: Any = None,
+    rollout_func: Any = None,
 ) -> Inputs:
     """Everything checked before a model loads, in this order: the config for this many processes (and vLLM's
     environment), the datasets (the arguments, else the config's; without one, an environment that owns the data:
@@ -68,7 +69,9 @@ def check_inputs(
     reward workers on rank 0 only: it scores every rank's rows on them; environments' ``get_reward`` added), the
     data against the rewards and the step size. ``max_steps: -1`` becomes num_train_epochs passes over the dataset
     (TRL). Whether the run folder holds a run is not checked here but by ``train()``, which may be told to resume it
-    (TRL's ``train(resume_from_checkpoint=True)`` on a new trainer); the CLI checks it before building the trainer."""
+    (TRL's ``train(resume_from_checkpoint=True)`` on a new trainer); the CLI checks it before building the trainer.
+    ``rollout_func`` (TRL's): checked against the settings it cannot run with (:func:`check_rollout_func`); the data's
+    columns are then not checked against the rewards (the function may supply them)."""
     from grpokit.data.prompts import is_streaming, load_rows
     from grpokit.train.tool_rollouts import (
         PLACEHOLDER_PROMPT,
@@ -78,6 +81,8 @@ def check_inputs(
     )
 
     args.validate(procs.world_size)
+    if rollout_func is not None:
+        check_rollout_func(args, rollout_func, tools, environment_factory)
     if args.engine == "vllm":
         from grpokit.rollout.vllm_engine import check_vllm_environment
 
@@ -113,10 +118,39 @@ def check_inputs(
         processing_classes=reward_processing_classes,
         extra=[] if tool_spec is None else tool_spec.reward_functions(),
     )
-    steps_per_epoch = check_data(args, train_rows, evals, rewards, procs.world_size)
+    # a rollout_func may supply the columns a reward names (its other keys): checked when the rewards are called
+    steps_per_epoch = check_data(args, train_rows, evals, rewards, procs.world_size, columns=rollout_func is None)
     if args.max_steps == -1:
         args = args.replace(max_steps=max(1, math.ceil(args.num_train_epochs * steps_per_epoch)))
     return Inputs(args, train_rows, evals, rewards, steps_per_epoch, tool_spec)
+
+
+def check_rollout_func(args: GRPOConfig, rollout_func: Any, tools: Any, environment_factory: Any) -> None:
+    """Refuse, in one line naming the fix, what TRL's ``rollout_func`` cannot run with here: something not callable,
+    tools or environments (both generate the completions), another engine than the default (vLLM, transformers'
+    generate) and Ray rollout workers (the function runs in the training process, where the trainer it is given
+    lives)."""
+    if not callable(rollout_func):
+        raise ConfigError(
+            f"rollout_func is a {type(rollout_func).__name__}; pass a function fn(prompts, trainer) -> dict with "
+            "prompt_ids, completion_ids and logprobs."
+        )
+    if tools or environment_factory is not None or args.agent.tools or args.agent.environment_factory is not None:
+        raise ConfigError(
+            "rollout_func generates the completions itself, and so do tools / environment_factory; pass one of them "
+            "(a rollout_func runs its own tool or environment loop and marks the environment's tokens with env_mask)."
+        )
+    if args.engine != "hf":
+        raise ConfigError(
+            f"rollout_func generates the completions itself, so it cannot be combined with generation.engine: "
+            f"{args.engine} (use_vllm or generation_kwargs); remove that setting (the function may call your own "
+            "vLLM server)."
+        )
+    if args.backend == "ray":
+        raise ConfigError(
+            "rollout_func runs in the training process and cannot be combined with distributed.backend: ray (Ray "
+            "rollout workers); remove that setting."
+        )
 
 
 def streaming_train_args(args: GRPOConfig) -> GRPOConfig:
@@ -246,12 +280,13 @@ def build_reward_runner(
         raise ConfigError(f"rewards: {exc}") from exc
 
 
-def check_data(args: GRPOConfig, train_rows: list, evals: dict, rewards, world_size: int) -> int:
-    """Check the datasets (``evals``: :func:`eval_sets`) against the reward functions' columns and the step size;
-    returns the steps per epoch (prompts // prompts per step: TRL drops a last partial batch too)."""
+def check_data(args: GRPOConfig, train_rows: list, evals: dict, rewards, world_size: int, columns: bool = True) -> int:
+    """Check the datasets (``evals``: :func:`eval_sets`) against the reward functions' columns (unless ``columns`` is
+    False: a rollout_func may supply them) and the step size; returns the steps per epoch (prompts // prompts per
+    step: TRL drops a last partial batch too)."""
     from grpokit.data.prompts import DataError, check_reward_columns
 
-    reward_fns = dict(zip(rewards.names, rewards.functions))
+    reward_fns = dict(zip(rewards.names, rewards.functions)) if columns else {}
     check_reward_columns(train_rows, reward_fns, args.prompt_column)
     per_step = args.prompts_per_step(world_size)
     if len(train_rows) < per_step:
@@ -375,11 +410,14 @@ def build_rollouts(
     source: str | None,
     kernels,
     tools=None,
+    rollout_func=None,
 ):
-    """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.registry``), the sampler
-    (Ray workers, tool rollouts, a seed per group, or the engine's one stream) and the source (one step off with
-    ``async_rollouts``, else synchronous) from ``train.rollout_sources``. ``source``: the model's folder or hub id
-    when it was given by name (vLLM loads its copy from there), else None; ``tools``: the run's ToolSpec, or None.
+    """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.registry``; ``rollout_func``
+    when one is given), the sampler (Ray workers, tool rollouts, raw prompts for an engine that takes them, a seed per
+    group, or the engine's one stream) and the source (one step off with ``async_rollouts``, else synchronous) from
+    ``train.rollout_sources``. ``source``: the model's folder or hub id when it was given by name (vLLM loads its
+    copy from there), else None; ``tools``: the run's ToolSpec, or None; ``rollout_func``: the trainer's
+    ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
     from grpokit.modeling import eos_token_ids
     from grpokit.rollout.registry import EngineParts, get_engine
@@ -388,9 +426,14 @@ def build_rollouts(
     from grpokit.train.tool_rollouts import ToolRollouts
 
     eos = eos_token_ids(model, tokenizer)
-    kind = get_engine(args.engine)
+    kind = get_engine(args.engine if rollout_func is None else "rollout_func")
     parts = EngineParts(model, eos, tokenizer.pad_token_id, device, autocast_dtype, kernels, seed=args.seed)
-    engine = kind.build(parts, specs.vllm_spec(args, source))
+    if rollout_func is None:
+        engine = kind.build(parts, specs.vllm_spec(args, source))
+    else:
+        from grpokit.rollout.rollout_func import RolloutFuncSpec
+
+        engine = kind.build(parts, RolloutFuncSpec(rollout_func))
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
     tool_rollouts = (
@@ -411,6 +454,8 @@ def build_rollouts(
         sampler = SAMPLERS["ray"](remote=_start_ray(args, parts) if procs.is_main else None, **common)
     elif tool_rollouts is not None:  # groups seeded on their own, decoded in one batch
         sampler = SAMPLERS["tools"](tools=tool_rollouts, **common)
+    elif engine.takes_raw_prompts:  # a rollout_func: the prompts as the dataset holds them, in one call
+        sampler = SAMPLERS["raw_prompts"](prompt_column=args.prompt_column, **common)
     elif args.seed_per_group or procs.enabled:  # rollouts must not depend on the split over processes
         sampler = SAMPLERS["group_seeded"](**common)
     else:

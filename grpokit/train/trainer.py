@@ -103,7 +103,9 @@ class GRPOTrainer:
     ``tools`` (functions) and ``environment_factory`` (a class or factory, or ``{name: factory}``) make rollouts
     multi-turn conversations with tool calls (docs/tools.md); they replace the config's ``agent.tools`` /
     ``agent.environment_factory``. ``eval_dataset`` may be a dict of datasets (or a ``DatasetDict``), each
-    evaluated on its own as in TRL.
+    evaluated on its own as in TRL. ``rollout_func`` (TRL's, ``fn(prompts, trainer) -> dict``) generates the
+    completions instead of grpokit's sampler, in training and evaluation (:mod:`grpokit.rollout.rollout_func`,
+    docs/from_trl.md): it receives each prompt ``num_generations`` times, adjacent, and returns one completion each.
 
     What ``trainer.state.log_history``, the callbacks and ``evaluate()`` see is named as in TRL
     (``completions/mean_length``, ``eval_reward`` ...: ``train/metrics.py``'s ``TRL_NAMES``); metrics.jsonl, the
@@ -125,7 +127,9 @@ class GRPOTrainer:
         tokenizer: Any = None,
         tools: list | None = None,
         environment_factory: Any = None,
+        rollout_func: Any = None,
     ):
+        self.rollout_func = rollout_func  # TRL's: called by _generate, which the rollout_func engine calls
         args, tokenizer = setup.trainer_arguments(args, peft_config, processing_class, tokenizer)
         procs = self.procs = setup.run_processes()  # rank and world size under torchrun; one process otherwise
         # Everything that can be checked without a model is checked first.
@@ -138,6 +142,7 @@ class GRPOTrainer:
             reward_processing_classes,
             tools,
             environment_factory,
+            rollout_func,
         )
         self.args = args = inputs.args  # the user's GRPOConfig (max_steps resolved), as TRL's trainer.args
         self.train_rows, eval_rows, self.rewards = inputs.train_rows, inputs.eval_sets, inputs.rewards
@@ -169,6 +174,7 @@ class GRPOTrainer:
             source=path,
             kernels=self.kernels,
             tools=inputs.tools,
+            rollout_func=None if rollout_func is None else self._generate,
         )
         self.step_sampling = setup.build_step_sampling(
             args, self.rollout_scheduler, self._score, tokenizer.pad_token_id
@@ -296,8 +302,18 @@ class GRPOTrainer:
     @property
     def tools(self) -> list:
         """The run's tools: the plain ones, then each environment's methods (of its first instance), as TRL's."""
+        if "_tools" in self.__dict__:
+            return self.__dict__["_tools"]
         scheduler = self.rollout_scheduler
         return [] if scheduler.tool_rollouts is None else scheduler.tool_rollouts.spec.all_tools()
+
+    @tools.setter
+    def tools(self, value) -> None:
+        """Settable only on a trainer not built by ``__init__`` (TRL's tests make one with ``object.__new__``); a
+        built trainer's tools are its rollouts', fixed when it was built."""
+        if "rollout_scheduler" in self.__dict__:
+            raise AttributeError("trainer.tools is fixed when the trainer is built; pass tools=... to GRPOTrainer.")
+        self.__dict__["_tools"] = value
 
     @property
     def environments(self) -> list | None:
@@ -312,8 +328,30 @@ class GRPOTrainer:
 
     @property
     def accelerator(self) -> ProcessAccelerator:
-        """TRL's ``trainer.accelerator``: this run's processes (rank, count, gather, reduce), as accelerate answers."""
-        return ProcessAccelerator(self.procs, self.device)
+        """TRL's ``trainer.accelerator``: this run's processes (rank, count, gather, reduce), as accelerate answers.
+        Settable, as TRL's attribute (a test's stand-in); what reads it (``get_high_entropy_mask``) then uses that."""
+        given = self.__dict__.get("_accelerator")
+        return given if given is not None else ProcessAccelerator(self.procs, self.device)
+
+    @accelerator.setter
+    def accelerator(self, value) -> None:
+        self.__dict__["_accelerator"] = value
+
+    def _generate(self, prompts: list):
+        """TRL's ``_generate`` on its rollout_func path: ``self.rollout_func(prompts, self)`` on a copy of ``prompts``
+        (the function may change it), its dict checked (:func:`grpokit.rollout.rollout_func.check_output`: TRL's
+        ValueError "rollout_func must return keys [...] in its output dict." for a missing key, one entry per prompt
+        in every list) and returned as a ``RolloutFuncOutput`` (prompt_ids, completion_ids, env_mask, logprobs,
+        extra). The rollout_func engine calls it with each prompt num_generations times; grpokit's own sampler does
+        not come through here."""
+        import copy
+
+        from grpokit.rollout.rollout_func import check_output
+
+        if self.rollout_func is None:
+            raise RuntimeError("_generate calls rollout_func, and this trainer has none; GRPOTrainer(rollout_func=fn).")
+        prompts = copy.deepcopy(prompts)
+        return check_output(self.rollout_func(prompts, self), len(prompts))
 
     def add_callback(self, callback: Any) -> None:
         """Add a ``TrainerCallback`` (instance or class), as ``transformers.Trainer.add_callback``."""

@@ -11,6 +11,7 @@ from grpokit.processes import SingleProcess
 from grpokit.rollout.engine import HFRolloutEngine, RolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.registry import ENGINES, EngineParts, get_engine
+from grpokit.rollout.rollout_func import RolloutFuncEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.rollout.vllm_engine import VLLMRolloutEngine
@@ -20,14 +21,18 @@ from grpokit.train.scheduler import RolloutScheduler
 
 
 def test_every_engine_provides_the_whole_protocol():
-    assert set(ENGINES) == {"hf", "vllm", "transformers", "multi-turn"}
+    assert set(ENGINES) == {"hf", "vllm", "transformers", "multi-turn", "rollout_func"}
     assert [name for name, entry in ENGINES.items() if entry.separate_weights] == ["vllm"]  # its own weight copy
-    members = {"generate", "sync_weights", "takes_group_seeds", "policy_version", "generator", "pad_token_id"}
+    members = {"generate", "sync_weights", "takes_group_seeds", "takes_raw_prompts", "policy_version", "generator"}
+    members.add("pad_token_id")
     assert members <= set(RolloutEngine.__annotations__) | {"generate", "sync_weights"}
     # class attributes, not duck-typed: each engine says whether it seeds groups itself
     assert (HFRolloutEngine.takes_group_seeds, VLLMRolloutEngine.takes_group_seeds) == (False, True)
     assert MultiTurnEngine.takes_group_seeds is True and TransformersRolloutEngine.takes_group_seeds is False
-    for cls in (HFRolloutEngine, VLLMRolloutEngine, MultiTurnEngine, TransformersRolloutEngine):
+    # and whether it takes the prompts as the dataset holds them (only TRL's rollout_func does)
+    engines = (HFRolloutEngine, VLLMRolloutEngine, MultiTurnEngine, TransformersRolloutEngine, RolloutFuncEngine)
+    assert [cls.takes_raw_prompts for cls in engines] == [False, False, False, False, True]
+    for cls in engines:
         assert callable(cls.sync_weights) and callable(cls.generate), cls
         assert "seeds" in inspect.signature(cls.generate).parameters or not cls.takes_group_seeds, cls
 
@@ -154,7 +159,7 @@ def test_sync_sources_sample_in_the_step_and_number_later_rounds_on():
 def test_the_registries_name_every_mode():
     assert set(SOURCES) == {"sync", "one_step_off"}
     assert (SOURCES["one_step_off"].off_policy, SOURCES["sync"].off_policy) == (True, False)
-    assert set(SAMPLERS) == {"engine", "group_seeded", "tools", "ray"}
+    assert set(SAMPLERS) == {"engine", "group_seeded", "tools", "raw_prompts", "ray"}
 
 
 def test_the_scheduler_dispatches_without_mode_branches():
