@@ -105,6 +105,7 @@ CONFIGS = {  # name -> worker settings
     "grpokit_fp32_ref_bf16": {"impl": "grpokit", "dtype": "float32", "options": {"ref_model_dtype": "bfloat16"}},
     # the whole micro-batch in one forward and backward pass (grpokit before backward_chunk_rows was chosen by size)
     "grpokit_one_pass": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 10**6}},
+    "grpokit_rows_4": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 4}},
     # not run by default: the same steps with PPO (algorithm: ppo), whose extra cost is the critic, for --configs
     "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "options": {"algorithm": "ppo"}},
 }

@@ -167,6 +167,10 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     T, P, G = cfg.max_completion_length, cfg.max_prompt_length or 0, cfg.num_generations
     context = P + T
     floor = weights + reference + trainable * trainable_bytes + adamw_bytes(sizes, trainable_bytes, eight_bit)
+    rows = cfg.completions_per_step()  # a step's completions (one process's), sampled together
+    kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
+    fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
+    generation = kv_cache + (linear * compute if fused else 0)
 
     def saved_activations(rows: int) -> int:
         """What a forward pass over ``rows`` completions keeps for its backward."""
@@ -175,7 +179,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
             return rows * context * (layers * h * b + per_token)
         return (rows * T + -(-rows // G) * P) * layers * per_token  # each group's prompt once (shared prefix)
 
-    mb = backward_chunk_rows(cfg, floor, saved_activations(G) / G)  # rows per forward and backward pass
+    mb = backward_chunk_rows(cfg, floor, generation, saved_activations(G) / G)  # rows per forward and backward pass
     activations = saved_activations(mb)
     logits = mb * T * config.vocab_size * compute
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
@@ -185,9 +189,6 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * config.vocab_size) * 4  # two float32 chunks of logits at a time
     micro_batch = activations + kept_logits + head_chunks + casts
 
-    rows = cfg.completions_per_step()  # a step's completions (one process's), sampled together
-    kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
-    fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
     return MemoryEstimate(
         parameters=params,
         trainable=trainable,
@@ -196,7 +197,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         gradients=trainable * trainable_bytes,
         adamw=adamw_bytes(sizes, trainable_bytes, eight_bit),
         micro_batch=micro_batch,
-        generation=kv_cache + (linear * compute if fused else 0),
+        generation=generation,
         optimizer_step=5 * 4 * largest_8bit if eight_bit and device.type == "cpu" else 0,
         backward_chunk_rows=mb,
         parts={
@@ -223,7 +224,8 @@ def activation_bytes_per_token(cfg: GRPOConfig, config, device: torch.device, co
 
 
 # The saved activations of one forward and backward pass are kept under this fraction of the state training cannot
-# do without (weights, reference, gradients, AdamW): the peak then stays near that floor (docs/performance.md).
+# do without (weights, reference, gradients, AdamW), or under what generation holds above that state, whichever is
+# more: the peak then stays near that floor (docs/performance.md).
 ACTIVATION_SHARE = 0.1
 MIN_ACTIVATION_BUDGET = 2**28  # below a model this size, the whole micro-batch runs at once
 # A pass reads every weight once (and again in the backward): below this many completion tokens its matmuls stop
@@ -231,19 +233,23 @@ MIN_ACTIVATION_BUDGET = 2**28  # below a model this size, the whole micro-batch 
 MIN_PASS_TOKENS = 256
 
 
-def backward_chunk_rows(cfg: GRPOConfig, floor: int, per_row: float) -> int:
+def backward_chunk_rows(cfg: GRPOConfig, floor: int, generation: int, per_row: float) -> int:
     """Rows per forward and backward pass of a micro-batch: ``backward_chunk_rows`` when set, the micro-batch when
     ``top_entropy_quantile`` < 1 (its quantile needs the whole micro-batch's entropies), else as many rows as keep
-    ``per_row`` bytes of saved activations each under ACTIVATION_SHARE of ``floor`` (at least
-    MIN_ACTIVATION_BUDGET), and at least MIN_PASS_TOKENS completion tokens: whole groups when a group fits (each
-    pass runs its groups' prompts once), else a divisor of the group size (passes do not straddle groups)."""
+    ``per_row`` bytes of saved activations each under ACTIVATION_SHARE of ``floor`` or under ``generation`` (the
+    KV cache and weight copies of sampling: the gradients freed before it stay with the process's allocator for the
+    next step, so sampling's tensors sit on the same floor, and smaller passes would not lower the peak), at least
+    MIN_ACTIVATION_BUDGET, and at least MIN_PASS_TOKENS completion tokens: whole groups when a group fits (each pass
+    runs its groups' prompts once), else a divisor of the group size (passes do not straddle groups). Each pass
+    rereads every weight, so fewer, bigger passes are faster."""
     mb = cfg.per_device_train_batch_size
     if cfg.backward_chunk_rows:
         return min(cfg.backward_chunk_rows, mb)
     if cfg.top_entropy_quantile < 1.0:
         return mb
     least = -(-MIN_PASS_TOKENS // cfg.max_completion_length)
-    rows = max(int(max(floor * ACTIVATION_SHARE, MIN_ACTIVATION_BUDGET) // max(per_row, 1)), least)
+    budget = max(floor * ACTIVATION_SHARE, generation, MIN_ACTIVATION_BUDGET)
+    rows = max(int(budget // max(per_row, 1)), least)
     if rows >= mb:
         return mb
     G = cfg.num_generations

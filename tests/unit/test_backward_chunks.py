@@ -88,16 +88,18 @@ def test_chunks_give_the_micro_batchs_numbers(sampled, loss_type, level):
 
 def test_backward_chunk_rows_by_hand():
     """A 10 GB floor allows 1 GB of saved activations; at 180 MB per row that is 5 rows: a divisor of G = 8 (4),
-    a multiple of G = 2 (4), the micro-batch when it is smaller (4), the configured value when set."""
+    a multiple of G = 2 (4), the micro-batch when it is smaller (4), the configured value when set. Generation
+    holding 2.3 GB above the floor allows 2.3 GB: 12 rows, 8 with G = 8."""
     cfg = GRPOConfig(num_generations=8, per_device_train_batch_size=32)
-    assert backward_chunk_rows(cfg, 10 * 10**9, 180 * 10**6) == 4
-    assert backward_chunk_rows(cfg.replace(num_generations=2), 10 * 10**9, 180 * 10**6) == 4
+    assert backward_chunk_rows(cfg, 10 * 10**9, 0, 180 * 10**6) == 4
+    assert backward_chunk_rows(cfg.replace(num_generations=2), 10 * 10**9, 0, 180 * 10**6) == 4
+    assert backward_chunk_rows(cfg, 10 * 10**9, 23 * 10**8, 180 * 10**6) == 8
     small = cfg.replace(num_generations=4, per_device_train_batch_size=4)
-    assert backward_chunk_rows(small, 10 * 10**9, 180 * 10**6) == 4
-    assert backward_chunk_rows(cfg.replace(backward_chunk_rows=16), 10 * 10**9, 180 * 10**6) == 16
+    assert backward_chunk_rows(small, 10 * 10**9, 0, 180 * 10**6) == 4
+    assert backward_chunk_rows(cfg.replace(backward_chunk_rows=16), 10 * 10**9, 0, 180 * 10**6) == 16
     # a small model: the budget is at least 256 MiB, here 26 rows of 10 MiB -> 24 (whole groups of 8)
-    assert backward_chunk_rows(cfg, 10**6, 10 * 2**20) == 24
+    assert backward_chunk_rows(cfg, 10**6, 0, 10 * 2**20) == 24
     # never fewer than 256 completion tokens per pass: at 64 tokens, 4 rows even when one row is over the budget
-    assert backward_chunk_rows(cfg.replace(max_completion_length=64), 10**6, 2**30) == 4
+    assert backward_chunk_rows(cfg.replace(max_completion_length=64), 10**6, 0, 2**30) == 4
     # the entropy quantile needs the whole micro-batch's entropies
-    assert backward_chunk_rows(cfg.replace(top_entropy_quantile=0.2), 10 * 10**9, 180 * 10**6) == 32
+    assert backward_chunk_rows(cfg.replace(top_entropy_quantile=0.2), 10 * 10**9, 0, 180 * 10**6) == 32
