@@ -130,6 +130,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2, help="layers of the qwen0.5b model (default 2 of 24)")
     p.add_argument("--variants", default="new,no_sparse_embedding_grad,no_fused_head,no_small_attention")
     p.add_argument("--reps", type=int, default=4, help="rounds of every variant, alternating (default 4)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts of 8 completions per pass (default 4: 32 rows)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=os.cpu_count())
     a = p.parse_args()
@@ -148,7 +149,7 @@ def main() -> None:
     )
     dtype = getattr(torch, a.dtype)
     model = build(a.layers, dtype)
-    batch, advantages = make_batch(model.config.vocab_size, 4, vs_trl.PROMPT_TOKENS, 64)
+    batch, advantages = make_batch(model.config.vocab_size, a.prompts, vs_trl.PROMPT_TOKENS, 64)
     base = Kernels.select(torch.device("cpu"), None, caps)
     names = a.variants.split(",")
     variants = {name: variant_kernels(name, base) for name in names}

@@ -44,6 +44,8 @@ resident memory of real runs.
 from __future__ import annotations
 
 import copy
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -166,11 +168,9 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     head_dim = getattr(config, "head_dim", None) or h // heads
     T, P, G = cfg.max_completion_length, cfg.max_prompt_length or 0, cfg.num_generations
     context = P + T
-    floor = weights + reference + trainable * trainable_bytes + adamw_bytes(sizes, trainable_bytes, eight_bit)
     rows = cfg.completions_per_step()  # a step's completions (one process's), sampled together
     kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
     fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
-    generation = kv_cache + (linear * compute if fused else 0)
 
     def saved_activations(rows: int) -> int:
         """What a forward pass over ``rows`` completions keeps for its backward."""
@@ -179,7 +179,8 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
             return rows * context * (layers * h * b + per_token)
         return (rows * T + -(-rows // G) * P) * layers * per_token  # each group's prompt once (shared prefix)
 
-    mb = backward_chunk_rows(cfg, floor, generation, saved_activations(G) / G)  # rows per forward and backward pass
+    per_device = cfg.per_device_train_batch_size
+    mb = min(cfg.backward_chunk_rows or per_device, per_device)  # rows per forward and backward pass
     activations = saved_activations(mb)
     logits = mb * T * config.vocab_size * compute
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
@@ -197,7 +198,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         gradients=trainable * trainable_bytes,
         adamw=adamw_bytes(sizes, trainable_bytes, eight_bit),
         micro_batch=micro_batch,
-        generation=generation,
+        generation=kv_cache + (linear * compute if fused else 0),
         optimizer_step=5 * 4 * largest_8bit if eight_bit and device.type == "cpu" else 0,
         backward_chunk_rows=mb,
         parts={
@@ -223,48 +224,44 @@ def activation_bytes_per_token(cfg: GRPOConfig, config, device: torch.device, co
     return (33 * h + 7 * i if compute == 2 else 39 * h + 14 * i) + probs
 
 
-# The saved activations of one forward and backward pass are kept under this fraction of the state training cannot
-# do without (weights, reference, gradients, AdamW), or under what generation holds above that state, whichever is
-# more: the peak then stays near that floor (docs/performance.md).
-ACTIVATION_SHARE = 0.1
-MIN_ACTIVATION_BUDGET = 2**28  # below a model this size, the whole micro-batch runs at once
 # A pass reads every weight once (and again in the backward): below this many completion tokens its matmuls stop
 # being compute-bound on a CPU, so a pass is never made smaller than that.
 MIN_PASS_TOKENS = 256
 
 
-def backward_chunk_rows(cfg: GRPOConfig, floor: int, generation: int, per_row: float) -> int:
-    """Rows per forward and backward pass of a micro-batch: ``backward_chunk_rows`` when set, the micro-batch when
-    ``top_entropy_quantile`` < 1 (its quantile needs the whole micro-batch's entropies), else as many rows as keep
-    ``per_row`` bytes of saved activations each under ACTIVATION_SHARE of ``floor`` or under ``generation`` (the
-    KV cache and weight copies of sampling: the gradients freed before it stay with the process's allocator for the
-    next step, so sampling's tensors sit on the same floor, and smaller passes would not lower the peak), at least
-    MIN_ACTIVATION_BUDGET, and at least MIN_PASS_TOKENS completion tokens: whole groups when a group fits (each pass
-    runs its groups' prompts once), else a divisor of the group size (passes do not straddle groups). Each pass
-    rereads every weight, so fewer, bigger passes are faster."""
+def pass_sizes(cfg: GRPOConfig) -> list[int]:
+    """The rows per forward and backward pass worth trying below the micro-batch, largest first: multiples of the
+    group size (each pass runs its groups' prompts once), then divisors of it (passes do not straddle groups), none
+    under MIN_PASS_TOKENS completion tokens."""
+    mb, G = cfg.per_device_train_batch_size, cfg.num_generations
+    least = -(-MIN_PASS_TOKENS // cfg.max_completion_length)
+    sizes = [r for r in range(mb - 1, G - 1, -1) if r % G == 0] + [d for d in range(G - 1, 0, -1) if G % d == 0]
+    return [r for r in sizes if r >= least and r < mb]
+
+
+def backward_chunk_rows(cfg: GRPOConfig, fits: Callable[[int], bool]) -> int:
+    """Rows per forward and backward pass of a micro-batch: ``backward_chunk_rows`` when set; else the whole
+    micro-batch when ``fits(rows)`` says it fits in memory (one pass is fastest: every pass rereads the weights; at
+    Qwen2.5-0.5B's shape on a CPU, passes of 8 or 4 rows cost a third more step time, docs/performance.md), or when
+    ``top_entropy_quantile`` < 1 (its quantile needs the whole micro-batch's entropies); else the largest of
+    :func:`pass_sizes` that fits, or the smallest when none does."""
     mb = cfg.per_device_train_batch_size
     if cfg.backward_chunk_rows:
         return min(cfg.backward_chunk_rows, mb)
-    if cfg.top_entropy_quantile < 1.0:
+    if cfg.top_entropy_quantile < 1.0 or fits(mb):
         return mb
-    least = -(-MIN_PASS_TOKENS // cfg.max_completion_length)
-    budget = max(floor * ACTIVATION_SHARE, generation, MIN_ACTIVATION_BUDGET)
-    rows = max(int(budget // max(per_row, 1)), least)
-    if rows >= mb:
-        return mb
-    G = cfg.num_generations
-    if rows >= G:
-        return rows - rows % G
-    divisors = [d for d in range(least, G + 1) if G % d == 0]
-    return max((d for d in divisors if d <= rows), default=divisors[0])
+    sizes = pass_sizes(cfg)
+    return next((rows for rows in sizes if fits(rows)), sizes[-1] if sizes else mb)
 
 
 def update_chunk_rows(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device) -> int:
-    """The update's rows per forward and backward pass for ``model`` (:func:`backward_chunk_rows`), from the estimate
-    of its architecture on the meta device; the micro-batch for a model without a transformers config."""
+    """The update's rows per forward and backward pass for ``model`` (:func:`backward_chunk_rows`): the estimate of
+    its architecture on the meta device with the process against the memory free now; the micro-batch for a model
+    without a transformers config, or where the free memory is unknown."""
     mb = cfg.per_device_train_batch_size
     config = getattr(model, "config", None)
-    if cfg.backward_chunk_rows or config is None or not hasattr(config, "num_hidden_layers"):
+    free = available_bytes(device)
+    if cfg.backward_chunk_rows or free is None or config is None or not hasattr(config, "num_hidden_layers"):
         return min(cfg.backward_chunk_rows or mb, mb)
     from transformers import AutoModelForCausalLM
 
@@ -273,7 +270,14 @@ def update_chunk_rows(cfg: GRPOConfig, model: torch.nn.Module, device: torch.dev
             meta = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
     except (ValueError, KeyError, TypeError):  # not a causal LM transformers can build from its config
         return mb
-    return estimate_memory(cfg, meta, device).backward_chunk_rows
+
+    def fits(rows: int) -> bool:
+        with warnings.catch_warnings():  # the config's warnings were given when it was built
+            warnings.simplefilter("ignore")
+            estimate = estimate_memory(cfg.replace(backward_chunk_rows=rows), meta, device)
+        return process_bytes(estimate, device) <= free
+
+    return backward_chunk_rows(cfg, fits)
 
 
 # What a CPU training process holds beyond its tensors (runtime, allocator): 0.5-0.8 GiB in bench/memory_estimate.py;
@@ -341,7 +345,8 @@ def fitting_settings(
     cfg: GRPOConfig, model: torch.nn.Module, device: torch.device, free: int
 ) -> tuple[list[str], list[str]]:
     """(the settings that fit in ``free`` bytes, the ones that do not), each as ``"setting (N GiB)"``: the
-    largest smaller micro-batch (the same completions per step: gradient accumulation grows to match),
+    largest smaller micro-batch (the same completions per step: gradient accumulation grows to match), the largest
+    fewer rows per forward and backward pass (:func:`pass_sizes`; the same numbers),
     gradient checkpointing, the reference in bf16 (its log-probs change slightly), the 8-bit AdamW (its moments
     quantised), LoRA (r 16 unless set), and QLoRA (LoRA on a 4-bit base).
     A setting that cannot be estimated here (peft missing for LoRA) is left out."""
@@ -360,6 +365,10 @@ def fitting_settings(
                     },
                 )
             )
+    current = min(cfg.backward_chunk_rows or mb, mb)
+    for rows in pass_sizes(cfg):
+        if rows < current:
+            candidates.append((f"backward_chunk_rows: {rows}", {"backward_chunk_rows": rows}))
     if not cfg.gradient_checkpointing:
         candidates.append(("gradient_checkpointing: true", {"gradient_checkpointing": True}))
     if cfg.ref_model_dtype != "bfloat16" and cfg.beta > 0 and cfg.lora.r == 0 and not cfg.ref_model_sync_steps:
@@ -370,11 +379,12 @@ def fitting_settings(
         candidates.append((f"LoRA (lora.r: {r})", {"lora": {"r": r}}))
     if not cfg.load_in_4bit:
         candidates.append((f"QLoRA (load_in_4bit: true, lora.r: {r})", {"load_in_4bit": True, "lora": {"r": r}}))
-    fits, others, micro_batch_fits = [], [], False
+    fits, others, sized_fits = [], [], set()
+    smallest = {key: min((o[key] for _, o in candidates if key in o), default=None) for key in SIZED}
     for text, overrides in candidates:
-        is_micro_batch = "per_device_train_batch_size" in overrides
-        if is_micro_batch and micro_batch_fits:
-            continue  # only the largest micro-batch that fits
+        sized = next((key for key in SIZED if key in overrides), None)
+        if sized is not None and sized in sized_fits:
+            continue  # only the largest micro-batch (rows per pass) that fits
         try:
             need = process_bytes(estimate_memory(cfg.replace(**overrides), model, device), device)
         except Exception:
@@ -382,7 +392,11 @@ def fitting_settings(
         entry = f"{text} ({need / 2**30:.1f} GiB)"
         if need <= free:
             fits.append(entry)
-            micro_batch_fits = micro_batch_fits or is_micro_batch
-        elif not is_micro_batch or overrides["per_device_train_batch_size"] == 1:
-            others.append(entry)  # of the micro-batches, only the smallest is named when none fits
+            if sized is not None:
+                sized_fits.add(sized)
+        elif sized is None or overrides[sized] == smallest[sized]:
+            others.append(entry)  # of the micro-batches (rows per pass), only the smallest is named when none fits
     return fits, others
+
+
+SIZED = ("per_device_train_batch_size", "backward_chunk_rows")  # settings tried at several sizes, largest first

@@ -52,7 +52,7 @@ class LearnerSpec:
     backward_chunk_rows: rows per forward and backward pass within a micro-batch (None: the whole micro-batch); the
     loss, its normalisation and the metrics stay the micro-batch's (``algos.chunk_share``), only fewer activations
     are kept for the backward at a time. Not below the micro-batch with top_entropy_quantile < 1, whose quantile
-    needs the whole micro-batch's entropies (the composition root does not ask for it then).
+    needs the whole micro-batch's entropies (the composition root does not choose it then).
     """
 
     loss: LossSpec

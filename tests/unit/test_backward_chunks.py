@@ -1,6 +1,6 @@
 """Learner.update in chunks of backward_chunk_rows rows per forward and backward pass: the same gradients, loss and
-metrics as the whole micro-batch at once, for every loss type (each aggregation); and the rows the memory rule
-chooses, by hand."""
+metrics as the whole micro-batch at once, for every loss type (each aggregation); and the rows chosen when a run does
+not fit in memory."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from grpokit.algos.loss_registry import loss_types
 from grpokit.config import GRPOConfig
-from grpokit.memory import backward_chunk_rows
+from grpokit.memory import backward_chunk_rows, pass_sizes
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
@@ -87,19 +87,43 @@ def test_chunks_give_the_micro_batchs_numbers(sampled, loss_type, level):
 
 
 def test_backward_chunk_rows_by_hand():
-    """A 10 GB floor allows 1 GB of saved activations; at 180 MB per row that is 5 rows: a divisor of G = 8 (4),
-    a multiple of G = 2 (4), the micro-batch when it is smaller (4), the configured value when set. Generation
-    holding 2.3 GB above the floor allows 2.3 GB: 12 rows, 8 with G = 8."""
-    cfg = GRPOConfig(num_generations=8, per_device_train_batch_size=32)
-    assert backward_chunk_rows(cfg, 10 * 10**9, 0, 180 * 10**6) == 4
-    assert backward_chunk_rows(cfg.replace(num_generations=2), 10 * 10**9, 0, 180 * 10**6) == 4
-    assert backward_chunk_rows(cfg, 10 * 10**9, 23 * 10**8, 180 * 10**6) == 8
-    small = cfg.replace(num_generations=4, per_device_train_batch_size=4)
-    assert backward_chunk_rows(small, 10 * 10**9, 0, 180 * 10**6) == 4
-    assert backward_chunk_rows(cfg.replace(backward_chunk_rows=16), 10 * 10**9, 0, 180 * 10**6) == 16
-    # a small model: the budget is at least 256 MiB, here 26 rows of 10 MiB -> 24 (whole groups of 8)
-    assert backward_chunk_rows(cfg, 10**6, 0, 10 * 2**20) == 24
-    # never fewer than 256 completion tokens per pass: at 64 tokens, 4 rows even when one row is over the budget
-    assert backward_chunk_rows(cfg.replace(max_completion_length=64), 10**6, 0, 2**30) == 4
+    """The whole micro-batch when it fits; else the largest pass that fits: multiples of G = 8 below 32 (24, 16, 8),
+    then divisors of 8 (4, 2, 1), none under 256 completion tokens (4 rows at 64 tokens)."""
+    cfg = GRPOConfig(num_generations=8, per_device_train_batch_size=32, max_completion_length=64)
+    assert pass_sizes(cfg) == [24, 16, 8, 4]
+    assert pass_sizes(cfg.replace(max_completion_length=256)) == [24, 16, 8, 4, 2, 1]
+    assert backward_chunk_rows(cfg, lambda rows: True) == 32
+    assert backward_chunk_rows(cfg, lambda rows: rows <= 20) == 16
+    assert backward_chunk_rows(cfg, lambda rows: rows <= 5) == 4
+    assert backward_chunk_rows(cfg, lambda rows: False) == 4  # none fits: the smallest (the fit warning says so)
+    assert backward_chunk_rows(cfg.replace(backward_chunk_rows=2), lambda rows: True) == 2  # as set
     # the entropy quantile needs the whole micro-batch's entropies
-    assert backward_chunk_rows(cfg.replace(top_entropy_quantile=0.2), 10 * 10**9, 0, 180 * 10**6) == 32
+    assert backward_chunk_rows(cfg.replace(top_entropy_quantile=0.2), lambda rows: False) == 32
+
+
+def test_a_run_that_does_not_fit_gets_smaller_passes(monkeypatch):
+    """update_chunk_rows against the memory free: Qwen2.5-0.5B's shape (meta device, float32) needs ~15 GiB with one
+    pass of 32 rows, ~11 GiB with passes of 8 (the estimate's saved activations: 5.7 vs 1.5 GB)."""
+    import transformers
+
+    from grpokit import memory
+
+    config = transformers.Qwen2Config(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    shape = {"num_generations": 8, "per_device_train_batch_size": 32, "max_completion_length": 64}
+    cfg = GRPOConfig(**shape, max_prompt_length=68, dtype="float32")
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 24 * 2**30)
+    assert memory.update_chunk_rows(cfg, model, CPU) == 32
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 12 * 2**30)
+    assert memory.update_chunk_rows(cfg, model, CPU) == 8
+    monkeypatch.setattr(memory, "available_bytes", lambda device: None)  # unknown: as configured
+    assert memory.update_chunk_rows(cfg, model, CPU) == 32
