@@ -103,8 +103,8 @@ CONFIGS = {  # name -> worker settings
     "grpokit_adamw_8bit": {"impl": "grpokit", "dtype": "auto", "options": {"optimizer": "adamw_8bit"}},
     "grpokit_ref_bf16": {"impl": "grpokit", "dtype": "auto", "options": {"ref_model_dtype": "bfloat16"}},
     "grpokit_fp32_ref_bf16": {"impl": "grpokit", "dtype": "float32", "options": {"ref_model_dtype": "bfloat16"}},
-    # the whole micro-batch in one forward and backward pass (grpokit before backward_chunk_rows was chosen by size)
-    "grpokit_one_pass": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 10**6}},
+    # the micro-batch's forward and backward in one pass (the default when the run fits), or in passes of 8 or 4 rows
+    "grpokit_rows_8": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 8}},
     "grpokit_rows_4": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 4}},
     # not run by default: the same steps with PPO (algorithm: ppo), whose extra cost is the critic, for --configs
     "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "options": {"algorithm": "ppo"}},
