@@ -531,8 +531,15 @@ def accelerator_settings(value: Any) -> dict:
     if isinstance(value, str):
         import json
 
-        with open(value) as f:
-            value = json.load(f)
+        try:
+            with open(value) as f:
+                value = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise TRLValueError(f"accelerator_config={value!r} is not a readable JSON file ({exc}).") from None
+    if not isinstance(value, dict) and not hasattr(value, "__dict__"):
+        raise TRLValueError(
+            f"accelerator_config={value!r} has the wrong type: expected a dict, an AcceleratorConfig or a JSON file."
+        )
     items = value.items() if isinstance(value, dict) else vars(value).items()
     return {k: v for k, v in items if not _same(v, getattr(AcceleratorConfig, k, object()))}
 

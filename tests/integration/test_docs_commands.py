@@ -67,6 +67,12 @@ NOT_RUNNABLE = {
     "--reps 2 --variants new,head@b9c1dc9,no_sparse_embedding_grad": (
         "a 152k-vocabulary model's backward, six times: ~30 min under load"
     ),
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_rows_8,grpokit_rows_4 --rounds 1": (
+        "three 494M-parameter runs: ~30 min, ~16 GB"
+    ),
+    "python bench/backward_ab.py --layers 4 --prompts 1 --reps 3 --variants new,no_small_attention,no_fused_head": (
+        "a 152k-vocabulary model's forward and backward, nine times: ~3 min, ~4 GB"
+    ),
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (

@@ -68,6 +68,7 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
         max_completion_length=5,
         progress_bar=False,
         report_to=["jsonl"],
+        logging_steps=1,  # an entry per step (TRL's default is 10)
         eval_steps=2,
         num_generations_eval=4,
         pass_at_k=[1, 4],

@@ -63,6 +63,8 @@ def valid_values(draw) -> dict:
     if values.get("engine") == "vllm":  # vLLM samples in the learner process (no Ray), at temperatures up to 2
         values["backend"] = "none"
         values["temperature"] = min(values.get("temperature", 1.0), 2.0)
+    if values.get("engine") == "transformers":  # transformers' generate runs in the learner's processes (no Ray)
+        values["backend"] = "none"
     if values.get("kl_controller") == "adaptive":  # it steers beta towards target_kl, so both must be > 0
         values["target_kl"] = draw(st.floats(1e-4, 10, **FINITE))
         values["beta"] = draw(st.floats(1e-4, 1, **FINITE))
