@@ -254,13 +254,16 @@ def backward_chunk_rows(cfg: GRPOConfig, fits: Callable[[int], bool]) -> int:
     return next((rows for rows in sizes if fits(rows)), sizes[-1] if sizes else mb)
 
 
-def update_chunk_rows(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device) -> int:
+def update_chunk_rows(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device, processes: int = 1) -> int:
     """The update's rows per forward and backward pass for ``model`` (:func:`backward_chunk_rows`): the estimate of
-    its architecture on the meta device with the process against the memory free now; the micro-batch for a model
-    without a transformers config, or where the free memory is unknown."""
+    its architecture on the meta device with the process against the memory free now (on CPU shared by the
+    ``processes`` of this host, as :func:`fit_warning` shares it); the micro-batch for a model without a transformers
+    config, or where the free memory is unknown."""
     mb = cfg.per_device_train_batch_size
     config = getattr(model, "config", None)
     free = available_bytes(device)
+    if free is not None and device.type == "cpu":
+        free //= processes
     if cfg.backward_chunk_rows or free is None or config is None or not hasattr(config, "num_hidden_layers"):
         return min(cfg.backward_chunk_rows or mb, mb)
     from transformers import AutoModelForCausalLM

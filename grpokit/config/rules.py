@@ -115,6 +115,13 @@ def batch_size(cfg: GRPOConfig, world_size: int) -> None:
         f"gradient_accumulation_steps ({o.gradient_accumulation_steps}){mini} x processes ({world_size}) = {n} "
         f"is not divisible by num_generations ({a.num_generations}); make it a multiple of {a.num_generations}.",
     )
+    rows = o.backward_chunk_rows
+    check(
+        rows is None or rows >= o.per_device_train_batch_size or a.top_entropy_quantile >= 1.0,
+        f"backward_chunk_rows={rows} splits a micro-batch, but top_entropy_quantile={a.top_entropy_quantile} takes "
+        "its quantile over the whole micro-batch's entropies; remove backward_chunk_rows, or make "
+        "per_device_train_batch_size smaller instead.",
+    )
 
 
 def lora_and_model(cfg: GRPOConfig) -> None:

@@ -389,7 +389,7 @@ def build_learner(
         reference,
         optimizer,
         scheduler,
-        specs.learner_spec(args, update_chunk_rows(args, model, device)),
+        specs.learner_spec(args, update_chunk_rows(args, model, device, procs.world_size)),
         autocast_dtype=autocast_dtype,
         kernels=kernels,
         critic=critic,

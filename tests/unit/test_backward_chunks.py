@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpokit.algos.loss_registry import loss_types
-from grpokit.config import GRPOConfig
+from grpokit.config import ConfigError, GRPOConfig
 from grpokit.memory import backward_chunk_rows, pass_sizes
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
@@ -97,8 +97,10 @@ def test_backward_chunk_rows_by_hand():
     assert backward_chunk_rows(cfg, lambda rows: rows <= 5) == 4
     assert backward_chunk_rows(cfg, lambda rows: False) == 4  # none fits: the smallest (the fit warning says so)
     assert backward_chunk_rows(cfg.replace(backward_chunk_rows=2), lambda rows: True) == 2  # as set
-    # the entropy quantile needs the whole micro-batch's entropies
+    # the entropy quantile needs the whole micro-batch's entropies: not chosen, and refused when set
     assert backward_chunk_rows(cfg.replace(top_entropy_quantile=0.2), lambda rows: False) == 32
+    with pytest.raises(ConfigError, match="backward_chunk_rows=8 splits a micro-batch, but top_entropy_quantile"):
+        cfg.replace(top_entropy_quantile=0.2, backward_chunk_rows=8)
 
 
 def test_a_run_that_does_not_fit_gets_smaller_passes(monkeypatch):
@@ -125,5 +127,6 @@ def test_a_run_that_does_not_fit_gets_smaller_passes(monkeypatch):
     assert memory.update_chunk_rows(cfg, model, CPU) == 32
     monkeypatch.setattr(memory, "available_bytes", lambda device: 12 * 2**30)
     assert memory.update_chunk_rows(cfg, model, CPU) == 8
+    assert memory.update_chunk_rows(cfg, model, CPU, processes=2) == 4  # two CPU processes share the 12 GiB
     monkeypatch.setattr(memory, "available_bytes", lambda device: None)  # unknown: as configured
     assert memory.update_chunk_rows(cfg, model, CPU) == 32
