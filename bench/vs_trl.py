@@ -106,6 +106,8 @@ CONFIGS = {  # name -> worker settings
     # the micro-batch's forward and backward in one pass (the default when the run fits), or in passes of 8 or 4 rows
     "grpokit_rows_8": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 8}},
     "grpokit_rows_4": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 4}},
+    # one kernel turned to its plain version (same numbers): its effect in one run
+    "grpokit_no_lean_mlp": {"impl": "grpokit", "dtype": "auto", "plain_kernels": ["lean_mlp"]},
     # not run by default: the same steps with PPO (algorithm: ppo), whose extra cost is the critic, for --configs
     "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "options": {"algorithm": "ppo"}},
 }
@@ -327,6 +329,20 @@ def run_trl(
     return records
 
 
+def plain_kernels(flags: list[str]) -> None:
+    """Make every ``Kernels.select`` of this worker give the plain version of the kernels ``flags``."""
+    if not flags:
+        return
+    import dataclasses
+
+    from grpokit.kernels import Kernels
+
+    select = Kernels.select.__func__
+    Kernels.select = classmethod(
+        lambda cls, *a, **k: dataclasses.replace(select(cls, *a, **k), **dict.fromkeys(flags, False))
+    )
+
+
 def run_grpokit(
     workdir: Path, settings: dict, prompts: int, completion_length: int, micro_batch: int, steps: int, out_dir: Path
 ) -> list[dict]:
@@ -334,6 +350,7 @@ def run_grpokit(
     from grpokit.kernels import keep_freed_memory
 
     keep_freed_memory()  # this worker owns its process, as `grpokit train` does
+    plain_kernels(settings.get("plain_kernels", []))
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
         dtype=settings["dtype"],
@@ -364,11 +381,13 @@ def run_grpokit(
     step_fn = trainer._train_step
 
     def timed_step(step):
-        t = time.perf_counter()
+        t, faults = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         m = step_fn(step)
         records.append(
             {
                 "step_time": time.perf_counter() - t,
+                # pages the step touched for the first time (fresh memory from the OS): each costs a fault
+                "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
                 "peak_rss_mb_so_far": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 "completion_tokens": m["completion_length/mean"] * prompts * G,
                 "phases": {
@@ -506,6 +525,7 @@ def summarise(runs: list[dict]) -> dict:
         "step_time": statistics.median(r["step_time"] for r in timed),
         "phases": {p: statistics.median(r["phases"].get(p, 0.0) for r in timed) for p in PHASES},
         "completion_tokens": statistics.median(r["completion_tokens"] for r in timed),
+        "minor_faults": statistics.median(r.get("minor_faults", 0) for r in timed),
         "peak_rss_mb": max(run["peak_rss_mb"] for run in runs),
         "autocast": runs[0]["autocast"],
         "steps": len(timed),
@@ -618,6 +638,10 @@ def floor_report(name: str, r: dict, sizes: dict, peak: dict, dtype: str, prompt
     print(
         f"  optimizer+rest {ph['optimizer_other']:>6.2f} s  AdamW's {adamw_traffic / 1e9:.1f} GB of traffic: "
         f"{adamw_traffic / max(ph['optimizer_other'], 1e-9) / 1e9:.1f} GB/s"
+    )
+    faults = r.get("minor_faults", 0)
+    print(
+        f"  page faults     {faults:>9,.0f} per step ({faults * resource.getpagesize() / 2**30:.2f} GiB of fresh pages)"
     )
     out = {f"floor_step_fraction_{name}": floor_s / r["step_time"]}
     ledger, marks = r.get("ledger"), r.get("rss_marks")

@@ -19,9 +19,10 @@ the adapters), and each part is what grpokit itself allocates, in bytes, per pro
                  root and the denominator, ``train/adamw8bit.py``); the fused AdamW: none
     micro-batch  one micro-batch of the update:
                  saved activations  tokens x layers x a, per token and layer a = 33 h + 7 i (+ 6 heads c)
-                                    bytes under bf16 autocast, 39 h + 14 i (+ 4 heads c) in one dtype
-                                    (h hidden, i MLP width; the heads x c term, c the context, while the
-                                    plain CPU attention keeps its probabilities); tokens = completions x T
+                                    bytes under bf16 autocast, 39 h + 14 i (+ 4 heads c) in one dtype,
+                                    8 i less through the lean float32 MLP (h hidden, i MLP width; the
+                                    heads x c term, c the context, while the plain CPU attention keeps
+                                    its probabilities); tokens = completions x T
                                     + their groups' prompts once (shared prefix). The constants are
                                     fitted to the saved tensors of two Qwen2 shapes (h 512, i 1408 and
                                     h 768, i 768); at 256-token completions the estimate was 10 % low.
@@ -214,14 +215,33 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
 
 def activation_bytes_per_token(cfg: GRPOConfig, config, device: torch.device, compute: int, rows: int) -> int:
     """Bytes one token saves for the backward in one decoder layer (the module docstring's a): 33 h + 7 i under
-    bf16 autocast, 39 h + 14 i in one dtype, plus the attention probabilities grpokit's plain CPU attention keeps
-    for small calls of ``rows`` rows (SDPA keeps none)."""
+    bf16 autocast, 39 h + 14 i in one dtype, 8 i less where the lean MLP keeps gate and up only
+    (:func:`lean_mlp_applies`), plus the attention probabilities grpokit's plain CPU attention keeps for small
+    calls of ``rows`` rows (SDPA keeps none)."""
     h, i = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
     heads = config.num_attention_heads
     T, context = cfg.max_completion_length, (cfg.max_prompt_length or 0) + cfg.max_completion_length
     plain = device.type == "cpu" and not cfg.gradient_checkpointing and rows * heads * T * context * 4 <= PROBS_BUDGET
     probs = heads * context * (6 if compute == 2 else 4) * plain
-    return (33 * h + 7 * i if compute == 2 else 39 * h + 14 * i) + probs
+    if compute == 2:
+        return 33 * h + 7 * i + probs
+    return 39 * h + (6 if lean_mlp_applies(cfg, config) else 14) * i + probs
+
+
+def lean_mlp_applies(cfg: GRPOConfig, config) -> bool:
+    """Whether the learner's float32 passes run ``config``'s MLPs through the lean MLP (``kernels/lean_mlp.py``):
+    a Llama-family model whose MLP Linears are plain (no LoRA on them, not 4-bit), without activation
+    checkpointing."""
+    targets = cfg.lora.target_modules
+    lora_on_mlp = cfg.lora.r > 0 and (
+        isinstance(targets, str) or any(name in targets for name in ("gate_proj", "up_proj", "down_proj"))
+    )
+    return (
+        getattr(config, "model_type", None) in FUSED_DECODER_TYPES
+        and getattr(config, "hidden_act", None) == "silu"
+        and not getattr(config, "mlp_bias", False)
+        and not (cfg.load_in_4bit or cfg.gradient_checkpointing or lora_on_mlp)
+    )
 
 
 # A pass reads every weight once (and again in the backward): below this many completion tokens its matmuls stop

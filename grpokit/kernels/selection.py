@@ -38,6 +38,7 @@ FAST_PATHS = {
     "packed_linears": "oneDNN-packed weights for sampling",
     "preallocated_kv_cache": "preallocated KV cache",
     "small_attention": "plain attention for small learner calls",
+    "lean_mlp": "gated MLP keeping only its inputs for the backward (float32)",
     "fused_head": "fused LM head",
     "sparse_embedding_grad": "sparse embedding gradients",
     "reference_in_autocast_dtype": "reference Linear weights in the autocast dtype",
@@ -57,6 +58,7 @@ class Kernels:
       preallocated_kv_cache: a KV cache allocated once per generation (kernels/kv_cache.py)
     Log-prob passes and training (:mod:`grpokit.train.logprobs`, :class:`grpokit.train.learner.Learner`):
       small_attention: plain attention for small CPU calls instead of SDPA (kernels/attention.py)
+      lean_mlp: Llama-family MLPs saving x, gate and up for the backward in float32 (kernels/lean_mlp.py)
       fused_head: LM head and log-softmax fused, no [N, T, V] float32 logits (kernels/fused_head.py)
       sparse_embedding_grad: a sparse gradient for the token embedding (kernels/sparse_embedding.py)
       reference_in_autocast_dtype: the frozen reference's Linear weights stored in the autocast dtype
@@ -68,6 +70,7 @@ class Kernels:
     packed_linears: bool
     preallocated_kv_cache: bool
     small_attention: bool
+    lean_mlp: bool
     fused_head: bool
     sparse_embedding_grad: bool
     reference_in_autocast_dtype: bool
@@ -79,8 +82,8 @@ class Kernels:
     ) -> Kernels:
         """The kernels for a run on ``device`` computing under ``autocast_dtype`` (None: the weights' dtype).
 
-        Fused decoder, fused head, sparse embedding gradient and the preallocated KV cache are plain
-        PyTorch ops, used on every device. Packed Linear weights need oneDNN on a CPU that packs
+        Fused decoder, fused head, lean MLP, sparse embedding gradient and the preallocated KV cache are
+        plain PyTorch ops, used on every device. Packed Linear weights need oneDNN on a CPU that packs
         (``caps.packs``) and no autocast (each weight is packed in its own dtype; under autocast each call
         would cast and pack again). The
         plain attention is for CPU only (its budgets were measured there; other devices keep SDPA's kernels).
@@ -93,6 +96,7 @@ class Kernels:
             packed_linears=cpu and autocast_dtype is None and caps.packs(torch.float32),
             preallocated_kv_cache=True,
             small_attention=cpu,
+            lean_mlp=True,
             fused_head=True,
             sparse_embedding_grad=True,
             reference_in_autocast_dtype=autocast_dtype is not None,
@@ -138,6 +142,14 @@ class Kernels:
         from grpokit.kernels import attention
 
         return attention.small_attention(model)
+
+    def mlp(self, model: torch.nn.Module):
+        """A block in which ``model``'s Llama-family MLPs keep only their inputs for the backward, or a no-op."""
+        if not self.lean_mlp:
+            return contextlib.nullcontext()
+        from grpokit.kernels import lean_mlp
+
+        return lean_mlp.lean_mlps(model)
 
     def plain_head(self, model: torch.nn.Module):
         """(decoder, lm_head) for the fused head when ``model`` (called directly, not DDP/FSDP) has a plain

@@ -51,14 +51,19 @@ def test_parts_by_hand_float32(config_dir):
     assert m.reference == 25152  # a float32 copy
     assert m.gradients == 25152 and m.adamw == 2 * 25152
     # micro-batch of 8 rows x T = 6 and their 2 groups' prompts once: 8 * 6 + 2 * 10 = 68 tokens, context 10 + 6 = 16;
-    # per token and layer 39 * 16 + 14 * 32 + 4 * 2 heads * 16 = 624 + 448 + 128 = 1200 B: 68 * 2 layers * 1200 =
-    # 163200;
+    # per token and layer, through the lean MLP (a Llama in float32), 39 * 16 + 6 * 32 + 4 * 2 heads * 16 = 624 + 192
+    # + 128 = 944 B: 68 * 2 layers * 944 = 128384;
     # logits 8 * 6 * 100 * 4 B = 19200 kept; head chunks 2 x min(2**22, 4800) x 4 B = 38400
-    assert m.micro_batch == 163200 + 19200 + 38400 == 220800
+    assert m.micro_batch == 128384 + 19200 + 38400 == 185984
     # generation: 16 rows x 16 positions x 2 layers x (K, V) x 1 KV head x 8 x 4 B = 32768; fused-decoder copies of all
     # Linear weights, the tied head included: (4608 + 1600) x 4 B = 24832
     assert m.generation == 32768 + 24832 == 57600
-    assert m.peak == 25152 + 25152 + 50304 + max(25152 + 220800, 57600) == 346560
+    assert m.peak == 25152 + 25152 + 50304 + max(25152 + 185984, 57600) == 311744
+    # LoRA on the MLP (all-linear, the default) keeps the module's MLP: 14 * 32 = 448 B per token and layer, 8 * 32 more
+    with_lora = estimate_memory(_cfg(config_dir, lora={"r": 2}), build_meta_model(str(config_dir)), CPU)
+    assert with_lora.parts["activations"] - m.parts["activations"] == 68 * 2 * 8 * 32
+    attention_lora = _cfg(config_dir, lora={"r": 2, "target_modules": ["q_proj", "v_proj"]})
+    assert estimate_memory(attention_lora, build_meta_model(str(config_dir)), CPU).parts["activations"] == 128384
 
 
 def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
@@ -270,31 +275,39 @@ def test_memory_warning_names_the_need_and_the_fixes(config_dir, monkeypatch):
 def test_memory_warning_names_the_settings_that_fit(config_dir, monkeypatch):
     cfg = _cfg(config_dir)
     # per process: the tensors' peak + PROCESS_OVERHEAD (2**29). Float32 tensors' peaks, by hand:
-    #   as configured: 346560 (test_parts_by_hand_float32)
-    #   per_device_train_batch_size 4 (x 4 accumulation): 4 rows x 6 + 1 group x 10 = 34 tokens x 2 layers x 1200 B
-    #     = 81600, logits 4 * 6 * 100 * 4 = 9600, head chunks 2 x 2400 x 4 = 19200: micro-batch 110400;
-    #     100608 (weights, reference, AdamW) + 25152 + 110400 = 236160
-    #   gradient checkpointing: micro-batch 211200 (test_lora_and_checkpointing_by_hand):
-    #     100608 + 25152 + 211200 = 336960
+    #   as configured: 311744 (test_parts_by_hand_float32)
+    #   per_device_train_batch_size 4 (x 4 accumulation): 4 rows x 6 + 1 group x 10 = 34 tokens x 2 layers x 944 B
+    #     = 64192, logits 4 * 6 * 100 * 4 = 9600, head chunks 2 x 2400 x 4 = 19200: micro-batch 92992;
+    #     100608 (weights, reference, AdamW) + 25152 + 92992 = 218752
+    #   gradient checkpointing: micro-batch 211200 (test_lora_and_checkpointing_by_hand; the lean MLP does not run
+    #     under it): 100608 + 25152 + 211200 = 336960, more than as configured
     #   LoRA r 16: adapters 2 layers x 16 x (32 + 24 + 24 + 32 + 48 + 48 + 48) = 8192; weights 25152, no reference,
-    #     AdamW 65536, gradients 32768 + micro-batch 220800: 25152 + 65536 + 253568 = 344256
-    #   reference in bf16: 346560 - 25152 + 6288 x 2 = 333984
-    free = 2**29 + 340000
+    #     AdamW 65536, gradients 32768 + micro-batch 220800 (LoRA on the MLP: the module's MLP, 1200 B per token
+    #     and layer): 25152 + 65536 + 253568 = 344256
+    #   reference in bf16: 311744 - 25152 + 6288 x 2 = 299168
+    free = 2**29 + 305000
     monkeypatch.setattr(memory, "available_bytes", lambda device: free)
     warning = memory.memory_warning(cfg, str(config_dir), CPU)
     assert "These settings would fit" in warning
     fits = warning.split("These settings would fit")[1]
     assert "per_device_train_batch_size: 4 with gradient_accumulation_steps: 4" in fits  # the largest that fits
     assert "per_device_train_batch_size: 2" not in fits
-    assert "gradient_checkpointing: true" in fits
+    assert "gradient_checkpointing: true" not in fits.split("QLoRA")[0]
     assert "ref_model_dtype: bfloat16 (" in fits
     assert "lora.r" not in fits.split("QLoRA")[0]  # LoRA alone needs 344256 + 2**29 > free
     model = build_meta_model(str(config_dir))
     fitting, others = memory.fitting_settings(cfg, model, CPU, 2**29 + 344256)
     assert any(f.startswith("LoRA (lora.r: 16)") for f in fitting)  # exactly its need: fits
-    # the only one that does not: the 8-bit AdamW, which saves nothing on this tiny model (parameters under 4096
-    # values keep float32 moments) and adds its CPU step's float32 copies
-    assert [o.split(" (")[0] for o in others] == ["optimizer: adamw_8bit"]
+    fitting, others = memory.fitting_settings(cfg, model, CPU, free)
+    # checkpointing and (Q)LoRA need more than the run as configured, and the 8-bit AdamW saves nothing on this
+    # tiny model (parameters under 4096 values keep float32 moments)
+    assert [o.split(" (")[0] for o in others] == [
+        "gradient_checkpointing: true",
+        "optimizer: adamw_8bit",
+        "LoRA",
+        "QLoRA",
+    ]
+    assert any(f.startswith("ref_model_dtype: bfloat16") for f in fitting)
 
 
 def test_explain_says_whether_the_run_fits(config_dir, monkeypatch):

@@ -1,0 +1,106 @@
+"""The SiLU-gated MLP of Llama-family models keeping only its inputs for the backward, for float32 training passes.
+
+Through the Hugging Face module, ``down(silu(gate(x)) * up(x))`` keeps five tensors for the backward: x,
+gate, silu(gate), up and the product; the last four are as wide as the MLP (4,864 at Qwen2.5-0.5B,
+against 896 for x), so at one micro-batch of 32 completions of 0.5B they are ~2 GB of the ~5.5 GB of
+saved activations. :class:`LeanMLP` keeps x, gate and up, and recomputes silu(gate) and the product
+in the backward (two elementwise ops over tensors the backward reads anyway). Every op, forward and
+backward, is the one autograd runs through the module (``mm`` with the same operands, ``silu_backward``,
+the products), so the gradients are bitwise the module's.
+
+Where: :func:`lean_mlps` switches the MLPs of a Llama, Qwen2, Qwen3 or Mistral model for a block, for
+calls that autograd records in float32 (under autocast the module runs, since its casts are autocast's
+own). Modules with biases, LoRA or quantised layers, other activations, sharded weights or activation
+checkpointing keep the module's forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+from torch.nn.parallel import DistributedDataParallel
+
+from grpokit.modeling import activation_checkpointing
+
+MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP")
+
+
+class LeanMLP(torch.autograd.Function):
+    """down(silu(x W_gate^T) * (x W_up^T)) W_down^T for x [..., h], saving x, gate and up [..., i]."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up, w_down):
+        gate, up = F.linear(x, w_gate), F.linear(x, w_up)
+        ctx.save_for_backward(x, gate, up, w_gate, w_up, w_down)
+        return F.linear(F.silu(gate) * up, w_down)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, gate, up, w_gate, w_up, w_down = ctx.saved_tensors
+        need_x, need_gate, need_up, need_down = ctx.needs_input_grad
+        act = F.silu(gate)  # recomputed: the module keeps it
+        grad = grad.reshape(-1, grad.size(-1))  # [m, h]; F.linear is a matmul over the flattened rows
+        grad_h = grad.mm(w_down).view(gate.shape)  # [..., i]
+        # as autograd: mul's backward gives each factor grad x the other, silu's is silu_backward
+        grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate).reshape(-1, gate.size(-1))  # [m, i]
+        grad_up = (grad_h * act).reshape(-1, up.size(-1))  # [m, i]
+        flat_x = x.reshape(-1, x.size(-1))  # [m, h]
+        # a Linear's weight gradient is grad^T x (mm's backward for the transposed weight)
+        g_down = grad.t().mm((act * up).reshape(-1, up.size(-1))) if need_down else None
+        g_gate = grad_gate.t().mm(flat_x) if need_gate else None
+        g_up = grad_up.t().mm(flat_x) if need_up else None
+        g_x = (grad_gate.mm(w_gate) + grad_up.mm(w_up)).view(x.shape) if need_x else None
+        return g_x, g_gate, g_up, g_down
+
+
+def _lean_forward(mlp: torch.nn.Module):
+    """``mlp``'s forward through :class:`LeanMLP` where autograd records a float32 call, else its own."""
+    own = type(mlp).forward.__get__(mlp)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        weights = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+        recorded = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
+        if not recorded or torch.is_autocast_enabled(x.device.type) or x.dtype != torch.float32:
+            return own(x)
+        return LeanMLP.apply(x, *weights)
+
+    return forward
+
+
+def _leanable(mlp: torch.nn.Module) -> bool:
+    """A Llama-family MLP of plain bias-free float32 Linears with SiLU, its class's own forward."""
+    if type(mlp).__name__ not in MLP_CLASSES or "forward" in vars(mlp):
+        return False
+    act = getattr(mlp, "act_fn", None)
+    if type(act).__name__ not in ("SiLUActivation", "SiLU") or "forward" in vars(act):
+        return False
+    linears = [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    return all(
+        type(linear) is torch.nn.Linear
+        and linear.bias is None
+        and type(linear.weight.data) is torch.Tensor  # not a DTensor shard
+        and linear.weight.dtype == torch.float32
+        for linear in linears
+    )
+
+
+@contextlib.contextmanager
+def lean_mlps(model: torch.nn.Module):
+    """Run the supported MLPs of ``model`` (an HF model, a peft wrapper of one, either inside DDP) through
+    :class:`LeanMLP` while inside; yields how many. Autograd keeps what each call saved, so a backward after
+    the block needs nothing from it. Not with activation checkpointing: its recompute runs after the block and
+    must save what the first forward saved."""
+    model = model.module if isinstance(model, DistributedDataParallel) else model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    mlps = [] if activation_checkpointing(base) else [m for m in base.modules() if _leanable(m)]
+    try:
+        for mlp in mlps:
+            mlp.forward = _lean_forward(mlp)  # instance attribute shadows the class's forward
+        yield len(mlps)
+    finally:
+        for mlp in mlps:
+            vars(mlp).pop("forward", None)
