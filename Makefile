@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip install -q -c constraints.txt
+PIP := $(BIN)/python -m pip install -q --no-compile -c constraints.txt  # bytecode is written on first import
 
 .PHONY: demo test test-fast lint format bench clean chromium verl-oracle
 
@@ -24,8 +24,11 @@ $(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
 demo: $(VENV)/.demo
 	$(BIN)/grpokit demo
 
+# The unit tests (in-process, tiny models) run on two pytest-xdist workers; the fault, integration
+# and end-to-end tests (subprocesses, signals, Ray clusters, timing-sensitive start-up) run one at a time.
 test: $(VENV)/.test verl-oracle chromium
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 tests/faults tests/integration
+	$(BIN)/python -m pytest -q --durations=5 -n 2 tests/unit
 
 # verl's own PPO code, the reference of tests/unit/test_ppo_vs_verl.py: pinned in tests/verl_oracle/requirements.txt,
 # installed without dependencies into a folder of its own (its pins conflict with the test environment's) and

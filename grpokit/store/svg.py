@@ -52,13 +52,17 @@ def _flat(lo: float, hi: float) -> bool:
 
 def _y_range(values: list[float]) -> tuple[float, float]:
     """The value axis of finite ``values``: their range padded by 5%; a flat line (equal up to rounding) gets a
-    band of 10% of its value (0.5 at zero) around it, so it sits mid-chart. Never wider than the floats."""
+    band of 10% of its value around it (0.5 at zero or below any float's scale, e.g. 0 and -2.2e-308), so it
+    sits mid-chart with every value inside. Never wider than the floats."""
     lo, hi = min(values), max(values)
     if not _flat(lo, hi):
         pad = (hi / 2 - lo / 2) * 0.1  # 5% of the range, computed at half scale so it cannot overflow
         return _clamp(lo - pad), _clamp(hi + pad)
-    pad = abs(lo) * 0.1 or 0.5
-    return _clamp(lo - pad), _clamp(lo + pad)
+    pad = max(abs(lo), abs(hi)) * 0.1
+    if pad < _TINY:  # a band this narrow could not hold both ends (their spread is up to _TINY)
+        pad = 0.5
+    middle = lo / 2 + hi / 2
+    return _clamp(middle - pad), _clamp(middle + pad)
 
 
 def _clamp(value: float) -> float:
