@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip install -q --no-compile -c constraints.txt  # bytecode is written on first import
+PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
 .PHONY: demo test test-fast lint format bench clean chromium verl-oracle
 
