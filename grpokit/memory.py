@@ -56,6 +56,7 @@ from grpokit.hardware import autocast_dtype, pick_device, pick_dtype
 from grpokit.kernels.attention import PROBS_BUDGET
 from grpokit.kernels.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
 from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
+from grpokit.kernels.lean_mlp import MODEL_TYPES as LEAN_MLP_TYPES
 from grpokit.kernels.linear_storage import untied_linears
 from grpokit.modeling import lora_config, model_config
 from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS
@@ -237,7 +238,7 @@ def lean_mlp_applies(cfg: GRPOConfig, config) -> bool:
         isinstance(targets, str) or any(name in targets for name in ("gate_proj", "up_proj", "down_proj"))
     )
     return (
-        getattr(config, "model_type", None) in FUSED_DECODER_TYPES
+        getattr(config, "model_type", None) in LEAN_MLP_TYPES
         and getattr(config, "hidden_act", None) == "silu"
         and not getattr(config, "mlp_bias", False)
         and not (cfg.load_in_4bit or cfg.gradient_checkpointing or lora_on_mlp)

@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from grpokit.modeling import activation_checkpointing
 
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # transformers' model_type of the MLP classes below
 MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP")
 
 
