@@ -24,10 +24,11 @@ $(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
 demo: $(VENV)/.demo
 	$(BIN)/grpokit demo
 
-# The unit tests (in-process, tiny models) run on two pytest-xdist workers; the fault, integration
-# and end-to-end tests (subprocesses, signals, Ray clusters, timing-sensitive start-up) run one at a time.
+# Two pytest-xdist workers: the fault, integration and end-to-end tests a file per worker at a time, then those
+# marked alone (they stop or join any Ray cluster on the machine) one at a time, then the unit tests.
 test: $(VENV)/.test verl-oracle chromium
-	$(BIN)/python -m pytest -q --durations=15 tests/faults tests/integration
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadfile -m "not alone" tests/faults tests/integration
+	$(BIN)/python -m pytest -q -m alone tests/faults tests/integration
 	$(BIN)/python -m pytest -q --durations=5 -n 2 tests/unit
 
 # verl's own PPO code, the reference of tests/unit/test_ppo_vs_verl.py: pinned in tests/verl_oracle/requirements.txt,

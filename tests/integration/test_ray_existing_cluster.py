@@ -15,7 +15,8 @@ import yaml
 from grpokit.store import RolloutStore
 
 pytest.importorskip("ray", reason="Ray tests need the ray extra: pip install 'grpokit[ray]'")
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+# alone: `ray stop --force` ends every Ray cluster on the machine, and `address: auto` joins whichever started last
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.alone]
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
