@@ -15,7 +15,9 @@ Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), T
 checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32; and, only when
 named in ``--configs``, grpokit's memory options (gradient checkpointing, the 8-bit AdamW, the reference stored in
 bf16 under autocast and in a float32 run) and grpokit with ``algorithm: ppo`` (``grpokit_ppo``: the same steps plus
-the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost).
+the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost), and two allocator
+settings (``grpokit_thp``: PyTorch's transparent huge pages; ``grpokit_thp_mmap_32mb``: with blocks >= 32 MB
+mmapped and handed back on free).
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
@@ -108,10 +110,21 @@ CONFIGS = {  # name -> worker settings
     "grpokit_rows_4": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 4}},
     # one kernel turned to its plain version (same numbers): its effect in one run
     "grpokit_no_lean_mlp": {"impl": "grpokit", "dtype": "auto", "plain_kernels": ["lean_mlp"]},
+    # the allocator: PyTorch's transparent huge pages for tensors >= 2 MB (THP_MEM_ALLOC_ENABLE, read once at start-up),
+    # and with it glibc's mmap for blocks >= 32 MB, handed back on free (the CLI's keep_freed_memory serves all from
+    # the heap); not run by default
+    "grpokit_thp": {"impl": "grpokit", "dtype": "auto", "env": {"THP_MEM_ALLOC_ENABLE": "1"}},
+    "grpokit_thp_mmap_32mb": {
+        "impl": "grpokit",
+        "dtype": "auto",
+        "env": {"THP_MEM_ALLOC_ENABLE": "1"},
+        "mmap_threshold_mb": 32,
+    },
     # not run by default: the same steps with PPO (algorithm: ppo), whose extra cost is the critic, for --configs
     "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "options": {"algorithm": "ppo"}},
 }
 MEMORY_OPTIONS = ["grpokit_checkpointing", "grpokit_adamw_8bit", "grpokit_ref_bf16", "grpokit_fp32_ref_bf16"]
+ALLOCATOR_OPTIONS = ["grpokit_thp", "grpokit_thp_mmap_32mb"]
 TRL_CONFIGS = [name for name, c in CONFIGS.items() if c["impl"] == "trl"]
 
 PHASES = ("generate", "reward", "ref_logprobs", "policy_logprobs", "backward", "optimizer_other")
@@ -237,6 +250,36 @@ def max_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class HeapPeaks:
+    """glibc's heap, sampled every ``every`` s by a thread: per phase (``phase``, set by :func:`sample_phases`), the
+    most bytes in use and the largest heap (MB, from ``mallinfo2``: all arenas, malloc's own mmaps included). The heap
+    size less the bytes in use is memory the allocator holds free: retained, or fragmented into holes too small for
+    the next large request. ``peaks`` stays empty where glibc (2.33+) is not there."""
+
+    def __init__(self, every: float = 0.02):
+        import ctypes
+        import threading
+
+        self.phase, self.peaks = (0, "start"), {}
+        try:
+            mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+        except (OSError, AttributeError):
+            return
+        names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"  # struct mallinfo2
+        fields = [(n, ctypes.c_size_t) for n in names.split()]
+        mallinfo2.restype = type("mallinfo2", (ctypes.Structure,), {"_fields_": fields})
+
+        def sample():
+            while True:
+                m = mallinfo2()
+                peak = self.peaks.setdefault(self.phase, [0.0, 0.0])
+                peak[0] = max(peak[0], (m.uordblks + m.hblkhd) / 2**20)  # in use: heap chunks + mmapped chunks
+                peak[1] = max(peak[1], (m.arena + m.hblkhd) / 2**20)  # heap size + mmapped chunks
+                time.sleep(every)
+
+        threading.Thread(target=sample, daemon=True).start()
+
+
 # ---- workers (one process per configuration) ---------------------------------------------------
 class PhaseClock:
     """Accumulates wall time per phase within the current step."""
@@ -350,6 +393,15 @@ def run_grpokit(
     from grpokit.kernels import keep_freed_memory
 
     keep_freed_memory()  # this worker owns its process, as `grpokit train` does
+    if settings.get("mmap_threshold_mb"):
+        import ctypes
+
+        m_mmap_threshold, m_mmap_max = -3, -4  # mallopt parameter numbers from malloc.h
+        libc = ctypes.CDLL("libc.so.6")
+        if not (
+            libc.mallopt(m_mmap_max, 65536) and libc.mallopt(m_mmap_threshold, settings["mmap_threshold_mb"] << 20)
+        ):
+            raise SystemExit("glibc refused the mmap threshold")
     plain_kernels(settings.get("plain_kernels", []))
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
@@ -403,19 +455,21 @@ def run_grpokit(
 
     trainer._train_step = timed_step
     marks: list = []  # (step, phase, "start"/"end", RSS MB now, peak RSS MB so far), the last step's kept
-    sample_phases(trainer, marks, records)
+    heap = HeapPeaks()
+    sample_phases(trainer, marks, records, heap)
     trainer.train()
     for r in records:
         r["autocast"] = str(trainer.autocast_dtype).replace("torch.", "")
     records[-1]["rss_marks"] = [m for m in marks if m[0] == len(records)]
+    records[-1]["heap_peaks"] = {phase: peak for (step, phase), peak in heap.peaks.items() if step == len(records)}
     records[-1]["ledger"] = memory_parts(args, workdir)
     return records
 
 
-def sample_phases(trainer, marks: list, records: list) -> None:
+def sample_phases(trainer, marks: list, records: list, heap: HeapPeaks | None = None) -> None:
     """Record RSS now and the peak so far at the start and end of each phase of a step (generation, reference pass,
     each micro-batch's policy forward and backward, optimizer step): where the peak is reached, and what was
-    resident just before."""
+    resident just before; and tell ``heap`` the (step, phase) running."""
     import torch
 
     import grpokit.train.learner as learner_module
@@ -423,6 +477,8 @@ def sample_phases(trainer, marks: list, records: list) -> None:
     def sampled(phase, fn):
         def run(*a, **k):
             marks.append((len(records) + 1, phase, "start", rss_mb(), max_rss_mb()))
+            if heap is not None:
+                heap.phase = (len(records) + 1, phase)
             try:
                 return fn(*a, **k)
             finally:
@@ -495,7 +551,7 @@ def worker_env(args) -> dict:
     return env
 
 
-def run_worker(args, worker_args: list[str], label: str, workdir: Path | None = None) -> dict:
+def run_worker(args, worker_args: list[str], label: str, workdir: Path | None = None, env: dict | None = None) -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -506,7 +562,7 @@ def run_worker(args, worker_args: list[str], label: str, workdir: Path | None = 
         str(args.threads),
         *worker_args,
     ]
-    proc = subprocess.run(cmd, env=worker_env(args), capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, env=worker_env(args) | (env or {}), capture_output=True, text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
@@ -521,6 +577,7 @@ def summarise(runs: list[dict]) -> dict:
     worst = max(runs, key=lambda run: run["peak_rss_mb"])["records"][-1]
     return {
         "rss_marks": worst.get("rss_marks"),
+        "heap_peaks": worst.get("heap_peaks"),
         "ledger": worst.get("ledger"),
         "step_time": statistics.median(r["step_time"] for r in timed),
         "phases": {p: statistics.median(r["phases"].get(p, 0.0) for r in timed) for p in PHASES},
@@ -601,6 +658,9 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
         )
         out[f"train_mfu_{'fp32' if dtype == 'float32' else 'bf16'}"] = mfu["train"]
         out.update(floor_report(name, r, sizes, peak, dtype, prompts, T))
+    for name, r in results.items():  # grpokit's other configurations: their memory ledgers
+        if name not in ("grpokit", "grpokit_fp32") and r.get("ledger"):
+            out.update(memory_ledger(name, r["peak_rss_mb"], r["ledger"], r["rss_marks"], r.get("heap_peaks")))
     return out
 
 
@@ -646,14 +706,15 @@ def floor_report(name: str, r: dict, sizes: dict, peak: dict, dtype: str, prompt
     out = {f"floor_step_fraction_{name}": floor_s / r["step_time"]}
     ledger, marks = r.get("ledger"), r.get("rss_marks")
     if ledger:
-        out.update(memory_ledger(name, r["peak_rss_mb"], ledger, marks))
+        out.update(memory_ledger(name, r["peak_rss_mb"], ledger, marks, r.get("heap_peaks")))
     return out
 
 
-def memory_ledger(name: str, peak_mb: float, ledger: dict, marks: list | None) -> dict:
+def memory_ledger(name: str, peak_mb: float, ledger: dict, marks: list | None, heap: dict | None = None) -> dict:
     """Print the peak RSS as the floor's parts (weights, gradients, AdamW moments, reference: grpokit.memory's
     estimate) and the parts above it at the phase where the peak was reached, with what the estimate does not
-    account for (allocator retention, copies) as the rest."""
+    account for (allocator retention, copies) as the rest; then, measured (:class:`HeapPeaks`, last step), each
+    phase's most heap memory in use against the heap's size: how much of the rest the allocator holds free."""
     mb = lambda b: b / 2**20
     floor = {k: ledger[k] for k in ("weights", "gradients", "adamw", "reference")}
     floor_mb = mb(sum(floor.values()))
@@ -681,6 +742,17 @@ def memory_ledger(name: str, peak_mb: float, ledger: dict, marks: list | None) -
         print(f"  above  {k:<16}{mb(v):>9,.0f} MB")
     rest = peak_mb - floor_mb - mb(sum(above.values()))
     print(f"  above  rest (allocator retention, copies, not estimated) {rest:,.0f} MB")
+    if heap:
+        used, size = max(u for u, _ in heap.values()), max(h for _, h in heap.values())
+        print(
+            "  heap (measured, last step), MB in use at most / heap size, per phase: "
+            + ", ".join(f"{p} {u:,.0f} / {h:,.0f}" for p, (u, h) in heap.items())
+        )
+        print(
+            f"  heap: at most {used:,.0f} MB in use, {size:,.0f} MB held: {size - used:,.0f} MB free inside it "
+            f"(retained or fragmented); {peak_mb - size:,.0f} MB of the peak RSS outside it (memory-mapped weight "
+            "files, libraries)"
+        )
     return {f"peak_rss_over_floor_{name}": peak_mb / floor_mb}
 
 
@@ -689,7 +761,7 @@ def default_configs(shape: str) -> list[str]:
     TRL's fastest configuration for this CPU (bf16 with native bf16 matmul, else float32; no checkpointing) and
     grpokit."""
     if SHAPES[shape][2] == "bench":
-        return [c for c in CONFIGS if c not in (*MEMORY_OPTIONS, "grpokit_ppo")]
+        return [c for c in CONFIGS if c not in (*MEMORY_OPTIONS, *ALLOCATOR_OPTIONS, "grpokit_ppo")]
     from grpokit.cpu_caps import cpu_caps
 
     return ["trl_default", "trl_bf16" if cpu_caps().native_bf16 else "trl_fp32", "grpokit"]
@@ -786,6 +858,7 @@ def main() -> None:
                             ["--config", config, "--shape", shape, "--steps", str(steps)],
                             f"{config} ({shape})",
                             model_dir(args, shape),
+                            CONFIGS[config].get("env"),
                         )
                     )
         peaks.append(run_worker(args, ["--peak"], "matmul peak"))

@@ -73,6 +73,9 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_no_lean_mlp": (
         "two 494M-parameter runs: ~20 min, ~16 GB"
     ),
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_thp,grpokit_thp_mmap_32mb": (
+        "three 494M-parameter runs: ~30 min, ~16 GB"
+    ),
     "python bench/backward_ab.py --layers 4 --prompts 1 --reps 3 --variants new,no_small_attention,no_fused_head": (
         "a 152k-vocabulary model's forward and backward, nine times: ~3 min, ~4 GB"
     ),
