@@ -17,7 +17,7 @@ named in ``--configs``, grpokit's memory options (gradient checkpointing, the 8-
 bf16 under autocast and in a float32 run) and grpokit with ``algorithm: ppo`` (``grpokit_ppo``: the same steps plus
 the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost), and two allocator
 settings (``grpokit_thp``: PyTorch's transparent huge pages; ``grpokit_thp_mmap_32mb``: with blocks >= 32 MB
-mmapped and handed back on free).
+mmapped and handed back on free; ``grpokit_no_trim``: glibc's heap never trimmed).
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
@@ -110,21 +110,23 @@ CONFIGS = {  # name -> worker settings
     "grpokit_rows_4": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 4}},
     # one kernel turned to its plain version (same numbers): its effect in one run
     "grpokit_no_lean_mlp": {"impl": "grpokit", "dtype": "auto", "plain_kernels": ["lean_mlp"]},
-    # the allocator: PyTorch's transparent huge pages for tensors >= 2 MB (THP_MEM_ALLOC_ENABLE, read once at start-up),
-    # and with it glibc's mmap for blocks >= 32 MB, handed back on free (the CLI's keep_freed_memory serves all from
-    # the heap); not run by default
+    # the allocator, not run by default: PyTorch's transparent huge pages for tensors >= 2 MB (THP_MEM_ALLOC_ENABLE,
+    # read once at start-up), and with it glibc's mmap for blocks >= 32 MB, handed back on free; or glibc's heap never
+    # trimmed (the CLI's keep_freed_memory serves every block from the heap and trims it above 1 GiB free at its top)
     "grpokit_thp": {"impl": "grpokit", "dtype": "auto", "env": {"THP_MEM_ALLOC_ENABLE": "1"}},
     "grpokit_thp_mmap_32mb": {
         "impl": "grpokit",
         "dtype": "auto",
         "env": {"THP_MEM_ALLOC_ENABLE": "1"},
-        "mmap_threshold_mb": 32,
+        "mallopt": {"M_MMAP_MAX": 65536, "M_MMAP_THRESHOLD": 32 << 20},
     },
+    "grpokit_no_trim": {"impl": "grpokit", "dtype": "auto", "mallopt": {"M_TRIM_THRESHOLD": -1}},
     # not run by default: the same steps with PPO (algorithm: ppo), whose extra cost is the critic, for --configs
     "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "options": {"algorithm": "ppo"}},
 }
 MEMORY_OPTIONS = ["grpokit_checkpointing", "grpokit_adamw_8bit", "grpokit_ref_bf16", "grpokit_fp32_ref_bf16"]
-ALLOCATOR_OPTIONS = ["grpokit_thp", "grpokit_thp_mmap_32mb"]
+ALLOCATOR_OPTIONS = ["grpokit_thp", "grpokit_thp_mmap_32mb", "grpokit_no_trim"]
+MALLOPT = {"M_TRIM_THRESHOLD": -1, "M_MMAP_THRESHOLD": -3, "M_MMAP_MAX": -4}  # parameter numbers from malloc.h
 TRL_CONFIGS = [name for name, c in CONFIGS.items() if c["impl"] == "trl"]
 
 PHASES = ("generate", "reward", "ref_logprobs", "policy_logprobs", "backward", "optimizer_other")
@@ -393,15 +395,11 @@ def run_grpokit(
     from grpokit.kernels import keep_freed_memory
 
     keep_freed_memory()  # this worker owns its process, as `grpokit train` does
-    if settings.get("mmap_threshold_mb"):
+    for name, value in settings.get("mallopt", {}).items():  # on top of keep_freed_memory's
         import ctypes
 
-        m_mmap_threshold, m_mmap_max = -3, -4  # mallopt parameter numbers from malloc.h
-        libc = ctypes.CDLL("libc.so.6")
-        if not (
-            libc.mallopt(m_mmap_max, 65536) and libc.mallopt(m_mmap_threshold, settings["mmap_threshold_mb"] << 20)
-        ):
-            raise SystemExit("glibc refused the mmap threshold")
+        if not ctypes.CDLL("libc.so.6").mallopt(MALLOPT[name], value):
+            raise SystemExit(f"glibc refused mallopt({name}, {value})")
     plain_kernels(settings.get("plain_kernels", []))
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
     args = GRPOConfig(
@@ -461,7 +459,8 @@ def run_grpokit(
     for r in records:
         r["autocast"] = str(trainer.autocast_dtype).replace("torch.", "")
     records[-1]["rss_marks"] = [m for m in marks if m[0] == len(records)]
-    records[-1]["heap_peaks"] = {phase: peak for (step, phase), peak in heap.peaks.items() if step == len(records)}
+    for n, r in enumerate(records, 1):
+        r["heap_peaks"] = {phase: peak for (step, phase), peak in heap.peaks.items() if step == n}
     records[-1]["ledger"] = memory_parts(args, workdir)
     return records
 

@@ -76,6 +76,13 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_thp,grpokit_thp_mmap_32mb": (
         "three 494M-parameter runs: ~30 min, ~16 GB"
     ),
+    "python bench/heap_steps.py --shape qwen0.5b --steps 4": "4 steps of a 494M-parameter model: ~10 min, ~15 GB",
+    "THP_MEM_ALLOC_ENABLE=1 python bench/heap_steps.py --shape qwen0.5b --steps 4": (
+        "4 steps of a 494M-parameter model: ~10 min, ~15 GB"
+    ),
+    "python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_no_trim": (
+        "4 steps of a 494M-parameter model: ~10 min, ~15 GB"
+    ),
     "python bench/backward_ab.py --layers 4 --prompts 1 --reps 3 --variants new,no_small_attention,no_fused_head": (
         "a 152k-vocabulary model's forward and backward, nine times: ~3 min, ~4 GB"
     ),
