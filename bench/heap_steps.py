@@ -1,9 +1,9 @@
 """grpokit's steps one by one at a bench shape: time, page faults and glibc's heap per step.
 
-``vs_trl.py`` reports the median of its timed steps. This prints every step, so a warm-up longer than one step
-shows: the heap grows until the AdamW moments (made at the first optimizer step) and the gradients have found
-their places, and each page it grows by is a page fault. It runs ``vs_trl.py``'s grpokit worker in this process,
-with the CLI's allocator setting (``grpokit.kernels.keep_freed_memory``) and one of its configurations.
+``vs_trl.py`` reports the median of its timed steps. This prints every step, so the allocator's behaviour over
+steps shows: how far the heap grows, whether glibc trims it again, and the page faults each growth costs. It runs
+``vs_trl.py``'s grpokit worker in this process, with the CLI's allocator setting
+(``grpokit.kernels.keep_freed_memory``) and one of its configurations.
 
     python bench/heap_steps.py --shape qwen0.5b --steps 4                          # ~10 min, ~15 GB
     python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_no_trim # glibc's heap never trimmed

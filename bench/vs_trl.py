@@ -15,7 +15,7 @@ Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), T
 checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32; and, only when
 named in ``--configs``, grpokit's memory options (gradient checkpointing, the 8-bit AdamW, the reference stored in
 bf16 under autocast and in a float32 run) and grpokit with ``algorithm: ppo`` (``grpokit_ppo``: the same steps plus
-the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost), and two allocator
+the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost), and three allocator
 settings (``grpokit_thp``: PyTorch's transparent huge pages; ``grpokit_thp_mmap_32mb``: with blocks >= 32 MB
 mmapped and handed back on free; ``grpokit_no_trim``: glibc's heap never trimmed).
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
@@ -48,6 +48,7 @@ Ends with ``key=value`` lines; ratios are grpokit / TRL.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -259,7 +260,6 @@ class HeapPeaks:
     the next large request. ``peaks`` stays empty where glibc (2.33+) is not there."""
 
     def __init__(self, every: float = 0.02):
-        import ctypes
         import threading
 
         self.phase, self.peaks = (0, "start"), {}
@@ -396,8 +396,6 @@ def run_grpokit(
 
     keep_freed_memory()  # this worker owns its process, as `grpokit train` does
     for name, value in settings.get("mallopt", {}).items():  # on top of keep_freed_memory's
-        import ctypes
-
         if not ctypes.CDLL("libc.so.6").mallopt(MALLOPT[name], value):
             raise SystemExit(f"glibc refused mallopt({name}, {value})")
     plain_kernels(settings.get("plain_kernels", []))
