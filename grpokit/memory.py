@@ -275,11 +275,20 @@ def backward_chunk_rows(cfg: GRPOConfig, fits: Callable[[int], bool]) -> int:
     return next((rows for rows in sizes if fits(rows)), sizes[-1] if sizes else mb)
 
 
-def update_chunk_rows(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device, processes: int = 1) -> int:
+def update_chunk_rows(
+    cfg: GRPOConfig,
+    model: torch.nn.Module,
+    device: torch.device,
+    processes: int = 1,
+    prompt_tokens: int | None = None,
+) -> int:
     """The update's rows per forward and backward pass for ``model`` (:func:`backward_chunk_rows`): the estimate of
     its architecture on the meta device with the process against the memory free now (on CPU shared by the
     ``processes`` of this host, as :func:`fit_warning` shares it); the micro-batch for a model without a transformers
-    config, or where the free memory is unknown."""
+    config, or where the free memory is unknown. ``prompt_tokens``: the run's longest prompt, estimated in place of
+    ``max_prompt_length`` (a bound, 512 by default, or none at all), once the prompts are tokenised."""
+    if prompt_tokens is not None:
+        cfg = cfg.replace(max_prompt_length=prompt_tokens)
     mb = cfg.per_device_train_batch_size
     config = getattr(model, "config", None)
     free = available_bytes(device)

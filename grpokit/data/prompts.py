@@ -213,6 +213,11 @@ class PromptSource:
         self.position = 0
         self._order = self._make_order()
 
+    @property
+    def longest(self) -> int:
+        """The longest usable prompt, in tokens (after truncation; dropped prompts left out)."""
+        return max(len(self.ids[i]) for i in self.usable)
+
     def _make_order(self) -> np.ndarray:
         if not self.shuffle:
             return self.usable

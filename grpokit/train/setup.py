@@ -363,10 +363,19 @@ def adamw(params: list, args: GRPOConfig, device: torch.device) -> torch.optim.O
 
 
 def build_learner(
-    model, args: GRPOConfig, *, procs, device, use_lora: bool, optimizers: tuple, autocast_dtype, kernels
+    model,
+    args: GRPOConfig,
+    *,
+    procs,
+    device,
+    use_lora: bool,
+    optimizers: tuple,
+    autocast_dtype,
+    kernels,
+    prompt_tokens: int,
 ):
     """(reference or None, optimizer, lr scheduler, Learner) of the policy ``model``, wrapped for DDP / FSDP by
-    ``procs``. FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
+    ``procs``; ``prompt_tokens`` (the longest prompt) sizes the update's passes (``memory.update_chunk_rows``). FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
     reference copy is sharded the same way (its pass and its resync stay shard by shard). An algorithm with a
     critic (``algos.registry``) gets one (``train.critic.Critic``), built from the policy before any update."""
     from grpokit.memory import update_chunk_rows
@@ -389,7 +398,7 @@ def build_learner(
         reference,
         optimizer,
         scheduler,
-        specs.learner_spec(args, update_chunk_rows(args, model, device, procs.world_size)),
+        specs.learner_spec(args, update_chunk_rows(args, model, device, procs.world_size, prompt_tokens)),
         autocast_dtype=autocast_dtype,
         kernels=kernels,
         critic=critic,

@@ -189,6 +189,7 @@ class GRPOTrainer:
             optimizers=optimizers,
             autocast_dtype=self.autocast_dtype,
             kernels=self.kernels,
+            prompt_tokens=self.train_source.longest,
         )
         # The run around the steps: evaluation, stop rules, checkpoints, signals, callbacks.
         self.evaluator = Evaluator(

@@ -133,3 +133,11 @@ def test_a_run_that_does_not_fit_gets_smaller_passes(monkeypatch):
     assert memory.update_chunk_rows(cfg, model, CPU) == 8
     monkeypatch.setattr(memory, "available_bytes", lambda device: None)  # unknown: as configured
     assert memory.update_chunk_rows(cfg, model, CPU) == 32
+    # The trainer passes its longest prompt, which replaces max_prompt_length's bound in the estimate: at 12 GiB the
+    # 512-token default (~15.1 GiB in one pass) would take passes of 8 for 68-token prompts, and no bound at all
+    # (prompts counted as 0 tokens, ~12.2 GiB) passes of 24 that do not fit.
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 12 * 2**30)
+    for bound, alone in ((512, 8), (None, 24)):
+        bounded = cfg.replace(max_prompt_length=bound)
+        assert memory.update_chunk_rows(bounded, model, CPU) == alone
+        assert memory.update_chunk_rows(bounded, model, CPU, prompt_tokens=68) == 16

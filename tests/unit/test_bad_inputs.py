@@ -174,12 +174,14 @@ def test_long_prompts_are_truncated_from_the_left_and_counted(tokenizer):
     # the end of a prompt holds the question, so its last 4 tokens are kept
     assert tokenizer.decode(source.ids[1]) == "w2 w3 w4 w5"
     assert sorted(source.next_indices(4)) == [0, 1, 2, 3]
+    assert source.longest == 4  # what the memory estimate sizes the update for
 
 
 def test_long_prompts_are_dropped_and_counted(tokenizer):
     source = PromptSource(long_and_short_rows(), tokenizer, max_prompt_length=4, overflow="drop", shuffle=False)
     assert source.num_dropped == 2 and source.num_truncated == 0
     assert source.next_indices(2) == [0, 2] and source.next_indices(2) == [0, 2]  # only the two short prompts are drawn
+    assert source.longest == 3  # the dropped prompts (6 and 5 tokens) are never sampled
 
 
 def test_long_prompt_error_mode_and_all_dropped(tokenizer):
