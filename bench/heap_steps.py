@@ -2,20 +2,22 @@
 
 ``vs_trl.py`` reports the median of its timed steps. This prints every step, so the allocator's behaviour over
 steps shows: how far the heap grows, whether glibc trims it again, and the page faults each growth costs. It runs
-``vs_trl.py``'s grpokit worker in this process, with the CLI's allocator setting
-(``grpokit.kernels.keep_freed_memory``) and one of its configurations.
+``vs_trl.py``'s grpokit worker in this process, with the CLI's allocator settings (``grpokit.kernels.allocator``:
+glibc's heap kept, PyTorch's transparent huge pages) and one of its configurations.
 
-    python bench/heap_steps.py --shape qwen0.5b --steps 4                          # ~10 min, ~15 GB
-    python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_no_trim # glibc's heap never trimmed
-    THP_MEM_ALLOC_ENABLE=1 python bench/heap_steps.py --shape qwen0.5b --steps 4   # with PyTorch's huge pages
-    python bench/heap_steps.py --shape main --layers 1 --steps 3                   # a smoke run: ~1 min
+    python bench/heap_steps.py --shape qwen0.5b --steps 4                                  # ~10 min, ~15 GB
+    python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_trim_1gib       # the CLI's before 11-28
+    THP_MEM_ALLOC_ENABLE=0 python bench/heap_steps.py --shape qwen0.5b --steps 4           # without huge pages
+    python bench/heap_steps.py --shape main --layers 1 --steps 3                           # a smoke run: ~1 min
 
-PyTorch reads ``THP_MEM_ALLOC_ENABLE`` once, when it starts, so it goes in the environment.
+PyTorch reads ``THP_MEM_ALLOC_ENABLE`` once, when it starts, so this sets it (1 unless given, then the
+configuration's own) before importing torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -28,9 +30,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--layers", type=int, help="shrink the shape's model to this many layers")
     p.add_argument("--threads", type=int, default=2)
-    names = [c for c, v in vs_trl.CONFIGS.items() if v["impl"] == "grpokit" and "env" not in v]
+    names = [c for c, v in vs_trl.CONFIGS.items() if v["impl"] == "grpokit"]
     p.add_argument("--config", default="grpokit", choices=names, help="a grpokit configuration of vs_trl.py")
     args = p.parse_args()
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the grpokit command and vs_trl.py's workers
+    os.environ.update(vs_trl.CONFIGS[args.config].get("env", {}))
 
     import torch
 

@@ -15,9 +15,10 @@ Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), T
 checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32; and, only when
 named in ``--configs``, grpokit's memory options (gradient checkpointing, the 8-bit AdamW, the reference stored in
 bf16 under autocast and in a float32 run) and grpokit with ``algorithm: ppo`` (``grpokit_ppo``: the same steps plus
-the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost), and three allocator
-settings (``grpokit_thp``: PyTorch's transparent huge pages; ``grpokit_thp_mmap_32mb``: with blocks >= 32 MB
-mmapped and handed back on free; ``grpokit_no_trim``: glibc's heap never trimmed).
+the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost), and four allocator
+settings against the CLI's (``grpokit_no_thp``: without PyTorch's transparent huge pages; ``grpokit_trim_1gib``: the
+CLI's setting before 2026-11-28, glibc's heap trimmed above 1 GiB free and no huge pages; ``grpokit_thp_trim_1gib``:
+huge pages with that trim; ``grpokit_thp_mmap_32mb``: blocks >= 32 MB mmapped and handed back on free).
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
@@ -111,22 +112,29 @@ CONFIGS = {  # name -> worker settings
     "grpokit_rows_4": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 4}},
     # one kernel turned to its plain version (same numbers): its effect in one run
     "grpokit_no_lean_mlp": {"impl": "grpokit", "dtype": "auto", "plain_kernels": ["lean_mlp"]},
-    # the allocator, not run by default: PyTorch's transparent huge pages for tensors >= 2 MB (THP_MEM_ALLOC_ENABLE,
-    # read once at start-up), and with it glibc's mmap for blocks >= 32 MB, handed back on free; or glibc's heap never
-    # trimmed (the CLI's keep_freed_memory serves every block from the heap and trims it above 1 GiB free at its top)
-    "grpokit_thp": {"impl": "grpokit", "dtype": "auto", "env": {"THP_MEM_ALLOC_ENABLE": "1"}},
+    # the allocator, not run by default. grpokit's workers run as its CLI does: glibc's heap never trimmed, no mmap
+    # (keep_freed_memory) and PyTorch's transparent huge pages for tensors >= 2 MB (THP_MEM_ALLOC_ENABLE=1, read once
+    # at start-up: worker_env). Against that: without the huge pages; the CLI's setting before 2026-11-28 (no huge
+    # pages, the heap trimmed above 1 GiB free at its top); huge pages with that trim; huge pages with glibc's mmap for
+    # blocks >= 32 MB, handed back on free
+    "grpokit_no_thp": {"impl": "grpokit", "dtype": "auto", "env": {"THP_MEM_ALLOC_ENABLE": "0"}},
+    "grpokit_trim_1gib": {
+        "impl": "grpokit",
+        "dtype": "auto",
+        "env": {"THP_MEM_ALLOC_ENABLE": "0"},
+        "mallopt": {"M_TRIM_THRESHOLD": 2**30},
+    },
+    "grpokit_thp_trim_1gib": {"impl": "grpokit", "dtype": "auto", "mallopt": {"M_TRIM_THRESHOLD": 2**30}},
     "grpokit_thp_mmap_32mb": {
         "impl": "grpokit",
         "dtype": "auto",
-        "env": {"THP_MEM_ALLOC_ENABLE": "1"},
         "mallopt": {"M_MMAP_MAX": 65536, "M_MMAP_THRESHOLD": 32 << 20},
     },
-    "grpokit_no_trim": {"impl": "grpokit", "dtype": "auto", "mallopt": {"M_TRIM_THRESHOLD": -1}},
     # not run by default: the same steps with PPO (algorithm: ppo), whose extra cost is the critic, for --configs
     "grpokit_ppo": {"impl": "grpokit", "dtype": "auto", "options": {"algorithm": "ppo"}},
 }
 MEMORY_OPTIONS = ["grpokit_checkpointing", "grpokit_adamw_8bit", "grpokit_ref_bf16", "grpokit_fp32_ref_bf16"]
-ALLOCATOR_OPTIONS = ["grpokit_thp", "grpokit_thp_mmap_32mb", "grpokit_no_trim"]
+ALLOCATOR_OPTIONS = ["grpokit_no_thp", "grpokit_trim_1gib", "grpokit_thp_trim_1gib", "grpokit_thp_mmap_32mb"]
 MALLOPT = {"M_TRIM_THRESHOLD": -1, "M_MMAP_THRESHOLD": -3, "M_MMAP_MAX": -4}  # parameter numbers from malloc.h
 TRL_CONFIGS = [name for name, c in CONFIGS.items() if c["impl"] == "trl"]
 
@@ -540,16 +548,22 @@ def worker(argv: list[str]) -> None:
 
 
 # ---- driver --------------------------------------------------------------------------------------
-def worker_env(args) -> dict:
+def worker_env(args, config: str | None = None) -> dict:
+    """A worker's environment: this one with the thread settings; for a grpokit configuration, PyTorch's huge pages
+    as the ``grpokit`` command asks for them, then the configuration's own variables."""
     env = dict(
         os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false"
     )
     if args.omp_wait_policy != "default":
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
-    return env
+    if config is not None and CONFIGS[config]["impl"] == "grpokit":
+        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    return env | (CONFIGS[config].get("env", {}) if config else {})
 
 
-def run_worker(args, worker_args: list[str], label: str, workdir: Path | None = None, env: dict | None = None) -> dict:
+def run_worker(
+    args, worker_args: list[str], label: str, workdir: Path | None = None, config: str | None = None
+) -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -560,7 +574,7 @@ def run_worker(args, worker_args: list[str], label: str, workdir: Path | None = 
         str(args.threads),
         *worker_args,
     ]
-    proc = subprocess.run(cmd, env=worker_env(args) | (env or {}), capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, env=worker_env(args, config), capture_output=True, text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
@@ -856,7 +870,7 @@ def main() -> None:
                             ["--config", config, "--shape", shape, "--steps", str(steps)],
                             f"{config} ({shape})",
                             model_dir(args, shape),
-                            CONFIGS[config].get("env"),
+                            config,
                         )
                     )
         peaks.append(run_worker(args, ["--peak"], "matmul peak"))

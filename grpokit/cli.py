@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     until the process ends. With ``argv`` (a call from Python) the caller's handlers are restored on return."""
     signals = interrupt.CommandSignals()
     previous = signals.install()  # first, before anything that imports numpy, torch or transformers
+    if argv is None:
+        _ask_for_huge_pages()
     try:
         return _run(argv, signals)
     except BaseException:  # while parsing the arguments (argparse's SystemExit), or a bug re-raised
@@ -31,6 +33,16 @@ def main(argv: list[str] | None = None) -> int:
         signals.finish()
         if argv is not None:
             interrupt.restore(previous)
+
+
+def _ask_for_huge_pages() -> None:
+    """The CLI owns its process: PyTorch backs its CPU tensors of 2 MB or more with transparent huge pages
+    (``grpokit.kernels.allocator``), unless the environment already says (``THP_MEM_ALLOC_ENABLE=0`` turns it off).
+    PyTorch reads the variable at its first allocation, so this comes before torch is imported (the CLI imports it
+    in the commands)."""
+    import os
+
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # allocator.HUGE_PAGES_ENV; importing it would import torch
 
 
 def _run(argv: list[str] | None, signals: interrupt.CommandSignals) -> int:

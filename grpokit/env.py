@@ -1,10 +1,10 @@
 """`grpokit env`: the facts a bug report needs, as ``trl env`` and ``transformers env`` print them.
 
 Versions (grpokit, its dependencies, the optional extras that are installed), Python and the OS, the
-CPU (model, the instruction sets the fast paths depend on, cores, memory), CUDA, the GPUs, vLLM and
-flash-attention (:mod:`grpokit.gpu_caps`, with a warning line for each mismatch that breaks a GPU run), and what
-grpokit would choose on this machine: device, dtype, bf16 autocast and the fast paths, all from the same
-probes and choice training uses (:mod:`grpokit.hardware`, :mod:`grpokit.cpu_caps`,
+CPU (model, the instruction sets the fast paths depend on, cores, memory, whether PyTorch asks for huge pages),
+CUDA, the GPUs, vLLM and flash-attention (:mod:`grpokit.gpu_caps`, with a warning line for each mismatch that
+breaks a GPU run), and what grpokit would choose on this machine: device, dtype, bf16 autocast and the fast paths,
+all from the same probes and choice training uses (:mod:`grpokit.hardware`, :mod:`grpokit.cpu_caps`,
 :meth:`grpokit.kernels.Kernels.select`), so ``GRPOKIT_CPU_CAPS`` shows here too.
 """
 
@@ -23,6 +23,7 @@ from grpokit.cpu_caps import ENV, cpu_caps, describe
 from grpokit.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
 from grpokit.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
 from grpokit.kernels import Kernels
+from grpokit.kernels.allocator import HUGE_PAGES_ENV, huge_pages_in_use, system_huge_pages
 from grpokit.memory import available_bytes
 
 
@@ -89,6 +90,11 @@ def report() -> dict[str, str]:
         f"oneDNN bf16 {'yes' if caps.onednn_bf16 else 'no'}"
     )
     out["memory"] = f"{_gib(_total_memory())} total, {_gib(available_bytes(torch.device('cpu')))} available"
+    out["huge pages"] = (
+        f"{'asked' if huge_pages_in_use() else 'not asked'} for tensors >= 2 MB "
+        f"({HUGE_PAGES_ENV}={os.environ.get(HUGE_PAGES_ENV, 'unset')}; the grpokit command sets 1 unless given), "
+        f"kernel mode {system_huge_pages() or 'unknown'}"
+    )
     gpu = gpu_caps()
     out.update(gpu_lines(gpu))
     out["MPS"] = "available" if torch.backends.mps.is_available() else "no"

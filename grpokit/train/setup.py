@@ -375,9 +375,10 @@ def build_learner(
     prompt_tokens: int,
 ):
     """(reference or None, optimizer, lr scheduler, Learner) of the policy ``model``, wrapped for DDP / FSDP by
-    ``procs``; ``prompt_tokens`` (the longest prompt) sizes the update's passes (``memory.update_chunk_rows``). FSDP shards in place and replaces the parameters, so it comes before the optimizer sees them; the
-    reference copy is sharded the same way (its pass and its resync stay shard by shard). An algorithm with a
-    critic (``algos.registry``) gets one (``train.critic.Critic``), built from the policy before any update."""
+    ``procs``; ``prompt_tokens`` (the longest prompt) sizes the update's passes (``memory.update_chunk_rows``). FSDP
+    shards in place and replaces the parameters, so it comes before the optimizer sees them; the reference copy is
+    sharded the same way (its pass and its resync stay shard by shard). An algorithm with a critic
+    (``algos.registry``) gets one (``train.critic.Critic``), built from the policy before any update."""
     from grpokit.memory import update_chunk_rows
 
     critic = None

@@ -73,14 +73,24 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_no_lean_mlp": (
         "two 494M-parameter runs: ~20 min, ~16 GB"
     ),
-    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit_thp,grpokit_thp_mmap_32mb": (
+    "python bench/vs_trl.py --shapes qwen0.5b "
+    "--configs grpokit_trim_1gib,grpokit_thp_trim_1gib,grpokit_thp_mmap_32mb": (
         "three 494M-parameter runs: ~30 min, ~16 GB"
     ),
-    "python bench/heap_steps.py --shape qwen0.5b --steps 4": "4 steps of a 494M-parameter model: ~10 min, ~15 GB",
-    "THP_MEM_ALLOC_ENABLE=1 python bench/heap_steps.py --shape qwen0.5b --steps 4": (
+    "python bench/vs_trl.py --shapes qwen0.5b --steps 4 --configs grpokit_trim_1gib,grpokit_thp_trim_1gib,grpokit": (
+        "three 494M-parameter runs of 4 steps: ~30 min, ~16 GB"
+    ),
+    "python bench/vs_trl.py --shapes qwen0.5b --steps 4 --configs grpokit,grpokit_no_thp,grpokit_trim_1gib": (
+        "three 494M-parameter runs of 4 steps: ~30 min, ~16 GB"
+    ),
+    "python bench/decode_matmuls.py": "one decoding step's matmuls at 0.5B, 4 backends x 6: ~2 min, ~8 GB",
+    "python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_trim_1gib": (
         "4 steps of a 494M-parameter model: ~10 min, ~15 GB"
     ),
-    "python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_no_trim": (
+    "python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_thp_trim_1gib": (
+        "4 steps of a 494M-parameter model: ~10 min, ~15 GB"
+    ),
+    "python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_no_thp": (
         "4 steps of a 494M-parameter model: ~10 min, ~15 GB"
     ),
     "python bench/backward_ab.py --layers 4 --prompts 1 --reps 3 --variants new,no_small_attention,no_fused_head": (
