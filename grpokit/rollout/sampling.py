@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from grpokit.rollout.types import SamplingParams
 
@@ -75,9 +74,11 @@ def inverse_cdf(weights: torch.Tensor, generator: Generators) -> torch.Tensor:
     cumulative weight, and u is kept below each total).
     """
     N, V = weights.shape
-    padded = weights if V % _BLOCK == 0 else F.pad(weights, (0, (-V) % _BLOCK))
-    blocks = padded.view(N, -1, _BLOCK)  # [N, K, b]
-    block_cdf = blocks.sum(-1).double().cumsum(-1)  # [N, K]
+    full = V - V % _BLOCK  # the last block may be shorter: summed on its own, not padded (a copy of [N, V] per token)
+    block_sums = weights[:, :full].reshape(N, -1, _BLOCK).sum(-1)  # [N, K]
+    if full < V:
+        block_sums = torch.cat([block_sums, weights[:, full:].sum(-1, keepdim=True)], dim=1)  # [N, K + 1]
+    block_cdf = block_sums.double().cumsum(-1)  # [N, K]
     total = block_cdf[:, -1:]  # [N, 1]
     if not bool(torch.isfinite(total).all() and (total > 0).all()):
         raise ValueError("cannot sample: a row of next-token logits is NaN/inf or has no token left after top-k/top-p")
@@ -85,7 +86,10 @@ def inverse_cdf(weights: torch.Tensor, generator: Generators) -> torch.Tensor:
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
     block = torch.searchsorted(block_cdf, u, right=True)  # [N, 1] first block whose cdf > u
     before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), torch.zeros_like(u))  # [N, 1]
-    inner_cdf = blocks[torch.arange(N, device=weights.device), block.squeeze(-1)].double().cumsum(-1)  # [N, b]
+    columns = block * _BLOCK + torch.arange(_BLOCK, device=weights.device)  # [N, b] the chosen block's entries
+    inside = columns < V
+    entries = weights.gather(-1, columns.clamp(max=V - 1)).masked_fill(~inside, 0.0)  # [N, b], zero past V
+    inner_cdf = entries.double().cumsum(-1)  # [N, b]
     last = inner_cdf[:, -1:]
     rest = torch.minimum(
         u - before, torch.nextafter(last, torch.zeros_like(last))

@@ -131,6 +131,16 @@ def test_inverse_cdf_frequencies_across_blocks():
     torch.testing.assert_close(counts[[5, 300, 999]], torch.tensor([0.125, 0.375, 0.5]), atol=0.01, rtol=0)
 
 
+def test_inverse_cdf_short_last_block_stays_inside_the_vocabulary():
+    # V = 300 is a full block of 256 and a last block of 44 entries; V = 7 a single short block. All weight on the
+    # last entry: every draw is that entry, never a position past V (the last block is summed alone, not padded)
+    for vocabulary in (300, 7):
+        weights = torch.zeros(64, vocabulary)
+        weights[:, -1] = 1.0
+        draws = inverse_cdf(weights, torch.Generator().manual_seed(0))
+        assert draws.tolist() == [vocabulary - 1] * 64
+
+
 def test_inverse_cdf_rejects_non_finite_weights():
     with pytest.raises(ValueError, match="NaN/inf"):
         inverse_cdf(torch.tensor([[0.5, float("nan")]]), None)
