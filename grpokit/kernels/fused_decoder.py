@@ -63,7 +63,8 @@ def _fused_linear(
     ``dtype``: packed for oneDNN where this CPU supports it (:func:`grpokit.kernels.packed_linear.pack`),
     else ``F.linear``."""
     weights, biases = zip(*(_weight_and_bias(layer) for layer in layers))
-    weight = torch.cat([w.detach() for w in weights]).to(dtype)  # [out, in]
+    # [out, in]; a single weight is packed from where it is (oneDNN's reorder copies it; a cat would copy it twice)
+    weight = (weights[0].detach() if len(weights) == 1 else torch.cat([w.detach() for w in weights])).to(dtype)
     bias = (
         None
         if all(b is None for b in biases)
