@@ -287,8 +287,6 @@ def update_chunk_rows(
     ``processes`` of this host, as :func:`fit_warning` shares it); the micro-batch for a model without a transformers
     config, or where the free memory is unknown. ``prompt_tokens``: the run's longest prompt, estimated in place of
     ``max_prompt_length`` (a bound, 512 by default, or none at all), once the prompts are tokenised."""
-    if prompt_tokens is not None:
-        cfg = cfg.replace(max_prompt_length=prompt_tokens)
     mb = cfg.per_device_train_batch_size
     config = getattr(model, "config", None)
     free = available_bytes(device)
@@ -303,6 +301,8 @@ def update_chunk_rows(
             meta = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
     except (ValueError, KeyError, TypeError):  # not a causal LM transformers can build from its config
         return mb
+    if prompt_tokens is not None:
+        cfg = cfg.replace(max_prompt_length=prompt_tokens)
 
     def fits(rows: int) -> bool:
         with warnings.catch_warnings():  # the config's warnings were given when it was built
