@@ -14,16 +14,19 @@ import pytest
 
 from grpokit.train.run_lock import LOCK_FILE, RunFolderError, RunLock, check_unlocked
 
-# Takes the lock of argv[1], forks a child that sleeps (argv[2] == "fork"), prints "<pid> <child pid>" and waits.
+# Takes the lock of argv[1], prints "<pid> <child pid>" and waits. With argv[2] == "fork" it forks a child that
+# sleeps, and the child prints the line: its fork handlers have then run (else, on a loaded machine, the test could
+# kill the holder while the new child still holds the inherited descriptor).
 HOLDER = """
 import os, sys, time
 from grpokit.train.run_lock import RunLock
 RunLock(sys.argv[1]).acquire()
-child = os.fork() if sys.argv[2] == "fork" else 0
-if child == 0 and sys.argv[2] == "fork":
+if sys.argv[2] != "fork":
+    print(os.getpid(), 0, flush=True)
+elif os.fork() == 0:
+    print(os.getppid(), os.getpid(), flush=True)
     time.sleep(120)
     os._exit(0)
-print(os.getpid(), child, flush=True)
 time.sleep(120)
 """
 
