@@ -5,9 +5,10 @@ flash-attention kernel costs more than three plain ops, above all in backward. T
 the [batch, heads, q_len, k_len] probabilities for backward, which grow quadratically, so it is used
 only while that tensor is small (``PROBS_BUDGET``; ``NO_GRAD_PROBS_BUDGET`` in forward-only passes,
 where SDPA's forward is harder to beat); every other call (other devices, dropout, bigger problems,
-features it does not implement) goes to transformers' own SDPA function with the same arguments.
-:func:`small_attention` switches a model from "sdpa" to it for a block. docs/performance.md has
-the per-call measurements the budgets come from.
+features it does not implement) goes to SDPA: on CPU through :func:`gqa_sdpa`, torch's SDPA with its own
+grouped-query attention (K/V not repeated per query head), elsewhere through transformers' own SDPA
+function with the same arguments. :func:`small_attention` switches a model from "sdpa" to it for a
+block. docs/performance.md has the per-call measurements the budgets come from.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -46,15 +48,18 @@ def small_attention_forward(
     budget = PROBS_BUDGET if recorded else NO_GRAD_PROBS_BUDGET
     if (
         query.device.type != "cpu"
-        or dropout
         or any(kwargs.get(k) is not None for k in _SDPA_ONLY)
         or kwargs.get("output_attentions")
-        or (mask is not None and (mask.dtype != torch.bool or mask.shape[1] != 1))
-        or b * heads * q_len * k_len * query.element_size() > budget
     ):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
+    if (
+        dropout
+        or (mask is not None and (mask.dtype != torch.bool or mask.shape[1] != 1))
+        or b * heads * q_len * k_len * query.element_size() > budget
+    ):
+        return gqa_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal)
     groups = heads // kv_heads
     scale = d**-0.5 if scaling is None else scaling
     # Head h uses KV head h // groups (repeat_kv's order): fold the groups into the query length, K/V stay unrepeated.
@@ -81,6 +86,33 @@ def small_attention_forward(
         )  # rows with every key masked (left padding) give 0 as in SDPA, not a uniform mix
     out = torch.matmul(probs.to(value.dtype).view(b, kv_heads, groups * q_len, k_len), value)  # [b, kv, g*q, d]
     return out.view(b, heads, q_len, d).transpose(1, 2).contiguous(), None
+
+
+def gqa_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None):
+    """transformers' SDPA call (its causal flag, its key crop) with torch's own grouped-query attention: key and value
+    [b, kv, k, d] go in as they are, where transformers repeats them to [b, heads, k, d] whenever there is a mask.
+    The backward then keeps the unrepeated K and V (12 of 14 heads' less at Qwen2.5-0.5B: ~0.4 GB of a micro-batch
+    of 32 x 64 tokens), and the forward copies nothing. Same output; the K/V gradients sum a group's heads inside
+    the kernel, so they differ from repeat_kv's by float rounding."""
+    q_len = query.shape[2]
+    causal = (
+        q_len > 1
+        and attention_mask is None
+        and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    )
+    if causal and key.shape[2] > q_len:  # as transformers: SDPA's causal mask is aligned upper-left
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )  # [b, heads, q, d]
+    return out.transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(NAME, small_attention_forward)

@@ -89,19 +89,32 @@ def _leanable(mlp: torch.nn.Module) -> bool:
     )
 
 
+def base_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``model``'s base model (through DDP and peft), or none under activation checkpointing: its
+    recompute runs after a block and must save what the first forward saved."""
+    model = model.module if isinstance(model, DistributedDataParallel) else model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return [] if activation_checkpointing(base) else list(base.modules())
+
+
+@contextlib.contextmanager
+def own_forwards_swapped(modules: list[torch.nn.Module], make_forward):
+    """Each module's forward is ``make_forward(module)`` while inside (an instance attribute shadowing its class's);
+    yields how many."""
+    try:
+        for module in modules:
+            module.forward = make_forward(module)
+        yield len(modules)
+    finally:
+        for module in modules:
+            vars(module).pop("forward", None)
+
+
 @contextlib.contextmanager
 def lean_mlps(model: torch.nn.Module):
     """Run the supported MLPs of ``model`` (an HF model, a peft wrapper of one, either inside DDP) through
     :class:`LeanMLP` while inside; yields how many. Autograd keeps what each call saved, so a backward after
-    the block needs nothing from it. Not with activation checkpointing: its recompute runs after the block and
-    must save what the first forward saved."""
-    model = model.module if isinstance(model, DistributedDataParallel) else model
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    mlps = [] if activation_checkpointing(base) else [m for m in base.modules() if _leanable(m)]
-    try:
-        for mlp in mlps:
-            mlp.forward = _lean_forward(mlp)  # instance attribute shadows the class's forward
-        yield len(mlps)
-    finally:
-        for mlp in mlps:
-            vars(mlp).pop("forward", None)
+    the block needs nothing from it. Not with activation checkpointing (:func:`base_modules`)."""
+    mlps = [m for m in base_modules(model) if _leanable(m)]
+    with own_forwards_swapped(mlps, _lean_forward) as count:
+        yield count

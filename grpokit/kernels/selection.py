@@ -39,6 +39,7 @@ FAST_PATHS = {
     "preallocated_kv_cache": "preallocated KV cache",
     "small_attention": "plain attention for small learner calls",
     "lean_mlp": "gated MLP keeping only its inputs for the backward (float32)",
+    "lean_norm": "RMSNorm keeping only its input for the backward (float32)",
     "fused_head": "fused LM head",
     "sparse_embedding_grad": "sparse embedding gradients",
     "reference_in_autocast_dtype": "reference Linear weights in the autocast dtype",
@@ -59,6 +60,7 @@ class Kernels:
     Log-prob passes and training (:mod:`grpokit.train.logprobs`, :class:`grpokit.train.learner.Learner`):
       small_attention: plain attention for small CPU calls instead of SDPA (kernels/attention.py)
       lean_mlp: Llama-family MLPs saving x, gate and up for the backward in float32 (kernels/lean_mlp.py)
+      lean_norm: Llama-family RMSNorms saving x and its rsqrt for the backward in float32 (kernels/lean_norm.py)
       fused_head: LM head and log-softmax fused, no [N, T, V] float32 logits (kernels/fused_head.py)
       sparse_embedding_grad: a sparse gradient for the token embedding (kernels/sparse_embedding.py)
       reference_in_autocast_dtype: the frozen reference's Linear weights stored in the autocast dtype
@@ -71,6 +73,7 @@ class Kernels:
     preallocated_kv_cache: bool
     small_attention: bool
     lean_mlp: bool
+    lean_norm: bool
     fused_head: bool
     sparse_embedding_grad: bool
     reference_in_autocast_dtype: bool
@@ -82,7 +85,7 @@ class Kernels:
     ) -> Kernels:
         """The kernels for a run on ``device`` computing under ``autocast_dtype`` (None: the weights' dtype).
 
-        Fused decoder, fused head, lean MLP, sparse embedding gradient and the preallocated KV cache are
+        Fused decoder, fused head, lean MLP and norms, sparse embedding gradient and the preallocated KV cache are
         plain PyTorch ops, used on every device. Packed Linear weights need oneDNN on a CPU that packs
         (``caps.packs``) and no autocast (each weight is packed in its own dtype; under autocast each call
         would cast and pack again). The
@@ -97,6 +100,7 @@ class Kernels:
             preallocated_kv_cache=True,
             small_attention=cpu,
             lean_mlp=True,
+            lean_norm=True,
             fused_head=True,
             sparse_embedding_grad=True,
             reference_in_autocast_dtype=autocast_dtype is not None,
@@ -150,6 +154,14 @@ class Kernels:
         from grpokit.kernels import lean_mlp
 
         return lean_mlp.lean_mlps(model)
+
+    def norms(self, model: torch.nn.Module):
+        """A block in which ``model``'s Llama-family RMSNorms keep only their input for the backward, or a no-op."""
+        if not self.lean_norm:
+            return contextlib.nullcontext()
+        from grpokit.kernels import lean_norm
+
+        return lean_norm.lean_norms(model)
 
     def plain_head(self, model: torch.nn.Module):
         """(decoder, lm_head) for the fused head when ``model`` (called directly, not DDP/FSDP) has a plain

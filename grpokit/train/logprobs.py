@@ -109,9 +109,9 @@ def fused_head(model: torch.nn.Module, kernels: Kernels) -> tuple[torch.nn.Modul
 
 def _run(model, head, keep: int, kernels: Kernels, **inputs):
     """The last ``keep`` positions' hidden states (``head`` given: ``model`` is the decoder) or logits, and the KV
-    cache; under the kernels' attention for small CPU calls (:meth:`Kernels.attention`) and their MLPs
-    (:meth:`Kernels.mlp`), the same numbers."""
-    with kernels.attention(model), kernels.mlp(model):
+    cache; under the kernels' attention for small CPU calls (:meth:`Kernels.attention`), their MLPs
+    (:meth:`Kernels.mlp`) and norms (:meth:`Kernels.norms`), the same numbers."""
+    with kernels.attention(model), kernels.mlp(model), kernels.norms(model):
         if head is not None:
             out = model(**inputs)
             return out.last_hidden_state[:, -keep:], out.past_key_values

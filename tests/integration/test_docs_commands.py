@@ -306,9 +306,16 @@ RUNNABLE = [b for b in ALL if b.lang in SHELL + PYTHON]
 
 
 def appended(command: str) -> list[str]:
+    """What the test appends to a documented command: its shortening, and ``--threads 1`` for a bench that takes it
+    (a bench sets its own thread count, over the environment's OMP_NUM_THREADS=1; two threads beside the other test
+    worker's made the QLoRA bench's block 5x slower under CI's two workers)."""
     words, table = normalise(command), _normalised(APPENDED)
     matches = [k for k in table if words == k or words.startswith(k + " ")]
-    return table[max(matches, key=len)] if matches else []
+    extra = table[max(matches, key=len)] if matches else []
+    script = re.match(r"(?:\S+=\S+ )*python (bench/\S+\.py)", command)
+    if script and '"--threads"' in (ROOT / script.group(1)).read_text():
+        extra = [*extra, "--threads", "1"]
+    return extra
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from grpokit.kernels import attention
-from grpokit.kernels.attention import NAME, small_attention, small_attention_forward
+from grpokit.kernels.attention import NAME, gqa_sdpa, small_attention, small_attention_forward
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
@@ -38,18 +38,24 @@ class Heads(torch.nn.Module):
 
 @pytest.fixture()
 def calls(monkeypatch):
-    """Counts of calls of the registered attention function, and of those it sent to SDPA."""
-    counts = {"interface": 0, "sdpa": 0}
+    """Counts of calls of the registered attention function, of those it sent to transformers' SDPA function
+    ("sdpa"), and of those it sent to torch's SDPA with grouped-query attention ("gqa_sdpa")."""
+    counts = {"interface": 0, "sdpa": 0, "gqa_sdpa": 0}
 
     def to_sdpa(*args, **kwargs):
         counts["sdpa"] += 1
         return sdpa_attention_forward(*args, **kwargs)
+
+    def to_gqa_sdpa(*args, **kwargs):
+        counts["gqa_sdpa"] += 1
+        return gqa_sdpa(*args, **kwargs)
 
     def interface(*args, **kwargs):
         counts["interface"] += 1
         return small_attention_forward(*args, **kwargs)
 
     monkeypatch.setattr(attention, "sdpa_attention_forward", to_sdpa)
+    monkeypatch.setattr(attention, "gqa_sdpa", to_gqa_sdpa)
     monkeypatch.setitem(AttentionInterface._global_mapping, NAME, interface)
     return counts
 
@@ -117,7 +123,7 @@ def test_equals_sdpa(case, heads, kv_heads, budget, calls, monkeypatch):
         results.append([out] + [x.grad for x in leaves])
     for got, expected, name in zip(*results, ["output", "dq", "dk", "dv"]):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0, msg=name)
-    assert calls["sdpa"] == (budget == "fallback")
+    assert (calls["gqa_sdpa"], calls["sdpa"]) == (int(budget == "fallback"), 0)
 
 
 def test_features_it_does_not_implement_go_to_sdpa(calls):
@@ -125,11 +131,46 @@ def test_features_it_does_not_implement_go_to_sdpa(calls):
     float_mask = torch.zeros(1, 1, 3, 3)  # an additive mask, not HF's boolean one
     small_attention_forward(Heads(2, 2), q, k, v, float_mask)
     small_attention_forward(Heads(2, 2), q, k, v, None, dropout=0.1)
-    with pytest.raises(ValueError, match="softcap"):  # SDPA's own answer
+    assert (calls["gqa_sdpa"], calls["sdpa"]) == (2, 0)  # torch's SDPA takes both
+    with pytest.raises(ValueError, match="softcap"):  # transformers' answer
         small_attention_forward(Heads(2, 2), q, k, v, None, softcap=30.0)
-    assert calls["sdpa"] == 3
+    small_attention_forward(Heads(2, 2), q, k, v, None, output_attentions=True)
+    assert (calls["gqa_sdpa"], calls["sdpa"]) == (2, 2)
     small_attention_forward(Heads(2, 2), q, k, v, None, sliding_window=None, dropout=0.0)
-    assert calls["sdpa"] == 3
+    assert (calls["gqa_sdpa"], calls["sdpa"]) == (2, 2)
+
+
+@pytest.mark.parametrize("case", ["shared_prefix", "causal_no_mask", "one_query"])
+def test_gqa_sdpa_keeps_unrepeated_keys_and_values_with_sdpas_numbers(case):
+    """torch's grouped-query SDPA against transformers' (which repeats K/V per query head when there is a mask):
+    the same output and query gradient, K/V gradients equal up to the order of the groups' sum, and K/V saved
+    for the backward unrepeated."""
+    q_len, mask = CASES[case]()
+    heads, kv_heads, d = 8, 2, 16
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, heads, q_len, d, generator=gen)
+    k, v = (torch.randn(3, kv_heads, 7, d, generator=gen) for _ in range(2))
+    upstream = torch.randn(3, q_len, heads, d, generator=gen)
+    results, saved = [], []
+    for fn in (gqa_sdpa, sdpa_attention_forward):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        storages = {}
+
+        def pack(t, storages=storages):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out, _ = fn(Heads(heads, kv_heads), *leaves, mask, scaling=0.3)
+        (out * upstream).sum().backward()
+        results.append([out] + [x.grad for x in leaves])
+        saved.append(sum(storages.values()))
+    for got, expected, name in zip(*results, ["output", "dq", "dk", "dv"]):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0, msg=name)
+    if mask is not None and q_len > 1:  # repeated: K and V of 8 heads x 7 keys x 16 x 4 B each; unrepeated: of 2
+        assert saved[1] - saved[0] == 3 * 2 * (heads - kv_heads) * 7 * d * 4
+    else:  # no mask: transformers passes enable_gqa itself; one query: it folds the groups into the query
+        assert saved[1] == saved[0]
 
 
 @pytest.fixture(scope="module")
@@ -235,11 +276,11 @@ def test_forward_only_calls_have_their_own_budget(calls, monkeypatch):
     monkeypatch.setattr(attention, "NO_GRAD_PROBS_BUDGET", 71)
     q, k, v = (torch.randn(1, 2, 3, 4, requires_grad=True) for _ in range(3))
     small_attention_forward(Heads(2, 2), q, k, v, None)  # recorded by autograd: PROBS_BUDGET
-    assert calls["sdpa"] == 0
+    assert calls["gqa_sdpa"] == 0
     with torch.no_grad():
         small_attention_forward(Heads(2, 2), q, k, v, None)
-    assert calls["sdpa"] == 1
+    assert calls["gqa_sdpa"] == 1
     monkeypatch.setattr(attention, "NO_GRAD_PROBS_BUDGET", 72)
     with torch.no_grad():
         small_attention_forward(Heads(2, 2), q, k, v, None)
-    assert calls["sdpa"] == 1
+    assert (calls["gqa_sdpa"], calls["sdpa"]) == (1, 0)
