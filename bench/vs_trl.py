@@ -19,6 +19,9 @@ the critic's values pass and training step; the ratio to ``grpokit`` is the crit
 settings against the CLI's (``grpokit_no_thp``: without PyTorch's transparent huge pages; ``grpokit_trim_1gib``: the
 CLI's setting before 2026-11-28, glibc's heap trimmed above 1 GiB free and no huge pages; ``grpokit_thp_trim_1gib``:
 huge pages with that trim; ``grpokit_thp_mmap_32mb``: blocks >= 32 MB mmapped and handed back on free).
+``CONFIG@COMMIT`` (e.g. ``grpokit@8aed0b9``) runs a grpokit configuration on the grpokit package as it was at a
+commit of this repository (exported with ``git archive`` into the work folder, first on the worker's PYTHONPATH),
+so the code before a change runs in the same rounds as the code after it.
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
@@ -112,6 +115,7 @@ CONFIGS = {  # name -> worker settings
     "grpokit_rows_4": {"impl": "grpokit", "dtype": "auto", "options": {"backward_chunk_rows": 4}},
     # one kernel turned to its plain version (same numbers): its effect in one run
     "grpokit_no_lean_mlp": {"impl": "grpokit", "dtype": "auto", "plain_kernels": ["lean_mlp"]},
+    "grpokit_no_lean_norm": {"impl": "grpokit", "dtype": "auto", "plain_kernels": ["lean_norm"]},
     # the allocator, not run by default. grpokit's workers run as its CLI does: glibc's heap never trimmed, no mmap
     # (keep_freed_memory) and PyTorch's transparent huge pages for tensors >= 2 MB (THP_MEM_ALLOC_ENABLE=1, read once
     # at start-up: worker_env). Against that: without the huge pages; the CLI's setting before 2026-11-28 (no huge
@@ -533,7 +537,7 @@ def worker(argv: list[str]) -> None:
 
     torch.set_num_threads(a.threads)
     prompts, completion_length, _, micro_batch = SHAPES[a.shape]
-    settings = CONFIGS[a.config]
+    settings = CONFIGS[a.config.partition("@")[0]]
     run = run_trl if settings["impl"] == "trl" else run_grpokit
     with tempfile.TemporaryDirectory(dir=a.workdir) as out:
         records = run(a.workdir, settings, prompts, completion_length, micro_batch, a.steps, Path(out) / "run")
@@ -556,9 +560,27 @@ def worker_env(args, config: str | None = None) -> dict:
     )
     if args.omp_wait_policy != "default":
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
-    if config is not None and CONFIGS[config]["impl"] == "grpokit":
+    if config is None:
+        return env
+    name, _, commit = config.partition("@")
+    if CONFIGS[name]["impl"] == "grpokit":
         env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    return env | (CONFIGS[config].get("env", {}) if config else {})
+    if commit:
+        env["PYTHONPATH"] = os.pathsep.join([str(package_at(args.workdir, commit)), env.get("PYTHONPATH", "")])
+    return env | CONFIGS[name].get("env", {})
+
+
+def package_at(workdir: Path, commit: str) -> Path:
+    """A folder holding the grpokit package as it was at ``commit`` of this repository (``git archive``), made once."""
+    tree = workdir / f"grpokit-at-{commit}"
+    if not (tree / "grpokit").is_dir():
+        repo = Path(__file__).resolve().parents[1]
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", commit, "grpokit"], capture_output=True, check=True
+        )
+        tree.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
 
 
 def run_worker(
@@ -828,7 +850,7 @@ def main() -> None:
     args = parser.parse_args()
     shapes = (args.shapes or ("main" if args.quick else "main,long")).split(",")
     unknown = [s for s in shapes if s not in SHAPES] + [
-        c for c in (args.configs or "").split(",") if c and c not in CONFIGS
+        c for c in (args.configs or "").split(",") if c and c.partition("@")[0] not in CONFIGS
     ]
     if unknown:
         parser.error(
