@@ -354,12 +354,32 @@ def adamw(params: list, args: GRPOConfig, device: torch.device) -> torch.optim.O
         weight_decay=args.weight_decay,
     )
     if args.optimizer not in EIGHT_BIT_OPTIMIZERS:
-        return torch.optim.AdamW(params, **hyper, fused=device.type in ("cpu", "cuda"))
+        return allocate_state(torch.optim.AdamW(params, **hyper, fused=device.type in ("cpu", "cuda")))
     try:
         from grpokit.train.adamw8bit import AdamW8bit
     except ImportError:
         raise ImportError(f"optimizer: {args.optimizer} needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
     return AdamW8bit(params, **hyper)
+
+
+def allocate_state(optimizer: torch.optim.AdamW) -> torch.optim.AdamW:
+    """``optimizer`` with its state made now as its first step would make it (step 0, zero moments), not lazily.
+
+    Made lazily, the moments (twice the trainable weights) are allocated at the end of the first update, into
+    whatever the activations and gradients left free; glibc's heap, which the CLI never trims, then keeps the holes
+    around them for the whole run. Made here, before any step, they sit beside the weights. Same numbers: torch's
+    own initialisation (``AdamW._init_group``) does exactly this for a parameter whose state is empty."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state:
+                continue
+            on_device = group["fused"] or group["capturable"]
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
+            moments = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
+            for name in moments:
+                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return optimizer
 
 
 def build_learner(
@@ -393,13 +413,14 @@ def build_learner(
     trained = procs.wrap(model, device, args.strategy)
     if is_sharded(trained) and reference is not None and reference.model is not None:
         procs.wrap(reference.model, device, args.strategy)
+    rows = update_chunk_rows(args, model, device, procs.world_size, prompt_tokens)  # before the optimizer's state
     optimizer, scheduler = build_optimizer(model, args, optimizers, is_sharded(trained), device)
     learner = Learner(
         trained,
         reference,
         optimizer,
         scheduler,
-        specs.learner_spec(args, update_chunk_rows(args, model, device, procs.world_size, prompt_tokens)),
+        specs.learner_spec(args, rows),
         autocast_dtype=autocast_dtype,
         kernels=kernels,
         critic=critic,

@@ -96,6 +96,9 @@ NOT_RUNNABLE = {
     "python bench/backward_ab.py --layers 4 --prompts 1 --reps 3 --variants new,no_small_attention,no_fused_head": (
         "a 152k-vocabulary model's forward and backward, nine times: ~3 min, ~4 GB"
     ),
+    "python bench/saved_activations.py --layers 24 --variants new,no_lean_norm,no_small_attention": (
+        "a 494M-parameter model's forward, three times: ~2 min, ~8 GB"
+    ),
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (
