@@ -96,6 +96,13 @@ NOT_RUNNABLE = {
     "python bench/backward_ab.py --layers 4 --prompts 1 --reps 3 --variants new,no_small_attention,no_fused_head": (
         "a 152k-vocabulary model's forward and backward, nine times: ~3 min, ~4 GB"
     ),
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit@8aed0b9,grpokit_no_lean_norm": (
+        "three 494M-parameter runs: ~30 min, ~14 GB"
+    ),
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit,grpokit@bcbe9b7": (
+        "two 494M-parameter runs: ~20 min, ~14 GB"
+    ),
+    "python bench/heap_steps.py --shape qwen0.5b --steps 3": "3 steps of a 494M-parameter model: ~7 min, ~13 GB",
     "python bench/saved_activations.py --layers 24 --variants new,no_lean_norm,no_small_attention": (
         "a 494M-parameter model's forward, three times: ~2 min, ~8 GB"
     ),
@@ -310,8 +317,8 @@ RUNNABLE = [b for b in ALL if b.lang in SHELL + PYTHON]
 
 def appended(command: str) -> list[str]:
     """What the test appends to a documented command: its shortening, and ``--threads 1`` for a bench that takes it
-    (a bench sets its own thread count, over the environment's OMP_NUM_THREADS=1; two threads beside the other test
-    worker's made the QLoRA bench's block 5x slower under CI's two workers)."""
+    (a bench sets its own thread count over the environment's OMP_NUM_THREADS=1, and with 2 threads beside the other
+    test worker the 2 cores are oversubscribed: the QLoRA bench's block took 273 s in CI, ~51 s alone)."""
     words, table = normalise(command), _normalised(APPENDED)
     matches = [k for k in table if words == k or words.startswith(k + " ")]
     extra = table[max(matches, key=len)] if matches else []
