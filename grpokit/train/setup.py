@@ -375,7 +375,10 @@ def allocate_state(optimizer: torch.optim.AdamW) -> torch.optim.AdamW:
             if state:
                 continue
             on_device = group["fused"] or group["capturable"]
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
+            # torch's scalar dtype for the step: float32 when fused, else float64 only under a float64 default dtype
+            default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+            step_dtype = torch.float32 if group["fused"] else default
+            state["step"] = torch.zeros((), dtype=step_dtype, device=p.device if on_device else "cpu")
             moments = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
             for name in moments:
                 state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
