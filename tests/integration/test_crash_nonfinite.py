@@ -74,7 +74,9 @@ def test_nan_every_step_skips_updates_and_stops_after_max_in_a_row(tmp_path, tin
     assert [m["nonfinite"] for m in logged(run)] == [1.0, 1.0]
     for name, tensor in weights(trainer.model).items():
         assert torch.equal(tensor, before[name]), name
-    assert not trainer.optimizer.state  # AdamW never stepped: no moments were built from NaN gradients
+    for state in trainer.optimizer.state.values():  # AdamW never stepped: its state is still the one made before
+        assert float(state["step"]) == 0  # the first step, no moments built from NaN gradients
+        assert not state["exp_avg"].any() and not state["exp_avg_sq"].any()
     with RolloutStore(run / "rollouts.sqlite", readonly=True) as store:
         assert store.steps() == [1, 2]
         assert len(store.rollouts(step=2)) == 8  # the skipped step's rollouts are kept for inspection
