@@ -28,7 +28,7 @@ the adapters), and each part is what grpokit itself allocates, in bytes, per pro
                                     h 768, i 768); at 256-token completions the estimate was 10 % low.
                                     At Qwen2.5-0.5B's shape in float32 it was 21 % low until the lean
                                     RMSNorms and the grouped-query SDPA (K/V unrepeated); with them it is
-                                    within 1 % (docs/performance.md).
+                                    1 % low (docs/performance.md).
                                     With activation checkpointing: layer inputs plus one layer.
                  logits kept for the backward (up to 64 MiB, else recomputed) and the head's chunks
                  autocast's cast of every Linear weight, saved for the backward (2 B each; 4-bit layers

@@ -70,22 +70,28 @@ def learner_pass(model, kernels) -> tuple[dict[str, torch.Tensor], int]:
     return {n: p.grad.to_dense() for n, p in model.named_parameters() if p.grad is not None}, sum(saved.values())
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
-def test_gradients_are_bitwise_the_modules_with_less_saved(arch):
+def bytes_spared_with_bitwise_gradients(arch: str, flag: str) -> int:
+    """The learner pass of a tiny ``arch`` model with the kernel ``flag`` on (as selected for CPU) and off: asserts the
+    gradients are bitwise equal, returns the saved bytes the kernel spares."""
     model = tiny(arch)
     lean = Kernels.select(CPU, None)
-    assert lean.lean_mlp
-    plain = dataclasses.replace(lean, lean_mlp=False)
-    expected, plain_bytes = learner_pass(model, plain)
+    assert getattr(lean, flag)
+    expected, plain_bytes = learner_pass(model, dataclasses.replace(lean, **{flag: False}))
     got, lean_bytes = learner_pass(model, lean)
     assert expected.keys() == got.keys()
     for name in expected:
         assert torch.equal(got[name], expected[name]), name
+    return plain_bytes - lean_bytes
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_gradients_are_bitwise_the_modules_with_less_saved(arch):
+    spared = bytes_spared_with_bitwise_gradients(arch, "lean_mlp")
     # per token and layer the module keeps gate, silu(gate), up and their product (4 x 80 floats), the lean MLP
     # gate and up: 2 x 80 x 4 B less per token and layer. Tokens run: the 2 prompts' 5 once each, then each
     # completion's first 5 of 6 (the last one predicts nothing; the padded row runs as wide): 10 + 20 = 30
     tokens, layers = 2 * 5 + 4 * 5, 2
-    assert plain_bytes - lean_bytes == tokens * layers * 2 * 80 * 4
+    assert spared == tokens * layers * 2 * 80 * 4
 
 
 def test_only_supported_float32_recorded_calls_take_it():

@@ -1,16 +1,11 @@
 """The lean RMSNorm: the learner's gradients bitwise those of the HF norms, fewer saved bytes, and the module's own
 forward wherever it does not apply."""
 
-import dataclasses
-
 import pytest
 import torch
-from test_lean_mlp import learner_pass, tiny
+from test_lean_mlp import bytes_spared_with_bitwise_gradients, tiny
 
-from grpokit.kernels import Kernels
 from grpokit.kernels.lean_norm import LeanRMSNorm, lean_norms
-
-CPU = torch.device("cpu")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -31,22 +26,14 @@ def test_by_hand():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 def test_gradients_are_bitwise_the_modules_with_less_saved(arch):
-    model = tiny(arch)
-    lean = Kernels.select(CPU, None)
-    assert lean.lean_norm
-    plain = dataclasses.replace(lean, lean_norm=False)
-    expected, plain_bytes = learner_pass(model, plain)
-    got, lean_bytes = learner_pass(model, lean)
-    assert expected.keys() == got.keys()
-    for name in expected:
-        assert torch.equal(got[name], expected[name]), name
+    spared = bytes_spared_with_bitwise_gradients(arch, "lean_norm")
     # per token the module keeps x and x * rsqrt (32 floats each) in the 2 layers' 2 norms and the final one; the
     # lean norm x only: 5 x 32 x 4 B less per token (Qwen3's q and k norms, over 4 + 2 heads of its config's
     # default head_dim 128: 6 x 128 x 4 B less per token in each of the 2 layers). Tokens run: the 2 prompts' 5
     # once each, then each completion's first 5 of 6: 10 + 20 = 30
     tokens = 2 * 5 + 4 * 5
     per_token = 5 * 32 * 4 + (2 * 6 * 128 * 4 if arch == "qwen3" else 0)
-    assert plain_bytes - lean_bytes == tokens * per_token
+    assert spared == tokens * per_token
 
 
 def test_only_supported_float32_recorded_calls_take_it():
