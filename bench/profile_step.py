@@ -6,7 +6,8 @@ prints, for each phase (generate, reference log-probs, policy forward, backward,
 matmuls (with their GFLOP/s), attention, the LM head + log-softmax (``kernels/fused_head.py``; its matmuls
 are counted there, not under matmuls), casts and copies, and the rest; then the phase's most expensive
 ops. Last, the matmul peak of this CPU on the step's own Linear shapes in the same dtype (plain
-``torch.matmul``), so the achieved rate can be read against it.
+``torch.matmul``), so the achieved rate can be read against it. It runs with the CLI's allocator (huge pages,
+glibc's heap never trimmed), as the CLI's runs and bench/vs_trl.py's workers do.
 
     python bench/profile_step.py --layers 4           # qwen0.5b's shape with 4 of its 24 layers (~5 GB)
     python bench/profile_step.py --shape main         # the 39M model
@@ -29,6 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vs_trl  # the benchmark's model, prompts, tokenizer and reward
+
+# the CLI's allocator (grpokit.kernels.allocator), as bench/vs_trl.py's workers: PyTorch reads this once, when it
+# starts, so it is set before torch is imported; main() keeps glibc's freed memory
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 PHASES = ("generate", "ref_logprobs", "policy_forward", "backward", "optimizer")
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}  # the profiler counts their FLOPs

@@ -1,4 +1,5 @@
-"""Learning-rate schedules: linear warmup, then constant, linear decay to 0, or cosine decay to 0."""
+"""AdamW's settings and state, and learning-rate schedules: linear warmup, then constant, linear decay to 0, or
+cosine decay to 0."""
 
 from __future__ import annotations
 
@@ -48,3 +49,26 @@ def lr_lambda(kind: str, warmup_steps: int, total_steps: int):
 
 def make_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: int, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(kind, warmup_steps, total_steps))
+
+
+def allocate_state(optimizer: torch.optim.AdamW) -> torch.optim.AdamW:
+    """``optimizer`` with its state made now as its first step would make it (step 0, zero moments), not lazily.
+
+    Made lazily, the moments (twice the trainable weights) are allocated at the end of the first update, into
+    whatever the activations and gradients left free; glibc's heap, which the CLI never trims, then keeps the holes
+    around them for the whole run. Made here, before any step, they sit beside the weights. Same numbers: torch's
+    own initialisation (``AdamW._init_group``) does exactly this for a parameter whose state is empty."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state:
+                continue
+            on_device = group["fused"] or group["capturable"]
+            # torch's scalar dtype for the step: float32 when fused, else float64 only under a float64 default dtype
+            default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+            step_dtype = torch.float32 if group["fused"] else default
+            state["step"] = torch.zeros((), dtype=step_dtype, device=p.device if on_device else "cpu")
+            moments = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
+            for name in moments:
+                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return optimizer

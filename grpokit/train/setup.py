@@ -25,6 +25,7 @@ from grpokit.train import specs
 from grpokit.train.learner import Learner
 from grpokit.train.reference import Reference
 from grpokit.train.run_dir import check_run_dir
+from grpokit.train.schedule import allocate_state, make_scheduler
 from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS, accelerator_settings
 
 
@@ -330,8 +331,6 @@ def build_optimizer(model: torch.nn.Module, args: GRPOConfig, optimizers: tuple,
     """(optimizer, lr scheduler): TRL's ``optimizers=(optimizer, lr_scheduler)`` where given, else AdamW over the
     trainable parameters and ``lr_scheduler_type`` over max_steps x num_iterations x num_mini_batches optimizer
     steps."""
-    from grpokit.train.schedule import make_scheduler
-
     optimizer, scheduler = optimizers
     if optimizer is not None and sharded:
         raise ConfigError(
@@ -360,29 +359,6 @@ def adamw(params: list, args: GRPOConfig, device: torch.device) -> torch.optim.O
     except ImportError:
         raise ImportError(f"optimizer: {args.optimizer} needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
     return AdamW8bit(params, **hyper)
-
-
-def allocate_state(optimizer: torch.optim.AdamW) -> torch.optim.AdamW:
-    """``optimizer`` with its state made now as its first step would make it (step 0, zero moments), not lazily.
-
-    Made lazily, the moments (twice the trainable weights) are allocated at the end of the first update, into
-    whatever the activations and gradients left free; glibc's heap, which the CLI never trims, then keeps the holes
-    around them for the whole run. Made here, before any step, they sit beside the weights. Same numbers: torch's
-    own initialisation (``AdamW._init_group``) does exactly this for a parameter whose state is empty."""
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if state:
-                continue
-            on_device = group["fused"] or group["capturable"]
-            # torch's scalar dtype for the step: float32 when fused, else float64 only under a float64 default dtype
-            default = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-            step_dtype = torch.float32 if group["fused"] else default
-            state["step"] = torch.zeros((), dtype=step_dtype, device=p.device if on_device else "cpu")
-            moments = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
-            for name in moments:
-                state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    return optimizer
 
 
 def build_learner(

@@ -84,6 +84,9 @@ def test_the_critic_starts_from_the_policy_s_trunk_and_state_round_trips(tiny_mo
     for name, p in policy.get_decoder().named_parameters():
         torch.testing.assert_close(critic.model.trunk.get_parameter(name), p)
     assert all(p.requires_grad for p in critic.model.parameters())  # full fine-tuning without lora
+    # its AdamW's state is made when it is built (schedule.allocate_state): step 0, zero moments, every parameter
+    states = [critic.optimizer.state[p] for p in critic.model.parameters()]
+    assert all(float(s["step"]) == 0 and not s["exp_avg"].any() and not s["exp_avg_sq"].any() for s in states)
     rollouts, mask, returns = batch_and_targets()
     batch = build_batch(critic.model.trunk, rollouts, 0, CPU)
     critic.step(batch, critic.values(batch), returns, mask, num_items=mask.sum())

@@ -1,12 +1,13 @@
-"""AdamW's state made before the first step (``train.setup.allocate_state``): the same steps and the same state as
-torch's lazy initialisation, fused or not, with amsgrad or not; a parameter that already has state keeps it."""
+"""AdamW's state made before the first step (``train.schedule.allocate_state``, for the policy and PPO's critic): the
+same steps and the same state as torch's lazy initialisation, fused or not, with amsgrad or not; a parameter that
+already has state keeps it."""
 
 import copy
 
 import pytest
 import torch
 
-from grpokit.train.setup import allocate_state
+from grpokit.train.schedule import allocate_state
 
 
 @pytest.mark.parametrize("fused", [True, False])
