@@ -83,7 +83,7 @@ NOT_RUNNABLE = {
     "python bench/vs_trl.py --shapes qwen0.5b --steps 4 --configs grpokit,grpokit_no_thp,grpokit_trim_1gib": (
         "three 494M-parameter runs of 4 steps: ~30 min, ~16 GB"
     ),
-    "python bench/decode_matmuls.py": "one decoding step's matmuls at 0.5B, 4 backends x 6: ~2 min, ~8 GB",
+    "python bench/decode_matmuls.py": "one decoding step's matmuls at 0.5B, 5 backends x 6: ~1 min, ~10 GB",
     "python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_trim_1gib": (
         "4 steps of a 494M-parameter model: ~10 min, ~15 GB"
     ),
@@ -106,6 +106,12 @@ NOT_RUNNABLE = {
     "python bench/saved_activations.py --layers 24 --variants new,no_lean_norm,no_small_attention": (
         "a 494M-parameter model's forward, three times: ~2 min, ~8 GB"
     ),
+    "python bench/vs_trl.py --shapes qwen0.5b "
+    "--configs grpokit,trl_fp32,grpokit_checkpointing,grpokit_adamw_8bit,grpokit_fp32_ref_bf16": (
+        "five 494M-parameter runs, one of them TRL's: ~50 min, ~21 GB"
+    ),
+    "python bench/profile_step.py --dtype float32": "a 494M-parameter step under the profiler: ~5 min, ~20 GB",
+    "python bench/decode_matmuls.py --pack-rows 1,128": "a decoding step's matmuls at 0.5B, 7 backends: ~1 min, ~12 GB",
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
     "torchrun --nproc_per_node 4 -m grpokit train config.yaml": (
