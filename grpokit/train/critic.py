@@ -22,7 +22,7 @@ from grpokit.config.running import LoraConfig
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
 from grpokit.train.logprobs import Batch
-from grpokit.train.schedule import OptimSpec, allocate_state
+from grpokit.train.schedule import OptimSpec, fused_adamw
 from grpokit.train.value_model import ValueModel
 
 
@@ -84,15 +84,13 @@ class Critic:
             model.requires_grad_(True)  # a trunk copied from a LoRA policy comes frozen
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = allocate_state(  # the moments made now, beside the weights (as the policy's)
-            torch.optim.AdamW(
-                params,
-                lr=cfg.optim.learning_rate,
-                betas=cfg.optim.betas,
-                eps=cfg.optim.eps,
-                weight_decay=cfg.optim.weight_decay,
-                fused=device.type in ("cpu", "cuda"),
-            )
+        optimizer = fused_adamw(
+            params,
+            device,
+            lr=cfg.optim.learning_rate,
+            betas=cfg.optim.betas,
+            eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
         )
         return cls(model, optimizer, cfg.optim.scheduler(optimizer), cfg, autocast_dtype, kernels)
 
