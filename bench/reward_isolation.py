@@ -66,7 +66,7 @@ def demo_step(isolate: bool, steps: int) -> tuple[float, float]:
     """(mean time/reward, mean step_time) in ms over ``steps`` demo steps."""
     from grpokit.config import load_config
     from grpokit.kernels import keep_freed_memory
-    from grpokit.train.trainer import GRPOTrainer
+    from grpokit.trl.trainer import GRPOTrainer
 
     keep_freed_memory()  # the demo's steps as `grpokit train` runs them
     config = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "config.yaml"

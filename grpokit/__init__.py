@@ -8,7 +8,7 @@ __all__ = ["GRPOConfig", "GRPOTrainer", "__version__", "load_config"]
 def __getattr__(name: str):
     # Lazy, so `import grpokit` stays light and the CLI starts fast.
     if name == "GRPOTrainer":
-        from grpokit.train.trainer import GRPOTrainer
+        from grpokit.trl.trainer import GRPOTrainer
 
         return GRPOTrainer
     if name in ("GRPOConfig", "load_config"):

@@ -208,11 +208,11 @@ def _keep_freed_memory_on_cpu(device: str) -> None:
 def cmd_train(args) -> int:
     import os
 
+    from grpokit.build.specs import run_dir_spec
     from grpokit.config import load_config
     from grpokit.processes import under_torchrun
     from grpokit.train.run_dir import check_run_dir
-    from grpokit.train.specs import run_dir_spec
-    from grpokit.train.trainer import GRPOTrainer
+    from grpokit.trl.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))
     if os.environ.get("RANK", "0") == "0":  # rank 0 owns the run folder (GRPOTrainer checks it again in train())
@@ -246,7 +246,7 @@ def cmd_eval(args) -> int:
     import tempfile
 
     from grpokit.config import ConfigError
-    from grpokit.train.trainer import GRPOTrainer
+    from grpokit.trl.trainer import GRPOTrainer
 
     cfg, model = eval_inputs(Path(args.target), _overrides(args.overrides))
     if cfg.eval_dataset is None:

@@ -8,7 +8,7 @@ import yaml
 from grpokit.config import GRPOConfig
 from grpokit.hardware import pick_device
 from grpokit.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
-from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS
+from grpokit.trl.keys import EIGHT_BIT_OPTIMIZERS
 
 
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
@@ -85,9 +85,9 @@ def first_prompt(cfg: GRPOConfig) -> list[str]:
     """Lines showing train_dataset's first prompt as the model reads it (built from the row by prompt_template /
     system_prompt, rendered by the tokenizer's chat template) and the columns the reward functions get; a line
     saying why when the data or the tokenizer cannot be loaded here."""
+    from grpokit.build.specs import prompt_builder
     from grpokit.data.prompts import load_rows, render_prompt
     from grpokit.data.sources import read_source
-    from grpokit.train.specs import prompt_builder
 
     head = "# first prompt (train_dataset row 0, as the model reads it)"
     if cfg.train_dataset is None:

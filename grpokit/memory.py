@@ -62,7 +62,7 @@ from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
 from grpokit.kernels.lean_mlp import MODEL_TYPES as LEAN_MLP_TYPES
 from grpokit.kernels.linear_storage import untied_linears
 from grpokit.modeling import lora_config, model_config
-from grpokit.trl_compat import EIGHT_BIT_OPTIMIZERS
+from grpokit.trl.keys import EIGHT_BIT_OPTIMIZERS
 
 
 @dataclass

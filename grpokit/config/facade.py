@@ -4,7 +4,7 @@ Defaults follow TRL's GRPOConfig where the concept exists there, except ``beta =
 ``use_bias_correction_kl = False`` (plain k3, the formula of docs/architecture.md; TRL 1.16: True).
 Every error is raised before any model is loaded, as a :class:`ConfigError` naming the problem
 and the fix. The facade is for users, YAML and TRL scripts; inside grpokit only the config package and
-the composition root (grpokit/train/setup.py and grpokit/train/specs.py) read it
+the composition root (the grpokit/build/ package) read it
 (tests/unit/test_config_reads.py).
 """
 
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from grpokit import trl_compat
 from grpokit.config import validation
 from grpokit.config.coerce import coerce
 from grpokit.config.keys import flatten, from_trl, unknown_key_message
 from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
+from grpokit.trl import keys as trl_keys
 
 if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec
@@ -33,7 +33,7 @@ class GRPOConfig:
     (``GRPOConfig(num_generations=8, learning_rate=1e-5)``) and the seeds' aliases, in any mix.
     Reading ``cfg.num_generations`` returns the field from its section.
 
-    Every key of TRL's GRPOConfig is accepted too (grpokit/trl_compat.py): those grpokit acts on map
+    Every key of TRL's GRPOConfig is accepted too (grpokit/trl/keys.py): those grpokit acts on map
     onto its fields (``bf16=True`` -> ``dtype: bfloat16``), the others are named in one warning and
     read back as given (``cfg.push_to_hub``).
     """
@@ -44,7 +44,7 @@ class GRPOConfig:
         self._build(rewards, grpokit_values, trl_given, unused)
         object.__setattr__(self, "given_keys", frozenset(values))  # see is_given
         if unused:
-            warnings.warn(trl_compat.unused_message(unused), UserWarning, stacklevel=2)
+            warnings.warn(trl_keys.unused_message(unused), UserWarning, stacklevel=2)
 
     def _build(self, rewards: list | None, values: dict, trl_given: dict, unused: dict) -> None:
         for section, cls in SECTIONS.items():
@@ -58,18 +58,16 @@ class GRPOConfig:
     def __getattr__(self, name: str) -> Any:
         section = FIELD_SECTION.get(ALIASES.get(name, name))
         if section is None:
-            if name in trl_compat.TRL_DEFAULTS and "trl_settings" in self.__dict__:
-                value = self.__dict__["trl_settings"].get(name, trl_compat.TRL_DEFAULTS[name])
-                return trl_compat.read_form(name, value)
+            if name in trl_keys.TRL_DEFAULTS and "trl_settings" in self.__dict__:
+                value = self.__dict__["trl_settings"].get(name, trl_keys.TRL_DEFAULTS[name])
+                return trl_keys.read_form(name, value)
             raise AttributeError(unknown_key_message(name))
         return getattr(object.__getattribute__(self, section), ALIASES.get(name, name))
 
     def __setattr__(self, name: str, value: Any) -> None:
         key = ALIASES.get(name, name)
         section = FIELD_SECTION.get(key)
-        if (
-            section is None and key in trl_compat.TRL_DEFAULTS
-        ):  # TRL-only: translated and validated as in the constructor
+        if section is None and key in trl_keys.TRL_DEFAULTS:  # TRL-only: translated and validated as in the constructor
             new = self.replace(**{key: value})
             keys = (*SECTIONS, "trl_settings", "unused_trl_settings", "given_keys")
             self.__dict__.update({k: new.__dict__[k] for k in keys})
@@ -107,7 +105,7 @@ class GRPOConfig:
         before = self.unused_trl_settings
         fresh = {k: v for k, v in unused.items() if k not in before or v != before[k]}
         if fresh:
-            warnings.warn(trl_compat.unused_message(fresh), UserWarning, stacklevel=2)
+            warnings.warn(trl_keys.unused_message(fresh), UserWarning, stacklevel=2)
         return new
 
     def to_dict(self) -> dict:

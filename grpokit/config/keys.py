@@ -5,14 +5,14 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from grpokit import trl_compat
 from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
+from grpokit.trl import keys as trl_keys
 
 
 def from_trl(given: dict, context: dict) -> tuple[dict, dict, dict]:
     try:
-        return trl_compat.from_trl(given, context, set(FIELD_SECTION))
-    except trl_compat.TRLValueError as exc:
+        return trl_keys.from_trl(given, context, set(FIELD_SECTION))
+    except trl_keys.TRLValueError as exc:
         raise ConfigError(str(exc)) from None
 
 
@@ -23,7 +23,7 @@ def unknown_key_message(key: str) -> str:
         + [f"{s}.{k}" for k, s in FIELD_SECTION.items()]
         + list(SECTIONS)
         + ["rewards"]
-        + list(trl_compat.TRL_DEFAULTS)
+        + list(trl_keys.TRL_DEFAULTS)
     )
     close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else " Run `grpokit explain CONFIG` to see every key."
@@ -49,7 +49,7 @@ def flatten(values: dict) -> dict:
     flat: dict[str, Any] = {}
     for key, value in values.items():
         key = str(key).lstrip("-").replace("-", "_")
-        if key in SECTIONS and key in trl_compat.TRL_DEFAULTS and not isinstance(value, dict):
+        if key in SECTIONS and key in trl_keys.TRL_DEFAULTS and not isinstance(value, dict):
             flat[key] = value  # TRL's `optim` (the optimizer's name), not grpokit's section
             continue
         if key in SECTIONS:
@@ -67,7 +67,7 @@ def flatten(values: dict) -> dict:
             flat[field_in_section(section, sub)] = value
             continue
         name = ALIASES.get(key, key)
-        if name not in FIELD_SECTION and name not in trl_compat.TRL_DEFAULTS:
+        if name not in FIELD_SECTION and name not in trl_keys.TRL_DEFAULTS:
             raise ConfigError(unknown_key_message(key))
         flat[name] = value
     return flat

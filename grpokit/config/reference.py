@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from grpokit import trl_compat
 from grpokit.config.schema import ALIASES, SECTIONS, field_docs
+from grpokit.trl import keys as trl_keys
 
 
 def config_reference() -> str:
@@ -28,7 +28,7 @@ def config_reference() -> str:
         "",
         "Aliases: " + ", ".join(f"`{k}` = `{v}`" for k, v in ALIASES.items()) + ".",
         "",
-        f"Every key of TRL {trl_compat.TRL_VERSION}'s `GRPOConfig` is accepted as well (`bf16`, `save_strategy`, "
+        f"Every key of TRL {trl_keys.TRL_VERSION}'s `GRPOConfig` is accepted as well (`bf16`, `save_strategy`, "
         '`report_to="none"` ...): [from_trl.md](from_trl.md) lists how each maps onto the keys above.',
     ]
     return "\n".join(lines)

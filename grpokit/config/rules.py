@@ -10,11 +10,11 @@ import difflib
 import warnings
 from typing import TYPE_CHECKING
 
-from grpokit import trl_compat
 from grpokit.algos.loss_registry import get_loss, loss_types
 from grpokit.algos.registry import ALGORITHMS
 from grpokit.config.extensions import import_modules
 from grpokit.config.schema import ConfigError, check
+from grpokit.trl import keys as trl_keys
 
 if TYPE_CHECKING:
     from grpokit.config.facade import GRPOConfig
@@ -148,8 +148,8 @@ def lora_and_model(cfg: GRPOConfig) -> None:
         )
     if lora.r > 0:
         try:
-            trl_compat.lora_head_check(cfg.use_liger_kernel, lora.target_modules)
-        except trl_compat.TRLValueError as exc:
+            trl_keys.lora_head_check(cfg.use_liger_kernel, lora.target_modules)
+        except trl_keys.TRLValueError as exc:
             raise ConfigError(str(exc)) from None
 
 
@@ -186,7 +186,7 @@ def distributed(cfg: GRPOConfig) -> None:
     )
     check(
         d.strategy != "fsdp"
-        or (cfg.optim.optimizer not in trl_compat.EIGHT_BIT_OPTIMIZERS and cfg.model.ref_model_dtype == "auto"),
+        or (cfg.optim.optimizer not in trl_keys.EIGHT_BIT_OPTIMIZERS and cfg.model.ref_model_dtype == "auto"),
         "strategy: fsdp shards the weights and AdamW's state already; the 8-bit optimizer and ref_model_dtype: "
         "bfloat16 are for one process's memory: set optimizer: adamw_torch_fused and ref_model_dtype: auto, or "
         "strategy: ddp.",

@@ -13,7 +13,6 @@ import dataclasses
 import inspect
 import itertools
 
-from grpokit import trl_compat
 from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, SCALE_REWARDS
 from grpokit.config.running import (
     AgentConfig,
@@ -24,11 +23,8 @@ from grpokit.config.running import (
     RunConfig,
 )
 from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, ModelConfig, OptimConfig
-
-
-class ConfigError(ValueError):
-    """A config problem, with a message that names the fix."""
-
+from grpokit.errors import ConfigError
+from grpokit.trl import keys as trl_keys
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -58,7 +54,7 @@ ALIASES = {
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "ref_model_dtype": ("auto", "bfloat16"),
-    "optimizer": trl_compat.OPTIMIZERS,
+    "optimizer": trl_keys.OPTIMIZERS,
     "scale_rewards": SCALE_REWARDS,
     "advantage_estimator": ESTIMATORS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,

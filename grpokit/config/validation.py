@@ -107,11 +107,11 @@ def _generation(g: GenerationConfig) -> None:
 def sampling_options(g: GenerationConfig) -> dict:
     """How completions are sampled besides their length and temperature (``SamplingParams`` fields): top_p, top_k,
     min_p, repetition_penalty, and what ``generation_kwargs`` adds or overrides (TRL's forms,
-    ``trl_compat.generation_options``); a key grpokit cannot honour is a ConfigError naming it."""
-    from grpokit import trl_compat
+    ``rollout.generation_options``); a key grpokit cannot honour is a ConfigError naming it."""
+    from grpokit.rollout.generation_options import GenerationOptionError, generation_options
 
     try:
-        return trl_compat.generation_options(
+        return generation_options(
             g.temperature,
             g.max_completion_length,
             g.top_p,
@@ -121,7 +121,7 @@ def sampling_options(g: GenerationConfig) -> dict:
             g.generation_kwargs,
             g.engine,
         )
-    except trl_compat.TRLValueError as exc:
+    except GenerationOptionError as exc:
         raise ConfigError(str(exc)) from None
 
 

@@ -56,7 +56,7 @@ def run_demo(
 
     from grpokit.config import load_config
     from grpokit.store import RolloutStore
-    from grpokit.train.trainer import GRPOTrainer
+    from grpokit.trl.trainer import GRPOTrainer
 
     console = Console()
     start = time.perf_counter()

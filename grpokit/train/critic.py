@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.value import value_loss
-from grpokit.config import ConfigError
-from grpokit.config.running import LoraConfig
+from grpokit.errors import ConfigError
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
 from grpokit.train.logprobs import Batch
@@ -28,7 +28,7 @@ from grpokit.train.value_model import ValueModel
 
 @dataclass(frozen=True)
 class CriticSpec:
-    """The critic's own settings, built once by the composition root (:func:`grpokit.train.specs.critic_spec`).
+    """The critic's own settings, built once by the composition root (:func:`grpokit.build.specs.critic_spec`).
 
     The value loss: ``cliprange_value``, ``vf_coef``, aggregated by ``loss_type`` (``max_completion_length``:
     dr_grpo's constant); micro-batches of ``per_device_train_batch_size`` rows; gradients clipped to
@@ -45,7 +45,7 @@ class CriticSpec:
     optim: OptimSpec
     value_model_name_or_path: str | None = None
     trust_remote_code: bool = False
-    lora: LoraConfig | None = None
+    lora: Any = None  # the lora section (peft's settings), or None
 
 
 class Critic:

@@ -40,7 +40,7 @@ from grpokit.train.reference import Reference
 @dataclass(frozen=True)
 class LearnerSpec:
     """The learner's own settings, built once from the run's config by the composition root
-    (:func:`grpokit.train.specs.learner_spec`).
+    (:func:`grpokit.build.specs.learner_spec`).
 
     loss: ``algos.policy_loss``'s settings (beta: the starting coefficient; 0 with kl_in_reward). beta: the KL
     coefficient (0: no reference pass); target_kl: the adaptive controller's target (None: beta stays);
@@ -111,14 +111,10 @@ class Learner:
         procs=None,
     ):
         """``cfg``: the learner's settings (a :class:`LearnerSpec`; a Learner built by hand may pass the run's
-        GRPOConfig, which the composition root turns into one). ``kernels``: the run's choice of kernels (default:
+        nothing else). ``kernels``: the run's choice of kernels (default:
         chosen here for the model's device and ``autocast_dtype``). ``critic``: a ``train.critic.Critic`` trained
         alongside (algorithms with a critic). ``procs``: the run's processes (``processes.SingleProcess`` by
         default), for the entropy quantile over every process's tokens (``top_entropy_quantile``)."""
-        if not isinstance(cfg, LearnerSpec):
-            from grpokit.train.specs import learner_spec
-
-            cfg = learner_spec(cfg)
         self.model = model
         self.critic = critic
         self.reference = reference

@@ -273,7 +273,7 @@ class OneStepOffRollouts(SyncRollouts):
         return True
 
 
-# The samplers and sources by name; the composition root (grpokit/train/setup.py) picks one of each.
+# The samplers and sources by name; the composition root (grpokit/build/rollouts.py) picks one of each.
 SAMPLERS: dict[str, type] = {
     "engine": EngineSampler,
     "group_seeded": GroupSeededSampler,

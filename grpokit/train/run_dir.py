@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from grpokit.config import ConfigError
+from grpokit.errors import ConfigError
 from grpokit.store import RolloutStore
 from grpokit.store.integrity import EMPTY_CHAIN, next_chain
 from grpokit.tracking import Tracker

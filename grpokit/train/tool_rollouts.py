@@ -15,9 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.config import ConfigError
-from grpokit.config.running import AgentConfig
 from grpokit.data.prompts import DataError
+from grpokit.errors import ConfigError
 from grpokit.rewards.contract import is_conversational
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine
@@ -70,7 +69,7 @@ class ToolSpec:
 
 
 def resolve_tools(
-    agent: AgentConfig,
+    agent,
     tools: Sequence[Callable] | None,
     environment_factory: Any,
     check_settings: Callable[[], None] = lambda: None,

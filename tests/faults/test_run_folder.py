@@ -379,7 +379,7 @@ def straight_with_eval(tmp_path_factory, tiny_model_dir):
     "target, stop_line",
     [
         (
-            "grpokit.train.trainer:GRPOTrainer.evaluate",  # its first call: the evaluation before step 1
+            "grpokit.trl.trainer:GRPOTrainer.evaluate",  # its first call: the evaluation before step 1
             "stopped at step 0: received SIGTERM before the first step finished; there was nothing to save",
         ),
         (

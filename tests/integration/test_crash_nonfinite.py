@@ -90,13 +90,13 @@ def test_isolated_nonfinite_steps_are_skipped_without_stopping(tmp_path, tiny_mo
     trainer = GRPOTrainer(str(tiny_model_dir), one_per_word, args=args(run), train_dataset=PROMPTS)
     inject_nan_in_training(trainer.model, steps={2, 4}, trainer_ref=[trainer])
     snapshots = []
-    after_step = trainer._after_step
+    after_step = trainer.loop._after_step
 
     def record(step_metrics):
         snapshots.append(weights(trainer.model))
         after_step(step_metrics)
 
-    trainer._after_step = record
+    trainer.loop._after_step = record
     start = weights(trainer.model)
     trainer.train()
 

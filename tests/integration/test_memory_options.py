@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from test_train import write_config
 
 from grpokit import GRPOConfig
+from grpokit.build.specs import learner_spec
 from grpokit.cli import main
 from grpokit.train.learner import Learner
 from grpokit.train.logprobs import build_batch
@@ -126,12 +127,13 @@ def test_8bit_adamw_in_slices_equals_bitsandbytes_whole(monkeypatch):
 def test_an_8bit_optimizer_without_bitsandbytes_names_the_extra(monkeypatch):
     import sys
 
-    from grpokit.train.setup import adamw
+    from grpokit.build.learner import adamw
+    from grpokit.build.specs import optim_spec
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
     monkeypatch.delitem(sys.modules, "grpokit.train.adamw8bit", raising=False)
     with pytest.raises(ImportError, match=r"grpokit\[qlora\]"):
-        adamw([torch.nn.Parameter(torch.zeros(2))], GRPOConfig(optimizer="adamw_bnb_8bit"), CPU)
+        adamw([torch.nn.Parameter(torch.zeros(2))], optim_spec(GRPOConfig(optimizer="adamw_bnb_8bit")), CPU)
 
 
 def _rounded(model: torch.nn.Module) -> torch.nn.Module:
@@ -151,7 +153,7 @@ def test_bf16_reference_is_the_reference_with_rounded_weights(tiny_model_dir, au
     policy = load_model(str(tiny_model_dir), torch.float32, CPU)
     args = GRPOConfig(ref_model_dtype="bfloat16", beta=0.04, num_generations=4, per_device_train_batch_size=8)
     reference = Reference(policy, use_adapters=False)
-    learner = Learner(policy, reference, None, None, args, autocast_dtype=autocast_dtype)
+    learner = Learner(policy, reference, None, None, learner_spec(args), autocast_dtype=autocast_dtype)
     params = list(reference.model.parameters())
     assert all(p.dtype == torch.bfloat16 for p in params)  # at rest: all of it, the tied embedding and norms too
     torch.manual_seed(0)
@@ -172,7 +174,7 @@ def test_bf16_reference_is_the_reference_with_rounded_weights(tiny_model_dir, au
         Reference(expected_model, use_adapters=False),
         None,
         None,
-        args.replace(ref_model_dtype="auto"),
+        learner_spec(args.replace(ref_model_dtype="auto")),
         autocast_dtype=autocast_dtype,
     ).reference_logprobs(batch)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
@@ -181,7 +183,7 @@ def test_bf16_reference_is_the_reference_with_rounded_weights(tiny_model_dir, au
         Reference(policy, use_adapters=False),
         None,
         None,
-        args.replace(ref_model_dtype="auto"),
+        learner_spec(args.replace(ref_model_dtype="auto")),
         autocast_dtype=autocast_dtype,
     ).reference_logprobs(batch)
     assert 0 < (got - full).abs().max() < 0.05  # the bf16 rounding of the weights, and only that

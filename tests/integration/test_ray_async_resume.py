@@ -76,14 +76,14 @@ def test_async_run_stopped_by_sigterm_and_resumed_equals_a_straight_run(tiny_mod
 
     run = tmp_path / "run"
     first = trainer(tiny_model_dir, run)
-    after_step = first._after_step
+    after_step = first.loop._after_step
 
     def sigterm_after_step_2(step_metrics):
         after_step(step_metrics)
         if first.step == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # handled: stop after this step with a checkpoint
 
-    first._after_step = sigterm_after_step_2
+    first.loop._after_step = sigterm_after_step_2
     first.train()
     assert first.interrupted_by == signal.SIGTERM and first.step == 2
     assert [p.name for p in list_checkpoints(run)] == ["step-2"]

@@ -100,14 +100,14 @@ def test_interrupted_at_step_three_then_resumed_equals_six(straight_runs, tiny_m
     run = tmp_path / "run"
     args = config(run, lr_scheduler_type="linear", ref_model_sync_steps=2)
     first = trainer(tiny_model_dir, prompts, args)
-    after_step = first._after_step
+    after_step = first.loop._after_step
 
     def interrupt_after_step_3(step_metrics):
         after_step(step_metrics)
         if first.step == 3:
             os.kill(os.getpid(), signal.SIGINT)  # the trainer's handler turns this into a stop after the step
 
-    first._after_step = interrupt_after_step_3
+    first.loop._after_step = interrupt_after_step_3
     handler_before = signal.getsignal(signal.SIGINT)
     first.train()
     assert first.interrupted_by == signal.SIGINT and first.step == 3
@@ -196,7 +196,7 @@ def test_a_broken_checkpoint_gives_a_clear_error(finished_run, tiny_model_dir, t
 
 
 def test_resume_from_a_folder_that_is_not_a_checkpoint_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    from grpokit.train import setup
+    from grpokit.build import run as setup
 
     monkeypatch.setattr(setup, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "data.jsonl").write_text('{"prompt": "w1 w2", "target": "w1"}\n')

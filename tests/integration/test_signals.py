@@ -103,7 +103,7 @@ PHASES = {  # phase -> (patched callable, which call: step 2's; evaluate's call 
     "sampling": ("grpokit.rollout.engine:HFRolloutEngine.generate", 2),
     "reference": ("grpokit.train.learner:Learner.reference_logprobs", 2),
     "update": ("grpokit.train.learner:Learner.update", 2),
-    "evaluation": ("grpokit.train.trainer:GRPOTrainer.evaluate", 3),
+    "evaluation": ("grpokit.trl.trainer:GRPOTrainer.evaluate", 3),
     "checkpointing": ("grpokit.train.checkpoint:save_checkpoint", 2),
 }
 EVAL = ["eval_dataset={data}", "eval_steps=1", "max_eval_prompts=2", "num_generations_eval=2", "pass_at_k=[1]"]
@@ -197,7 +197,7 @@ def test_signal_before_the_first_step_finished_saves_nothing(tmp_path, tiny_mode
     """SIGINT during the step-0 evaluation: no finished step, so no checkpoint and no final model."""
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
     overrides = [x.format(data=tmp_path / "train.jsonl") for x in EVAL]
-    proc = run_driver(tmp_path, config, "grpokit.train.trainer:GRPOTrainer.evaluate", 1, "SIGINT", *overrides)
+    proc = run_driver(tmp_path, config, "grpokit.trl.trainer:GRPOTrainer.evaluate", 1, "SIGINT", *overrides)
     assert proc.returncode == 130, proc.stderr
     assert stop_lines(proc.stderr) == [
         "stopped at step 0: received SIGINT before the first step finished; there was nothing to save"
@@ -227,7 +227,7 @@ def test_second_signal_stops_at_once_leaving_the_last_checkpoint(tmp_path, tiny_
 def test_signal_while_the_model_loads(tmp_path, tiny_model_dir):
     """SIGTERM before training started: one line, exit 143, no run folder."""
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
-    proc = run_driver(tmp_path, config, "grpokit.train.setup:load_model", 1, "SIGTERM")
+    proc = run_driver(tmp_path, config, "grpokit.build.policy:load_model", 1, "SIGTERM")
     assert proc.returncode == 143, proc.stderr
     assert stop_lines(proc.stderr) == ["grpokit: stopped by SIGTERM"]
     assert not (tmp_path / "run").exists()

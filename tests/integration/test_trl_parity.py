@@ -269,6 +269,7 @@ def test_accumulated_update_equals_trl(both, case, masks):
     # two halves with 2 accumulation steps: the summed gradients (grpokit divides by the micro-batch count,
     # except a batch-normalised loss (dapo's aggregation), normalised by the whole batch's tokens; TRL the same
     # through its normalizers). With masks: the off-policy mask and the high-entropy mask of each micro-batch.
+    from grpokit.build.specs import learner_spec
     from grpokit.config import GRPOConfig
     from grpokit.train.learner import Learner
 
@@ -314,7 +315,7 @@ def test_accumulated_update_equals_trl(both, case, masks):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     ours.zero_grad(set_to_none=True)
     try:
-        Learner(ours, None, optimizer, scheduler, cfg).update(
+        Learner(ours, None, optimizer, scheduler, learner_spec(cfg)).update(
             batch, advantages, batch.completion_mask, ref, old_logprobs=old
         )
     finally:

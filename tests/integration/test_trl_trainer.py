@@ -367,7 +367,7 @@ def test_chat_template_kwargs_reach_the_prompts(tmp_path, tiny_model_dir):
 
 
 def test_disable_dropout_zeroes_the_policy_dropout():
-    from grpokit.train.setup import build_policy
+    from grpokit.build.policy import build_policy
 
     class Tokenizer:
         eos_token_id = pad_token_id = 0

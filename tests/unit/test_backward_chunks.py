@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from grpokit.algos.loss_registry import loss_types
+from grpokit.build.specs import learner_spec
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.memory import backward_chunk_rows, pass_sizes
 from grpokit.rollout.engine import HFRolloutEngine
@@ -54,7 +55,7 @@ def update(model, batch, rollouts, chunk_rows, **settings):
     policy = copy.deepcopy(model)
     optimizer = RecordingSGD(policy.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    learner = Learner(policy, Reference(model, use_adapters=False), optimizer, scheduler, cfg)
+    learner = Learner(policy, Reference(model, use_adapters=False), optimizer, scheduler, learner_spec(cfg))
     mask = rollouts.completion_mask.float()
     advantages = torch.tensor([1.0, -0.5, 0.25, -0.75, 0.5, 1.5, -1.0, -1.0])
     generator = torch.Generator().manual_seed(1)

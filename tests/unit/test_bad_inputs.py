@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpokit.build import policy as setup
 from grpokit.cli import main
 from grpokit.config import ConfigError, GRPOConfig, load_config, parse_overrides
 from grpokit.data.prompts import (
@@ -23,7 +24,6 @@ from grpokit.data.prompts import (
     reward_columns,
 )
 from grpokit.testing import build_word_tokenizer
-from grpokit.train import setup
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad_inputs"
 MANIFEST = yaml.safe_load((BAD / "manifest.yaml").read_text())

@@ -23,8 +23,8 @@ import textwrap
 from pathlib import Path
 
 import grpokit
-from grpokit import trl_compat
 from grpokit.config import ALIASES, FIELD_SECTION, SECTIONS, GRPOConfig
+from grpokit.trl import keys as trl_keys
 
 ROOT = Path(grpokit.__file__).parent
 
@@ -49,7 +49,7 @@ FACADE_ATTRS = (
     | set(SECTIONS)
     | {name for name in dir(GRPOConfig) if not name.startswith("_")}
     | {"rewards", "trl_settings", "unused_trl_settings"}
-    | set(trl_compat.TRL_DEFAULTS)
+    | set(trl_keys.TRL_DEFAULTS)
 )
 CONSTRUCTORS = {"GRPOConfig", "load_config"}
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from grpokit.algos.value import value_loss
+from grpokit.build.specs import critic_spec
 from grpokit.config import GRPOConfig
 from grpokit.modeling import load_model
 from grpokit.rollout.types import Rollouts
 from grpokit.train.critic import Critic
 from grpokit.train.logprobs import build_batch
-from grpokit.train.specs import critic_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")

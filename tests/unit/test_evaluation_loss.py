@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from grpokit.build.specs import learner_spec
 from grpokit.config import GRPOConfig
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
@@ -34,7 +35,7 @@ def learner(model, **settings) -> Learner:
     policy = copy.deepcopy(model)
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    return Learner(policy, None, optimizer, scheduler, cfg)
+    return Learner(policy, None, optimizer, scheduler, learner_spec(cfg))
 
 
 def test_bnpo_eval_loss_by_hand(sampled):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from grpokit import hardware
+from grpokit.build.specs import learner_spec
 from grpokit.config import GRPOConfig
 from grpokit.cpu_caps import CpuCaps
 from grpokit.kernels import plain_head as plain_head_module
@@ -247,7 +248,7 @@ def _update(autocast_dtype, seed=0):
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    learner = Learner(model, reference, optimizer, scheduler, cfg, autocast_dtype=autocast_dtype)
+    learner = Learner(model, reference, optimizer, scheduler, learner_spec(cfg), autocast_dtype=autocast_dtype)
     old = rollouts.logprobs + 0.3 * torch.randn(rollouts.logprobs.shape, generator=torch.Generator().manual_seed(2))
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.0, 0.0])
     ref_logprobs = learner.reference_logprobs(batch)

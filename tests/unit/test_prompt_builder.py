@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from grpokit.build.specs import prompt_builder
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import DataError, PromptBuilder, load_rows, reward_inputs
-from grpokit.train.specs import prompt_builder
 
 ROWS = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"}]
 TEMPLATE = "{question}\nAnswer after ####."

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from grpokit.algos.losses import policy_loss
+from grpokit.build.specs import update_inputs_spec
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.seeding import concat_rollouts, split_rollouts
@@ -18,7 +19,6 @@ from grpokit.rollout.types import Conversation, Rollouts, Turn
 from grpokit.store import RolloutStore
 from grpokit.store.record import RolloutRecord, conversation_record
 from grpokit.train.learner import update_inputs
-from grpokit.train.specs import update_inputs_spec
 
 
 def multi_turn_rollouts(groups: int = 2, G: int = 2) -> Rollouts:

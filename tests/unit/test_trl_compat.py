@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from grpokit.config import ConfigError, GRPOConfig, load_config
-from grpokit.trl_compat import TRL_DEFAULTS, TRL_VERSION
+from grpokit.trl.keys import TRL_DEFAULTS, TRL_VERSION
 
 trl = pytest.importorskip("trl", reason="comparing with TRL's GRPOConfig needs TRL: pip install 'grpokit[bench]'")
 
@@ -25,7 +25,7 @@ def trl_fields() -> dict:
 
 
 def test_static_key_list_is_trls():
-    assert trl.__version__ == TRL_VERSION, "TRL was upgraded: regenerate TRL_DEFAULTS in grpokit/trl_compat.py"
+    assert trl.__version__ == TRL_VERSION, "TRL was upgraded: regenerate TRL_DEFAULTS in grpokit/trl/keys.py"
     fields = trl_fields()
     assert sorted(TRL_DEFAULTS) == sorted(fields)
     assert {k: v for k, v in fields.items() if TRL_DEFAULTS[k] != v} == {}
@@ -33,7 +33,7 @@ def test_static_key_list_is_trls():
 
 def test_grpokit_does_not_import_trl():
     code = (
-        "import sys, grpokit.config, grpokit.train.trainer; from grpokit import GRPOConfig; "
+        "import sys, grpokit.config, grpokit.trl.trainer; from grpokit import GRPOConfig; "
         "GRPOConfig(bf16=False); print('trl' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

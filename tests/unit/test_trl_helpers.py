@@ -9,7 +9,7 @@ import torch
 
 from grpokit.processes import SingleProcess
 from grpokit.train.accelerator import ProcessAccelerator, gather_ragged
-from grpokit.train.trainer import GRPOTrainer
+from grpokit.trl.trainer import GRPOTrainer
 
 ENTROPIES = torch.tensor([[0.1, 0.4, 0.2], [0.3, 0.5, 9.0]])
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])

@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     from grpokit.train.callbacks import CallbackSpec
     from grpokit.train.checkpoint import CheckpointSpec
     from grpokit.train.critic import CriticSpec
+    from grpokit.train.loop import LoopSpec
     from grpokit.train.run_dir import RunDirSpec
     from grpokit.train.stopping import StopSpec
     from grpokit.train.ties import TieWatch
-    from grpokit.train.trainer import LoopSpec
 
 
 def optim_spec(args: GRPOConfig, learning_rate: float | None = None) -> OptimSpec:
@@ -197,10 +197,10 @@ def eval_spec(args: GRPOConfig) -> EvalSpec:
 
 
 def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
-    """The training loop's own settings (:class:`grpokit.train.trainer.GRPOTrainer`); ``args`` with max_steps
+    """The training loop's own settings (:class:`grpokit.train.loop.Loop`); ``args`` with max_steps
     resolved."""
     from grpokit.hub import HubSpec
-    from grpokit.train.trainer import LoopSpec
+    from grpokit.train.loop import LoopSpec
 
     return LoopSpec(
         model_name_or_path=args.model_name_or_path,

@@ -1,0 +1,89 @@
+"""Building the learner: the reference copy, the DDP / FSDP wrap, the optimizer and its schedule, the critic of an
+algorithm that has one."""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.algos.registry import get_algorithm
+from grpokit.build import specs
+from grpokit.config import ConfigError, GRPOConfig
+from grpokit.hardware import pick_dtype
+from grpokit.processes import is_sharded
+from grpokit.train.learner import Learner
+from grpokit.train.reference import Reference
+from grpokit.train.schedule import OptimSpec, fused_adamw
+from grpokit.trl.keys import EIGHT_BIT_OPTIMIZERS
+
+
+def build_optimizer(model: torch.nn.Module, optim: OptimSpec, optimizers: tuple, sharded: bool, device: torch.device):
+    """(optimizer, lr scheduler): TRL's ``optimizers=(optimizer, lr_scheduler)`` where given, else AdamW over the
+    trainable parameters and its schedule, both as ``optim`` (:func:`grpokit.build.specs.optim_spec`) says."""
+    optimizer, scheduler = optimizers
+    if optimizer is not None and sharded:
+        raise ConfigError(
+            "optimizers=(optimizer, ...) cannot be used with strategy: fsdp, which replaces the parameters "
+            "the optimizer holds; leave optimizers out (grpokit's AdamW) or use strategy: ddp."
+        )
+    optimizer = optimizer or adamw([p for p in model.parameters() if p.requires_grad], optim, device)
+    return optimizer, scheduler or optim.scheduler(optimizer)
+
+
+def adamw(params: list, optim: OptimSpec, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over ``params`` as ``optim.optimizer`` names it: torch's, fused (``schedule.fused_adamw``), or
+    bitsandbytes' AdamW8bit (:mod:`grpokit.train.learning.adamw8bit`)."""
+    hyper = dict(lr=optim.learning_rate, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
+    if optim.optimizer not in EIGHT_BIT_OPTIMIZERS:
+        return fused_adamw(params, device, **hyper)
+    try:
+        from grpokit.train.adamw8bit import AdamW8bit
+    except ImportError:
+        raise ImportError(f"optimizer: {optim.optimizer} needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
+    return AdamW8bit(params, **hyper)
+
+
+def build_learner(
+    model,
+    args: GRPOConfig,
+    *,
+    procs,
+    device,
+    use_lora: bool,
+    optimizers: tuple,
+    autocast_dtype,
+    kernels,
+    prompt_tokens: int,
+):
+    """(reference or None, optimizer, lr scheduler, Learner) of the policy ``model``, wrapped for DDP / FSDP by
+    ``procs``; ``prompt_tokens`` (the longest prompt) sizes the update's passes (``memory.update_chunk_rows``). FSDP
+    shards in place and replaces the parameters, so it comes before the optimizer sees them; the reference copy is
+    sharded the same way (its pass and its resync stay shard by shard). An algorithm with a critic
+    (``algos.registry``) gets one (``train.critic.Critic``), built from the policy before any update."""
+    from grpokit.memory import update_chunk_rows
+
+    critic = None
+    if get_algorithm(args.algorithm).uses_critic:
+        from grpokit.train.critic import Critic
+
+        dtype = pick_dtype(args.dtype, device)
+        critic = Critic.build(
+            model, specs.critic_spec(args), device=device, dtype=dtype, autocast_dtype=autocast_dtype, kernels=kernels
+        )
+    reference = Reference(model, use_adapters=use_lora) if args.beta > 0 else None
+    trained = procs.wrap(model, device, args.strategy)
+    if is_sharded(trained) and reference is not None and reference.model is not None:
+        procs.wrap(reference.model, device, args.strategy)
+    rows = update_chunk_rows(args, model, device, procs.world_size, prompt_tokens)  # before the optimizer's state
+    optimizer, scheduler = build_optimizer(model, specs.optim_spec(args), optimizers, is_sharded(trained), device)
+    learner = Learner(
+        trained,
+        reference,
+        optimizer,
+        scheduler,
+        specs.learner_spec(args, rows),
+        autocast_dtype=autocast_dtype,
+        kernels=kernels,
+        critic=critic,
+        procs=procs,
+    )
+    return reference, optimizer, scheduler, learner

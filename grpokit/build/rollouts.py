@@ -1,0 +1,119 @@
+"""Building the rollouts: the engine, the sampler and the source (``train.sampling``), and how each step samples."""
+
+from __future__ import annotations
+
+from grpokit.build import specs
+from grpokit.config import GRPOConfig
+
+
+def build_rollouts(
+    args: GRPOConfig,
+    *,
+    model,
+    tokenizer,
+    prompts,
+    procs,
+    device,
+    autocast_dtype,
+    source: str | None,
+    kernels,
+    tools=None,
+    rollout_func=None,
+):
+    """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.registry``; ``rollout_func``
+    when one is given), the sampler (Ray workers, tool rollouts, raw prompts for an engine that takes them, a seed per
+    group, or the engine's one stream) and the source (one step off with ``async_rollouts``, else synchronous) from
+    ``train.rollout_sources``. ``source``: the model's folder or hub id when it was given by name (vLLM loads its
+    copy from there), else None; ``tools``: the run's ToolSpec, or None; ``rollout_func``: the trainer's
+    ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
+    Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
+    from grpokit.modeling import eos_token_ids
+    from grpokit.rollout.registry import EngineParts, get_engine
+    from grpokit.train.rollout_sources import SAMPLERS, SOURCES
+    from grpokit.train.scheduler import RolloutScheduler
+    from grpokit.train.tool_rollouts import ToolRollouts
+
+    eos = eos_token_ids(model, tokenizer)
+    kind = get_engine(args.engine if rollout_func is None else "rollout_func")
+    parts = EngineParts(model, eos, tokenizer.pad_token_id, device, autocast_dtype, kernels, seed=args.seed)
+    if rollout_func is None:
+        engine = kind.build(parts, specs.vllm_spec(args, source))
+    else:
+        from grpokit.rollout.rollout_func import RolloutFuncSpec
+
+        engine = kind.build(parts, RolloutFuncSpec(rollout_func))
+    sampling = specs.sampling_params(args)
+    # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
+    tool_rollouts = (
+        None
+        if tools is None
+        else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)  # TRL's kwargs
+    )
+    common = dict(
+        engine=engine,
+        prompts=prompts,
+        procs=procs,
+        model=model,
+        num_generations=args.num_generations,
+        params=sampling,
+        seed=args.seed,
+    )
+    if args.backend == "ray":  # rank 0 (the only process without torchrun) connects and starts the workers
+        sampler = SAMPLERS["ray"](remote=_start_ray(args, parts) if procs.is_main else None, **common)
+    elif tool_rollouts is not None:  # groups seeded on their own, decoded in one batch
+        sampler = SAMPLERS["tools"](tools=tool_rollouts, **common)
+    elif engine.takes_raw_prompts:  # a rollout_func: the prompts as the dataset holds them, in one call
+        sampler = SAMPLERS["raw_prompts"](prompt_column=args.prompt_column, **common)
+    elif args.seed_per_group or procs.enabled:  # rollouts must not depend on the split over processes
+        sampler = SAMPLERS["group_seeded"](**common)
+    else:
+        sampler = SAMPLERS["engine"](**common)
+    if args.async_rollouts:
+        rollout_source = SOURCES["one_step_off"](sampler, last_step=args.max_steps)
+    else:
+        rollout_source = SOURCES["sync"](sampler)
+    scheduler = RolloutScheduler(
+        source=rollout_source,
+        engine=engine,
+        prompts=prompts,
+        procs=procs,
+        prompts_per_step=args.prompts_per_step(procs.world_size),
+        sampling=sampling,
+        tool_rollouts=tool_rollouts,
+    )
+    inputs = specs.update_inputs_spec(args, rollout_source.off_policy, kind.separate_weights)
+    return scheduler, inputs
+
+
+def _start_ray(args: GRPOConfig, parts):
+    """Connect to Ray (``distributed.address``) and start the rollout workers."""
+    from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
+
+    connect(args.address, args.ray_num_cpus)
+    return RayRolloutEngine(
+        parts.model,
+        parts.eos_token_ids,
+        parts.pad_token_id,
+        args.num_rollout_workers,
+        args.rollout_worker_cpus,
+        args.rollout_worker_gpus,
+        parts.autocast_dtype,
+    )
+
+
+def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int):
+    """How each step samples (``train.dynamic_sampling``): one round, or with ``dynamic_sampling`` rounds until
+    the batch holds informative groups; ``score``: the trainer's scoring of a round."""
+    from grpokit.train.dynamic_sampling import DynamicRounds, SingleRound
+
+    if not args.dynamic_sampling:
+        return SingleRound(scheduler, score)
+    return DynamicRounds(
+        scheduler,
+        score,
+        target_groups=args.prompts_per_step(),
+        max_rounds=args.max_sampling_rounds,
+        num_generations=args.num_generations,
+        num_mini_batches=args.num_mini_batches,
+        pad_token_id=pad_token_id,
+    )

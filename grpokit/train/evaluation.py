@@ -1,0 +1,53 @@
+"""Evaluation beside the loop: sample each eval set's prompts, score them, and name the metrics (grpokit's
+``eval/...``; transformers' timings apart), with TRL's evaluation loss of the samples."""
+
+from __future__ import annotations
+
+from grpokit.algos.registry import AdvantageInputs
+from grpokit.train.learner import update_inputs
+from grpokit.train.logprobs import build_batch
+from grpokit.train.metrics import EVAL, sample_metrics
+from grpokit.train.scoring import reward_state
+
+
+def evaluations(run, sets: dict, step: int) -> dict:
+    """{eval set name (None: the one eval_dataset): (its metrics under grpokit's names (``eval/...``), the
+    evaluation's timings: transformers' runtime, samples_per_second, steps_per_second)} of ``sets`` ({name:
+    (PromptSource, rows)}) after ``step`` steps of ``run``."""
+    state = reward_state(run.train_source, run.spec.max_steps, step + 1)
+    results = {}
+    for name, (source, rows) in sets.items():
+        found = run.evaluator(source, rows, trainer_state=state)
+        sampled = sample_metrics(found.rewards, found.num_samples, found.lengths, found.truncated)
+        seconds = found.seconds
+        metrics = {
+            **{EVAL + k: v for k, v in sampled.items()},
+            **{EVAL + k: v for k, v in evaluation_loss(run, found).items()},
+            **found.metrics,
+        }
+        speed = {
+            EVAL + "runtime": round(seconds, 4),
+            EVAL + "samples_per_second": round(found.lengths.numel() / seconds, 3) if seconds else 0.0,
+            EVAL + "steps_per_second": round(found.batches / seconds, 3) if seconds else 0.0,
+        }
+        results[name] = (metrics, speed)
+    return results
+
+
+def evaluation_loss(run, found) -> dict[str, float]:
+    """TRL's evaluation loss of an evaluation's samples (``found``, an ``Evaluation``): each batch's advantages from
+    its rewards (groups of num_generations_eval), then ``Learner.evaluation_loss``; the metrics (``loss``,
+    ``entropy``, ``kl``, clip ratios) averaged over the batches, as TRL averages its eval batches. Not for an
+    algorithm with a critic, nor across processes (the forward runs on rank 0 alone): {} then."""
+    if run.algorithm.uses_critic or run.procs.enabled or not found.samples:
+        return {}
+    per_batch = []
+    for rollouts, rewards in found.samples:
+        loss_mask = update_inputs(run.update_inputs_spec, rollouts, run.device).loss_mask
+        n = rollouts.completion_ids.size(0)
+        advantages = run.algorithm.advantages(
+            AdvantageInputs(rewards, rollouts.num_generations, slice(0, n), loss_mask), run.spec.algo
+        )
+        batch = build_batch(run.model, rollouts, run.tokenizer.pad_token_id, run.device)
+        per_batch.append(run.learner.evaluation_loss(batch, advantages.advantages, loss_mask))
+    return {key: sum(m[key] for m in per_batch) / len(per_batch) for key in per_batch[0]}

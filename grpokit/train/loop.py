@@ -1,0 +1,339 @@
+"""The training loop: a built :class:`~grpokit.build.Run`, stepped to ``max_steps``.
+
+Each step reads top to bottom in :meth:`Loop.step_once`: sample (the rollout scheduler's prompts, G rollouts each)
+and score them (``train/scoring.py``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``),
+record (the store and metrics.jsonl on rank 0), checkpoint every save_steps, evaluate every eval_steps
+(``train/evaluation.py``). Every torchrun rank runs this same loop; rank 0 alone owns the run folder. The loop never
+reads the config: everything it needs is in the Run and its :class:`LoopSpec`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.algos.names import BETA, KL
+from grpokit.algos.registry import AdvantageInputs
+from grpokit.hub import HubSpec
+from grpokit.store.record import rollout_records
+from grpokit.train.checkpoint import save_final_model
+from grpokit.train.dynamic_sampling import renumber_repeats
+from grpokit.train.evaluation import evaluations
+from grpokit.train.interrupt import SignalStop, stop_message
+from grpokit.train.learner import update_inputs
+from grpokit.train.logprobs import build_batch
+from grpokit.train.metrics import (
+    PhaseClock,
+    step_metrics,
+    stored_eval_names,
+    train_summary,
+    trl_eval_names,
+    trl_names,
+    window_log,
+)
+from grpokit.train.run_dir import RunFolder, open_run_dir, resume_point
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """The training loop's own settings, built once by the composition root (:func:`grpokit.build.specs.loop_spec`):
+    the model's name (None: a module was given), ``dtype``, ``seed``; the ``algorithm`` and its section (``algo``,
+    read by the algorithm's advantages); G (``num_generations``), ``max_steps`` (resolved), the global
+    ``completions_per_step``; the dataset's ``prompt_column``; ``rewards_on_main`` (Ray reward workers: rank 0
+    scores every rank's rows); the reference resync (``ref_model_sync_steps``, ``ref_model_mixup_alpha``);
+    ``logging_steps``; ``save_at_end`` (save_strategy is not no) and ``merge_on_save``."""
+
+    model_name_or_path: str | None
+    dtype: str
+    seed: int
+    algorithm: str
+    algo: Any  # the algorithm's own section, passed through to its advantages
+    num_generations: int
+    max_steps: int
+    completions_per_step: int
+    prompt_column: str = "prompt"
+    rewards_on_main: bool = False
+    ref_model_sync_steps: int = 0
+    ref_model_mixup_alpha: float = 0.6
+    logging_steps: int = 1
+    save_at_end: bool = True
+    merge_on_save: bool = False
+    eval_dataset: Any = None
+    hub: HubSpec | None = None
+
+
+class Loop:
+    """Runs a built Run (``run``: :class:`grpokit.build.Run`): :meth:`train` to max_steps, :meth:`evaluate` on
+    demand. Holds the run's progress (``step``, ``stop_reason``) and, while training, its run folder."""
+
+    def __init__(self, run):
+        self.run, self.spec = run, run.spec
+        self.step = 0
+        self.stop_reason: str | None = None
+        self.run_dir_spec = run.run_dir_spec
+        self.writing = False  # rank 0 while train() runs: evaluations go to the run folder too
+        self._unlogged: list[dict] = []  # TRL-named metrics of the steps since the last log entry
+        self.signals = SignalStop(lambda: (self.step, run.run_state.saved_step), enabled=run.procs.is_main)
+
+    @property
+    def interrupted_by(self) -> int | None:
+        """The signal that stopped training (None: none did)."""
+        return self.signals.signum
+
+    def train(self, resume: str | None = None) -> dict:
+        """Train to max_steps (or until stopped); returns the closing summary (train_runtime, train_loss ...).
+        ``resume``: "latest" or a checkpoint folder (None: the run folder's own setting)."""
+        main = self.run.procs.is_main
+        if resume is not None:
+            self.run_dir_spec = self.run_dir_spec.resuming(resume)
+        self.run_folder = RunFolder(self.run_dir_spec) if main else None  # the folder's lock; a previous run set aside
+        try:
+            summary = self._train(main)
+        finally:
+            if main:
+                self.run_folder.release()  # an overwritten run comes back unless this one is durable
+        if self.stop_reason and main:
+            self.run_log.warn(f"stopped at step {self.step}: {self.stop_reason}")
+        return summary
+
+    def _train(self, main: bool) -> dict:
+        """train() with the run folder held: resume, open the folder, the steps, the end; returns the summary."""
+        found = resume_point(self.run_dir_spec, check=main)  # checked: the checkpoint, on rank 0 the store and metrics
+        if found is not None:  # loaded before the run folder is written: a misfit changes nothing there
+            self.resume(found.path, verified=True)
+        self.run_dir = Path(self.run_dir_spec.output_dir)
+        if main:  # rank 0's writers: store, trackers, report
+            self.run_log = open_run_dir(self.run_dir_spec, self.step, self.run_folder, found)
+            self.writing = True
+        metrics, losses, started = {}, [], time.perf_counter()
+        try:
+            with self.signals:
+                self._begin_training()
+                while self.step < self.spec.max_steps and self.stop_reason is None and self.interrupted_by is None:
+                    self.run.callbacks.event("on_step_begin")
+                    self.step += 1
+                    metrics = self._train_step(self.step)
+                    self._after_step(metrics)
+                    if "loss" in metrics:  # a step without an informative group makes no update
+                        losses.append(metrics["loss"])
+                self._finish()
+                summary = self._end_training(metrics, losses, time.perf_counter() - started)
+        finally:
+            self._close()
+        return summary
+
+    def _begin_training(self) -> None:
+        """on_train_begin (and on_epoch_begin), then the evaluation before training."""
+        callbacks = self.run.callbacks
+        callbacks.set_step(self.step)
+        callbacks.state.max_steps = self.spec.max_steps
+        callbacks.event("on_train_begin")
+        callbacks.event("on_epoch_begin")
+        if self.step == 0 and self.evaluates:
+            self._evaluate_and_log(0)
+
+    def _train_step(self, step: int) -> dict:
+        """Sample and score, learn, record: one step; rank 0 stores and logs it."""
+        run, G, clock = self.run, self.spec.num_generations, PhaseClock()
+        procs, learner, source = run.procs, run.learner, run.train_source
+        # sample and score: this rank's prompts, G rollouts each (dynamic sampling: every round, and the rows trained)
+        sampled = run.step_sampling.sample(step, clock)
+        rollouts, trained = sampled.rollouts, sampled.trained
+        staleness = run.engine.policy_version - rollouts.policy_version  # updates since the sampling policy
+        # learn
+        beta = learner.kl_controller.beta  # the KL coefficient of this step
+        advantages, update = torch.empty(0), {}  # no informative group at all: no update
+        if trained.completion_ids.size(0):
+            advantages, update = self._learn(trained, sampled.trained_rewards, beta, clock)
+        if KL in update:  # the adaptive controller moves beta after each step (Ziegler et al.: n_steps = N)
+            learner.kl_controller.update(update[KL], n_steps=advantages.numel() * procs.world_size)
+        update = {BETA: beta, **update, **sampled.metrics}
+        # record
+        all_lengths = procs.gather(rollouts.sampled_lengths.float())  # [N_global] tokens the model wrote
+        prompt_tokens = procs.sum(torch.tensor(float(sum(len(source.ids[i]) for i in sampled.indices) * G)))
+        state = run.callbacks.state
+        state.num_input_tokens_seen += int(prompt_tokens.item() + all_lengths.sum().item())  # TRL's num_tokens
+        metrics = step_metrics(
+            sampled.global_rewards,
+            update=update,
+            advantages=procs.gather(advantages.float()),  # [N_global trained], one per completion
+            group_size=G,
+            lengths=all_lengths,
+            truncated=procs.gather(rollouts.truncated.float()),  # [N_global]
+            prompt_tokens=prompt_tokens.item(),
+            source=source,
+            staleness=staleness,
+            times=clock.metrics(),
+            extra=run.rollout_scheduler.metrics(),
+            tokens_seen=state.num_input_tokens_seen,
+        )
+        stored = sampled.stored_advantages(advantages)  # every sampled group, the dropped ones without an advantage
+        records = rollout_records(sampled.indices, rollouts, sampled.completions, sampled.reward, stored, source)
+        if sampled.train_rows is not None:  # a prompt drawn again by a later round: its completions numbered on
+            records = renumber_repeats(records, G)
+        records = procs.gather_objects(records)  # every rank's, on rank 0
+        if procs.is_main:
+            self.run_log.step(step, [r for part in records for r in part], metrics)
+            everyone = sampled.global_rewards  # every process's rewards
+            tied = run.ties.step(step, everyone.names, everyone.per_func, everyone.combined)
+            if tied:
+                self.run_log.warn(tied)
+        return metrics
+
+    def _learn(self, rollouts, rewards: torch.Tensor, beta: float, clock: PhaseClock) -> tuple[torch.Tensor, dict]:
+        """Reference log-probs, the algorithm's advantages (``algos/registry.py``) and the learner's update on this
+        rank's ``rollouts``; ``rewards`` [N_global] the combined rewards of every rank's, ``beta`` the step's KL
+        coefficient. Returns (this rank's advantages [n] or [n, T]; the update's metrics, averaged over ranks)."""
+        run, procs, learner = self.run, self.run.procs, self.run.learner
+        inputs = update_inputs(run.update_inputs_spec, rollouts, run.device)
+        loss_mask, old_logprobs = inputs.loss_mask, inputs.old_logprobs
+        batch = build_batch(run.model, rollouts, run.tokenizer.pad_token_id, run.device)
+        ref_logprobs = learner.reference_logprobs(batch)
+        if old_logprobs is None and run.algorithm.needs_old_logprobs(self.spec.algo):
+            old_logprobs = learner.old_logprobs(batch)
+        old_values = learner.values(batch)  # [n, T] with a critic, else None
+        n = rollouts.completion_ids.size(0)
+        rows = slice(procs.rank * n, (procs.rank + 1) * n)  # this rank's rows of the global batch
+        found = run.algorithm.advantages(
+            AdvantageInputs(
+                rewards,
+                self.spec.num_generations,
+                rows,
+                loss_mask,
+                old_logprobs=old_logprobs,
+                ref_logprobs=ref_logprobs,
+                values=old_values,
+                beta=beta,
+            ),
+            self.spec.algo,
+        )
+        loss_mask = loss_mask if found.loss_mask is None else found.loss_mask
+        # DDP averages gradients over ranks, so dapo's per-rank denominator is the global token count / ranks.
+        num_items = procs.sum(loss_mask.sum()).clamp(min=1.0) / procs.world_size
+        clock.lap("logprobs")
+        update = learner.update(
+            batch,
+            found.advantages,
+            loss_mask,
+            ref_logprobs,
+            old_logprobs=old_logprobs,
+            num_items_in_batch=num_items,
+            sampling_logprobs=inputs.sampling_logprobs,
+            old_values=old_values,
+            returns=found.returns,
+        )
+        update = procs.mean_metrics(update | found.metrics)
+        run.engine.sync_weights()  # the engine samples from the updated weights next step
+        clock.lap("update")
+        return found.per_sequence.float().cpu(), update
+
+    def _after_step(self, metrics: dict) -> None:
+        """Reference resync, stop rules, callbacks, then log, evaluate and checkpoint when due."""
+        run, spec, step, callbacks = self.run, self.spec, self.step, self.run.callbacks
+        if spec.ref_model_sync_steps and run.reference is not None and step % spec.ref_model_sync_steps == 0:
+            run.reference.sync(spec.ref_model_mixup_alpha)
+        self.stop_reason = run.stop_rules.check(metrics) or self.stop_reason
+        callbacks.set_step(step)
+        control = callbacks.event("on_step_end")  # a callback may ask for a log, an evaluation, a checkpoint, the end
+        self._unlogged.append(trl_names(metrics))
+        if step % spec.logging_steps == 0 or control.should_log:  # TRL's entry: the steps since the last, averaged
+            callbacks.log(window_log(self._unlogged))
+            self._unlogged = []
+        if (callbacks.due("eval", step) and self.evaluates) or (control.should_evaluate and run.eval_sets):
+            self._evaluate_and_log(step)
+        if (callbacks.due("save", step) and step < spec.max_steps) or control.should_save:
+            self._save_checkpoint()
+        if step % run.steps_per_epoch == 0:
+            callbacks.event("on_epoch_end")
+            if step < spec.max_steps:
+                callbacks.event("on_epoch_begin")
+        if callbacks.control.should_training_stop and self.stop_reason is None:
+            self.stop_reason = "a callback set control.should_training_stop"
+
+    def _finish(self) -> None:
+        """Last checkpoint, evaluation and final model (every rank calls it: FSDP gathers the weights).
+        Stopped by a signal: only the checkpoint of the last finished step, if it is not on disk yet."""
+        run = self.run
+        if self.step > run.run_state.saved_step and (self.spec.save_at_end or self.interrupted_by is not None):
+            self._save_checkpoint()
+        if self.interrupted_by is not None:
+            self.stop_reason = stop_message(self.interrupted_by, self.step)
+            return
+        if self.evaluates and not run.callbacks.due("eval", self.step):
+            self._evaluate_and_log(self.step)
+        merged = run.use_lora and self.spec.merge_on_save
+        save_final_model(self.run_dir / "final", run.model, run.tokenizer, run.procs.is_main, merged)
+        if run.procs.is_main:
+            self.run_folder.durable()  # a run that saves no checkpoint is durable once its final model is
+
+    def _end_training(self, metrics: dict, losses: list[float], seconds: float) -> dict:
+        """TRL's closing log entry (with, as TRL's, the averaged metrics of the steps no entry has logged yet), a
+        summary line on rank 0, on_train_end; returns the entry."""
+        callbacks = self.run.callbacks
+        summary = train_summary(losses, self.spec.completions_per_step, seconds)
+        if self._unlogged:
+            summary |= window_log(self._unlogged)
+            self._unlogged = []
+        if self.step % self.run.steps_per_epoch:  # on_epoch_end for an epoch the run ended inside, as transformers
+            callbacks.event("on_epoch_end")
+        if self.run.procs.is_main:
+            callbacks.log(summary)
+            self.run_log.summary(self.step, summary, metrics)
+        callbacks.event("on_train_end")
+        return summary | {"epoch": callbacks.state.epoch}
+
+    def _close(self) -> None:
+        """Close what the run opened, whatever stopped it: run folder writers (report.html), reward workers (a later
+        evaluate() starts them again) and Ray rollout workers."""
+        if self.run.procs.is_main:
+            self.run_log.close()
+            self.writing = False
+        self.run.rewards.close()
+        self.run.rollout_scheduler.close()
+
+    # ---- evaluation and checkpoints --------------------------------------------------------
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run evaluates: an eval set and an eval_strategy that evaluates."""
+        return bool(self.run.eval_sets) and self.run.callbacks.every("eval") > 0
+
+    def evaluate(self, sets: dict | None = None, prefix: str = "eval") -> dict:
+        """Evaluate ``sets`` ({name: (PromptSource, rows)}; default the run's eval sets): each set's metrics are a
+        log entry (TRL's names, ``prefix`` for ``eval``) and reach ``on_evaluate``; during training the run folder
+        keeps them under grpokit's names. Returns every set's TRL-named metrics."""
+        out: dict[str, float] = {}
+        callbacks = self.run.callbacks
+        for name, (metrics, speed) in evaluations(self.run, sets or self.run.eval_sets, self.step).items():
+            if self.writing:  # the run folder keeps grpokit's names (not the timings: a resume reproduces them)
+                self.run_log.evaluation(self.step, stored_eval_names(metrics, name), "eval" if name is None else name)
+            logged = trl_eval_names(metrics | speed, prefix if name is None else f"{prefix}_{name}")
+            callbacks.log(logged)
+            callbacks.event("on_evaluate", metrics=logged)
+            out |= logged
+        return out
+
+    def _evaluate_and_log(self, step: int) -> None:
+        """Rank 0 evaluates; under FSDP every rank joins to gather the weights for it."""
+        with self.run.procs.unsharded(self.run.model):
+            if self.run.procs.is_main:
+                self.evaluate()
+
+    def _save_checkpoint(self) -> None:
+        """Rank 0 writes (after flushing the store and metrics.jsonl to disk, which the checkpoint records); under FSDP
+        every rank joins to gather the weights and optimizer state."""
+        run = self.run
+        record = self.run_log.seal() if run.procs.is_main else None
+        if run.run_state.save(self.run_dir, self.step, record):
+            if run.procs.is_main:
+                self.run_folder.durable()  # the first checkpoint: an overwritten run can go now
+            run.callbacks.event("on_save")
+
+    def resume(self, path: str | Path, verified: bool = False) -> None:
+        """Restore weights, optimizer, scheduler, RNG streams and data position from a checkpoint folder (checked
+        against its manifest first unless ``verified``)."""
+        self.step = self.run.run_state.load(path, verified=verified) if verified else self.run.run_state.load(path)
+        self.run.callbacks.set_step(self.step)

@@ -1,0 +1,56 @@
+"""Scoring a round of rollouts: decode them, call the reward functions (every rank's rows, so groups are complete and
+batch-level scaling sees the whole batch), and hand back a :class:`~grpokit.train.trajectory.Trajectory`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpokit.data.prompts import reward_arguments
+from grpokit.rewards.contract import RewardState
+from grpokit.train.trajectory import Trajectory
+
+
+def reward_state(source, max_steps: int, step: int) -> RewardState:
+    """``trainer_state`` for the reward functions while step ``step`` is scored (TRL passes its state before the
+    step's update: ``global_step`` counts the updates done); ``source``: the training PromptSource (its epoch)."""
+    epoch = source.epoch + source.position / len(source.usable)
+    return RewardState(global_step=step - 1, max_steps=max_steps, epoch=epoch)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """Scores a round: ``rows`` the training rows, ``source`` their PromptSource, ``tool_rollouts`` (None without
+    tools), ``on_main``: Ray reward workers on rank 0 score every rank's rows."""
+
+    rows: list[dict]
+    source: Any
+    tokenizer: Any
+    rewards: Any
+    procs: Any
+    tool_rollouts: Any
+    num_generations: int
+    max_steps: int
+    prompt_column: str = "prompt"
+    on_main: bool = False
+
+    def __call__(self, step: int, indices: list[int], rollouts) -> Trajectory:
+        """This rank's ``rollouts`` of the prompts ``indices``, decoded and scored (this rank's RewardResult and
+        every rank's)."""
+        prompts, completions, columns, completion_ids = reward_arguments(
+            self.rows, indices, rollouts, self.tokenizer, self.prompt_column
+        )
+        scored = completions  # tool rollouts: their messages (and environments), as TRL passes them
+        if rollouts.conversations is not None:
+            prompts, scored, columns = self.tool_rollouts.reward_inputs(prompts, rollouts.conversations, columns)
+        reward, all_rewards = self.procs.score_rewards(
+            self.rewards,
+            prompts,
+            scored,
+            columns,
+            self.num_generations,
+            on_main=self.on_main,
+            completion_ids=completion_ids,
+            trainer_state=reward_state(self.source, self.max_steps, step),
+        )
+        return Trajectory(indices, rollouts, completions, reward, all_rewards)
