@@ -1,6 +1,6 @@
 """grpokit: GRPO-family reinforcement learning for language models."""
 
-__version__ = "0.1.0"
+from grpokit.version import __version__
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "__version__", "load_config"]
 

@@ -102,7 +102,7 @@ def _parser():
     import argparse
 
     parser = argparse.ArgumentParser(prog="grpokit", description="GRPO-family RL fine-tuning of language models.")
-    from grpokit import __version__
+    from grpokit.version import __version__
 
     parser.add_argument("--version", action="version", version=f"grpokit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -18,13 +18,13 @@ import sys
 
 import torch
 
-import grpokit
 from grpokit.cpu_caps import ENV, cpu_caps, describe
 from grpokit.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
 from grpokit.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
 from grpokit.kernels import Kernels
 from grpokit.kernels.allocator import HUGE_PAGES_ENV, huge_pages_in_use, system_huge_pages
 from grpokit.memory import available_bytes
+from grpokit.version import __version__
 
 
 def _requirements() -> tuple[list[str], dict[str, list[str]]] | None:
@@ -65,7 +65,7 @@ def _total_memory() -> int | None:
 def report() -> dict[str, str]:
     """The report as ordered ``label -> value`` pairs."""
     out = {
-        "grpokit": grpokit.__version__,
+        "grpokit": __version__,
         "Python": f"{platform.python_version()} ({sys.executable})",
         "OS": platform.platform(),
     }

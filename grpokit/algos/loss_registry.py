@@ -19,16 +19,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from grpokit.algos.names import AGGREGATIONS, BATCH_NORMALISED
 
-if TYPE_CHECKING:
-    import torch
-
-    from grpokit.algos.losses import LossSpec, PolicyTerms
-
-    PerTokenLoss = Callable[[PolicyTerms, LossSpec], tuple[torch.Tensor, dict[str, float]]]
+# (terms: losses.PolicyTerms, spec: losses.LossSpec) -> (per-token loss tensor, metrics); not imported here, since
+# losses.py imports this module
+PerTokenLoss = Callable[[Any, Any], tuple[Any, dict[str, float]]]
 
 
 def _no_advice(settings: Any) -> list[str]:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+import grpokit.trl.keys as trl_keys
 from grpokit.config import validation
 from grpokit.config.coerce import coerce
 from grpokit.config.keys import flatten, from_trl, unknown_key_message
 from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
-from grpokit.trl import keys as trl_keys
 
 if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec

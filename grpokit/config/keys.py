@@ -5,8 +5,8 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+import grpokit.trl.keys as trl_keys
 from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
-from grpokit.trl import keys as trl_keys
 
 
 def from_trl(given: dict, context: dict) -> tuple[dict, dict, dict]:

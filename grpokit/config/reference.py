@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import grpokit.trl.keys as trl_keys
 from grpokit.config.schema import ALIASES, SECTIONS, field_docs
-from grpokit.trl import keys as trl_keys
 
 
 def config_reference() -> str:

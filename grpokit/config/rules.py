@@ -10,14 +10,14 @@ import difflib
 import warnings
 from typing import TYPE_CHECKING
 
+import grpokit.trl.keys as trl_keys
 from grpokit.algos.loss_registry import get_loss, loss_types
 from grpokit.algos.registry import ALGORITHMS
 from grpokit.config.extensions import import_modules
 from grpokit.config.schema import ConfigError, check
-from grpokit.trl import keys as trl_keys
 
 if TYPE_CHECKING:
-    from grpokit.config.facade import GRPOConfig
+    from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module
 
 
 def imports(cfg: GRPOConfig) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import itertools
 
+import grpokit.trl.keys as trl_keys
 from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, SCALE_REWARDS
 from grpokit.config.running import (
     AgentConfig,
@@ -24,7 +25,6 @@ from grpokit.config.running import (
 )
 from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, ModelConfig, OptimConfig
 from grpokit.errors import ConfigError
-from grpokit.trl import keys as trl_keys
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,

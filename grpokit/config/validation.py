@@ -15,7 +15,8 @@ from grpokit.config import rules
 from grpokit.config.schema import CHOICES, DATASET_KEYS, REPORT_SINKS, ConfigError, check
 
 if TYPE_CHECKING:
-    from grpokit.config.facade import GRPOConfig
+    from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module
+
     from grpokit.config.running import AgentConfig, DistributedConfig, EvalConfig, LoraConfig, RewardSettings, RunConfig
     from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, OptimConfig
 

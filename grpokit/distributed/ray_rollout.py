@@ -40,7 +40,7 @@ def connect(address: str | None, num_cpus: int | None) -> None:
         try:
             ray.init(address=address, log_to_driver=False)
         except ConnectionError as exc:
-            from grpokit.config import ConfigError
+            from grpokit.errors import ConfigError
 
             raise ConfigError(
                 f"distributed.address={address!r}: no Ray cluster to join ({exc}). Start one with `ray start --head` "

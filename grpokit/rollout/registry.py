@@ -87,7 +87,7 @@ def _hf(parts: EngineParts, spec: Any = None):
 
 
 def _transformers(parts: EngineParts, spec: Any = None):
-    from grpokit.config import ConfigError
+    from grpokit.errors import ConfigError
     from grpokit.modeling import is_hf_model
     from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 
@@ -107,7 +107,7 @@ def _transformers(parts: EngineParts, spec: Any = None):
 
 
 def _vllm(parts: EngineParts, spec: VLLMSpec):
-    from grpokit.config import ConfigError
+    from grpokit.errors import ConfigError
     from grpokit.modeling import is_hf_model
     from grpokit.rollout.vllm_engine import VLLMRolloutEngine
 

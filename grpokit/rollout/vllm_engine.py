@@ -45,7 +45,7 @@ from grpokit.rollout.types import Rollouts, SamplingParams
 
 def check_vllm_environment(distributed: bool = False) -> None:
     """Raise ConfigError unless a CUDA GPU is visible and vllm is installed (no model is touched)."""
-    from grpokit.config import ConfigError
+    from grpokit.errors import ConfigError
 
     if distributed:
         raise ConfigError(

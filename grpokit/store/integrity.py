@@ -14,7 +14,7 @@ import hashlib
 import sqlite3
 from pathlib import Path
 
-from grpokit.store.store import StoreError
+from grpokit.store.errors import StoreError
 
 EMPTY_CHAIN = ""
 

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from grpokit.store.errors import StoreError
 from grpokit.store.record import RolloutRecord, finite_or_none
 from grpokit.store.schema import SCHEMA, SCHEMA_VERSION
 
@@ -63,10 +64,6 @@ _INSERT_ROLLOUT = (
 _LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
 # What a read-only query may do: read tables and views, call functions, recurse in a CTE.
 _QUERY_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
-
-
-class StoreError(Exception):
-    """A rollout store cannot be opened, written or queried as asked."""
 
 
 class DuplicateStepError(StoreError):

@@ -27,9 +27,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-import grpokit
 from grpokit.processes import is_sharded
 from grpokit.train.manifest import ManifestError, verify_folder, write_manifest
+from grpokit.version import __version__
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # safetensors metadata of a model.safetensors that holds the trainable parameters only (names as in named_parameters)
@@ -129,7 +129,7 @@ def save_checkpoint(
         writing = tmp / "states.pt"
         with open(writing, "wb") as f:  # a Python file: a failed write keeps its OSError (torch's own writer does not)
             torch.save(states, f)
-        state = dict(trainer_state, step=step, grpokit_version=grpokit.__version__)
+        state = dict(trainer_state, step=step, grpokit_version=__version__)
         writing = tmp / "trainer_state.json"
         writing.write_text(json.dumps(state, indent=2))
         writing = tmp / "manifest.json"
@@ -391,9 +391,9 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path}: trainer_state.json is missing or corrupt ({exc}); resume from an earlier checkpoint folder."
         ) from None
-    if state.get("grpokit_version") != grpokit.__version__:
+    if state.get("grpokit_version") != __version__:
         raise CheckpointError(
-            f"{path} was written by grpokit {state.get('grpokit_version')!r}, this is {grpokit.__version__}; "
+            f"{path} was written by grpokit {state.get('grpokit_version')!r}, this is {__version__}; "
             "resume it with that version, or start a new run from its weights (model.safetensors; with LoRA, the "
             "adapters only)."
         )

@@ -84,33 +84,6 @@ def join_rewards(results: list[RewardResult]) -> RewardResult:
     )
 
 
-def take_rows(rollouts: Rollouts, rows: torch.Tensor) -> Rollouts:
-    """The completions at ``rows`` (long [k*G], whole groups in order) as Rollouts of their k prompts."""
-    G = rollouts.num_generations
-    picked = rows.tolist()
-    return replace(
-        rollouts,
-        prompt_ids=[rollouts.prompt_ids[n // G] for n in picked[::G]],
-        completion_ids=rollouts.completion_ids[rows],  # [k*G, T]
-        completion_mask=rollouts.completion_mask[rows],  # [k*G, T]
-        logprobs=rollouts.logprobs[rows],  # [k*G, T]
-        finish_reasons=[rollouts.finish_reasons[n] for n in picked],
-        loss_mask=None if rollouts.loss_mask is None else rollouts.loss_mask[rows],  # [k*G, T]
-        conversations=None if rollouts.conversations is None else [rollouts.conversations[n] for n in picked],
-        columns=None
-        if rollouts.columns is None
-        else {name: [values[n] for n in picked] for name, values in rollouts.columns.items()},
-    )
-
-
-def stored_advantages(advantages: torch.Tensor, train_rows: torch.Tensor, size: int) -> torch.Tensor:
-    """[size] advantages of every sampled completion for the store: the trained rows' ``advantages`` [k*G], NaN
-    (stored as None: not trained on) elsewhere."""
-    out = torch.full((size,), float("nan"))
-    out[train_rows] = advantages.float().cpu()
-    return out
-
-
 def renumber_repeats(records: list, num_generations: int) -> list:
     """Records of a step in which a prompt may have been drawn again by a later round (the data wrapped into a new
     epoch): the completions of its k-th group get completion_index k*G + g, so (step, prompt, completion) stays

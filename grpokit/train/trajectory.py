@@ -8,7 +8,7 @@ and :class:`grpokit.train.learner.TrainingBatch`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,8 +44,6 @@ class Trajectory:
         """The rollouts the step trains on."""
         if self.train_rows is None:
             return self.rollouts
-        from grpokit.train.dynamic_sampling import take_rows
-
         return take_rows(self.rollouts, self.train_rows)
 
     @property
@@ -58,6 +56,31 @@ class Trajectory:
         """[N] the advantage of every sampled completion for the store: NaN where not trained on."""
         if self.train_rows is None:
             return advantages
-        from grpokit.train.dynamic_sampling import stored_advantages
-
         return stored_advantages(advantages, self.train_rows, len(self.completions))
+
+
+def take_rows(rollouts: Rollouts, rows: torch.Tensor) -> Rollouts:
+    """The completions at ``rows`` (long [k*G], whole groups in order) as Rollouts of their k prompts."""
+    G = rollouts.num_generations
+    picked = rows.tolist()
+    return replace(
+        rollouts,
+        prompt_ids=[rollouts.prompt_ids[n // G] for n in picked[::G]],
+        completion_ids=rollouts.completion_ids[rows],  # [k*G, T]
+        completion_mask=rollouts.completion_mask[rows],  # [k*G, T]
+        logprobs=rollouts.logprobs[rows],  # [k*G, T]
+        finish_reasons=[rollouts.finish_reasons[n] for n in picked],
+        loss_mask=None if rollouts.loss_mask is None else rollouts.loss_mask[rows],  # [k*G, T]
+        conversations=None if rollouts.conversations is None else [rollouts.conversations[n] for n in picked],
+        columns=None
+        if rollouts.columns is None
+        else {name: [values[n] for n in picked] for name, values in rollouts.columns.items()},
+    )
+
+
+def stored_advantages(advantages: torch.Tensor, train_rows: torch.Tensor, size: int) -> torch.Tensor:
+    """[size] advantages of every sampled completion for the store: the trained rows' ``advantages`` [k*G], NaN
+    (stored as None: not trained on) elsewhere."""
+    out = torch.full((size,), float("nan"))
+    out[train_rows] = advantages.float().cpu()
+    return out

@@ -1,7 +1,7 @@
 """Each part takes only its own settings: only the config package and the composition root read GRPOConfig.
 
 The flat GRPOConfig facade is for users, YAML and TRL scripts. Inside grpokit the composition root
-(grpokit/train/setup.py and grpokit/train/specs.py) reads it and hands each part a typed, frozen spec (or the one
+(the grpokit/build/ package) reads it and hands each part a typed, frozen spec (or the one
 config section it needs); every other module must not read a facade field. This test walks the AST of every module
 of grpokit/ and reports each read outside the exempt modules below.
 
@@ -23,16 +23,15 @@ import textwrap
 from pathlib import Path
 
 import grpokit
+import grpokit.trl.keys as trl_keys
 from grpokit.config import ALIASES, FIELD_SECTION, SECTIONS, GRPOConfig
-from grpokit.trl import keys as trl_keys
 
 ROOT = Path(grpokit.__file__).parent
 
 # Modules that may read the facade, and why. Everything else gets its settings from a spec.
 EXEMPT = {
     "config/": "the facade itself: its sections, loading, validation, rules and reference",
-    "train/setup.py": "the composition root: builds every part from the user's config",
-    "train/specs.py": "the composition root: each part's typed, frozen spec from the config",
+    "build/": "the composition root: each part's typed, frozen spec and every part, built from the user's config",
     "cli.py": "the command line is a user of the facade, as a script is: it loads the YAML and the overrides, sets "
     "what its command says (eval: the final model, the eval folder) and hands the object to GRPOTrainer",
     "explain.py": "`grpokit explain` prints the resolved config and the sizes it implies: the whole config is its "
@@ -200,7 +199,7 @@ def test_only_the_config_package_and_the_composition_root_read_the_facade():
             if found:
                 reads[path.relative_to(ROOT).as_posix()] = found
     assert not reads, (
-        "these modules read the GRPOConfig facade; give the part a spec built in grpokit/train/specs.py instead:\n"
+        "these modules read the GRPOConfig facade; give the part a spec built in grpokit/build/specs.py instead:\n"
         + "\n".join(f"  {module}: {'; '.join(lines)}" for module, lines in reads.items())
     )
 

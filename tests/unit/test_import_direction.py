@@ -37,9 +37,12 @@ def read_layers(markdown: str) -> list[list[str]]:
     return [[name.strip() for name in line.split(",") if name.strip()] for line in reversed(lines)]
 
 
-def _unit(module: str) -> str:
-    """The layered name of a dotted module: ``pkg.train.learner`` -> ``train``; the root -> ``""``."""
+def _unit(module: str, named: frozenset = frozenset()) -> str:
+    """The layered name of a dotted module: ``pkg.train.learner`` -> ``train``; the root -> ``""``; a module the
+    layers name on its own (``named``: ``trl.keys``) -> that name."""
     parts = module.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in named:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -64,11 +67,12 @@ def import_violations(package_dir: Path, layers: list[list[str]]) -> list[str]:
     """Every import in ``package_dir`` against ``layers`` (bottom first), as "file:line: a -> b (why)"."""
     package = package_dir.name
     level = {name: i for i, names in enumerate(layers) for name in names}
+    named = frozenset(name for name in level if "." in name)
     found = []
     for path in sorted(package_dir.rglob("*.py")):
         relative = path.relative_to(package_dir.parent)
         parts = relative.with_suffix("").parts
-        source = _unit(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        source = _unit(".".join(parts[:-1] if parts[-1] == "__init__" else parts), named)
         where = relative.as_posix()
         if source == "":
             continue  # the root package: version and lazy accessors, above everything
@@ -77,8 +81,9 @@ def import_violations(package_dir: Path, layers: list[list[str]]) -> list[str]:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             for module in _imported(node, package, package_dir):
-                target = _unit(module)
-                if target in ("", source):
+                target = _unit(module, named)
+                if target in ("", source) or (source.startswith(target + ".") and module.count(".") == 1):
+                    # the root, one's own unit, or the package of a separately layered module (its __init__)
                     continue
                 if target not in level:
                     found.append(
@@ -114,6 +119,40 @@ def algos_impurities(algos_dir: Path) -> list[str]:
 def test_grpokit_imports_follow_the_layers():
     violations = import_violations(REPO / "grpokit", read_layers(ARCHITECTURE.read_text()))
     assert not violations, "imports against docs/architecture.md's layers:\n" + "\n".join(violations)
+
+
+# The loop and everything in train/ run a built Run: they never import the builders, the config or the wrapper.
+TRAIN_MAY_NOT_IMPORT = ("build", "config", "trl")
+
+
+def train_imports_above(package_dir: Path) -> list[str]:
+    """Imports in ``package_dir``/train of the composition root, the config package or the TRL wrapper."""
+    package = package_dir.name
+    found = []
+    for path in sorted((package_dir / "train").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for module in _imported(node, package, package_dir):
+                if module.split(".")[1:2] and module.split(".")[1] in TRAIN_MAY_NOT_IMPORT:
+                    found.append(f"{path.relative_to(package_dir.parent).as_posix()}:{node.lineno}: imports {module}")
+    return found
+
+
+def test_train_never_imports_the_builders_the_config_or_the_wrapper():
+    found = train_imports_above(REPO / "grpokit")
+    assert not found, "train/ runs a built Run; give it a spec from grpokit/build/ instead:\n" + "\n".join(found)
+
+
+def test_the_train_check_catches_a_lazy_config_import(tmp_path):
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "train/__init__.py": "",
+            "train/loop.py": "def f():\n    from pkg.config import GRPOConfig\n    return GRPOConfig\n",
+            "train/ok.py": "from pkg.algos import x\n",
+        },
+    )
+    assert train_imports_above(package) == ["pkg/train/loop.py:2: imports pkg.config"]
 
 
 def test_algos_stays_pure():

@@ -249,7 +249,7 @@ def test_sample_rounds_at_the_cap_train_whole_mini_batches_or_nothing():
 
 
 def test_take_rows_keeps_whole_groups_and_their_prompts():
-    from grpokit.train.dynamic_sampling import take_rows
+    from grpokit.train.trajectory import take_rows
 
     rollouts = _round([5, 6, 7], [0, 1, 0, 1, 0, 1]).rollouts
     picked = take_rows(rollouts, torch.tensor([2, 3, 4, 5]))
@@ -260,7 +260,8 @@ def test_take_rows_keeps_whole_groups_and_their_prompts():
 
 
 def test_stored_advantages_and_repeated_prompts():
-    from grpokit.train.dynamic_sampling import renumber_repeats, stored_advantages
+    from grpokit.train.dynamic_sampling import renumber_repeats
+    from grpokit.train.trajectory import stored_advantages
 
     stored = stored_advantages(torch.tensor([0.5, -0.5]), torch.tensor([2, 3]), 6)
     assert stored[2:4].tolist() == [0.5, -0.5] and stored[[0, 1, 4, 5]].isnan().all()
