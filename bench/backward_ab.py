@@ -80,7 +80,7 @@ def build(layers: int, dtype):
 def make_batch(vocab: int, prompts: int, prompt_tokens: int, completion_tokens: int):
     import torch
 
-    from grpokit.train.logprobs import Batch
+    from grpokit.train.learning.policy_logprobs import Batch
 
     g = torch.Generator().manual_seed(1)
     n = prompts * vs_trl.G
@@ -111,7 +111,7 @@ def variant_kernels(name: str, base):
 def one(model, batch, advantages, kernels):
     """(forward s, backward s, grads) of one learner-shaped forward + backward."""
 
-    from grpokit.train.logprobs import completion_logprobs
+    from grpokit.train.learning.policy_logprobs import completion_logprobs
 
     for p in model.parameters():
         p.grad = None

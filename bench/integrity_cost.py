@@ -1,7 +1,7 @@
 """What the run-folder checks cost: the checksum of a checkpoint file, the digest written with each step, and a
 resume's check of the whole store. Prints `sha256_mb_per_s=...`, `step_digest_ms=...` and `check_store_s=...`.
 
-The checkpoint manifest reads every file once after saving and once before resuming (``train/manifest.py``); each
+The checkpoint manifest reads every file once after saving and once before resuming (``train/rundir/manifest.py``); each
 stored step's rows are read back once for its digest; a resume recomputes the digest of every step it keeps
 (``store/integrity.py``). Default store: 1,000 steps of 64 rollouts with 1,000-character completions (~90 MB).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from grpokit.store import RolloutRecord, RolloutStore
 from grpokit.store.integrity import check_store
-from grpokit.train.manifest import file_digest
+from grpokit.train.rundir.manifest import file_digest
 
 
 def main() -> None:

@@ -87,7 +87,7 @@ def phase_labels(trainer):
     """Profiler ranges around each phase of a step (the learner's policy forward and backward included)."""
     import torch
 
-    import grpokit.train.learner as learner_module
+    import grpokit.train.learning.learner as learner_module
     from grpokit.kernels import Kernels
 
     saved = (trainer.engine.generate, trainer.learner.reference_logprobs, trainer.learner._optimizer_step)

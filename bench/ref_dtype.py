@@ -27,9 +27,9 @@ from grpokit import GRPOConfig
 from grpokit.cpu_caps import cpu_caps
 from grpokit.modeling import load_model
 from grpokit.rollout.types import Rollouts
-from grpokit.train.learner import Learner
-from grpokit.train.logprobs import batched_logprobs, build_batch
-from grpokit.train.reference import Reference
+from grpokit.train.learning.learner import Learner
+from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
+from grpokit.train.learning.reference import Reference
 
 PROMPTS, T = 4, 64
 

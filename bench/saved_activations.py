@@ -29,7 +29,7 @@ def saved_by_line(model, batch, kernels) -> collections.Counter:
     """Bytes saved for the backward by the learner's forward, by (file:line, shape) of the op that saved them."""
     import torch
 
-    from grpokit.train.logprobs import completion_logprobs
+    from grpokit.train.learning.policy_logprobs import completion_logprobs
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: set[int] = set()

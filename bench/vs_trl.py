@@ -481,7 +481,7 @@ def sample_phases(trainer, marks: list, records: list, heap: HeapPeaks | None = 
     resident just before; and tell ``heap`` the (step, phase) running."""
     import torch
 
-    import grpokit.train.learner as learner_module
+    import grpokit.train.learning.learner as learner_module
 
     def sampled(phase, fn):
         def run(*a, **k):

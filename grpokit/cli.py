@@ -149,8 +149,8 @@ def is_user_error(exc: BaseException) -> bool:
     from grpokit.data.prompts import DataError
     from grpokit.rewards.contract import RewardError
     from grpokit.store.store import StoreError
-    from grpokit.train.checkpoint import CheckpointError
-    from grpokit.train.run_lock import RunFolderError
+    from grpokit.train.rundir.checkpoint import CheckpointError
+    from grpokit.train.rundir.lock import RunFolderError
 
     if isinstance(exc, ImportError):
         return exc.name is None
@@ -211,7 +211,7 @@ def cmd_train(args) -> int:
     from grpokit.build.specs import run_dir_spec
     from grpokit.config import load_config
     from grpokit.processes import under_torchrun
-    from grpokit.train.run_dir import check_run_dir
+    from grpokit.train.rundir.folder import check_run_dir
     from grpokit.trl.trainer import GRPOTrainer
 
     cfg = load_config(args.config, _overrides(args.overrides))

@@ -16,7 +16,7 @@ the adapters), and each part is what grpokit itself allocates, in bytes, per pro
                                           per block of 256), 2 x 4 B per value of the smaller ones
     optimizer    8-bit AdamW on CPU: 5 x 4 B x the largest 8-bit parameter or slice of one (the step dequantises
     step         both moments of a slice of at most 2**22 values to float32 and adds its scaled gradient, a square
-                 root and the denominator, ``train/adamw8bit.py``); the fused AdamW: none
+                 root and the denominator, ``train/learning/adamw8bit.py``); the fused AdamW: none
     micro-batch  one micro-batch of the update:
                  saved activations  tokens x layers x a, per token and layer a = 33 h + 7 i (+ 6 heads c)
                                     bytes under bf16 autocast, 39 h + 14 i (+ 4 heads c) in one dtype,
@@ -130,7 +130,7 @@ def trainable_sizes(model: torch.nn.Module, cfg: GRPOConfig) -> list[int]:
 # bitsandbytes' AdamW8bit: parameters of at least this many values get 8-bit moments, with a float32 scale per block
 EIGHT_BIT_MIN_SIZE = 4096
 EIGHT_BIT_BLOCK = 256
-EIGHT_BIT_SLICE = 2**22  # values per slice of the CPU step (train/adamw8bit.py, which imports bitsandbytes)
+EIGHT_BIT_SLICE = 2**22  # values per slice of the CPU step (train/learning/adamw8bit.py, which imports bitsandbytes)
 
 
 def adamw_bytes(sizes: list[int], b: int, eight_bit: bool) -> int:

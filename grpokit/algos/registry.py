@@ -60,7 +60,7 @@ class Algorithm:
     """What an algorithm provides to the loop.
 
     name: its ``algo.algorithm`` value. min_generations: the fewest completions per prompt it can learn from.
-    uses_critic: the trainer builds and trains a value model (``train/critic.py``) and passes its values.
+    uses_critic: the trainer builds and trains a value model (``train/learning/critic.py``) and passes its values.
     needs_old_logprobs: ``(settings) -> bool``, the advantages read the sampling policy's log-probs (computed before
     the update). advantages: ``(inputs, settings) -> AdvantageOutputs``. validate: ``(settings, world_size)``: raises
     ValueError (one line naming the fix) for settings the algorithm cannot run with; :meth:`check` calls it, then

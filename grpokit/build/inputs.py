@@ -16,7 +16,7 @@ from grpokit.build import specs
 from grpokit.build.policy import lora_settings
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_device, pick_dtype
-from grpokit.train.run_dir import check_run_dir
+from grpokit.train.rundir.folder import check_run_dir
 from grpokit.trl.keys import accelerator_settings
 
 
@@ -65,7 +65,7 @@ def check_inputs(
     ``rollout_func`` (TRL's): checked against the settings it cannot run with (:func:`check_rollout_func`); the data's
     columns are then not checked against the rewards (the function may supply them)."""
     from grpokit.data.prompts import is_streaming, load_rows
-    from grpokit.train.tool_rollouts import (
+    from grpokit.train.sampling.tool_rollouts import (
         PLACEHOLDER_PROMPT,
         check_tool_prompts,
         environment_owned_rows,

@@ -10,9 +10,9 @@ from grpokit.build import specs
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_dtype
 from grpokit.processes import is_sharded
-from grpokit.train.learner import Learner
-from grpokit.train.reference import Reference
-from grpokit.train.schedule import OptimSpec, fused_adamw
+from grpokit.train.learning.learner import Learner
+from grpokit.train.learning.optimizer import OptimSpec, fused_adamw
+from grpokit.train.learning.reference import Reference
 from grpokit.trl.keys import EIGHT_BIT_OPTIMIZERS
 
 
@@ -36,7 +36,7 @@ def adamw(params: list, optim: OptimSpec, device: torch.device) -> torch.optim.O
     if optim.optimizer not in EIGHT_BIT_OPTIMIZERS:
         return fused_adamw(params, device, **hyper)
     try:
-        from grpokit.train.adamw8bit import AdamW8bit
+        from grpokit.train.learning.adamw8bit import AdamW8bit
     except ImportError:
         raise ImportError(f"optimizer: {optim.optimizer} needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
     return AdamW8bit(params, **hyper)
@@ -58,12 +58,12 @@ def build_learner(
     ``procs``; ``prompt_tokens`` (the longest prompt) sizes the update's passes (``memory.update_chunk_rows``). FSDP
     shards in place and replaces the parameters, so it comes before the optimizer sees them; the reference copy is
     sharded the same way (its pass and its resync stay shard by shard). An algorithm with a critic
-    (``algos.registry``) gets one (``train.critic.Critic``), built from the policy before any update."""
+    (``algos.registry``) gets one (``train.learning.critic.Critic``), built from the policy before any update."""
     from grpokit.memory import update_chunk_rows
 
     critic = None
     if get_algorithm(args.algorithm).uses_critic:
-        from grpokit.train.critic import Critic
+        from grpokit.train.learning.critic import Critic
 
         dtype = pick_dtype(args.dtype, device)
         critic = Critic.build(

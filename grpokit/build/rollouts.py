@@ -23,15 +23,15 @@ def build_rollouts(
     """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.registry``; ``rollout_func``
     when one is given), the sampler (Ray workers, tool rollouts, raw prompts for an engine that takes them, a seed per
     group, or the engine's one stream) and the source (one step off with ``async_rollouts``, else synchronous) from
-    ``train.rollout_sources``. ``source``: the model's folder or hub id when it was given by name (vLLM loads its
+    ``train.sampling.sources``. ``source``: the model's folder or hub id when it was given by name (vLLM loads its
     copy from there), else None; ``tools``: the run's ToolSpec, or None; ``rollout_func``: the trainer's
     ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
     from grpokit.modeling import eos_token_ids
     from grpokit.rollout.registry import EngineParts, get_engine
-    from grpokit.train.rollout_sources import SAMPLERS, SOURCES
-    from grpokit.train.scheduler import RolloutScheduler
-    from grpokit.train.tool_rollouts import ToolRollouts
+    from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
+    from grpokit.train.sampling.sources import SAMPLERS, SOURCES
+    from grpokit.train.sampling.tool_rollouts import ToolRollouts
 
     eos = eos_token_ids(model, tokenizer)
     kind = get_engine(args.engine if rollout_func is None else "rollout_func")
@@ -102,9 +102,9 @@ def _start_ray(args: GRPOConfig, parts):
 
 
 def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int):
-    """How each step samples (``train.dynamic_sampling``): one round, or with ``dynamic_sampling`` rounds until
+    """How each step samples (``train.sampling.rounds``): one round, or with ``dynamic_sampling`` rounds until
     the batch holds informative groups; ``score``: the trainer's scoring of a round."""
-    from grpokit.train.dynamic_sampling import DynamicRounds, SingleRound
+    from grpokit.train.sampling.rounds import DynamicRounds, SingleRound
 
     if not args.dynamic_sampling:
         return SingleRound(scheduler, score)

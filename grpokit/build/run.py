@@ -21,9 +21,9 @@ from grpokit.hardware import autocast_dtype
 from grpokit.kernels import Kernels
 from grpokit.modeling import ensure_pad_token
 from grpokit.train.callbacks import CallbackRunner
-from grpokit.train.checkpoint import RunState
 from grpokit.train.loop import LoopSpec
-from grpokit.train.scoring import Scorer
+from grpokit.train.rundir.checkpoint import RunState
+from grpokit.train.sampling.scoring import Scorer
 from grpokit.train.stopping import StopRules
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from grpokit.train.learner import LearnerSpec, UpdateInputsSpec
-from grpokit.train.schedule import OptimSpec
+from grpokit.train.learning.learner import LearnerSpec, UpdateInputsSpec
+from grpokit.train.learning.optimizer import OptimSpec
 
 if TYPE_CHECKING:
     from grpokit.config import GRPOConfig
@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from grpokit.rollout.registry import VLLMSpec
     from grpokit.rollout.types import SamplingParams
     from grpokit.train.callbacks import CallbackSpec
-    from grpokit.train.checkpoint import CheckpointSpec
-    from grpokit.train.critic import CriticSpec
+    from grpokit.train.learning.critic import CriticSpec
     from grpokit.train.loop import LoopSpec
-    from grpokit.train.run_dir import RunDirSpec
+    from grpokit.train.rundir.checkpoint import CheckpointSpec
+    from grpokit.train.rundir.folder import RunDirSpec
     from grpokit.train.stopping import StopSpec
     from grpokit.train.ties import TieWatch
 
@@ -46,7 +46,7 @@ def optim_spec(args: GRPOConfig, learning_rate: float | None = None) -> OptimSpe
 
 
 def learner_spec(args: GRPOConfig, backward_chunk_rows: int | None = None) -> LearnerSpec:
-    """The policy update's settings (:class:`grpokit.train.learner.Learner`); ``backward_chunk_rows``: the root's
+    """The policy update's settings (``train.learning.learner.Learner``); ``backward_chunk_rows``: the root's
     choice for the model (``memory.update_chunk_rows``; default the config's)."""
     adaptive = args.kl_controller == "adaptive"
     return LearnerSpec(
@@ -69,9 +69,9 @@ def learner_spec(args: GRPOConfig, backward_chunk_rows: int | None = None) -> Le
 
 
 def critic_spec(args: GRPOConfig) -> CriticSpec:
-    """PPO's critic (:class:`grpokit.train.critic.Critic`): its value loss, model and AdamW (its own learning
+    """PPO's critic (:class:`grpokit.train.learning.critic.Critic`): its value loss, model and AdamW (its own learning
     rate, default the policy's, on the policy's schedule)."""
-    from grpokit.train.critic import CriticSpec
+    from grpokit.train.learning.critic import CriticSpec
 
     return CriticSpec(
         per_device_train_batch_size=args.per_device_train_batch_size,
@@ -146,14 +146,14 @@ def prompt_builder(args: GRPOConfig) -> PromptBuilder:
 
 
 def checkpoint_spec(args: GRPOConfig) -> CheckpointSpec:
-    from grpokit.train.checkpoint import CheckpointSpec
+    from grpokit.train.rundir.checkpoint import CheckpointSpec
 
     return CheckpointSpec(save_reference=bool(args.ref_model_sync_steps), save_total_limit=args.save_total_limit)
 
 
 def run_dir_spec(args: GRPOConfig) -> RunDirSpec:
     """The run folder's settings, with the resolved config it writes as config.yaml."""
-    from grpokit.train.run_dir import RunDirSpec
+    from grpokit.train.rundir.folder import RunDirSpec
 
     return RunDirSpec(
         output_dir=args.output_dir,

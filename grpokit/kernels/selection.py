@@ -57,7 +57,7 @@ class Kernels:
       fused_decoder: decoding steps of Llama-family models on fused, packed weights (kernels/fused_decoder.py)
       packed_linears: sampling other models without autocast on oneDNN-packed Linear weights (kernels/packed_linear.py)
       preallocated_kv_cache: a KV cache allocated once per generation (kernels/kv_cache.py)
-    Log-prob passes and training (:mod:`grpokit.train.logprobs`, :class:`grpokit.train.learner.Learner`):
+    Log-prob passes and training (``train.learning.policy_logprobs``, ``train.learning.learner.Learner``):
       small_attention: plain attention for small CPU calls instead of SDPA (kernels/attention.py)
       lean_mlp: Llama-family MLPs saving x, gate and up for the backward in float32 (kernels/lean_mlp.py)
       lean_norm: Llama-family RMSNorms saving x and its rsqrt for the backward in float32 (kernels/lean_norm.py)

@@ -1,6 +1,6 @@
 """Tools and environments for multi-turn rollouts (schemas, tool-call parsing, isolated execution,
 environments, conversation tokens and loss masks, the loop's bookkeeping). grpokit.rollout.multiturn
-generates rollouts with them, grpokit.train.tool_rollouts trains on them: see docs/tools.md."""
+generates rollouts with them, grpokit.train.sampling.tool_rollouts trains on them: see docs/tools.md."""
 
 from grpokit.tools.conversation import (
     ConversationTokens,

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from grpokit.algos.registry import AdvantageInputs
-from grpokit.train.learner import update_inputs
-from grpokit.train.logprobs import build_batch
+from grpokit.train.learning.learner import update_inputs
+from grpokit.train.learning.policy_logprobs import build_batch
 from grpokit.train.metrics import EVAL, sample_metrics
-from grpokit.train.scoring import reward_state
+from grpokit.train.sampling.scoring import reward_state
 
 
 def evaluations(run, sets: dict, step: int) -> dict:

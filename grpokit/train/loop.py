@@ -1,7 +1,7 @@
 """The training loop: a built :class:`~grpokit.build.Run`, stepped to ``max_steps``.
 
 Each step reads top to bottom in :meth:`Loop.step_once`: sample (the rollout scheduler's prompts, G rollouts each)
-and score them (``train/scoring.py``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``),
+and score them (``sampling/scoring.py``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``),
 record (the store and metrics.jsonl on rank 0), checkpoint every save_steps, evaluate every eval_steps
 (``train/evaluation.py``). Every torchrun rank runs this same loop; rank 0 alone owns the run folder. The loop never
 reads the config: everything it needs is in the Run and its :class:`LoopSpec`.
@@ -20,12 +20,10 @@ from grpokit.algos.names import BETA, KL
 from grpokit.algos.registry import AdvantageInputs
 from grpokit.hub import HubSpec
 from grpokit.store.record import rollout_records
-from grpokit.train.checkpoint import save_final_model
-from grpokit.train.dynamic_sampling import renumber_repeats
 from grpokit.train.evaluation import evaluations
 from grpokit.train.interrupt import SignalStop, stop_message
-from grpokit.train.learner import update_inputs
-from grpokit.train.logprobs import build_batch
+from grpokit.train.learning.learner import update_inputs
+from grpokit.train.learning.policy_logprobs import build_batch
 from grpokit.train.metrics import (
     PhaseClock,
     step_metrics,
@@ -35,7 +33,9 @@ from grpokit.train.metrics import (
     trl_names,
     window_log,
 )
-from grpokit.train.run_dir import RunFolder, open_run_dir, resume_point
+from grpokit.train.rundir.checkpoint import save_final_model
+from grpokit.train.rundir.folder import RunFolder, open_run_dir, resume_point
+from grpokit.train.sampling.rounds import renumber_repeats
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from grpokit.build import inputs as build_inputs
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import is_streaming
 from grpokit.rewards.judge import ClassifierReward
-from grpokit.train.accelerator import ProcessAccelerator
-from grpokit.train.checkpoint import save_model_files
+from grpokit.train.learning.accelerator import ProcessAccelerator
 from grpokit.train.loop import Loop
 from grpokit.train.metrics import stored_eval_names
+from grpokit.train.rundir.checkpoint import save_model_files
 
 _PADDING = -1e9  # pads masked entropies (>= 0) to the same length on every process before a gather
 # the Run's parts and the loop's progress, read through the trainer as TRL's (and grpokit's) attributes

@@ -36,8 +36,8 @@ from grpokit.cli import main
 from grpokit.config import load_config
 from grpokit.rewards.contract import RewardError
 from grpokit.store import RolloutStore
-from grpokit.train.checkpoint import list_checkpoints, verify_checkpoint
-from grpokit.train.run_lock import LOCK_FILE, RunFolderError
+from grpokit.train.rundir.checkpoint import list_checkpoints, verify_checkpoint
+from grpokit.train.rundir.lock import LOCK_FILE, RunFolderError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 THREADS = {"OMP_NUM_THREADS": "1"}  # subprocesses compute as the one-thread runs of this process do
@@ -383,7 +383,7 @@ def straight_with_eval(tmp_path_factory, tiny_model_dir):
             "stopped at step 0: received SIGTERM before the first step finished; there was nothing to save",
         ),
         (
-            "grpokit.train.checkpoint:save_checkpoint",  # its first call: the first checkpoint, step 1's
+            "grpokit.train.rundir.checkpoint:save_checkpoint",  # its first call: the first checkpoint, step 1's
             "stopped at step 1: received SIGTERM; saved checkpoint step-1, resume with resume_from=latest",
         ),
     ],

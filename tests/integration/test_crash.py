@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from test_signals import assert_run_consistent, subprocess_env, write_run_config
 
-from grpokit.train.checkpoint import list_checkpoints
+from grpokit.train.rundir.checkpoint import list_checkpoints
 
 MAX_STEPS, KILLS, SEED = 8, 10, 1234
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_model
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
-from grpokit.train.logprobs import build_batch, completion_logprobs
+from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
 # The nanoGPT-style module of the molecules example: plain PyTorch, forward(input_ids) -> logits.
 _spec = importlib.util.spec_from_file_location(

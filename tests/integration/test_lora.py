@@ -8,7 +8,7 @@ import torch
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.config import ConfigError
-from grpokit.train.logprobs import batched_logprobs, build_batch
+from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
 peft = pytest.importorskip("peft")
 

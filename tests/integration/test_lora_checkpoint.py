@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
-from grpokit.train.checkpoint import list_checkpoints
+from grpokit.train.rundir.checkpoint import list_checkpoints
 
 peft = pytest.importorskip("peft")
 

@@ -16,9 +16,9 @@ from test_train import write_config
 from grpokit import GRPOConfig
 from grpokit.build.specs import learner_spec
 from grpokit.cli import main
-from grpokit.train.learner import Learner
-from grpokit.train.logprobs import build_batch
-from grpokit.train.reference import Reference
+from grpokit.train.learning.learner import Learner
+from grpokit.train.learning.policy_logprobs import build_batch
+from grpokit.train.learning.reference import Reference
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 CPU = torch.device("cpu")
@@ -104,7 +104,7 @@ def test_8bit_adamw_in_slices_equals_bitsandbytes_whole(monkeypatch):
     bitsandbytes' own step over the whole parameter: every operation is elementwise or per 256-value block."""
     bnb = pytest.importorskip("bitsandbytes")
     from grpokit import memory
-    from grpokit.train import adamw8bit
+    from grpokit.train.learning import adamw8bit
 
     assert adamw8bit.SLICE_VALUES == memory.EIGHT_BIT_SLICE  # the estimate's copy of it
     monkeypatch.setattr(adamw8bit, "SLICE_VALUES", 1024)
@@ -131,7 +131,7 @@ def test_an_8bit_optimizer_without_bitsandbytes_names_the_extra(monkeypatch):
     from grpokit.build.specs import optim_spec
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
-    monkeypatch.delitem(sys.modules, "grpokit.train.adamw8bit", raising=False)
+    monkeypatch.delitem(sys.modules, "grpokit.train.learning.adamw8bit", raising=False)
     with pytest.raises(ImportError, match=r"grpokit\[qlora\]"):
         adamw([torch.nn.Parameter(torch.zeros(2))], optim_spec(GRPOConfig(optimizer="adamw_bnb_8bit")), CPU)
 

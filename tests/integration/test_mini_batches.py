@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.store import RolloutStore
-from grpokit.train.logprobs import batched_logprobs, build_batch
+from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
 PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
 

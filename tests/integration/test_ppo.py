@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.algos.kl_control import adaptive_kl_coef
 from grpokit.cli import main
-from grpokit.train.checkpoint import list_checkpoints
+from grpokit.train.rundir.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

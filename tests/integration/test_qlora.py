@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.modeling import load_model
-from grpokit.train.logprobs import batched_logprobs, build_batch
+from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
 pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.store import RolloutStore
-from grpokit.train.checkpoint import list_checkpoints
+from grpokit.train.rundir.checkpoint import list_checkpoints
 
 ray = pytest.importorskip("ray", reason="Ray tests need the ray extra: pip install 'grpokit[ray]'")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore
-from grpokit.train.checkpoint import CheckpointError, list_checkpoints
-from grpokit.train.manifest import read_manifest, write_manifest
+from grpokit.train.rundir.checkpoint import CheckpointError, list_checkpoints
+from grpokit.train.rundir.manifest import read_manifest, write_manifest
 
 # Per-step numbers that must agree between a straight run and a resumed one.
 COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "learning_rate", "completion_logprob_mean")

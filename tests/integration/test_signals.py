@@ -21,7 +21,7 @@ from conftest import TARGET_REWARD, WORDS
 from safetensors.torch import load_file
 
 from grpokit.cli import main
-from grpokit.train.checkpoint import list_checkpoints
+from grpokit.train.rundir.checkpoint import list_checkpoints
 
 G, PROMPTS_PER_STEP = 4, 2
 
@@ -101,10 +101,10 @@ sys.exit(main(["train", *sys.argv[4:]]))
 
 PHASES = {  # phase -> (patched callable, which call: step 2's; evaluate's call 1 is the eval of step 0)
     "sampling": ("grpokit.rollout.engine:HFRolloutEngine.generate", 2),
-    "reference": ("grpokit.train.learner:Learner.reference_logprobs", 2),
-    "update": ("grpokit.train.learner:Learner.update", 2),
+    "reference": ("grpokit.train.learning.learner:Learner.reference_logprobs", 2),
+    "update": ("grpokit.train.learning.learner:Learner.update", 2),
     "evaluation": ("grpokit.trl.trainer:GRPOTrainer.evaluate", 3),
-    "checkpointing": ("grpokit.train.checkpoint:save_checkpoint", 2),
+    "checkpointing": ("grpokit.train.rundir.checkpoint:save_checkpoint", 2),
 }
 EVAL = ["eval_dataset={data}", "eval_steps=1", "max_eval_prompts=2", "num_generations_eval=2", "pass_at_k=[1]"]
 
@@ -210,7 +210,7 @@ def test_second_signal_stops_at_once_leaving_the_last_checkpoint(tmp_path, tiny_
     """Two SIGINTs in step 2's update: the second stops at once (one line, exit 130); step 1 stays the
     last step in the store and on disk, both intact."""
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
-    proc = run_driver(tmp_path, config, "grpokit.train.learner:Learner.update", 2, "SIGINT,SIGINT")
+    proc = run_driver(tmp_path, config, "grpokit.train.learning.learner:Learner.update", 2, "SIGINT,SIGINT")
     assert proc.returncode == 130, proc.stderr
     assert stop_lines(proc.stderr) == [
         "grpokit: stopped at once by a second SIGINT, during step 2; "
@@ -235,7 +235,7 @@ def test_signal_while_the_model_loads(tmp_path, tiny_model_dir):
 
 def test_signal_handlers_are_restored_after_an_error(tmp_path, tiny_model_dir, monkeypatch):
     """A step that raises must not leave the trainer's handlers installed in the caller's process."""
-    from grpokit.train.learner import Learner
+    from grpokit.train.learning.learner import Learner
 
     def broken_update(self, *args, **kwargs):
         raise RuntimeError("boom")

@@ -32,7 +32,7 @@ from grpokit.modeling import load_model
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
-from grpokit.train.logprobs import build_batch, completion_logprobs
+from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
 trl = pytest.importorskip(
     "trl", reason="the TRL parity test needs TRL: pip install 'grpokit[bench]' (make test installs it)"
@@ -271,7 +271,7 @@ def test_accumulated_update_equals_trl(both, case, masks):
     # through its normalizers). With masks: the off-policy mask and the high-entropy mask of each micro-batch.
     from grpokit.build.specs import learner_spec
     from grpokit.config import GRPOConfig
-    from grpokit.train.learner import Learner
+    from grpokit.train.learning.learner import Learner
 
     trainer, theirs, ours, batch, inputs = both
     loss_type, level, settings = CASES[case]

@@ -13,7 +13,7 @@ from conftest import TARGET_REWARD, WORDS
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
-from grpokit.train.logprobs import batched_logprobs, build_batch
+from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
 pytestmark = [
     pytest.mark.gpu,

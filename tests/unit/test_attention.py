@@ -19,8 +19,8 @@ from grpokit.kernels.attention import NAME, gqa_sdpa, small_attention, small_att
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
-from grpokit.train import logprobs as logprobs_module
-from grpokit.train.logprobs import batched_logprobs, build_batch, completion_logprobs
+from grpokit.train.learning import policy_logprobs as logprobs_module
+from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch, completion_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 CPU = torch.device("cpu")

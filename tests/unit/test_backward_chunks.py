@@ -16,9 +16,9 @@ from grpokit.memory import backward_chunk_rows, pass_sizes
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
-from grpokit.train.learner import Learner
-from grpokit.train.logprobs import build_batch
-from grpokit.train.reference import Reference
+from grpokit.train.learning.learner import Learner
+from grpokit.train.learning.policy_logprobs import build_batch
+from grpokit.train.learning.reference import Reference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")

@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from grpokit.train import checkpoint
-from grpokit.train.checkpoint import CheckpointError, save_checkpoint, verify_checkpoint
-from grpokit.train.manifest import MANIFEST, file_digest
+from grpokit.train.rundir import checkpoint
+from grpokit.train.rundir.checkpoint import CheckpointError, save_checkpoint, verify_checkpoint
+from grpokit.train.rundir.manifest import MANIFEST, file_digest
 
 
 def save(run, step: int = 1):

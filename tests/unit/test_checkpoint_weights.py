@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from grpokit.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from grpokit.train.rundir.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
 class Adapted(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""PPO's critic in training (train/critic.py): its step is the value loss of the whole mini-batch, whatever the
+"""PPO's critic in training (train/learning/critic.py): its step is the value loss of the whole mini-batch, whatever the
 micro-batches; its metrics are value_loss's; it starts from the policy's trunk."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from grpokit.build.specs import critic_spec
 from grpokit.config import GRPOConfig
 from grpokit.modeling import load_model
 from grpokit.rollout.types import Rollouts
-from grpokit.train.critic import Critic
-from grpokit.train.logprobs import build_batch
+from grpokit.train.learning.critic import Critic
+from grpokit.train.learning.policy_logprobs import build_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")

@@ -13,8 +13,8 @@ from grpokit.config import GRPOConfig
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
-from grpokit.train.learner import Learner
-from grpokit.train.logprobs import build_batch, completion_logprobs
+from grpokit.train.learning.learner import Learner
+from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")
@@ -58,7 +58,7 @@ def test_bnpo_eval_loss_by_hand(sampled):
 def test_eval_loss_is_the_update_loss_without_the_step(sampled):
     """The same batch through update() (learning rate 0, so its first micro-batch's weights are the eval's):
     the same loss and KL, for grpo with a KL term against a reference 0.01 away from the policy."""
-    from grpokit.train.reference import Reference
+    from grpokit.train.learning.reference import Reference
 
     model, rollouts, batch = sampled
     advantages = torch.tensor([1.0, 0.5, 0.25, -0.5])

@@ -9,7 +9,7 @@ import torch
 
 from grpokit.kernels import Kernels
 from grpokit.kernels.lean_mlp import lean_mlps
-from grpokit.train.logprobs import Batch, completion_logprobs
+from grpokit.train.learning.policy_logprobs import Batch, completion_logprobs
 
 CPU = torch.device("cpu")
 

@@ -18,7 +18,7 @@ from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm
 from grpokit.tools import ConversationTokens, ToolCall, ToolExecutor, ToolLoop
 from grpokit.tools.testing import qwen_style_tokenizer
-from grpokit.train.logprobs import build_batch, completion_logprobs
+from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
 CPU = torch.device("cpu")
 END = "<|im_end|>"

@@ -1,4 +1,4 @@
-"""AdamW's state made before the first step (``train.schedule.allocate_state``, for the policy and PPO's critic): the
+"""AdamW's state made before the first step (``allocate_state``, for the policy and PPO's critic): the
 same steps and the same state as torch's lazy initialisation, fused or not, with amsgrad or not; a parameter that
 already has state keeps it."""
 
@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from grpokit.train.schedule import allocate_state
+from grpokit.train.learning.optimizer import allocate_state
 
 
 @pytest.mark.parametrize("fused", [True, False])

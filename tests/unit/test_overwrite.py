@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.train import overwrite
-from grpokit.train.overwrite import ASIDE, recover, set_aside
+from grpokit.train.rundir import overwrite
+from grpokit.train.rundir.overwrite import ASIDE, recover, set_aside
 
 
 def snapshot(folder: Path) -> dict[str, str]:

@@ -21,14 +21,14 @@ from grpokit.kernels.plain_head import plain_head
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
-from grpokit.train.learner import Learner
-from grpokit.train.logprobs import (
+from grpokit.train.learning.learner import Learner
+from grpokit.train.learning.policy_logprobs import (
     batched_logprobs,
     build_batch,
     completion_logprobs,
     shares_prefix,
 )
-from grpokit.train.reference import Reference
+from grpokit.train.learning.reference import Reference
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,7 @@ import torch
 from grpokit.rollout.rollout_func import RolloutFuncEngine, check_output, rollouts_from_output
 from grpokit.rollout.seeding import concat_rollouts, split_rollouts
 from grpokit.rollout.types import SamplingParams
-from grpokit.train.trajectory import take_rows
+from grpokit.train.sampling.trajectory import take_rows
 
 EOS, PAD = 2, 0
 

@@ -15,9 +15,9 @@ from grpokit.rollout.rollout_func import RolloutFuncEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.rollout.vllm_engine import VLLMRolloutEngine
-from grpokit.train import scheduler as scheduler_module
-from grpokit.train.rollout_sources import SAMPLERS, SOURCES, OneStepOffRollouts, SyncRollouts
-from grpokit.train.scheduler import RolloutScheduler
+from grpokit.train.sampling import rollout_scheduler as scheduler_module
+from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
+from grpokit.train.sampling.sources import SAMPLERS, SOURCES, OneStepOffRollouts, SyncRollouts
 
 
 def test_every_engine_provides_the_whole_protocol():

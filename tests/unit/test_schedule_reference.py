@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from grpokit.train.reference import Reference
-from grpokit.train.schedule import lr_lambda
+from grpokit.train.learning.optimizer import lr_lambda
+from grpokit.train.learning.reference import Reference
 
 
 def test_schedules_by_hand():

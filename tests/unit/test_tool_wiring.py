@@ -18,7 +18,7 @@ from grpokit.rollout.seeding import concat_rollouts, split_rollouts
 from grpokit.rollout.types import Conversation, Rollouts, Turn
 from grpokit.store import RolloutStore
 from grpokit.store.record import RolloutRecord, conversation_record
-from grpokit.train.learner import update_inputs
+from grpokit.train.learning.learner import update_inputs
 
 
 def multi_turn_rollouts(groups: int = 2, G: int = 2) -> Rollouts:

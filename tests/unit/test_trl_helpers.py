@@ -8,7 +8,7 @@ from unittest.mock import Mock
 import torch
 
 from grpokit.processes import SingleProcess
-from grpokit.train.accelerator import ProcessAccelerator, gather_ragged
+from grpokit.train.learning.accelerator import ProcessAccelerator, gather_ragged
 from grpokit.trl.trainer import GRPOTrainer
 
 ENTROPIES = torch.tensor([[0.1, 0.4, 0.2], [0.3, 0.5, 9.0]])

@@ -1,4 +1,4 @@
-"""The critic (train/value_model.py): values aligned with the completion log-probs, gradients, LoRA, loading."""
+"""The critic (learning/value_model.py): values aligned with the completion log-probs, gradients, LoRA, loading."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from grpokit.algos.value import value_loss
 from grpokit.modeling import load_model
 from grpokit.rollout.types import Rollouts
 from grpokit.testing import TinyGPT, build_tiny_causal_lm
-from grpokit.train.logprobs import build_batch, shares_prefix
-from grpokit.train.value_model import ValueModel
+from grpokit.train.learning.policy_logprobs import build_batch, shares_prefix
+from grpokit.train.learning.value_model import ValueModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")

@@ -275,8 +275,8 @@ def test_learner_weights_the_update_by_the_sampler_log_probs():
     token the weight exp(0.2) = 1.221403, which scales the on-policy policy loss and the gradient by it."""
     from grpokit.build.specs import learner_spec
     from grpokit.rollout.engine import HFRolloutEngine
-    from grpokit.train.learner import Learner
-    from grpokit.train.logprobs import build_batch
+    from grpokit.train.learning.learner import Learner
+    from grpokit.train.learning.policy_logprobs import build_batch
 
     cpu = torch.device("cpu")
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(30)])

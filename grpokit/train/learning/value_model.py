@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from grpokit.kernels import Kernels
 from grpokit.modeling import is_hf_model, model_source
-from grpokit.train.logprobs import Batch, completion_features
+from grpokit.train.learning.policy_logprobs import Batch, completion_features
 
 # attribute names of the one-label head in transformers' *ForTokenClassification models
 HEAD_NAMES = ("score", "classifier")

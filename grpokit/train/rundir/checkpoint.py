@@ -6,7 +6,7 @@ reference weights when the reference is resynced, optimizer and scheduler states
 trainer state (step, data position, counters) with the grpokit version; :class:`RunState` gathers them from
 a run's parts. Each folder is written under
 a temporary name and renamed into place, and renamed away before it is deleted, so a folder named
-step-N is always complete, even after a kill at any moment. Its last file is ``manifest.json`` (``train/manifest.py``:
+step-N is always complete, even after a kill at any moment. Its last file is ``manifest.json`` (``rundir/manifest.py``:
 each file's size and SHA-256, and what the store and metrics.jsonl held), which a resume checks before loading.
 A write that fails (a full disk) removes the temporary folder and raises one :class:`CheckpointError` naming the
 file and the cause; the checkpoints before it are untouched.
@@ -28,7 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from grpokit.processes import is_sharded
-from grpokit.train.manifest import ManifestError, verify_folder, write_manifest
+from grpokit.train.rundir.manifest import ManifestError, verify_folder, write_manifest
 from grpokit.version import __version__
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -80,7 +80,7 @@ def save_checkpoint(
     """Write ``step-N`` atomically, its manifest last (``run_record``: what the store and metrics.jsonl hold,
     :meth:`RunLog.seal`). ``pending_rollouts``: async mode's rollouts of step N+1, sampled
     before the checkpoint (a dict of tensors and lists, kept in states.pt). ``critic``: PPO's
-    ``train.critic.Critic``: its weights in critic.safetensors (the trainable ones only when its trunk has
+    ``train.learning.critic.Critic``: its weights in critic.safetensors (the trainable ones only when its trunk has
     LoRA adapters), its optimizer and scheduler in states.pt.
 
     With an FSDP-sharded ``model`` every rank calls this: the full weights and optimizer state are

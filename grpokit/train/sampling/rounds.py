@@ -20,7 +20,7 @@ from grpokit.algos.names import SAMPLING_GROUPS_TRAINED, SAMPLING_PROMPTS, SAMPL
 from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.seeding import concat_rollouts
 from grpokit.rollout.types import Rollouts
-from grpokit.train.trajectory import Trajectory
+from grpokit.train.sampling.trajectory import Trajectory
 
 
 def sample_rounds(

@@ -32,9 +32,9 @@ from grpokit.algos.token_masks import high_entropy_mask
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
 from grpokit.processes import SingleProcess, is_sharded
-from grpokit.train.accelerator import gather_ragged
-from grpokit.train.logprobs import Batch, batched_logprobs, completion_logprobs
-from grpokit.train.reference import Reference
+from grpokit.train.learning.accelerator import gather_ragged
+from grpokit.train.learning.policy_logprobs import Batch, batched_logprobs, completion_logprobs
+from grpokit.train.learning.reference import Reference
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class Learner:
     ):
         """``cfg``: the learner's settings (a :class:`LearnerSpec`; a Learner built by hand may pass the run's
         nothing else). ``kernels``: the run's choice of kernels (default:
-        chosen here for the model's device and ``autocast_dtype``). ``critic``: a ``train.critic.Critic`` trained
+        chosen here for the model's device and ``autocast_dtype``). ``critic``: a ``learning.critic.Critic`` trained
         alongside (algorithms with a critic). ``procs``: the run's processes (``processes.SingleProcess`` by
         default), for the entropy quantile over every process's tokens (``top_entropy_quantile``)."""
         self.model = model

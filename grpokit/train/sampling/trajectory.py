@@ -2,8 +2,8 @@
 
 :class:`Trajectory`: a step's sampled and scored groups (this rank's prompt indices, their rollouts, the decoded
 completions and rewards) and which of their rows the step trains on. The step's sampling strategies (one round,
-or DAPO's dynamic sampling rounds) build it; the learner's inputs are :class:`grpokit.train.learner.UpdateInputs`
-and :class:`grpokit.train.learner.TrainingBatch`.
+or DAPO's dynamic sampling rounds) build it; the learner's inputs are ``learning.learner.UpdateInputs``
+and :class:`grpokit.train.learning.learner.TrainingBatch`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from grpokit.train.checkpoint import list_checkpoints
+from grpokit.train.rundir.checkpoint import list_checkpoints
 
 # What overwrite replaces: the files a run writes in its folder (anything else there is left alone).
 RUN_FILES = (

@@ -1,4 +1,4 @@
-"""PPO's critic in training: the value model (``train/value_model.py``), its own AdamW and LR schedule.
+"""PPO's critic in training: the value model (``train/learning/value_model.py``), its own AdamW and LR schedule.
 
 The learner asks it for the values of a generated batch before the update (``values``, no gradient: the
 old values of the clipped value loss and GAE's V) and gives it one optimizer step per policy mini-batch
@@ -21,9 +21,9 @@ from grpokit.algos.value import value_loss
 from grpokit.errors import ConfigError
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
-from grpokit.train.logprobs import Batch
-from grpokit.train.schedule import OptimSpec, fused_adamw
-from grpokit.train.value_model import ValueModel
+from grpokit.train.learning.optimizer import OptimSpec, fused_adamw
+from grpokit.train.learning.policy_logprobs import Batch
+from grpokit.train.learning.value_model import ValueModel
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 and the folder is then renamed into place. A resume checks every file against it, so a file that is missing,
 empty, truncated or changed by one bit is refused with one line naming it, instead of loading garbage or failing
 deep inside torch. ``run`` records the store's steps and digest and metrics.jsonl's length and digest at that
-moment (``RunLog.seal``), which the resume checks the same way (``train/resume.py``).
+moment (``RunLog.seal``), which the resume checks the same way (``train/rundir/resume.py``).
 """
 
 from __future__ import annotations

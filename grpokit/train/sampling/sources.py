@@ -5,7 +5,7 @@ A *sampler* turns a step's global batch of prompt indices into this rank's share
 - :class:`EngineSampler`: the run's engine (hf or vllm) in this process, one random stream;
 - :class:`GroupSeededSampler`: the same, each group sampled from its own seed (``seed_per_group``, torchrun), so the
   rollouts do not depend on how the prompts are split (:mod:`grpokit.rollout.seeding`);
-- :class:`ToolSampler`: multi-turn tool rollouts from the dataset rows (:mod:`grpokit.train.tool_rollouts`);
+- :class:`ToolSampler`: multi-turn tool rollouts from the dataset rows (:mod:`grpokit.train.sampling.tool_rollouts`);
 - :class:`RawPromptSampler`: an engine that takes the prompts as the dataset holds them (``takes_raw_prompts``: TRL's
   rollout_func, :mod:`grpokit.rollout.rollout_func`);
 - :class:`RaySampler`: Ray rollout workers (rank 0 publishes the weights, submits, collects and scatters).
@@ -87,7 +87,7 @@ class ToolSampler(EngineSampler):
         self._metrics: dict[str, float] = {}
 
     def _generate(self, step: int, indices: list[int], first: int) -> Rollouts:
-        from grpokit.train.tool_rollouts import conversation_metrics
+        from grpokit.train.sampling.tool_rollouts import conversation_metrics
 
         rows = [self.prompts.rows[i] for i in indices]
         rollouts = self.tools.generate(rows, self.num_generations, self.params, self.seeds(step, len(indices), first))

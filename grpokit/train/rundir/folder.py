@@ -17,9 +17,9 @@ from grpokit.errors import ConfigError
 from grpokit.store import RolloutStore
 from grpokit.store.integrity import EMPTY_CHAIN, next_chain
 from grpokit.tracking import Tracker
-from grpokit.train import checkpoint, overwrite
-from grpokit.train.resume import ResumePoint, check_run_files, find_checkpoint
-from grpokit.train.run_lock import RunFolderError, RunLock, check_unlocked
+from grpokit.train.rundir import checkpoint, overwrite
+from grpokit.train.rundir.lock import RunFolderError, RunLock, check_unlocked
+from grpokit.train.rundir.resume import ResumePoint, check_run_files, find_checkpoint
 
 # Keys that may differ between a run and its resumption without making it another run.
 RESUME_FREE_KEYS = {
@@ -84,7 +84,7 @@ def check_run_dir(spec: RunDirSpec, existing: bool = True) -> None:
 def resume_point(spec: RunDirSpec, check: bool = True) -> ResumePoint | None:
     """The checked checkpoint to resume from (``resume_from``: latest | a path), or None to start at step 0.
     ``check`` (rank 0, which owns the folder): first refuse an ``output_dir`` that cannot hold this run
-    (:func:`check_run_dir`), and check the store and metrics.jsonl against the checkpoint (``train/resume.py``)."""
+    (:func:`check_run_dir`), and check the store and metrics.jsonl against the checkpoint (``rundir/resume.py``)."""
     if check:
         check_run_dir(spec)
     if spec.resume_from is None:
@@ -99,7 +99,7 @@ def resume_point(spec: RunDirSpec, check: bool = True) -> ResumePoint | None:
 
 class RunFolder:
     """Rank 0's hold on ``output_dir`` for one ``train()``: the folder's lock (one writer at a time) and, with
-    ``overwrite``, the previous run moved aside until this one is durable (``train/overwrite.py``): its first
+    ``overwrite``, the previous run moved aside until this one is durable (``train/rundir/overwrite.py``): its first
     checkpoint, or its final model when it saves none. :meth:`release` moves the previous run back if this one
     never got there, then drops the lock."""
 

@@ -1,0 +1,1 @@
+"""The run folder: its lock, overwrite and resume, checkpoints and their manifests."""
