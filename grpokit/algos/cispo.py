@@ -14,10 +14,10 @@ clip(r, 1 - eps_low, 1 + eps_high) and leaves the lower end open in practice; as
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from grpokit.algos.clipped import sequence_level_advice
-from grpokit.algos.loss_registry import register_loss
+from grpokit.algos.loss_registry import LossSettings, register_loss
 from grpokit.algos.names import CISPO_CLIP
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec, PolicyTerms
 
 
-def _advice(settings: Any) -> list[str]:
+def _advice(settings: LossSettings) -> list[str]:
     cap = settings.epsilon if settings.epsilon_high is None else settings.epsilon_high
     advice = sequence_level_advice(settings)
     if cap < 1:

@@ -7,9 +7,9 @@ also its aggregation's. ``luspo`` (luspo.py) registers it once more, with its ow
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from grpokit.algos.loss_registry import register_loss
+from grpokit.algos.loss_registry import LossSettings, register_loss
 from grpokit.algos.names import CLIP_HIGH, CLIP_LOW, CLIP_REGION
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def clipped_surrogate(terms: PolicyTerms, spec: LossSpec) -> tuple[torch.Tensor,
     return per_token, metrics
 
 
-def sequence_level_advice(settings: Any) -> list[str]:
+def sequence_level_advice(settings: LossSettings) -> list[str]:
     """TRL's advice for a sequence-level ratio with a loss that sums tokens: each sequence then weighs by its length."""
     if settings.importance_sampling_level != "sequence":
         return []

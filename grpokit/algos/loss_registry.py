@@ -17,8 +17,8 @@ torch inside their functions.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from grpokit.algos.names import AGGREGATIONS, BATCH_NORMALISED
@@ -28,7 +28,19 @@ from grpokit.algos.names import AGGREGATIONS, BATCH_NORMALISED
 PerTokenLoss = Callable[[Any, Any], tuple[Any, dict[str, float]]]
 
 
-def _no_advice(settings: Any) -> list[str]:
+@dataclass(frozen=True)
+class LossSettings:
+    """What a loss's ``check`` sees: the settings every policy loss shares, and ``params``, this loss's own
+    parameters (an instance of the dataclass it registered, or None). Never the whole config."""
+
+    loss_type: str
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    importance_sampling_level: str = "token"
+    params: Any = None
+
+
+def _no_advice(settings: LossSettings) -> list[str]:
     return []
 
 
@@ -40,16 +52,25 @@ class PolicyLossType:
     aggregation: one of ``names.AGGREGATIONS``, used for the policy term and the KL term (and PPO's value loss).
     weighs_sampling_itself: the loss folds vLLM's importance weights (``terms.sampling_weights``) into its own
     weight, so ``policy_loss`` does not multiply its per-token loss by them (vespo).
-    check: ``settings -> advice``: raises ValueError for settings the loss cannot run with (one line naming the
-    fix); returns lines of advice for settings that run but are likely not what was meant (the config warns).
-    ``settings`` is the run's config, read by attribute (``settings.epsilon_high``).
+    check: ``settings -> advice`` (``settings``: a :class:`LossSettings`): raises ValueError for settings the loss
+    cannot run with (one line naming the fix); returns lines of advice for settings that run but are likely not what
+    was meant (the config warns).
+    params: the loss's own parameter dataclass (its fields are config keys, each with its default), or None.
     """
 
     name: str
     per_token: PerTokenLoss
     aggregation: str
     weighs_sampling_itself: bool = False
-    check: Callable[[Any], list[str]] = _no_advice
+    check: Callable[[LossSettings], list[str]] = _no_advice
+    params: type | None = None
+
+    def make_params(self, values: Mapping[str, Any]) -> Any:
+        """This loss's parameters from ``values`` (a mapping of config keys; the missing ones keep their
+        defaults), or None for a loss without parameters."""
+        if self.params is None:
+            return None
+        return self.params(**{f.name: values[f.name] for f in fields(self.params) if f.name in values})
 
     @property
     def batch_normalised(self) -> bool:
@@ -71,15 +92,17 @@ def register_loss(
     *,
     aggregation: str,
     weighs_sampling_itself: bool = False,
-    check: Callable[[Any], list[str]] | None = None,
+    check: Callable[[LossSettings], list[str]] | None = None,
+    params: type | None = None,
 ) -> Callable[[PerTokenLoss], PerTokenLoss]:
     """Decorator: register ``fn(terms, spec) -> (per_token, metrics)`` as ``loss_type: name``.
 
     ``aggregation``: how the per-token loss becomes one number (``names.AGGREGATIONS``: grpo = mean over sequences
     of each one's token mean, bnpo = token mean of the micro-batch, dapo = token sum / tokens of the generation batch,
     dr_grpo = token sum / (N * max_completion_length), luspo = mean over sequences of each one's token sum).
-    ``check``: see :class:`PolicyLossType`. Registering a name twice with different functions is refused, unless
-    it is the same function again (its module imported anew). Returns ``fn`` unchanged.
+    ``check``, ``params`` (the loss's own parameter dataclass): see :class:`PolicyLossType`. Registering a name twice
+    with different functions is refused, unless it is the same function again (its module imported anew). Returns
+    ``fn`` unchanged.
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {', '.join(AGGREGATIONS)}")
@@ -90,7 +113,7 @@ def register_loss(
             raise ValueError(
                 f"loss_type {name!r} is registered already (by {_where(known.per_token)}); choose another name."
             )
-        LOSSES[name] = PolicyLossType(name, fn, aggregation, weighs_sampling_itself, check or _no_advice)
+        LOSSES[name] = PolicyLossType(name, fn, aggregation, weighs_sampling_itself, check or _no_advice, params)
         return fn
 
     return decorate

@@ -10,6 +10,7 @@ Each built-in loss gives the same numbers as TRL's GRPOTrainer._compute_loss on 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -48,8 +49,7 @@ class LossSpec:
         sampling_cap: cap C of the truncated importance weights applied with ``sampling_logprobs``.
         delta: the clipped surrogate's upper bound on the unclipped ratio (INTELLECT-2's two-sided clipping); None:
             none.
-        sapo_temperature_pos, sapo_temperature_neg: ``sapo``'s gate temperatures for A > 0 and A <= 0.
-        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: ``vespo``'s kernel for A >= 0 and A < 0.
+        params: the loss's own parameters (the dataclass it registered: ``sapo.SapoParams`` ...), or None.
         off_policy_mask_threshold: drop sequences with A < 0 whose mean KL(sampler || policy) exceeds it
             (DeepSeek-V3.2's off-policy sequence masking, ``token_masks.off_policy_sequence_mask``); None: off.
     """
@@ -63,16 +63,13 @@ class LossSpec:
     max_completion_length: int | None = None
     sampling_cap: float = 3.0
     delta: float | None = None
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    vespo_k_pos: float = 2.0
-    vespo_lambda_pos: float = 3.0
-    vespo_k_neg: float = 3.0
-    vespo_lambda_neg: float = 2.0
+    params: Any = None
     off_policy_mask_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        get_loss(self.loss_type)  # a ValueError naming the registered losses
+        kind = get_loss(self.loss_type)  # a ValueError naming the registered losses
+        if self.params is None and kind.params is not None:  # the loss's own defaults
+            object.__setattr__(self, "params", kind.make_params({}))
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             raise ValueError(
                 f"unknown importance_sampling_level {self.importance_sampling_level!r}; "

@@ -14,13 +14,11 @@ over sequences.
 
 from __future__ import annotations
 
-from typing import Any
-
 from grpokit.algos.clipped import clipped_surrogate
-from grpokit.algos.loss_registry import register_loss
+from grpokit.algos.loss_registry import LossSettings, register_loss
 
 
-def _advice(settings: Any) -> list[str]:
+def _advice(settings: LossSettings) -> list[str]:
     if settings.importance_sampling_level == "sequence":
         return []
     return [

@@ -14,9 +14,10 @@ tau_neg > tau_pos (1.05 and 1.0), because pushing a sampled token down spreads p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from grpokit.algos.loss_registry import register_loss
+from grpokit.algos.loss_registry import LossSettings, register_loss
 
 if TYPE_CHECKING:
     import torch
@@ -24,24 +25,33 @@ if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec, PolicyTerms
 
 
-def _check(settings: Any) -> list[str]:
+@dataclass(frozen=True)
+class SapoParams:
+    """sapo's own parameters: the soft gate's temperature for tokens with A > 0 and with A <= 0."""
+
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+
+
+def _check(settings: LossSettings) -> list[str]:
     for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-        value = getattr(settings, name)
+        value = getattr(settings.params, name)
         if not value > 0:
             raise ValueError(f"{name}={value} must be > 0 (the slope of sapo's gate; the paper uses 1.0 and 1.05).")
     return []
 
 
-@register_loss("sapo", aggregation="grpo", check=_check)
+@register_loss("sapo", aggregation="grpo", check=_check, params=SapoParams)
 def sapo_loss(terms: PolicyTerms, spec: LossSpec) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per token: l_{i,t} = -f(r) A, f(r) = sigmoid(tau (r - 1)) * 4 / tau, tau = ``spec.sapo_temperature_pos`` where
-    A > 0, else ``spec.sapo_temperature_neg``. ``terms.ratio`` [N, T] or [N, 1], advantages [N, 1] or [N, T] -> their
-    broadcast shape. No metrics of its own (the ratio mean is policy_loss's)."""
+    """Per token: l_{i,t} = -f(r) A, f(r) = sigmoid(tau (r - 1)) * 4 / tau, tau = ``sapo_temperature_pos`` of
+    ``spec.params`` (:class:`SapoParams`) where A > 0, else ``sapo_temperature_neg``. ``terms.ratio`` [N, T] or
+    [N, 1], advantages [N, 1] or [N, T] -> their broadcast shape. No metrics of its own (the ratio mean is
+    policy_loss's)."""
     import torch
 
     ratio, advantages = terms.ratio, terms.advantages
-    positive = ratio.new_tensor(spec.sapo_temperature_pos)
-    negative = ratio.new_tensor(spec.sapo_temperature_neg)
+    positive = ratio.new_tensor(spec.params.sapo_temperature_pos)
+    negative = ratio.new_tensor(spec.params.sapo_temperature_neg)
     temperature = torch.where(advantages > 0, positive, negative)  # [N, 1] or [N, T]
     gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature
     return -gate * advantages, {}

@@ -21,9 +21,10 @@ non-finite phi -> 0) are those of the authors' code and TRL's, keeping w's expon
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from grpokit.algos.loss_registry import register_loss
+from grpokit.algos.loss_registry import LossSettings, register_loss
 from grpokit.algos.names import VESPO_PHI
 
 if TYPE_CHECKING:
@@ -35,9 +36,19 @@ LOG_W_MIN = math.log(1e-8)
 LOG_W_MAX = 20.0
 
 
-def _advice(settings: Any) -> list[str]:
+@dataclass(frozen=True)
+class VespoParams:
+    """vespo's own parameters: the kernel w^k exp(lambda (1 - w))'s power k and decay lambda, for A >= 0 and A < 0."""
+
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+
+
+def _advice(settings: LossSettings) -> list[str]:
     for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
-        value = getattr(settings, name)
+        value = getattr(settings.params, name)
         if not value >= 0:
             raise ValueError(
                 f"{name}={value} must be >= 0 (vespo's kernel w^k exp(lambda (1 - w)) is bounded only for k, lambda >= "
@@ -75,14 +86,17 @@ def gamma_weights(
             log_w = log_w + (log_sampling * mask).sum(dim=-1, keepdim=True)  # padding counts as weight 1
         log_w = torch.clamp(log_w, LOG_W_MIN, LOG_W_MAX)  # [N, 1]
         nonnegative = advantages >= 0  # [N, 1] or [N, T]
-        k = torch.where(nonnegative, log_w.new_tensor(spec.vespo_k_pos), log_w.new_tensor(spec.vespo_k_neg))
-        lam = torch.where(nonnegative, log_w.new_tensor(spec.vespo_lambda_pos), log_w.new_tensor(spec.vespo_lambda_neg))
+        params = spec.params  # VespoParams
+        k = torch.where(nonnegative, log_w.new_tensor(params.vespo_k_pos), log_w.new_tensor(params.vespo_k_neg))
+        lam = torch.where(
+            nonnegative, log_w.new_tensor(params.vespo_lambda_pos), log_w.new_tensor(params.vespo_lambda_neg)
+        )
         lam = lam.clamp(min=1e-4)
         log_phi = lam + k * log_w - lam * torch.exp(log_w)
         return torch.exp(log_phi).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-@register_loss("vespo", aggregation="dapo", weighs_sampling_itself=True, check=_advice)
+@register_loss("vespo", aggregation="dapo", weighs_sampling_itself=True, check=_advice, params=VespoParams)
 def vespo_loss(terms: PolicyTerms, spec: LossSpec) -> tuple[torch.Tensor, dict[str, float]]:
     """Per token: l_{i,t} = -phi(w_i) A log pi_{i,t} (``gamma_weights``); log-probs [N, T] -> [N, T]. Its gradient
     is phi(w_i) A grad log pi, for every token of the sequence alike. Reads the per-token log-ratio, whatever the

@@ -20,6 +20,7 @@ import grpokit.trl.keys as trl_keys
 from grpokit.config import validation
 from grpokit.config.coerce import coerce
 from grpokit.config.keys import flatten, from_trl, unknown_key_message
+from grpokit.config.rules import loss_params
 from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
 
 if TYPE_CHECKING:
@@ -154,12 +155,7 @@ class GRPOConfig:
             max_completion_length=self.max_completion_length,
             sampling_cap=self.vllm_importance_sampling_cap,
             delta=self.delta,
-            sapo_temperature_pos=self.sapo_temperature_pos,
-            sapo_temperature_neg=self.sapo_temperature_neg,
-            vespo_k_pos=self.vespo_k_pos,
-            vespo_lambda_pos=self.vespo_lambda_pos,
-            vespo_k_neg=self.vespo_k_neg,
-            vespo_lambda_neg=self.vespo_lambda_neg,
+            params=loss_params(self),
             off_policy_mask_threshold=self.off_policy_mask_threshold,
         )
 

@@ -6,12 +6,13 @@ checked by the algorithm's or the loss's own entry (algos/registry.py, algos/los
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import warnings
 from typing import TYPE_CHECKING
 
 import grpokit.trl.keys as trl_keys
-from grpokit.algos.loss_registry import get_loss, loss_types
+from grpokit.algos.loss_registry import LossSettings, get_loss, loss_types
 from grpokit.algos.registry import ALGORITHMS
 from grpokit.config.extensions import import_modules
 from grpokit.config.schema import ConfigError, check
@@ -51,11 +52,36 @@ def loss(cfg: GRPOConfig) -> None:
             f"module of algo.imports).{hint}"
         )
     try:
-        advice = get_loss(a.loss_type).check(cfg)
+        advice = get_loss(a.loss_type).check(loss_settings(cfg))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     for line in advice:
         warnings.warn(f"grpokit: {line}", UserWarning, stacklevel=2)
+
+
+def loss_params(cfg: GRPOConfig):
+    """The loss's own parameters (the dataclass it registered) from the config: each from ``algo.loss_params``, else
+    from the config key of that name (sapo_temperature_pos ...), else its default; None for a loss without any."""
+    kind = get_loss(cfg.algo.loss_type)
+    given = dict(cfg.algo.loss_params)
+    if kind.params is None:
+        if given:
+            raise ConfigError(f"loss_params {sorted(given)}: loss_type {kind.name} has no parameters; remove them.")
+        return None
+    names = {f.name for f in dataclasses.fields(kind.params)}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise ConfigError(
+            f"loss_params {unknown}: loss_type {kind.name} has no such parameter; its parameters: {sorted(names)}."
+        )
+    values = {name: getattr(cfg.algo, name) for name in names if hasattr(cfg.algo, name)} | given
+    return kind.make_params(values)
+
+
+def loss_settings(cfg: GRPOConfig) -> LossSettings:
+    """What the loss's check sees (never the whole config)."""
+    a = cfg.algo
+    return LossSettings(a.loss_type, a.epsilon, a.epsilon_high, a.importance_sampling_level, loss_params(cfg))
 
 
 def kl_control_and_dynamic_sampling(cfg: GRPOConfig, world_size: int) -> None:

@@ -103,6 +103,9 @@ class AlgoConfig:
     imports: list = field(default_factory=list)
     """Python modules imported before the config is checked, each a dotted name or a path/to/file.py: one that
     registers a loss (grpokit.algos.register_loss) makes its name a valid loss_type."""
+    loss_params: dict = field(default_factory=dict)
+    """The parameters of a loss registered by a module of `imports`, by name ({name: value}); a built-in loss's have
+    keys of their own (sapo_temperature_pos ...)."""
     sapo_temperature_pos: float = 1.0
     """sapo: temperature of the soft gate for tokens with a positive advantage."""
     sapo_temperature_neg: float = 1.05

@@ -47,8 +47,14 @@ def test_trl_loss_keys_reach_the_loss_spec_and_are_not_named_unused():
         scale_rewards=False,  # TRL's older form of "none"
     )
     spec = cfg.loss_spec()
-    assert (spec.sapo_temperature_pos, spec.sapo_temperature_neg) == (0.9, 1.3)
-    assert (spec.vespo_k_pos, spec.vespo_lambda_pos, spec.vespo_k_neg, spec.vespo_lambda_neg) == (1.5, 2.5, 2.5, 1.5)
+    assert (spec.params.sapo_temperature_pos, spec.params.sapo_temperature_neg) == (0.9, 1.3)  # sapo's own
+    vespo = cfg.replace(loss_type="vespo").loss_spec().params  # each loss's parameters are its own
+    assert (vespo.vespo_k_pos, vespo.vespo_lambda_pos, vespo.vespo_k_neg, vespo.vespo_lambda_neg) == (
+        1.5,
+        2.5,
+        2.5,
+        1.5,
+    )
     assert spec.delta == 4.0 and spec.off_policy_mask_threshold == 0.5
     assert cfg.top_entropy_quantile == 0.2 and cfg.mask_truncated_completions and cfg.scale_rewards == "none"
     assert not [s for s in said if "TRL settings" in s], said
