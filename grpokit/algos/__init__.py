@@ -8,14 +8,14 @@ import importlib
 
 _WHERE = {
     "AGGREGATIONS": "names",
-    "ESTIMATORS": "names",
+    "ESTIMATORS": "estimators",
     "IMPORTANCE_SAMPLING_LEVELS": "names",
     "KL_ESTIMATORS": "names",
     "LossSpec": "losses",
     "PolicyTerms": "losses",
     "SCALE_REWARDS": "names",
     "aggregate": "masked",
-    "compute_advantages": "advantages",
+    "compute_advantages": "estimators",
     "entropy_from_logits": "logprobs",
     "get_loss": "loss_registry",
     "group_advantages": "advantages",

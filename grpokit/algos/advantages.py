@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.algos.names import ESTIMATORS, SCALE_REWARDS
+from grpokit.algos.names import SCALE_REWARDS
 
 # Added to the std before dividing, as in TRL's GRPOTrainer, so a near-constant group stays finite.
 STD_EPS = 1e-4
@@ -103,16 +103,3 @@ def reinforce_pp_advantages(rewards: torch.Tensor, num_generations: int) -> torc
     centered = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).reshape(-1)  # [B, G] -> [N]
     advantages = (centered - torch.nanmean(centered)) / (_nanstd(centered) + STD_EPS)  # [N]
     return torch.where(_keep(rewards, num_generations), advantages, 0.0)
-
-
-def compute_advantages(
-    rewards: torch.Tensor, num_generations: int, estimator: str = "grpo", scale_rewards: str = "group"
-) -> torch.Tensor:
-    """Advantages [N] by estimator name: ``grpo`` (uses ``scale_rewards``), ``rloo``, ``reinforce_pp``."""
-    if estimator == "grpo":
-        return group_advantages(rewards, num_generations, scale_rewards)
-    if estimator == "rloo":
-        return rloo_advantages(rewards, num_generations)
-    if estimator == "reinforce_pp":
-        return reinforce_pp_advantages(rewards, num_generations)
-    raise ValueError(f"unknown advantage estimator {estimator!r}; valid choices: {', '.join(ESTIMATORS)}")

@@ -14,7 +14,6 @@ AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 # losses of its micro-batches add up; the others give each micro-batch's own mean.
 BATCH_NORMALISED = ("dapo",)
 SCALE_REWARDS = ("group", "batch", "none")  # advantages.group_advantages
-ESTIMATORS = ("grpo", "rloo", "reinforce_pp")  # advantages.compute_advantages
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # losses.importance_log_ratio
 KL_ESTIMATORS = ("k1", "k2", "k3")  # kl.kl_estimate
 KL_CONTROLLERS = ("fixed", "adaptive")  # kl_control.KLController

@@ -89,7 +89,11 @@ def _require(ok: bool, message: str) -> None:
 
 
 def _grpo_settings(settings: Any, world_size: int) -> None:
-    """GRPO compares the completions of a group, and has no per-token rewards to fold a KL into."""
+    """GRPO compares the completions of a group with a registered advantage estimator, and has no per-token rewards
+    to fold a KL into."""
+    from grpokit.algos.estimators import get_estimator
+
+    get_estimator(settings.advantage_estimator)  # a ValueError naming the registered ones
     _require(
         settings.num_generations >= 2,
         f"num_generations={settings.num_generations}: GRPO needs at least 2 completions per prompt to compare them; "
@@ -127,11 +131,9 @@ def _ppo_settings(settings: Any, world_size: int) -> None:
 def _grpo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
     """The GRPO family (``advantage_estimator``, ``scale_rewards``): one advantage per sequence from the rewards
     of its group, computed over every process's rows (complete groups) and sliced to this process's."""
-    from grpokit.algos.advantages import compute_advantages
+    from grpokit.algos.estimators import get_estimator
 
-    every = compute_advantages(
-        inputs.rewards, inputs.num_generations, settings.advantage_estimator, settings.scale_rewards
-    )  # [N]
+    every = get_estimator(settings.advantage_estimator).compute(inputs.rewards, inputs.num_generations, settings)
     mine = every[inputs.rows].float().to(inputs.completion_mask.device)  # [n]
     return AdvantageOutputs(advantages=mine, per_sequence=mine)
 

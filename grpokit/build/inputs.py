@@ -14,6 +14,7 @@ import torch
 
 from grpokit.build import specs
 from grpokit.build.policy import lora_settings
+from grpokit.build.rollouts import engine_kind
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_device, pick_dtype
 from grpokit.train.rundir.folder import check_run_dir
@@ -73,6 +74,7 @@ def check_inputs(
     )
 
     args.validate(procs.world_size)
+    engine_kind(args.engine)  # a registered engine (rollout/registry.py), before a model loads
     if rollout_func is not None:
         check_rollout_func(args, rollout_func, tools, environment_factory)
     if args.engine == "vllm":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from grpokit.build import specs
-from grpokit.config import GRPOConfig
+from grpokit.config import ConfigError, GRPOConfig
 
 
 def build_rollouts(
@@ -28,20 +28,15 @@ def build_rollouts(
     ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
     from grpokit.modeling import eos_token_ids
-    from grpokit.rollout.registry import EngineParts, get_engine
+    from grpokit.rollout.registry import EngineParts
     from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
-    from grpokit.train.sampling.sources import SAMPLERS, SOURCES
+    from grpokit.train.sampling.sources import SOURCES, Situation, pick_sampler
     from grpokit.train.sampling.tool_rollouts import ToolRollouts
 
+    kind = engine_kind(args.engine if rollout_func is None else "rollout_func")
     eos = eos_token_ids(model, tokenizer)
-    kind = get_engine(args.engine if rollout_func is None else "rollout_func")
     parts = EngineParts(model, eos, tokenizer.pad_token_id, device, autocast_dtype, kernels, seed=args.seed)
-    if rollout_func is None:
-        engine = kind.build(parts, specs.vllm_spec(args, source))
-    else:
-        from grpokit.rollout.rollout_func import RolloutFuncSpec
-
-        engine = kind.build(parts, RolloutFuncSpec(rollout_func))
+    engine = kind.build(parts, _engine_spec(kind.spec, args, source, rollout_func))
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
     tool_rollouts = (
@@ -49,7 +44,19 @@ def build_rollouts(
         if tools is None
         else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)  # TRL's kwargs
     )
-    common = dict(
+    situation = Situation(
+        ray=args.backend == "ray",
+        tools=tool_rollouts is not None,
+        raw_prompts=engine.takes_raw_prompts,
+        seeded=args.seed_per_group or procs.enabled,  # rollouts must not depend on the split over processes
+    )
+    entry = pick_sampler(situation)
+    extras = {  # what a sampler may need besides the common parts, built only when it does
+        "remote": lambda: _start_ray(args, parts) if procs.is_main else None,  # rank 0 starts the Ray workers
+        "tools": lambda: tool_rollouts,
+        "prompt_column": lambda: args.prompt_column,
+    }
+    sampler = entry.cls(
         engine=engine,
         prompts=prompts,
         procs=procs,
@@ -57,17 +64,8 @@ def build_rollouts(
         num_generations=args.num_generations,
         params=sampling,
         seed=args.seed,
+        **{name: extras[name]() for name in entry.needs},
     )
-    if args.backend == "ray":  # rank 0 (the only process without torchrun) connects and starts the workers
-        sampler = SAMPLERS["ray"](remote=_start_ray(args, parts) if procs.is_main else None, **common)
-    elif tool_rollouts is not None:  # groups seeded on their own, decoded in one batch
-        sampler = SAMPLERS["tools"](tools=tool_rollouts, **common)
-    elif engine.takes_raw_prompts:  # a rollout_func: the prompts as the dataset holds them, in one call
-        sampler = SAMPLERS["raw_prompts"](prompt_column=args.prompt_column, **common)
-    elif args.seed_per_group or procs.enabled:  # rollouts must not depend on the split over processes
-        sampler = SAMPLERS["group_seeded"](**common)
-    else:
-        sampler = SAMPLERS["engine"](**common)
     if args.async_rollouts:
         rollout_source = SOURCES["one_step_off"](sampler, last_step=args.max_steps)
     else:
@@ -83,6 +81,29 @@ def build_rollouts(
     )
     inputs = specs.update_inputs_spec(args, rollout_source.off_policy, kind.separate_weights)
     return scheduler, inputs
+
+
+def engine_kind(name: str):
+    """The registered engine called ``name`` (``rollout/registry.py``); a ConfigError listing the names otherwise."""
+    from grpokit.rollout.registry import get_engine
+
+    try:
+        return get_engine(name)
+    except ValueError as exc:
+        raise ConfigError(f"generation.engine: {exc}") from None
+
+
+def _engine_spec(name: str | None, args: GRPOConfig, source: str | None, rollout_func):
+    """The settings an engine's registry entry says it needs (``EngineEntry.spec``), built from the config."""
+    if name is None:
+        return None
+    if name == "vllm":
+        return specs.vllm_spec(args, source)
+    if name == "rollout_func":
+        from grpokit.rollout.rollout_func import RolloutFuncSpec
+
+        return RolloutFuncSpec(rollout_func)
+    raise ConfigError(f"an engine asks for settings {name!r}, which grpokit/build/rollouts.py does not build.")
 
 
 def _start_ray(args: GRPOConfig, parts):

@@ -14,7 +14,7 @@ import inspect
 import itertools
 
 import grpokit.trl.keys as trl_keys
-from grpokit.algos.names import ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, SCALE_REWARDS
+from grpokit.algos.names import IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, SCALE_REWARDS
 from grpokit.config.running import (
     AgentConfig,
     DistributedConfig,
@@ -56,13 +56,11 @@ CHOICES = {
     "ref_model_dtype": ("auto", "bfloat16"),
     "optimizer": trl_keys.OPTIMIZERS,
     "scale_rewards": SCALE_REWARDS,
-    "advantage_estimator": ESTIMATORS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "kl_controller": KL_CONTROLLERS,
     "lr_scheduler_type": ("constant", "linear", "cosine"),
     "prompt_overflow": ("truncate", "drop", "error"),
     "backend": ("none", "ray"),
-    "engine": ("hf", "vllm", "transformers"),
     "strategy": ("ddp", "fsdp"),
     "save_strategy": ("steps", "epoch", "no"),
     "eval_strategy": ("steps", "epoch", "no"),

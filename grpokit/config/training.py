@@ -127,7 +127,7 @@ class AlgoConfig:
     scale_rewards: str = "group"
     """Advantage scaling: group | batch | none (Dr. GRPO)."""
     advantage_estimator: str = "grpo"
-    """grpo | rloo | reinforce_pp."""
+    """grpo | rloo | reinforce_pp, or one registered in algos/estimators.py by a module of `imports`."""
     importance_sampling_level: str = "token"
     """token | sequence (GSPO)."""
     num_iterations: int = 1
@@ -177,7 +177,8 @@ class GenerationConfig:
     engine: str = "hf"
     """Rollout engine: hf (grpokit's own sampler, any device) | vllm (CUDA only, `pip install vllm`; colocated, sleeps
     while the learner trains) | transformers (transformers' model.generate with every generation_kwargs key; slower
-    than hf; chosen for you when generation_kwargs asks for what only generate does, e.g. num_beams)."""
+    than hf; chosen for you when generation_kwargs asks for what only generate does, e.g. num_beams), or one registered
+    in rollout/registry.py by a module of `imports`."""
     vllm_gpu_memory_utilization: float = 0.3
     """engine vllm: fraction of the GPU's memory vLLM may take for weights, activations and KV cache."""
     vllm_max_model_length: int | None = None

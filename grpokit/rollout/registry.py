@@ -65,11 +65,14 @@ class MultiTurnSpec:
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """An engine kind: ``build(parts, spec)`` makes one (``spec``: its own settings, or None); ``separate_weights``:
-    it samples from its own copy of the weights, so its log-probs are not the learner's."""
+    """An engine kind: ``build(parts, spec)`` makes one; ``spec``: the name of the settings it needs, which the
+    composition root builds for it (``"vllm"``: a :class:`VLLMSpec`; None: it needs none and gets None);
+    ``separate_weights``: it samples from its own copy of the weights, so its log-probs are not the learner's.
+    Adding an engine is a module with its ``build`` and one line in :data:`ENGINES`."""
 
     build: Callable[[EngineParts, Any], Any]
     separate_weights: bool = False
+    spec: str | None = None
 
 
 def _hf(parts: EngineParts, spec: Any = None):
@@ -149,11 +152,11 @@ def _rollout_func(parts: EngineParts, spec):
 
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(_hf),
-    "vllm": EngineEntry(_vllm, separate_weights=True),
+    "vllm": EngineEntry(_vllm, separate_weights=True, spec="vllm"),
     "transformers": EngineEntry(_transformers),
     "multi-turn": EngineEntry(_multi_turn),
     # the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights
-    "rollout_func": EngineEntry(_rollout_func),
+    "rollout_func": EngineEntry(_rollout_func, spec="rollout_func"),
 }
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from grpokit.algos.advantages import compute_advantages
+from grpokit.algos.estimators import compute_advantages
 from grpokit.algos.registry import ALGORITHMS, AdvantageInputs, get_algorithm
 from grpokit.config import ConfigError, GRPOConfig
 

@@ -61,7 +61,13 @@ def test_algorithm_options_are_the_lists_algos_implements():
     assert "loss_type" not in CHOICES  # the loss registry's names, checked after algo.imports (test_config_losses)
     assert all(name in field_docs(SECTIONS["algo"])["loss_type"] for name in loss_types())
     assert CHOICES["scale_rewards"] is names.SCALE_REWARDS
-    assert CHOICES["advantage_estimator"] is names.ESTIMATORS
+    # advantage estimators and engines are registries (algos/estimators.py, rollout/registry.py), not choice lists
+    assert "advantage_estimator" not in CHOICES and "engine" not in CHOICES
+    from grpokit.algos.estimators import ESTIMATORS
+
+    assert all(name in field_docs(SECTIONS["algo"])["advantage_estimator"] for name in ESTIMATORS)
+    with pytest.raises(ConfigError, match="unknown advantage_estimator 'rlo'; valid choices: grpo, rloo, reinforce_pp"):
+        GRPOConfig(advantage_estimator="rlo")
     assert CHOICES["importance_sampling_level"] is names.IMPORTANCE_SAMPLING_LEVELS
     with pytest.raises(ConfigError, match="choose one of grpo, bnpo, dr_grpo, dapo"):
         GRPOConfig(loss_type="ppo")

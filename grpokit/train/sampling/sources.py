@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from grpokit.rollout.seeding import generate_per_group, group_seed, split_rollouts
@@ -273,12 +274,45 @@ class OneStepOffRollouts(SyncRollouts):
         return True
 
 
-# The samplers and sources by name; the composition root (grpokit/build/rollouts.py) picks one of each.
-SAMPLERS: dict[str, type] = {
-    "engine": EngineSampler,
-    "group_seeded": GroupSeededSampler,
-    "tools": ToolSampler,
-    "raw_prompts": RawPromptSampler,
-    "ray": RaySampler,
+@dataclass(frozen=True)
+class Situation:
+    """What decides a run's sampler: Ray rollout workers (``ray``), tool rollouts (``tools``), an engine that takes
+    the raw prompts (``raw_prompts``: a rollout_func), rollouts that must not depend on the split over processes
+    (``seeded``: seed_per_group, or several processes)."""
+
+    ray: bool = False
+    tools: bool = False
+    raw_prompts: bool = False
+    seeded: bool = False
+
+
+@dataclass(frozen=True)
+class SamplerEntry:
+    """A sampler kind: ``cls`` is built with the common parts (engine, prompts, procs, model, num_generations,
+    params, seed) and the extras it ``needs`` (``remote``: the Ray workers; ``tools``: the ToolRollouts;
+    ``prompt_column``), which the composition root supplies by name; ``applies(situation)``: whether it samples a
+    run in that :class:`Situation`."""
+
+    cls: type
+    applies: Callable[[Situation], bool]
+    needs: tuple[str, ...] = ()
+
+
+# The samplers by name, in order of precedence: the first that applies samples the run (the composition root,
+# grpokit/build/rollouts.py, asks :func:`pick_sampler`). Adding one is a class and one line here.
+SAMPLERS: dict[str, SamplerEntry] = {
+    "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote",)),
+    "tools": SamplerEntry(ToolSampler, lambda s: s.tools, needs=("tools",)),  # groups seeded, decoded in one batch
+    "raw_prompts": SamplerEntry(RawPromptSampler, lambda s: s.raw_prompts, needs=("prompt_column",)),
+    "group_seeded": SamplerEntry(GroupSeededSampler, lambda s: s.seeded),
+    "engine": SamplerEntry(EngineSampler, lambda s: True),
 }
+
+
+def pick_sampler(situation: Situation) -> SamplerEntry:
+    """The first sampler of :data:`SAMPLERS` that applies to ``situation``."""
+    return next(entry for entry in SAMPLERS.values() if entry.applies(situation))
+
+
+# The sources by name: one step off with async_rollouts, else synchronous.
 SOURCES: dict[str, type] = {"sync": SyncRollouts, "one_step_off": OneStepOffRollouts}
