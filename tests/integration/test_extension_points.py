@@ -1,0 +1,163 @@
+"""Adding a loss with its own parameter, an engine and an advantage estimator: each is one new module (written here,
+as a user writes it) with one registry line, named in ``algo.imports``; each trains one step through the Python
+API on a tiny model, with no other edit to grpokit."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import TARGET_REWARD
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.config import ConfigError
+from grpokit.store import RolloutStore
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def registries_restored():
+    """What a test registers stays in its test: the registries are as before afterwards."""
+    from grpokit.algos.estimators import ESTIMATORS
+    from grpokit.algos.loss_registry import LOSSES
+    from grpokit.rollout.registry import ENGINES
+
+    saved = [(table, dict(table)) for table in (LOSSES, ENGINES, ESTIMATORS)]
+    yield
+    for table, before in saved:
+        table.clear()
+        table.update(before)
+
+# REINFORCE scaled by its one parameter; its metric shows the parameter reached the loss.
+TOY_LOSS = """
+from dataclasses import dataclass
+
+from grpokit.algos import register_loss
+
+
+@dataclass(frozen=True)
+class ScaleParams:
+    toy_scale: float = 1.0
+
+
+def check(settings):
+    if not settings.params.toy_scale > 0:
+        raise ValueError(f"toy_scale={settings.params.toy_scale} must be > 0.")
+    return []
+
+
+def scaled_reinforce(terms, spec):
+    per_token = -spec.params.toy_scale * terms.advantages * terms.logprobs  # [N, 1] x [N, T]
+    return per_token, {"toy/scale": spec.params.toy_scale}
+
+
+register_loss("toy_scaled", aggregation="bnpo", params=ScaleParams, check=check)(scaled_reinforce)
+"""
+
+# grpokit's own sampler, counting its calls.
+TOY_ENGINE = """
+from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.registry import ENGINES, EngineEntry
+
+CALLS = []
+
+
+class CountingEngine(HFRolloutEngine):
+    def generate(self, *args, **kwargs):
+        CALLS.append(1)
+        return super().generate(*args, **kwargs)
+
+
+def build(parts, spec):
+    assert spec is None  # it declared no settings, so it gets none
+    return CountingEngine(
+        parts.model, parts.eos_token_ids, parts.pad_token_id, parts.device, seed=parts.seed,
+        autocast_dtype=parts.autocast_dtype, kernels=parts.kernels,
+    )
+
+
+ENGINES["toy_counting"] = EngineEntry(build)
+"""
+
+# +1 above the group's mean reward, -1 below, 0 at it.
+TOY_ESTIMATOR = """
+import torch
+
+from grpokit.algos.estimators import register_estimator
+
+
+def sign_advantages(rewards, num_generations, settings):
+    groups = rewards.view(-1, num_generations)
+    return torch.sign(groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
+
+
+register_estimator("toy_sign", sign_advantages)
+"""
+
+
+def one_step(tmp_path: Path, model_dir: Path, prompts: list, module: str, source: str, **settings) -> Path:
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+    run = tmp_path / "run"
+    args = GRPOConfig(
+        output_dir=str(run),
+        imports=[str(tmp_path / f"{module}.py")],
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=1,
+        max_completion_length=5,
+        learning_rate=1e-3,
+        save_strategy="no",
+        progress_bar=False,
+        report_to=["jsonl"],
+        **settings,
+    )
+    GRPOTrainer(str(model_dir), TARGET_REWARD, args=args, train_dataset=prompts).train()
+    return run
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_loss_with_its_own_parameter(tmp_path, tiny_model_dir, word_prompts):
+    run = one_step(
+        tmp_path,
+        tiny_model_dir,
+        word_prompts,
+        "toy_loss",
+        TOY_LOSS,
+        loss_type="toy_scaled",
+        loss_params={"toy_scale": 0.5},
+    )
+    (step,) = [m for m in metrics(run) if "loss" in m]
+    assert step["toy/scale"] == 0.5  # the parameter reached the loss
+    with pytest.raises(ConfigError, match=r"toy_scale=-1 must be > 0"):  # the loss's own check
+        GRPOConfig(imports=[str(tmp_path / "toy_loss.py")], loss_type="toy_scaled", loss_params={"toy_scale": -1})
+    with pytest.raises(ConfigError, match=r"loss_params \['scale'\]: loss_type toy_scaled has no such parameter"):
+        GRPOConfig(imports=[str(tmp_path / "toy_loss.py")], loss_type="toy_scaled", loss_params={"scale": 2})
+
+
+def test_an_engine(tmp_path, tiny_model_dir, word_prompts):
+    from grpokit.rollout.registry import ENGINES
+
+    run = one_step(tmp_path, tiny_model_dir, word_prompts, "toy_engine", TOY_ENGINE, engine="toy_counting")
+    assert len(ENGINES["toy_counting"].build.__globals__["CALLS"]) >= 1  # the registered engine sampled the step
+    assert [m for m in metrics(run) if "loss" in m]
+    with pytest.raises(ConfigError, match=r"generation.engine: unknown rollout engine 'toy_countin'"):
+        GRPOTrainer(
+            str(tiny_model_dir), TARGET_REWARD, args=GRPOConfig(engine="toy_countin"), train_dataset=word_prompts
+        )
+
+
+def test_an_advantage_estimator(tmp_path, tiny_model_dir, word_prompts):
+    run = one_step(
+        tmp_path, tiny_model_dir, word_prompts, "toy_estimator", TOY_ESTIMATOR, advantage_estimator="toy_sign"
+    )
+    with RolloutStore(run, readonly=True) as store:
+        advantages = {r["advantage"] for r in store.rollouts()}
+    assert advantages and advantages <= {-1.0, 0.0, 1.0}
+    with pytest.raises(ConfigError, match=r"unknown advantage_estimator 'toy_sig'"):
+        GRPOConfig(advantage_estimator="toy_sig")
