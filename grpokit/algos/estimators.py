@@ -1,8 +1,8 @@
 """The advantage estimators of the GRPO family by name (``advantage_estimator``): one advantage per completion from
 the rewards of its group.
 
-Each entry declares what it reads: ``compute(rewards [N], num_generations, settings) -> advantages [N]``, where
-``settings`` is the algorithm's own section (``scale_rewards`` ...). Adding one is a function and one line,
+Each entry declares what it reads: ``compute(rewards [N], num_generations, algo) -> advantages [N]``, where
+``algo`` is the algorithm's own section (``scale_rewards`` ...). Adding one is a function and one line,
 ``ESTIMATORS["name"] = Estimator(fn)`` (or :func:`register_estimator`); the config checks names against this table.
 Importing this module loads no torch (the config validates names with it): the built-ins import
 :mod:`grpokit.algos.advantages` when first called.
@@ -17,24 +17,24 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Estimator:
-    """An advantage estimator: ``compute(rewards [N], num_generations, settings) -> advantages [N]``."""
+    """An advantage estimator: ``compute(rewards [N], num_generations, algo) -> advantages [N]``."""
 
     compute: Callable[[Any, int, Any], Any]
 
 
-def _grpo(rewards, num_generations: int, settings):
+def _grpo(rewards, num_generations: int, algo):
     from grpokit.algos.advantages import group_advantages
 
-    return group_advantages(rewards, num_generations, settings.scale_rewards)
+    return group_advantages(rewards, num_generations, algo.scale_rewards)
 
 
-def _rloo(rewards, num_generations: int, settings):
+def _rloo(rewards, num_generations: int, algo):
     from grpokit.algos.advantages import rloo_advantages
 
     return rloo_advantages(rewards, num_generations)
 
 
-def _reinforce_pp(rewards, num_generations: int, settings):
+def _reinforce_pp(rewards, num_generations: int, algo):
     from grpokit.algos.advantages import reinforce_pp_advantages
 
     return reinforce_pp_advantages(rewards, num_generations)

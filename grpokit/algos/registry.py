@@ -61,26 +61,26 @@ class Algorithm:
 
     name: its ``algo.algorithm`` value. min_generations: the fewest completions per prompt it can learn from.
     uses_critic: the trainer builds and trains a value model (``train/learning/critic.py``) and passes its values.
-    needs_old_logprobs: ``(settings) -> bool``, the advantages read the sampling policy's log-probs (computed before
-    the update). advantages: ``(inputs, settings) -> AdvantageOutputs``. validate: ``(settings, world_size)``: raises
+    needs_old_logprobs: ``(algo) -> bool``, the advantages read the sampling policy's log-probs (computed before
+    the update). advantages: ``(inputs, algo) -> AdvantageOutputs``. validate: ``(algo, world_size)``: raises
     ValueError (one line naming the fix) for settings the algorithm cannot run with; :meth:`check` calls it, then
-    checks ``min_generations``. ``settings`` is the config's ``algo`` section (``grpokit.config.training``'s
-    AlgoConfig, not imported here: algos/ sits below config), the algorithm's own settings, read by name.
+    checks ``min_generations``. ``algo`` is the config's ``algo`` section (``grpokit.config.training``'s
+    AlgoConfig, not imported here: algos/ sits below config), the algorithm's own algo, read by name.
     """
 
     name: str
     min_generations: int
     uses_critic: bool
     advantages: Callable[[AdvantageInputs, Any], AdvantageOutputs]
-    needs_old_logprobs: Callable[[Any], bool] = lambda settings: False
-    validate: Callable[[Any, int], None] = lambda settings, world_size: None
+    needs_old_logprobs: Callable[[Any], bool] = lambda algo: False
+    validate: Callable[[Any, int], None] = lambda algo, world_size: None
 
-    def check(self, settings: Any, world_size: int = 1) -> None:
+    def check(self, algo: Any, world_size: int = 1) -> None:
         """The algorithm's own checks of the run's ``algo`` section (read by name); ValueError on the first that
         fails."""
-        self.validate(settings, world_size)
-        if settings.num_generations < self.min_generations:
-            raise ValueError(f"num_generations={settings.num_generations} must be >= {self.min_generations}.")
+        self.validate(algo, world_size)
+        if algo.num_generations < self.min_generations:
+            raise ValueError(f"num_generations={algo.num_generations} must be >= {self.min_generations}.")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -88,36 +88,36 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _grpo_settings(settings: Any, world_size: int) -> None:
+def _grpo_settings(algo: Any, world_size: int) -> None:
     """GRPO compares the completions of a group with a registered advantage estimator, and has no per-token rewards
     to fold a KL into."""
     from grpokit.algos.estimators import get_estimator
 
-    get_estimator(settings.advantage_estimator)  # a ValueError naming the registered ones
+    get_estimator(algo.advantage_estimator)  # a ValueError naming the registered ones
     _require(
-        settings.num_generations >= 2,
-        f"num_generations={settings.num_generations}: GRPO needs at least 2 completions per prompt to compare them; "
+        algo.num_generations >= 2,
+        f"num_generations={algo.num_generations}: GRPO needs at least 2 completions per prompt to compare them; "
         "set num_generations >= 2 (or algorithm: ppo, whose learned value needs no group).",
     )
     _require(
-        not settings.kl_in_reward,
-        f"kl_in_reward: true folds the KL into per-token rewards, which algorithm: {settings.algorithm} has none of; "
+        not algo.kl_in_reward,
+        f"kl_in_reward: true folds the KL into per-token rewards, which algorithm: {algo.algorithm} has none of; "
         "use algorithm: ppo, or kl_in_reward: false (the KL term in the loss).",
     )
 
 
-def _ppo_settings(settings: Any, world_size: int) -> None:
+def _ppo_settings(algo: Any, world_size: int) -> None:
     """PPO's GAE and value-loss options, its per-token advantages, and its one-process critic."""
-    _require(0 <= settings.gamma <= 1, f"gamma={settings.gamma} must be in [0, 1] (GAE's discount; 1 = none).")
-    _require(0 <= settings.lam <= 1, f"lam={settings.lam} must be in [0, 1] (GAE's lambda).")
-    _require(settings.vf_coef > 0, f"vf_coef={settings.vf_coef} must be > 0 (the value loss's weight).")
-    _require(settings.cliprange_value > 0, f"cliprange_value={settings.cliprange_value} must be > 0 (e.g. 0.2).")
+    _require(0 <= algo.gamma <= 1, f"gamma={algo.gamma} must be in [0, 1] (GAE's discount; 1 = none).")
+    _require(0 <= algo.lam <= 1, f"lam={algo.lam} must be in [0, 1] (GAE's lambda).")
+    _require(algo.vf_coef > 0, f"vf_coef={algo.vf_coef} must be > 0 (the value loss's weight).")
+    _require(algo.cliprange_value > 0, f"cliprange_value={algo.cliprange_value} must be > 0 (e.g. 0.2).")
     _require(
-        settings.critic_learning_rate is None or settings.critic_learning_rate >= 0,
-        f"critic_learning_rate={settings.critic_learning_rate} must be >= 0 or null (= learning_rate).",
+        algo.critic_learning_rate is None or algo.critic_learning_rate >= 0,
+        f"critic_learning_rate={algo.critic_learning_rate} must be >= 0 or null (= learning_rate).",
     )
     _require(
-        settings.importance_sampling_level == "token",
+        algo.importance_sampling_level == "token",
         "algorithm: ppo gives every token its own advantage, which a sequence-level ratio "
         "(importance_sampling_level: sequence, GSPO) cannot use; set importance_sampling_level: token.",
     )
@@ -128,17 +128,17 @@ def _ppo_settings(settings: Any, world_size: int) -> None:
     )
 
 
-def _grpo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
+def _grpo_advantages(inputs: AdvantageInputs, algo: Any) -> AdvantageOutputs:
     """The GRPO family (``advantage_estimator``, ``scale_rewards``): one advantage per sequence from the rewards
     of its group, computed over every process's rows (complete groups) and sliced to this process's."""
     from grpokit.algos.estimators import get_estimator
 
-    every = get_estimator(settings.advantage_estimator).compute(inputs.rewards, inputs.num_generations, settings)
+    every = get_estimator(algo.advantage_estimator).compute(inputs.rewards, inputs.num_generations, algo)
     mine = every[inputs.rows].float().to(inputs.completion_mask.device)  # [n]
     return AdvantageOutputs(advantages=mine, per_sequence=mine)
 
 
-def _ppo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
+def _ppo_advantages(inputs: AdvantageInputs, algo: Any) -> AdvantageOutputs:
     """PPO with a learned value (``algos.gae.ppo_advantages``): the reward on the last token, the KL folded in
     with ``kl_in_reward``, GAE with ``gamma`` and ``lam``, whitened over the tokens. A completion without a
     reward (NaN) leaves the losses (its loss mask is 0). Per sequence: the mean of its token advantages."""
@@ -151,13 +151,13 @@ def _ppo_advantages(inputs: AdvantageInputs, settings: Any) -> AdvantageOutputs:
     rewards = inputs.rewards[inputs.rows].to(inputs.values.device)  # [n]
     missing = rewards.isnan()  # [n]
     mask = inputs.completion_mask * (~missing).to(inputs.completion_mask.dtype)[:, None]  # [n, T]
-    in_reward = settings.kl_in_reward and inputs.beta > 0
+    in_reward = algo.kl_in_reward and inputs.beta > 0
     advantages, returns, kl = ppo_advantages(
         rewards.nan_to_num(0.0).float(),
         inputs.values,
         mask,
-        settings.gamma,
-        settings.lam,
+        algo.gamma,
+        algo.lam,
         old_logprobs=inputs.old_logprobs if in_reward else None,
         ref_logprobs=inputs.ref_logprobs if in_reward else None,
         beta=inputs.beta if in_reward else 0.0,
@@ -182,7 +182,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         min_generations=1,
         uses_critic=True,
         advantages=_ppo_advantages,
-        needs_old_logprobs=lambda settings: settings.kl_in_reward and settings.beta > 0,
+        needs_old_logprobs=lambda algo: algo.kl_in_reward and algo.beta > 0,
         validate=_ppo_settings,
     ),
 }

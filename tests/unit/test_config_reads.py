@@ -40,7 +40,7 @@ EXEMPT = {
     "micro-batch, LoRA, ...) for `grpokit explain` and the root's fit warning",
 }
 
-CONVENTIONAL = {"args", "cfg", "config"}
+CONVENTIONAL = {"args", "cfg", "config", "settings"}
 # Everything a GRPOConfig answers: fields, aliases, sections, methods and TRL's keys.
 FACADE_ATTRS = (
     set(FIELD_SECTION)
@@ -273,3 +273,52 @@ def test_the_check_leaves_specs_and_other_objects_alone():
         """
     )
     assert facade_reads(clean) == []
+
+
+# Where a real run may read the facade: the config package, the composition root, and the memory estimate the root
+# asks for (exempt above). The TRL wrapper only holds the config (trainer.args); it never reads it.
+RUN_READERS = ("config/", "build/", "memory.py")
+
+
+def test_a_two_step_run_reads_the_facade_only_from_the_config_and_the_build(tmp_path, monkeypatch):
+    """Every attribute read of a GRPOConfig during a 2-step run through the Python API (building the trainer,
+    training, evaluating), recorded with the grpokit module that read it: only the config package and the build
+    package (and the memory estimate they call) read it."""
+    import sys
+
+    from grpokit import GRPOTrainer
+    from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+
+    words = [f"w{i}" for i in range(12)]
+    tokenizer = build_word_tokenizer(words)
+    build_tiny_causal_lm(tmp_path / "model", tokenizer, arch="llama", hidden_size=16, num_layers=1, num_heads=2)
+    rows = [{"prompt": " ".join(words[i : i + 3])} for i in range(8)]
+    readers: dict[str, set[str]] = {}
+    plain = object.__getattribute__
+
+    def recording(self, name):
+        caller = sys._getframe(1).f_code.co_filename
+        if caller.startswith(str(ROOT)):
+            readers.setdefault(Path(caller).relative_to(ROOT).as_posix(), set()).add(name)
+        return plain(self, name)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        num_generations=2,
+        per_device_train_batch_size=4,
+        max_steps=2,
+        max_completion_length=3,
+        save_strategy="no",
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
+    monkeypatch.setattr(GRPOConfig, "__getattribute__", recording)
+    reward = lambda completions, **kw: [float(len(c)) for c in completions]
+    trainer = GRPOTrainer(str(tmp_path / "model"), reward, args=args, train_dataset=rows)
+    trainer.train_dataset  # noqa: B018  (TRL's attribute: a read of the Run, not of the config)
+    trainer.train()
+    trainer.evaluate(eval_dataset=rows[:2])
+    monkeypatch.undo()
+    outside = {module: sorted(names) for module, names in readers.items() if not module.startswith(RUN_READERS)}
+    assert any(m.startswith("build/") for m in readers), f"the recording missed the builders: {sorted(readers)}"
+    assert not outside, f"read the GRPOConfig facade outside config/ and build/: {outside}"
