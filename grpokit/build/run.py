@@ -109,78 +109,98 @@ def build_run(
     )
     config = checked.args  # max_steps resolved
     spec = specs.loop_spec(config, procs.world_size)
-    path = model if isinstance(model, str) else spec.model_name_or_path if model is None else None
-    if path and procs.is_main:
-        warn_if_too_big(config, path)
-    model, tokenizer, device, use_lora = build_policy(model, tokenizer, config, peft_config)
-    ensure_pad_token(tokenizer)
-    train_source, eval_sets = build_inputs.prompt_sources(config, tokenizer, checked.train_rows, checked.eval_sets)
-    torch.manual_seed(spec.seed)
-    dtype = autocast_dtype(spec.dtype, device, model)
-    kernels = Kernels.select(device, dtype)  # this run's fast paths, chosen once
-    scheduler, inputs_spec = build_rollouts(
-        config,
-        model=model,
-        tokenizer=tokenizer,
-        prompts=train_source,
-        procs=procs,
-        device=device,
-        autocast_dtype=dtype,
-        source=path,
-        kernels=kernels,
-        tools=checked.tools,
-        rollout_func=None if rollout_func is None else generate,
-    )
-    scorer = Scorer(
-        checked.train_rows,
-        train_source,
-        tokenizer,
-        checked.rewards,
-        procs,
-        scheduler.tool_rollouts,
-        spec.num_generations,
-        spec.max_steps,
-        spec.prompt_column,
-        spec.rewards_on_main,
-    )
-    algorithm = get_algorithm(spec.algorithm)  # what the steps ask for advantages (algos/registry.py)
-    reference, optimizer, lr_scheduler, learner = build_learner(
-        model,
-        config,
-        procs=procs,
-        device=device,
-        use_lora=use_lora,
-        optimizers=optimizers,
-        autocast_dtype=dtype,
-        kernels=kernels,
-        prompt_tokens=train_source.longest,
-    )
     parts = dict(
         config=config,
         spec=spec,
         procs=procs,
         train_dataset=train_dataset,
         train_rows=checked.train_rows,
-        eval_sets=eval_sets,
         rewards=checked.rewards,
         steps_per_epoch=checked.steps_per_epoch,
+    )
+    parts |= _policy(config, parts, model, tokenizer, peft_config, checked.eval_sets)
+    parts |= _rollouts(config, parts, checked.tools, None if rollout_func is None else generate)
+    parts |= _learning(config, parts, optimizers)
+    return Run(**parts, **_around_the_steps(config, parts, callbacks))
+
+
+def _policy(config: GRPOConfig, parts: dict, model, tokenizer, peft_config, eval_sets: dict) -> dict:
+    """The policy on its device with its tokenizer, the prompt sources, and the run's autocast dtype and kernels."""
+    spec, procs = parts["spec"], parts["procs"]
+    path = model if isinstance(model, str) else spec.model_name_or_path if model is None else None
+    if path and procs.is_main:
+        warn_if_too_big(config, path)
+    model, tokenizer, device, use_lora = build_policy(model, tokenizer, config, peft_config)
+    ensure_pad_token(tokenizer)
+    train_source, eval_sets = build_inputs.prompt_sources(config, tokenizer, parts["train_rows"], eval_sets)
+    torch.manual_seed(spec.seed)
+    dtype = autocast_dtype(spec.dtype, device, model)
+    return dict(
         model=model,
         tokenizer=tokenizer,
         device=device,
         use_lora=use_lora,
-        autocast_dtype=dtype,
-        kernels=kernels,
         train_source=train_source,
-        rollout_scheduler=scheduler,
-        update_inputs_spec=inputs_spec,
-        step_sampling=build_step_sampling(config, scheduler, scorer, tokenizer.pad_token_id),
-        algorithm=algorithm,
+        eval_sets=eval_sets,
+        autocast_dtype=dtype,
+        kernels=Kernels.select(device, dtype),  # this run's fast paths, chosen once
+        source=path,  # the model's folder or hub id when given by name (vLLM loads its copy from there)
+    )
+
+
+def _rollouts(config: GRPOConfig, parts: dict, tools, generate) -> dict:
+    """The rollout scheduler (engine, sampler, source), how the learner takes its rollouts, and each step's
+    sampling (one round, or dynamic sampling's), scoring with a :class:`Scorer`."""
+    spec, tokenizer = parts["spec"], parts["tokenizer"]
+    scheduler, inputs_spec = build_rollouts(
+        config,
+        model=parts["model"],
+        tokenizer=tokenizer,
+        prompts=parts["train_source"],
+        procs=parts["procs"],
+        device=parts["device"],
+        autocast_dtype=parts["autocast_dtype"],
+        source=parts.pop("source"),
+        kernels=parts["kernels"],
+        tools=tools,
+        rollout_func=generate,
+    )
+    scorer = Scorer(
+        parts["train_rows"],
+        parts["train_source"],
+        tokenizer,
+        parts["rewards"],
+        parts["procs"],
+        scheduler.tool_rollouts,
+        spec.num_generations,
+        spec.max_steps,
+        spec.prompt_column,
+        spec.rewards_on_main,
+    )
+    step_sampling = build_step_sampling(config, scheduler, scorer, tokenizer.pad_token_id)
+    return dict(rollout_scheduler=scheduler, update_inputs_spec=inputs_spec, step_sampling=step_sampling)
+
+
+def _learning(config: GRPOConfig, parts: dict, optimizers: tuple) -> dict:
+    """The algorithm (what the steps ask for advantages), the reference, optimizer, LR schedule and learner."""
+    reference, optimizer, lr_scheduler, learner = build_learner(
+        parts["model"],
+        config,
+        procs=parts["procs"],
+        device=parts["device"],
+        use_lora=parts["use_lora"],
+        optimizers=optimizers,
+        autocast_dtype=parts["autocast_dtype"],
+        kernels=parts["kernels"],
+        prompt_tokens=parts["train_source"].longest,
+    )
+    return dict(
+        algorithm=get_algorithm(parts["spec"].algorithm),
         reference=reference,
         optimizer=optimizer,
         scheduler=lr_scheduler,
         learner=learner,
     )
-    return Run(**parts, **_around_the_steps(config, parts, callbacks))
 
 
 def _around_the_steps(config: GRPOConfig, parts: dict, callbacks: list | None) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from grpokit.algos.registry import AdvantageInputs
 from grpokit.train.learning.learner import update_inputs
 from grpokit.train.learning.policy_logprobs import build_batch
-from grpokit.train.metrics import EVAL, sample_metrics
+from grpokit.train.metrics import EVAL, sample_metrics, stored_eval_names, trl_eval_names
 from grpokit.train.sampling.scoring import reward_state
 
 
@@ -51,3 +51,19 @@ def evaluation_loss(run, found) -> dict[str, float]:
         batch = build_batch(run.model, rollouts, run.tokenizer.pad_token_id, run.device)
         per_batch.append(run.learner.evaluation_loss(batch, advantages.advantages, loss_mask))
     return {key: sum(m[key] for m in per_batch) / len(per_batch) for key in per_batch[0]}
+
+
+def log_evaluations(run, sets: dict, step: int, prefix: str = "eval", run_log=None) -> dict:
+    """Evaluate ``sets`` ({name: (PromptSource, rows)}) after ``step`` steps: each set's metrics are a log entry
+    (TRL's names, ``prefix`` for ``eval``) and reach the callbacks' ``on_evaluate``; ``run_log`` (during training)
+    keeps them under grpokit's names (not the timings: a resume reproduces every number it holds). Returns every
+    set's TRL-named metrics."""
+    out: dict[str, float] = {}
+    for name, (metrics, speed) in evaluations(run, sets, step).items():
+        if run_log is not None:
+            run_log.evaluation(step, stored_eval_names(metrics, name), "eval" if name is None else name)
+        logged = trl_eval_names(metrics | speed, prefix if name is None else f"{prefix}_{name}")
+        run.callbacks.log(logged)
+        run.callbacks.event("on_evaluate", metrics=logged)
+        out |= logged
+    return out

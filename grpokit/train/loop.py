@@ -1,10 +1,9 @@
 """The training loop: a built :class:`~grpokit.build.Run`, stepped to ``max_steps``.
 
-Each step reads top to bottom in :meth:`Loop.step_once`: sample (the rollout scheduler's prompts, G rollouts each)
-and score them (``sampling/scoring.py``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``),
-record (the store and metrics.jsonl on rank 0), checkpoint every save_steps, evaluate every eval_steps
-(``train/evaluation.py``). Every torchrun rank runs this same loop; rank 0 alone owns the run folder. The loop never
-reads the config: everything it needs is in the Run and its :class:`LoopSpec`.
+Each step reads top to bottom (:meth:`Loop._train_step`, :meth:`Loop._after_step`): sample and score
+(``sampling/``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``), record (store and
+metrics.jsonl, rank 0), checkpoint, evaluate (``evaluation.py``). Every torchrun rank runs it; rank 0 alone owns the
+run folder. It never reads the config: what it needs is in the Run and its :class:`LoopSpec`.
 """
 
 from __future__ import annotations
@@ -19,33 +18,21 @@ import torch
 from grpokit.algos.names import BETA, KL
 from grpokit.algos.registry import AdvantageInputs
 from grpokit.hub import HubSpec
-from grpokit.store.record import rollout_records
-from grpokit.train.evaluation import evaluations
+from grpokit.train.evaluation import log_evaluations
 from grpokit.train.interrupt import SignalStop, stop_message
 from grpokit.train.learning.learner import update_inputs
 from grpokit.train.learning.policy_logprobs import build_batch
-from grpokit.train.metrics import (
-    PhaseClock,
-    step_metrics,
-    stored_eval_names,
-    train_summary,
-    trl_eval_names,
-    trl_names,
-    window_log,
-)
+from grpokit.train.metrics import PhaseClock, train_summary, trl_names, window_log
+from grpokit.train.recording import step_record
 from grpokit.train.rundir.checkpoint import save_final_model
 from grpokit.train.rundir.folder import RunFolder, open_run_dir, resume_point
-from grpokit.train.sampling.rounds import renumber_repeats
 
 
 @dataclass(frozen=True)
 class LoopSpec:
-    """The training loop's own settings, built once by the composition root (:func:`grpokit.build.specs.loop_spec`):
-    the model's name (None: a module was given), ``dtype``, ``seed``; the ``algorithm`` and its section (``algo``,
-    read by the algorithm's advantages); G (``num_generations``), ``max_steps`` (resolved), the global
-    ``completions_per_step``; the dataset's ``prompt_column``; ``rewards_on_main`` (Ray reward workers: rank 0
-    scores every rank's rows); the reference resync (``ref_model_sync_steps``, ``ref_model_mixup_alpha``);
-    ``logging_steps``; ``save_at_end`` (save_strategy is not no) and ``merge_on_save``."""
+    """The loop's own settings, built once by :func:`grpokit.build.specs.loop_spec`. ``algo``: the algorithm's
+    section, read by its advantages; ``rewards_on_main``: Ray reward workers (rank 0 scores every rank's rows);
+    ``save_at_end``: save_strategy is not no."""
 
     model_name_or_path: str | None
     dtype: str
@@ -138,8 +125,8 @@ class Loop:
 
     def _train_step(self, step: int) -> dict:
         """Sample and score, learn, record: one step; rank 0 stores and logs it."""
-        run, G, clock = self.run, self.spec.num_generations, PhaseClock()
-        procs, learner, source = run.procs, run.learner, run.train_source
+        run, clock = self.run, PhaseClock()
+        procs, learner = run.procs, run.learner
         # sample and score: this rank's prompts, G rollouts each (dynamic sampling: every round, and the rows trained)
         sampled = run.step_sampling.sample(step, clock)
         rollouts, trained = sampled.rollouts, sampled.trained
@@ -152,37 +139,15 @@ class Loop:
         if KL in update:  # the adaptive controller moves beta after each step (Ziegler et al.: n_steps = N)
             learner.kl_controller.update(update[KL], n_steps=advantages.numel() * procs.world_size)
         update = {BETA: beta, **update, **sampled.metrics}
-        # record
-        all_lengths = procs.gather(rollouts.sampled_lengths.float())  # [N_global] tokens the model wrote
-        prompt_tokens = procs.sum(torch.tensor(float(sum(len(source.ids[i]) for i in sampled.indices) * G)))
-        state = run.callbacks.state
-        state.num_input_tokens_seen += int(prompt_tokens.item() + all_lengths.sum().item())  # TRL's num_tokens
-        metrics = step_metrics(
-            sampled.global_rewards,
-            update=update,
-            advantages=procs.gather(advantages.float()),  # [N_global trained], one per completion
-            group_size=G,
-            lengths=all_lengths,
-            truncated=procs.gather(rollouts.truncated.float()),  # [N_global]
-            prompt_tokens=prompt_tokens.item(),
-            source=source,
-            staleness=staleness,
-            times=clock.metrics(),
-            extra=run.rollout_scheduler.metrics(),
-            tokens_seen=state.num_input_tokens_seen,
-        )
-        stored = sampled.stored_advantages(advantages)  # every sampled group, the dropped ones without an advantage
-        records = rollout_records(sampled.indices, rollouts, sampled.completions, sampled.reward, stored, source)
-        if sampled.train_rows is not None:  # a prompt drawn again by a later round: its completions numbered on
-            records = renumber_repeats(records, G)
-        records = procs.gather_objects(records)  # every rank's, on rank 0
+        # record: the step's metrics, and on rank 0 its rollouts in the store and its line in metrics.jsonl
+        metrics = step_record(run, step, sampled, advantages, update, clock, staleness)
         if procs.is_main:
-            self.run_log.step(step, [r for part in records for r in part], metrics)
+            self.run_log.step(step, metrics.records, metrics.values)
             everyone = sampled.global_rewards  # every process's rewards
             tied = run.ties.step(step, everyone.names, everyone.per_func, everyone.combined)
             if tied:
                 self.run_log.warn(tied)
-        return metrics
+        return metrics.values
 
     def _learn(self, rollouts, rewards: torch.Tensor, beta: float, clock: PhaseClock) -> tuple[torch.Tensor, dict]:
         """Reference log-probs, the algorithm's advantages (``algos/registry.py``) and the learner's update on this
@@ -302,19 +267,10 @@ class Loop:
         return bool(self.run.eval_sets) and self.run.callbacks.every("eval") > 0
 
     def evaluate(self, sets: dict | None = None, prefix: str = "eval") -> dict:
-        """Evaluate ``sets`` ({name: (PromptSource, rows)}; default the run's eval sets): each set's metrics are a
-        log entry (TRL's names, ``prefix`` for ``eval``) and reach ``on_evaluate``; during training the run folder
-        keeps them under grpokit's names. Returns every set's TRL-named metrics."""
-        out: dict[str, float] = {}
-        callbacks = self.run.callbacks
-        for name, (metrics, speed) in evaluations(self.run, sets or self.run.eval_sets, self.step).items():
-            if self.writing:  # the run folder keeps grpokit's names (not the timings: a resume reproduces them)
-                self.run_log.evaluation(self.step, stored_eval_names(metrics, name), "eval" if name is None else name)
-            logged = trl_eval_names(metrics | speed, prefix if name is None else f"{prefix}_{name}")
-            callbacks.log(logged)
-            callbacks.event("on_evaluate", metrics=logged)
-            out |= logged
-        return out
+        """Evaluate ``sets`` (default the run's eval sets) and log each (``train/evaluation.py``); during training the
+        run folder keeps them too. Returns every set's TRL-named metrics."""
+        run_log = self.run_log if self.writing else None
+        return log_evaluations(self.run, sets or self.run.eval_sets, self.step, prefix, run_log)
 
     def _evaluate_and_log(self, step: int) -> None:
         """Rank 0 evaluates; under FSDP every rank joins to gather the weights for it."""

@@ -303,6 +303,24 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     trl = {k: v for k, v in given.items() if k not in grpokit_fields}
     unused: dict[str, Any] = {}
     explicit = set(values)
+    _check_types(trl)
+
+    def put(key: str, value: Any, source: str) -> None:
+        if key in explicit and key in values and values[key] != value:
+            raise TRLValueError(
+                f"{source} sets {key}={value!r}, but {key}={values[key]!r} is given too; keep one of them."
+            )
+        values[key] = value
+
+    _shared_forms(values, context, put, unused)
+    _trl_only_keys(trl, values, context, put, unused)
+    _generation_batch(trl, values, context, put)
+    _unused_keys(trl, put, unused)
+    return values, trl, unused
+
+
+def _check_types(trl: dict[str, Any]) -> None:
+    """The TRL-only values whose type is wrong: chat_template_kwargs not a dict, a switch not a boolean."""
     if trl.get("chat_template_kwargs") is not None and not isinstance(trl["chat_template_kwargs"], dict):
         raise TRLValueError(
             f"chat_template_kwargs={trl['chat_template_kwargs']!r} has the wrong type: expected a dict of "
@@ -313,13 +331,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         if switch and value is not None and not isinstance(value, bool):
             raise TRLValueError(f"{key}={value!r} has the wrong type: expected true or false.")
 
-    def put(key: str, value: Any, source: str) -> None:
-        if key in explicit and key in values and values[key] != value:
-            raise TRLValueError(
-                f"{source} sets {key}={value!r}, but {key}={values[key]!r} is given too; keep one of them."
-            )
-        values[key] = value
 
+def _shared_forms(values: dict, context: dict, put, unused: dict) -> None:
+    """TRL's forms of the keys both libraries have: None for a default, report_to's strings, scale_rewards=True,
+    fractions of max_steps, eval_steps after eval_strategy."""
     for key in NONE_KEEPS_DEFAULT:
         if key in values and values[key] is None:
             del values[key]
@@ -356,6 +371,9 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     elif values.get("eval_strategy") == "steps" and "eval_steps" not in values:
         values["eval_steps"] = context.get("logging_steps") or 1  # TRL: eval_steps defaults to logging_steps
 
+
+def _trl_only_keys(trl: dict, values: dict, context: dict, put, unused: dict) -> None:
+    """The TRL-only keys grpokit acts on, each onto its grpokit field (bf16 -> dtype, use_vllm -> engine ...)."""
     # bf16 / fp16 first: model_init_kwargs' dtype, the weights' own, comes after and wins
     if trl.get("bf16") and trl.get("fp16"):
         raise TRLValueError("bf16=True and fp16=True: choose one.")
@@ -404,6 +422,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
     resume = trl.get("resume_from_checkpoint")
     if resume:
         put("resume_from", "latest" if resume is True else str(resume), f"resume_from_checkpoint={resume!r}")
+
+
+def _generation_batch(trl: dict, values: dict, context: dict, put) -> None:
+    """steps_per_generation / generation_batch_size as num_mini_batches (whole optimizer steps per generation)."""
     accumulation = _int(values.get("gradient_accumulation_steps", context.get("gradient_accumulation_steps")), 1)
     micro_batch = _int(values.get("per_device_train_batch_size", context.get("per_device_train_batch_size")), 8)
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
@@ -422,6 +444,10 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
         if iterations > 1:
             source += f" with num_iterations={iterations}"
         _count_generation_batches(values, minis // accumulation * iterations, source)
+
+
+def _unused_keys(trl: dict, put, unused: dict) -> None:
+    """The TRL-only keys that ask for something grpokit does not do (not at TRL's default), for one warning."""
     optim = getattr(trl.get("optim"), "value", trl.get("optim"))  # transformers' OptimizerNames is a str enum
     if optim in OPTIMIZERS:
         put("optimizer", optim, f"optim={optim!r}")
@@ -440,7 +466,6 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
                 unused[key] = value
         elif key not in TRANSLATED and (key in ALWAYS_NAMED or not _same(value, TRL_DEFAULTS.get(key))):
             unused[key] = value
-    return values, trl, unused
 
 
 def _count_generation_batches(values: dict[str, Any], per_batch: int, source: str) -> None:

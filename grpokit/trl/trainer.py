@@ -1,18 +1,18 @@
-"""``GRPOTrainer``: TRL's trainer surface over a built run. It builds a :class:`~grpokit.build.Run`
-(:func:`grpokit.build.build_run`) and delegates: training and evaluation to the loop (:mod:`grpokit.train.loop`),
-the parts (model, learner, engine ...) to the Run; TRL's attributes and methods here are thin views of them."""
+"""``GRPOTrainer``: TRL's surface over a built :class:`~grpokit.build.Run`. It builds one and delegates: training and
+evaluation to the loop (:mod:`grpokit.train.loop`), the parts (model, learner ...) to the Run."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpokit.algos.token_masks import high_entropy_mask, off_policy_sequence_mask
-from grpokit.build import build_run
+from grpokit.build import Run, build_run
 from grpokit.build import inputs as build_inputs
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import is_streaming
@@ -24,48 +24,16 @@ from grpokit.train.rundir.checkpoint import save_model_files
 
 _PADDING = -1e9  # pads masked entropies (>= 0) to the same length on every process before a gather
 # the Run's parts and the loop's progress, read through the trainer as TRL's (and grpokit's) attributes
-_RUN_PARTS = frozenset(
-    [
-        "procs",
-        "model",
-        "tokenizer",
-        "device",
-        "use_lora",
-        "learner",
-        "reference",
-        "optimizer",
-        "scheduler",
-        "rewards",
-        "train_source",
-        "train_rows",
-        "eval_sets",
-        "engine",
-        "algorithm",
-        "autocast_dtype",
-        "kernels",
-        "rollout_scheduler",
-        "update_inputs_spec",
-        "step_sampling",
-        "evaluator",
-        "stop_rules",
-        "ties",
-        "run_state",
-        "steps_per_epoch",
-        "spec",
-        "train_dataset",
-    ]
-)
-_LOOP_PARTS = frozenset(["step", "stop_reason", "interrupted_by", "run_dir", "run_log", "run_folder", "signals"])
+_RUN_PARTS = frozenset(f.name for f in fields(Run)) | {"engine"}
+_LOOP_PARTS = frozenset({"step", "stop_reason", "interrupted_by", "run_dir", "run_log", "run_folder", "signals"})
 
 
 class GRPOTrainer:
     """Train a causal LM with GRPO-family RL.
 
-    ``model``: a local path, a hub id, a loaded HF model or any module with ``forward(input_ids) -> logits``.
-    ``reward_funcs``: a callable, a built-in name / ``module:function`` / ``file.py:function`` spec, or a list
-    of them (weights in ``args.reward_weights``); defaults to ``args.rewards``.
-    Datasets: a ``datasets.Dataset``, a list of dicts, or a JSONL / Parquet / CSV path, with a prompt column;
-    the other columns are passed to the reward functions.
+    ``model``: a path, a hub id, a loaded HF model or a module with ``forward(input_ids) -> logits``. ``reward_funcs``:
+    a callable, a built-in name / ``module:function`` / ``file.py:function`` spec, or a list of them (default
+    ``args.rewards``). Datasets: a ``datasets.Dataset``, a list of dicts, or a JSONL / Parquet / CSV path.
 
     TRL's arguments work as in TRL: ``processing_class`` (``tokenizer`` is the same), ``peft_config`` (a peft
     ``LoraConfig``), ``reward_processing_classes``, ``callbacks`` (transformers ``TrainerCallback``s),
@@ -142,10 +110,6 @@ class GRPOTrainer:
             self.__dict__["_state"] = value
 
     @property
-    def callbacks(self):
-        return self.run.callbacks
-
-    @property
     def processing_class(self):
         """The tokenizer (TRL's name for it); settable."""
         return self.tokenizer
@@ -178,7 +142,7 @@ class GRPOTrainer:
 
     @property
     def reward_func_names(self) -> list[str]:
-        return list(self.rewards.names)
+        return list(self.rewards.names)  # as in the rewards/<name>/mean metrics
 
     @property
     def reward_weights(self) -> torch.Tensor:
@@ -280,7 +244,7 @@ class GRPOTrainer:
         summary = self.loop.train(resume)
         return TrainOutput(self.loop.step, summary["train_loss"], summary)
 
-    def resume(self, path: str | Path) -> None:
+    def resume(self, path: str | Path) -> None:  # weights, optimizer, RNG and data position from a checkpoint
         self.loop.resume(path)
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: list | None = None, metric_key_prefix: str = "eval"):

@@ -32,6 +32,7 @@ def registries_restored():
         table.clear()
         table.update(before)
 
+
 # REINFORCE scaled by its one parameter; its metric shows the parameter reached the loss.
 TOY_LOSS = """
 from dataclasses import dataclass

@@ -86,21 +86,10 @@ def save_checkpoint(
     With an FSDP-sharded ``model`` every rank calls this: the full weights and optimizer state are
     gathered to rank 0, which writes them (other ranks return None), in the same files as an
     unsharded run."""
-    trainable = None  # FSDP + LoRA is refused by the config: a sharded model is saved whole
-    if is_sharded(model):
-        from grpokit.distributed.fsdp import full_optimizer_state, full_state_dict
-
-        weights = {
-            "model": full_state_dict(model),
-            "reference": None if reference_model is None else full_state_dict(reference_model),
-        }
-        optimizer_state = full_optimizer_state(model, optimizer)
-        if torch.distributed.get_rank() != 0:
-            return None
-    else:
-        trainable = trainable_parameters(model)
-        weights = {"model": model if trainable is None else trainable, "reference": reference_model}
-        optimizer_state = optimizer.state_dict()
+    gathered = _gathered(model, optimizer, reference_model)
+    if gathered is None:  # FSDP: rank 0 writes
+        return None
+    weights, optimizer_state, trainable = gathered
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".*-step-*"):  # left by a run killed while saving or deleting
@@ -146,15 +135,38 @@ def save_checkpoint(
             f"cannot write checkpoint {final}: {cause} while writing {writing.name}; {kept}: "
             "fix that, then resume with resume_from=latest."
         ) from None
+    _publish(tmp, final, run_dir, step, save_total_limit)
+    return final
+
+
+def _gathered(model, optimizer, reference_model):
+    """(weights by file name, the optimizer's state, the trainable parameters or None) to save; under FSDP the full
+    ones, gathered to rank 0 (None on the other ranks)."""
+    if is_sharded(model):  # FSDP + LoRA is refused by the config: a sharded model is saved whole
+        from grpokit.distributed.fsdp import full_optimizer_state, full_state_dict
+
+        weights = {
+            "model": full_state_dict(model),
+            "reference": None if reference_model is None else full_state_dict(reference_model),
+        }
+        optimizer_state = full_optimizer_state(model, optimizer)
+        return None if torch.distributed.get_rank() != 0 else (weights, optimizer_state, None)
+    trainable = trainable_parameters(model)
+    weights = {"model": model if trainable is None else trainable, "reference": reference_model}
+    return weights, optimizer.state_dict(), trainable
+
+
+def _publish(tmp: Path, final: Path, run_dir, step: int, save_total_limit: int | None) -> None:
+    """Rename the written ``tmp`` folder to ``final`` (replacing an older try of the step), then drop the
+    checkpoints over ``save_total_limit``."""
     if final.exists():
         _remove(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    _fsync_dir(final.parent)
     if save_total_limit is not None:  # folders of later steps (an older try of this run) are not counted
         done = [p for p in list_checkpoints(run_dir) if step_of(p) <= step]
         for old in done[:-save_total_limit]:
             _remove(old)
-    return final
 
 
 def step_of(folder: Path) -> int:

@@ -1,0 +1,50 @@
+"""Recording a step: its metrics (every process's numbers, gathered) and its rollouts as the store keeps them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpokit.store.record import rollout_records
+from grpokit.train.metrics import PhaseClock, step_metrics
+from grpokit.train.sampling.rounds import renumber_repeats
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A step's ``values`` (its metrics.jsonl line) and, on rank 0, every process's rollout ``records``."""
+
+    values: dict
+    records: list
+
+
+def step_record(run, step: int, sampled, advantages: torch.Tensor, update: dict, clock: PhaseClock, staleness: int):
+    """The metrics of step ``step`` of ``run`` (``sampled``: its Trajectory; ``advantages``: this rank's, of the rows
+    trained on; ``update``: the learner's metrics) and its rollout records; counts TRL's num_input_tokens_seen."""
+    procs, source, G = run.procs, run.train_source, run.spec.num_generations
+    rollouts = sampled.rollouts
+    all_lengths = procs.gather(rollouts.sampled_lengths.float())  # [N_global] tokens the model wrote
+    prompt_tokens = procs.sum(torch.tensor(float(sum(len(source.ids[i]) for i in sampled.indices) * G)))
+    state = run.callbacks.state
+    state.num_input_tokens_seen += int(prompt_tokens.item() + all_lengths.sum().item())  # TRL's num_tokens
+    values = step_metrics(
+        sampled.global_rewards,
+        update=update,
+        advantages=procs.gather(advantages.float()),  # [N_global trained], one per completion
+        group_size=G,
+        lengths=all_lengths,
+        truncated=procs.gather(rollouts.truncated.float()),  # [N_global]
+        prompt_tokens=prompt_tokens.item(),
+        source=source,
+        staleness=staleness,
+        times=clock.metrics(),
+        extra=run.rollout_scheduler.metrics(),
+        tokens_seen=state.num_input_tokens_seen,
+    )
+    stored = sampled.stored_advantages(advantages)  # every sampled group, the dropped ones without an advantage
+    records = rollout_records(sampled.indices, rollouts, sampled.completions, sampled.reward, stored, source)
+    if sampled.train_rows is not None:  # a prompt drawn again by a later round: its completions numbered on
+        records = renumber_repeats(records, G)
+    records = procs.gather_objects(records)  # every rank's, on rank 0
+    return StepRecord(values, [r for part in records for r in part] if procs.is_main else [])
