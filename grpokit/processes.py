@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,19 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 @dataclass
+@dataclass(frozen=True)
+class RewardBatch:
+    """This rank's rows to score: ``prompts``, ``completions``, the dataset's other ``columns``, ``group_size``
+    (completions per prompt), ``completion_ids`` and the reward functions' ``trainer_state``."""
+
+    prompts: list
+    completions: list
+    columns: dict
+    group_size: int
+    completion_ids: list | None = None
+    trainer_state: Any = None
+
+
 class SingleProcess:
     """One process: rank 0 of 1. Subclasses with more ranks override the collectives."""
 
@@ -78,22 +92,19 @@ class SingleProcess:
         """One RewardResult of every rank's completions, in rank order (the rows of the global batch)."""
         return result
 
-    def score_rewards(
-        self,
-        runner,
-        prompts: list,
-        completions: list[str],
-        columns: dict,
-        group_size: int,
-        on_main: bool = False,
-        completion_ids: list[list[int]] | None = None,
-        trainer_state=None,
-    ):
-        """(this rank's RewardResult, the global batch's: every rank's rows in rank order). The global
+    def score_rewards(self, runner, batch: RewardBatch, on_main: bool = False):
+        """(this rank's RewardResult, the global batch's: every rank's rows in rank order) of ``batch``. The global
         result goes through ``runner.check_signal``. ``on_main``: score every rank's rows on rank 0
         (see ``DistContext.score_rewards``); one process is rank 0 already."""
         reward = runner.combine(
-            runner.score_values(prompts, completions, columns, group_size, completion_ids, trainer_state)
+            runner.score_values(
+                batch.prompts,
+                batch.completions,
+                batch.columns,
+                batch.group_size,
+                batch.completion_ids,
+                batch.trainer_state,
+            )
         )
         everyone = self.gather_rewards(reward)
         runner.check_signal(everyone)

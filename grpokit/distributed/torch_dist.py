@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from grpokit.processes import SingleProcess, is_sharded
+from grpokit.processes import RewardBatch, SingleProcess, is_sharded
 
 
 @dataclass
@@ -91,17 +91,7 @@ class DistContext(SingleProcess):
             },
         )
 
-    def score_rewards(
-        self,
-        runner,
-        prompts: list,
-        completions: list[str],
-        columns: dict,
-        group_size: int,
-        on_main: bool = False,
-        completion_ids: list[list[int]] | None = None,
-        trainer_state=None,
-    ):
+    def score_rewards(self, runner, batch: RewardBatch, on_main: bool = False):
         """``on_main=False``: every rank scores its own rows and the results are gathered. ``on_main=True``
         (Ray reward workers, which only rank 0 is connected to): every rank sends its rows to rank 0
         (``gather_object``), rank 0 scores the global batch with its runner and broadcasts the checked
@@ -110,9 +100,13 @@ class DistContext(SingleProcess):
         same message, so the other ranks stop instead of waiting.
         """
         if not (self.enabled and on_main):
-            return super().score_rewards(
-                runner, prompts, completions, columns, group_size, False, completion_ids, trainer_state
-            )
+            return super().score_rewards(runner, batch)
+        prompts, completions, columns, completion_ids = (
+            batch.prompts,
+            batch.completions,
+            batch.columns,
+            batch.completion_ids,
+        )
         from grpokit.rewards.contract import RewardError
 
         parts = [None] * self.world_size if self.is_main else None
@@ -124,9 +118,9 @@ class DistContext(SingleProcess):
                     [p for part in parts for p in part[0]],
                     [c for part in parts for c in part[1]],
                     {key: [v for part in parts for v in part[2][key]] for key in columns},
-                    group_size,
+                    batch.group_size,
                     None if completion_ids is None else [ids for part in parts for ids in part[3]],
-                    trainer_state,
+                    batch.trainer_state,
                 )
             except Exception as exc:
                 failure = exc

@@ -70,8 +70,9 @@ def left_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[
     return ids.to(device), mask.to(device)
 
 
-class HFRolloutEngine:
-    """Samples from a local policy model (HF causal LM or a custom logits module), sharing its weights."""
+class SharedWeightsEngine:
+    """An engine that samples from the policy's own weights in this process: each update moves it one
+    ``policy_version`` on (``sync_weights``) with nothing to copy. Seeds its own ``generator`` from ``seed``."""
 
     takes_group_seeds = False  # one random stream: generate_per_group reseeds it group by group
     takes_raw_prompts = False
@@ -84,21 +85,30 @@ class HFRolloutEngine:
         device: torch.device,
         seed: int = 0,
         autocast_dtype: torch.dtype | None = None,
-        kernels: Kernels | None = None,
     ):
-        """``kernels``: the run's choice of kernels (default: chosen here for ``device`` and ``autocast_dtype``)."""
         self.model = model
-        self.autocast_dtype = autocast_dtype
-        self.kernels = kernels if kernels is not None else Kernels.select(device, autocast_dtype)
-        self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)), device=device)
+        self.eos_token_ids = sorted(set(eos_token_ids))
         self.pad_token_id = pad_token_id
         self.device = device
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.autocast_dtype = autocast_dtype
+        self.generator = torch.Generator().manual_seed(seed)
         self.policy_version = 0
 
     def sync_weights(self) -> None:
         """The policy was updated: the engine samples from the same (shared) weights, one version on."""
         self.policy_version += 1
+
+
+class HFRolloutEngine(SharedWeightsEngine):
+    """Samples from a local policy model (HF causal LM or a custom logits module), sharing its weights."""
+
+    def __init__(self, *args, kernels: Kernels | None = None, **kwargs):
+        """Arguments as :class:`SharedWeightsEngine`'s; ``kernels``: the run's choice of kernels (default: chosen here
+        for ``device`` and ``autocast_dtype``)."""
+        super().__init__(*args, **kwargs)
+        self.kernels = kernels if kernels is not None else Kernels.select(self.device, self.autocast_dtype)
+        self.eos_token_ids = torch.tensor(self.eos_token_ids, device=self.device)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.generator.initial_seed())
 
     @torch.no_grad()  # not inference_mode: its tensors could not enter the autograd graph of the update
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams) -> Rollouts:

@@ -16,36 +16,13 @@ from __future__ import annotations
 import torch
 
 from grpokit.hardware import autocast
-from grpokit.rollout.engine import left_pad
+from grpokit.rollout.engine import SharedWeightsEngine, left_pad
 from grpokit.rollout.types import Rollouts, SamplingParams
 
 
-class TransformersRolloutEngine:
-    """Samples ``num_generations`` completions per prompt with ``model.generate`` (a transformers causal LM)."""
-
-    takes_group_seeds = False  # one random stream: generate_per_group reseeds it group by group
-    takes_raw_prompts = False
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        eos_token_ids: list[int],
-        pad_token_id: int,
-        device: torch.device,
-        seed: int = 0,
-        autocast_dtype: torch.dtype | None = None,
-    ):
-        self.model = model
-        self.eos_token_ids = sorted(set(eos_token_ids))
-        self.pad_token_id = pad_token_id
-        self.device = device
-        self.autocast_dtype = autocast_dtype
-        self.generator = torch.Generator().manual_seed(seed)  # seeds each generate call (torch's global RNG)
-        self.policy_version = 0
-
-    def sync_weights(self) -> None:
-        """The policy was updated: ``generate`` runs on the same (shared) weights, one version on."""
-        self.policy_version += 1
+class TransformersRolloutEngine(SharedWeightsEngine):
+    """Samples ``num_generations`` completions per prompt with ``model.generate`` (a transformers causal LM); its
+    ``generator`` (on the CPU) seeds each generate call, which draws from torch's global RNG."""
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams) -> Rollouts:

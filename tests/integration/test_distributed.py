@@ -16,7 +16,7 @@ from conftest import TARGET_REWARD
 from grpokit import GRPOConfig
 from grpokit.cli import main
 from grpokit.distributed import DistContext
-from grpokit.processes import SingleProcess
+from grpokit.processes import RewardBatch, SingleProcess
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.seeding import concat_rollouts, generate_per_group, group_seed
@@ -227,7 +227,7 @@ def _rank_scores(rank: int, init_file: str, out_dir: str) -> None:
 
             runner.score_values = lost
         try:
-            outcomes[case] = ("ok", *ctx.score_rewards(runner, *args, on_main=True), list(SCORED_BY))
+            outcomes[case] = ("ok", *ctx.score_rewards(runner, RewardBatch(*args), on_main=True), list(SCORED_BY))
         except Exception as exc:
             outcomes[case] = ("error", type(exc).__name__, str(exc))
     (Path(out_dir) / f"{rank}.pkl").write_bytes(pickle.dumps(outcomes))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.data.prompts import reward_arguments
+from grpokit.processes import RewardBatch
 from grpokit.rewards.contract import RewardState
 from grpokit.train.sampling.trajectory import Trajectory
 
@@ -43,14 +44,7 @@ class Scorer:
         scored = completions  # tool rollouts: their messages (and environments), as TRL passes them
         if rollouts.conversations is not None:
             prompts, scored, columns = self.tool_rollouts.reward_inputs(prompts, rollouts.conversations, columns)
-        reward, all_rewards = self.procs.score_rewards(
-            self.rewards,
-            prompts,
-            scored,
-            columns,
-            self.num_generations,
-            on_main=self.on_main,
-            completion_ids=completion_ids,
-            trainer_state=reward_state(self.source, self.max_steps, step),
-        )
+        state = reward_state(self.source, self.max_steps, step)
+        batch = RewardBatch(prompts, scored, columns, self.num_generations, completion_ids, state)
+        reward, all_rewards = self.procs.score_rewards(self.rewards, batch, on_main=self.on_main)
         return Trajectory(indices, rollouts, completions, reward, all_rewards)
