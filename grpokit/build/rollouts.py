@@ -84,13 +84,18 @@ def build_rollouts(
 
 
 def engine_kind(name: str):
-    """The registered engine called ``name`` (``rollout/registry.py``); a ConfigError listing the names otherwise."""
-    from grpokit.rollout.registry import get_engine
+    """The registered engine called ``name`` (``rollout/registry.py``); a ConfigError naming the ones
+    ``generation.engine`` may name otherwise."""
+    import difflib
 
-    try:
-        return get_engine(name)
-    except ValueError as exc:
-        raise ConfigError(f"generation.engine: {exc}") from None
+    from grpokit.rollout.registry import ENGINES
+
+    if name in ENGINES:
+        return ENGINES[name]
+    names = [key for key, entry in ENGINES.items() if not entry.internal]
+    close = difflib.get_close_matches(str(name), names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"engine={name!r} is not valid; choose one of {', '.join(names)}.{hint}")
 
 
 def _engine_spec(name: str | None, args: GRPOConfig, source: str | None, rollout_func):

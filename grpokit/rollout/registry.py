@@ -73,6 +73,7 @@ class EngineEntry:
     build: Callable[[EngineParts, Any], Any]
     separate_weights: bool = False
     spec: str | None = None
+    internal: bool = False  # built by grpokit itself (tool rollouts, a rollout_func), not named by generation.engine
 
 
 def _hf(parts: EngineParts, spec: Any = None):
@@ -154,9 +155,9 @@ ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(_hf),
     "vllm": EngineEntry(_vllm, separate_weights=True, spec="vllm"),
     "transformers": EngineEntry(_transformers),
-    "multi-turn": EngineEntry(_multi_turn),
+    "multi-turn": EngineEntry(_multi_turn, internal=True),
     # the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights
-    "rollout_func": EngineEntry(_rollout_func, spec="rollout_func"),
+    "rollout_func": EngineEntry(_rollout_func, spec="rollout_func", internal=True),
 }
 
 

@@ -148,7 +148,10 @@ def test_an_engine(tmp_path, tiny_model_dir, word_prompts):
     run = one_step(tmp_path, tiny_model_dir, word_prompts, "toy_engine", TOY_ENGINE, engine="toy_counting")
     assert len(ENGINES["toy_counting"].build.__globals__["CALLS"]) >= 1  # the registered engine sampled the step
     assert [m for m in metrics(run) if "loss" in m]
-    with pytest.raises(ConfigError, match=r"generation.engine: unknown rollout engine 'toy_countin'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"engine='toy_countin' is not valid; choose one of hf, vllm, transformers, toy_counting. Did you mean",
+    ):
         GRPOTrainer(
             str(tiny_model_dir), TARGET_REWARD, args=GRPOConfig(engine="toy_countin"), train_dataset=word_prompts
         )

@@ -49,24 +49,24 @@ class CriticSpec:
 
 
 class Critic:
-    """``model``: the ValueModel; ``optimizer`` and ``scheduler`` its own; ``cfg`` its :class:`CriticSpec`."""
+    """``model``: the ValueModel; ``optimizer`` and ``scheduler`` its own; ``spec`` its :class:`CriticSpec`."""
 
-    def __init__(self, model: ValueModel, optimizer, scheduler, cfg: CriticSpec, autocast_dtype=None, kernels=None):
-        self.model, self.optimizer, self.scheduler, self.cfg = model, optimizer, scheduler, cfg
+    def __init__(self, model: ValueModel, optimizer, scheduler, spec: CriticSpec, autocast_dtype=None, kernels=None):
+        self.model, self.optimizer, self.scheduler, self.spec = model, optimizer, scheduler, spec
         self.device = model.head.weight.device
         self.autocast_dtype = autocast_dtype
         self.kernels = kernels if kernels is not None else Kernels.select(self.device, autocast_dtype)
-        self.loss_kind = get_loss(cfg.loss_type)  # the policy loss's aggregation, and how its micro-batches combine
+        self.loss_kind = get_loss(spec.loss_type)  # the policy loss's aggregation, and how its micro-batches combine
 
     @classmethod
     def build(
-        cls, policy: torch.nn.Module, cfg: CriticSpec, *, device: torch.device, dtype, autocast_dtype, kernels
+        cls, policy: torch.nn.Module, spec: CriticSpec, *, device: torch.device, dtype, autocast_dtype, kernels
     ) -> Critic:
         """The critic of a run: on a copy of ``policy``'s trunk, or ``value_model_name_or_path``; LoRA adapters
         on its trunk when the run trains LoRA; AdamW at the critic's learning rate with the policy's schedule."""
         try:
-            if cfg.value_model_name_or_path:
-                model = ValueModel.from_pretrained(cfg.value_model_name_or_path, dtype, device, cfg.trust_remote_code)
+            if spec.value_model_name_or_path:
+                model = ValueModel.from_pretrained(spec.value_model_name_or_path, dtype, device, spec.trust_remote_code)
             else:
                 model = ValueModel.from_policy(policy)
         except ValueError as exc:
@@ -74,10 +74,10 @@ class Critic:
                 f"algorithm: ppo: {exc}. The critic needs a Hugging Face model: give one as the policy or as "
                 "value_model_name_or_path."
             ) from None
-        if cfg.lora is not None:
+        if spec.lora is not None:
             from grpokit.modeling import lora_config
 
-            config = lora_config(cfg.lora)
+            config = lora_config(spec.lora)
             config.task_type = "FEATURE_EXTRACTION"  # the trunk returns hidden states
             model.add_lora(config)
         else:
@@ -87,16 +87,16 @@ class Critic:
         optimizer = fused_adamw(
             params,
             device,
-            lr=cfg.optim.learning_rate,
-            betas=cfg.optim.betas,
-            eps=cfg.optim.eps,
-            weight_decay=cfg.optim.weight_decay,
+            lr=spec.optim.learning_rate,
+            betas=spec.optim.betas,
+            eps=spec.optim.eps,
+            weight_decay=spec.optim.weight_decay,
         )
-        return cls(model, optimizer, cfg.optim.scheduler(optimizer), cfg, autocast_dtype, kernels)
+        return cls(model, optimizer, spec.optim.scheduler(optimizer), spec, autocast_dtype, kernels)
 
     def values(self, batch: Batch) -> torch.Tensor:
         """[N, T] float32 values of the batch's completion tokens, 0 at padding, without gradient."""
-        rows = self.cfg.per_device_train_batch_size
+        rows = self.spec.per_device_train_batch_size
         self.model.eval()
         with torch.no_grad(), autocast(self.device, self.autocast_dtype):
             out = [self.model(batch.rows(slice(i, i + rows)), self.kernels) for i in range(0, len(batch), rows)]
@@ -109,8 +109,8 @@ class Critic:
         """One optimizer step on a mini-batch: the clipped value loss x vf_coef over its micro-batches.
         Metrics: value_loss (before vf_coef, the micro-batches' mean, dapo's parts summed), value_clip_frac,
         critic/grad_norm, critic/learning_rate, and nonfinite (the step was skipped)."""
-        cfg = self.cfg
-        mb = cfg.per_device_train_batch_size
+        spec = self.spec
+        mb = spec.per_device_train_batch_size
         num_micro = math.ceil(len(batch) / mb)
         no_autocast = torch.autocast(self.device.type, enabled=False)
         total, parts = 0.0, []
@@ -124,18 +124,18 @@ class Critic:
                     old_values[rows],
                     returns[rows],
                     mask[rows],
-                    cfg.cliprange_value,
-                    cfg.vf_coef,
+                    spec.cliprange_value,
+                    spec.vf_coef,
                     self.loss_kind.aggregation,
                     num_items_in_batch=num_items,
-                    max_completion_length=cfg.max_completion_length,
+                    max_completion_length=spec.max_completion_length,
                 )
                 scaled = loss / self.loss_kind.micro_batch_divisor(num_micro)  # as the policy's micro-batches
                 scaled.backward()
             total += float(scaled.detach())
             parts.append(metrics)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        max_norm = spec.max_grad_norm if spec.max_grad_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         nonfinite = not (math.isfinite(total) and math.isfinite(grad_norm))
         lr = self.scheduler.get_last_lr()[0]

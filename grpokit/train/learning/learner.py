@@ -103,14 +103,14 @@ class Learner:
         reference: Reference | None,
         optimizer,
         scheduler,
-        cfg: LearnerSpec,
+        learner_spec: LearnerSpec,
         *,
         autocast_dtype: torch.dtype | None = None,
         kernels: Kernels | None = None,
         critic=None,
         procs=None,
     ):
-        """``cfg``: the learner's settings (a :class:`LearnerSpec`; a Learner built by hand may pass the run's
+        """``learner_spec``: the learner's settings (a :class:`LearnerSpec`; a Learner built by hand may pass the run's
         nothing else). ``kernels``: the run's choice of kernels (default:
         chosen here for the model's device and ``autocast_dtype``). ``critic``: a ``learning.critic.Critic`` trained
         alongside (algorithms with a critic). ``procs``: the run's processes (``processes.SingleProcess`` by
@@ -120,23 +120,23 @@ class Learner:
         self.reference = reference
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.cfg = cfg
+        self.learner_spec = learner_spec
         self.procs = procs if procs is not None else SingleProcess()
-        self.loss_spec = cfg.loss
-        self.loss_kind = get_loss(cfg.loss_type)  # its aggregation says how micro-batch losses combine
+        self.loss_spec = learner_spec.loss
+        self.loss_kind = get_loss(learner_spec.loss_type)  # its aggregation says how micro-batch losses combine
         # beta across steps: the loss of each update uses the controller's current beta (fixed unless adaptive)
-        self.kl_controller = KLController(cfg.beta, cfg.target_kl, cfg.kl_horizon)
+        self.kl_controller = KLController(learner_spec.beta, learner_spec.target_kl, learner_spec.kl_horizon)
         self.autocast_dtype = autocast_dtype
         self.kernels = (
             kernels if kernels is not None else Kernels.select(next(model.parameters()).device, autocast_dtype)
         )
         if reference is not None and reference.model is not None and not is_sharded(reference.model):
-            if autocast_dtype is not None and cfg.reference_casts:
+            if autocast_dtype is not None and learner_spec.reference_casts:
                 # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
                 # (exactly the values autocast would use); not with ref syncs, whose small mix-ups need float32,
                 # nor once FSDP has sharded it (its shards must keep the dtype they were sharded with)
                 self.kernels.store_reference(reference.model)
-            if cfg.reference_in_bf16:  # the rest of its weights too (config: it changes the numbers)
+            if learner_spec.reference_in_bf16:  # the rest of its weights too (config: it changes the numbers)
                 reference.store_in(torch.bfloat16)
 
     def autocast(self):
@@ -144,11 +144,15 @@ class Learner:
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
         """[N, T] reference log-probs, or None when beta = 0."""
-        if self.reference is None or self.cfg.beta == 0:
+        if self.reference is None or self.learner_spec.beta == 0:
             return None
         with self.reference.active() as ref, self.autocast(), self.kernels.reuse_weight_casts():
             return batched_logprobs(
-                ref, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size, kernels=self.kernels
+                ref,
+                batch,
+                self.learner_spec.temperature,
+                self.learner_spec.per_device_train_batch_size,
+                kernels=self.kernels,
             )
 
     def old_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -157,7 +161,11 @@ class Learner:
         self.model.eval()
         with self.autocast(), self.kernels.reuse_weight_casts():
             out = batched_logprobs(
-                self.model, batch, self.cfg.temperature, self.cfg.per_device_train_batch_size, kernels=self.kernels
+                self.model,
+                batch,
+                self.learner_spec.temperature,
+                self.learner_spec.per_device_train_batch_size,
+                kernels=self.kernels,
             )
         self.model.train()
         return out
@@ -169,12 +177,12 @@ class Learner:
         update combines them, without gradient or step. ``advantages`` [N], ``loss_mask`` [N, T]. Returns ``loss``,
         ``entropy`` (masked mean), ``kl`` (beta > 0) and the loss's own metrics (clip ratios ...), averaged over the
         micro-batches as :meth:`update` does. One process (the model's forward runs here alone)."""
-        cfg = self.cfg
+        learner_spec = self.learner_spec
         spec = (
             dataclasses.replace(self.loss_spec, beta=self.kl_controller.beta) if self.loss_spec.beta else self.loss_spec
         )
         ref_logprobs = self.reference_logprobs(batch)
-        mb = cfg.per_device_train_batch_size
+        mb = learner_spec.per_device_train_batch_size
         num_micro = math.ceil(len(batch) / mb)
         num_items = loss_mask.sum().clamp(min=1.0)
         total, parts, entropies = 0.0, [], []
@@ -184,7 +192,7 @@ class Learner:
                 for start in range(0, len(batch), mb):
                     rows = slice(start, start + mb)
                     logprobs, entropy = completion_logprobs(
-                        self.model, batch.rows(rows), cfg.temperature, with_entropy=True, kernels=self.kernels
+                        self.model, batch.rows(rows), learner_spec.temperature, with_entropy=True, kernels=self.kernels
                     )
                     with torch.autocast(logprobs.device.type, enabled=False):
                         loss, m = policy_loss(
@@ -245,11 +253,13 @@ class Learner:
         ``old_values``, ``returns`` [N, T] (with a critic): after each policy step the critic takes one step on the
         same mini-batch (``Critic.step``; its metrics join the step's, ``time/critic`` its time).
         """
-        cfg = self.cfg
-        if not cfg.kl_in_reward:  # this step's beta (with kl_in_reward the KL is in the rewards and beta 0 here)
+        learner_spec = self.learner_spec
+        if (
+            not learner_spec.kl_in_reward
+        ):  # this step's beta (with kl_in_reward the KL is in the rewards and beta 0 here)
             self.loss_spec = dataclasses.replace(self.loss_spec, beta=self.kl_controller.beta)
-        minis = cfg.num_mini_batches
-        if old_logprobs is None and cfg.num_iterations * minis > 1:
+        minis = learner_spec.num_mini_batches
+        if old_logprobs is None and learner_spec.num_iterations * minis > 1:
             old_logprobs = self.old_logprobs(batch)
         num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
         whole = TrainingBatch(
@@ -269,7 +279,7 @@ class Learner:
         clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
         if self.critic is not None:
             clock["time/critic"] = 0.0
-        for _ in range(cfg.num_iterations):
+        for _ in range(learner_spec.num_iterations):
             for part in minibatches:
                 self.model.train()
                 with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
@@ -291,8 +301,8 @@ class Learner:
     def _accumulate(self, part: TrainingBatch, *, num_items, clock: dict):
         """Forward and backward over the micro-batches of ``part`` (each in chunks of ``backward_chunk_rows`` rows),
         gradients summed; (loss, per-micro-batch metrics, logprobs [N, T], entropy [N, T])."""
-        mb = self.cfg.per_device_train_batch_size
-        chunk = min(self.cfg.backward_chunk_rows or mb, mb)
+        mb = self.learner_spec.per_device_train_batch_size
+        chunk = min(self.learner_spec.backward_chunk_rows or mb, mb)
         num_micro = math.ceil(len(part.batch) / mb)
         parts: list[dict] = []
         logprob_parts, entropy_parts = [], []
@@ -325,11 +335,11 @@ class Learner:
     def _chunk_loss(self, piece: TrainingBatch, num_items, clock: dict):
         """The policy's forward over ``piece``'s rows and their loss as if they were the micro-batch:
         (loss, metrics, logprobs [n, T], entropy [n, T])."""
-        cfg = self.cfg
+        learner_spec = self.learner_spec
         t0 = time.perf_counter()
         with self.autocast():
             logprobs, entropy = completion_logprobs(
-                self.model, piece.batch, cfg.temperature, with_entropy=True, kernels=self.kernels
+                self.model, piece.batch, learner_spec.temperature, with_entropy=True, kernels=self.kernels
             )
         with torch.autocast(logprobs.device.type, enabled=False):
             loss, metrics = policy_loss(
@@ -360,7 +370,7 @@ class Learner:
     def _entropy_mask(self, entropy: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor | None:
         """[mb, T] the micro-batch's tokens in the top ``top_entropy_quantile`` of its entropies (over every
         process's tokens of this micro-batch, as TRL), or None when the option is off (1.0)."""
-        quantile = self.cfg.top_entropy_quantile
+        quantile = self.learner_spec.top_entropy_quantile
         if quantile >= 1.0:
             return None
         gather = (lambda values: gather_ragged(self.procs, values)) if self.procs.enabled else None
@@ -368,12 +378,12 @@ class Learner:
 
     def _optimizer_step(self, loss, parts, logprobs, entropy, loss_mask) -> dict:
         """Clip, check finiteness, step. Metrics of the iteration."""
-        cfg = self.cfg
+        learner_spec = self.learner_spec
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is not None and p.grad.is_sparse:  # an untied embedding (see kernels/sparse_embedding.py)
                 p.grad = p.grad.to_dense()
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        max_norm = learner_spec.max_grad_norm if learner_spec.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         grad_norm = float(
             grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
@@ -403,7 +413,7 @@ class Learner:
         metrics[POLICY_LOSS] = policy / self.loss_kind.micro_batch_divisor(len(parts))
         if KL in parts[0]:
             # each part's KL is the mean over its micro-batch's tokens: weighted by them, the batch's token mean
-            tokens = [float(mask.sum()) for mask in loss_mask.split(cfg.per_device_train_batch_size)]
+            tokens = [float(mask.sum()) for mask in loss_mask.split(learner_spec.per_device_train_batch_size)]
             kl = sum(p[KL] * n for p, n in zip(parts, tokens)) / float(mask_sum)
             metrics[KL] = kl
             metrics["kl_penalty"] = self.loss_spec.beta * kl
