@@ -110,8 +110,8 @@ class Learner:
         critic=None,
         procs=None,
     ):
-        """``learner_spec``: the learner's settings (a :class:`LearnerSpec`; a Learner built by hand may pass the run's
-        nothing else). ``kernels``: the run's choice of kernels (default:
+        """``learner_spec``: the learner's settings (a :class:`LearnerSpec`, built by
+        :func:`grpokit.build.specs.learner_spec`). ``kernels``: the run's choice of kernels (default:
         chosen here for the model's device and ``autocast_dtype``). ``critic``: a ``learning.critic.Critic`` trained
         alongside (algorithms with a critic). ``procs``: the run's processes (``processes.SingleProcess`` by
         default), for the entropy quantile over every process's tokens (``top_entropy_quantile``)."""
