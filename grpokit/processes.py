@@ -30,7 +30,6 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-@dataclass
 @dataclass(frozen=True)
 class RewardBatch:
     """This rank's rows to score: ``prompts``, ``completions``, the dataset's other ``columns``, ``group_size``
@@ -44,6 +43,7 @@ class RewardBatch:
     trainer_state: Any = None
 
 
+@dataclass
 class SingleProcess:
     """One process: rank 0 of 1. Subclasses with more ranks override the collectives."""
 

@@ -123,7 +123,7 @@ def save_checkpoint(
         writing.write_text(json.dumps(state, indent=2))
         writing = tmp / "manifest.json"
         write_manifest(tmp, run_record)  # fsyncs every file; written last
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
     except Exception as exc:
         cause = _os_error(exc, tmp)
         if cause is None:
@@ -162,7 +162,7 @@ def _publish(tmp: Path, final: Path, run_dir, step: int, save_total_limit: int |
     if final.exists():
         _remove(final)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if save_total_limit is not None:  # folders of later steps (an older try of this run) are not counted
         done = [p for p in list_checkpoints(run_dir) if step_of(p) <= step]
         for old in done[:-save_total_limit]:
@@ -505,7 +505,8 @@ def _load_trainable(model: torch.nn.Module, file: Path) -> None:
         p.copy_(saved[name])
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from grpokit.train.rundir.checkpoint import list_checkpoints
+from grpokit.train.rundir.checkpoint import fsync_dir, list_checkpoints
 
 # What overwrite replaces: the files a run writes in its folder (anything else there is left alone).
 RUN_FILES = (
@@ -51,9 +51,9 @@ def set_aside(run_dir: Path) -> SetAside:
     _write_synced(aside / MOVED, json.dumps(moved))
     for name in moved:
         os.replace(run_dir / name, aside / name)
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     _write_synced(aside / COMPLETE, "")
-    _fsync_dir(aside)
+    fsync_dir(aside)
     return SetAside(run_dir)
 
 
@@ -68,7 +68,7 @@ class SetAside:
     def discard(self) -> None:
         """Delete the previous run: renamed first, so a kill midway never leaves a half-deleted run to restore."""
         os.replace(self.aside, self.run_dir / DELETING)
-        _fsync_dir(self.run_dir)
+        fsync_dir(self.run_dir)
         shutil.rmtree(self.run_dir / DELETING, ignore_errors=True)
 
     def restore(self) -> None:
@@ -76,14 +76,14 @@ class SetAside:
         moved = json.loads((self.aside / MOVED).read_text())
         if (self.aside / COMPLETE).exists():  # from here on, the folder's checkpoints may be the previous run's
             (self.aside / COMPLETE).unlink()
-            _fsync_dir(self.aside)
+            fsync_dir(self.aside)
         for name in RUN_FILES:
             if name in moved and not (self.aside / name).exists():
                 continue  # moved back already (a restore killed midway)
             _remove(self.run_dir / name)
             if name in moved:
                 os.replace(self.aside / name, self.run_dir / name)
-        _fsync_dir(self.run_dir)
+        fsync_dir(self.run_dir)
         shutil.rmtree(self.aside)
 
 
@@ -119,11 +119,3 @@ def _write_synced(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
