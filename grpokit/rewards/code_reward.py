@@ -20,6 +20,7 @@ folder) on stdin/stdout tests, with ``readonly`` naming the folders its toolchai
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -68,9 +69,16 @@ def _text(value: Any) -> str:
 
 
 def longest_first(tests: list[dict[str, str]], max_tests: int | None) -> list[dict[str, str]]:
-    """At most ``max_tests`` tests, the longest (most text) first; ties keep their order."""
-    ranked = sorted(tests, key=lambda t: -sum(len(v) for v in t.values()))
-    return ranked if max_tests is None else ranked[:max_tests]
+    """At most ``max_tests`` tests: the longest (most text; the first of equals), kept in the row's order."""
+    if max_tests is None or len(tests) <= max_tests:
+        return list(tests)
+    ranked = sorted(range(len(tests)), key=lambda i: -sum(len(v) for v in tests[i].values()))
+    return [tests[i] for i in sorted(ranked[:max_tests])]
+
+
+def program_label(program: str) -> str:
+    """A label on the sandbox's command line, unique to ``program``."""
+    return "grpokit-code-" + hashlib.sha256(program.encode()).hexdigest()[:16]
 
 
 def score_results(results: Sequence[str], mode: str) -> float:
@@ -139,7 +147,8 @@ class CodeReward:
             "processes": self.sandbox.nproc_for_program(self.limits) if self.sandbox.backend != "none" else None,
             "keep": [self.sandbox.prefix, *self.sandbox.readonly] if self.sandbox.backend == "unshare" else None,
         }
-        command = [self.sandbox.python, "-I", "-S", "{work}/harness.py"]
+        # the label marks every process of this run (forks keep it): tests find leftovers by it
+        command = [self.sandbox.python, "-I", "-S", "{work}/harness.py", program_label(program)]
         done = self.sandbox.run(command, json.dumps(spec).encode(), {"harness.py": HARNESS.read_text()}, self.limits)
         try:
             results = json.loads(done.stdout.decode().strip().splitlines()[-1])["results"]

@@ -30,6 +30,7 @@ from typing import Any
 
 from grpokit.config import expand_path
 from grpokit.config.extensions import import_failure, module_file
+from grpokit.rewards.code_reward import CodeReward
 from grpokit.rewards.format import FormatReward
 from grpokit.rewards.judge import RewardModelReward
 from grpokit.rewards.length import LengthReward
@@ -38,6 +39,7 @@ from grpokit.rewards.molecule import MoleculeReward
 
 BUILTINS: dict[str, type] = {
     "accuracy": AccuracyReward,
+    "code": CodeReward,
     "format": FormatReward,
     "length": LengthReward,
     "molecule": MoleculeReward,

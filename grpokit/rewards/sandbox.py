@@ -35,6 +35,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpokit.rewards.contract import RewardError
+
 BACKENDS = ("auto", "bwrap", "unshare", "none")
 WORK = "/box"  # the private work folder, as the program sees it
 NOBODY = 65534
@@ -45,7 +47,7 @@ FIX = (
 )
 
 
-class SandboxUnavailable(ValueError):
+class SandboxUnavailable(RewardError):
     """No isolation works on this machine; the message names the fix."""
 
 
@@ -145,6 +147,7 @@ class Sandbox:
             return [
                 "bwrap",
                 *unshare,
+                "--as-pid-1",  # the command is the namespace's init: when it has exited, so has every process in it
                 "--die-with-parent",
                 "--new-session",
                 "--hostname",
@@ -289,7 +292,12 @@ def _run(argv: list[str], stdin: bytes, limits: Limits, preexec, cwd: str, env: 
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the sandbox's process group (its PID namespace dies with its first process) and reap it."""
+    """SIGKILL the sandbox's process group and reap it; then wait until the first process of its PID namespace has
+    exited, which the kernel lets happen only once every other process in the namespace is gone.
+
+    bwrap (``--as-pid-1``) and unshare (``--fork``) wait for that process themselves when it ends on its own; when
+    they are killed it gets SIGKILL (``--die-with-parent``, ``--kill-child``) and ends after them."""
+    inits = _children(proc.pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
@@ -297,6 +305,29 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
     for stream in (proc.stdout, proc.stderr):
         stream.close()
+    deadline = time.monotonic() + _REAP_SECONDS
+    while any(_alive(pid) for pid in inits) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+# How long a killed namespace may take to empty; the kernel does it at once, this only bounds a stuck machine.
+_REAP_SECONDS = 30.0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and has not finished exiting (a zombie has)."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return status.rpartition(")")[2].split()[0] != "Z"
 
 
 _PROBE = "import socket\ntry:\n    socket.create_connection(('10.255.255.1', 9), 0.5)\nexcept OSError:\n    print('isolated')\n"
