@@ -1,4 +1,4 @@
-"""Command line: grpokit train | eval | explain | demo | inspect | report | env.
+"""Command line: grpokit train | eval | explain | demo | inspect | report | env | serve-rewards.
 
 Every way out of a command is one line on stderr, never a traceback, besides a bug's: a signal (exit 128 + signum,
 from the first line of ``main`` to the interpreter's last, imports included: ``interrupt.CommandSignals``), an error
@@ -134,6 +134,19 @@ def _parser():
 
     p = sub.add_parser("env", help="print versions, hardware and what grpokit picks here (for bug reports)")
     p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser(
+        "serve-rewards",
+        help="serve a rewards list over HTTP (grpokit's and OpenRLHF's formats)",
+        description="Serve rewards over HTTP: a YAML config (its rewards: list and reward: settings), a YAML list, or "
+        "reward specs (accuracy, file.py:function, module:function). docs/rewards.md, 'Remote rewards'.",
+    )
+    p.add_argument("rewards", nargs="+", help="a YAML config or rewards list, or reward specs")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need a token)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--token", default=None, help="shared token required on every request (or $GRPOKIT_REWARD_TOKEN)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per reward per batch (default: the config's)")
+    p.set_defaults(func=cmd_serve_rewards)
 
     from grpokit.store.cli import register
 
@@ -327,6 +340,12 @@ def cmd_demo(args) -> int:
     for key in ("pass1_before", "pass1_after", "pass8_before", "pass8_after", "wall_seconds"):
         print(f"{key}={result[key]:.4f}")  # machine-readable, one key=value per line
     return 0
+
+
+def cmd_serve_rewards(args) -> int:
+    from grpokit.rewards.serve import cmd_serve_rewards as serve
+
+    return serve(args)
 
 
 def cmd_env(args) -> int:

@@ -7,10 +7,11 @@ child writes the harness's token after the test: a program that exits early (``o
 
 Spec: ``{"program": str, "tests": [{"assert": str} | {"stdin": str, "stdout": str}], "test_seconds": float,
 "output_bytes": int, "command": [str] | null, "uid": int | null, "processes": int | null, "keep": [str] | null}``
-(``keep``: the ``unshare`` backend, whose harness hides the file system itself, showing only these folders). With ``command`` (a
-language other than Python) each stdin/stdout test runs that command on ``program`` written to ``./program``.
+(``keep``: the ``unshare`` backend, whose harness hides the file system itself, showing only these folders). With
+``command`` (a language other than Python) each stdin/stdout test runs that command on ``./program``.
 """
 
+import contextlib
 import json
 import os
 import resource
@@ -19,7 +20,6 @@ import select
 import signal
 import sys
 import time
-
 
 SHOWN = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/dev")
 
@@ -46,17 +46,16 @@ def private_view(keep):
             mount("tmpfs", path, "tmpfs", nosuid | nodev, "size=1m,mode=755")
     for path, fd in fds:
         os.makedirs(path, exist_ok=True)
-        mount("/proc/self/fd/%d" % fd, path, None, bind | rec)
+        mount(f"/proc/self/fd/{fd}", path, None, bind | rec)
         os.close(fd)
     with open("/proc/self/mountinfo") as f:
         points = [(line.split()[4], line.split()[5].split(",")) for line in f]
     kept = {"nosuid": nosuid, "nodev": nodev, "noexec": 8}
     for point, options in points:
         flags = sum(flag for option, flag in kept.items() if option in options)
-        try:
+        # a mount that cannot change (locked, gone) stays as the host has it, hidden or read-only above
+        with contextlib.suppress(OSError):
             mount("none", point, None, remount | bind | rdonly | flags)
-        except OSError:
-            pass  # a mount that cannot change (locked, gone): it stays as the host has it, hidden or read-only above
     mount("tmpfs", "/tmp", "tmpfs", nosuid | nodev, "size=64m,mode=1777")
     os.chdir("/tmp")
 
@@ -104,12 +103,10 @@ def child(spec, test, token, result_w, out_w):
             sys.stdout.flush()
     except AssertionError:
         outcome = "failed"
-    except BaseException as exc:  # noqa: BLE001 - any error of the program is its outcome
+    except BaseException as exc:
         outcome = "error:" + type(exc).__name__
-    try:
+    with contextlib.suppress(BaseException):
         sys.stdout.flush()
-    except BaseException:  # noqa: BLE001
-        pass
     os.write(result_w, (token + " " + outcome).encode())
     os._exit(0)
 
@@ -152,10 +149,8 @@ def run_test(spec, test):
     for fd in open_fds:
         os.close(fd)
     for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
+        with contextlib.suppress(OSError):
             kill()
-        except OSError:
-            pass
     _, code = os.waitpid(pid, 0)
     if status:
         return status

@@ -161,16 +161,22 @@ class CodeReward:
 
     def __call__(self, completions: Sequence[Any], log_extra=None, log_metric=None, **columns: Any) -> list:
         texts = texts_of(completions)
-        rows = [{key: column[i] for key, column in columns.items() if isinstance(column, list)} for i in range(len(texts))]
+        rows = [
+            {key: column[i] for key, column in columns.items() if isinstance(column, list)} for i in range(len(texts))
+        ]
         jobs = []
         for text, row in zip(texts, rows):
             tests = row_tests(row)
-            jobs.append(None if tests is None else (extract_program(text, self.language), longest_first(tests, self.max_tests)))
+            jobs.append(
+                None if tests is None else (extract_program(text, self.language), longest_first(tests, self.max_tests))
+            )
         with ThreadPoolExecutor(self.concurrency) as pool:
             results = list(pool.map(lambda job: None if job is None else self.run_program(*job), jobs))
         if log_extra is not None:
             log_extra("code_tests", results)
-            log_extra("code_passed", [None if r is None else sum(x == "passed" for x in r) / max(1, len(r)) for r in results])
+            log_extra(
+                "code_passed", [None if r is None else sum(x == "passed" for x in r) / max(1, len(r)) for r in results]
+            )
         if log_metric is not None:
             for r in results:
                 if r:

@@ -8,7 +8,8 @@ A reward function is called with keywords only, as TRL's GRPOTrainer calls it::
 ``columns`` are the dataset's other columns, each a list aligned with ``completions``;
 ``completion_ids`` are lists of ints; ``trainer_state`` has ``global_step``, ``max_steps`` and
 ``epoch``; ``log_metric(name, value)`` adds a scalar to the step's metrics and
-``log_extra(column, values)`` a column to the stored rollouts. A function takes what it names and
+``log_extra(column, values)`` a column to the stored rollouts; ``log_errors(messages)`` says why a completion
+got None (stored and counted as a failure, as a raise is). A function takes what it names and
 ``**kwargs`` for the rest; one without ``**kwargs`` gets only the keywords it names. ``None``
 means "does not apply". It may be a coroutine function.
 
@@ -115,6 +116,14 @@ class RewardLog:
     n: int
     metrics: dict[str, list[float]] = field(default_factory=dict)
     extra: dict[str, list] = field(default_factory=dict)
+    errors: list[str | None] | None = None
+
+    def log_errors(self, messages: Sequence[str | None]) -> None:
+        """Why each completion got None (one message or None per completion): a reward that fails on some
+        completions only (a remote server down for part of the batch) stores these as the runner stores a raise."""
+        if len(messages) != self.n:
+            raise ValueError(f"log_errors(messages) needs one message or None per completion ({self.n})")
+        self.errors = [None if m is None else str(m) for m in messages]
 
     def log_metric(self, name: str, value: float) -> None:
         """Add ``value`` to the step's metric ``name`` (the step logs the mean of its values)."""
@@ -177,7 +186,7 @@ def call_reward(fn: RewardFn, payload: Mapping[str, Any], log: RewardLog) -> Any
     """Call ``fn`` once with the keywords of ``payload`` plus ``log_metric`` / ``log_extra``; an
     awaitable result is run to completion with asyncio.run (a fresh loop: this runs on a worker
     thread or process, which has none of its own)."""
-    kwargs = {**payload, "log_metric": log.log_metric, "log_extra": log.log_extra}
+    kwargs = {**payload, "log_metric": log.log_metric, "log_extra": log.log_extra, "log_errors": log.log_errors}
     accepted = _accepted(fn)
     if accepted is not None:
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}

@@ -10,7 +10,8 @@ A spec is one of:
   ``AutoModelForSequenceClassification`` with one output, loaded from the folder or the Hub id and scored as TRL
   scores it (:class:`~grpokit.rewards.judge.ClassifierReward`);
 - a dict ``{"name": <any of the above>, "weight": 1.0, **params}``: params go to the built-in's
-  constructor, or are bound to a user function with functools.partial.
+  constructor, or are bound to a user function with functools.partial;
+- a dict ``{"url": ..., "format": ..., ...}``: a reward served over HTTP (:mod:`grpokit.rewards.remote`).
 
 How a string is told apart (:func:`reward_kind`): a built-in's name first (a bare name is never a Hub id), then an
 existing folder, then ``:`` (a function), then a slash (a Hub id); anything else is an unknown built-in.
@@ -36,6 +37,7 @@ from grpokit.rewards.judge import RewardModelReward
 from grpokit.rewards.length import LengthReward
 from grpokit.rewards.math import AccuracyReward
 from grpokit.rewards.molecule import MoleculeReward
+from grpokit.rewards.remote import RemoteReward
 
 BUILTINS: dict[str, type] = {
     "accuracy": AccuracyReward,
@@ -44,6 +46,7 @@ BUILTINS: dict[str, type] = {
     "length": LengthReward,
     "molecule": MoleculeReward,
     "reward_model": RewardModelReward,
+    "remote": RemoteReward,
 }
 
 
@@ -201,6 +204,11 @@ def resolve_reward(spec: Any, model_kwargs: Mapping[str, Any] | None = None) -> 
     target = spec
     if isinstance(spec, Mapping):
         params = dict(spec)
+        if "url" in params and params.get("name", "remote") == "remote":  # {url: ..., format: ...}: a remote reward
+            params.pop("name", None)
+            weight = float(params.pop("weight", 1.0))
+            reward = get_reward("remote", **params)
+            return reward.label, reward, weight
         if "name" not in params:
             raise ValueError(f"reward spec {dict(spec)!r} needs a 'name' key")
         target = params.pop("name")

@@ -265,6 +265,13 @@ class RewardRunner:
                     chunk_values, chunk_errors = [None] * size, [outcome.error] * size
                 else:
                     chunk_values, chunk_errors = check_output(name, outcome.output, size)
+                if outcome.log is not None and outcome.log.errors is not None and outcome.error is None:
+                    chunk_errors = [
+                        own if own is not None else (said if value is None else None)
+                        for own, said, value in zip(chunk_errors, outcome.log.errors, chunk_values)
+                    ]
+                    for said in dict.fromkeys(e for e in outcome.log.errors if e is not None):
+                        self._announce(name, said, None)
                 if outcome.log is not None:
                     for metric, values in outcome.log.metrics.items():
                         logged.setdefault(metric, []).extend(values)

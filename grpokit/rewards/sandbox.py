@@ -330,10 +330,13 @@ def _alive(pid: int) -> bool:
     return status.rpartition(")")[2].split()[0] != "Z"
 
 
-_PROBE = "import socket\ntry:\n    socket.create_connection(('10.255.255.1', 9), 0.5)\nexcept OSError:\n    print('isolated')\n"
+_PROBE = (
+    "import socket\ntry:\n    socket.create_connection(('10.255.255.1', 9), 0.5)\n"
+    "except OSError:\n    print('isolated')\n"
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _works(backend: str, root: bool) -> str | None:
     """None when ``backend`` runs a probe here with the network cut, else why not (cached per process)."""
     if backend == "bwrap" and shutil.which("bwrap") is None:

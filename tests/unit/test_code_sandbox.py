@@ -115,7 +115,9 @@ def test_reading_the_password_file_or_the_home_folder(reward, host):
     assert results == ["error:FileNotFoundError"] * 2
     results = _hostile(reward, host, "assert open('SECRET').read()\ndef add(a, b): return a + b\n")
     assert results[0].startswith("error:")
-    results = _hostile(reward, host, "import os\nassert os.listdir(os.path.expanduser('~root'))\ndef add(a, b): return a + b\n")
+    results = _hostile(
+        reward, host, "import os\nassert os.listdir(os.path.expanduser('~root'))\ndef add(a, b): return a + b\n"
+    )
     assert results[0].startswith("error:")
 
 
@@ -163,7 +165,8 @@ def test_killing_its_parent(reward, host):
 
 def test_a_daemon_that_outlives_the_test(reward, host):
     body = (
-        "import os, subprocess\nif os.fork() == 0:\n    os.setsid()\n    os.execvp('sleep', ['sleep', '600', 'MARKER'])\n"
+        "import os, subprocess\nif os.fork() == 0:\n"
+        "    os.setsid()\n    os.execvp('sleep', ['sleep', '600', 'MARKER'])\n"
         "subprocess.Popen(['sh', '-c', 'sleep 600 # MARKER'], start_new_session=True)\n"
     )
     _hostile(reward, host, body)
@@ -203,7 +206,9 @@ def test_extraction_tests_and_modes():
     assert row_tests({"test_list": ["assert f()"], "test_setup_code": "import math"}) == [
         {"assert": "import math\nassert f()"}
     ]
-    assert row_tests({"input_output": '{"inputs": ["1\\n"], "outputs": ["2\\n"]}'}) == [{"stdin": "1\n", "stdout": "2\n"}]
+    assert row_tests({"input_output": '{"inputs": ["1\\n"], "outputs": ["2\\n"]}'}) == [
+        {"stdin": "1\n", "stdout": "2\n"}
+    ]
     assert row_tests({"answer": 3}) is None
     tests = [{"assert": "a"}, {"assert": "ccc"}, {"assert": "bb"}]
     assert longest_first(tests, 2) == [{"assert": "ccc"}, {"assert": "bb"}]
