@@ -147,8 +147,18 @@ def make_handler(service: RewardService, token: str | None):
 
 
 class RewardServer(ThreadingHTTPServer):
-    daemon_threads = False  # a stop waits for the requests in progress (block_on_close)
+    # Connections are kept alive by clients between batches, so a stop does not wait for their threads; it waits
+    # for the batch being scored instead (:func:`stop`).
+    daemon_threads = True
     allow_reuse_address = True
+    service: RewardService
+
+
+def stop(server: RewardServer) -> None:
+    """Stop accepting, wait for the batch being scored (its answer is sent), close the socket."""
+    server.shutdown()
+    with server.service._lock:
+        server.server_close()
 
 
 def check_binding(host: str, token: str | None) -> None:
@@ -160,9 +170,11 @@ def check_binding(host: str, token: str | None) -> None:
 
 
 def serve(runner: RewardRunner, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> RewardServer:
-    """A started server (on a background thread) scoring with ``runner``; ``server.shutdown()`` stops it."""
+    """A started server (on a background thread) scoring with ``runner``; :func:`stop` stops it."""
     check_binding(host, token)
-    server = RewardServer((host, port), make_handler(RewardService(runner), token))
+    service = RewardService(runner)
+    server = RewardServer((host, port), make_handler(service, token))
+    server.service = service
     threading.Thread(target=server.serve_forever, name="grpokit-serve-rewards", daemon=True).start()
     return server
 
@@ -212,7 +224,6 @@ def cmd_serve_rewards(args) -> int:
         threading.Event().wait()  # until a signal ends the command
     finally:
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            stop(server)
         runner.close()
     return 0
