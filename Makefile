@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test test-fast lint format bench clean chromium verl-oracle
+.PHONY: demo test test-fast lint format bench clean chromium bubblewrap verl-oracle
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(VENV)/.demo: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) -e ".[test,lint,math,chem,lora,qlora,tensorboard,wandb,ray,bench]"  # bench: TRL, for the parity test
+	$(PIP) -e ".[test,lint,math,chem,lora,qlora,tensorboard,wandb,ray,bench,remote]"  # bench: TRL, for the parity test
 	touch $@
 
 demo: $(VENV)/.demo
@@ -26,7 +26,7 @@ demo: $(VENV)/.demo
 
 # Two pytest-xdist workers: the fault, integration and end-to-end tests a file per worker at a time, then those
 # marked alone (they stop or join any Ray cluster on the machine) one at a time, then the unit tests.
-test: $(VENV)/.test verl-oracle chromium
+test: $(VENV)/.test verl-oracle chromium bubblewrap
 	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadfile -m "not alone" tests/faults tests/integration
 	$(BIN)/python -m pytest -q -m alone tests/faults tests/integration
 	$(BIN)/python -m pytest -q --durations=5 -n 2 tests/unit
@@ -49,6 +49,15 @@ chromium:
 	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	echo "chromium not installed: the report's browser test will be skipped"
+
+# The code reward runs model-written programs in bubblewrap (grpokit/rewards/sandbox.py; without it, in unshare
+# namespaces). As root with apt-get it is installed here; anywhere else this never fails, and the sandbox tests run
+# on the backends that work (the others are skipped, saying why).
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || \
+	{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
+	echo "bubblewrap not installed: the code reward's sandbox uses unshare, or its bwrap tests are skipped"
 
 test-fast: $(VENV)/.test verl-oracle
 	$(BIN)/python -m pytest -q -m "not slow"
