@@ -28,6 +28,7 @@ from grpokit.demo.warmstart import WarmStartConfig, _lr_factor, build_model, sin
 HERE = Path(__file__).parent
 ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789+-*=:() "
 OPERATIONS = {"add": "x+{k}", "sub": "x-{k}", "mul": "x*{k}", "from": "{k}-x"}
+VALUES = {"add": lambda x, k: x + k, "sub": lambda x, k: x - k, "mul": lambda x, k: x * k, "from": lambda x, k: k - x}
 INPUTS = (2, 7)
 # the warm start: smaller than the demo's schedule (the programs are longer, so a step costs more)
 WARM_START = WarmStartConfig(clean_steps=600, sloppy_steps=200, batch_size=64, teacher_accuracy=0.3)
@@ -38,7 +39,7 @@ def program(op: str, k: int) -> str:
 
 
 def make_row(op: str, k: int) -> dict:
-    expected = [eval(program(op, k).split(":", 1)[1], {"x": x}) for x in INPUTS]  # noqa: S307 - our own text
+    expected = [VALUES[op](x, k) for x in INPUTS]
     return {
         "prompt": f"{op} {k}:",
         "test_list": [f"assert f({x})=={y}" for x, y in zip(INPUTS, expected)],
@@ -143,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         build(out)
     result = train(out, args.steps, args.overrides)
     print(
-        f"held-out pass@1 {result['before']:.2f} -> {result['after']:.2f} "
-        f"({time.perf_counter() - start:.0f} s in all)"
+        f"held-out pass@1 {result['before']:.2f} -> {result['after']:.2f} ({time.perf_counter() - start:.0f} s in all)"
     )
     return 0
 

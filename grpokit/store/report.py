@@ -232,13 +232,18 @@ def _fmt(value) -> str:
 def _rollout_html(rollout: dict, kind: str) -> str:
     rewards = ", ".join(f"{escape(name)} {_fmt(v)}" for name, v in sorted(rollout["rewards"].items()))
     error = f'<div class="error">error: {escape(rollout["error"])}</div>' if rollout["error"] is not None else ""
+    # log_extra columns (the code reward's per-test results: code_tests), as `grpokit inspect` shows them
+    extra = "".join(
+        f'<div class="extra">{escape(column)}: {escape(json.dumps(value, default=str))}</div>'
+        for column, value in sorted((rollout.get("extra") or {}).items())
+    )
     return (
         f'<div class="sample {kind}"><b>{kind}</b>: reward {_fmt(rollout["reward"])} '
         f"({rewards}) · advantage {_fmt(rollout['advantage'])} · "
         f"{rollout['completion_tokens']} tokens · {escape(rollout['finish_reason'])} · "
         f"prompt {rollout['prompt_index']} #{rollout['completion_index']}"
         f'<pre class="prompt">{escape(rollout["prompt"])}</pre>'
-        f"{_completion_html(rollout)}{error}</div>"
+        f"{_completion_html(rollout)}{extra}{error}</div>"
     )
 
 
