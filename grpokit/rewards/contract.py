@@ -8,8 +8,8 @@ A reward function is called with keywords only, as TRL's GRPOTrainer calls it::
 ``columns`` are the dataset's other columns, each a list aligned with ``completions``;
 ``completion_ids`` are lists of ints; ``trainer_state`` has ``global_step``, ``max_steps`` and
 ``epoch``; ``log_metric(name, value)`` adds a scalar to the step's metrics and
-``log_extra(column, values)`` a column to the stored rollouts; ``log_errors(messages)`` says why a completion
-got None (stored and counted as a failure, as a raise is). A function takes what it names and
+``log_extra(column, values)`` a column to the stored rollouts; ``log_errors(messages)``, given only to a function
+that names it, says why a completion got None (stored and counted as a failure, as a raise is). A function takes what it names and
 ``**kwargs`` for the rest; one without ``**kwargs`` gets only the keywords it names. ``None``
 means "does not apply". It may be a coroutine function.
 
@@ -173,6 +173,13 @@ def _accepted(fn: RewardFn) -> set[str] | None:
     return {p.name for p in params if p.kind in named}
 
 
+def _names(fn: RewardFn, keyword: str) -> bool:
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def reads_live_objects(fn: RewardFn) -> bool:
     """Whether ``fn`` names one of :data:`LIVE_KEYWORDS` (so it must run in the trainer's process)."""
     try:
@@ -186,7 +193,9 @@ def call_reward(fn: RewardFn, payload: Mapping[str, Any], log: RewardLog) -> Any
     """Call ``fn`` once with the keywords of ``payload`` plus ``log_metric`` / ``log_extra``; an
     awaitable result is run to completion with asyncio.run (a fresh loop: this runs on a worker
     thread or process, which has none of its own)."""
-    kwargs = {**payload, "log_metric": log.log_metric, "log_extra": log.log_extra, "log_errors": log.log_errors}
+    kwargs = {**payload, "log_metric": log.log_metric, "log_extra": log.log_extra}
+    if _names(fn, "log_errors"):  # grpokit's own keyword: only for functions that ask for it by name
+        kwargs["log_errors"] = log.log_errors
     accepted = _accepted(fn)
     if accepted is not None:
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}

