@@ -1,9 +1,10 @@
 """The test harness of the ``code`` reward: runs INSIDE the sandbox (``python -I -S code_harness.py < spec``).
 
 It imports nothing from grpokit (the sandbox cannot see grpokit's files) and only the standard library. It reads
-one JSON spec on stdin, runs each test in a forked child (its own process group, the per-test time limit, its
-output read through a pipe and capped) and prints one JSON line: each test's result. A test passes only when its
-child writes the harness's token after the test: a program that exits early (``os._exit(0)``) fails.
+one JSON spec, a line on stdin, which the caller then holds open (EOF: the caller died, and the sandbox ends with
+this process, its namespace's first), runs each test in a forked child (its own process group, the per-test time
+limit, its output read through a pipe and capped) and prints one JSON line: each test's result. A test passes only
+when its child writes the harness's token after the test: a program that exits early (``os._exit(0)``) fails.
 
 Spec: ``{"program": str, "tests": [{"assert": str} | {"stdin": str, "stdout": str}], "test_seconds": float,
 "output_bytes": int, "command": [str] | null, "uid": int | null, "processes": int | null, "keep": [str] | null}``
@@ -65,6 +66,11 @@ def drop_privileges(uid, processes):
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+        # a change of user clears the parent-death signal that bwrap (--die-with-parent) and unshare (--kill-child)
+        # set: set it again, so this namespace dies with them
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if processes is not None:
         resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
 
@@ -111,6 +117,14 @@ def child(spec, test, token, result_w, out_w):
     os._exit(0)
 
 
+LIFELINE = None  # the caller's end of stdin, held open while it lives: EOF means it died, so this sandbox ends
+
+
+def check_lifeline():
+    if os.read(LIFELINE, 1) == b"":
+        os._exit(3)  # the first process of the namespace: every process in it dies with it
+
+
 def run_test(spec, test):
     token = secrets.token_hex(16)
     result_r, result_w = os.pipe()
@@ -119,6 +133,7 @@ def run_test(spec, test):
     if pid == 0:
         os.close(result_r)
         os.close(out_r)
+        os.close(LIFELINE)
         child(spec, test, token, result_w, out_w)
     os.close(result_w)
     os.close(out_w)
@@ -130,7 +145,12 @@ def run_test(spec, test):
         if left <= 0:
             status = "timed_out"
             break
-        ready, _, _ = select.select(list(open_fds), [], [], left)
+        ready, _, _ = select.select([*open_fds, LIFELINE], [], [], left)
+        if LIFELINE in ready:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            check_lifeline()
+            ready.remove(LIFELINE)
         for fd in ready:
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -176,7 +196,9 @@ def same_output(got, expected):
 
 
 def main():
-    spec = json.loads(sys.stdin.read())
+    global LIFELINE
+    spec = json.loads(sys.stdin.buffer.readline())
+    LIFELINE = os.dup(0)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     if spec.get("keep") is not None:
         private_view(spec["keep"])

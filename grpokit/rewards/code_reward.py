@@ -149,7 +149,8 @@ class CodeReward:
         }
         # the label marks every process of this run (forks keep it): tests find leftovers by it
         command = [self.sandbox.python, "-I", "-S", "{work}/harness.py", program_label(program)]
-        done = self.sandbox.run(command, json.dumps(spec).encode(), {"harness.py": HARNESS.read_text()}, self.limits)
+        line = json.dumps(spec).encode() + b"\n"
+        done = self.sandbox.run(command, line, {"harness.py": HARNESS.read_text()}, self.limits, hold_stdin=True)
         try:
             results = json.loads(done.stdout.decode().strip().splitlines()[-1])["results"]
             if len(results) == len(tests) and all(isinstance(r, str) for r in results):

@@ -9,8 +9,8 @@ A reward function is called with keywords only, as TRL's GRPOTrainer calls it::
 ``completion_ids`` are lists of ints; ``trainer_state`` has ``global_step``, ``max_steps`` and
 ``epoch``; ``log_metric(name, value)`` adds a scalar to the step's metrics and
 ``log_extra(column, values)`` a column to the stored rollouts; ``log_errors(messages)``, given only to a function
-that names it, says why a completion got None (stored and counted as a failure, as a raise is). A function takes what it names and
-``**kwargs`` for the rest; one without ``**kwargs`` gets only the keywords it names. ``None``
+that names it, says why a completion got None (stored and counted as a failure, as a raise is). A function takes
+what it names and ``**kwargs`` for the rest; one without ``**kwargs`` gets only the keywords it names. ``None``
 means "does not apply". It may be a coroutine function.
 
 Conversational data (prompts that are lists of chat messages): ``prompts`` are those lists and each

@@ -21,6 +21,7 @@ loudly warned opt-out: rlimits and the wall-clock kill of the process group only
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import resource
@@ -40,6 +41,7 @@ from grpokit.rewards.contract import RewardError
 BACKENDS = ("auto", "bwrap", "unshare", "none")
 WORK = "/box"  # the private work folder, as the program sees it
 NOBODY = 65534
+_PR_SET_PDEATHSIG = 1
 FIX = (
     "install bubblewrap (apt-get install bubblewrap) or allow user namespaces (sysctl "
     "kernel.unprivileged_userns_clone=1, or run as root), or set sandbox: none to run model-written code on this "
@@ -200,9 +202,14 @@ class Sandbox:
         """Where the host's ``path`` under the work folder is seen by the program."""
         return path.replace(work, WORK, 1) if self.backend == "bwrap" else path
 
-    def run(self, command: list[str], stdin: bytes, files: dict[str, str], limits: Limits) -> Completed:
+    def run(
+        self, command: list[str], stdin: bytes, files: dict[str, str], limits: Limits, hold_stdin: bool = False
+    ) -> Completed:
         """Write ``files`` into a fresh work folder, run ``command`` there (``{work}`` in an argument is the
-        folder as the program sees it) with ``stdin``, and return how it ended; the folder is removed after."""
+        folder as the program sees it) with ``stdin``, and return how it ended; the folder is removed after.
+        ``hold_stdin``: keep stdin open until the run ends, as a lifeline: the program sees EOF when this process
+        dies (a reward worker killed at its timeout), which the code reward's harness obeys at once. (The kernel's
+        parent-death signal cannot serve: it is not sent across users, and the program runs as another.)"""
         work = tempfile.mkdtemp(prefix="grpokit-box-")
         try:
             for name, text in files.items():
@@ -213,7 +220,7 @@ class Sandbox:
             seen = self.in_sandbox(work, work)
             command = [arg.replace("{work}", seen) for arg in command]
             env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": seen, "LANG": "C.UTF-8"}
-            return _run(self.argv(command, work), stdin, limits, self._limit_setter(limits), cwd=work, env=env)
+            return _run(self.argv(command, work), stdin, limits, self._limit_setter(limits), work, env, hold_stdin)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -228,7 +235,11 @@ class Sandbox:
 
 
 def _set_limits(limits: Limits, nproc: int | None) -> None:
-    """In the child before exec (inherited by everything in the sandbox)."""
+    """In the child before exec (inherited by everything in the sandbox). It also dies with the thread that started
+    it (PR_SET_PDEATHSIG): a reward worker killed at its timeout takes its sandboxes with it (bwrap's
+    ``--die-with-parent`` and unshare's ``--kill-child`` carry that on to the program)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     mb = 1 << 20
     cpu = max(1, int(limits.cpu_seconds + 0.999))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -240,7 +251,7 @@ def _set_limits(limits: Limits, nproc: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
-def _run(argv: list[str], stdin: bytes, limits: Limits, preexec, cwd: str, env: dict) -> Completed:
+def _run(argv: list[str], stdin: bytes, limits: Limits, preexec, cwd: str, env: dict, hold_stdin: bool) -> Completed:
     """Run ``argv`` in a new session; read its stdout and stderr (capped at ``output_bytes`` each) until it ends or
     the wall-clock limit passes; then kill its whole process group, whatever happened."""
     proc = subprocess.Popen(
@@ -261,8 +272,10 @@ def _run(argv: list[str], stdin: bytes, limits: Limits, preexec, cwd: str, env: 
     try:
         with contextlib.suppress(BrokenPipeError):
             proc.stdin.write(stdin)
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.close()
+            proc.stdin.flush()
+        if not hold_stdin:
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
         open_fds = set(out)
         while open_fds:
             left = deadline - time.monotonic()
@@ -303,8 +316,9 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
     proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        stream.close()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        with contextlib.suppress(BrokenPipeError):
+            stream.close()
     deadline = time.monotonic() + _REAP_SECONDS
     while any(_alive(pid) for pid in inits) and time.monotonic() < deadline:
         time.sleep(0.01)

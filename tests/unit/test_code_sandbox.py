@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -164,10 +166,11 @@ def test_killing_its_parent(reward, host):
 
 
 def test_a_daemon_that_outlives_the_test(reward, host):
+    # (the daemons carry the marker in their own command line: python -c "..." MARKER)
     body = (
-        "import os, subprocess\nif os.fork() == 0:\n"
-        "    os.setsid()\n    os.execvp('sleep', ['sleep', '600', 'MARKER'])\n"
-        "subprocess.Popen(['sh', '-c', 'sleep 600 # MARKER'], start_new_session=True)\n"
+        "import os, subprocess, sys\nsleeper = [sys.executable, '-c', 'import time; time.sleep(600)', 'MARKER']\n"
+        "if os.fork() == 0:\n    os.setsid()\n    os.execv(sys.executable, sleeper)\n"
+        "subprocess.Popen(sleeper, start_new_session=True)\nos.system('setsid sleep 600 &')\n"
     )
     _hostile(reward, host, body)
 
@@ -222,3 +225,35 @@ def test_extraction_tests_and_modes():
 
 def test_a_row_without_tests_gets_none(reward):
     assert reward(completions=["x = 1"], answer=[3]) == [None]
+
+
+def test_a_reward_worker_killed_at_its_timeout_takes_its_sandboxes_with_it(reward):
+    from grpokit.rewards import RewardRunner
+
+    marker = f"grpokit-hostile-{uuid.uuid4().hex}"
+    spec = {"name": "code", "sandbox": reward.sandbox.backend, "test_seconds": 600, "total_seconds": 600}
+    program = (
+        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(600)', '{marker}'])\n"
+    )
+    seen, done = threading.Event(), threading.Event()
+
+    def watch():  # the sleeper did run: it is seen before the worker is killed
+        while not done.is_set() and not seen.is_set():
+            if _running_with(marker):
+                seen.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with RewardRunner([spec], timeout=3, isolate=True) as runner:  # the worker is killed after 3 s
+            values = runner.score_values(["p"], [program], {"test_list": [["assert True"]]})
+    finally:
+        done.set()
+        watcher.join()
+    assert "timed out" in values.messages[0][0] and seen.is_set()
+    # The kernel delivers the parent-death signals one process after another: wait for them, not for a time
+    # (the bound only stops a broken machine from hanging the suite).
+    deadline = time.monotonic() + 60
+    while _running_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running_with(marker) == []
