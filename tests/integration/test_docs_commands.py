@@ -35,6 +35,14 @@ TIMEOUT = 300
 # ---- the per-command table -------------------------------------------------------------------------
 # A documented command (comments stripped, whitespace normalised) -> why it is not run here.
 NOT_RUNNABLE = {
+    "grpokit serve-rewards config.yaml": "a server, until stopped: tests/integration/test_remote_rewards.py serves one",
+    "grpokit serve-rewards accuracy my_rewards.py:brevity": "a server, until stopped: test_remote_rewards.py",
+    "grpokit serve-rewards config.yaml --host 0.0.0.0 --port 8000 --token $GRPOKIT_REWARD_TOKEN": (
+        "a server on every address, until stopped: test_remote_rewards.py checks the token"
+    ),
+    "python examples/code/run.py": "~6 min; tests/integration/test_examples_code.py runs it shortened",
+    "python examples/code/run.py --steps 80": "~10 min; tests/integration/test_examples_code.py runs it shortened",
+    "grpokit train examples/code/gpu.yaml": "a 1.5B hub model and MBPP from the hub, on a CUDA GPU",
     "make demo": "creates .venv and installs packages (network); `grpokit demo` runs in tests/integration/test_demo.py",
     "make test": "is this test suite (CI runs it through .ci/run)",
     "make test-fast": "is this test suite without the slow tests",
