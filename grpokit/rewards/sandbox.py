@@ -210,7 +210,8 @@ class Sandbox:
         ``hold_stdin``: keep stdin open until the run ends, as a lifeline: the program sees EOF when this process
         dies (a reward worker killed at its timeout), which the code reward's harness obeys at once. (The kernel's
         parent-death signal cannot serve: it is not sent across users, and the program runs as another.)"""
-        work = tempfile.mkdtemp(prefix="grpokit-box-")
+        sweep_work_folders()
+        work = tempfile.mkdtemp(prefix=f"{BOX_PREFIX}{os.getpid()}-")
         try:
             for name, text in files.items():
                 Path(work, name).write_text(text)
@@ -232,6 +233,22 @@ class Sandbox:
         """RLIMIT_NPROC the harness sets after dropping to ``nobody`` (root only): that uid's processes now plus
         the sandbox's allowance."""
         return _processes_of(self.uid) + limits.processes if self.root else None
+
+
+BOX_PREFIX = "grpokit-box-"
+
+
+def sweep_work_folders() -> list[str]:
+    """Remove the work folders of processes that are gone (a reward worker killed at its timeout cannot remove its
+    own); a folder is ``grpokit-box-<pid>-*`` in the temporary folder. Returns the folders removed."""
+    removed = []
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid = name[len(BOX_PREFIX) :].split("-", 1)[0]
+        if name.startswith(BOX_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def _set_limits(limits: Limits, nproc: int | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -257,3 +258,11 @@ def test_a_reward_worker_killed_at_its_timeout_takes_its_sandboxes_with_it(rewar
     while _running_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _running_with(marker) == []
+    # the killed worker's work folder is removed by the next sandbox run
+    assert _score(reward, "def add(a, b):\n    return a + b\n", ADD_TESTS)[0] == 1.0
+    assert [p for p in Path(tempfile.gettempdir()).glob(sandbox_module.BOX_PREFIX + "*") if _dead_owner(p)] == []
+
+
+def _dead_owner(folder: Path) -> bool:
+    pid = folder.name[len(sandbox_module.BOX_PREFIX) :].split("-", 1)[0]
+    return pid.isdigit() and not Path(f"/proc/{pid}").exists()
