@@ -181,6 +181,9 @@ def _quietly(command):
     :func:`_quiet_model_loading`."""
 
     def run(args) -> int:
+        from grpokit.quiet import quiet_third_party
+
+        quiet_third_party()  # before peft (and through it bitsandbytes) is imported
         _quiet_model_loading()
         return command(args)
 

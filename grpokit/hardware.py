@@ -1,5 +1,6 @@
-"""Device and dtype choice: CUDA (bf16 where supported), then MPS, then CPU (float32 weights, bf16
-autocast where the CPU has native bf16 matmul, as :mod:`grpokit.cpu_caps` reports)."""
+"""Device and dtype choice: CUDA, then MPS, then CPU; float32 weights everywhere under ``dtype: auto`` and a compute
+dtype through autocast (bf16 on GPUs and CPUs that have it natively, fp16 on older GPUs), by the one rule of
+:mod:`grpokit.precision`."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import contextlib
 import torch
 
 from grpokit.cpu_caps import cpu_caps
+from grpokit.precision import DTYPES, MIN_AUTOCAST_PARAMS, choose_precision
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+__all__ = ["DTYPES", "MIN_AUTOCAST_PARAMS", "autocast", "autocast_dtype", "pick_device", "pick_dtype"]
 
 
 def pick_device(requested: str = "auto") -> torch.device:
@@ -29,16 +31,9 @@ def pick_device(requested: str = "auto") -> torch.device:
 
 
 def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """Weights dtype. ``auto``: bf16 on CUDA that supports it, float32 elsewhere.
-
-    On CPU, float32 weights keep the optimizer exact; bf16 speed comes from autocast
-    (see :func:`autocast_dtype`), not from bf16 weights.
-    """
-    if requested != "auto":
-        return DTYPES[requested]
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    """Weights dtype (:func:`grpokit.precision.choose_precision`): ``auto`` is float32 on every device; the speed of
+    bf16 comes from autocast (see :func:`autocast_dtype`), not from bf16 weights."""
+    return choose_precision(requested, device).weights
 
 
 def slow_dtype_warning(requested: str, device: torch.device) -> str | None:
@@ -51,23 +46,19 @@ def slow_dtype_warning(requested: str, device: torch.device) -> str | None:
     )
 
 
-# Below this many parameters, bf16 autocast on CPU costs more (casts, small matmuls) than it saves.
-MIN_AUTOCAST_PARAMS = 10_000_000
-
-
-def autocast_dtype(requested: str, device: torch.device, model: torch.nn.Module | None = None) -> torch.dtype | None:
-    """The dtype of the autocast regions (generation, log-prob passes, forward and backward), or None.
-
-    ``auto`` on a CPU with native bf16 matmul, for a model of at least ``MIN_AUTOCAST_PARAMS``
-    parameters: bfloat16 over float32 weights, i.e. mixed precision. Matmuls run in bf16 with
-    float32 accumulation; weights, gradients, optimizer state, norms, softmax and the loss stay
-    float32. Otherwise None: the weights' dtype (:func:`pick_dtype`) is the compute dtype.
-    """
-    if requested != "auto" or device.type != "cpu" or not cpu_caps().native_bf16:
-        return None
-    if model is not None and sum(p.numel() for p in model.parameters()) < MIN_AUTOCAST_PARAMS:
-        return None
-    return torch.bfloat16
+def autocast_dtype(
+    requested: str, device: torch.device, model: torch.nn.Module | None = None, mixed_precision: str = "auto"
+) -> torch.dtype | None:
+    """The dtype of the autocast regions (generation, log-prob passes, forward and backward), or None: the weights'
+    dtype is the compute dtype. The rule is :func:`grpokit.precision.choose_precision`'s: under ``dtype: auto``, bf16
+    on a GPU with native bf16 (else fp16, with a GradScaler), bf16 on a CPU with native bf16 matmul for a model of at
+    least ``MIN_AUTOCAST_PARAMS`` parameters; TRL's ``bf16``/``fp16`` (``mixed_precision``) on any device. Matmuls
+    run in the compute dtype with float32 accumulation; weights, gradients, optimizer state, norms, softmax and the
+    loss stay float32."""
+    num_params = None if model is None else sum(p.numel() for p in model.parameters())
+    return choose_precision(
+        requested, device, mixed_precision=mixed_precision, num_params=num_params, cpu_bf16=cpu_caps().native_bf16
+    ).compute
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

@@ -83,7 +83,7 @@ def load_model(
     trust_remote_code: bool = False,
     load_in_4bit: bool = False,
 ):
-    """A HF causal LM from a local folder or hub id, in ``dtype`` on ``device``.
+    """A HF causal LM from a local folder or hub id, in ``dtype`` on ``device`` (``meta``: built without weights).
 
     ``load_in_4bit``: the Linear layers' weights (not the LM head) quantised to 4-bit NF4 with double
     quantisation, computing in ``dtype`` (QLoRA, Dettmers et al. 2023), through bitsandbytes, on CUDA or CPU.
@@ -91,6 +91,12 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     source = model_source(name_or_path)
+    if device.type == "meta":  # the architecture only, no weights read (FSDP's other ranks: distributed/fsdp.py)
+        from transformers import AutoConfig
+
+        config = _from_pretrained(AutoConfig, source, "model config", trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     if not load_in_4bit:
         model = _from_pretrained(
             AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code

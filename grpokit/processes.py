@@ -110,7 +110,9 @@ class SingleProcess:
         runner.check_signal(everyone)
         return reward, everyone
 
-    def wrap(self, model: torch.nn.Module, device: torch.device, strategy: str = "ddp") -> torch.nn.Module:
+    def wrap(
+        self, model: torch.nn.Module, device: torch.device, strategy: str = "ddp", compute_dtype=None
+    ) -> torch.nn.Module:
         """The module the learner trains: ``model`` itself in one process (DDP or FSDP with several)."""
         return model
 

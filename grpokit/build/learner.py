@@ -70,9 +70,9 @@ def build_learner(
             model, specs.critic_spec(args), device=device, dtype=dtype, autocast_dtype=autocast_dtype, kernels=kernels
         )
     reference = Reference(model, use_adapters=use_lora) if args.beta > 0 else None
-    trained = procs.wrap(model, device, args.strategy)
+    trained = procs.wrap(model, device, args.strategy, compute_dtype=autocast_dtype)
     if is_sharded(trained) and reference is not None and reference.model is not None:
-        procs.wrap(reference.model, device, args.strategy)
+        procs.wrap(reference.model, device, args.strategy, compute_dtype=autocast_dtype)
     rows = update_chunk_rows(args, model, device, procs.world_size, prompt_tokens)  # before the optimizer's state
     optimizer, scheduler = build_optimizer(model, specs.optim_spec(args), optimizers, is_sharded(trained), device)
     learner = Learner(

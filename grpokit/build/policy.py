@@ -11,6 +11,7 @@ import torch
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.modeling import is_hf_model, load_model, load_tokenizer, lora_config
+from grpokit.precision import choose_precision, enable_tf32, low_precision_weights_warning
 
 
 def warn_if_too_big(args: GRPOConfig, path: str) -> None:
@@ -25,6 +26,21 @@ def warn_if_too_big(args: GRPOConfig, path: str) -> None:
         warnings.warn(f"grpokit: {warning}", stacklevel=3)
 
 
+def fsdp_load_device(args: GRPOConfig) -> torch.device | None:
+    """Under torchrun with FSDP: rank 0 loads on the CPU, the others on the meta device (sharding fills them from
+    rank 0: ``distributed.fsdp.initial_placement``); None otherwise."""
+    import os
+
+    world_size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world_size <= 1:
+        return None  # one process never imports grpokit.distributed
+    from grpokit.algos.registry import get_algorithm
+    from grpokit.distributed.fsdp import initial_placement
+
+    plain = not args.load_in_4bit and args.lora.r == 0 and not get_algorithm(args.algorithm).uses_critic
+    return initial_placement(strategy=args.strategy, world_size=world_size, rank=rank, plain_load=plain)
+
+
 def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any = None):
     """(model in train mode on its device, tokenizer, device, uses_lora). ``peft_config``: a peft LoraConfig
     used as given (its settings are in ``args.lora`` too, see :func:`lora_settings`)."""
@@ -33,6 +49,10 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
     slow = slow_dtype_warning(args.dtype, device)
     if slow:
         warnings.warn(f"grpokit: {slow}", stacklevel=3)
+    lossy = low_precision_weights_warning(args.dtype, full_fine_tuning=args.lora.r == 0 and not args.load_in_4bit)
+    if lossy:
+        warnings.warn(f"grpokit: {lossy}", stacklevel=3)
+    enable_tf32(choose_precision(args.dtype, device))
     model = model if model is not None else args.model_name_or_path
     if model is None:
         raise ConfigError("no model: pass model=... to GRPOTrainer or set model.model_name_or_path in the config.")
@@ -43,7 +63,7 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
         )
     if isinstance(model, str):
         name = model
-        model = load_model(name, dtype, device, args.trust_remote_code, load_in_4bit=args.load_in_4bit)
+        model = load_model(name, dtype, fsdp_load_device(args) or device, args.trust_remote_code, args.load_in_4bit)
         if tokenizer is None:
             tokenizer = load_tokenizer(args.tokenizer_name_or_path or name, args.trust_remote_code)
     elif isinstance(model, torch.nn.Module):

@@ -113,9 +113,11 @@ def _engine_spec(name: str | None, args: GRPOConfig, source: str | None, rollout
 
 def _start_ray(args: GRPOConfig, parts):
     """Connect to Ray (``distributed.address``) and start the rollout workers."""
+    from grpokit.distributed.placement import learner_gpu_ids
     from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
 
-    connect(args.address, args.ray_num_cpus)
+    learner_gpus = learner_gpu_ids(parts.device)  # never given to a rollout or reward actor
+    connect(args.address, args.ray_num_cpus, learner_gpus)
     return RayRolloutEngine(
         parts.model,
         parts.eos_token_ids,
@@ -124,6 +126,7 @@ def _start_ray(args: GRPOConfig, parts):
         args.rollout_worker_cpus,
         args.rollout_worker_gpus,
         parts.autocast_dtype,
+        learner_gpus,
     )
 
 

@@ -134,7 +134,7 @@ def _policy(config: GRPOConfig, parts: dict, model, tokenizer, peft_config, eval
     ensure_pad_token(tokenizer)
     train_source, eval_sets = build_inputs.prompt_sources(config, tokenizer, parts["train_rows"], eval_sets)
     torch.manual_seed(spec.seed)
-    dtype = autocast_dtype(spec.dtype, device, model)
+    dtype = autocast_dtype(spec.dtype, device, model, config.mixed_precision)
     return dict(
         model=model,
         tokenizer=tokenizer,

@@ -53,6 +53,7 @@ ALIASES = {
 # loss types and algorithms are their registries' names (checked in rules.py, after algo.imports has run).
 CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "mixed_precision": ("auto", "bf16", "fp16", "no"),
     "ref_model_dtype": ("auto", "bfloat16"),
     "optimizer": trl_keys.OPTIMIZERS,
     "scale_rewards": SCALE_REWARDS,

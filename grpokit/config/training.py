@@ -16,8 +16,12 @@ class ModelConfig:
     tokenizer_name_or_path: str | None = None
     """Tokenizer folder or hub id; defaults to the model's."""
     dtype: str = "auto"
-    """auto (CUDA: bf16 weights where supported; CPU with native bf16: float32 weights + bf16 autocast; else float32) |
-    float32 | bfloat16 | float16."""
+    """The trained weights' dtype: auto (float32 on every device; the compute dtype comes from mixed_precision) |
+    float32 | bfloat16 | float16 (low-precision weights and AdamW moments: small updates are lost; warned about)."""
+    mixed_precision: str = "auto"
+    """The autocast (compute) dtype over float32 weights: auto (CUDA: bf16 where the GPU has it natively, else fp16
+    with a GradScaler; CPU with native bf16 matmul: bf16 for models of 10M+ parameters; else none) | bf16 | fp16 |
+    no. TRL's bf16=True / fp16=True set it."""
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:N | mps."""
     trust_remote_code: bool = False

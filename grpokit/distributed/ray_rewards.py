@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from grpokit.distributed.placement import actor_options
 from grpokit.distributed.ray_rollout import import_ray
 from grpokit.rewards.contract import TIMED_OUT, Outcome, RewardError, TimedCall
 from grpokit.rewards.pool import Outcomes, chunks
@@ -84,9 +85,9 @@ class RayRewardPool:
         ray = import_ray()
         # Held while the actors live: a restarted actor is built again from this object.
         self._functions_ref = ray.put(self.functions)
-        self._actor = ray.remote(num_cpus=self.worker_cpus, max_restarts=-1, max_task_retries=MAX_TRIES - 1)(
-            RewardWorker
-        )
+        # no GPU, and none visible: the learner's stays its own (distributed/placement.py)
+        options = actor_options(self.worker_cpus, 0)
+        self._actor = ray.remote(**options, max_restarts=-1, max_task_retries=MAX_TRIES - 1)(RewardWorker)
         self.actors = [self._actor.remote(self._functions_ref) for _ in range(self.workers)]
         ray.get([actor.ready.remote() for actor in self.actors])  # started: the deadline of a batch is its own
 

@@ -30,9 +30,12 @@ def import_ray():
     return ray
 
 
-def connect(address: str | None, num_cpus: int | None) -> None:
+def connect(address: str | None, num_cpus: int | None, learner_gpus: list[str] = ()) -> None:
     """Join the cluster at ``address`` (``auto`` = the one ``ray start --head`` made on this node), or
-    start a local one with ``num_cpus`` CPUs when ``address`` is null."""
+    start a local one with ``num_cpus`` CPUs when ``address`` is null, without the learner's GPUs
+    (``learner_gpus``: :func:`grpokit.distributed.placement.learner_gpu_ids`)."""
+    from grpokit.distributed.placement import without_learner_gpus
+
     ray = import_ray()
     if ray.is_initialized():
         return
@@ -48,7 +51,8 @@ def connect(address: str | None, num_cpus: int | None) -> None:
                 "grpokit start a local cluster."
             ) from None
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        with without_learner_gpus(list(learner_gpus)) as num_gpus:
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False)
 
 
 class RolloutWorker:
@@ -61,9 +65,16 @@ class RolloutWorker:
         pad_token_id: int,
         use_gpu: bool,
         autocast_dtype: torch.dtype | None = None,
+        learner_gpus: tuple[str, ...] = (),
     ):
         from grpokit.rollout.engine import HFRolloutEngine
 
+        if use_gpu:
+            import ray
+
+            from grpokit.distributed.placement import check_actor_gpus
+
+            check_actor_gpus(ray.get_gpu_ids(), list(learner_gpus))
         device = torch.device("cuda" if use_gpu else "cpu")
         self.model = model.to(device)
         # the learner's autocast dtype: the same numbers as sampling in the learner process
@@ -83,8 +94,7 @@ class RolloutWorker:
         if version != self.version:
             import ray
 
-            state = ray.get(weights[0])
-            self.model.load_state_dict({k: v.to(self.engine.device) for k, v in state.items()}, strict=False)
+            load_published(self.model, ray.get(weights[0]), self.engine.device)
             self.version = version
         self.engine.policy_version = version
         return generate_per_group(self.engine, prompt_ids, seeds, num_generations, params)
@@ -119,13 +129,26 @@ class RayRolloutEngine:
         worker_cpus: float = 1.0,
         worker_gpus: float = 0.0,
         autocast_dtype: torch.dtype | None = None,
+        learner_gpus: list[str] = (),
     ):
+        """``learner_gpus``: the GPUs the learner trains on, which no worker may get
+        (:mod:`grpokit.distributed.placement`)."""
+        from grpokit.distributed.placement import actor_options
+
         ray = import_ray()
         self.pad_token_id = pad_token_id
+        wanted, offered = num_workers * worker_gpus, ray.cluster_resources().get("GPU", 0)
+        if wanted > offered:
+            from grpokit.config import ConfigError
+
+            raise ConfigError(
+                f"{num_workers} rollout workers x rollout_worker_gpus={worker_gpus} need {wanted:g} GPUs, but Ray has "
+                f"{offered:g} besides the learner's; lower num_rollout_workers or rollout_worker_gpus."
+            )
         # The architecture ships once (the driver's copy stays where it is); weights follow by version.
         self._model_ref = ray.put(_cpu_copy(model))
-        self._actor = ray.remote(num_cpus=worker_cpus, num_gpus=worker_gpus)(RolloutWorker)
-        self._worker_args = (eos_token_ids, pad_token_id, worker_gpus > 0, autocast_dtype)
+        self._actor = ray.remote(**actor_options(worker_cpus, worker_gpus))(RolloutWorker)
+        self._worker_args = (eos_token_ids, pad_token_id, worker_gpus > 0, autocast_dtype, tuple(learner_gpus))
         self.workers = [self._spawn() for _ in range(num_workers)]
         self.restarts = 0
         self.version: int | None = None
@@ -190,6 +213,22 @@ class RayRolloutEngine:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+
+
+def load_published(model: torch.nn.Module, state: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Load published weights (the trainable ones: every weight, or LoRA's adapters) into a worker's copy, strictly:
+    their names must be exactly the copy's trainable parameters, so a renamed or missing key stops the worker
+    instead of leaving it to sample from stale weights."""
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(state) != trainable:
+        missing, unexpected = sorted(trainable - set(state)), sorted(set(state) - trainable)
+        raise RuntimeError(
+            f"published weights do not match the rollout worker's model: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]} (of {len(missing)} and {len(unexpected)}); the learner and the workers must hold "
+            "the same model."
+        )
+    # strict=False only because the frozen weights are not sent; every sent key was matched above
+    model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=False)
 
 
 def _cpu_copy(model: torch.nn.Module) -> torch.nn.Module:

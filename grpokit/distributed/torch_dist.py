@@ -6,7 +6,8 @@ before advantages are computed, so batch-level scaling (``scale_rewards=batch``)
 batch; each process then keeps the advantages of its own rows. Gradients are averaged by DDP.
 Only rank 0 writes the rollout store, metrics, checkpoints and the final model.
 
-gloo on CPU, NCCL on CUDA (one GPU per process, ``LOCAL_RANK``).
+gloo on CPU; on CUDA one GPU per process (``LOCAL_RANK``) and a group with two backends, NCCL for CUDA tensors
+and gloo for the CPU tensors of the trainer's own collectives (:func:`process_group_backend`).
 """
 
 from __future__ import annotations
@@ -141,22 +142,24 @@ class DistContext(SingleProcess):
         runner.check_signal(everyone)
         return runner.combine(mine), everyone
 
-    def wrap(self, model: torch.nn.Module, device: torch.device, strategy: str = "ddp") -> torch.nn.Module:
+    def wrap(
+        self, model: torch.nn.Module, device: torch.device, strategy: str = "ddp", compute_dtype=None
+    ) -> torch.nn.Module:
         """DDP around ``model``, or ``model`` itself sharded in place with FSDP (:mod:`grpokit.distributed.fsdp`).
 
         With DDP, generation and the reference pass keep using the bare ``model``: they need no gradient
-        sync. Every rank starts from rank 0's weights: DDP broadcasts them at construction; for FSDP they
-        are broadcast before each rank keeps its shard.
+        sync. Every rank starts from rank 0's weights: DDP broadcasts them at construction; FSDP fills each
+        rank's shard from rank 0's full state dict (the other ranks' copies may be on the meta device), its units
+        gathering in ``compute_dtype`` (the autocast dtype; None: the weights') and reducing in float32.
         """
         if not self.enabled:
             return model
         if strategy == "fsdp":
-            from grpokit.distributed.fsdp import shard_model
+            from grpokit.distributed.fsdp import shard_from_rank0
+            from grpokit.precision import fsdp_mixed_precision
 
-            with torch.no_grad():
-                for tensor in [*model.parameters(), *model.buffers()]:
-                    dist.broadcast(tensor, src=0)
-            return shard_model(model)
+            policy = fsdp_mixed_precision(compute_dtype)
+            return shard_from_rank0(model, is_main=self.is_main, device=device, mp_policy=policy)
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index if device.index is not None else self.local_rank] if device.type == "cuda" else None
@@ -178,10 +181,20 @@ def init_distributed() -> DistContext:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
         cuda = torch.cuda.is_available()
+        device_id = None
         if cuda:
             torch.cuda.set_device(local_rank)  # "cuda" then means this process's GPU
-        dist.init_process_group(backend="nccl" if cuda else "gloo")
+            device_id = torch.device("cuda", local_rank)
+        dist.init_process_group(backend=process_group_backend(cuda), device_id=device_id)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def process_group_backend(cuda: bool, gpu_backend: str = "nccl") -> str:
+    """The process group's backends: on CUDA, NCCL for CUDA tensors (DDP's and FSDP's gradients and shards) and gloo
+    for CPU tensors, which the trainer's own collectives gather (advantages, lengths, token counts, float64
+    metrics, pickled objects); an NCCL-only group fails on those with "No backend type associated with device type
+    cpu". ``gpu_backend``: tests put gloo there to run the same two-backend group on a CPU."""
+    return f"cpu:gloo,cuda:{gpu_backend}" if cuda else "gloo"
 
 
 def shutdown_distributed(finished: bool) -> bool:
@@ -220,11 +233,17 @@ def exit_process(code: int) -> None:
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The trainable parameters by name, detached, on the CPU (what a rollout worker loads after an
-    update; ``ray.put`` copies them). A sharded (FSDP) model's are gathered to rank 0 (collective;
-    {} on other ranks)."""
-    from grpokit.distributed.fsdp import full_state_dict
+    update; ``ray.put`` copies them). A sharded (FSDP) model's are streamed to rank 0 one parameter at a
+    time (:func:`grpokit.distributed.fsdp.stream_full_parameters`; collective; {} on other ranks)."""
+    from grpokit.distributed.fsdp import stream_full_parameters
 
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     if is_sharded(model):
-        return {name: t for name, t in full_state_dict(model).items() if name in trainable}
+        # streamed: one whole parameter at a time on the device (every rank takes part), kept on rank 0's CPU only
+        main = dist.get_rank() == 0
+        state = {}
+        for name, full in stream_full_parameters(model, trainable):
+            if main:
+                state[name] = full.cpu()
+        return state
     return {name: p.detach().cpu() for name, p in model.named_parameters() if name in trainable}

@@ -17,7 +17,8 @@ forward. :func:`fused_decoder` builds one only after checking that its logits ma
 forward's on a short sequence (float32, 1e-4), so a variant with some other twist falls back to the
 HF forward instead of decoding wrongly. With LoRA (peft), each adapted layer's weight is its base
 weight plus the active adapters' B A x scaling (merged for the copy, as vLLM does); DoRA and other
-variants, quantised or sharded weights and custom models are not fused.
+variants, quantised or sharded weights and custom models are not fused. It is a CPU kernel: a model on any other
+device decodes through its own forward (SDPA).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from grpokit.hf_cache import output_cache
 from grpokit.kernels.kv_cache import PreallocatedLayer, preallocate
 from grpokit.kernels.packed_linear import pack
 from grpokit.modeling import is_hf_model
@@ -208,7 +210,7 @@ def _matches_hf(model: torch.nn.Module) -> bool:
         with torch.no_grad(), torch.autocast(device.type, enabled=False):
             expected = model(input_ids=ids).logits[:, -1].float()  # [1, V]
             prefix = model(input_ids=ids[:, :4], use_cache=True)
-            cache = prefix.past_key_values
+            cache = output_cache(prefix)
             preallocate(cache, 5)
             if not all(isinstance(layer, PreallocatedLayer) for layer in cache.layers):
                 return False
@@ -224,8 +226,9 @@ def fused_decoder(
 ) -> FusedDecoder | None:
     """A :class:`FusedDecoder` for ``model`` computing in ``dtype``, or None when the model is not
     supported (see the module docstring) or fails the check against its HF forward. ``checked``
-    (model -> passed) keeps each model's result, so the check runs once per model and run."""
-    if not _fusable(model):
+    (model -> passed) keeps each model's result, so the check runs once per model and run. CPU only: on a GPU the
+    weight copies and float32 attention over the whole cache cost more than the HF forward with SDPA."""
+    if next(model.parameters()).device.type != "cpu" or not _fusable(model):
         return None
     if checked is None:
         return FusedDecoder(model, dtype, rows) if _matches_hf(model) else None

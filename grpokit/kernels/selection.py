@@ -54,7 +54,7 @@ class Kernels:
     plain version (to compare the two, or to rule one out).
 
     Sampling (:class:`grpokit.rollout.engine.HFRolloutEngine`):
-      fused_decoder: decoding steps of Llama-family models on fused, packed weights (kernels/fused_decoder.py)
+      fused_decoder: decoding steps of Llama-family models on fused, packed weights, CPU only (kernels/fused_decoder.py)
       packed_linears: sampling other models without autocast on oneDNN-packed Linear weights (kernels/packed_linear.py)
       preallocated_kv_cache: a KV cache allocated once per generation (kernels/kv_cache.py)
     Log-prob passes and training (``train.learning.policy_logprobs``, ``train.learning.learner.Learner``):
@@ -85,8 +85,10 @@ class Kernels:
     ) -> Kernels:
         """The kernels for a run on ``device`` computing under ``autocast_dtype`` (None: the weights' dtype).
 
-        Fused decoder, fused head, lean MLP and norms, sparse embedding gradient and the preallocated KV cache are
-        plain PyTorch ops, used on every device. Packed Linear weights need oneDNN on a CPU that packs
+        Fused head, lean MLP and norms, sparse embedding gradient and the preallocated KV cache are plain PyTorch
+        ops, used on every device. The fused decoder is tuned for the CPU (it copies the weights into its own
+        packed layout and attends in float32 over the whole cache): CPU only; CUDA decodes with the model's own
+        forward and SDPA. Packed Linear weights need oneDNN on a CPU that packs
         (``caps.packs``) and no autocast (each weight is packed in its own dtype; under autocast each call
         would cast and pack again). The
         plain attention is for CPU only (its budgets were measured there; other devices keep SDPA's kernels).
@@ -95,7 +97,7 @@ class Kernels:
         caps = caps if caps is not None else cpu_caps() if cpu else None
         return cls(
             autocast_dtype=autocast_dtype,
-            fused_decoder=True,
+            fused_decoder=cpu,  # CPU-tuned: it copies the weights and attends in float32 over the whole cache
             packed_linears=cpu and autocast_dtype is None and caps.packs(torch.float32),
             preallocated_kv_cache=True,
             small_attention=cpu,

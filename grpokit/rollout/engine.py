@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 
 from grpokit.hardware import autocast
+from grpokit.hf_cache import cache_kwargs, output_cache
 from grpokit.kernels import Kernels
 from grpokit.modeling import is_hf_model, logits_of
 from grpokit.rollout.logits_rules import logits_rules
@@ -155,7 +156,7 @@ class HFRolloutEngine(SharedWeightsEngine):
         position = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1)
         N, P, T = ids.size(0) * G, ids.size(1), params.max_completion_length
-        cache = out.past_key_values
+        cache = output_cache(out)
         cache.batch_repeat_interleave(G)  # [B, ...] -> [N, ...]: one prefill per group
         self.kernels.preallocate(cache, P + T)
         logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [N, V]
@@ -197,7 +198,7 @@ class HFRolloutEngine(SharedWeightsEngine):
                     input_ids=token[:, None],
                     attention_mask=mask[..., : P + t + 1],
                     position_ids=position,
-                    past_key_values=cache,
+                    **cache_kwargs(self.model, cache),
                     use_cache=True,
                 )
                 logits = out.logits[:, -1]  # [A, V]

@@ -38,6 +38,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from grpokit.hardware import autocast
+from grpokit.hf_cache import cache_kwargs, output_cache
 from grpokit.kernels.kv_cache import PreallocatedLayer
 from grpokit.modeling import is_hf_model, logits_of
 from grpokit.rollout.engine import HFRolloutEngine, left_pad
@@ -199,7 +200,7 @@ class _CachedRows:
                 input_ids=tokens[:, None],
                 attention_mask=mask[:, None, None, :] if self.four_d else mask.long(),
                 position_ids=position,
-                past_key_values=block.cache,
+                **cache_kwargs(self.model, block.cache),
                 use_cache=True,
             )
             logits = out.logits[:, -1]  # [S, V]
@@ -220,7 +221,7 @@ class _CachedRows:
         ids, mask = left_pad([list(u) for u in unique], self.engine.pad_token_id, self.engine.device)  # [U, L]
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        cache = output_cache(out)
         if not all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None])):
             raise _NotCacheable
         block = _Block(cache, mask.bool(), ids.size(1), position[:, -1] + 1)
@@ -242,7 +243,7 @@ class _CachedRows:
             input_ids=feed_ids,
             attention_mask=block.mask[:, : block.length + S].long(),
             position_ids=position,
-            past_key_values=block.cache,
+            **cache_kwargs(self.model, block.cache),
             use_cache=True,
             logits_to_keep=1,
         )

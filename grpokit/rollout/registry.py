@@ -130,6 +130,7 @@ def _vllm(parts: EngineParts, spec: VLLMSpec):
         enable_sleep_mode=spec.enable_sleep_mode,
         seed=parts.seed,
         trust_remote_code=spec.trust_remote_code,
+        dtype=parts.autocast_dtype,  # float32 master weights sample in the compute dtype
     )
 
 

@@ -166,7 +166,10 @@ class VLLMRolloutEngine:
         enable_sleep_mode: bool,
         seed: int = 0,
         trust_remote_code: bool = False,
+        dtype: torch.dtype | None = None,
     ):
+        """``dtype``: vLLM's compute dtype, the run's autocast dtype (grpokit.precision: float32 master weights,
+        bf16 compute); None: the policy's weights' dtype."""
         from vllm import LLM
 
         self.policy = policy
@@ -186,7 +189,7 @@ class VLLMRolloutEngine:
         _single_process_env()
         self.llm = LLM(
             model=source,
-            dtype=str(next(policy.parameters()).dtype).removeprefix("torch."),
+            dtype=str(dtype or next(policy.parameters()).dtype).removeprefix("torch."),
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             enable_sleep_mode=enable_sleep_mode,

@@ -373,16 +373,15 @@ def _shared_forms(values: dict, context: dict, put, unused: dict) -> None:
 
 
 def _trl_only_keys(trl: dict, values: dict, context: dict, put, unused: dict) -> None:
-    """The TRL-only keys grpokit acts on, each onto its grpokit field (bf16 -> dtype, use_vllm -> engine ...)."""
-    # bf16 / fp16 first: model_init_kwargs' dtype, the weights' own, comes after and wins
+    """The TRL-only keys grpokit acts on, each onto its grpokit field (bf16 -> mixed_precision, use_vllm -> engine
+    ...)."""
+    # bf16 / fp16 are TRL's autocast over float32 weights (grpokit.precision); model_init_kwargs' dtype is the weights'
     if trl.get("bf16") and trl.get("fp16"):
         raise TRLValueError("bf16=True and fp16=True: choose one.")
-    if trl.get("bf16"):
-        put("dtype", "bfloat16", "bf16=True")
-    elif trl.get("fp16"):
-        put("dtype", "float16", "fp16=True")
+    if trl.get("bf16") or trl.get("fp16"):
+        put("mixed_precision", "bf16" if trl.get("bf16") else "fp16", "bf16=True" if trl.get("bf16") else "fp16=True")
     elif trl.get("bf16") is False:
-        put("dtype", "float32", "bf16=False")
+        put("mixed_precision", "no", "bf16=False")
     init = trl.get("model_init_kwargs")
     if isinstance(init, dict):  # from_pretrained's arguments: grpokit has dtype and trust_remote_code
         rest = dict(init)

@@ -4,8 +4,8 @@ Fenced blocks are found generically (```bash / sh / shell / console: one command
 script), so a block added to the docs is run without touching this file. Each runs in a fresh folder
 holding what the docs' placeholders name: ``path/to/causal-lm`` (a tiny local model), ``train.jsonl`` /
 ``eval.jsonl``, ``my_rewards.py``, a ``# config.yaml`` YAML block of the same page written as that file,
-and links to ``examples/``, ``bench/`` and ``docs/``. ``HOME`` is a folder of its own, holding a tiny stand-in
-for the model ``make demo`` caches (the quickstart's).
+and links to ``examples/``, ``bench/``, ``docs/`` and ``scripts/``. ``HOME`` is a folder of its own, holding a
+tiny stand-in for the model ``make demo`` caches (the quickstart's).
 
 A command runs exactly as documented, or with arguments appended (``APPENDED``: shortening overrides
 such as ``max_steps=1``, and a local model where the docs name a hub model), or is listed in
@@ -45,6 +45,9 @@ NOT_RUNNABLE = {
     "grpokit train examples/code/gpu.yaml": "a 1.5B hub model and MBPP from the hub, on a CUDA GPU",
     "make demo": "creates .venv and installs packages (network); `grpokit demo` runs in tests/integration/test_demo.py",
     "make test": "is this test suite (CI runs it through .ci/run)",
+    "python scripts/gpu_check.py --out gpu_check.json": (
+        "needs a CUDA GPU (without one it refuses: tests/integration/test_gpu_check.py); its --dry-run runs here"
+    ),
     "make test-fast": "is this test suite without the slow tests",
     "make bench": "the benchmark: installs packages and runs ~30 min",
     "python bench/vs_trl.py": "the benchmark: ~30 min",
@@ -357,7 +360,7 @@ def workdir(tmp_path, tiny_model_dir, demo_policy):
     """A folder with what the docs' placeholders name (see the module docstring)."""
     (tmp_path / "path" / "to").mkdir(parents=True)
     (tmp_path / "path" / "to" / "causal-lm").symlink_to(tiny_model_dir)
-    for name in ("examples", "bench", "docs"):
+    for name in ("examples", "bench", "docs", "scripts"):
         (tmp_path / name).symlink_to(ROOT / name)
     rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}", "answer": str(i)} for i in range(16)]
     for name in ("train.jsonl", "eval.jsonl"):

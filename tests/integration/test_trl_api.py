@@ -287,7 +287,7 @@ def test_cli_takes_trl_keys(tmp_path, tiny_model_dir):
     )
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert (
-        saved["model"]["dtype"] == "float32"
+        saved["model"]["mixed_precision"] == "no"  # bf16=false: no autocast, float32 weights (dtype: auto)
         and saved["run"]["save_strategy"] == "no"
         and saved["optim"]["max_steps"] == 2
     )

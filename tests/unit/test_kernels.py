@@ -39,7 +39,11 @@ def test_selection_from_device_dtype_and_cpu():
     assert not arm.packed_linears and arm.small_attention  # oneDNN packing is an x86 path; the rest is plain torch
     cuda = Kernels.select(torch.device("cuda"), torch.bfloat16)  # no GPU needed: nothing is allocated
     assert not cuda.packed_linears and not cuda.small_attention
-    assert cuda.fused_decoder and cuda.fused_head and cuda.preallocated_kv_cache
+    assert cuda.fused_head and cuda.preallocated_kv_cache
+    # the fused decoder is CPU-tuned (weight copies, float32 attention over the whole cache): CUDA keeps SDPA
+    assert not cuda.fused_decoder and not Kernels.select(torch.device("cuda"), None).fused_decoder
+    model, _ = build_tiny_causal_lm(arch="qwen2")
+    assert cuda.decoder(model, torch.bfloat16, rows=2) is None
 
 
 def test_the_forced_probe_rules_packing_out(monkeypatch):
@@ -117,3 +121,13 @@ def test_keep_freed_memory_is_opt_in_and_applies_on_glibc(tmp_path):
     assert result.returncode == 0, result.stderr
     glibc = sys.platform.startswith("linux") and "glibc" in " ".join(__import__("platform").libc_ver())
     assert result.stdout.strip() == ("True" if glibc else "False")
+
+
+def test_the_fused_decoder_refuses_a_model_off_the_cpu(monkeypatch):
+    from grpokit.kernels import fused_decoder
+
+    model, _ = build_tiny_causal_lm(arch="qwen2")
+    assert fused_decoder.fused_decoder(model, torch.float32, rows=2) is not None  # a CPU model: fused
+    on_gpu = torch.nn.Parameter(torch.empty(1, device="meta"))  # a parameter that is not on the CPU, first
+    monkeypatch.setattr(type(model), "parameters", lambda self, recurse=True: iter([on_gpu]))
+    assert fused_decoder.fused_decoder(model, torch.float32, rows=2) is None

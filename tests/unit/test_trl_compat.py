@@ -119,10 +119,13 @@ def test_report_to_all_and_unsupported_integrations():
 @pytest.mark.parametrize(
     "given, field, value",
     [
-        ({"bf16": True}, "dtype", "bfloat16"),
-        ({"fp16": True}, "dtype", "float16"),
-        ({"bf16": False}, "dtype", "float32"),
+        # TRL's bf16 / fp16: autocast over float32 weights (grpokit.precision), not the weights' dtype
+        ({"bf16": True}, "mixed_precision", "bf16"),
+        ({"bf16": True}, "dtype", "auto"),
+        ({"fp16": True}, "mixed_precision", "fp16"),
+        ({"bf16": False}, "mixed_precision", "no"),
         ({"bf16": None}, "dtype", "auto"),
+        ({"bf16": None}, "mixed_precision", "auto"),
         ({"use_cpu": True}, "device", "cpu"),
         ({"disable_tqdm": True}, "progress_bar", False),
         ({"shuffle_dataset": False}, "shuffle", False),
@@ -197,8 +200,8 @@ def test_optimizers_grpokit_does_not_run_are_named():
 
 
 def test_conflicting_settings_are_refused():
-    with pytest.raises(ConfigError, match="bf16=True sets dtype='bfloat16', but dtype='float32' is given too"):
-        GRPOConfig(bf16=True, dtype="float32")
+    with pytest.raises(ConfigError, match="bf16=True sets mixed_precision='bf16', but mixed_precision='no' is given"):
+        GRPOConfig(bf16=True, mixed_precision="no")
     with pytest.raises(ConfigError, match="choose one"):
         GRPOConfig(bf16=True, fp16=True)
 
@@ -371,7 +374,7 @@ def test_impossible_generation_batches_are_refused(given, message):
 def test_setting_a_trl_key_after_construction_translates_it():
     cfg = quiet(max_steps=4)
     cfg.bf16 = True
-    assert cfg.dtype == "bfloat16" and cfg.bf16 is True
+    assert cfg.mixed_precision == "bf16" and cfg.dtype == "auto" and cfg.bf16 is True
     cfg.report_to = "none"
     assert cfg.report_to == ["console", "jsonl"]
 
@@ -380,8 +383,15 @@ def test_trl_keys_in_yaml_and_on_the_command_line(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text('bf16: false\nsave_strategy: "no"\nreport_to: none\n')
     cfg = load_config(path, ["--disable_tqdm", "--num_train_epochs=2", "max_steps=-1"])
-    assert (cfg.dtype, cfg.save_strategy, cfg.report_to, cfg.progress_bar, cfg.num_train_epochs, cfg.max_steps) == (
-        "float32",
+    assert (
+        cfg.mixed_precision,
+        cfg.save_strategy,
+        cfg.report_to,
+        cfg.progress_bar,
+        cfg.num_train_epochs,
+        cfg.max_steps,
+    ) == (
+        "no",
         "no",
         ["console", "jsonl"],
         False,

@@ -21,6 +21,7 @@ from grpokit.algos.value import value_loss
 from grpokit.errors import ConfigError
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
+from grpokit.precision import grad_scaler
 from grpokit.train.learning.optimizer import OptimSpec, fused_adamw
 from grpokit.train.learning.policy_logprobs import Batch
 from grpokit.train.learning.value_model import ValueModel
@@ -55,6 +56,7 @@ class Critic:
         self.model, self.optimizer, self.scheduler, self.spec = model, optimizer, scheduler, spec
         self.device = model.head.weight.device
         self.autocast_dtype = autocast_dtype
+        self.scaler = grad_scaler(self.device, autocast_dtype)  # fp16 autocast on CUDA only
         self.kernels = kernels if kernels is not None else Kernels.select(self.device, autocast_dtype)
         self.loss_kind = get_loss(spec.loss_type)  # the policy loss's aggregation, and how its micro-batches combine
 
@@ -131,16 +133,18 @@ class Critic:
                     max_completion_length=spec.max_completion_length,
                 )
                 scaled = loss / self.loss_kind.micro_batch_divisor(num_micro)  # as the policy's micro-batches
-                scaled.backward()
+                self.scaler.scale(scaled).backward()
             total += float(scaled.detach())
             parts.append(metrics)
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = spec.max_grad_norm if spec.max_grad_norm > 0 else float("inf")
+        self.scaler.unscale_(self.optimizer)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        nonfinite = not (math.isfinite(total) and math.isfinite(grad_norm))
+        nonfinite = not (math.isfinite(total) and (math.isfinite(grad_norm) or self.scaler.is_enabled()))
         lr = self.scheduler.get_last_lr()[0]
         if not nonfinite:
-            self.optimizer.step()
+            self.scaler.step(self.optimizer)  # under a GradScaler: skipped on overflow, and the scale lowered
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         summed = sum(p["value_loss"] for p in parts)

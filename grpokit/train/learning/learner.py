@@ -31,6 +31,7 @@ from grpokit.algos.names import KL, POLICY_LOSS
 from grpokit.algos.token_masks import high_entropy_mask
 from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
+from grpokit.precision import grad_scaler
 from grpokit.processes import SingleProcess, is_sharded
 from grpokit.train.learning.accelerator import gather_ragged
 from grpokit.train.learning.policy_logprobs import Batch, batched_logprobs, completion_logprobs
@@ -127,6 +128,8 @@ class Learner:
         # beta across steps: the loss of each update uses the controller's current beta (fixed unless adaptive)
         self.kl_controller = KLController(learner_spec.beta, learner_spec.target_kl, learner_spec.kl_horizon)
         self.autocast_dtype = autocast_dtype
+        # fp16 autocast on CUDA: a loss scale (disabled, a pass-through, otherwise)
+        self.scaler = grad_scaler(next(model.parameters()).device, autocast_dtype)
         self.kernels = (
             kernels if kernels is not None else Kernels.select(next(model.parameters()).device, autocast_dtype)
         )
@@ -323,7 +326,7 @@ class Learner:
                     scaled = loss * share / self.loss_kind.micro_batch_divisor(num_micro)
                     t1 = time.perf_counter()
                     with no_autocast:
-                        scaled.backward()
+                        self.scaler.scale(scaled).backward()
                     clock["time/backward"] += time.perf_counter() - t1
                     loss_total += float(scaled.detach())
                     chunks.append((metrics, share, weight))
@@ -384,17 +387,18 @@ class Learner:
             if p.grad is not None and p.grad.is_sparse:  # an untied embedding (see kernels/sparse_embedding.py)
                 p.grad = p.grad.to_dense()
         max_norm = learner_spec.max_grad_norm if learner_spec.max_grad_norm > 0 else float("inf")
+        self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         grad_norm = float(
             grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         )  # FSDP: a DTensor
-        nonfinite = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        # under a GradScaler an overflowed step is its own to skip (it then lowers the scale), not a failed one
+        nonfinite = not (math.isfinite(loss) and (math.isfinite(grad_norm) or self.scaler.is_enabled()))
         lr = self.scheduler.get_last_lr()[0]
-        if nonfinite:
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        if not nonfinite:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         mask_sum = loss_mask.sum().clamp(min=1.0)
         metrics = {

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.algos import entropy_from_logits, selective_logprobs
+from grpokit.hf_cache import cache_kwargs, output_cache
 from grpokit.kernels import Kernels
 from grpokit.modeling import activation_checkpointing, is_hf_model, logits_of
 from grpokit.rollout.engine import left_pad
@@ -114,9 +115,9 @@ def _run(model, head, keep: int, kernels: Kernels, **inputs):
     with kernels.attention(model), kernels.mlp(model), kernels.norms(model):
         if head is not None:
             out = model(**inputs)
-            return out.last_hidden_state[:, -keep:], out.past_key_values
+            return out.last_hidden_state[:, -keep:], output_cache(out)
         out = model(**inputs, logits_to_keep=keep)
-        return out.logits[:, -keep:], out.past_key_values
+        return out.logits[:, -keep:], output_cache(out)
 
 
 def completion_features(
@@ -168,7 +169,7 @@ def completion_features(
         input_ids=ids[:, :-1],
         attention_mask=mask,
         position_ids=position,
-        past_key_values=cache,
+        **cache_kwargs(model, cache),
         use_cache=True,
     )  # completion token t predicts token t+1
     return torch.cat([first, rest], dim=1)  # [n, w, D]
