@@ -147,7 +147,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     """Bytes of each part (module docstring) for training ``model`` (meta-device, from :func:`build_meta_model`;
     LoRA is added here) under ``cfg`` on ``device`` (default: the one training would pick here)."""
     device = device or pick_device(cfg.device)
-    mixed = autocast_dtype(cfg.dtype, device, model) is not None
+    mixed = autocast_dtype(cfg.dtype, device, model, cfg.mixed_precision) is not None
     b = torch.finfo(pick_dtype(cfg.dtype, device)).bits // 8
     compute = 2 if mixed or b == 2 else 4  # bytes per element of matmul inputs and outputs
     config = model.config
