@@ -19,14 +19,14 @@ from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.masked import aggregate, masked_mean
 from grpokit.algos.names import (
     IMPORTANCE_SAMPLING_LEVELS,
-    IS_CAPPED_FRACTION,
+    IMPORTANCE_WEIGHT_MODES,
     IS_LOGPROB_ABS_DIFF,
-    IS_WEIGHT_MEAN,
     KL,
     OFF_POLICY_DROPPED,
     POLICY_LOSS,
     RATIO_MEAN,
 )
+from grpokit.algos.offpolicy import behaviour_weights, weight_metrics
 from grpokit.algos.token_masks import off_policy_sequence_mask
 
 
@@ -46,7 +46,11 @@ class LossSpec:
             on-policy (r = 1): grad(r k3) = k3 grad(logp) + grad(k3). The ``kl`` metric stays plain k3.
         importance_sampling_level: ``token`` or ``sequence`` (GSPO), see ``importance_log_ratio``.
         max_completion_length: required by ``dr_grpo``.
-        sampling_cap: cap C of the truncated importance weights applied with ``sampling_logprobs``.
+        sampling_cap: cap C of the truncated importance weights applied with ``sampling_logprobs`` (the upper
+            bound of ``sampling_is_mode``'s range).
+        sampling_is_mode: how the weights pi_old / mu of ``sampling_logprobs`` are shaped
+            (``offpolicy.behaviour_weights``: TRL's token_truncate, token_mask, sequence_truncate, sequence_mask).
+        sampling_is_min: the lower bound of that range; None: none.
         delta: the clipped surrogate's upper bound on the unclipped ratio (INTELLECT-2's two-sided clipping); None:
             none.
         params: the loss's own parameters (the dataclass it registered: ``sapo.SapoParams`` ...), or None.
@@ -61,7 +65,9 @@ class LossSpec:
     use_bias_correction_kl: bool = False
     importance_sampling_level: str = "token"
     max_completion_length: int | None = None
-    sampling_cap: float = 3.0
+    sampling_cap: float | None = 3.0
+    sampling_is_mode: str = "token_truncate"
+    sampling_is_min: float | None = None
     delta: float | None = None
     params: Any = None
     off_policy_mask_threshold: float | None = None
@@ -74,6 +80,11 @@ class LossSpec:
             raise ValueError(
                 f"unknown importance_sampling_level {self.importance_sampling_level!r}; "
                 f"valid choices: {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"
+            )
+        if self.sampling_is_mode not in IMPORTANCE_WEIGHT_MODES:
+            raise ValueError(
+                f"unknown sampling_is_mode {self.sampling_is_mode!r}; "
+                f"valid choices: {', '.join(IMPORTANCE_WEIGHT_MODES)}"
             )
 
     @property
@@ -219,9 +230,17 @@ def policy_loss(
     ratio = torch.exp(log_weights)  # [N, T] or [N, 1]
     if not per_token:
         advantages = advantages.unsqueeze(-1)  # [N] -> [N, 1], shared by the sequence's tokens
-    is_weights = None
-    if sampling_logprobs is not None:
-        is_weights = truncated_importance_weights(old_logprobs, sampling_logprobs, spec.sampling_cap)  # [N, T]
+    is_weights = shaped = None
+    if sampling_logprobs is not None:  # the sampler's (behaviour) weights pi_old / mu, offpolicy.behaviour_weights
+        shaped = behaviour_weights(
+            old_logprobs,
+            sampling_logprobs,
+            completion_mask,
+            spec.sampling_is_mode,
+            spec.sampling_is_min,
+            spec.sampling_cap,
+        )
+        is_weights = shaped.weights  # [N, T]
     terms = PolicyTerms(logprobs, logprobs - old_logprobs, ratio, advantages, completion_mask, level, is_weights)
     surrogate, own_metrics = kind.per_token(terms, spec)  # [N, T] or [N, 1]
     surrogate = surrogate.expand_as(logprobs)  # [N, 1] -> [N, T] at sequence level
@@ -241,9 +260,8 @@ def policy_loss(
 
     with torch.no_grad():
         metrics = {**own_metrics, RATIO_MEAN: terms.batch_mean(ratio), POLICY_LOSS: pg_loss.item()}
-        if is_weights is not None:
-            metrics[IS_WEIGHT_MEAN] = masked_mean(is_weights, completion_mask).item()
-            metrics[IS_CAPPED_FRACTION] = masked_mean((is_weights >= spec.sampling_cap).float(), completion_mask).item()
+        if shaped is not None:
+            metrics.update(weight_metrics(shaped, completion_mask))
             mismatch = torch.nan_to_num(
                 old_logprobs - sampling_logprobs, nan=0.0, posinf=0.0, neginf=0.0
             ).abs()  # [N, T]

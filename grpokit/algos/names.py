@@ -17,6 +17,9 @@ SCALE_REWARDS = ("group", "batch", "none")  # advantages.group_advantages
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # losses.importance_log_ratio
 KL_ESTIMATORS = ("k1", "k2", "k3")  # kl.kl_estimate
 KL_CONTROLLERS = ("fixed", "adaptive")  # kl_control.KLController
+# offpolicy.behaviour_weights: TRL's vllm_importance_sampling_mode values, with TRL's meaning
+IMPORTANCE_WEIGHT_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+OFF_POLICY_CORRECTIONS = ("behaviour", "decoupled_ppo")  # offpolicy.CORRECTIONS
 
 # --- metrics of losses.policy_loss (python floats) ---------------------------------------------
 CLIP_LOW = "clip_ratio/low_mean"  # ratio < 1 - epsilon with A < 0
@@ -26,7 +29,10 @@ RATIO_MEAN = "ratio_mean"
 POLICY_LOSS = "policy_loss"  # the loss without the KL term
 KL = "kl"  # masked mean of k3 (only with beta > 0)
 IS_WEIGHT_MEAN = "sampling_is/weight_mean"  # with sampling log-probs (vLLM)
-IS_CAPPED_FRACTION = "sampling_is/capped_fraction"
+IS_CAPPED_FRACTION = "sampling_is/capped_fraction"  # tokens whose weight was truncated at a bound
+IS_MASKED_FRACTION = "sampling_is/masked_fraction"  # tokens a mask mode set to weight 0 (offpolicy.behaviour_weights)
+IS_WEIGHT_MAX = "sampling_is/weight_max"
+IS_WEIGHT_MIN = "sampling_is/weight_min"
 IS_LOGPROB_ABS_DIFF = "sampling_is/logprob_abs_diff"
 CISPO_CLIP = "cispo_clip_ratio"  # cispo: ratio above its cap with A > 0 (the weight is capped)
 VESPO_PHI = "vespo/phi_seq_mean"  # vespo: mean of the sequence weights phi(w) over sequences

@@ -22,7 +22,8 @@ def build_rollouts(
 ):
     """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.registry``; ``rollout_func``
     when one is given), the sampler (Ray workers, tool rollouts, raw prompts for an engine that takes them, a seed per
-    group, or the engine's one stream) and the source (one step off with ``async_rollouts``, else synchronous) from
+    group, a copy of the policy on a background thread, or the engine's one stream) and the source (up to
+    ``max_staleness`` steps ahead, else synchronous) from
     ``train.sampling.sources``. ``source``: the model's folder or hub id when it was given by name (vLLM loads its
     copy from there), else None; ``tools``: the run's ToolSpec, or None; ``rollout_func``: the trainer's
     ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
@@ -44,17 +45,20 @@ def build_rollouts(
         if tools is None
         else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)  # TRL's kwargs
     )
+    ahead = args.distributed.staleness_bound()  # K: steps sampled ahead
     situation = Situation(
         ray=args.backend == "ray",
         tools=tool_rollouts is not None,
         raw_prompts=engine.takes_raw_prompts,
         seeded=args.seed_per_group or procs.enabled,  # rollouts must not depend on the split over processes
+        ahead=ahead > 0,
     )
     entry = pick_sampler(situation)
     extras = {  # what a sampler may need besides the common parts, built only when it does
         "remote": lambda: _start_ray(args, parts) if procs.is_main else None,  # rank 0 starts the Ray workers
         "tools": lambda: tool_rollouts,
         "prompt_column": lambda: args.prompt_column,
+        "own_engine": lambda: _own_engine(kind, parts, procs, rollout_func),
     }
     sampler = entry.cls(
         engine=engine,
@@ -66,8 +70,14 @@ def build_rollouts(
         seed=args.seed,
         **{name: extras[name]() for name in entry.needs},
     )
-    if args.async_rollouts:
-        rollout_source = SOURCES["one_step_off"](sampler, last_step=args.max_steps)
+    if ahead:  # scored on the producers' side too, unless the scoring's gathers need every rank
+        rollout_source = SOURCES["ahead"](
+            sampler,
+            last_step=args.max_steps,
+            max_staleness=ahead,
+            score_ahead=not procs.enabled,
+            scorers=args.scoring_threads,
+        )
     else:
         rollout_source = SOURCES["sync"](sampler)
     scheduler = RolloutScheduler(
@@ -111,6 +121,19 @@ def _engine_spec(name: str | None, args: GRPOConfig, source: str | None, rollout
     raise ConfigError(f"an engine asks for settings {name!r}, which grpokit/build/rollouts.py does not build.")
 
 
+def _own_engine(kind, parts, procs, rollout_func):
+    """The hf engine on a copy of the policy, for sampling ahead on a background thread (one process)."""
+    import copy
+    from dataclasses import replace
+
+    if procs.enabled or rollout_func is not None:
+        raise ConfigError(
+            "max_staleness >= 1 without Ray samples on a background thread of one process, with grpokit's own "
+            "sampler; run one process without rollout_func, set distributed.backend: ray, or max_staleness: 0."
+        )
+    return kind.build(replace(parts, model=copy.deepcopy(parts.model)), None)
+
+
 def _start_ray(args: GRPOConfig, parts):
     """Connect to Ray (``distributed.address``) and start the rollout workers."""
     from grpokit.distributed.placement import learner_gpu_ids
@@ -130,13 +153,14 @@ def _start_ray(args: GRPOConfig, parts):
     )
 
 
-def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int):
+def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int, reward_state=None):
     """How each step samples (``train.sampling.rounds``): one round, or with ``dynamic_sampling`` rounds until
-    the batch holds informative groups; ``score``: the trainer's scoring of a round."""
+    the batch holds informative groups; ``score``: the scoring of a round; ``reward_state(step)``: the rewards'
+    trainer_state, taken when a batch sampled ahead is drawn."""
     from grpokit.train.sampling.rounds import DynamicRounds, SingleRound
 
     if not args.dynamic_sampling:
-        return SingleRound(scheduler, score)
+        return SingleRound(scheduler, score, reward_state)
     return DynamicRounds(
         scheduler,
         score,

@@ -177,7 +177,7 @@ def _rollouts(config: GRPOConfig, parts: dict, tools, generate) -> dict:
         spec.prompt_column,
         spec.rewards_on_main,
     )
-    step_sampling = build_step_sampling(config, scheduler, scorer, tokenizer.pad_token_id)
+    step_sampling = build_step_sampling(config, scheduler, scorer, tokenizer.pad_token_id, scorer.state)
     return dict(rollout_scheduler=scheduler, update_inputs_spec=inputs_spec, step_sampling=step_sampling)
 
 

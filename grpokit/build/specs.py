@@ -88,12 +88,17 @@ def critic_spec(args: GRPOConfig) -> CriticSpec:
 
 
 def update_inputs_spec(args: GRPOConfig, off_policy: bool, separate_sampler: bool) -> UpdateInputsSpec:
-    """How rollouts become the learner's inputs; ``off_policy``: the run's rollout source samples ahead (one step
-    off); ``separate_sampler``: its engine samples from its own copy of the weights (vLLM)."""
+    """How rollouts become the learner's inputs; ``off_policy``: the run's rollout source samples ahead
+    (max_staleness >= 1), corrected by ``off_policy_correction`` (``algos.offpolicy.CORRECTIONS``);
+    ``separate_sampler``: its engine samples from its own copy of the weights (vLLM)."""
+    from grpokit.algos.offpolicy import get_correction
+
+    correction = get_correction(args.off_policy_correction)
     return UpdateInputsSpec(
         mask_truncated_completions=args.mask_truncated_completions,
-        ratio_to_sampler=off_policy,
-        importance_weights=separate_sampler and args.vllm_importance_sampling_correction,
+        ratio_to_sampler=off_policy and correction.clip_to_behaviour,
+        importance_weights=(separate_sampler and args.vllm_importance_sampling_correction)
+        or (off_policy and correction.weighs_behaviour),
     )
 
 

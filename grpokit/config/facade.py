@@ -153,11 +153,22 @@ class GRPOConfig:
             use_bias_correction_kl=self.use_bias_correction_kl,
             importance_sampling_level=self.importance_sampling_level,
             max_completion_length=self.max_completion_length,
-            sampling_cap=self.vllm_importance_sampling_cap,
+            **self._sampling_weights(),
             delta=self.delta,
             params=loss_params(self),
             off_policy_mask_threshold=self.off_policy_mask_threshold,
         )
+
+    def _sampling_weights(self) -> dict:
+        """LossSpec's shaping of the sampler's weights: decoupled PPO's (``off_policy_is_*``) when rollouts are sampled
+        ahead with that correction (it covers vLLM's mismatch too), else vLLM's truncated weights."""
+        if self.distributed.staleness_bound() and self.off_policy_correction == "decoupled_ppo":
+            return {
+                "sampling_cap": self.off_policy_is_max,
+                "sampling_is_mode": self.off_policy_is_mode,
+                "sampling_is_min": self.off_policy_is_min,
+            }
+        return {"sampling_cap": self.vllm_importance_sampling_cap}
 
     # ---- validation ----------------------------------------------------------------------
     def validate(self, world_size: int = 1) -> None:

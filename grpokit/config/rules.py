@@ -118,10 +118,10 @@ def kl_control_and_dynamic_sampling(cfg: GRPOConfig, world_size: int) -> None:
         f"{a.num_generations} never differs; set num_generations >= 2, or turn dynamic_sampling off.",
     )
     check(
-        not cfg.distributed.async_rollouts,
-        "dynamic_sampling samples more prompts within a step, which async_rollouts (the next step sampled "
-        "ahead) cannot; set async_rollouts: false (Ray rollout workers still sample each round), or turn "
-        "dynamic_sampling off.",
+        cfg.distributed.staleness_bound() == 0,
+        "dynamic_sampling samples more prompts within a step, which async_rollouts / max_staleness >= 1 (steps "
+        "sampled ahead) cannot; set async_rollouts: false and max_staleness: 0 (Ray rollout workers still sample "
+        "each round), or turn dynamic_sampling off.",
     )
     check(
         world_size == 1,
@@ -199,6 +199,23 @@ def distributed(cfg: GRPOConfig) -> None:
     )
     if cfg.generation.engine == "vllm":
         vllm(cfg)
+    check(
+        d.staleness_bound() == 0 or d.backend == "ray" or cfg.generation.engine == "hf",
+        f"max_staleness={d.staleness_bound()} without Ray samples ahead on a background thread with a copy of the "
+        f"policy, which the hf engine supports (not generation.engine: {cfg.generation.engine}); set engine: hf, "
+        "backend: ray, or max_staleness: 0.",
+    )
+    check(
+        d.scoring_threads == 1
+        or (cfg.reward.reward_isolation is False and cfg.reward.reward_workers == 0 and d.num_reward_workers == 0),
+        f"scoring_threads={d.scoring_threads} scores several batches at once, which reward worker processes cannot "
+        "take; set reward_isolation: false (rewards on threads), reward_workers: 0 and num_reward_workers: 0, or "
+        "scoring_threads: 1.",
+    )
+    check(
+        d.staleness_bound() == 0 or not (cfg.agent.tools or cfg.agent.environment_factory),
+        "max_staleness >= 1 samples ahead, which multi-turn tool rollouts do not; set max_staleness: 0.",
+    )
     check(
         cfg.generation.engine != "transformers" or d.backend != "ray",
         "generation.engine: transformers (transformers' generate, for generation_kwargs grpokit's sampler cannot "

@@ -92,7 +92,16 @@ class DistributedConfig:
     """Seed each group's sampler from (seed, step, group) so rollouts do not depend on how prompts are split; always on
     with Ray or several processes."""
     async_rollouts: bool = False
-    """One-step-off (Ray): sample step k+1 while step k trains; ratios use the sampling log-probs."""
+    """One-step-off (Ray): sample step k+1 while step k trains; ratios use the sampling log-probs. Same as
+    max_staleness: 1."""
+    max_staleness: int | None = None
+    """K: producers sample up to K steps ahead, so every sample trained at policy version v was sampled by version
+    >= v - K (admission: they wait, nothing is dropped); 0 = synchronous; null = 1 with async_rollouts, else 0. Ray
+    rollout workers, or (backend none, engine hf, one process) a background thread on a copy of the policy."""
+    scoring_threads: int = 1
+    """max_staleness >= 1: batches scored at once on the producers' side (a slow or remote reward overlaps the next
+    batches); > 1 needs rewards that may be called concurrently: reward_isolation: false (threads), no worker
+    processes."""
     num_reward_workers: int = 0
     """Ray reward actors (backend: ray); a batch is split over them by whole groups (under torchrun rank 0 scores every
     rank's rows). 0 = rewards run in the learner process."""
@@ -101,6 +110,12 @@ class DistributedConfig:
     strategy: str = "ddp"
     """Data parallelism under torchrun: ddp (a whole policy per process) | fsdp (parameters, gradients and AdamW states
     sharded over processes)."""
+
+    def staleness_bound(self) -> int:
+        """K, the resolved max_staleness: as set, else 1 with async_rollouts and 0 without."""
+        if self.max_staleness is not None:
+            return self.max_staleness
+        return 1 if self.async_rollouts else 0
 
 
 @dataclass

@@ -14,7 +14,13 @@ import inspect
 import itertools
 
 import grpokit.trl.keys as trl_keys
-from grpokit.algos.names import IMPORTANCE_SAMPLING_LEVELS, KL_CONTROLLERS, SCALE_REWARDS
+from grpokit.algos.names import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    IMPORTANCE_WEIGHT_MODES,
+    KL_CONTROLLERS,
+    OFF_POLICY_CORRECTIONS,
+    SCALE_REWARDS,
+)
 from grpokit.config.running import (
     AgentConfig,
     DistributedConfig,
@@ -58,6 +64,8 @@ CHOICES = {
     "optimizer": trl_keys.OPTIMIZERS,
     "scale_rewards": SCALE_REWARDS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+    "off_policy_correction": OFF_POLICY_CORRECTIONS,
+    "off_policy_is_mode": IMPORTANCE_WEIGHT_MODES,
     "kl_controller": KL_CONTROLLERS,
     "lr_scheduler_type": ("constant", "linear", "cosine"),
     "prompt_overflow": ("truncate", "drop", "error"),

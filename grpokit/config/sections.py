@@ -137,7 +137,18 @@ def distributed(d: DistributedConfig) -> None:
     )
     check(
         not d.async_rollouts or d.backend == "ray",
-        "async_rollouts needs backend: ray (rollouts are sampled by Ray workers while the learner trains).",
+        "async_rollouts needs backend: ray (rollouts are sampled by Ray workers while the learner trains); for a "
+        "background thread in this process set max_staleness: 1 instead.",
+    )
+    check(
+        d.max_staleness is None or d.max_staleness >= 0,
+        f"max_staleness={d.max_staleness} must be >= 0 (0 = synchronous, K = up to K updates behind) or null.",
+    )
+    check(d.scoring_threads >= 1, f"scoring_threads={d.scoring_threads} must be >= 1.")
+    check(
+        not (d.async_rollouts and d.max_staleness == 0),
+        "async_rollouts samples one step ahead, max_staleness: 0 never ahead; drop async_rollouts or set "
+        "max_staleness >= 1.",
     )
     check(
         d.num_reward_workers >= 0,

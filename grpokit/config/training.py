@@ -128,6 +128,18 @@ class AlgoConfig:
     off_policy_mask_threshold: float | None = None
     """Drop from the policy term each sequence with a negative advantage whose mean log(mu / pi) since sampling
     exceeds this (DeepSeek-V3.2's off-policy sequence mask, e.g. 0.5); null = off."""
+    off_policy_correction: str = "behaviour"
+    """Rollouts sampled ahead (max_staleness >= 1): behaviour (ratio and clip against the sampling policy) |
+    decoupled_ppo (AReaL: clip around the learner's own old log-probs, weighted by pi_old / mu shaped by
+    off_policy_is_mode)."""
+    off_policy_is_mode: str = "token_truncate"
+    """decoupled_ppo: the weight pi_old / mu per token or per sequence, truncated or masked outside [off_policy_is_min,
+    off_policy_is_max]: token_truncate | token_mask | sequence_truncate | sequence_mask (MIS) (TRL's
+    vllm_importance_sampling_mode values)."""
+    off_policy_is_min: float | None = None
+    """decoupled_ppo: lower bound of the weight's range; null = none."""
+    off_policy_is_max: float | None = 3.0
+    """decoupled_ppo: upper bound of the weight's range; null = none."""
     scale_rewards: str = "group"
     """Advantage scaling: group | batch | none (Dr. GRPO)."""
     advantage_estimator: str = "grpo"

@@ -83,6 +83,11 @@ def _algo(a: AlgoConfig) -> None:
         a.off_policy_mask_threshold is None or a.off_policy_mask_threshold >= 0,
         f"off_policy_mask_threshold={a.off_policy_mask_threshold} must be >= 0 or null (a mean log-ratio, e.g. 0.5).",
     )
+    low, high = a.off_policy_is_min, a.off_policy_is_max
+    check(
+        (low is None or low >= 0) and (high is None or high > 0) and (low is None or high is None or low < high),
+        f"off_policy_is_min={low}, off_policy_is_max={high}: need 0 <= min < max (null: unbounded on that side).",
+    )
 
 
 def _generation(g: GenerationConfig) -> None:

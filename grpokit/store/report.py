@@ -38,6 +38,10 @@ CHARTS = (
     ("Completion length (tokens)", ("completion_length/mean",)),
     ("Clipped fraction (region mean)", (CLIP_REGION,)),
     ("Learning rate", ("learning_rate",)),
+    ("Staleness (updates between sampling and training)", ("policy_staleness",)),
+    ("Waiting per step (s): learner for data, producer on the staleness bound", ("async/*_wait_s",)),
+    ("Behaviour importance weights", ("sampling_is/weight_*",)),
+    ("Behaviour weights clipped or masked (fraction of tokens)", ("sampling_is/*_fraction",)),
 )
 
 _STYLE = """

@@ -257,8 +257,8 @@ class Loop:
         if self.run.procs.is_main:
             self.run_log.close()
             self.writing = False
+        self.run.rollout_scheduler.close()  # first: its scoring threads may be calling the rewards
         self.run.rewards.close()
-        self.run.rollout_scheduler.close()
 
     # ---- evaluation and checkpoints --------------------------------------------------------
     @property
@@ -274,6 +274,7 @@ class Loop:
 
     def _evaluate_and_log(self, step: int) -> None:
         """Rank 0 evaluates; under FSDP every rank joins to gather the weights for it."""
+        self.run.rollout_scheduler.settle()  # batches sampled ahead: their threads share the tokenizer and rewards
         with self.run.procs.unsharded(self.run.model):
             if self.run.procs.is_main:
                 self.evaluate()

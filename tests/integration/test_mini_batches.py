@@ -47,9 +47,10 @@ def test_one_generation_feeds_steps_per_generation_optimizer_steps(tiny_model_di
     assert args.num_mini_batches == 2 and args.completions_per_step() == 8 and args.max_steps == 2
     t = trainer(tiny_model_dir, args)
     generated, seen, sampled = [], [], []
-    generate, next_rollouts, accumulate = t.engine.generate, t.rollout_scheduler.next, t.learner._accumulate
+    source = t.rollout_scheduler.source
+    generate, next_rollouts, accumulate = t.engine.generate, source.next, t.learner._accumulate
     t.engine.generate = lambda *a, **k: generated.append(1) or generate(*a, **k)
-    t.rollout_scheduler.next = lambda step: (out := next_rollouts(step), sampled.append(out[1]))[0]
+    source.next = lambda step, draw: (out := next_rollouts(step, draw), sampled.append(out[1]))[0]
     t.learner._accumulate = lambda part, **kw: seen.append(part.batch.completion_ids.clone()) or accumulate(part, **kw)
     t.train()
     stepped = {int(state["step"]) for state in t.optimizer.state.values()}  # AdamW counts its steps per parameter

@@ -118,17 +118,21 @@ def custom_run(tmp_path: Path, **overrides):
         output_dir=str(tmp_path / "run"),
         num_generations=4,
         per_device_train_batch_size=8,
-        max_steps=3,
-        max_completion_length=5,
-        learning_rate=1e-3,
-        beta=0.0,
-        progress_bar=False,
-        report_to=["jsonl"],
-        save_steps=0,
-        backend="ray",
-        num_rollout_workers=2,
-        rollout_worker_cpus=0.5,
-        **overrides,
+        **(
+            dict(
+                max_steps=3,
+                max_completion_length=5,
+                learning_rate=1e-3,
+                beta=0.0,
+                progress_bar=False,
+                report_to=["jsonl"],
+                save_steps=0,
+                backend="ray",
+                num_rollout_workers=2,
+                rollout_worker_cpus=0.5,
+            )
+            | overrides
+        ),
     )
     return GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=prompts, tokenizer=tokenizer), flag
 
@@ -162,6 +166,18 @@ def test_async_rollouts_are_one_step_stale_and_train(tmp_path):
     assert {r["step"]: r["policy_version"] for r in rows} == {1: 0, 2: 0, 3: 1}
     assert [m["policy_staleness"] for m in read_metrics(tmp_path / "run")] == [0, 1, 1]
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_ray_workers_sample_two_steps_ahead_with_max_staleness_2(tmp_path):
+    trainer, _ = custom_run(tmp_path, max_staleness=2, max_steps=4, off_policy_correction="decoupled_ppo")
+    trainer.train()
+    rows = rollouts_of(tmp_path / "run")
+    assert_each_rollout_once(rows, 4, 8)
+    # steps 1-3 are admitted at once (version 0), step 4 before step 2 trains (version 1)
+    assert {r["step"]: r["policy_version"] for r in rows} == {1: 0, 2: 0, 3: 0, 4: 1}
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["policy_staleness"] for m in metrics] == [0, 1, 2, 2]
+    assert all(m["sampling_is/weight_mean"] > 0 for m in metrics)
 
 
 def test_ppo_trains_its_critic_on_rollouts_from_ray_workers(tmp_path, tiny_model_dir, word_prompts):

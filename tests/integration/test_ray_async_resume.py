@@ -1,5 +1,5 @@
-"""Async (one-step-off) mode resume: the checkpoint holds the next step's prefetched rollouts, so a
-run stopped by SIGTERM and resumed equals one that ran straight through."""
+"""Async (one-step-off, max_staleness 1) mode resume on Ray workers: the checkpoint holds the next step's prefetched
+rollouts, so a run stopped by SIGTERM and resumed equals one that ran straight through."""
 
 from __future__ import annotations
 
@@ -87,10 +87,11 @@ def test_async_run_stopped_by_sigterm_and_resumed_equals_a_straight_run(tiny_mod
     first.train()
     assert first.interrupted_by == signal.SIGTERM and first.step == 2
     assert [p.name for p in list_checkpoints(run)] == ["step-2"]
-    saved = torch.load(run / "checkpoints" / "step-2" / "states.pt", weights_only=True)["pending_rollouts"]
-    assert (
-        saved["policy_version"] == 1 and saved["completion_ids"].shape[0] == 8
-    )  # step 3's rollouts, sampled by version 1
+    queue = torch.load(run / "checkpoints" / "step-2" / "states.pt", weights_only=True)["pending_rollouts"]["queue"]
+    # step 3's rollouts, sampled by version 1
+    assert [(e["step"], e["rollouts"]["policy_version"], e["rollouts"]["completion_ids"].shape[0]) for e in queue] == [
+        (3, 1, 8)
+    ]
     assert [r[0] for r in rollouts(run)] == [1] * 8 + [2] * 8  # step 3 is not in the store yet
 
     trainer(tiny_model_dir, run, resume_from="latest").train()

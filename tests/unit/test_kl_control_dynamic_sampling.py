@@ -132,7 +132,7 @@ def test_sampling_rounds_refuse_bad_settings():
         ({"max_sampling_rounds": 0}, "max_sampling_rounds=0 must be >= 1"),
         (
             {"dynamic_sampling": True, "backend": "ray", "async_rollouts": True},
-            "set async_rollouts: false (Ray rollout workers still sample each round)",
+            "set async_rollouts: false and max_staleness: 0 (Ray rollout workers still sample each round)",
         ),
         (
             {"dynamic_sampling": True, "algorithm": "ppo", "num_generations": 1},

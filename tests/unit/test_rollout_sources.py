@@ -8,6 +8,7 @@ import inspect
 import torch
 
 from grpokit.processes import SingleProcess
+from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine, RolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.registry import ENGINES, EngineParts, get_engine
@@ -17,7 +18,7 @@ from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.rollout.vllm_engine import VLLMRolloutEngine
 from grpokit.train.sampling import rollout_scheduler as scheduler_module
 from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
-from grpokit.train.sampling.sources import SAMPLERS, SOURCES, OneStepOffRollouts, SyncRollouts
+from grpokit.train.sampling.sources import SAMPLERS, SOURCES, AheadRollouts, SyncRollouts
 
 
 def test_every_engine_provides_the_whole_protocol():
@@ -118,27 +119,75 @@ def _scheduler(source):
     )
 
 
-def test_one_step_off_samples_the_next_step_while_this_one_trains_and_checkpoints_it():
+class _Clock:
+    def __init__(self):
+        self.laps = []
+
+    def lap(self, name):
+        self.laps.append(name)
+
+
+def _score(step, indices, rollouts, trainer_state=None):
+    """A stand-in for the trainer's scoring: what it was given."""
+    return step, list(indices), rollouts.completion_ids.flatten().tolist(), trainer_state
+
+
+def _state(step):
+    return RewardState(global_step=step - 1)
+
+
+def _submits(workers):
+    return [c for c in workers.calls if c[0] == "submit"]  # the learner's thread; collects run on the producer's
+
+
+def test_ahead_admits_k_steps_ahead_scores_on_the_producer_and_checkpoints_the_queue():
     workers = _Workers()
-    scheduler = _scheduler(OneStepOffRollouts(workers, last_step=3))
-    indices, rollouts = scheduler.next(1)  # nothing pending: step 1 sampled now, step 2 submitted
-    assert indices == [0, 1] and rollouts.completion_ids.flatten().tolist() == [100, 101]
-    assert workers.calls == [("sample", 1, [0, 1], 0), ("submit", 2, [2, 3])]
-    state, pending = scheduler.state_dict()  # a checkpoint after step 1 collects step 2's rollouts
-    assert state["pending_indices"] == [2, 3] and pending["completion_ids"].flatten().tolist() == [202, 203]
-    indices, rollouts = scheduler.next(2)  # the prefetched batch; step 3 submitted
-    assert indices == [2, 3] and rollouts.completion_ids.flatten().tolist() == [202, 203]
-    assert workers.calls[-1] == ("submit", 3, [4, 5])
-    scheduler.next(3)
-    assert workers.calls[-1] == ("collect", 3)  # the last step submits nothing further
-    # a resume restores the pending batch exactly: the next step trains on it, nothing is drawn for it
+    scheduler = _scheduler(AheadRollouts(workers, last_step=4, max_staleness=2, score_ahead=True))
+    clock = _Clock()
+    # step 1 admits steps 1, 2, 3 (all by the weights of now), each scored with the reward state of its draw
+    assert scheduler.next_scored(1, _score, _state, clock) == (1, [0, 1], [100, 101], _state(1))
+    assert _submits(workers) == [("submit", 1, [0, 1]), ("submit", 2, [2, 3]), ("submit", 3, [4, 5])]
+    assert clock.laps == ["generate", "reward"]
+    state, pending = scheduler.state_dict()  # a checkpoint after step 1 waits for steps 2 and 3 and holds them
+    assert state["pending_indices"] is None
+    queue = pending["queue"]
+    assert [(e["step"], e["indices"], e["reward_state"]["global_step"]) for e in queue] == [
+        (2, [2, 3], 1),
+        (3, [4, 5], 2),
+    ]
+    assert [e["rollouts"]["completion_ids"].flatten().tolist() for e in queue] == [[202, 203], [304, 305]]
+    assert scheduler.next_scored(2, _score, _state, clock)[:3] == (2, [2, 3], [202, 203])
+    assert _submits(workers)[-1] == ("submit", 4, [6, 7])  # step 2 admits step 4, the last
+    scheduler.next_scored(3, _score, _state, clock)
+    assert len(_submits(workers)) == 4  # nothing past last_step
+    metrics = scheduler.metrics()
+    assert {"async/learner_wait_s", "async/producer_wait_s", "rollout_worker_restarts"} <= set(metrics)
+    scheduler.close()
+    # a resume restores the queue: steps 2 and 3 are trained on as saved (scored again with the reward state of
+    # their draw), step 4 drawn anew
     resumed_workers = _Workers()
-    resumed = _scheduler(OneStepOffRollouts(resumed_workers, last_step=3))
+    resumed = _scheduler(AheadRollouts(resumed_workers, last_step=4, max_staleness=2, score_ahead=True))
     resumed.load_state_dict(state, pending)
-    indices, rollouts = resumed.next(2)
-    assert indices == [2, 3] and rollouts.completion_ids.flatten().tolist() == [202, 203]
-    assert resumed_workers.calls == [("submit", 3, [0, 1])]  # its own prompt source draws the next batch
-    assert resumed.engine.policy_version == 0 and resumed.metrics() == {"rollout_worker_restarts": 0.0}
+    assert resumed.next_scored(2, _score, _state, clock) == (2, [2, 3], [202, 203], _state(2))
+    assert _submits(resumed_workers) == [("submit", 4, [0, 1])]  # its own prompt source draws the next batch
+    assert resumed.next_scored(3, _score, _state, clock) == (3, [4, 5], [304, 305], _state(3))
+    assert resumed.next_scored(4, _score, _state, clock) == (4, [0, 1], [400, 401], _state(4))
+    resumed.close()
+
+
+def test_ahead_raises_a_producer_failure_in_the_step():
+    class Failing(_Workers):
+        def collect(self, pending):
+            raise OSError("worker lost")
+
+    scheduler = _scheduler(AheadRollouts(Failing(), last_step=2, max_staleness=1, score_ahead=True))
+    try:
+        scheduler.next_scored(1, _score, _state, _Clock())
+    except OSError as exc:
+        assert "worker lost" in str(exc)
+    else:
+        raise AssertionError("a producer's exception must reach the learner's step")
+    scheduler.close()
 
 
 def test_sync_sources_sample_in_the_step_and_number_later_rounds_on():
@@ -157,9 +206,9 @@ def test_sync_sources_sample_in_the_step_and_number_later_rounds_on():
 
 
 def test_the_registries_name_every_mode():
-    assert set(SOURCES) == {"sync", "one_step_off"}
-    assert (SOURCES["one_step_off"].off_policy, SOURCES["sync"].off_policy) == (True, False)
-    assert set(SAMPLERS) == {"engine", "group_seeded", "tools", "raw_prompts", "ray"}
+    assert set(SOURCES) == {"sync", "ahead"}
+    assert (SOURCES["ahead"].off_policy, SOURCES["sync"].off_policy) == (True, False)
+    assert set(SAMPLERS) == {"engine", "group_seeded", "tools", "raw_prompts", "ray", "thread"}
 
 
 def test_the_scheduler_dispatches_without_mode_branches():

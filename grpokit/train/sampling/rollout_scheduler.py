@@ -2,9 +2,10 @@
 
 - sync (the default): the step's global batch of prompts is drawn and sampled in the step, by the
   colocated engine (HF, or vLLM with ``engine: vllm``) or, with ``backend: ray``, by Ray rollout workers.
-- async (``async_rollouts``, Ray): the next step's batch is drawn and submitted to the workers before
-  this step trains, so sampling overlaps the update (one step off-policy). The pending batch is part
-  of a checkpoint (its prompt indices, and its rollouts collected), so a resume trains on the same data.
+- ahead (``max_staleness`` K >= 1; ``async_rollouts`` is K = 1): step s + K's batch is drawn and submitted
+  (Ray workers, or a copy of the policy on a background thread) before step s trains, so sampling and scoring
+  overlap the updates, at most K updates behind. The admitted batches are part of a checkpoint (their prompt
+  indices, and their rollouts collected), so a resume trains on the same data.
 - dynamic sampling (DAPO, sync, one process): ``more(step, r)`` draws and samples round r's further batch
   within the step (``train/sampling/rounds.py`` runs the rounds).
 
@@ -55,6 +56,15 @@ class RolloutScheduler:
         indices, _ = self.procs.shard(batch)
         return indices, rollouts
 
+    def next_scored(self, step: int, score, reward_state, clock):
+        """``step``'s Trajectory: this rank's prompts, their rollouts scored by ``score`` (the trainer's); sampled
+        ahead, it was scored on the producer's thread with ``reward_state(step)`` taken when its batch was drawn."""
+        return self.source.next_scored(step, self._draw, score, reward_state, clock)
+
+    def settle(self) -> None:
+        """Wait for the rollouts sampled ahead in the background to finish (none: at once)."""
+        self.source.settle()
+
     def more(self, step: int, round_index: int) -> tuple[list[int], Rollouts]:
         """Dynamic sampling's round ``round_index`` (>= 1) of ``step`` (sync, one process): a fresh batch of prompts
         and their rollouts. With a seed per group, its groups number on after the earlier rounds'."""
@@ -66,7 +76,7 @@ class RolloutScheduler:
         return self.source.metrics()
 
     def state_dict(self) -> tuple[dict, dict | None]:
-        """(the checkpoint's trainer-state entries, async mode's pending rollouts of the next step or None)."""
+        """(the checkpoint's trainer-state entries, the rollouts sampled ahead (their queue) or None)."""
         indices, pending = self.source.state_dict()
         state = {
             "policy_version": self.engine.policy_version,

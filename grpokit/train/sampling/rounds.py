@@ -19,7 +19,6 @@ from grpokit.algos.dynamic_sampling import SamplingRounds, add_round
 from grpokit.algos.names import SAMPLING_GROUPS_TRAINED, SAMPLING_PROMPTS, SAMPLING_ROUNDS, SAMPLING_SHORT
 from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.seeding import concat_rollouts
-from grpokit.rollout.types import Rollouts
 from grpokit.train.sampling.trajectory import Trajectory
 
 
@@ -100,22 +99,21 @@ def renumber_repeats(records: list, num_generations: int) -> list:
 
 
 # ---- how a step samples: one round, or dynamic sampling's rounds (chosen once by the composition root) ----------
-Score = Callable[[int, list[int], Rollouts], Trajectory]  # (step, this rank's prompt indices, their rollouts)
+# (step, this rank's prompt indices, their rollouts; keyword trainer_state: the rewards' RewardState, None: now's)
+Score = Callable[..., Trajectory]
 
 
 class SingleRound:
-    """A step trains on one round: the rollout scheduler's batch, scored (``score``, the trainer's)."""
+    """A step trains on one round: the rollout scheduler's batch, scored (``score``, the trainer's; ``reward_state``:
+    the trainer_state of a step's rewards, taken when a batch sampled ahead is drawn)."""
 
-    def __init__(self, scheduler, score: Score):
-        self.scheduler, self.score = scheduler, score
+    def __init__(self, scheduler, score: Score, reward_state=None):
+        self.scheduler, self.score, self.reward_state = scheduler, score, reward_state
 
     def sample(self, step: int, clock) -> Trajectory:
-        """The step's :class:`Trajectory`; ``clock`` (a PhaseClock) times its generate and reward phases."""
-        indices, rollouts = self.scheduler.next(step)  # this rank's prompts, G rollouts each
-        clock.lap("generate")
-        trajectory = self.score(step, indices, rollouts)
-        clock.lap("reward")
-        return trajectory
+        """The step's :class:`Trajectory`; ``clock`` (a PhaseClock) times its generate and reward phases (sampled
+        ahead: the wait for a batch sampled and scored in the background)."""
+        return self.scheduler.next_scored(step, self.score, self.reward_state, clock)
 
 
 class DynamicRounds(SingleRound):

@@ -3,6 +3,7 @@ batch-level scaling sees the whole batch), and hand back a :class:`~grpokit.trai
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,9 @@ def reward_state(source, max_steps: int, step: int) -> RewardState:
     step's update: ``global_step`` counts the updates done); ``source``: the training PromptSource (its epoch)."""
     epoch = source.epoch + source.position / len(source.usable)
     return RewardState(global_step=step - 1, max_steps=max_steps, epoch=epoch)
+
+
+_DECODING = threading.Lock()  # one decode at a time: scoring threads share the tokenizer (a fast one refuses that)
 
 
 @dataclass(frozen=True)
@@ -35,16 +39,21 @@ class Scorer:
     prompt_column: str = "prompt"
     on_main: bool = False
 
-    def __call__(self, step: int, indices: list[int], rollouts) -> Trajectory:
+    def state(self, step: int) -> RewardState:
+        """The rewards' ``trainer_state`` for step ``step`` now (a batch sampled ahead takes it when drawn)."""
+        return reward_state(self.source, self.max_steps, step)
+
+    def __call__(self, step: int, indices: list[int], rollouts, trainer_state: RewardState | None = None) -> Trajectory:
         """This rank's ``rollouts`` of the prompts ``indices``, decoded and scored (this rank's RewardResult and
-        every rank's)."""
-        prompts, completions, columns, completion_ids = reward_arguments(
-            self.rows, indices, rollouts, self.tokenizer, self.prompt_column
-        )
+        every rank's); ``trainer_state``: the rewards' (None: now's, :meth:`state`)."""
+        with _DECODING:
+            prompts, completions, columns, completion_ids = reward_arguments(
+                self.rows, indices, rollouts, self.tokenizer, self.prompt_column
+            )
         scored = completions  # tool rollouts: their messages (and environments), as TRL passes them
         if rollouts.conversations is not None:
             prompts, scored, columns = self.tool_rollouts.reward_inputs(prompts, rollouts.conversations, columns)
-        state = reward_state(self.source, self.max_steps, step)
+        state = trainer_state or self.state(step)
         batch = RewardBatch(prompts, scored, columns, self.num_generations, completion_ids, state)
         reward, all_rewards = self.procs.score_rewards(self.rewards, batch, on_main=self.on_main)
         return Trajectory(indices, rollouts, completions, reward, all_rewards)

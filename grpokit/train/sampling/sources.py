@@ -10,9 +10,12 @@ A *sampler* turns a step's global batch of prompt indices into this rank's share
   rollout_func, :mod:`grpokit.rollout.rollout_func`);
 - :class:`RaySampler`: Ray rollout workers (rank 0 publishes the weights, submits, collects and scatters).
 
+- :class:`ThreadSampler`: a copy of the policy sampling on the producer's thread (bounded staleness without Ray).
+
 A *source* decides when a batch is sampled: :class:`SyncRollouts` in the step (and further rounds within it, for
-dynamic sampling), :class:`OneStepOffRollouts` one step ahead on the Ray workers (async). The composition root
-picks one of each from :data:`SAMPLERS` and :data:`SOURCES`; the rollout scheduler only dispatches to them.
+dynamic sampling), :class:`AheadRollouts` up to ``max_staleness`` K steps ahead (async; K = 1 is
+``async_rollouts``' one-step-off), collected and scored on a background thread. The composition root picks one of
+each from :data:`SAMPLERS` and :data:`SOURCES`; the rollout scheduler only dispatches to them.
 """
 
 from __future__ import annotations
@@ -179,6 +182,16 @@ class RolloutSource(Protocol):
         """The step's global batch of prompt indices (``draw`` gives a new one) and this rank's rollouts of it."""
         ...
 
+    def next_scored(self, step: int, draw: Draw, score, reward_state, clock) -> Any:
+        """The step's Trajectory: this rank's rollouts scored by ``score(step, indices, rollouts, trainer_state=...)``
+        (``reward_state(step)``: the reward functions' trainer_state, taken when the batch is drawn); ``clock``'s
+        laps ``generate`` and ``reward`` time what the step waited for."""
+        ...
+
+    def settle(self) -> None:
+        """Wait for any work in the background (before an evaluation shares the tokenizer and the rewards)."""
+        ...
+
     def more(self, step: int, batch: list[int], first_group: int) -> Rollouts:
         """A further round's rollouts within the step (dynamic sampling)."""
         ...
@@ -209,8 +222,20 @@ class SyncRollouts:
         batch = draw()
         return batch, self.sampler.sample(step, batch, 0)
 
+    def next_scored(self, step: int, draw: Draw, score, reward_state, clock) -> Any:
+        """The step's Trajectory: its batch drawn, sampled and scored (``score``, the trainer's) now."""
+        batch, rollouts = self.next(step, draw)
+        clock.lap("generate")
+        indices, _ = self.sampler.procs.shard(batch)
+        trajectory = score(step, indices, rollouts)
+        clock.lap("reward")
+        return trajectory
+
     def more(self, step: int, batch: list[int], first_group: int) -> Rollouts:
         return self.sampler.sample(step, batch, first_group)
+
+    def settle(self) -> None:
+        """Nothing runs in the background."""
 
     def state_dict(self) -> tuple[list[int] | None, dict | None]:
         return None, None
@@ -225,72 +250,173 @@ class SyncRollouts:
         self.sampler.close()
 
 
-class OneStepOffRollouts(SyncRollouts):
-    """``async_rollouts`` (Ray): the next step's batch is drawn and submitted to the workers before this step
-    trains, so sampling overlaps the update (one step off-policy), up to ``last_step``. The pending batch is part
-    of a checkpoint (its prompt indices, and its rollouts collected), so a resume trains on the same data."""
+class AheadRollouts(SyncRollouts):
+    """Bounded staleness (``max_staleness`` K >= 1; ``async_rollouts`` is K = 1): before step s trains, the batch of
+    step s + K is drawn and admitted with the weights of now (version v(s), the one step s trains), so every batch
+    is sampled by a policy at most K updates older than the one that trains on it; a producer never runs further
+    ahead (admission, nothing is dropped). The first step admits steps 1..K+1 at once (all by version 0).
+
+    A background :class:`~grpokit.train.sampling.producer.Producer` thread finishes the admitted batches in order: it
+    waits for their rollouts (``sampler.collect``: Ray workers, or :class:`ThreadSampler` sampling on its copy of the
+    policy) and, in one process, ``scorers`` threads score them (``score_ahead``), up to that many batches at once:
+    the learner does not wait on a reward. What a batch holds is fixed at admission (prompts, group seeds, the
+    weights' version), never by the threads' timing.
+
+    A checkpoint waits for the admitted batches and holds them all (their prompt indices, rollouts and the reward
+    state they are scored with), so a resume trains on the same data; ``last_step``: nothing is admitted past it."""
 
     off_policy = True
 
-    def __init__(self, sampler: RaySampler, *, last_step: int) -> None:
+    def __init__(self, sampler, *, last_step: int, max_staleness: int, score_ahead: bool, scorers: int = 1) -> None:
+        from grpokit.train.sampling.producer import Producer
+
         super().__init__(sampler)
-        self.last_step = last_step
-        # (global batch of prompt indices, the next step's rollouts: rank 0's PendingRollouts in flight or
-        # collected Rollouts; None on other ranks until scattered)
-        self._pending: tuple[list[int], Any] | None = None
+        self.last_step, self.max_staleness, self.score_ahead = last_step, max_staleness, score_ahead
+        self.producer = Producer(scorers)
+        # admitted steps, in order: step -> global batch of prompt indices, and the reward state they are scored with
+        self._batches: dict[int, tuple[list[int], Any]] = {}
+        # a checkpoint's admitted steps: step -> (batch, reward state, collected rollouts), admitted again first
+        self._restored: dict[int, tuple[list[int], Any, Rollouts | None]] = {}
+        self._admitted = 0  # the last step admitted
+
+    def next_scored(self, step: int, draw: Draw, score, reward_state, clock) -> Any:
+        """Step ``step``'s Trajectory: the batch admitted K steps ago, collected (and scored) on the producer's
+        thread; first admits every step up to ``step + K`` not admitted yet. ``time/generate`` is the wait."""
+        self._admitted = max(self._admitted, step - 1)  # fresh or resumed: nothing before this step is due
+        for ahead in range(self._admitted + 1, min(step + self.max_staleness, self.last_step) + 1):
+            self._admit(ahead, draw, score, reward_state)
+        batch, state = self._batches.pop(step)
+        rollouts, scored = self.producer.take(step)
+        clock.lap("generate")
+        if scored is None:  # several processes: the scoring's gathers run in the step, on every rank
+            indices, _ = self.sampler.procs.shard(batch)
+            scored = score(step, indices, self.sampler.scatter(rollouts), trainer_state=state)
+        clock.lap("reward")
+        return scored
+
+    def _admit(self, step: int, draw: Draw, score, reward_state) -> None:
+        """Admit ``step``: its batch drawn and submitted now (or a checkpoint's, collected already)."""
+        if step in self._restored:
+            batch, state, rollouts = self._restored.pop(step)
+
+            def collect():
+                return rollouts
+        else:
+            batch, state = draw(), reward_state(step)
+            handle = self.sampler.submit(step, batch)  # the weights of now, the prompts and seeds of this step
+
+            def collect():
+                return None if handle is None else self.sampler.collect(handle)
+
+        def scored(rollouts):  # their Trajectory; None: scored in the step
+            return score(step, batch, rollouts, trainer_state=state) if self.score_ahead else None
+
+        self._batches[step] = (batch, state)
+        self._admitted = step
+        self.producer.admit(step, collect, scored)  # rollouts: rank 0's global batch, None on other ranks
 
     def next(self, step: int, draw: Draw) -> tuple[list[int], Rollouts]:
-        if self._pending is not None:
-            batch, pending = self._pending
-            self._pending = None
-            if pending is not None and not isinstance(pending, Rollouts):  # rank 0, still in flight
-                pending = self.sampler.collect(pending)
-            rollouts = self.sampler.scatter(pending)
-        else:
-            batch, rollouts = super().next(step, draw)
-        if step < self.last_step:
-            upcoming = draw()
-            self._pending = (upcoming, self.sampler.submit(step + 1, upcoming))
-        return batch, rollouts
+        raise RuntimeError("rollouts sampled ahead are taken scored, with next_scored().")
 
     def more(self, step: int, batch: list[int], first_group: int) -> Rollouts:
-        raise RuntimeError("one-step-off rollouts sample ahead; dynamic sampling's rounds need synchronous ones.")
+        raise RuntimeError("rollouts sampled ahead; dynamic sampling's rounds need synchronous ones (max_staleness 0).")
+
+    def settle(self) -> None:
+        self.producer.settle()
+
+    def metrics(self) -> dict[str, float]:
+        waits = self.producer.counters()
+        return {
+            **self.sampler.metrics(),
+            "async/learner_wait_s": waits["learner_wait"],
+            "async/producer_wait_s": waits["producer_wait"],
+        }
 
     def state_dict(self) -> tuple[list[int] | None, dict | None]:
-        """Rank 0 collects pending rollouts still in flight: a resume trains on the same data."""
-        pending = None
-        if self._pending is not None and self.sampler.procs.is_main:
-            indices, rollouts = self._pending
-            if not isinstance(rollouts, Rollouts):
-                rollouts = self.sampler.collect(rollouts)
-                self._pending = (indices, rollouts)
-            pending = dataclasses.asdict(rollouts)
-        return (self._pending[0] if self._pending else None), pending
+        """Waits for the admitted batches; returns (None, {"queue": one entry per admitted step: step, prompt
+        indices, the reward state's fields, rank 0's collected rollouts as a dict (None on other ranks)})."""
+        self.producer.settle()
+        queue = []
+        for step in sorted(self._batches):
+            batch, state = self._batches[step]
+            rollouts, _ = self.producer.peek(step)
+            queue.append(
+                {
+                    "step": step,
+                    "indices": list(batch),
+                    "reward_state": None if state is None else dataclasses.asdict(state),
+                    "rollouts": None if rollouts is None else dataclasses.asdict(rollouts),
+                }
+            )
+        return None, {"queue": queue}
 
     def load_state_dict(self, indices: list[int] | None, rollouts: dict | None) -> bool:
-        if rollouts is None:
+        if rollouts is None or "queue" not in rollouts:
             return False
-        self._pending = (indices, Rollouts.from_dict(rollouts))  # the step after the checkpoint, sampled before it
+        from grpokit.rewards.contract import RewardState
+
+        for entry in rollouts["queue"]:
+            step = int(entry["step"])
+            state = None if entry["reward_state"] is None else RewardState(**entry["reward_state"])
+            collected = None if entry["rollouts"] is None else Rollouts.from_dict(entry["rollouts"])
+            self._restored[step] = (list(entry["indices"]), state, collected)
         return True
+
+    def close(self) -> None:
+        self.producer.close()
+        super().close()
+
+
+class ThreadSampler(EngineSampler):
+    """Samples ahead in this process (``max_staleness`` >= 1 without Ray; the hf engine, one process): ``submit``
+    takes a copy of the policy's weights now (their version: ``engine.policy_version``); ``collect``, on the
+    producer's thread, loads them into the sampler's own copy of the model (``own_engine``, built on
+    ``copy.deepcopy(model)``) and samples the whole batch in one call, its random stream seeded from (seed, step):
+    the rollouts are a function of (seed, step, weights), whenever the thread runs. The learner's weights are never
+    read while it trains. Memory: one more model, and up to K + 1 weight copies in the queue."""
+
+    def __init__(self, *, own_engine, **parts: Any) -> None:
+        super().__init__(**parts)
+        self.own_engine = own_engine
+
+    def sample(self, step: int, batch: list[int], first_group: int) -> Rollouts:
+        return self.collect(self.submit(step, batch, first_group))
+
+    def submit(self, step: int, batch: list[int], first_group: int = 0):
+        weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return step, list(batch), first_group, weights, self.engine.policy_version
+
+    def collect(self, pending) -> Rollouts:
+        step, batch, first_group, weights, version = pending
+        self.own_engine.model.load_state_dict(weights)
+        self.own_engine.policy_version = version
+        self.own_engine.generator.manual_seed(self.seeds(step, 1, first_group)[0])  # one process: one stream a batch
+        return self.own_engine.generate([self.prompts.ids[i] for i in batch], self.num_generations, self.params)
+
+    def scatter(self, rollouts: Rollouts | None) -> Rollouts:
+        return rollouts
 
 
 @dataclass(frozen=True)
 class Situation:
     """What decides a run's sampler: Ray rollout workers (``ray``), tool rollouts (``tools``), an engine that takes
     the raw prompts (``raw_prompts``: a rollout_func), rollouts that must not depend on the split over processes
-    (``seeded``: seed_per_group, or several processes)."""
+    (``seeded``: seed_per_group, or several processes), sampling ahead in this process (``ahead``: max_staleness >= 1
+    without Ray)."""
 
     ray: bool = False
     tools: bool = False
     raw_prompts: bool = False
     seeded: bool = False
+    ahead: bool = False
 
 
 @dataclass(frozen=True)
 class SamplerEntry:
     """A sampler kind: ``cls`` is built with the common parts (engine, prompts, procs, model, num_generations,
     params, seed) and the extras it ``needs`` (``remote``: the Ray workers; ``tools``: the ToolRollouts;
-    ``prompt_column``), which the composition root supplies by name; ``applies(situation)``: whether it samples a
+    ``prompt_column``; ``own_engine``: an engine on a copy of the policy), which the composition root supplies by
+    name; ``applies(situation)``: whether it samples a
     run in that :class:`Situation`."""
 
     cls: type
@@ -302,6 +428,7 @@ class SamplerEntry:
 # grpokit/build/rollouts.py, asks :func:`pick_sampler`). Adding one is a class and one line here.
 SAMPLERS: dict[str, SamplerEntry] = {
     "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote",)),
+    "thread": SamplerEntry(ThreadSampler, lambda s: s.ahead, needs=("own_engine",)),  # a policy copy, ahead
     "tools": SamplerEntry(ToolSampler, lambda s: s.tools, needs=("tools",)),  # groups seeded, decoded in one batch
     "raw_prompts": SamplerEntry(RawPromptSampler, lambda s: s.raw_prompts, needs=("prompt_column",)),
     "group_seeded": SamplerEntry(GroupSeededSampler, lambda s: s.seeded),
@@ -314,5 +441,5 @@ def pick_sampler(situation: Situation) -> SamplerEntry:
     return next(entry for entry in SAMPLERS.values() if entry.applies(situation))
 
 
-# The sources by name: one step off with async_rollouts, else synchronous.
-SOURCES: dict[str, type] = {"sync": SyncRollouts, "one_step_off": OneStepOffRollouts}
+# The sources by name: ahead with max_staleness >= 1 (async_rollouts: 1), else synchronous.
+SOURCES: dict[str, type] = {"sync": SyncRollouts, "ahead": AheadRollouts}

@@ -1,0 +1,121 @@
+"""A storm of `kill -9` on an asynchronous run (max_staleness 2: a background thread samples and scores up to two
+steps ahead), each process resuming the last with resume_from=latest; the finished run equals an uninterrupted one
+with the same seed, sample for sample and number for number.
+
+Where each kill lands is random (seeded), and the test holds wherever it lands: a checkpoint holds the batches
+admitted ahead, and what a batch holds is fixed by (seed, step, the weights' version) when it is admitted, never by
+the threads' timing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import TARGET_REWARD, WORDS
+from safetensors.torch import load_file
+
+from faults.conftest import cli_env, grpokit
+
+G, PROMPTS_PER_STEP, STEPS, KILLS, SEED = 4, 2, 8, 6, 4321
+COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "policy_staleness", "sampling_is/weight_mean")
+
+
+def write_config(tmp_path: Path, model_dir: Path, name: str) -> Path:
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    )
+    config = {
+        "model": {"model_name_or_path": str(model_dir)},
+        "data": {"train_dataset": str(data)},
+        "algo": {"num_generations": G, "beta": 0.04, "off_policy_correction": "decoupled_ppo"},
+        "generation": {"max_completion_length": 4},
+        "optim": {
+            "learning_rate": 5e-3,
+            "lr_scheduler_type": "constant",
+            "per_device_train_batch_size": G * PROMPTS_PER_STEP,
+            "max_steps": STEPS,
+        },
+        "distributed": {"max_staleness": 2},
+        "run": {
+            "output_dir": str(tmp_path / name),
+            "save_steps": 1,
+            "save_total_limit": 2,
+            "progress_bar": False,
+            "report_to": ["jsonl"],
+        },
+        "rewards": [TARGET_REWARD],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def logged_steps(run: Path) -> list[dict]:
+    """metrics.jsonl's step lines; a last line torn by a kill is not one."""
+    path = run / "metrics.jsonl"
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            entry = json.loads(line)
+            if "loss" in entry:
+                found.append(entry)
+    return found
+
+
+def stored(run: Path) -> list[tuple]:
+    with sqlite3.connect(run / "rollouts.sqlite") as db:
+        return db.execute(
+            "SELECT step, prompt_index, completion_index, completion, policy_version, advantage FROM rollouts "
+            "ORDER BY step, prompt_index, completion_index"
+        ).fetchall()
+
+
+@pytest.mark.slow
+def test_kill_storm_on_an_async_run_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_model_dir):
+    straight = write_config(tmp_path, tiny_model_dir, "straight")
+    done = grpokit("train", straight)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    config = write_config(tmp_path, tiny_model_dir, "run")
+    run = tmp_path / "run"
+    rng, history = random.Random(SEED), []
+    for kill in range(KILLS):
+        log = tmp_path / f"log-{kill}.txt"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"],
+            env=cli_env(),
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        seen = len(logged_steps(run))
+        deadline = time.monotonic() + 300  # generous: start-up on two busy cores; the kill lands anyway
+        while proc.poll() is None and len(logged_steps(run)) <= seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pause = rng.uniform(0.0, 1.0)  # into the next step, its checkpoint, or the producer's work ahead
+        time.sleep(pause)
+        proc.kill()
+        proc.wait(timeout=60)
+        history.append(f"kill {kill}: {pause:.2f}s after step {len(logged_steps(run))} was logged")
+
+    final = grpokit("train", config, "resume_from=latest")
+    assert final.returncode == 0, "\n".join(history) + "\n" + final.stderr[-3000:]
+    assert stored(run) == stored(tmp_path / "straight"), "\n".join(history)
+    ms, mr = logged_steps(tmp_path / "straight"), logged_steps(run)
+    assert [m["step"] for m in mr] == list(range(1, STEPS + 1)), "\n".join(history)
+    for a, b in zip(ms, mr, strict=True):
+        for key in COMPARED:
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key, history)
+    wa = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    wb = load_file(run / "final" / "model.safetensors")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=0)
