@@ -1,7 +1,7 @@
 """Where this process sits among the run's processes: one process here, torchrun ranks in distributed/.
 
 The trainer and the rollout scheduler ask a context for every cross-process operation (shard a batch,
-gather, sum, score rewards, gather sharded weights). :class:`SingleProcess` answers for one process:
+gather, sum, score rewards, sample in lockstep). :class:`SingleProcess` answers for one process:
 rank 0 of 1, every collective the identity, so a single-process run never imports
 :mod:`grpokit.distributed`. ``grpokit.distributed.torch_dist.DistContext`` extends it with
 torch.distributed collectives for torchrun (``build.inputs.run_processes`` picks one). This module
@@ -25,9 +25,10 @@ def under_torchrun() -> bool:
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether FSDP sharded ``model`` (``distributed.strategy: fsdp``)."""
-    from torch.distributed.fsdp import FSDPModule
+    import sys
 
-    return isinstance(model, FSDPModule)
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported: nothing can be sharded (and no import here)
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class SingleProcess:
         """The module the learner trains: ``model`` itself in one process (DDP or FSDP with several)."""
         return model
 
-    def unsharded(self, model: torch.nn.Module):
-        """A block in which ``model`` holds its full weights (FSDP gathers them): nothing to do here."""
+    def lockstep(self, model: torch.nn.Module):
+        """A block in which every rank calls ``model``'s forward the same number of times, whatever each samples
+        (FSDP's per-unit all-gathers need it): nothing to do here."""
         return contextlib.nullcontext()

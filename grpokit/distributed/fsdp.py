@@ -16,20 +16,21 @@ dtype and reduce gradients in float32 (``MixedPrecisionPolicy``); the sharded ma
 Weights leaving the learner (:func:`stream_full_parameters`) go one parameter at a time: each is all-gathered, handed
 over and dropped before the next, as TRL streams FSDP2 weights into vLLM; the Ray rollout workers' copy is built so.
 
-Passes that every rank runs the same number of times (training micro-batches, the reference and
-old-policy passes) go through the sharded module as it is. Generation and evaluation do not: a
-rank samples until its own rows finish, so ranks make different numbers of forward calls, which
-per-call all-gathers cannot match. :func:`unsharded` gathers every unit once, on every rank, and
-keeps the full weights until the block ends, so sampling makes no collective call: grpokit's own
-engine (``generation.engine: hf``) therefore holds the whole model on every rank while it samples
-(in the compute dtype under mixed precision). Training, the reference pass and the optimizer never do.
+Every forward call of a sharded model goes through it as it is, sampling included: each decoder layer unit is
+all-gathered for its forward and resharded after, so a rank holds at most the root's full parameters (embeddings,
+final norm, head) and one layer's (on CUDA, where the next layer's all-gather may start before the last one is
+freed, two layers') beyond its shards. All-gathers need every rank to call forward the same number of times;
+passes that every rank runs alike (training micro-batches, the reference and old-policy passes) do, sampling does
+not (a rank decodes until its own rows finish, and evaluation samples on rank 0 alone). Sampling and evaluation
+therefore run inside a :class:`Lockstep` block: before each forward call the ranks agree, with one all_reduce,
+whether any of them still has one to make; a rank with none makes a padding call (one token, output discarded)
+until every rank is done. grpokit's engine (``generation.engine: hf``) decodes a sharded model through its own
+forward, never the fused CPU decoder or packed weights, which copy the weights (:mod:`grpokit.kernels.selection`).
 
 Every function here that gathers is collective: all ranks must call it at the same point.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
@@ -93,27 +94,79 @@ def stream_full_parameters(model: torch.nn.Module, names: set[str] | None = None
         yield name, full.detach()
 
 
-@contextlib.contextmanager
-def unsharded(model: torch.nn.Module):
-    """Full parameters in place inside the block, forward calls without collectives; a no-op for an
-    unsharded model. Memory: the whole model per rank while the block is open."""
-    if not is_sharded(model):
-        yield
-        return
-    from torch.distributed.fsdp import FSDPModule
+def flag_device(backend: str, device: torch.device) -> torch.device:
+    """Where a collective's small flag tensor lives for a process group on ``backend`` (``dist.get_backend()``):
+    the CPU when the group has gloo (alone, or "cpu:gloo,cuda:nccl", grpokit's group on CUDA), else ``device`` (an
+    NCCL-only group has no CPU backend)."""
+    return torch.device("cpu") if "gloo" in backend else device
 
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for unit in units:
-        unit.unshard()
-    model.set_reshard_after_forward(False)
-    try:
-        yield
-    finally:
-        model.set_reshard_after_forward(True)
-        # the root keeps its parameters from forward to backward, as fully_shard sets it
-        model.set_reshard_after_forward(False, recurse=False)
-        for unit in units:
-            unit.reshard()
+
+class Lockstep:
+    """A block in which every rank calls a sharded ``model``'s forward the same number of times (collective).
+
+    Each forward call of the root is preceded by one round: every rank adds 1 ("I call forward now") or 0 ("my
+    block is over") to an all_reduce; while the sum is above 0 every rank makes one forward call, a rank with no
+    call of its own a padding one (one token, output discarded). A rank leaving the block (``__exit__``) pads
+    until a round sums to 0: every rank's block is then over. Each unit thus all-gathers its parameters the same
+    number of times on every rank, whatever each rank samples. After the block the root's parameters are freed
+    too. An exception leaves the block without padding (the rank stops; torchrun stops the others).
+
+    ``forwards``: this rank's own forward calls in the block; ``padding``: its padding calls.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        import torch.distributed as dist
+
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.flag_device = flag_device(str(dist.get_backend()), self.device)
+        self.forwards = self.padding = 0
+        self._hook = None
+        self._padding = False
+
+    def __enter__(self) -> Lockstep:
+        # prepend: before FSDP's own pre-forward hook, whose all-gather of the root must come after the round
+        self._hook = self.model.register_forward_pre_hook(self._before_forward, prepend=True)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._hook.remove()
+        if exc_type is not None:
+            return
+        if self._round(0):
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                while True:
+                    self._pad()
+                    if not self._round(0):
+                        break
+            finally:
+                self.model.train(was_training)
+        self.model.reshard()  # the root's parameters (its units resharded after each forward)
+
+    def _before_forward(self, module, args) -> None:
+        if self._padding:
+            return
+        self.forwards += 1
+        self._round(1)
+
+    def _round(self, mine: int) -> int:
+        """How many ranks call forward in this round (all_reduce of each rank's 0 or 1)."""
+        import torch.distributed as dist
+
+        flag = torch.tensor([mine], dtype=torch.int32, device=self.flag_device)
+        dist.all_reduce(flag)
+        return int(flag.item())
+
+    @torch.no_grad()
+    def _pad(self) -> None:
+        self.padding += 1
+        self._padding = True
+        try:
+            self.model(torch.zeros((1, 1), dtype=torch.long, device=self.device))
+        finally:
+            self._padding = False
 
 
 def _options(**kw):

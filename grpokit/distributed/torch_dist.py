@@ -12,6 +12,7 @@ and gloo for the CPU tensors of the trainer's own collectives (:func:`process_gr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -165,11 +166,14 @@ class DistContext(SingleProcess):
         ids = [device.index if device.index is not None else self.local_rank] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
 
-    def unsharded(self, model: torch.nn.Module):
-        """FSDP: every unit gathered once for the block (:func:`grpokit.distributed.fsdp.unsharded`)."""
-        from grpokit.distributed.fsdp import unsharded
+    def lockstep(self, model: torch.nn.Module):
+        """FSDP: ranks call the sharded ``model``'s forward in lockstep (:class:`grpokit.distributed.fsdp.Lockstep`);
+        nothing to do for DDP's bare model or one process (no collective in its forward)."""
+        if not (self.enabled and is_sharded(model)):
+            return contextlib.nullcontext()
+        from grpokit.distributed.fsdp import Lockstep
 
-        return unsharded(model)
+        return Lockstep(model)
 
 
 def init_distributed() -> DistContext:

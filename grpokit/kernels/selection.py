@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpokit.cpu_caps import CpuCaps, cpu_caps
+from grpokit.processes import is_sharded
 
 
 class KernelState:
@@ -117,7 +118,7 @@ class Kernels:
     def decoder(self, model: torch.nn.Module, dtype: torch.dtype, rows: int):
         """A fused decoder (:class:`grpokit.kernels.fused_decoder.FusedDecoder`) for ``model`` computing in
         ``dtype`` for about ``rows`` rows, or None: this run does not fuse, or the model is not supported."""
-        if not self.fused_decoder:
+        if not self.fused_decoder or is_sharded(model):  # it copies the weights: never a sharded model's
             return None
         from grpokit.kernels import fused_decoder
 
@@ -125,7 +126,7 @@ class Kernels:
 
     def sampling_linears(self, model: torch.nn.Module, rows: int, device: torch.device):
         """A block in which ``model``'s Linear layers run on packed weights (see ``packed_linears``), or a no-op."""
-        if not self.packed_linears:
+        if not self.packed_linears or is_sharded(model):  # packing copies the weights: never a sharded model's
             return contextlib.nullcontext()
         from grpokit.kernels import packed_linear
 

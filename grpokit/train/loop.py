@@ -273,9 +273,9 @@ class Loop:
         return log_evaluations(self.run, sets or self.run.eval_sets, self.step, prefix, run_log)
 
     def _evaluate_and_log(self, step: int) -> None:
-        """Rank 0 evaluates; under FSDP every rank joins to gather the weights for it."""
+        """Rank 0 evaluates; under FSDP the other ranks make padding forward calls in lockstep with its own."""
         self.run.rollout_scheduler.settle()  # batches sampled ahead: their threads share the tokenizer and rewards
-        with self.run.procs.unsharded(self.run.model):
+        with self.run.procs.lockstep(self.run.model):
             if self.run.procs.is_main:
                 self.evaluate()
 

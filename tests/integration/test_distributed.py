@@ -266,9 +266,9 @@ def test_rank_0_scores_the_global_batch_and_its_errors_reach_every_rank(tmp_path
     )
 
 
-def test_trainable_state_and_unsharded_on_a_plain_module():
-    from grpokit.distributed.fsdp import is_sharded, unsharded
-    from grpokit.distributed.torch_dist import trainable_state
+def test_trainable_state_and_lockstep_on_a_plain_module():
+    from grpokit.distributed.fsdp import is_sharded
+    from grpokit.distributed.torch_dist import DistContext, trainable_state
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
     model[0].requires_grad_(False)  # frozen: never published to the rollout workers
@@ -276,5 +276,5 @@ def test_trainable_state_and_unsharded_on_a_plain_module():
     assert sorted(state) == ["1.bias", "1.weight"]
     assert torch.equal(state["1.weight"], model[1].weight) and not state["1.weight"].requires_grad
     assert not is_sharded(model)
-    with unsharded(model):  # nothing to gather
+    with DistContext(rank=0, world_size=2).lockstep(model):  # not sharded: no collective, nothing to agree on
         assert model(torch.ones(1, 2)).shape == (1, 1)

@@ -44,7 +44,7 @@ class Sampler(Protocol):
 
 class EngineSampler:
     """This rank's groups sampled by the run's ``engine`` in one call, from its random stream. ``prompts``: the
-    training PromptSource; ``model``: the policy (FSDP gathers it whole for sampling)."""
+    training PromptSource; ``model``: the policy (FSDP: sampled sharded, ranks in lockstep)."""
 
     def __init__(
         self, *, engine, prompts, procs, model, num_generations: int, params: SamplingParams, seed: int
@@ -54,7 +54,7 @@ class EngineSampler:
 
     def sample(self, step: int, batch: list[int], first_group: int) -> Rollouts:
         indices, first = self.procs.shard(batch)
-        with self.procs.unsharded(self.model):  # FSDP: whole weights for sampling, gathered once
+        with self.procs.lockstep(self.model):  # FSDP: every rank makes the same forward calls (padding if done)
             return self._generate(step, indices, first + first_group)
 
     def _generate(self, step: int, indices: list[int], first: int) -> Rollouts:
