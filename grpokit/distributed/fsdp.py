@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.processes import is_sharded
-
 
 def initial_placement(*, strategy: str, world_size: int, rank: int, plain_load: bool) -> torch.device | None:
     """Where a torchrun rank loads the policy before FSDP shards it: rank 0 on the CPU (its shards then move to its

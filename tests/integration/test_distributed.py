@@ -267,8 +267,8 @@ def test_rank_0_scores_the_global_batch_and_its_errors_reach_every_rank(tmp_path
 
 
 def test_trainable_state_and_lockstep_on_a_plain_module():
-    from grpokit.distributed.fsdp import is_sharded
     from grpokit.distributed.torch_dist import DistContext, trainable_state
+    from grpokit.processes import is_sharded
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
     model[0].requires_grad_(False)  # frozen: never published to the rollout workers
