@@ -12,58 +12,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grpokit.distributed.fsdp_probe import GatheredBytes
+
 pytestmark = pytest.mark.slow
 WORLD = 2
 T = 8  # max completion length
 G = 2  # completions per prompt
-
-
-class GatheredBytes:
-    """The peak, over a block, of the full (all-gathered) parameter bytes this rank holds at once: FSDP's
-    ``FSDPParamGroup.unshard``, ``wait_for_unshard`` and ``reshard`` are wrapped to recount the units gathered (or
-    being gathered) after each call."""
-
-    def __init__(self, model):
-        from torch.distributed.fsdp import FSDPModule
-
-        self.sizes = {}  # unit name ("" for the root): its full parameter bytes
-        self.groups = {}
-        for name, module in model.named_modules():
-            if isinstance(module, FSDPModule):
-                group = module._get_fsdp_state()._fsdp_param_group
-                self.groups[name] = group
-                # float32 here (no mixed precision): gathered in the shards' dtype
-                self.sizes[name] = sum(p._orig_size.numel() * p.sharded_param.dtype.itemsize for p in group.fsdp_params)
-        self.peak = self.at_start = None
-
-    def live(self) -> int:
-        return sum(
-            self.sizes[name] for name, g in self.groups.items() if g.is_unsharded or g._all_gather_result is not None
-        )
-
-    def _note(self) -> None:
-        self.peak = max(self.peak, self.live())
-
-    def __enter__(self):
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-
-        self.originals = {n: getattr(FSDPParamGroup, n) for n in ("unshard", "wait_for_unshard", "reshard")}
-        for name, original in self.originals.items():
-
-            def wrapped(group, *args, _original=original, **kw):
-                out = _original(group, *args, **kw)
-                self._note()
-                return out
-
-            setattr(FSDPParamGroup, name, wrapped)
-        self.at_start = self.peak = self.live()
-        return self
-
-    def __exit__(self, *exc):
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-
-        for name, original in self.originals.items():
-            setattr(FSDPParamGroup, name, original)
 
 
 def sample(engine, prompts, seeds, params):
