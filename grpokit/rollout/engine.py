@@ -11,7 +11,9 @@ prepared once per call, four matmuls per layer). Other HF models decode through 
 with ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the whole generation runs in one
 autocast region, so each weight is cast once per call rather than once per decoded token; in
 float32 on CPU their Linear weights are packed once per call for oneDNN instead, which the few-row
-matmuls of decoding run faster on.
+matmuls of decoding run faster on. An FSDP-sharded model (torchrun, ``strategy: fsdp``) always decodes through its
+own forward, neither fused nor packed (both copy the weights); the caller's ``procs.lockstep`` block keeps the
+ranks' forward calls in step (:class:`grpokit.distributed.fsdp.Lockstep`).
 
 Custom models (``forward(input_ids) -> logits``): no cache and no attention mask are assumed, so
 each group (whose G rows share one prompt length, hence need no padding) is decoded with full

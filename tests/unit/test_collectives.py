@@ -96,3 +96,14 @@ def test_a_cpu_rank_joins_with_gloo(monkeypatch):
     monkeypatch.setattr(torch_dist.dist, "init_process_group", lambda **kw: calls.update(kw))
     torch_dist.init_distributed()
     assert calls == {"backend": "gloo", "device_id": None}
+
+
+def test_lockstep_flag_lives_where_the_group_serves_it():
+    # Lockstep's all_reduce flag (grpokit/distributed/fsdp.py): the CPU wherever the group has gloo, so grpokit's
+    # "cpu:gloo,cuda:nccl" group runs it on gloo; the model's GPU for an NCCL-only group, which serves no CPU tensor
+    from grpokit.distributed.fsdp import flag_device
+
+    gpu = torch.device("cuda", 1)
+    assert flag_device(process_group_backend(True), gpu) == torch.device("cpu")
+    assert flag_device(process_group_backend(False), torch.device("cpu")) == torch.device("cpu")
+    assert flag_device("nccl", gpu) == gpu
