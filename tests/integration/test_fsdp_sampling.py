@@ -5,6 +5,7 @@ lockstep (a rank whose rows are done pads). Before, every rank gathered the whol
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -54,6 +55,14 @@ def rank_main(rank: int, model_dir: str, init_file: str, results) -> None:
         procs = DistContext(rank=rank, world_size=WORLD)
         model = procs.wrap(load_model(model_dir, torch.float32, cpu), cpu, "fsdp")
         engine = HFRolloutEngine(model, eos, 0, cpu)
+        # the fast paths that copy the weights are turned on, yet a sharded model gets neither (the fused decoder is
+        # also refused by its own checks: this half holds without the is_sharded guard in kernels/selection.py)
+        fast = dataclasses.replace(engine.kernels, fused_decoder=True, packed_linears=True)
+        copies = (
+            fast.decoder(plain, torch.float32, 4) is not None,  # the unsharded Llama would be fused
+            fast.decoder(model, torch.float32, 4),
+            type(fast.sampling_linears(model, 4, cpu)).__name__,
+        )
         with GatheredBytes(model) as gathered:
             with procs.lockstep(model) as lockstep:
                 got = sample(engine, prompts, seeds, params)
@@ -75,6 +84,7 @@ def rank_main(rank: int, model_dir: str, init_file: str, results) -> None:
             gathered.at_start,
             gathered.peak,
             after,
+            copies,
         )
         results.put(pickle.dumps(values))  # bytes: torch's queue would share tensors that die with this process
     except Exception as exc:
@@ -107,7 +117,8 @@ def test_sharded_sampling_in_lockstep_matches_the_unsharded_model_and_never_gath
         p.join(timeout=300)
     assert all(len(v) > 1 for v in out.values()), out
     for rank in range(WORLD):
-        expected, got, *_, sizes, at_start, peak, after = out[rank]
+        expected, got, *_, sizes, at_start, peak, after, copies = out[rank]
+        assert copies == (True, None, "nullcontext")  # no fused decoder, no packed weights on the sharded model
         # (a) the same completions as the unsharded model (same seeds), though the ranks decode different lengths
         assert torch.equal(got[0], expected[0]), rank
         assert torch.equal(got[2], expected[2]), rank
