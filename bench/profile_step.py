@@ -211,7 +211,7 @@ def main() -> None:
         trainer = trainer_for(workdir, a.shape, a.dtype, Path(tmp) / "run")
         dtype, shapes = trainer.autocast_dtype or torch.float32, peak_shapes(trainer.model.config, a.shape)
         before = matmul_peak(shapes, dtype)
-        step_fn, result = trainer._train_step, {}
+        step_fn, result = trainer.loop._train_step, {}
 
         def profiled_step(step):  # the first step warms up; the second runs under the profiler
             if "warm" not in result:
@@ -224,7 +224,7 @@ def main() -> None:
             result["prof"] = prof
             return result["metrics"]
 
-        trainer._train_step = profiled_step
+        trainer.loop._train_step = profiled_step
         trainer.train()
         prof, metrics, step = result["prof"], result["metrics"], result["seconds"]
     print(f"shape {a.shape}, compute dtype {dtype}, {a.threads} threads: step {step:.1f} s under the profiler")

@@ -86,14 +86,14 @@ def demo_step(isolate: bool, steps: int) -> tuple[float, float]:
         )
         trainer = GRPOTrainer(args=cfg)
         times = []
-        original = trainer._train_step
+        original = trainer.loop._train_step
 
         def timed(step):
             metrics = original(step)
             times.append((metrics["time/reward"], metrics["step_time"]))
             return metrics
 
-        trainer._train_step = timed
+        trainer.loop._train_step = timed
         trainer.train()
     rewards, totals = zip(*times[1:] or times)  # the first step pays for start-up
     return 1000 * statistics.mean(rewards), 1000 * statistics.mean(totals)

@@ -438,7 +438,7 @@ def run_grpokit(
         tokenizer=load_tokenizer(workdir),
     )
     records = []
-    step_fn = trainer._train_step
+    step_fn = trainer.loop._train_step
 
     def timed_step(step):
         t, faults = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -461,7 +461,7 @@ def run_grpokit(
         )
         return m
 
-    trainer._train_step = timed_step
+    trainer.loop._train_step = timed_step
     marks: list = []  # (step, phase, "start"/"end", RSS MB now, peak RSS MB so far), the last step's kept
     heap = HeapPeaks()
     sample_phases(trainer, marks, records, heap)

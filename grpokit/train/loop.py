@@ -57,8 +57,9 @@ class Loop:
     """Runs a built Run (``run``: :class:`grpokit.build.Run`): :meth:`train` to max_steps, :meth:`evaluate` on
     demand. Holds the run's progress (``step``, ``stop_reason``) and, while training, its run folder."""
 
-    def __init__(self, run):
+    def __init__(self, run, evaluate=None):
         self.run, self.spec = run, run.spec
+        self._evaluate_in_training = evaluate or self.evaluate  # a wrapper's evaluate() (GRPOTrainer's, overridable)
         self.step = 0
         self.stop_reason: str | None = None
         self.run_dir_spec = run.run_dir_spec
@@ -277,7 +278,7 @@ class Loop:
         self.run.rollout_scheduler.settle()  # batches sampled ahead: their threads share the tokenizer and rewards
         with self.run.procs.lockstep(self.run.model):
             if self.run.procs.is_main:
-                self.evaluate()
+                self._evaluate_in_training()
 
     def _save_checkpoint(self) -> None:
         """Rank 0 writes (after flushing the store and metrics.jsonl to disk, which the checkpoint records); under FSDP

@@ -82,7 +82,7 @@ class GRPOTrainer:
         )
         self.args = self.run.config  # the user's GRPOConfig (max_steps resolved), as TRL's trainer.args
         self.eval_dataset = eval_dataset if eval_dataset is not None else self.run.spec.eval_dataset
-        self.loop = Loop(self.run)
+        self.loop = Loop(self.run, evaluate=lambda: self.evaluate())  # in training too: an override of it runs
         self.run.callbacks.event("on_init_end")
 
     def __getattr__(self, name: str):

@@ -24,10 +24,12 @@ steps (grpokit's learner does that division itself, outside ``policy_loss``).
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 import torch
 
-from grpokit.algos import LossSpec, high_entropy_mask, policy_loss
+from grpokit.algos import LossSpec, get_loss, high_entropy_mask, policy_loss
 from grpokit.modeling import load_model
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
@@ -155,6 +157,9 @@ def set_trl_loss(trainer, loss_type, level, corrected, settings=None):
 
 def our_spec(loss_type, level, corrected, settings=None, **more) -> LossSpec:
     settings = dict(settings or {})
+    own = get_loss(loss_type).params  # sapo's and vespo's settings are their loss's own parameters
+    own_names = {f.name for f in fields(own)} if own is not None else set()
+    params = get_loss(loss_type).make_params({k: settings.pop(k) for k in own_names & set(settings)})
     return LossSpec(
         loss_type=loss_type,
         epsilon=0.2,
@@ -163,6 +168,7 @@ def our_spec(loss_type, level, corrected, settings=None, **more) -> LossSpec:
         use_bias_correction_kl=corrected,
         importance_sampling_level=level,
         max_completion_length=T,
+        params=params,
         **settings,
         **more,
     )
