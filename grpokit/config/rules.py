@@ -237,7 +237,7 @@ def distributed(cfg: GRPOConfig) -> None:
 
 
 def vllm(cfg: GRPOConfig) -> None:
-    """Settings engine: vllm cannot run with (the CUDA and package checks are the trainer's, at start)."""
+    """Settings engine: vllm cannot run with (the package and device checks are the trainer's, at start)."""
     g = cfg.generation
     fix = "or set generation.engine: hf"
     check(
@@ -246,9 +246,9 @@ def vllm(cfg: GRPOConfig) -> None:
         f"{cfg.distributed.backend} (set backend: none, {fix}).",
     )
     check(
-        cfg.model.device == "auto" or cfg.model.device.startswith("cuda"),
-        f"generation.engine: vllm runs on CUDA, but model.device={cfg.model.device!r}; set device: auto or cuda, "
-        f"{fix}.",
+        cfg.model.device in ("auto", "cpu") or cfg.model.device.startswith("cuda"),
+        f"generation.engine: vllm runs on CUDA or, with vLLM's CPU build, the CPU, but model.device="
+        f"{cfg.model.device!r}; set device: auto, cuda or cpu, {fix}.",
     )
     check(
         not cfg.model.load_in_4bit,
@@ -264,6 +264,10 @@ def vllm(cfg: GRPOConfig) -> None:
         g.vllm_max_model_length is None or g.vllm_max_model_length > g.max_completion_length,
         f"vllm_max_model_length={g.vllm_max_model_length} leaves no room for a prompt: it must exceed "
         f"max_completion_length={g.max_completion_length} (or be null).",
+    )
+    check(
+        g.vllm_kv_cache_gib is None or g.vllm_kv_cache_gib > 0,
+        f"vllm_kv_cache_gib={g.vllm_kv_cache_gib} must be > 0 (GiB of KV cache, e.g. 1), or null.",
     )
     check(
         g.vllm_importance_sampling_cap >= 1,

@@ -61,6 +61,7 @@ CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "mixed_precision": ("auto", "bf16", "fp16", "no"),
     "ref_model_dtype": ("auto", "bfloat16"),
+    "vllm_dtype": ("auto", "float32", "bfloat16", "float16"),
     "optimizer": trl_keys.OPTIMIZERS,
     "scale_rewards": SCALE_REWARDS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grpokit.rollout.vllm_settings import VLLMSpec  # vLLM's settings, beside the functions that read them
+
 
 @dataclass(frozen=True)
 class EngineParts:
@@ -35,19 +37,6 @@ class EngineParts:
     autocast_dtype: Any = None
     kernels: Any = None
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class VLLMSpec:
-    """vLLM's own settings: where it loads the model from (``source``: the policy's folder or hub id; None: a
-    loaded module, whose config it is built from), ``gpu_memory_utilization``, ``max_model_len`` (None: the
-    model's), ``enable_sleep_mode`` and ``trust_remote_code``."""
-
-    source: str | None = None
-    gpu_memory_utilization: float = 0.3
-    max_model_len: int | None = None
-    enable_sleep_mode: bool = True
-    trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,16 +110,7 @@ def _vllm(parts: EngineParts, spec: VLLMSpec):
             "generation.engine: hf."
         )
     return VLLMRolloutEngine(
-        parts.model,
-        parts.eos_token_ids,
-        parts.pad_token_id,
-        source=spec.source,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        max_model_len=spec.max_model_len,
-        enable_sleep_mode=spec.enable_sleep_mode,
-        seed=parts.seed,
-        trust_remote_code=spec.trust_remote_code,
-        dtype=parts.autocast_dtype,  # float32 master weights sample in the compute dtype
+        parts.model, parts.eos_token_ids, parts.pad_token_id, spec, seed=parts.seed, learner_dtype=parts.autocast_dtype
     )
 
 

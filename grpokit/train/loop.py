@@ -146,8 +146,10 @@ class Loop:
             self.run_log.step(step, metrics.records, metrics.values)
             everyone = sampled.global_rewards  # every process's rewards
             tied = run.ties.step(step, everyone.names, everyone.per_func, everyone.combined)
-            if tied:
-                self.run_log.warn(tied)
+            gap = getattr(run.engine, "sync_gap_warning", lambda *a: None)(step, metrics.values)  # vLLM's weights
+            for warning in (tied, gap):
+                if warning:
+                    self.run_log.warn(warning)
         return metrics.values
 
     def _learn(self, rollouts, rewards: torch.Tensor, beta: float, clock: PhaseClock) -> tuple[torch.Tensor, dict]:

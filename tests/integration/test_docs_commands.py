@@ -49,6 +49,7 @@ NOT_RUNNABLE = {
         "needs a CUDA GPU (without one it refuses: tests/integration/test_gpu_check.py); its --dry-run runs here"
     ),
     "make test-fast": "is this test suite without the slow tests",
+    "make test-vllm": "builds .venv-vllm (vLLM's CPU build, ~1.5 min, 3.5 GB) and runs tests/real_vllm; CI runs it",
     "make bench": "the benchmark: installs packages and runs ~30 min",
     "python bench/vs_trl.py": "the benchmark: ~30 min",
     "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",

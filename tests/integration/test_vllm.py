@@ -1,5 +1,6 @@
 """generation.engine: vllm with the real vLLM on a tiny saved model. Needs a CUDA GPU and `pip install vllm`;
-skipped elsewhere (the pure parts and the error messages are tested in tests/unit/test_vllm_engine.py)."""
+skipped elsewhere (the pure parts and the error messages are tested in tests/unit/test_vllm_engine.py and
+test_vllm_settings.py; vLLM's CPU build runs the engine in tests/real_vllm, `make test-vllm`)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,10 @@ def prompts():
 
 
 def test_vllm_rollouts_match_the_learner_and_follow_weight_updates(tmp_path, model_dir):
-    trainer = GRPOTrainer(str(model_dir), TARGET_REWARD, args=args(tmp_path), train_dataset=prompts())
+    # vllm_dtype float32: on a GPU vLLM runs in bf16 by default, whatever the learner's dtype
+    trainer = GRPOTrainer(
+        str(model_dir), TARGET_REWARD, args=args(tmp_path, vllm_dtype="float32"), train_dataset=prompts()
+    )
     engine, policy = trainer.engine, trainer.model
     params = SamplingParams(8, temperature=1.0)
 

