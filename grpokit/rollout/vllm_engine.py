@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import weakref
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -176,6 +177,7 @@ class VLLMRolloutEngine:
 
     takes_group_seeds = True  # generate() seeds each group itself (see grpokit.rollout.seeding)
     takes_raw_prompts = False
+    _live: weakref.ref | None = None  # the process's engine: one vLLM at a time (see close)
 
     def __init__(
         self,
@@ -222,7 +224,11 @@ class VLLMRolloutEngine:
         self.llm_kwargs = vllm_llm_kwargs(
             spec, platform=self.platform, dtype=self.dtype, max_model_len=max_len, sleep_mode=self.sleep_mode, seed=seed
         )
+        previous = VLLMRolloutEngine._live() if VLLMRolloutEngine._live is not None else None
+        if previous is not None:  # an earlier trainer's engine: its groups would be torn down under this one's
+            previous.close()
         self.llm = LLM(model=source, load_format=load_format, **self.llm_kwargs)
+        VLLMRolloutEngine._live = weakref.ref(self)
         self._sleep()
 
     def generate(
@@ -258,6 +264,15 @@ class VLLMRolloutEngine:
         self._gap_warned = message is not None
         return message
 
+    def close(self) -> None:
+        """Shut vLLM down now: its engine and this process's torch.distributed groups. vLLM freezes the objects
+        alive at its start (gc.freeze), so an engine dropped with its trainer may be collected much later, and
+        its finalizer would then tear down the groups of a newer engine: building an engine closes the
+        previous one."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            shutdown_llm(llm)
+
     def _wake(self) -> None:
         if self.sleep_mode:
             torch.cuda.empty_cache()  # hand the learner's cached blocks back before vLLM maps its memory
@@ -282,11 +297,22 @@ def _device_type(policy: torch.nn.Module) -> str:
     return next(policy.parameters()).device.type
 
 
+def shutdown_llm(llm) -> None:
+    """Shut a colocated ``vllm.LLM`` down now (its engine core, once: the finalizer is detached), not when the
+    garbage collector gets to it."""
+    llm.llm_engine.engine_core.shutdown()
+
+
+_OWN_PORT: list[str] = []  # the MASTER_PORT single_process_env chose (a user's own is kept)
+
+
 def single_process_env() -> None:
-    """The torch.distributed variables vLLM's external launcher reads, for a one-process world."""
+    """The torch.distributed variables vLLM's external launcher reads, for a one-process world; a fresh free
+    port for each engine unless the user set MASTER_PORT."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
+    if "MASTER_PORT" not in os.environ or os.environ["MASTER_PORT"] in _OWN_PORT:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        _OWN_PORT[:] = [os.environ["MASTER_PORT"]]

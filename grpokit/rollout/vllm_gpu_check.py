@@ -49,12 +49,15 @@ def _build_llm(folder: str, device: str, dtype: str, sleep_mode: bool = False):
 
 
 def _with_llm(folder: str, device: str, dtype: str, use, sleep_mode: bool = False):
-    """``use(llm)`` on a fresh vLLM, which is gone before this returns: its destructor tears down the process
-    groups, so it must not outlive the next one's construction."""
+    """``use(llm)`` on a fresh vLLM, shut down before this returns: its finalizer tears down the process groups,
+    so it must not outlive the next one's construction."""
+    from grpokit.rollout.vllm_engine import shutdown_llm
+
     llm = _build_llm(folder, device, dtype, sleep_mode)
     try:
         return use(llm)
     finally:
+        shutdown_llm(llm)
         del llm
         gc.collect()
         if torch.cuda.is_available():

@@ -76,6 +76,7 @@ def test_the_engine_asks_for_bf16_on_a_mocked_gpu_for_a_float32_learner(monkeypa
     from grpokit.rollout import vllm_engine
 
     monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "cuda")
+    monkeypatch.setattr(VLLMRolloutEngine, "_live", None)  # no earlier engine to close; this fake one is not kept
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     model, _ = build_tiny_causal_lm(hidden_size=16, num_layers=1, num_heads=2)
