@@ -26,10 +26,15 @@ demo: $(VENV)/.demo
 
 # Two pytest-xdist workers: the fault, integration and end-to-end tests a file per worker at a time, then those
 # marked alone (they stop or join any Ray cluster on the machine) one at a time, then the unit tests.
+# Every stage runs even when an earlier one failed; the failed stages are named at the end, and make fails.
 test: $(VENV)/.test verl-oracle chromium bubblewrap
-	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadfile -m "not alone" tests/faults tests/integration
-	$(BIN)/python -m pytest -q -m alone tests/faults tests/integration
-	$(BIN)/python -m pytest -q --durations=5 -n 2 tests/unit
+	@failed=""; \
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadfile -m "not alone" tests/faults tests/integration \
+	  || failed="$$failed integration"; \
+	$(BIN)/python -m pytest -q -m alone tests/faults tests/integration || failed="$$failed alone"; \
+	$(BIN)/python -m pytest -q --durations=5 -n 2 tests/unit || failed="$$failed unit"; \
+	if [ -n "$$failed" ]; then echo "make test: failed stage(s):$$failed (each stage's failures are listed above)"; \
+	  exit 1; fi
 
 # verl's own PPO code, the reference of tests/unit/test_ppo_vs_verl.py: pinned in tests/verl_oracle/requirements.txt,
 # installed without dependencies into a folder of its own (its pins conflict with the test environment's) and

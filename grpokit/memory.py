@@ -61,6 +61,7 @@ from grpokit.kernels.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
 from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
 from grpokit.kernels.lean_mlp import MODEL_TYPES as LEAN_MLP_TYPES
 from grpokit.kernels.linear_storage import untied_linears
+from grpokit.lora_targets import adapts_any
 from grpokit.modeling import lora_config, model_config
 from grpokit.trl.keys import EIGHT_BIT_OPTIMIZERS
 
@@ -236,9 +237,8 @@ def lean_mlp_applies(cfg: GRPOConfig, config) -> bool:
     """Whether the learner's float32 passes run ``config``'s MLPs through the lean MLP (``kernels/lean_mlp.py``):
     a Llama-family model whose MLP Linears are plain (no LoRA on them, not 4-bit), without activation
     checkpointing."""
-    targets = cfg.lora.target_modules
-    lora_on_mlp = cfg.lora.r > 0 and (
-        isinstance(targets, str) or any(name in targets for name in ("gate_proj", "up_proj", "down_proj"))
+    lora_on_mlp = cfg.lora.r > 0 and adapts_any(
+        cfg.lora.target_modules, getattr(config, "model_type", None), ("gate_proj", "up_proj", "down_proj")
     )
     return (
         getattr(config, "model_type", None) in LEAN_MLP_TYPES

@@ -65,6 +65,22 @@ def learner_spec(args: GRPOConfig, backward_chunk_rows: int | None = None) -> Le
         reference_in_bf16=args.ref_model_dtype == "bfloat16",
         top_entropy_quantile=args.top_entropy_quantile,
         backward_chunk_rows=backward_chunk_rows or args.backward_chunk_rows,
+        terms=loss_terms_spec(args),
+    )
+
+
+def loss_terms_spec(args: GRPOConfig):
+    """The entropy bonus and router loss settings (:class:`grpokit.train.learning.loss_terms.LossTerms`)."""
+    from grpokit.train.learning.loss_terms import LossTermsSpec
+
+    return LossTermsSpec(
+        entropy_coef=args.entropy_coef,
+        use_adaptive_entropy=args.use_adaptive_entropy,
+        entropy_target=args.entropy_target,
+        entropy_coef_delta=args.entropy_coef_delta,
+        entropy_coef_min=args.entropy_coef_min,
+        entropy_coef_max=args.entropy_coef_max,
+        router_aux_loss_coef=args.router_aux_loss_coef,
     )
 
 
@@ -218,7 +234,7 @@ def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
         dtype=args.dtype,
         seed=args.seed,
         algorithm=args.algorithm,
-        algo=dataclasses.replace(args.algo),
+        algo=gdpo_algo(args.algo),
         num_generations=args.num_generations,
         max_steps=args.max_steps,
         completions_per_step=args.completions_per_step(world_size),
@@ -237,3 +253,12 @@ def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
             revision=args.hub_revision,
         ),
     )
+
+
+def gdpo_algo(algo):
+    """The algorithm section the loop reads; under normalize_then_sum (TRL's GDPO) the group advantage of the
+    summed normalised rewards is scaled by the batch's std: each group's mean is already 0, so that is TRL's
+    (x - mean(x)) / (std(x) + 1e-4) over the batch (``algos.multi_objective``)."""
+    if algo.multi_objective_aggregation == "normalize_then_sum":
+        return dataclasses.replace(algo, scale_rewards="batch")
+    return dataclasses.replace(algo)

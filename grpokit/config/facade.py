@@ -168,7 +168,11 @@ class GRPOConfig:
                 "sampling_is_mode": self.off_policy_is_mode,
                 "sampling_is_min": self.off_policy_is_min,
             }
-        return {"sampling_cap": self.vllm_importance_sampling_cap}
+        return {  # TRL's vllm_importance_sampling_mode, clip_min and clip_max (= vllm_importance_sampling_cap)
+            "sampling_cap": self.vllm_importance_sampling_cap,
+            "sampling_is_mode": self.vllm_importance_sampling_mode,
+            "sampling_is_min": self.vllm_importance_sampling_clip_min,
+        }
 
     # ---- validation ----------------------------------------------------------------------
     def validate(self, world_size: int = 1) -> None:

@@ -274,3 +274,19 @@ def vllm(cfg: GRPOConfig) -> None:
         f"vllm_importance_sampling_cap={g.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at it; "
         "1 never up-weights a token).",
     )
+    modes = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+    check(
+        g.vllm_importance_sampling_mode in modes,
+        f"vllm_importance_sampling_mode={g.vllm_importance_sampling_mode!r}: valid choices are {', '.join(modes)}.",
+    )
+    low = g.vllm_importance_sampling_clip_min
+    check(
+        low is None or 0 <= low <= g.vllm_importance_sampling_cap,
+        f"vllm_importance_sampling_clip_min={low} must be in [0, vllm_importance_sampling_cap="
+        f"{g.vllm_importance_sampling_cap}] (or null for no lower bound).",
+    )
+    check(
+        cfg.algo.loss_type != "vespo" or g.vllm_importance_sampling_mode.startswith("token"),
+        f"loss_type: vespo weighs each token by the sampler itself and needs vllm_importance_sampling_mode "
+        f"token_truncate or token_mask, not {g.vllm_importance_sampling_mode} (as TRL).",
+    )

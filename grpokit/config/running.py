@@ -69,7 +69,7 @@ class LoraConfig:
     dropout: float = 0.0
     """LoRA dropout."""
     target_modules: Any = "all-linear"
-    """Module names (list) or all-linear."""
+    """Module names (list), all-linear, or null (peft's default for the architecture: q_proj, v_proj on Llama)."""
     merge_on_save: bool = False
     """Also save merged full weights at the end."""
 

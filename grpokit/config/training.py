@@ -125,6 +125,23 @@ class AlgoConfig:
     top_entropy_quantile: float = 1.0
     """rho in (0, 1]: the policy term only on each micro-batch's top-rho tokens by entropy ("Beyond the 80/20 Rule"
     uses 0.2); 1 = every token."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the objective is the policy loss - entropy_coef x the mean entropy of the tokens it acts on
+    (TRL's; the starting value under use_adaptive_entropy); 0 = off."""
+    use_adaptive_entropy: bool = False
+    """Skywork-OR1's adaptive entropy control: the bonus applies while the last step's entropy <= entropy_target, and
+    entropy_coef moves by entropy_coef_delta each optimizer step (up while below the target, else down)."""
+    entropy_target: float = 0.2
+    """use_adaptive_entropy: the mean token entropy to hold."""
+    entropy_coef_delta: float = 0.005
+    """use_adaptive_entropy: entropy_coef's change per optimizer step."""
+    entropy_coef_min: float = 0.0
+    """use_adaptive_entropy: entropy_coef's lower bound."""
+    entropy_coef_max: float = 1.0
+    """use_adaptive_entropy: entropy_coef's upper bound."""
+    router_aux_loss_coef: float | None = None
+    """Mixture-of-experts models: weight of the routers' load-balancing loss added to the objective; null = the model
+    config's own router_aux_loss_coef (on for an MoE model that declares one, as in TRL)."""
     off_policy_mask_threshold: float | None = None
     """Drop from the policy term each sequence with a negative advantage whose mean log(mu / pi) since sampling
     exceeds this (DeepSeek-V3.2's off-policy sequence mask, e.g. 0.5); null = off."""
@@ -142,6 +159,9 @@ class AlgoConfig:
     """decoupled_ppo: upper bound of the weight's range; null = none."""
     scale_rewards: str = "group"
     """Advantage scaling: group | batch | none (Dr. GRPO)."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """Several reward functions: sum_then_normalize (weighted sum, then the group advantage) | normalize_then_sum
+    (TRL's GDPO: each function normalised in its group, weighted sum, then normalised over the batch)."""
     advantage_estimator: str = "grpo"
     """grpo | rloo | reinforce_pp, or one registered in algos/estimators.py by a module of `imports`."""
     importance_sampling_level: str = "token"
@@ -216,7 +236,13 @@ class GenerationConfig:
     """engine vllm: weight each token's policy-gradient term by min(exp(logp_learner - logp_vllm), cap) (truncated
     importance sampling)."""
     vllm_importance_sampling_cap: float = 3.0
-    """engine vllm: cap C of the truncated importance weight (>= 1)."""
+    """engine vllm: cap C of the truncated importance weight (>= 1); TRL's vllm_importance_sampling_clip_max."""
+    vllm_importance_sampling_mode: str = "token_truncate"
+    """engine vllm: token_truncate (each token's weight clamped to [clip_min, cap]) | token_mask (a token whose weight
+    is outside them gets 0) | sequence_truncate | sequence_mask (one weight per sequence, exp of its summed
+    log-ratios; TRL's default)."""
+    vllm_importance_sampling_clip_min: float | None = None
+    """engine vllm: lower bound of the importance weight (a floor in *_truncate, a cut in *_mask); null = none."""
 
 
 @dataclass

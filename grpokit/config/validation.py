@@ -88,6 +88,21 @@ def _algo(a: AlgoConfig) -> None:
         (low is None or low >= 0) and (high is None or high > 0) and (low is None or high is None or low < high),
         f"off_policy_is_min={low}, off_policy_is_max={high}: need 0 <= min < max (null: unbounded on that side).",
     )
+    check(
+        a.multi_objective_aggregation in ("sum_then_normalize", "normalize_then_sum"),
+        f"multi_objective_aggregation={a.multi_objective_aggregation!r}: valid choices are sum_then_normalize, "
+        "normalize_then_sum.",
+    )
+    check(
+        a.multi_objective_aggregation == "sum_then_normalize" or a.advantage_estimator == "grpo",
+        f"multi_objective_aggregation: normalize_then_sum normalises over the batch itself (TRL's GDPO); it "
+        f"cannot be combined with advantage_estimator: {a.advantage_estimator}. Set advantage_estimator: grpo.",
+    )
+    check(
+        a.entropy_coef_min <= a.entropy_coef_max and a.entropy_coef_delta >= 0,
+        f"entropy_coef_min={a.entropy_coef_min}, entropy_coef_max={a.entropy_coef_max}, entropy_coef_delta="
+        f"{a.entropy_coef_delta}: the bounds must be in order (min <= max) and the step >= 0.",
+    )
 
 
 def _generation(g: GenerationConfig) -> None:

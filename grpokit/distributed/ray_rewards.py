@@ -104,6 +104,7 @@ class RayRewardPool:
         refs = [self.actors[c].score.remote(payload(r), r.stop - r.start, timeout) for c, r in enumerate(rows)]
         deadline = time.monotonic() + timeout + self.grace
         outcomes: Outcomes = [[] for _ in self.functions]
+        replaced = []
         for c, (r, ref) in enumerate(zip(rows, refs)):
             replace = False
             try:
@@ -121,6 +122,9 @@ class RayRewardPool:
                 # A new actor in a new process; the abandoned call ends with the old one.
                 ray.kill(self.actors[c], no_restart=True)
                 self.actors[c] = self._actor.remote(self._functions_ref)
+                replaced.append(self.actors[c])
+        # started before the next batch, whose deadline is then its own (as _start's), not the new process's start
+        ray.get([actor.ready.remote() for actor in replaced])
         return outcomes
 
     def close(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from grpokit.algos.multi_objective import normalize_then_sum
 from grpokit.algos.names import BETA, KL
 from grpokit.algos.registry import AdvantageInputs
 from grpokit.hub import HubSpec
@@ -136,7 +137,10 @@ class Loop:
         beta = learner.kl_controller.beta  # the KL coefficient of this step
         advantages, update = torch.empty(0), {}  # no informative group at all: no update
         if trained.completion_ids.size(0):
-            advantages, update = self._learn(trained, sampled.trained_rewards, beta, clock)
+            rewards = sampled.trained_rewards
+            if run.spec.algo.multi_objective_aggregation == "normalize_then_sum":  # TRL's GDPO (algos/multi_objective)
+                rewards = normalize_then_sum(sampled.trained_per_func, run.rewards.weights, run.spec.num_generations)
+            advantages, update = self._learn(trained, rewards, beta, clock)
         if KL in update:  # the adaptive controller moves beta after each step (Ziegler et al.: n_steps = N)
             learner.kl_controller.update(update[KL], n_steps=advantages.numel() * procs.world_size)
         update = {BETA: beta, **update, **sampled.metrics}

@@ -253,7 +253,7 @@ NONE_KEEPS_DEFAULT = (
 )
 
 # Unused keys named even at TRL's default, because grpokit does something else there.
-ALWAYS_NAMED = ("vllm_importance_sampling_mode",)
+ALWAYS_NAMED: tuple[str, ...] = ()
 
 # TRL keys grpokit acts on without a field of that name (handled in from_trl).
 TRANSLATED = (

@@ -92,6 +92,8 @@ class GRPOTrainer:
             return getattr(self.__dict__["run"], name)
         if name in _LOOP_PARTS and "loop" in self.__dict__:
             return getattr(self.__dict__["loop"], name)
+        if name in ("entropy_coef", "aux_loss_enabled") and "run" in self.__dict__:  # TRL's, the loss terms' own
+            return getattr(self.__dict__["run"].learner.terms, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property

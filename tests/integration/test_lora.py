@@ -120,3 +120,46 @@ def test_load_in_4bit_needs_lora_and_a_path(tmp_path, tiny_model_dir, word_promp
             args=lora_args(tmp_path, load_in_4bit=True),
             train_dataset=word_prompts,
         )
+
+
+def _default_target_adapters(model) -> set[str]:
+    """The module kinds under trainable adapters (q_proj, v_proj ...)."""
+    return {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_peft_config_without_target_modules_trains_peft_defaults(tmp_path, tiny_model_dir, word_prompts):
+    """A LoraConfig with target_modules None (peft picks per architecture: q_proj and v_proj on Llama) trains; it
+    crashed GRPOTrainer(...) in the memory estimate's lean-MLP rule."""
+    from peft import LoraConfig
+
+    trainer = GRPOTrainer(
+        str(tiny_model_dir),
+        target_reward,
+        args=lora_args(tmp_path, lora={"r": 0}, beta=0.0, max_steps=1),
+        train_dataset=word_prompts,
+        peft_config=LoraConfig(r=4, lora_alpha=8),
+    )
+    assert trainer.args.lora.target_modules is None
+    assert _default_target_adapters(trainer.model) == {"q_proj", "v_proj"}
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert (tmp_path / "run" / "final" / "adapter_config.json").exists()
+
+
+def test_yaml_lora_target_modules_null_trains_peft_defaults(tmp_path, tiny_model_dir, word_prompts, capsys):
+    import json
+
+    from grpokit.cli import main
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in word_prompts))
+    (tmp_path / "c.yaml").write_text(
+        f"model: {{model_name_or_path: {tiny_model_dir}}}\ndata: {{train_dataset: {data}}}\n"
+        f"rewards: ['{__file__.rsplit('/', 1)[0]}/rewards_for_tests.py:target_fraction']\n"
+        "lora: {r: 4, alpha: 8, target_modules: null}\nnum_generations: 4\nmax_completion_length: 5\n"
+        "per_device_train_batch_size: 8\nmax_steps: 1\nsave_steps: 0\nprogress_bar: false\nreport_to: [jsonl]\n"
+    )
+    code = main(["train", str(tmp_path / "c.yaml"), f"output_dir={tmp_path / 'run'}"])
+    assert code == 0, capsys.readouterr().err
+    adapter = json.loads((tmp_path / "run" / "final" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]

@@ -23,6 +23,12 @@ ray = pytest.importorskip("ray", reason="Ray tests need the ray extra: pip insta
 pytestmark = pytest.mark.ray
 
 
+# The reward timeout of the tests that expect no timeout. A worker's first call runs after its Ray process has started
+# and unpickled the functions (torch, math-verify ...), and a worker that dies is restarted within the same deadline
+# (timeout + the pool's grace): over 10 s (the default) on a loaded 2-core machine. A deadlock guard, not a measure.
+NO_TIMEOUT = 300.0
+
+
 def ray_pool(workers: int, worker_cpus: float = 1.0):
     """What the trainer passes as the runner's pool with num_reward_workers > 0."""
     return functools.partial(RayRewardPool, workers=workers, worker_cpus=worker_cpus)
@@ -128,7 +134,7 @@ def test_ray_workers_match_in_process_and_need_no_file_on_the_worker(reward_file
         ]
         expected = RewardRunner(specs).score(PROMPTS, COMPLETIONS, COLUMNS, group_size=2)
         log.unlink()
-        runner = RewardRunner(specs, pool=ray_pool(2, 0.5))
+        runner = RewardRunner(specs, timeout=NO_TIMEOUT, pool=ray_pool(2, 0.5))
         # Neither the file nor the module can be loaded by name or path on a worker now.
         reward_file.rename(tmp_path / "moved.py")
         (module_dir / "my_module_reward.py").rename(module_dir / "moved_module.py")
@@ -152,7 +158,9 @@ def test_ray_workers_match_in_process_and_need_no_file_on_the_worker(reward_file
 
 
 def test_ray_worker_contract_errors_stop_with_the_function_named(reward_file):
-    runner = RewardRunner([f"{reward_file}:exclaim", f"{reward_file}:one_value"], pool=ray_pool(2, 0.5))
+    runner = RewardRunner(
+        [f"{reward_file}:exclaim", f"{reward_file}:one_value"], timeout=NO_TIMEOUT, pool=ray_pool(2, 0.5)
+    )
     with pytest.raises(RewardError, match=r"reward 'one_value' returned 1 values for 2 completions: \[1.0\]"):
         runner.score(["p"] * 4, ["!", "!!", "a", "b"], group_size=2)
     runner.close()
@@ -165,11 +173,11 @@ def test_ray_worker_timeout_gives_none_and_replaces_the_worker(reward_file, tmp_
     log = tmp_path / "pids.log"
     runner = RewardRunner(
         [{"name": f"{reward_file}:sleepy", "log": str(log)}, f"{reward_file}:exclaim"],
-        timeout=1.0,
+        timeout=5.0,  # sleepy sleeps 60 s; exclaim, beside it, needs far less than 5 s even on a loaded machine
         pool=ray_pool(1, 0.5),
     )
     result = runner.score(["p", "p"], ["!", "!!"], group_size=2)
-    assert result.errors == ["sleepy: timed out after 1 s"] * 2
+    assert result.errors == ["sleepy: timed out after 5 s"] * 2
     assert result.per_func[:, 1].tolist() == [1.0, 2.0]
     result = runner.score(["p"], ["!!!"])
     assert result.per_func[0, 1] == 3.0
@@ -196,7 +204,7 @@ def test_a_reward_worker_killed_mid_scoring_is_restarted_and_its_chunk_scored_on
     flag, log = tmp_path / "kill-a-worker", tmp_path / "calls.log"
     spec = {"name": f"{reward_file}:dies_once", "flag": str(flag), "log": str(log)}
     completions = ["a", "bb", "ccc", "dddd", "eeeee", "ffffff", "g", "hh"]
-    runner = RewardRunner([spec], pool=ray_pool(2, 0.5))
+    runner = RewardRunner([spec], timeout=NO_TIMEOUT, pool=ray_pool(2, 0.5))
     flag.touch()
     result = runner.score(["p"] * 8, completions, group_size=4)
     runner.close()
@@ -214,7 +222,9 @@ def test_a_reward_worker_killed_mid_scoring_is_restarted_and_its_chunk_scored_on
 def test_a_chunk_whose_worker_always_dies_gives_none_and_an_error(reward_file):
     from grpokit.distributed.ray_rewards import MAX_TRIES
 
-    runner = RewardRunner([f"{reward_file}:always_dies", f"{reward_file}:exclaim"], pool=ray_pool(1, 0.5))
+    runner = RewardRunner(
+        [f"{reward_file}:always_dies", f"{reward_file}:exclaim"], timeout=NO_TIMEOUT, pool=ray_pool(1, 0.5)
+    )
     # score() would stop here, no function having given a value (RewardRunner.check_signal)
     result = runner.combine(runner.score_values(["p", "p"], ["!", "!!"], group_size=2))
     assert torch.isnan(result.per_func).all() and torch.isnan(result.combined).all()
@@ -251,6 +261,7 @@ def run_cli(
             "lr_scheduler_type": "constant",
         },
         "run": {"output_dir": str(run), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
+        "reward": {"reward_timeout": NO_TIMEOUT},
         "distributed": {"backend": "ray", "num_rollout_workers": 1, "rollout_worker_cpus": 0.5, **distributed},
         "rewards": [
             {"name": f"{reward_file}:length", "log": str(tmp_path / f"{name}.pids")},

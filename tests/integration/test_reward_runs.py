@@ -99,13 +99,14 @@ def test_a_reward_that_raises_on_one_batch_continues_and_its_error_is_printed_on
 
 def test_a_gil_holding_reward_is_cut_at_its_timeout_and_the_run_completes(tmp_path, tiny_model_dir, capsys):
     config = write_config(tmp_path, tiny_model_dir, [f"{REWARD_FILE}:gil_hog", TARGET_REWARD])
-    assert main(["train", str(config), "reward_timeout=2", "eval_steps=0"]) == 0
-    assert "reward 'gil_hog' failed: timed out after 2 s" in capsys.readouterr().err
+    # TARGET_REWARD, in its own worker, must answer within the timeout on a loaded machine too: 5 s
+    assert main(["train", str(config), "reward_timeout=5", "eval_steps=0"]) == 0
+    assert "reward 'gil_hog' failed: timed out after 5 s" in capsys.readouterr().err
     with RolloutStore(tmp_path / "run", readonly=True) as store:
         rollouts = store.rollouts()
     assert sorted({r["step"] for r in rollouts}) == [1, 2]
     assert all(
-        r["error"].startswith("gil_hog: timed out after 2 s") and r["rewards"]["gil_hog"] is None for r in rollouts
+        r["error"].startswith("gil_hog: timed out after 5 s") and r["rewards"]["gil_hog"] is None for r in rollouts
     )
 
 

@@ -327,3 +327,145 @@ def test_accumulated_update_equals_trl(both, case, masks):
     finally:
         ours.eval()
     assert_same_gradients(ours, optimizer.grads, theirs)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["static", "adaptive"])
+@pytest.mark.parametrize("case", ["grpo", "dapo", "luspo"])
+def test_entropy_bonus_update_equals_trl(both, case, adaptive):
+    # TRL's entropy bonus (entropy_coef; Skywork-OR1's adaptive control) in _compute_loss over two accumulation
+    # steps against Learner.update over two micro-batches: the same gradients (so the same L_policy - c x H per
+    # micro-batch / accumulation steps, whatever the loss type's normalisation), and the adaptive coefficient
+    # moved once, by the same rule, from the same window entropy.
+    from grpokit.build.specs import learner_spec
+    from grpokit.config import GRPOConfig
+    from grpokit.train.learning.learner import Learner
+
+    trainer, theirs, ours, batch, inputs = both
+    loss_type, level, settings = CASES[case]
+    mask = batch.completion_mask.float()
+    old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=4)
+    set_trl_loss(trainer, loss_type, level, False, settings)
+    trainer.entropy_coef, trainer.use_adaptive_entropy, trainer._entropy_bonus_enabled = 0.3, adaptive, True
+    trainer._last_world_entropy, trainer._entropy_window_stats = 0.0, None  # adaptive: the bonus applies this step
+    trainer.args.entropy_target, trainer.args.entropy_coef_delta = 100.0, 0.05  # under the target: up by 0.05
+    trainer.args.entropy_coef_min, trainer.args.entropy_coef_max = 0.0, 1.0
+    trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = 2
+    state = trainer.accelerator.gradient_state
+    theirs.zero_grad(set_to_none=True)
+    theirs.train()
+    try:
+        for rows in (slice(0, 6), slice(6, 12)):
+            part = {k: v[rows] for k, v in inputs.items()} | {
+                "advantages": advantages[rows],
+                "old_per_token_logps": old[rows],
+                "ref_per_token_logps": ref[rows],
+                "num_items_in_batch": mask.sum(),
+            }
+            state._set_sync_gradients(rows.start == 6)  # the optimizer step ends with the second micro-batch
+            trainer._compute_loss(theirs, part).backward()
+    finally:
+        state._set_sync_gradients(True)
+        theirs.eval()
+        trl_coef = trainer.entropy_coef
+        trainer.entropy_coef, trainer.use_adaptive_entropy, trainer._entropy_bonus_enabled = 0.0, False, False
+
+    cfg = GRPOConfig(
+        num_generations=G,
+        per_device_train_batch_size=6,
+        gradient_accumulation_steps=2,
+        beta=BETA,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        epsilon=0.2,
+        **({"epsilon_high": 0.28} | settings),
+        max_completion_length=T,
+        temperature=TEMPERATURE,
+        max_grad_norm=0.0,
+        entropy_coef=0.3,
+        use_adaptive_entropy=adaptive,
+        entropy_target=100.0,
+        entropy_coef_delta=0.05,
+    )
+    optimizer = _Capture(ours.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    ours.zero_grad(set_to_none=True)
+    learner = Learner(ours, None, optimizer, scheduler, learner_spec(cfg))
+    learner.terms.entropy.last_entropy = 0.0  # as TRL's _last_world_entropy above
+    try:
+        learner.update(batch, advantages, batch.completion_mask, ref, old_logprobs=old)
+    finally:
+        ours.eval()
+    assert_same_gradients(ours, optimizer.grads, theirs)
+    assert learner.terms.entropy.coef == pytest.approx(trl_coef) == pytest.approx(0.35 if adaptive else 0.3)
+
+
+def test_router_loss_equals_trl(both, tmp_path):
+    # A mixture-of-experts policy: grpokit's forward with router logits (train.loss_terms.policy_forward) against
+    # TRL's _get_per_token_logps_and_entropies(compute_aux_loss=True) on the same batch: the same load-balancing
+    # loss and log-probs; and both libraries read the coefficient from the model's config (aux_loss_enabled).
+    from datasets import Dataset
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpokit.kernels import Kernels
+    from grpokit.train.learning.loss_terms import LossTerms, LossTermsSpec, policy_forward
+
+    _, _, _, batch, inputs = both
+    tokenizer = build_word_tokenizer([f"w{i}" for i in range(60)])  # the fixture's ids
+    torch.manual_seed(1)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=32,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.02,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "moe")
+    tokenizer.save_pretrained(tmp_path / "moe")
+    trainer = GRPOTrainer(
+        model=str(tmp_path / "moe"),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "trl"),
+            use_cpu=True,
+            bf16=False,
+            per_device_train_batch_size=len(PROMPTS) * G,
+            num_generations=G,
+            max_completion_length=T,
+            temperature=TEMPERATURE,
+            report_to="none",
+            disable_tqdm=True,
+        ),
+        train_dataset=Dataset.from_list([{"prompt": "w1 w2"}] * 4),
+        processing_class=tokenizer,
+    )
+    theirs = trainer.model.float().eval()
+    ours = load_model(str(tmp_path / "moe"), torch.float32, CPU).eval()
+    terms = LossTerms(LossTermsSpec(), ours)
+    assert (
+        (terms.aux_enabled, terms.aux_coef)
+        == (trainer.aux_loss_enabled, trainer.router_aux_loss_coef)
+        == (
+            True,
+            0.02,
+        )
+    )
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        trl_logprobs, _, trl_aux = trainer._get_per_token_logps_and_entropies(
+            theirs, input_ids, attention, T, compute_aux_loss=True
+        )
+        logprobs, _, aux = policy_forward(ours, batch, TEMPERATURE, Kernels.select(CPU), router_aux=True)
+    mask = batch.completion_mask.bool()
+    torch.testing.assert_close(logprobs[mask], trl_logprobs[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aux, trl_aux, atol=1e-5, rtol=1e-5)

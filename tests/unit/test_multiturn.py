@@ -296,7 +296,8 @@ def test_failing_tools_do_not_stop_the_batch(chat):
         "3": [tool_call("nope", "{}"), f"huh{END}"],
     }
     prompts = [[{"role": "user", "content": f"Q{k}"}] for k in scripts]
-    with ToolExecutor([multiply, boom, hang], timeout=1.0, max_workers=3) as executor:
+    # multiply and boom must answer within the timeout on a loaded machine too: 3 s (hang sleeps 60)
+    with ToolExecutor([multiply, boom, hang], timeout=3.0, max_workers=3) as executor:
         rollouts = scripted_engine(chat, scripts, executor).generate(
             prompts, 2, SamplingParams(max_completion_length=300)
         )
@@ -309,8 +310,10 @@ def test_failing_tools_do_not_stop_the_batch(chat):
 
 def test_sequences_waiting_or_done_leave_the_decoding_batch(chat):
     """Rollout 0 waits on a tool that returns only once rollout 1 decoded 5 steps alone; rollout 1 is done
-    before rollout 0 answers. Counted from the decoding steps, not from time."""
+    before rollout 0 answers. Counted from the decoding steps, not from time: the step that releases the tool also
+    waits for its result to be ready, so the next step finds it however slowly the tool's thread is scheduled."""
     go = threading.Event()
+    submitted: list = []  # the tool calls' futures, in order
 
     def wait_for_go(x: int) -> str:
         """Wait.
@@ -318,7 +321,8 @@ def test_sequences_waiting_or_done_leave_the_decoding_batch(chat):
         Args:
             x: Anything.
         """
-        return "go" if go.wait(30) else "never"
+        # a deadlock guard only (the decoding loop sets go after 5 steps): 600 s, far past any loaded machine
+        return "go" if go.wait(600) else "never"
 
     scripts = {"0": [tool_call("wait_for_go", '{"x": 0}'), f"Done, and a long answer.{END}"], "1": ["b" * 100 + END]}
     steps: list[list[int]] = []
@@ -328,8 +332,16 @@ def test_sequences_waiting_or_done_leave_the_decoding_batch(chat):
         steps.append(rows)
         if sum(s == [1] for s in steps) == 5:
             go.set()
+            submitted[0].result(timeout=600)  # the tool's result is ready before the next step polls for it
 
     with ToolExecutor([wait_for_go], isolation="thread", max_workers=2) as executor:
+        submit = executor.submit
+
+        def recording_submit(*args, **kwargs):
+            submitted.append(submit(*args, **kwargs))
+            return submitted[-1]
+
+        executor.submit = recording_submit
         multi = scripted_engine(chat, scripts, executor)
         multi.on_step = on_step
         rollouts = multi.generate(

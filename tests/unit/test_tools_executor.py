@@ -80,7 +80,8 @@ def call(name, **arguments):
 
 @pytest.fixture(scope="module")
 def executor():
-    with ToolExecutor(TOOLS, timeout=1.0, max_workers=2) as ex:
+    # no call of this module's tests is meant to time out: 30 s is a hang guard, far past a loaded machine's delays
+    with ToolExecutor(TOOLS, timeout=30.0, max_workers=2) as ex:
         yield ex
 
 
@@ -115,6 +116,7 @@ def test_a_hanging_tool_is_killed_and_the_next_call_runs(name, arguments):
         assert worker.pid is None  # killed and reaped
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+        executor.timeout = 60.0  # the next call starts a new worker, which a loaded machine may take > 0.5 s to do
         ((after,),) = executor.run([([call("add", a=1, b=2)], None)])
         assert (after.status, after.content) == ("ok", "3")
         assert after.worker not in (None, pid)  # a new worker
@@ -186,8 +188,9 @@ def test_closures_and_thread_isolation():
         return factor * x
 
     for isolation in ("process", "thread"):
-        with ToolExecutor([scale, sleep], timeout=0.5, max_workers=2, isolation=isolation) as executor:
-            ((ok,), (hung,)) = executor.run([([call("scale", x=6)], None), ([call("sleep", seconds=5)], None)])
+        # scale must answer within the timeout on a loaded machine too (3 s); sleep outlasts it (10 s)
+        with ToolExecutor([scale, sleep], timeout=3.0, max_workers=2, isolation=isolation) as executor:
+            ((ok,), (hung,)) = executor.run([([call("scale", x=6)], None), ([call("sleep", seconds=10)], None)])
             assert ok.content == "42"
             assert hung.status == "timeout"
             assert (ok.worker is None) == (isolation == "thread")

@@ -34,6 +34,7 @@ from grpokit.kernels import Kernels
 from grpokit.precision import grad_scaler
 from grpokit.processes import SingleProcess, is_sharded
 from grpokit.train.learning.accelerator import gather_ragged
+from grpokit.train.learning.loss_terms import LossTerms, LossTermsSpec, policy_forward, warn_sequence_level
 from grpokit.train.learning.policy_logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.learning.reference import Reference
 
@@ -54,6 +55,7 @@ class LearnerSpec:
     loss, its normalisation and the metrics stay the micro-batch's (``algos.chunk_share``), only fewer activations
     are kept for the backward at a time. Not below the micro-batch with top_entropy_quantile < 1, whose quantile
     needs the whole micro-batch's entropies (the composition root does not choose it then).
+    terms: the entropy bonus and the MoE router's loss (``train.learning.loss_terms``; off by default).
     """
 
     loss: LossSpec
@@ -71,6 +73,7 @@ class LearnerSpec:
     reference_in_bf16: bool = False
     top_entropy_quantile: float = 1.0
     backward_chunk_rows: int | None = None
+    terms: LossTermsSpec = dataclasses.field(default_factory=LossTermsSpec)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,10 @@ class Learner:
         self.loss_kind = get_loss(learner_spec.loss_type)  # its aggregation says how micro-batch losses combine
         # beta across steps: the loss of each update uses the controller's current beta (fixed unless adaptive)
         self.kl_controller = KLController(learner_spec.beta, learner_spec.target_kl, learner_spec.kl_horizon)
+        self.terms = LossTerms(learner_spec.terms, model)  # entropy bonus, router loss (TRL's entropy_coef ...)
+        warn_sequence_level(
+            learner_spec.loss.importance_sampling_level, learner_spec.loss_type, self.loss_kind.aggregation
+        )
         self.autocast_dtype = autocast_dtype
         # fp16 autocast on CUDA: a loss scale (disabled, a pass-through, otherwise)
         self.scaler = grad_scaler(next(model.parameters()).device, autocast_dtype)
@@ -209,6 +216,9 @@ class Learner:
                             token_mask=self._entropy_mask(entropy, loss_mask[rows]),
                         )
                     total += float(loss) / self.loss_kind.micro_batch_divisor(num_micro)
+                    if self.terms.entropy.enabled:  # TRL's evaluation loss includes the bonus (no update of it)
+                        h = float((entropy * loss_mask[rows]).sum() / loss_mask[rows].sum().clamp(min=1.0))
+                        total -= self.terms.entropy.applied() * h / num_micro
                     parts.append(m)
                     entropies.append(entropy.float())
         finally:
@@ -321,9 +331,11 @@ class Learner:
                 chunks = []  # (metrics, loss share, metric weight) of each chunk
                 for first in range(0, len(micro.batch), chunk):
                     piece = micro if chunk >= len(micro.batch) else micro.rows(slice(first, first + chunk))
-                    loss, metrics, logprobs, entropy = self._chunk_loss(piece, num_items, clock)
+                    loss, metrics, logprobs, entropy, extra = self._chunk_loss(piece, num_items, clock, micro.loss_mask)
                     share, weight = self._chunk_weights(piece.loss_mask, micro.loss_mask, num_items)
                     scaled = loss * share / self.loss_kind.micro_batch_divisor(num_micro)
+                    if extra is not None:  # the entropy bonus and router loss: per micro-batch / accumulation steps
+                        scaled = scaled + extra / num_micro
                     t1 = time.perf_counter()
                     with no_autocast:
                         self.scaler.scale(scaled).backward()
@@ -331,19 +343,27 @@ class Learner:
                     loss_total += float(scaled.detach())
                     chunks.append((metrics, share, weight))
                     logprob_parts.append(logprobs.detach().float())
-                    entropy_parts.append(entropy.float())
+                    entropy_parts.append(entropy.detach().float())
                 parts.append(_combine_chunks(chunks))
         return loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts)
 
-    def _chunk_loss(self, piece: TrainingBatch, num_items, clock: dict):
-        """The policy's forward over ``piece``'s rows and their loss as if they were the micro-batch:
-        (loss, metrics, logprobs [n, T], entropy [n, T])."""
+    def _chunk_loss(self, piece: TrainingBatch, num_items, clock: dict, micro_mask: torch.Tensor):
+        """The policy's forward over ``piece``'s rows (of a micro-batch of loss mask ``micro_mask``) and their loss
+        as if they were the micro-batch: (loss, metrics, logprobs [n, T], entropy [n, T], the extra terms' share of
+        the micro-batch's objective or None)."""
         learner_spec = self.learner_spec
         t0 = time.perf_counter()
+        aux = None
         with self.autocast():
-            logprobs, entropy = completion_logprobs(
-                self.model, piece.batch, learner_spec.temperature, with_entropy=True, kernels=self.kernels
-            )
+            if self.terms.active:  # entropy with its gradient, the router's loss
+                logprobs, entropy, aux = policy_forward(
+                    self.model, piece.batch, learner_spec.temperature, self.kernels, router_aux=self.terms.aux_enabled
+                )
+            else:
+                logprobs, entropy = completion_logprobs(
+                    self.model, piece.batch, learner_spec.temperature, with_entropy=True, kernels=self.kernels
+                )
+        token_mask = self._entropy_mask(entropy, piece.loss_mask)
         with torch.autocast(logprobs.device.type, enabled=False):
             loss, metrics = policy_loss(
                 logprobs.float(),
@@ -354,10 +374,22 @@ class Learner:
                 ref_logprobs=piece.ref_logprobs,
                 num_items_in_batch=num_items,
                 sampling_logprobs=piece.sampling_logprobs,
-                token_mask=self._entropy_mask(entropy, piece.loss_mask),
+                token_mask=token_mask,
             )
+            extra = None
+            if self.terms.active:  # the bonus acts on the tokens the loss acts on (top_entropy_quantile's too)
+                acting = piece.loss_mask if token_mask is None else piece.loss_mask * token_mask
+                whole = piece.loss_mask.shape[0] == micro_mask.shape[0]
+                extra, more = self.terms.micro_batch_term(
+                    entropy.float(),
+                    acting,
+                    acting.sum() if whole else micro_mask.sum(),
+                    aux,
+                    piece.loss_mask.shape[0] / micro_mask.shape[0],
+                )
+                metrics = metrics | more
         clock["time/policy_logprobs"] += time.perf_counter() - t0
-        return loss, metrics, logprobs, entropy
+        return loss, metrics, logprobs, entropy, extra
 
     def _chunk_weights(self, chunk_mask: torch.Tensor, micro_mask: torch.Tensor, num_items) -> tuple[float, float]:
         """(loss share, metric weight) of a chunk of a micro-batch: its loss's weight in the micro-batch's
@@ -401,7 +433,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         mask_sum = loss_mask.sum().clamp(min=1.0)
-        metrics = {
+        metrics = self.terms.end_optimizer_step(self.procs) | {
             "loss": loss,
             "grad_norm": grad_norm,
             "learning_rate": lr,

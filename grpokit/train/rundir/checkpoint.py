@@ -226,6 +226,8 @@ class RunState:
         self.trainer_state = trainer_state
         self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
         self.kl_controller = learner.kl_controller
+        terms = getattr(learner, "terms", None)
+        self.entropy = terms.entropy if terms is not None and terms.entropy.adaptive else None  # its adapted coef
         self.critic = learner.critic
         self.is_main = is_main
         self.saved_step = 0
@@ -239,6 +241,8 @@ class RunState:
         scheduled, pending = self.rollouts.state_dict()
         state = {"data": self.data.state_dict(), "counters": self.stop_rules.counters, **scheduled}
         state["kl_controller"] = self.kl_controller.state_dict()  # the adaptive beta
+        if self.entropy is not None:
+            state["entropy_controller"] = self.entropy.state_dict()  # TRL's entropy_coef and last_world_entropy
         if self.trainer_state is not None:  # TRL's trainer_state.json fields a resumed trainer.state starts from
             trainer = self.trainer_state()
             state["num_input_tokens_seen"] = trainer.num_input_tokens_seen
@@ -278,6 +282,8 @@ class RunState:
             self.kl_controller.load_state_dict(state["kl_controller"])
         elif self.kl_controller.adaptive:
             raise CheckpointError(f"{path} holds no KL controller state; resume it with kl_controller: fixed.")
+        if self.entropy is not None and "entropy_controller" in state:
+            self.entropy.load_state_dict(state["entropy_controller"])
         torch.set_rng_state(rng["torch"])
         self.rollouts.engine.generator.set_state(rng["sampler"])
         if self.trainer_state is not None:  # absent from older checkpoints: the history starts empty then

@@ -52,6 +52,12 @@ class Trajectory:
         combined = self.global_rewards.combined
         return combined if self.train_rows is None else combined[self.train_rows]
 
+    @property
+    def trained_per_func(self) -> torch.Tensor:
+        """[N_global, F] each reward function's rewards of the rows trained on (NaN: none)."""
+        per_func = self.global_rewards.per_func
+        return per_func if self.train_rows is None else per_func[self.train_rows]
+
     def stored_advantages(self, advantages: torch.Tensor) -> torch.Tensor:
         """[N] the advantage of every sampled completion for the store: NaN where not trained on."""
         if self.train_rows is None:
