@@ -31,7 +31,7 @@ def build_rollouts(
     from grpokit.modeling import eos_token_ids
     from grpokit.rollout.registry import EngineParts
     from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
-    from grpokit.train.sampling.sources import SOURCES, Situation, pick_sampler
+    from grpokit.train.sampling.sources import Situation, pick_sampler
     from grpokit.train.sampling.tool_rollouts import ToolRollouts
 
     kind = engine_kind(args.engine if rollout_func is None else "rollout_func")
@@ -70,16 +70,7 @@ def build_rollouts(
         seed=args.seed,
         **{name: extras[name]() for name in entry.needs},
     )
-    if ahead:  # scored on the producers' side too, unless the scoring's gathers need every rank
-        rollout_source = SOURCES["ahead"](
-            sampler,
-            last_step=args.max_steps,
-            max_staleness=ahead,
-            score_ahead=not procs.enabled,
-            scorers=args.scoring_threads,
-        )
-    else:
-        rollout_source = SOURCES["sync"](sampler)
+    rollout_source = _rollout_source(args, sampler, procs, ahead)
     scheduler = RolloutScheduler(
         source=rollout_source,
         engine=engine,
@@ -91,6 +82,22 @@ def build_rollouts(
     )
     inputs = specs.update_inputs_spec(args, rollout_source.off_policy, kind.separate_weights)
     return scheduler, inputs
+
+
+def _rollout_source(args: GRPOConfig, sampler, procs, ahead: int):
+    """The source over ``sampler``: up to ``ahead`` steps sampled ahead (scored on the producers' side too, unless
+    the scoring's gathers need every rank), or synchronous when ``ahead`` is 0."""
+    from grpokit.train.sampling.sources import SOURCES
+
+    if not ahead:
+        return SOURCES["sync"](sampler)
+    return SOURCES["ahead"](
+        sampler,
+        last_step=args.max_steps,
+        max_staleness=ahead,
+        score_ahead=not procs.enabled,
+        scorers=args.scoring_threads,
+    )
 
 
 def engine_kind(name: str):

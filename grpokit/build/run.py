@@ -21,7 +21,7 @@ from grpokit.hardware import autocast_dtype
 from grpokit.kernels import Kernels
 from grpokit.modeling import ensure_pad_token
 from grpokit.train.callbacks import CallbackRunner
-from grpokit.train.loop import LoopSpec
+from grpokit.train.loop_spec import LoopSpec
 from grpokit.train.rundir.checkpoint import RunState
 from grpokit.train.sampling.scoring import Scorer
 from grpokit.train.stopping import StopRules

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from grpokit.rollout.types import SamplingParams
     from grpokit.train.callbacks import CallbackSpec
     from grpokit.train.learning.critic import CriticSpec
-    from grpokit.train.loop import LoopSpec
+    from grpokit.train.loop_spec import LoopSpec
     from grpokit.train.rundir.checkpoint import CheckpointSpec
     from grpokit.train.rundir.folder import RunDirSpec
     from grpokit.train.stopping import StopSpec
@@ -227,7 +227,7 @@ def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
     """The training loop's own settings (:class:`grpokit.train.loop.Loop`); ``args`` with max_steps
     resolved."""
     from grpokit.hub import HubSpec
-    from grpokit.train.loop import LoopSpec
+    from grpokit.train.loop_spec import LoopSpec
 
     return LoopSpec(
         model_name_or_path=args.model_name_or_path,

@@ -3,22 +3,19 @@
 Each step reads top to bottom (:meth:`Loop._train_step`, :meth:`Loop._after_step`): sample and score
 (``sampling/``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``), record (store and
 metrics.jsonl, rank 0), checkpoint, evaluate (``evaluation.py``). Every torchrun rank runs it; rank 0 alone owns the
-run folder. It never reads the config: what it needs is in the Run and its :class:`LoopSpec`.
+run folder. It never reads the config: what it needs is in the Run and its :class:`~grpokit.train.loop_spec.LoopSpec`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from grpokit.algos.multi_objective import normalize_then_sum
 from grpokit.algos.names import BETA, KL
 from grpokit.algos.registry import AdvantageInputs
-from grpokit.hub import HubSpec
 from grpokit.train.evaluation import log_evaluations
 from grpokit.train.interrupt import SignalStop, stop_message
 from grpokit.train.learning.learner import update_inputs
@@ -27,31 +24,6 @@ from grpokit.train.metrics import PhaseClock, train_summary, trl_names, window_l
 from grpokit.train.recording import step_record
 from grpokit.train.rundir.checkpoint import save_final_model
 from grpokit.train.rundir.folder import RunFolder, open_run_dir, resume_point
-
-
-@dataclass(frozen=True)
-class LoopSpec:
-    """The loop's own settings, built once by :func:`grpokit.build.specs.loop_spec`. ``algo``: the algorithm's
-    section, read by its advantages; ``rewards_on_main``: Ray reward workers (rank 0 scores every rank's rows);
-    ``save_at_end``: save_strategy is not no."""
-
-    model_name_or_path: str | None
-    dtype: str
-    seed: int
-    algorithm: str
-    algo: Any  # the algorithm's own section, passed through to its advantages
-    num_generations: int
-    max_steps: int
-    completions_per_step: int
-    prompt_column: str = "prompt"
-    rewards_on_main: bool = False
-    ref_model_sync_steps: int = 0
-    ref_model_mixup_alpha: float = 0.6
-    logging_steps: int = 1
-    save_at_end: bool = True
-    merge_on_save: bool = False
-    eval_dataset: Any = None
-    hub: HubSpec | None = None
 
 
 class Loop:

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from grpokit.algos.token_masks import high_entropy_mask, off_policy_sequence_mask
 from grpokit.build import Run, build_run
 from grpokit.build import inputs as build_inputs
 from grpokit.config import GRPOConfig
@@ -21,14 +20,14 @@ from grpokit.train.learning.accelerator import ProcessAccelerator
 from grpokit.train.loop import Loop
 from grpokit.train.metrics import stored_eval_names
 from grpokit.train.rundir.checkpoint import save_model_files
+from grpokit.trl.masks import TokenMasks
 
-_PADDING = -1e9  # pads masked entropies (>= 0) to the same length on every process before a gather
 # the Run's parts and the loop's progress, read through the trainer as TRL's (and grpokit's) attributes
 _RUN_PARTS = frozenset(f.name for f in fields(Run)) | {"engine"}
 _LOOP_PARTS = frozenset({"step", "stop_reason", "interrupted_by", "run_dir", "run_log", "run_folder", "signals"})
 
 
-class GRPOTrainer:
+class GRPOTrainer(TokenMasks):
     """Train a causal LM with GRPO-family RL.
 
     ``model``: a path, a hub id, a loaded HF model or a module with ``forward(input_ids) -> logits``. ``reward_funcs``:
@@ -216,23 +215,6 @@ class GRPOTrainer:
         else:
             given, rows = eval_dataset, build_inputs.eval_sets(eval_dataset, self.spec.prompt_column)[None]
         return build_inputs.rows_loader(self.args, rows, train=False, streaming=is_streaming(given))
-
-    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-        """TRL's helper (``algos.token_masks.high_entropy_mask``) over every process's masked entropies."""
-        accelerator = self.accelerator
-
-        def gather(values: torch.Tensor) -> torch.Tensor:
-            everyone = accelerator.gather(accelerator.pad_across_processes(values, dim=0, pad_index=_PADDING))
-            return everyone[everyone != _PADDING]  # entropies are >= 0, so the padding is told apart
-
-        return high_entropy_mask(entropies, mask, threshold, gather)
-
-    @staticmethod
-    def get_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
-        """TRL's helper (``algos.token_masks.off_policy_sequence_mask``): [N, 1]."""
-        return off_policy_sequence_mask(
-            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
-        )
 
     def train(self, resume_from_checkpoint: str | bool | None = None):
         """Train to max_steps (or until stopped); returns transformers' ``TrainOutput(global_step, training_loss,

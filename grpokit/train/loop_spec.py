@@ -1,0 +1,34 @@
+"""``LoopSpec``: the training loop's own settings (:mod:`grpokit.train.loop`), built from the config by
+:func:`grpokit.build.specs.loop_spec` and carried in the built Run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpokit.hub import HubSpec
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """The loop's own settings, built once by :func:`grpokit.build.specs.loop_spec`. ``algo``: the algorithm's
+    section, read by its advantages; ``rewards_on_main``: Ray reward workers (rank 0 scores every rank's rows);
+    ``save_at_end``: save_strategy is not no."""
+
+    model_name_or_path: str | None
+    dtype: str
+    seed: int
+    algorithm: str
+    algo: Any  # the algorithm's own section, passed through to its advantages
+    num_generations: int
+    max_steps: int
+    completions_per_step: int
+    prompt_column: str = "prompt"
+    rewards_on_main: bool = False
+    ref_model_sync_steps: int = 0
+    ref_model_mixup_alpha: float = 0.6
+    logging_steps: int = 1
+    save_at_end: bool = True
+    merge_on_save: bool = False
+    eval_dataset: Any = None
+    hub: HubSpec | None = None
