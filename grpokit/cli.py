@@ -346,9 +346,14 @@ def cmd_demo(args) -> int:
 
 
 def cmd_serve_rewards(args) -> int:
-    from grpokit.rewards.serve import cmd_serve_rewards as serve
+    import os
 
-    return serve(args)
+    from grpokit.build.inputs import served_reward_runner
+    from grpokit.rewards.serve import TOKEN_ENV, check_binding, run_server
+
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    check_binding(args.host, token)  # before the reward workers start
+    return run_server(served_reward_runner(args.rewards, args.timeout), args.host, args.port, token)
 
 
 def cmd_env(args) -> int:

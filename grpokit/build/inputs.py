@@ -8,6 +8,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -314,3 +315,37 @@ def new_eval_sets(args: GRPOConfig, eval_dataset: Any, run) -> dict:
     rows = eval_sets(eval_dataset, args.prompt_column, specs.prompt_builder(args))
     check_data(args, run.train_rows, rows, run.rewards, run.procs.world_size)
     return prompt_sources(args, run.tokenizer, run.train_rows, rows)[1]
+
+
+def served_rewards(targets: list[str]) -> tuple[list, dict[str, Any]]:
+    """The rewards list and the reward settings (``reward_*``) of a YAML config (or a YAML list of rewards), or reward
+    specs given as they are: what ``grpokit serve-rewards`` serves."""
+    if len(targets) == 1 and targets[0].endswith((".yaml", ".yml")):
+        import yaml
+
+        path = Path(targets[0])
+        if not path.is_file():
+            raise ConfigError(f"{path} does not exist; give a YAML config with a rewards: list, or reward names")
+        data = yaml.safe_load(path.read_text())
+        if isinstance(data, list):
+            return data, {}
+        if not isinstance(data, dict) or not data.get("rewards"):
+            raise ConfigError(f"{path}: no rewards: list to serve")
+        settings = data.get("reward") or {}
+        return list(data["rewards"]), {k: v for k, v in settings.items() if k.startswith("reward_")}
+    return list(targets), {}
+
+
+def served_reward_runner(targets: list[str], timeout: float | None = None):
+    """``grpokit serve-rewards``' RewardRunner: the rewards of :func:`served_rewards`, each in its killable worker
+    process, ``timeout`` (default the config's reward_timeout, else 10 s) per batch."""
+    from grpokit.rewards import RewardRunner
+
+    rewards, settings = served_rewards(targets)
+    return RewardRunner(
+        rewards,
+        weights=settings.get("reward_weights"),
+        timeout=float(timeout or settings.get("reward_timeout", 10.0)),
+        workers=int(settings.get("reward_workers", 0)),
+        isolate=True,
+    )

@@ -1,6 +1,7 @@
 """``grpokit serve-rewards CONFIG_OR_REWARDS``: any rewards list over HTTP, in grpokit's format and OpenRLHF's.
 
-The rewards run in a :class:`~grpokit.rewards.runner.RewardRunner`, as in a run: each in its killable worker
+The rewards run in a :class:`~grpokit.rewards.runner.RewardRunner` (built from the config or the reward specs by
+:func:`grpokit.build.inputs.served_reward_runner`), as in a run: each in its killable worker
 process, ``reward_timeout`` per batch, failures as None plus an error. Endpoints:
 
 - ``POST /score`` (also ``/``): grpokit's format (:mod:`grpokit.rewards.remote`), answered with the weighted sum
@@ -22,10 +23,8 @@ from __future__ import annotations
 import hmac
 import json
 import math
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpokit.rewards.contract import RewardError
@@ -33,7 +32,7 @@ from grpokit.rewards.contract import RewardError
 if TYPE_CHECKING:
     from grpokit.rewards.runner import RewardRunner
 
-TOKEN_ENV = "GRPOKIT_REWARD_TOKEN"
+TOKEN_ENV = "GRPOKIT_REWARD_TOKEN"  # read by the CLI
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_BODY = 256 << 20
 
@@ -179,42 +178,12 @@ def serve(runner: RewardRunner, host: str = "127.0.0.1", port: int = 0, token: s
     return server
 
 
-def load_rewards(targets: list[str]) -> tuple[list, dict[str, Any]]:
-    """The rewards list and the reward settings of a YAML config (or a YAML list of rewards), or reward specs."""
-    if len(targets) == 1 and targets[0].endswith((".yaml", ".yml")):
-        import yaml
-
-        from grpokit.config import ConfigError
-
-        path = Path(targets[0])
-        if not path.is_file():
-            raise ConfigError(f"{path} does not exist; give a YAML config with a rewards: list, or reward names")
-        data = yaml.safe_load(path.read_text())
-        if isinstance(data, list):
-            return data, {}
-        if not isinstance(data, dict) or not data.get("rewards"):
-            raise ConfigError(f"{path}: no rewards: list to serve")
-        settings = data.get("reward") or {}
-        return list(data["rewards"]), {k: v for k, v in settings.items() if k.startswith("reward_")}
-    return list(targets), {}
-
-
-def cmd_serve_rewards(args) -> int:
-    from grpokit.rewards.runner import RewardRunner
-
-    rewards, settings = load_rewards(args.rewards)
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    check_binding(args.host, token)
-    runner = RewardRunner(
-        rewards,
-        weights=settings.get("reward_weights"),
-        timeout=float(args.timeout or settings.get("reward_timeout", 10.0)),
-        workers=int(settings.get("reward_workers", 0)),
-        isolate=True,
-    )
+def run_server(runner: RewardRunner, host: str, port: int, token: str | None) -> int:
+    """``grpokit serve-rewards``' server over ``runner`` (built by :func:`grpokit.build.inputs.served_reward_runner`):
+    announces itself, serves until a signal ends the command, then stops and closes the runner."""
     server = None
     try:
-        server = serve(runner, args.host, args.port, token)
+        server = serve(runner, host, port, token)
         host, port = server.server_address[:2]
         print(
             f"grpokit: serving rewards {', '.join(runner.names)} on http://{host}:{port} "
