@@ -35,7 +35,7 @@ class GRPOConfig:
     Reading ``cfg.num_generations`` returns the field from its section.
 
     Every key of TRL's GRPOConfig is accepted too (grpokit/trl/keys.py): those grpokit acts on map
-    onto its fields (``bf16=True`` -> ``dtype: bfloat16``), the others are named in one warning and
+    onto its fields (``bf16=True`` -> ``mixed_precision: bf16``), the others are named in one warning and
     read back as given (``cfg.push_to_hub``).
     """
 
