@@ -111,14 +111,18 @@ def part_train(engine: str, dry_run: bool) -> dict:
     from datasets import Dataset
 
     from grpokit import GRPOConfig, GRPOTrainer
-    from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+    from grpokit.testing import VLLM_HEAD_DIM, build_tiny_causal_lm, build_word_tokenizer
 
     if engine == "vllm":
         import vllm  # noqa: F401  (missing: reported by the caller)
     hidden, layers = (32, 1) if dry_run else (512, 4)
+    # the dry run's heads (32 / 4 = 8 wide) are too narrow for vLLM's CPU attention: widen them to VLLM_HEAD_DIM
+    head_dim = VLLM_HEAD_DIM if engine == "vllm" and dry_run else None
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = build_word_tokenizer([f"w{i}" for i in range(200)])
-        build_tiny_causal_lm(tmp, tokenizer, arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=4)
+        build_tiny_causal_lm(
+            tmp, tokenizer, arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=4, head_dim=head_dim
+        )
         rows = [{"prompt": f"w{i} w{i + 1} w{i + 2}"} for i in range(16)]
         args = GRPOConfig(
             output_dir=f"{tmp}/run",
