@@ -46,7 +46,7 @@ def test_the_dry_run_runs_every_part_on_the_cpu(tmp_path):
         assert parts["train_vllm"] == parts["train_vllm"] | {"status": "missing", "package": "vllm"}
         assert parts["vllm"]["status"] == "skipped" and "vllm is not installed" in parts["vllm"]["reason"]
     else:
-        assert parts["train_vllm"]["status"] in ("ok", "failed")  # vLLM's CPU build: the part ran
+        assert parts["train_vllm"]["status"] == "ok", parts["train_vllm"]  # vLLM's CPU build trains the dry run
 
 
 def test_without_a_gpu_the_real_check_refuses_and_says_why(tmp_path):
