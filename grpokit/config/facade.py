@@ -40,12 +40,28 @@ class GRPOConfig:
     """
 
     def __init__(self, rewards: list | None = None, **kwargs: Any) -> None:
-        values = flatten(kwargs)
-        grpokit_values, trl_given, unused = from_trl(values, values)
-        self._build(rewards, grpokit_values, trl_given, unused)
-        object.__setattr__(self, "given_keys", frozenset(values))  # see is_given
+        # keyword arguments by TRL's names are TRL's form: with num_iterations, the step counts count optimizer steps
+        unused = self._init(rewards, kwargs, frozenset(k for k in kwargs if k in trl_keys.TRL_DEFAULTS))
         if unused:
             warnings.warn(trl_keys.unused_message(unused), UserWarning, stacklevel=2)
+
+    @classmethod
+    def from_grpokit(cls, rewards: list | None = None, **kwargs: Any) -> GRPOConfig:
+        """A config in grpokit's form (a YAML file, a command line, a run's saved config.yaml): ``max_steps``,
+        ``save_steps``, ``eval_steps`` and ``logging_steps`` count generation batches whatever ``num_iterations`` is
+        (the constructor's keyword arguments are TRL's form, where they count optimizer steps)."""
+        new = object.__new__(cls)
+        unused = new._init(rewards, kwargs, frozenset())
+        if unused:
+            warnings.warn(trl_keys.unused_message(unused), UserWarning, stacklevel=2)
+        return new
+
+    def _init(self, rewards: list | None, kwargs: dict, trl_keywords: frozenset) -> dict:
+        values = flatten(kwargs)
+        grpokit_values, trl_given, unused = from_trl(values, values, trl_keywords)
+        self._build(rewards, grpokit_values, trl_given, unused)
+        object.__setattr__(self, "given_keys", frozenset(values))  # see is_given
+        return unused
 
     def _build(self, rewards: list | None, values: dict, trl_given: dict, unused: dict) -> None:
         for section, cls in SECTIONS.items():

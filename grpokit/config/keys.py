@@ -9,9 +9,9 @@ import grpokit.trl.keys as trl_keys
 from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
 
 
-def from_trl(given: dict, context: dict) -> tuple[dict, dict, dict]:
+def from_trl(given: dict, context: dict, trl_keywords: frozenset = frozenset()) -> tuple[dict, dict, dict]:
     try:
-        return trl_keys.from_trl(given, context, set(FIELD_SECTION))
+        return trl_keys.from_trl(given, context, set(FIELD_SECTION), trl_keywords)
     except trl_keys.TRLValueError as exc:
         raise ConfigError(str(exc)) from None
 

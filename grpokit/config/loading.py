@@ -85,4 +85,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     values.update(flatten(overrides))
     if rewards is not None and not isinstance(rewards, list):
         rewards = [rewards]
-    return GRPOConfig(rewards=rewards, **values)
+    return GRPOConfig.from_grpokit(rewards=rewards, **values)  # grpokit's step counts (generation batches)

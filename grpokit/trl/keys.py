@@ -293,11 +293,16 @@ class TRLValueError(ValueError):
     """A TRL key whose value grpokit cannot honour (raised as a ConfigError by the config)."""
 
 
-def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set[str]) -> tuple[dict, dict, dict]:
+def from_trl(
+    given: dict[str, Any], context: dict[str, Any], grpokit_fields: set[str], trl_keywords: frozenset = frozenset()
+) -> tuple[dict, dict, dict]:
     """Split the flat ``given`` values into (grpokit field values, TRL-only keys given, the unused ones).
 
     ``context``: every value in force (defaults, an earlier config, ``given``), for the keys whose meaning
-    depends on another (eval_steps on logging_steps, ratios on max_steps).
+    depends on another (eval_steps on logging_steps, ratios on max_steps). ``trl_keywords``: the keys given the
+    TRL way (GRPOConfig's keyword arguments in Python, by TRL's names); with ``num_iterations`` among them, the
+    step counts given count optimizer steps, as in TRL (:func:`_generation_batch`). Empty for a YAML file, a
+    command line, a run's saved config.yaml, ``replace()`` and attributes: their step counts are grpokit's.
     """
     values = {k: v for k, v in given.items() if k in grpokit_fields}
     trl = {k: v for k, v in given.items() if k not in grpokit_fields}
@@ -314,7 +319,7 @@ def from_trl(given: dict[str, Any], context: dict[str, Any], grpokit_fields: set
 
     _shared_forms(values, context, put, unused)
     _trl_only_keys(trl, values, context, put, unused)
-    _generation_batch(trl, values, context, put)
+    _generation_batch(trl, values, context, put, trl_keywords)
     _unused_keys(trl, put, unused)
     return values, trl, unused
 
@@ -423,12 +428,18 @@ def _trl_only_keys(trl: dict, values: dict, context: dict, put, unused: dict) ->
         put("resume_from", "latest" if resume is True else str(resume), f"resume_from_checkpoint={resume!r}")
 
 
-def _generation_batch(trl: dict, values: dict, context: dict, put) -> None:
-    """steps_per_generation / generation_batch_size as num_mini_batches (whole optimizer steps per generation)."""
+def _generation_batch(trl: dict, values: dict, context: dict, put, trl_keywords: frozenset = frozenset()) -> None:
+    """steps_per_generation / generation_batch_size as num_mini_batches (whole optimizer steps per generation), and
+    TRL's step counts as generation batches: with either of them, or with ``num_iterations`` given the TRL way (TRL's
+    steps_per_generation then defaults to gradient_accumulation_steps: one optimizer step per pass over the batch,
+    so a generation batch is num_iterations optimizer steps)."""
     accumulation = _int(values.get("gradient_accumulation_steps", context.get("gradient_accumulation_steps")), 1)
     micro_batch = _int(values.get("per_device_train_batch_size", context.get("per_device_train_batch_size")), 8)
     processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     minis = _mini_batches(trl.get("steps_per_generation"), trl.get("generation_batch_size"), micro_batch * processes)
+    if minis is None and "num_iterations" in trl_keywords:
+        iterations = _int(values.get("num_iterations"), 1)
+        _count_generation_batches(values, iterations, f"num_iterations={iterations} (TRL reuses each batch that often)")
     if minis is not None:
         key = "steps_per_generation" if trl.get("steps_per_generation") is not None else "generation_batch_size"
         source = f"{key}={trl[key]}"

@@ -38,7 +38,7 @@ def config(run: Path, **overrides) -> GRPOConfig:
         learning_rate=5e-2,
         lr_scheduler_type="constant",
         beta=0.1,
-        num_iterations=2,
+        algo={"num_iterations": 2},  # grpokit's form: max_steps counts generation batches
         save_steps=2,
         seed=0,
         progress_bar=False,

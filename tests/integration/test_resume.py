@@ -31,7 +31,7 @@ def config(run: Path, **overrides) -> GRPOConfig:
         max_completion_length=5,
         learning_rate=5e-3,
         beta=0.04,
-        num_iterations=2,
+        algo={"num_iterations": 2},  # grpokit's form: max_steps counts generation batches
         save_steps=1,
         progress_bar=False,
         report_to=["jsonl"],

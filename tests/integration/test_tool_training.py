@@ -402,7 +402,7 @@ def resumable(run: Path, qwen_dir: Path, **overrides) -> GRPOTrainer:
         max_completion_length=96,
         learning_rate=1e-3,
         lr_scheduler_type="constant",
-        num_iterations=2,
+        algo={"num_iterations": 2},  # grpokit's form: max_steps counts generation batches
         save_strategy="steps",
         save_steps=1,
         tool_parser=f"{TOOLS}:every_other_turn",

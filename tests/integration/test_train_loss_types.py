@@ -30,17 +30,17 @@ def varied(completions, **kwargs):
         # cispo on the top half of each micro-batch's tokens by entropy; two passes, so ratios leave 1 and the cap
         # (epsilon_high 1.001) lowers some positive-advantage tokens' weights
         (
-            {"loss_type": "cispo", "epsilon_high": 1.001, "top_entropy_quantile": 0.5, "num_iterations": 2},
+            {"loss_type": "cispo", "epsilon_high": 1.001, "top_entropy_quantile": 0.5, "algo": {"num_iterations": 2}},
             "cispo_clip_ratio",
         ),
         # sapo with the off-policy mask at 0: on the second pass every negative-advantage completion the policy
         # moved away from is dropped
         (
-            {"loss_type": "sapo", "off_policy_mask_threshold": 0.0, "num_iterations": 2},
+            {"loss_type": "sapo", "off_policy_mask_threshold": 0.0, "algo": {"num_iterations": 2}},
             "off_policy_mask/dropped_fraction",
         ),
         ({"loss_type": "luspo", "importance_sampling_level": "sequence"}, "clip_ratio/region_mean"),
-        ({"loss_type": "vespo", "num_iterations": 2}, "vespo/phi_seq_mean"),
+        ({"loss_type": "vespo", "algo": {"num_iterations": 2}}, "vespo/phi_seq_mean"),
     ],
     ids=["cispo+entropy", "sapo+off_policy", "luspo", "vespo"],
 )

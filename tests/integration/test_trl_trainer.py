@@ -283,6 +283,91 @@ def test_num_iterations_and_steps_per_generation_count_optimizer_steps_as_trl(tm
     assert (optimizer_steps, sampled) == (4, 16)
 
 
+def test_num_iterations_alone_counts_optimizer_steps_and_completions_as_trl(tmp_path, tiny_model_dir):
+    """A TRL script with num_iterations=2, max_steps=2 and steps_per_generation unset. TRL's numbers (grpo_config.py:
+    steps_per_generation defaults to gradient_accumulation_steps = 1, so generation_batch_size = 8 x 1 process x 1 = 8;
+    grpo_trainer.py `_prepare_inputs`: it generates every steps_per_generation x num_iterations = 2 micro-batches and
+    steps the optimizer every gradient_accumulation_steps = 1): max_steps=2 optimizer steps are 2 micro-batches, one
+    generation of 8 completions (2 prompts x 4), each used twice. grpokit: one generation batch of 8, 2 passes.
+    The same settings run through TRL itself below give the same counts."""
+    from grpokit.store import RolloutStore
+
+    run = tmp_path / "run"
+    settings = dict(num_iterations=2, max_steps=2, per_device_train_batch_size=8, num_generations=4, save_steps=2)
+    trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=config(run, **settings), train_dataset=PROMPTS)
+    assert (trainer.args.max_steps, trainer.args.save_steps) == (1, 1)  # one generation batch
+    trainer.train()
+    with RolloutStore(run, readonly=True) as store:
+        sampled = sum(row["n"] for row in store.summary())
+    ours = (trainer.scheduler.last_epoch, sampled)  # the schedule steps once per optimizer step
+    assert ours == (2, 8)
+
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    scored = []
+
+    def counting(completions, **kwargs):
+        scored.append(len(completions))
+        return [0.0] * len(completions)
+
+    trl_args = TRLConfig(
+        output_dir=str(tmp_path / "trl"),
+        use_cpu=True,
+        bf16=False,
+        max_completion_length=4,
+        learning_rate=1e-3,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+        **{k: v for k, v in settings.items() if k != "save_steps"},
+    )
+    theirs = TRLTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=counting,
+        args=trl_args,
+        train_dataset=Dataset.from_list(PROMPTS),
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+    )
+    theirs.train()
+    assert (theirs.state.global_step, sum(scored)) == ours == (2, 8)
+
+
+def test_resuming_a_trl_num_iterations_run_does_not_convert_twice(tmp_path, tiny_model_dir):
+    """TRL's form converts once, when the script builds its config: num_iterations=2, max_steps=2 optimizer steps is
+    one generation batch, and the run folder's config.yaml says max_steps 1. Read back (the command line's resume,
+    grpokit eval / explain) it stays 1; a script run again with TRL's numbers and told to resume gets the same count;
+    extending the run from its saved config counts generation batches."""
+    from grpokit.config import load_config
+    from grpokit.store import RolloutStore
+
+    run = tmp_path / "run"
+
+    def trl_form(**overrides):
+        return config(run, num_iterations=2, save_steps=2, lr_scheduler_type="constant", **overrides)
+
+    GRPOTrainer(str(tiny_model_dir), has_target, args=trl_form(max_steps=4), train_dataset=PROMPTS).train()
+    saved = load_config(run / "config.yaml")
+    assert (saved.max_steps, saved.save_steps, saved.num_iterations) == (2, 1, 2)  # not halved again
+
+    again = GRPOTrainer(str(tiny_model_dir), has_target, args=trl_form(max_steps=6), train_dataset=PROMPTS)
+    assert again.args.max_steps == 3
+    again.train(resume_from_checkpoint=True)
+    assert (again.step, again.scheduler.last_epoch) == (3, 6)  # 3 generation batches, TRL's 6 optimizer steps
+
+    extended = load_config(run / "config.yaml", ["resume_from=latest", "max_steps=4"])  # grpokit's form
+    assert extended.max_steps == 4
+    longer = GRPOTrainer(str(tiny_model_dir), has_target, args=extended, train_dataset=PROMPTS)
+    longer.train()
+    assert (longer.step, longer.scheduler.last_epoch) == (4, 8)
+    with RolloutStore(run, readonly=True) as store:
+        assert sum(row["n"] for row in store.summary()) == 4 * 8
+
+
 def completion_ids_of(path):
     return [ids for line in path.read_text().splitlines() for ids in json.loads(line)]
 

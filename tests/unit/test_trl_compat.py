@@ -224,14 +224,56 @@ def test_trl_step_counts_are_converted_to_generation_batches():
 def test_num_iterations_counts_in_trl_step_conversion():
     """TRL reuses a generation batch num_iterations times: steps_per_generation=2, num_iterations=2 is 2 x 2 = 4
     optimizer steps per generation batch, so TRL's max_steps=4 is one grpokit step (2 mini-batches, 2 passes),
-    save_steps 6 -> ceil(6 / 4) = 2; num_iterations alone (no steps_per_generation) converts nothing."""
+    save_steps 6 -> ceil(6 / 4) = 2."""
     cfg = quiet(num_iterations=2, steps_per_generation=2, max_steps=4, save_steps=6)
     assert (cfg.max_steps, cfg.num_mini_batches, cfg.num_iterations, cfg.save_steps) == (1, 2, 2, 2)
     assert cfg.max_steps * cfg.optimizer_steps_per_step() == 4
     assert quiet(num_iterations=3, generation_batch_size=16, per_device_train_batch_size=8, max_steps=12).max_steps == 2
-    assert quiet(num_iterations=2, max_steps=4).max_steps == 4
     with pytest.raises(ConfigError, match=r"steps_per_generation=2 with num_iterations=2 makes 4 optimizer steps"):
         GRPOConfig(num_iterations=2, steps_per_generation=2, max_steps=6)
+
+
+def test_num_iterations_alone_counts_optimizer_steps_as_trl():
+    """TRL's steps_per_generation defaults to gradient_accumulation_steps, so a generation batch is one optimizer
+    step per pass, num_iterations passes: with num_iterations=2, TRL's max_steps=4 is 2 generation batches, save_steps
+    3 -> ceil(3 / 2) = 2, eval_steps 5 -> 3, logging_steps 1 -> 1. gradient_accumulation_steps does not change it:
+    num_iterations=3, gradient_accumulation_steps=2, max_steps=6 -> 6 / 3 = 2. num_iterations=1 converts nothing."""
+    cfg = quiet(num_iterations=2, max_steps=4, save_steps=3, eval_strategy="steps", eval_steps=5, logging_steps=1)
+    assert (cfg.max_steps, cfg.num_mini_batches, cfg.save_steps, cfg.eval_steps, cfg.logging_steps) == (2, 1, 2, 3, 1)
+    assert cfg.max_steps * cfg.optimizer_steps_per_step() == 4  # TRL's 4 optimizer steps
+    assert quiet(num_iterations=3, gradient_accumulation_steps=2, max_steps=6).max_steps == 2
+    assert quiet(num_iterations=1, max_steps=5, save_steps=3).max_steps == 5
+    assert quiet(num_iterations=2).max_steps == -1  # epochs: TRL's count already (each prompt once per epoch)
+    with pytest.raises(ConfigError, match=r"max_steps=3 \(optimizer steps, as TRL counts them\) is not a whole"):
+        GRPOConfig(num_iterations=2, max_steps=3)
+
+
+def test_num_iterations_in_grpokit_forms_counts_generation_batches(tmp_path):
+    """Only GRPOConfig's keyword arguments by TRL's names are TRL's form. A section, a YAML file, a command line, an
+    alias (num_ppo_epochs), replace() and attributes keep grpokit's count: max_steps 4 stays 4 generation batches."""
+    assert quiet(algo={"num_iterations": 2}, max_steps=4).max_steps == 4
+    assert quiet(num_ppo_epochs=2, max_steps=4).max_steps == 4
+    assert GRPOConfig.from_grpokit(num_iterations=2, max_steps=4).max_steps == 4
+    assert load_config(None, ["num_iterations=2", "max_steps=4", "save_steps=3"]).max_steps == 4
+    path = tmp_path / "grpokit.yaml"
+    path.write_text("algo:\n  num_iterations: 2\noptim:\n  max_steps: 4\nrun:\n  save_steps: 3\n")
+    assert (load_config(path).max_steps, load_config(path).save_steps) == (4, 3)
+    cfg = quiet(num_iterations=2, max_steps=4)
+    assert cfg.replace(max_steps=6).max_steps == 6  # the build's epoch count goes through replace, in batches
+    cfg.max_steps = 8
+    assert cfg.max_steps == 8
+
+
+def test_a_saved_trl_config_reads_back_without_converting_again(tmp_path):
+    """The run folder's config.yaml holds the converted counts (max_steps 2 generation batches for TRL's 4): read back
+    (resume from the command line, grpokit eval / explain of the run), they are not halved again."""
+    cfg = quiet(num_iterations=2, max_steps=4, save_steps=2, logging_steps=2)
+    assert (cfg.max_steps, cfg.save_steps, cfg.logging_steps) == (2, 1, 1)
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    again = load_config(path, ["resume_from=latest"])
+    assert (again.max_steps, again.save_steps, again.logging_steps, again.num_iterations) == (2, 1, 1, 2)
+    assert again.replace(resume_from=None) == cfg
 
 
 def test_repetition_penalty_and_generation_kwargs_are_acted_on():
