@@ -145,7 +145,12 @@ def test_qlora_resume_equals_a_straight_run(model_dir, tmp_path):
         "completion_logprob_mean",
     )
     settings = dict(
-        max_steps=4, beta=0.1, algo={"num_iterations": 2}, save_steps=2, per_device_train_batch_size=8, num_generations=4
+        max_steps=4,
+        beta=0.1,
+        algo={"num_iterations": 2},  # grpokit's form: max_steps counts generation batches
+        save_steps=2,
+        per_device_train_batch_size=8,
+        num_generations=4,
     )
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
 
