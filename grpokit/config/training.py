@@ -284,7 +284,8 @@ class OptimConfig:
     x gradient_accumulation_steps)."""
     max_steps: int = -1
     """Steps to train (each: one generation batch, num_iterations x num_mini_batches optimizer steps); -1 (TRL's
-    default) = num_train_epochs over train_dataset."""
+    default) = num_train_epochs over train_dataset. A TRL script's GRPOConfig(num_iterations=..., max_steps=...) counts
+    optimizer steps, as TRL, and is converted (docs/from_trl.md)."""
     num_train_epochs: float = 3.0
     """With max_steps -1: passes over train_dataset (steps = ceil(epochs x prompts // prompts per step), as TRL)."""
     seed: int = 42
