@@ -41,6 +41,8 @@ NOT_RUNNABLE = {
         "a server on every address, until stopped: test_remote_rewards.py checks the token"
     ),
     "python examples/code/run.py": "~6 min; tests/integration/test_examples_code.py runs it shortened",
+    'grpokit inspect runs/my-run --sql "SELECT step, min(policy_version), max(policy_version) FROM rollouts GROUP BY '
+    'step"': "needs a run folder of the reader's; test_bounded_staleness.py runs --sql on policy_version",
     "python examples/code/run.py --steps 80": "~10 min; tests/integration/test_examples_code.py runs it shortened",
     "grpokit train examples/code/gpu.yaml": "a 1.5B hub model and MBPP from the hub, on a CUDA GPU",
     "make demo": "creates .venv and installs packages (network); `grpokit demo` runs in tests/integration/test_demo.py",
