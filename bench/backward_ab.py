@@ -136,8 +136,8 @@ def main() -> None:
     a = p.parse_args()
     import torch
 
-    from grpokit.cpu_caps import cpu_caps, describe
     from grpokit.kernels import Kernels
+    from grpokit.machine.cpu_caps import cpu_caps, describe
 
     torch.set_num_threads(a.threads)
     caps = cpu_caps()

@@ -54,7 +54,7 @@ def rank_main(
         from grpokit.distributed.fsdp import initial_placement
         from grpokit.distributed.fsdp_probe import GatheredBytes
         from grpokit.distributed.torch_dist import DistContext
-        from grpokit.modeling import load_model
+        from grpokit.models.loading import load_model
         from grpokit.rollout.engine import HFRolloutEngine
         from grpokit.rollout.types import SamplingParams
 

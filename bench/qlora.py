@@ -53,7 +53,7 @@ def sampling(workdir: Path, prompts: int, completion_length: int, repeats: int) 
     from bitsandbytes.functional import dequantize_4bit
     from bitsandbytes.nn import Linear4bit
 
-    from grpokit.modeling import load_model
+    from grpokit.models.loading import load_model
     from grpokit.rollout.engine import HFRolloutEngine
     from grpokit.rollout.types import SamplingParams
 

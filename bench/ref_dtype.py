@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import vs_trl  # the benchmark's model and prompts
 
 from grpokit import GRPOConfig
-from grpokit.cpu_caps import cpu_caps
-from grpokit.modeling import load_model
+from grpokit.machine.cpu_caps import cpu_caps
+from grpokit.models.loading import load_model
 from grpokit.rollout.types import Rollouts
 from grpokit.train.learning.learner import Learner
 from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
@@ -88,7 +88,7 @@ def main() -> None:
 
 
 def learner_autocast(dtype):
-    from grpokit.hardware import autocast
+    from grpokit.machine.hardware import autocast
 
     return autocast(torch.device("cpu"), dtype)
 

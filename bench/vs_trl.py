@@ -26,7 +26,7 @@ Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
 64 completion tokens. By default it runs TRL out of the box, TRL's fastest configuration for this CPU (bf16
-without checkpointing where the CPU has native bf16 matmul, per ``grpokit.cpu_caps``, else float32) and
+without checkpointing where the CPU has native bf16 matmul, per ``grpokit.machine.cpu_caps``, else float32) and
 grpokit out of the box: TRL peaks at ~20 GB there, so leave the machine to it. ``--layers N`` shrinks a
 shape's model to N layers (a quick check that every configuration runs; not a benchmark figure).
 
@@ -211,7 +211,7 @@ def matmul_peak(threads: int, seconds: float = 3.0) -> dict[str, float]:
     CPU has native bf16 matmul (elsewhere torch's fallback takes minutes per matmul and nothing runs in bf16): NaN."""
     import torch
 
-    from grpokit.cpu_caps import cpu_caps
+    from grpokit.machine.cpu_caps import cpu_caps
 
     torch.set_num_threads(threads)
     peak = {"bfloat16": float("nan")}
@@ -504,9 +504,9 @@ def sample_phases(trainer, marks: list, records: list, heap: HeapPeaks | None = 
 
 
 def memory_parts(cfg, workdir: Path) -> dict:
-    """grpokit.memory's estimate of this run's parts, bytes (the floor's and those above it), for its prompts of
+    """grpokit.compose.memory's estimate of this run's parts, bytes (the floor's and those above it), for its prompts of
     PROMPT_TOKENS (the config leaves max_prompt_length at TRL's 512, which the estimate would take as the length)."""
-    from grpokit.memory import PROCESS_OVERHEAD, build_meta_model, estimate_memory
+    from grpokit.compose.memory import PROCESS_OVERHEAD, build_meta_model, estimate_memory
 
     m = estimate_memory(cfg.replace(max_prompt_length=PROMPT_TOKENS), build_meta_model(str(workdir / "model")))
     return {
@@ -745,7 +745,7 @@ def floor_report(name: str, r: dict, sizes: dict, peak: dict, dtype: str, prompt
 
 
 def memory_ledger(name: str, peak_mb: float, ledger: dict, marks: list | None, heap: dict | None = None) -> dict:
-    """Print the peak RSS as the floor's parts (weights, gradients, AdamW moments, reference: grpokit.memory's
+    """Print the peak RSS as the floor's parts (weights, gradients, AdamW moments, reference: grpokit.compose.memory's
     estimate) and the parts above it at the phase where the peak was reached, with what the estimate does not
     account for (allocator retention, copies) as the rest; then, measured (:class:`HeapPeaks`, last step), each
     phase's most heap memory in use against the heap's size: how much of the rest the allocator holds free."""
@@ -771,7 +771,7 @@ def memory_ledger(name: str, peak_mb: float, ledger: dict, marks: list | None, h
         above = {"optimizer_step": ledger["optimizer_step"]}
     else:
         above = {k: ledger[k] for k in ("activations", "kept_logits", "head_chunks", "weight_casts")}
-    above["runtime"] = ledger["runtime"]  # grpokit.memory.PROCESS_OVERHEAD: an estimate, not measured here
+    above["runtime"] = ledger["runtime"]  # grpokit.compose.memory.PROCESS_OVERHEAD: an estimate, not measured here
     for k, v in above.items():
         print(f"  above  {k:<16}{mb(v):>9,.0f} MB")
     rest = peak_mb - floor_mb - mb(sum(above.values()))
@@ -796,7 +796,7 @@ def default_configs(shape: str) -> list[str]:
     grpokit."""
     if SHAPES[shape][2] == "bench":
         return [c for c in CONFIGS if c not in (*MEMORY_OPTIONS, *ALLOCATOR_OPTIONS, "grpokit_ppo")]
-    from grpokit.cpu_caps import cpu_caps
+    from grpokit.machine.cpu_caps import cpu_caps
 
     return ["trl_default", "trl_bf16" if cpu_caps().native_bf16 else "trl_fp32", "grpokit"]
 
@@ -857,7 +857,7 @@ def main() -> None:
             f"unknown shape or config {', '.join(unknown)}; shapes: {', '.join(SHAPES)}; configs: {', '.join(CONFIGS)}"
         )
     configs = {s: args.configs.split(",") if args.configs else default_configs(s) for s in shapes}
-    from grpokit.cpu_caps import cpu_caps, describe
+    from grpokit.machine.cpu_caps import cpu_caps, describe
 
     caps = cpu_caps()
     with tempfile.TemporaryDirectory() as tmp:

@@ -73,7 +73,7 @@ def _failed(exc: BaseException, signum: int | None) -> int:
     if is_user_error(exc):
         print(f"grpokit: error: {exc}", file=sys.stderr)
         return 2
-    from grpokit.io_errors import storage_error_line
+    from grpokit.system.io_errors import storage_error_line
 
     line = storage_error_line(exc)
     if line is None:
@@ -181,7 +181,7 @@ def _quietly(command):
     :func:`_quiet_model_loading`."""
 
     def run(args) -> int:
-        from grpokit.quiet import quiet_third_party
+        from grpokit.system.quiet import quiet_third_party
 
         quiet_third_party()  # before peft (and through it bitsandbytes) is imported
         _quiet_model_loading()
@@ -210,8 +210,8 @@ def _quiet_model_loading() -> None:
 def _keep_freed_memory_on_cpu(device: str) -> None:
     """The CLI owns its process: on CPU, let glibc keep freed memory for the next step
     (:func:`grpokit.kernels.keep_freed_memory`; the library never changes its caller's allocator)."""
-    from grpokit.hardware import pick_device
     from grpokit.kernels import keep_freed_memory
+    from grpokit.machine.hardware import pick_device
 
     try:
         cpu = pick_device(device).type == "cpu"
@@ -224,9 +224,9 @@ def _keep_freed_memory_on_cpu(device: str) -> None:
 def cmd_train(args) -> int:
     import os
 
-    from grpokit.build.specs import run_dir_spec
+    from grpokit.compose.specs import run_dir_spec
     from grpokit.config import load_config
-    from grpokit.processes import under_torchrun
+    from grpokit.system.processes import under_torchrun
     from grpokit.train.rundir.folder import check_run_dir
     from grpokit.trl.trainer import GRPOTrainer
 
@@ -277,7 +277,7 @@ def cmd_eval(args) -> int:
             metrics = trainer.evaluation_metrics()  # grpokit's names, as metrics.jsonl has them
         finally:
             trainer.rewards.close()  # the reward worker processes
-    from grpokit.io_errors import write_stdout
+    from grpokit.system.io_errors import write_stdout
 
     write_stdout(json.dumps(metrics, indent=2) + "\n")
     return 0
@@ -304,7 +304,7 @@ def eval_inputs(target: Path, overrides: list[str]):
         return cfg, None
     from peft import AutoPeftModelForCausalLM
 
-    from grpokit.hardware import pick_device, pick_dtype
+    from grpokit.machine.hardware import pick_device, pick_dtype
 
     dtype = pick_dtype(cfg.dtype, pick_device(cfg.device))  # the training run's weights dtype
     model = AutoPeftModelForCausalLM.from_pretrained(str(final), dtype=dtype, trust_remote_code=cfg.trust_remote_code)
@@ -314,8 +314,8 @@ def eval_inputs(target: Path, overrides: list[str]):
 
 
 def cmd_explain(args) -> int:
+    from grpokit.commands.explain import explain
     from grpokit.config import load_config
-    from grpokit.explain import explain
 
     path = Path(args.config)
     print(explain(load_config(_run_config(path) if path.is_dir() else path, _overrides(args.overrides))))
@@ -348,7 +348,7 @@ def cmd_demo(args) -> int:
 def cmd_serve_rewards(args) -> int:
     import os
 
-    from grpokit.build.inputs import served_reward_runner
+    from grpokit.compose.inputs import served_reward_runner
     from grpokit.rewards.serve import TOKEN_ENV, check_binding, run_server
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
@@ -357,7 +357,7 @@ def cmd_serve_rewards(args) -> int:
 
 
 def cmd_env(args) -> int:
-    from grpokit.env import format_report, report
+    from grpokit.commands.env import format_report, report
 
     print(format_report(report()))
     return 0

@@ -40,7 +40,7 @@ def part_precision(dry_run: bool) -> dict:
     """Fraction of weights changed after 10 AdamW steps at lr 1e-6: float32 weights under autocast vs bf16 weights."""
     import torch
 
-    from grpokit.precision import choose_precision
+    from grpokit.machine.precision import choose_precision
 
     device = torch.device("cpu" if dry_run else "cuda")
     compute = torch.bfloat16 if dry_run else choose_precision("auto", device).compute

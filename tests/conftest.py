@@ -9,11 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
-WORDS = [f"w{i}" for i in range(40)]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}assistant :{% endif %}"
-)
+from shared_helpers import CHAT_TEMPLATE, WORDS
 
 
 @pytest.fixture(scope="session")
@@ -32,10 +28,6 @@ def tiny_model_dir(tmp_path_factory):
 def word_prompts():
     """30 prompts of five words each; the `target` column names the word the reward asks for."""
     return [{"prompt": " ".join(WORDS[i : i + 5]), "target": "w7"} for i in range(30)]
-
-
-REWARD_FILE = os.path.join(os.path.dirname(__file__), "integration", "rewards_for_tests.py")
-TARGET_REWARD = f"{REWARD_FILE}:target_fraction"
 
 
 @pytest.fixture(scope="module")

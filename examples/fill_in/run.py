@@ -36,9 +36,9 @@ from judge import Judge, JudgeConfig, judge_accuracy, judge_reward, train_judge
 from policy import PolicyConfig, fill_in_tokenizer, warm_start
 
 from grpokit import GRPOTrainer, load_config
-from grpokit.cache import cached_folder
-from grpokit.modeling import decode
+from grpokit.models.loading import decode
 from grpokit.rollout.types import SamplingParams
+from grpokit.system.cached_folders import cached_folder
 
 
 @torch.no_grad()

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 
-from grpokit.cache import cached_folder
 from grpokit.data.smiles import BOS, EOS, SmilesTokenizer
+from grpokit.system.cached_folders import cached_folder
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def load_or_pretrain(
     """The pre-trained model from ``cache_dir/chargpt-<hash>``, training and saving it first if missing.
 
     The hash covers the recipe and the data, so changing either builds a new model; an interrupted build is never
-    taken as complete (:func:`grpokit.cache.cached_folder`).
+    taken as complete (:func:`grpokit.system.cached_folders.cached_folder`).
     """
     recipe = {"config": asdict(config), "data": hashlib.sha256("\n".join(smiles).encode()).hexdigest()}
 

@@ -30,7 +30,7 @@ from chargpt import PretrainConfig, load_or_pretrain
 
 from grpokit import GRPOTrainer, load_config
 from grpokit.data.smiles import BOS, canonical_set, molecule_metrics, read_smiles
-from grpokit.modeling import decode
+from grpokit.models.loading import decode
 from grpokit.rollout.types import SamplingParams
 
 METRICS = ("validity", "uniqueness", "novelty", "qed", "sa")

@@ -38,7 +38,7 @@ from measure import measure
 from warm_start import WarmStartConfig, warm_start
 
 from grpokit import GRPOTrainer, load_config
-from grpokit.cache import cached_folder
+from grpokit.system.cached_folders import cached_folder
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

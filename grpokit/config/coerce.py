@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import types
 import typing
 from typing import Any, Union
@@ -12,11 +11,7 @@ from typing import Any, Union
 import yaml
 
 from grpokit.config.schema import FIELD_SECTION, PATH_FIELDS, ConfigError
-
-
-def expand_path(path: str) -> str:
-    """``~`` and environment variables (``$VAR``, ``${VAR}``) expanded, as a shell would; other text unchanged."""
-    return os.path.expanduser(os.path.expandvars(path))
+from grpokit.system.paths import expand_path
 
 
 def coerce(cls: type, name: str, value: Any) -> Any:

@@ -4,7 +4,7 @@ Defaults follow TRL's GRPOConfig where the concept exists there, except ``beta =
 ``use_bias_correction_kl = False`` (plain k3, the formula of docs/architecture.md; TRL 1.16: True).
 Every error is raised before any model is loaded, as a :class:`ConfigError` naming the problem
 and the fix. The facade is for users, YAML and TRL scripts; inside grpokit only the config package and
-the composition root (the grpokit/build/ package) read it
+the composition root (the grpokit/compose/ package) read it
 (tests/unit/test_config_reads.py).
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-import grpokit.trl.keys as trl_keys
+import grpokit.config.trl_keys as trl_keys
 from grpokit.config import validation
 from grpokit.config.coerce import coerce
 from grpokit.config.keys import flatten, from_trl, unknown_key_message
@@ -34,7 +34,7 @@ class GRPOConfig:
     (``GRPOConfig(num_generations=8, learning_rate=1e-5)``) and the seeds' aliases, in any mix.
     Reading ``cfg.num_generations`` returns the field from its section.
 
-    Every key of TRL's GRPOConfig is accepted too (grpokit/trl/keys.py): those grpokit acts on map
+    Every key of TRL's GRPOConfig is accepted too (grpokit/config/trl_keys.py): those grpokit acts on map
     onto its fields (``bf16=True`` -> ``mixed_precision: bf16``), the others are named in one warning and
     read back as given (``cfg.push_to_hub``).
     """

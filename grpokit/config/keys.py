@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-import grpokit.trl.keys as trl_keys
+import grpokit.config.trl_keys as trl_keys
 from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
 
 

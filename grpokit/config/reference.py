@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import grpokit.trl.keys as trl_keys
+import grpokit.config.trl_keys as trl_keys
 from grpokit.config.schema import ALIASES, SECTIONS, field_docs
 
 

@@ -11,11 +11,11 @@ import difflib
 import warnings
 from typing import TYPE_CHECKING
 
-import grpokit.trl.keys as trl_keys
+import grpokit.config.trl_keys as trl_keys
 from grpokit.algos.loss_registry import LossSettings, get_loss, loss_types
 from grpokit.algos.registry import ALGORITHMS
-from grpokit.config.extensions import import_modules
 from grpokit.config.schema import ConfigError, check
+from grpokit.system.extensions import import_modules
 
 if TYPE_CHECKING:
     from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass
@@ -58,20 +57,6 @@ class EvalConfig:
     """Evaluate on at most this many prompts."""
     success_threshold: float = 1.0
     """A sample counts as correct for pass@k when its combined reward >= this."""
-
-
-@dataclass
-class LoraConfig:
-    r: int = 0
-    """LoRA rank; 0 = full fine-tuning."""
-    alpha: int = 16
-    """LoRA scaling alpha."""
-    dropout: float = 0.0
-    """LoRA dropout."""
-    target_modules: Any = "all-linear"
-    """Module names (list), all-linear, or null (peft's default for the architecture: q_proj, v_proj on Llama)."""
-    merge_on_save: bool = False
-    """Also save merged full weights at the end."""
 
 
 @dataclass

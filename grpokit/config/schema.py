@@ -13,7 +13,7 @@ import dataclasses
 import inspect
 import itertools
 
-import grpokit.trl.keys as trl_keys
+import grpokit.config.trl_keys as trl_keys
 from grpokit.algos.names import (
     IMPORTANCE_SAMPLING_LEVELS,
     IMPORTANCE_WEIGHT_MODES,
@@ -80,7 +80,6 @@ CHOICES = {
 REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
 
 # The keys of a dataset given as a mapping (data.train_dataset / eval_dataset): datasets.load_dataset's arguments.
-DATASET_KEYS = ("path", "name", "split", "data_files", "data_dir", "revision")
 
 # field name -> section name; built once, field names are unique across sections.
 FIELD_SECTION: dict[str, str] = {f.name: section for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}

@@ -274,7 +274,7 @@ class OptimConfig:
     backward_chunk_rows: int | None = None
     """Rows per forward and backward pass within a micro-batch (its loss, normalisation and optimizer step unchanged):
     fewer keep fewer activations for the backward, at some speed. null = the whole micro-batch, or fewer rows when
-    the run would not fit in the memory free (grpokit.memory.update_chunk_rows)."""
+    the run would not fit in the memory free (grpokit.compose.memory.update_chunk_rows)."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step; completions per optimizer step = this x per_device_train_batch_size x
     processes."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from grpokit.data.prompt_builder import PromptBuilder
 from grpokit.data.sources import DataError, read_source
-from grpokit.modeling import decode, encode_prompt
+from grpokit.models.loading import decode, encode_prompt
 
 __all__ = ["DataError", "PromptBuilder", "PromptSource", "load_rows", "render_prompt", "reward_arguments"]
 

@@ -17,11 +17,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from grpokit import hub
-from grpokit.config import DATASET_KEYS, expand_path
+from grpokit.models import hub
+from grpokit.system.paths import expand_path
 
 HUB_PREFIX = "hf:"
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+# The keys of a dataset mapping (``{path, name, split, ...}``): datasets.load_dataset's own arguments.
+DATASET_KEYS = ("path", "name", "split", "data_files", "data_dir", "revision")
 
 
 class DataError(ValueError):

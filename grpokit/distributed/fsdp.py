@@ -10,7 +10,7 @@ Loading: no rank but rank 0 ever holds the whole model. Rank 0 loads the weights
 the model on the meta device (no memory) (:func:`initial_placement`). :func:`shard_from_rank0` shards both the same
 way, gives the meta ranks empty shards on their device, and fills every shard from rank 0's full state dict
 (``set_model_state_dict(..., StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))``), buffers
-broadcast after. Under mixed precision (:mod:`grpokit.precision`) the units gather their parameters in the compute
+broadcast after. Under mixed precision (:mod:`grpokit.machine.precision`) the units gather parameters in the compute
 dtype and reduce gradients in float32 (``MixedPrecisionPolicy``); the sharded master weights and AdamW stay float32.
 
 Weights leaving the learner (:func:`stream_full_parameters`) go one parameter at a time: each is all-gathered, handed
@@ -46,7 +46,7 @@ def initial_placement(*, strategy: str, world_size: int, rank: int, plain_load: 
 
 def shard_model(model: torch.nn.Module, mp_policy=None) -> torch.nn.Module:
     """Shard ``model`` in place (its class becomes an FSDP subclass; parameters become DTensors); ``mp_policy``: a
-    ``MixedPrecisionPolicy`` (:func:`grpokit.precision.fsdp_mixed_precision`) or None."""
+    ``MixedPrecisionPolicy`` (:func:`grpokit.machine.precision.fsdp_mixed_precision`) or None."""
     from torch.distributed.fsdp import fully_shard
 
     kw = {} if mp_policy is None else {"mp_policy": mp_policy}

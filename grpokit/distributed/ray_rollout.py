@@ -139,7 +139,7 @@ class RayRolloutEngine:
         self.pad_token_id = pad_token_id
         wanted, offered = num_workers * worker_gpus, ray.cluster_resources().get("GPU", 0)
         if wanted > offered:
-            from grpokit.config import ConfigError
+            from grpokit.errors import ConfigError
 
             raise ConfigError(
                 f"{num_workers} rollout workers x rollout_worker_gpus={worker_gpus} need {wanted:g} GPUs, but Ray has "

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from grpokit.processes import RewardBatch, SingleProcess, is_sharded
+from grpokit.system.processes import RewardBatch, SingleProcess, is_sharded
 
 
 @dataclass
 class DistContext(SingleProcess):
-    """A torchrun rank: :class:`~grpokit.processes.SingleProcess`'s operations as torch.distributed collectives."""
+    """A torchrun rank: :class:`~grpokit.system.processes.SingleProcess`'s operations as torch.distributed
+    collectives."""
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
@@ -157,7 +158,7 @@ class DistContext(SingleProcess):
             return model
         if strategy == "fsdp":
             from grpokit.distributed.fsdp import shard_from_rank0
-            from grpokit.precision import fsdp_mixed_precision
+            from grpokit.machine.precision import fsdp_mixed_precision
 
             policy = fsdp_mixed_precision(compute_dtype)
             return shard_from_rank0(model, is_main=self.is_main, device=device, mp_policy=policy)

@@ -11,7 +11,7 @@
     linear_storage.py  a frozen model's Linear weights in the autocast dtype
     allocator.py       keep_freed_memory: an opt-in allocator setting for programs that own their process
 
-The rollout engine and the learner use the kernels through :class:`Kernels` only; ``grpokit.cpu_caps``
+The rollout engine and the learner use the kernels through :class:`Kernels` only; ``grpokit.machine.cpu_caps``
 is the probe the choice and the kernels ask. Nothing here imports ``grpokit.train`` or ``grpokit.rollout``.
 """
 

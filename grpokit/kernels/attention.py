@@ -22,7 +22,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from grpokit.modeling import activation_checkpointing
+from grpokit.models.loading import activation_checkpointing
 
 NAME = "grpokit_small_sdpa"
 # Bytes of the [batch, heads, q_len, k_len] probabilities (compute dtype) up to which the plain form runs, when

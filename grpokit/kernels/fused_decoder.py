@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grpokit.hf_cache import output_cache
 from grpokit.kernels.kv_cache import PreallocatedLayer, preallocate
 from grpokit.kernels.packed_linear import pack
-from grpokit.modeling import is_hf_model
+from grpokit.models.kv_cache_arg import output_cache
+from grpokit.models.loading import is_hf_model
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.nn.parallel import DistributedDataParallel
 
-from grpokit.modeling import activation_checkpointing
+from grpokit.models.loading import activation_checkpointing
 
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # transformers' model_type of the MLP classes below
 MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP")

@@ -17,7 +17,7 @@ docs/performance.md has the measurements.
 Only exact ``nn.Linear`` modules are packed (not quantised subclasses); LoRA's inner layers are
 plain Linears, so adapters are honoured. Inference only: no autograd through packed layers.
 
-Which CPUs: :func:`packing_available` asks :func:`grpokit.cpu_caps.cpu_caps` (float32 on x86-64,
+Which CPUs: :func:`packing_available` asks :func:`grpokit.machine.cpu_caps.cpu_caps` (float32 on x86-64,
 bf16 only where oneDNN has bf16 kernels). Should oneDNN still refuse a dtype (when packing, or at the
 first call, which :func:`pack` makes once per dtype), :func:`pack` warns once and that dtype stays on
 ``F.linear`` for the rest of the process: the same numbers, slower. Those two sets (dtypes refused,
@@ -31,7 +31,7 @@ import warnings
 
 import torch
 
-from grpokit.cpu_caps import cpu_caps
+from grpokit.machine.cpu_caps import cpu_caps
 
 # dtypes oneDNN refused on this machine, and dtypes whose packed layers ran once here (see pack)
 _refused: set[torch.dtype] = set()

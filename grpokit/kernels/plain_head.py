@@ -7,7 +7,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from grpokit.modeling import is_hf_model, logits_of
+from grpokit.models.loading import is_hf_model, logits_of
 
 
 def plain_head(

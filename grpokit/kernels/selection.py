@@ -1,7 +1,7 @@
 """The one choice of kernels for a run: which version (fast or plain) of each op the engine and learner use.
 
 :meth:`Kernels.select` decides once per run, from the device, the autocast dtype and the CPU probe
-(:func:`grpokit.cpu_caps.cpu_caps`, which ``GRPOKIT_CPU_CAPS`` restricts). The rollout engine and the
+(:func:`grpokit.machine.cpu_caps.cpu_caps`, which ``GRPOKIT_CPU_CAPS`` restricts). The rollout engine and the
 learner call the methods below instead of importing or probing the kernels themselves. A flag set to
 False gives the plain version of that op: the same numbers (up to float rounding), slower.
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpokit.cpu_caps import CpuCaps, cpu_caps
-from grpokit.processes import is_sharded
+from grpokit.machine.cpu_caps import CpuCaps, cpu_caps
+from grpokit.system.processes import is_sharded
 
 
 class KernelState:

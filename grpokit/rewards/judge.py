@@ -29,7 +29,7 @@ TEXTS = ("prompt+completion", "completion")
 def _load_pretrained(path: str, tokenizer: Any):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from grpokit.hub import from_pretrained
+    from grpokit.models.hub import from_pretrained
 
     model = from_pretrained(AutoModelForSequenceClassification, path, "reward model")
     if tokenizer is None or isinstance(tokenizer, str):
@@ -202,7 +202,7 @@ class ClassifierReward:
                 )
             from transformers import AutoTokenizer
 
-            from grpokit.hub import from_pretrained
+            from grpokit.models.hub import from_pretrained
 
             processing_class = from_pretrained(AutoTokenizer, path, "reward model's tokenizer")
         if processing_class.pad_token_id is None:

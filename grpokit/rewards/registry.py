@@ -29,8 +29,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from grpokit.config import expand_path
-from grpokit.config.extensions import import_failure, module_file
 from grpokit.rewards.code_reward import CodeReward
 from grpokit.rewards.format import FormatReward
 from grpokit.rewards.judge import RewardModelReward
@@ -38,6 +36,8 @@ from grpokit.rewards.length import LengthReward
 from grpokit.rewards.math import AccuracyReward
 from grpokit.rewards.molecule import MoleculeReward
 from grpokit.rewards.remote import RemoteReward
+from grpokit.system.extensions import import_failure, module_file
+from grpokit.system.paths import expand_path
 
 BUILTINS: dict[str, type] = {
     "accuracy": AccuracyReward,

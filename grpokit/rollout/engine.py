@@ -27,10 +27,10 @@ from typing import Protocol
 
 import torch
 
-from grpokit.hardware import autocast
-from grpokit.hf_cache import cache_kwargs, output_cache
 from grpokit.kernels import Kernels
-from grpokit.modeling import is_hf_model, logits_of
+from grpokit.machine.hardware import autocast
+from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
+from grpokit.models.loading import is_hf_model, logits_of
 from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.sampling import sample_next
 from grpokit.rollout.types import Rollouts, SamplingParams

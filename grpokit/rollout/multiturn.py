@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from grpokit.hardware import autocast
-from grpokit.hf_cache import cache_kwargs, output_cache
 from grpokit.kernels.kv_cache import PreallocatedLayer
-from grpokit.modeling import is_hf_model, logits_of
+from grpokit.machine.hardware import autocast
+from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
+from grpokit.models.loading import is_hf_model, logits_of
 from grpokit.rollout.engine import HFRolloutEngine, left_pad
 from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.sampling import sample_next

@@ -81,7 +81,7 @@ def _hf(parts: EngineParts, spec: Any = None):
 
 def _transformers(parts: EngineParts, spec: Any = None):
     from grpokit.errors import ConfigError
-    from grpokit.modeling import is_hf_model
+    from grpokit.models.loading import is_hf_model
     from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 
     if not is_hf_model(parts.model) or not hasattr(parts.model, "generate"):
@@ -101,7 +101,7 @@ def _transformers(parts: EngineParts, spec: Any = None):
 
 def _vllm(parts: EngineParts, spec: VLLMSpec):
     from grpokit.errors import ConfigError
-    from grpokit.modeling import is_hf_model
+    from grpokit.models.loading import is_hf_model
     from grpokit.rollout.vllm_engine import VLLMRolloutEngine
 
     if not is_hf_model(parts.model):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.hardware import autocast
+from grpokit.machine.hardware import autocast
 from grpokit.rollout.engine import SharedWeightsEngine, left_pad
 from grpokit.rollout.types import Rollouts, SamplingParams
 

@@ -189,7 +189,7 @@ class VLLMRolloutEngine:
         seed: int = 0,
         learner_dtype: torch.dtype | None = None,
     ):
-        """``learner_dtype``: the learner's compute dtype, the run's autocast dtype (grpokit.precision: float32
+        """``learner_dtype``: the learner's compute dtype, the run's autocast dtype (grpokit.machine.precision: float32
         master weights, bf16 compute); None: the policy's weights' dtype. vLLM's own dtype follows it on the CPU
         and is bf16 on a GPU (:func:`~grpokit.rollout.vllm_settings.vllm_dtype`)."""
         from vllm import LLM

@@ -15,10 +15,10 @@ import tempfile
 import webbrowser
 from pathlib import Path
 
-from grpokit.io_errors import storage_errno, write_stdout
 from grpokit.store.inspect import inspect_run
 from grpokit.store.report import REPORT_FILENAME, report_page, write_page
 from grpokit.store.store import StoreError
+from grpokit.system.io_errors import storage_errno, write_stdout
 
 # The run folder refused report.html for one of these: write it to the temporary folder instead.
 _FALL_BACK_ON = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT}

@@ -1,4 +1,4 @@
-"""The training loop: a built :class:`~grpokit.build.Run`, stepped to ``max_steps``.
+"""The training loop: a built :class:`~grpokit.compose.Run`, stepped to ``max_steps``.
 
 Each step reads top to bottom (:meth:`Loop._train_step`, :meth:`Loop._after_step`): sample and score
 (``sampling/``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``), record (store and
@@ -27,7 +27,7 @@ from grpokit.train.rundir.folder import RunFolder, open_run_dir, resume_point
 
 
 class Loop:
-    """Runs a built Run (``run``: :class:`grpokit.build.Run`): :meth:`train` to max_steps, :meth:`evaluate` on
+    """Runs a built Run (``run``: :class:`grpokit.compose.Run`): :meth:`train` to max_steps, :meth:`evaluate` on
     demand. Holds the run's progress (``step``, ``stop_reason``) and, while training, its run folder."""
 
     def __init__(self, run, evaluate=None):

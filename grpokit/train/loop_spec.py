@@ -1,17 +1,17 @@
 """``LoopSpec``: the training loop's own settings (:mod:`grpokit.train.loop`), built from the config by
-:func:`grpokit.build.specs.loop_spec` and carried in the built Run."""
+:func:`grpokit.compose.specs.loop_spec` and carried in the built Run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.hub import HubSpec
+from grpokit.models.hub import HubSpec
 
 
 @dataclass(frozen=True)
 class LoopSpec:
-    """The loop's own settings, built once by :func:`grpokit.build.specs.loop_spec`. ``algo``: the algorithm's
+    """The loop's own settings, built once by :func:`grpokit.compose.specs.loop_spec`. ``algo``: the algorithm's
     section, read by its advantages; ``rewards_on_main``: Ray reward workers (rank 0 scores every rank's rows);
     ``save_at_end``: save_strategy is not no."""
 

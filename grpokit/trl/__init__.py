@@ -1,5 +1,5 @@
 """TRL's surface over a built run: :class:`~grpokit.trl.trainer.GRPOTrainer` (builds a Run and delegates) and TRL's
-key mapping (:mod:`grpokit.trl.keys`), which the config package reads; the trainer is imported lazily so that the
+key mapping (:mod:`grpokit.config.trl_keys`), which the config package reads; the trainer is imported lazily so that the
 config does not pull in the builders."""
 
 __all__ = ["GRPOTrainer"]

@@ -1,4 +1,4 @@
-"""``GRPOTrainer``: TRL's surface over a built :class:`~grpokit.build.Run`. It builds one and delegates: training and
+"""``GRPOTrainer``: TRL's surface over a built :class:`~grpokit.compose.Run`. It builds one and delegates: training and
 evaluation to the loop (:mod:`grpokit.train.loop`), the parts (model, learner ...) to the Run."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from grpokit.build import Run, build_run
-from grpokit.build import inputs as build_inputs
+from grpokit.compose import Run, build_run
+from grpokit.compose import inputs as build_inputs
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import is_streaming
 from grpokit.rewards.judge import ClassifierReward
@@ -268,7 +268,7 @@ class GRPOTrainer(TokenMasks):
     def push_to_hub(self, commit_message: str = "End of training", blocking: bool = True, token=None, **kwargs):
         """TRL's ``trainer.push_to_hub()``: :meth:`save_model`, then upload the model's files to ``hub_model_id``
         (default: output_dir's name). Without the Hub it raises one line saying where the model is."""
-        from grpokit.hub import push_folder
+        from grpokit.models.hub import push_folder
 
         self.save_model()
         if not self.procs.is_main:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, WORDS
 
 HOOKS = Path(__file__).with_name("hooks")
 

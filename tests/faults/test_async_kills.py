@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TARGET_REWARD, WORDS
 from safetensors.torch import load_file
+from shared_helpers import TARGET_REWARD, WORDS
 
 from faults.conftest import cli_env, grpokit
 

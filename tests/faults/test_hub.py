@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 from .conftest import one_line
 

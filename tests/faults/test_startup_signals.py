@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 from .conftest import hooked_env
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 from .conftest import cli_env, one_line
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, WORDS
 from test_signals import subprocess_env
 
 G, PROMPTS_PER_STEP, STEPS = 4, 2, 6

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

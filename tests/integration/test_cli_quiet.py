@@ -1,5 +1,5 @@
-"""A normal `grpokit train` prints the run, not third-party noise (grpokit/quiet.py): no bitsandbytes line about a
-hub kernel ("Failed to load CPU gemm_4bit_forward from kernels-community", logged on CPUs with AVX512-BF16 whenever
+"""A normal `grpokit train` prints the run, not third-party noise (grpokit/system/quiet.py): no bitsandbytes line about
+a hub kernel ("Failed to load CPU gemm_4bit_forward from kernels-community", logged on CPUs with AVX512-BF16 whenever
 peft imports bitsandbytes), no transformers deprecation warnings (``past_key_values`` is passed as ``cache`` where
 transformers has it: tests/unit/test_hf_cache.py)."""
 
@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,7 +50,7 @@ def test_a_cli_run_prints_no_third_party_noise(tmp_path, tiny_model_dir, word_pr
 
 
 def test_the_filters_silence_only_the_named_libraries(capsys):
-    from grpokit.quiet import quiet_third_party
+    from grpokit.system.quiet import quiet_third_party
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

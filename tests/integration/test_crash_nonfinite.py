@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import WORDS
 from safetensors.torch import load_file
+from shared_helpers import WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 # REINFORCE with a baseline-free advantage and the token mean of the micro-batch: l = -A logp. Its metric shows
 # in metrics.jsonl that the run trained with it; `calls` counts its micro-batches.

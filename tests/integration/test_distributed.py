@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 from grpokit import GRPOConfig
 from grpokit.cli import main
 from grpokit.distributed import DistContext
-from grpokit.processes import RewardBatch, SingleProcess
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.seeding import concat_rollouts, generate_per_group, group_seed
 from grpokit.rollout.types import SamplingParams
 from grpokit.store import RolloutStore
+from grpokit.system.processes import RewardBatch, SingleProcess
 
 
 def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict], name: str, **optim) -> Path:
@@ -268,7 +268,7 @@ def test_rank_0_scores_the_global_batch_and_its_errors_reach_every_rank(tmp_path
 
 def test_trainable_state_and_lockstep_on_a_plain_module():
     from grpokit.distributed.torch_dist import DistContext, trainable_state
-    from grpokit.processes import is_sharded
+    from grpokit.system.processes import is_sharded
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
     model[0].requires_grad_(False)  # frozen: never published to the rollout workers

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 from test_distributed import read_metrics, torchrun, write_config
 
 from grpokit.cli import main

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.config import ConfigError

@@ -24,7 +24,7 @@ def rank_main(rank: int, model_dir: str, init_file: str, results) -> None:
     try:
         from grpokit.distributed.fsdp import full_state_dict, initial_placement
         from grpokit.distributed.torch_dist import DistContext, trainable_state
-        from grpokit.modeling import load_model
+        from grpokit.models.loading import load_model
 
         where = initial_placement(strategy="fsdp", world_size=WORLD, rank=rank, plain_load=True)
         model = load_model(model_dir, torch.float32, where)

@@ -33,7 +33,7 @@ def rank_main(rank: int, model_dir: str, init_file: str, results) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         from grpokit.distributed.torch_dist import DistContext
-        from grpokit.modeling import load_model
+        from grpokit.models.loading import load_model
         from grpokit.rollout.engine import HFRolloutEngine
         from grpokit.rollout.types import SamplingParams
 

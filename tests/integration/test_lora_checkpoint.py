@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TARGET_REWARD
 from safetensors import safe_open
 from safetensors.torch import load_file
+from shared_helpers import TARGET_REWARD
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from test_train import write_config
 
 from grpokit import GRPOConfig
-from grpokit.build.specs import learner_spec
 from grpokit.cli import main
+from grpokit.compose.specs import learner_spec
 from grpokit.train.learning.learner import Learner
 from grpokit.train.learning.policy_logprobs import build_batch
 from grpokit.train.learning.reference import Reference
@@ -28,7 +28,7 @@ CPU = torch.device("cpu")
 def model_64(tmp_path_factory):
     """A 2-layer Llama, hidden 64, MLP 128: its attention (4096 values) and MLP (8192) weights get 8-bit moments,
     the embedding (48 x 64 = 3072 values) and norms float32 ones (bitsandbytes' threshold is 4096 values)."""
-    from conftest import WORDS
+    from shared_helpers import WORDS
 
     from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
@@ -103,7 +103,7 @@ def test_8bit_adamw_in_slices_equals_bitsandbytes_whole(monkeypatch):
     """grpokit's CPU step over slices of a parameter (here 3 x 256 + 100 values per slice of 1024) gives exactly
     bitsandbytes' own step over the whole parameter: every operation is elementwise or per 256-value block."""
     bnb = pytest.importorskip("bitsandbytes")
-    from grpokit import memory
+    from grpokit.compose import memory
     from grpokit.train.learning import adamw8bit
 
     assert adamw8bit.SLICE_VALUES == memory.EIGHT_BIT_SLICE  # the estimate's copy of it
@@ -127,8 +127,8 @@ def test_8bit_adamw_in_slices_equals_bitsandbytes_whole(monkeypatch):
 def test_an_8bit_optimizer_without_bitsandbytes_names_the_extra(monkeypatch):
     import sys
 
-    from grpokit.build.learner import adamw
-    from grpokit.build.specs import optim_spec
+    from grpokit.compose.learner import adamw
+    from grpokit.compose.specs import optim_spec
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
     monkeypatch.delitem(sys.modules, "grpokit.train.learning.adamw8bit", raising=False)
@@ -147,7 +147,7 @@ def _rounded(model: torch.nn.Module) -> torch.nn.Module:
 
 @pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16])
 def test_bf16_reference_is_the_reference_with_rounded_weights(tiny_model_dir, autocast_dtype):
-    from grpokit.modeling import load_model
+    from grpokit.models.loading import load_model
     from grpokit.rollout.types import Rollouts
 
     policy = load_model(str(tiny_model_dir), torch.float32, CPU)

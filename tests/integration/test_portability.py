@@ -28,7 +28,7 @@ def test_the_simulation_has_no_bf16_kernels(tmp_path):
     probe = run_simulated(
         [
             "-c",
-            "import torch; from grpokit.cpu_caps import cpu_caps; c = cpu_caps(); "
+            "import torch; from grpokit.machine.cpu_caps import cpu_caps; c = cpu_caps(); "
             "print(torch.backends.cpu.get_cpu_capability(), "
             "torch.ops.mkldnn._is_mkldnn_bf16_supported(), "
             "c.avx512, c.native_bf16, c.packs(torch.bfloat16))",

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TARGET_REWARD
 from safetensors.torch import load_file
+from shared_helpers import TARGET_REWARD
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.algos.kl_control import adaptive_kl_coef

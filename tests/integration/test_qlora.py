@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.modeling import load_model
+from grpokit.models.loading import load_model
 from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
 pytest.importorskip("peft")

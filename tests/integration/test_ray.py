@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import WORDS
+from shared_helpers import WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
@@ -181,7 +181,7 @@ def test_ray_workers_sample_two_steps_ahead_with_max_staleness_2(tmp_path):
 
 
 def test_ppo_trains_its_critic_on_rollouts_from_ray_workers(tmp_path, tiny_model_dir, word_prompts):
-    from conftest import TARGET_REWARD
+    from shared_helpers import TARGET_REWARD
 
     args = GRPOConfig(
         output_dir=str(tmp_path / "run"),

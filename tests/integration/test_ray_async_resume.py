@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TARGET_REWARD
 from safetensors.torch import load_file
+from shared_helpers import TARGET_REWARD
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.store import RolloutStore

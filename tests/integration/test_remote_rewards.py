@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REWARD_FILE, TARGET_REWARD, WORDS
+from shared_helpers import REWARD_FILE, TARGET_REWARD, WORDS
 
 from grpokit.cli import main
 from grpokit.rewards import RewardError, RewardRunner

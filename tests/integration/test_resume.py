@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TARGET_REWARD
 from safetensors.torch import load_file
+from shared_helpers import TARGET_REWARD
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
@@ -196,7 +196,7 @@ def test_a_broken_checkpoint_gives_a_clear_error(finished_run, tiny_model_dir, t
 
 
 def test_resume_from_a_folder_that_is_not_a_checkpoint_fails_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    from grpokit.build import run as setup
+    from grpokit.compose import run as setup
 
     monkeypatch.setattr(setup, "build_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "data.jsonl").write_text('{"prompt": "w1 w2", "target": "w1"}\n')

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REWARD_FILE, TARGET_REWARD, WORDS
+from shared_helpers import REWARD_FILE, TARGET_REWARD, WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import WORDS
+from shared_helpers import WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.config import ConfigError

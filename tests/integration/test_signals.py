@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TARGET_REWARD, WORDS
 from safetensors.torch import load_file
+from shared_helpers import TARGET_REWARD, WORDS
 
 from grpokit.cli import main
 from grpokit.train.rundir.checkpoint import list_checkpoints
@@ -227,7 +227,7 @@ def test_second_signal_stops_at_once_leaving_the_last_checkpoint(tmp_path, tiny_
 def test_signal_while_the_model_loads(tmp_path, tiny_model_dir):
     """SIGTERM before training started: one line, exit 143, no run folder."""
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
-    proc = run_driver(tmp_path, config, "grpokit.build.policy:load_model", 1, "SIGTERM")
+    proc = run_driver(tmp_path, config, "grpokit.compose.policy:load_model", 1, "SIGTERM")
     assert proc.returncode == 143, proc.stderr
     assert stop_lines(proc.stderr) == ["grpokit: stopped by SIGTERM"]
     assert not (tmp_path / "run").exists()

@@ -1,4 +1,4 @@
-"""A single-process run never imports grpokit.distributed (grpokit.processes.SingleProcess stands in for it)."""
+"""A single-process run never imports grpokit.distributed (grpokit.system.processes.SingleProcess stands in for it)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import WORDS
+from shared_helpers import WORDS
 from test_train import write_config
 
 WATCH = """

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from conftest import WORDS
+from shared_helpers import WORDS
 
 from grpokit.cli import main
 

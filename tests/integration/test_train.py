@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main

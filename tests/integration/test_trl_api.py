@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import WORDS
+from shared_helpers import WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 
@@ -197,7 +197,7 @@ def test_peft_config_must_be_lora(tmp_path, tiny_model_dir):
 
 
 def test_optimizers_are_used(tmp_path, tiny_model_dir):
-    from grpokit.modeling import load_model
+    from grpokit.models.loading import load_model
 
     model = load_model(str(tiny_model_dir), torch.float32, torch.device("cpu"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -219,7 +219,7 @@ def test_optimizers_are_used(tmp_path, tiny_model_dir):
 
 def test_tokenizer_and_processing_class_are_one_argument(tmp_path, tiny_model_dir):
     from grpokit.config import ConfigError
-    from grpokit.modeling import load_tokenizer
+    from grpokit.models.loading import load_tokenizer
 
     a, b = load_tokenizer(str(tiny_model_dir)), load_tokenizer(str(tiny_model_dir))
     with pytest.raises(ConfigError, match="same argument"):
@@ -250,7 +250,7 @@ def test_log_completions_prints_a_table(tmp_path, tiny_model_dir, capsys):
 
 def test_cli_takes_trl_keys(tmp_path, tiny_model_dir):
     import yaml
-    from conftest import TARGET_REWARD
+    from shared_helpers import TARGET_REWARD
 
     from grpokit.cli import main
 
@@ -300,7 +300,7 @@ def test_reward_processing_classes_reach_a_sequence_classifier(tmp_path, tiny_mo
     from transformers import AutoModelForSequenceClassification, LlamaConfig
 
     from grpokit.config import ConfigError
-    from grpokit.modeling import load_tokenizer
+    from grpokit.models.loading import load_tokenizer
     from grpokit.store import RolloutStore
 
     tokenizer = load_tokenizer(str(tiny_model_dir))

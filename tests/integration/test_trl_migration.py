@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import CHAT_TEMPLATE, WORDS
+from shared_helpers import CHAT_TEMPLATE, WORDS
 
 trl = pytest.importorskip(
     "trl", reason="the migration suite runs the same scripts under TRL: pip install 'grpokit[bench]'"

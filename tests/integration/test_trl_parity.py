@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from grpokit.algos import LossSpec, get_loss, high_entropy_mask, policy_loss
-from grpokit.modeling import load_model
+from grpokit.models.loading import load_model
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
@@ -275,7 +275,7 @@ def test_accumulated_update_equals_trl(both, case, masks):
     # two halves with 2 accumulation steps: the summed gradients (grpokit divides by the micro-batch count,
     # except a batch-normalised loss (dapo's aggregation), normalised by the whole batch's tokens; TRL the same
     # through its normalizers). With masks: the off-policy mask and the high-entropy mask of each micro-batch.
-    from grpokit.build.specs import learner_spec
+    from grpokit.compose.specs import learner_spec
     from grpokit.config import GRPOConfig
     from grpokit.train.learning.learner import Learner
 
@@ -336,7 +336,7 @@ def test_entropy_bonus_update_equals_trl(both, case, adaptive):
     # steps against Learner.update over two micro-batches: the same gradients (so the same L_policy - c x H per
     # micro-batch / accumulation steps, whatever the loss type's normalisation), and the adaptive coefficient
     # moved once, by the same rule, from the same window entropy.
-    from grpokit.build.specs import learner_spec
+    from grpokit.compose.specs import learner_spec
     from grpokit.config import GRPOConfig
     from grpokit.train.learning.learner import Learner
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import WORDS
+from shared_helpers import WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 
@@ -452,7 +452,7 @@ def test_chat_template_kwargs_reach_the_prompts(tmp_path, tiny_model_dir):
 
 
 def test_disable_dropout_zeroes_the_policy_dropout():
-    from grpokit.build.policy import build_policy
+    from grpokit.compose.policy import build_policy
 
     class Tokenizer:
         eos_token_id = pad_token_id = 0

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.types import SamplingParams

@@ -10,10 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
+from shared_helpers import WORDS
 
 from grpokit.rollout.vllm_settings import installed_vllm
-
-WORDS = [f"w{i}" for i in range(40)]  # tests/conftest.py's
 
 os.environ.setdefault("VLLM_CPU_CI_ENV", "1")  # vLLM's CPU build: no compiling, no warm-up (as make test-vllm)
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

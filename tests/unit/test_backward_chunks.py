@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpokit.algos.loss_registry import loss_types
-from grpokit.build.specs import learner_spec
+from grpokit.compose.memory import backward_chunk_rows, pass_sizes
+from grpokit.compose.specs import learner_spec
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.memory import backward_chunk_rows, pass_sizes
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
@@ -110,7 +110,7 @@ def test_a_run_that_does_not_fit_gets_smaller_passes(monkeypatch):
     activations: 3.6, 1.8 and 1.0 GB)."""
     import transformers
 
-    from grpokit import memory
+    from grpokit.compose import memory
 
     config = transformers.Qwen2Config(
         hidden_size=896,

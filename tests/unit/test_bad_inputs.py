@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpokit.build import policy as setup
 from grpokit.cli import main
+from grpokit.compose import policy as setup
 from grpokit.config import ConfigError, GRPOConfig, load_config, parse_overrides
 from grpokit.data.prompts import (
     DataError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import WORDS
+from shared_helpers import WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, WORDS
 
 from grpokit.cli import main
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer

@@ -1,10 +1,10 @@
-"""grpokit.cache.cached_folder: built once per recipe, never reused half-built."""
+"""grpokit.system.cached_folders.cached_folder: built once per recipe, never reused half-built."""
 
 from __future__ import annotations
 
 import pytest
 
-from grpokit.cache import cached_folder
+from grpokit.system.cached_folders import cached_folder
 
 
 def test_a_folder_is_built_once_per_recipe(tmp_path):

@@ -23,7 +23,7 @@ from grpokit.config import (
     load_config,
     parse_overrides,
 )
-from grpokit.trl.keys import TRL_DEFAULTS
+from grpokit.config.trl_keys import TRL_DEFAULTS
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)  # no lone surrogates: not writable as UTF-8
 FINITE = dict(allow_nan=False, allow_infinity=False)

@@ -3,7 +3,7 @@
 import pytest
 
 from grpokit.config import PATH_FIELDS, GRPOConfig, expand_path, load_config
-from grpokit.modeling import load_tokenizer, model_source
+from grpokit.models.loading import load_tokenizer, model_source
 from grpokit.rewards.registry import resolve_reward
 
 

@@ -1,7 +1,7 @@
 """Each part takes only its own settings: only the config package and the composition root read GRPOConfig.
 
 The flat GRPOConfig facade is for users, YAML and TRL scripts. Inside grpokit the composition root
-(the grpokit/build/ package) reads it and hands each part a typed, frozen spec (or the one
+(the grpokit/compose/ package) reads it and hands each part a typed, frozen spec (or the one
 config section it needs); every other module must not read a facade field. This test walks the AST of every module
 of grpokit/ and reports each read outside the exempt modules below.
 
@@ -23,7 +23,7 @@ import textwrap
 from pathlib import Path
 
 import grpokit
-import grpokit.trl.keys as trl_keys
+import grpokit.config.trl_keys as trl_keys
 from grpokit.config import ALIASES, FIELD_SECTION, SECTIONS, GRPOConfig
 
 ROOT = Path(grpokit.__file__).parent
@@ -199,7 +199,7 @@ def test_only_the_config_package_and_the_composition_root_read_the_facade():
             if found:
                 reads[path.relative_to(ROOT).as_posix()] = found
     assert not reads, (
-        "these modules read the GRPOConfig facade; give the part a spec built in grpokit/build/specs.py instead:\n"
+        "these modules read the GRPOConfig facade; give the part a spec built in grpokit/compose/specs.py instead:\n"
         + "\n".join(f"  {module}: {'; '.join(lines)}" for module, lines in reads.items())
     )
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.cpu_caps import X86_FLAGS, CpuCaps, cpu_caps, describe
+from grpokit.machine.cpu_caps import X86_FLAGS, CpuCaps, cpu_caps, describe
 
 AVX512 = {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
 

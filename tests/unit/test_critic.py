@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from grpokit.algos.value import value_loss
-from grpokit.build.specs import critic_spec
+from grpokit.compose.specs import critic_spec
 from grpokit.config import GRPOConfig
-from grpokit.modeling import load_model
+from grpokit.models.loading import load_model
 from grpokit.rollout.types import Rollouts
 from grpokit.train.learning.critic import Critic
 from grpokit.train.learning.policy_logprobs import build_batch

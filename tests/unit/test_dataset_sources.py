@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from grpokit import hub
 from grpokit.config import ConfigError, GRPOConfig, load_config
 from grpokit.data import sources
 from grpokit.data.sources import DataError, dataset_spec, read_source
+from grpokit.models import hub
 
 ROOT = Path(__file__).parents[2]
 TRAIN = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(5)]

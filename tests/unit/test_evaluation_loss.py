@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from grpokit.build.specs import learner_spec
+from grpokit.compose.specs import learner_spec
 from grpokit.config import GRPOConfig
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams

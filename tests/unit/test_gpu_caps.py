@@ -1,4 +1,4 @@
-"""grpokit.gpu_caps: `grpokit env`'s CUDA, GPU, vLLM and flash-attention lines and the mismatch warnings, with
+"""grpokit.machine.gpu_caps: `grpokit env`'s CUDA, GPU, vLLM and flash-attention lines and the mismatch warnings, with
 this machine's facts and with mocked CUDA ones."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 import torch
 
-from grpokit import env, gpu_caps
 from grpokit.cli import main
-from grpokit.gpu_caps import GpuCaps, GpuDevice, gpu_lines, gpu_warnings
+from grpokit.commands import env
+from grpokit.machine import gpu_caps
+from grpokit.machine.gpu_caps import GpuCaps, GpuDevice, gpu_lines, gpu_warnings
 
 A100 = GpuDevice("NVIDIA A100-SXM4-80GB", 80 * 2**30, (8, 0))
 # a working GPU install: CUDA torch, one A100, vLLM with the torch it was built against, flash-attn importing

@@ -1,4 +1,4 @@
-"""The KV cache goes to a model's forward under the name it declares (grpokit/hf_cache.py): ``cache`` in
+"""The KV cache goes to a model's forward under the name it declares (grpokit/models/kv_cache_arg.py): ``cache`` in
 transformers >= 5.24, where ``past_key_values`` warns on every call ("deprecated and will be removed in version
 5.40.0 ... Use `cache` instead"), and ``past_key_values`` in 5.23 (constraints.txt). A model with the new forward
 stands in for the newer transformers."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from grpokit.hf_cache import cache_name
 from grpokit.kernels import Kernels
+from grpokit.models.kv_cache_arg import cache_name
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer

@@ -139,7 +139,7 @@ def train_imports_above(package_dir: Path) -> list[str]:
 
 def test_train_never_imports_the_builders_the_config_or_the_wrapper():
     found = train_imports_above(REPO / "grpokit")
-    assert not found, "train/ runs a built Run; give it a spec from grpokit/build/ instead:\n" + "\n".join(found)
+    assert not found, "train/ runs a built Run; give it a spec from grpokit/compose/ instead:\n" + "\n".join(found)
 
 
 def test_the_train_check_catches_a_lazy_config_import(tmp_path):

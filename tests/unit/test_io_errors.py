@@ -1,4 +1,4 @@
-"""grpokit/io_errors.py: a storage error as one line, the path and the cause, however the error names its file."""
+"""grpokit/system/io_errors.py: a storage error as one line, the path and the cause, however the error names it."""
 
 import errno
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.io_errors import storage_errno, storage_error_line
+from grpokit.system.io_errors import storage_errno, storage_error_line
 
 
 def failed_write(path: Path) -> OSError:

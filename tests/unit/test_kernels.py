@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from grpokit.cpu_caps import CpuCaps
 from grpokit.kernels import Kernels
 from grpokit.kernels.fused_head import WeightCasts, fused_head_logprobs
+from grpokit.machine.cpu_caps import CpuCaps
 from grpokit.testing import build_tiny_causal_lm
 
 CPU = torch.device("cpu")

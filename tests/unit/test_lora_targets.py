@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from transformers import GPT2Config, LlamaConfig
 
+from grpokit.compose.memory import lean_mlp_applies
 from grpokit.config import GRPOConfig
-from grpokit.lora_targets import ANY_LINEAR, adapts_any, target_names
-from grpokit.memory import lean_mlp_applies
+from grpokit.models.lora_targets import ANY_LINEAR, adapts_any, target_names
 
 pytest.importorskip("peft")
 

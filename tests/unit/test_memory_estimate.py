@@ -1,4 +1,4 @@
-"""grpokit.memory: the estimate's parts by hand, and its exact parts against a real trainer's tensors."""
+"""grpokit.compose.memory: the estimate's parts by hand, and its exact parts against a real trainer's tensors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from grpokit import GRPOConfig, GRPOTrainer, memory
-from grpokit.memory import build_meta_model, estimate_memory
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.compose import memory
+from grpokit.compose.memory import build_meta_model, estimate_memory
 
 CPU = torch.device("cpu")
 
@@ -311,7 +312,7 @@ def test_memory_warning_names_the_settings_that_fit(config_dir, monkeypatch):
 
 
 def test_explain_says_whether_the_run_fits(config_dir, monkeypatch):
-    import grpokit.explain as explain_module
+    import grpokit.commands.explain as explain_module
 
     for module in (memory, explain_module):
         monkeypatch.setattr(module, "available_bytes", lambda device: 2**40)

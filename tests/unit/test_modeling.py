@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpokit.modeling import load_model, load_tokenizer
+from grpokit.models.loading import load_model, load_tokenizer
 
 
 def test_unreachable_hub_id_names_the_model_and_the_fix(monkeypatch):
@@ -25,7 +25,7 @@ def test_missing_local_folder(tmp_path):
 
 def test_four_bit_config_is_nf4_with_double_quantisation_in_the_run_dtype():
     pytest.importorskip("bitsandbytes")
-    from grpokit.modeling import four_bit_config
+    from grpokit.models.loading import four_bit_config
 
     config = four_bit_config(torch.float32)
     assert config.load_in_4bit and config.bnb_4bit_quant_type == "nf4" and config.bnb_4bit_use_double_quant
@@ -35,7 +35,7 @@ def test_four_bit_config_is_nf4_with_double_quantisation_in_the_run_dtype():
 def test_missing_bitsandbytes_names_the_qlora_extra(monkeypatch):
     import sys
 
-    from grpokit.modeling import four_bit_config
+    from grpokit.models.loading import four_bit_config
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import bitsandbytes raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'grpokit\[qlora\]'"):
@@ -46,7 +46,7 @@ def test_old_bitsandbytes_is_refused_naming_the_version(monkeypatch):
     import sys
     import types
 
-    from grpokit.modeling import four_bit_config
+    from grpokit.models.loading import four_bit_config
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", types.SimpleNamespace(__version__="0.45.5"))
     with pytest.raises(ImportError, match=r"bitsandbytes >= 0\.48 .* but 0\.45\.5 is installed"):

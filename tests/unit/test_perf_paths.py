@@ -10,14 +10,14 @@ import copy
 import pytest
 import torch
 
-from grpokit import hardware
-from grpokit.build.specs import learner_spec
+from grpokit.compose.specs import learner_spec
 from grpokit.config import GRPOConfig
-from grpokit.cpu_caps import CpuCaps
 from grpokit.kernels import plain_head as plain_head_module
 from grpokit.kernels.fused_head import fused_head_logprobs
 from grpokit.kernels.linear_storage import store_linears_in
 from grpokit.kernels.plain_head import plain_head
+from grpokit.machine import hardware
+from grpokit.machine.cpu_caps import CpuCaps
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer

@@ -1,6 +1,6 @@
-"""Mixed precision as TRL, verl and OpenRLHF do it (grpokit/precision.py): float32 master weights and AdamW moments on
-every device, the compute dtype through autocast; the choice on CUDA checked with mocked device facts, the training
-on CPU with ``torch.autocast("cpu", torch.bfloat16)``."""
+"""Mixed precision as TRL, verl and OpenRLHF do it (grpokit/machine/precision.py): float32 master weights and AdamW
+moments on every device, the compute dtype through autocast; the choice on CUDA checked with mocked device facts, the
+training on CPU with ``torch.autocast("cpu", torch.bfloat16)``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from grpokit import hardware, precision
-from grpokit.precision import choose_precision
+from grpokit.machine import hardware, precision
+from grpokit.machine.precision import choose_precision
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -160,7 +160,7 @@ def test_trl_script_with_bf16_true_keeps_float32_weights_that_all_move(tiny_qwen
 def _learner_step(scaler=None):
     """One Learner.update of a tiny Qwen2 on a fixed batch; ``scaler`` replaces the learner's (disabled on CPU)."""
     from grpokit import GRPOConfig
-    from grpokit.build.specs import learner_spec
+    from grpokit.compose.specs import learner_spec
     from grpokit.rollout.engine import HFRolloutEngine
     from grpokit.rollout.types import SamplingParams
     from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpokit.build.specs import prompt_builder
+from grpokit.compose.specs import prompt_builder
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import DataError, PromptBuilder, load_rows, reward_inputs
 

@@ -7,7 +7,6 @@ import inspect
 
 import torch
 
-from grpokit.processes import SingleProcess
 from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine, RolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine
@@ -16,6 +15,7 @@ from grpokit.rollout.rollout_func import RolloutFuncEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.rollout.vllm_engine import VLLMRolloutEngine
+from grpokit.system.processes import SingleProcess
 from grpokit.train.sampling import rollout_scheduler as scheduler_module
 from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
 from grpokit.train.sampling.sources import SAMPLERS, SOURCES, AheadRollouts, SyncRollouts

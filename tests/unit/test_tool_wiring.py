@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpokit.algos.losses import policy_loss
-from grpokit.build.specs import update_inputs_spec
+from grpokit.compose.specs import update_inputs_spec
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.seeding import concat_rollouts, split_rollouts

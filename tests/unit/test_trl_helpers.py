@@ -7,7 +7,7 @@ from unittest.mock import Mock
 
 import torch
 
-from grpokit.processes import SingleProcess
+from grpokit.system.processes import SingleProcess
 from grpokit.train.learning.accelerator import ProcessAccelerator, gather_ragged
 from grpokit.trl.trainer import GRPOTrainer
 

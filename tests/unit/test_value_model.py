@@ -7,7 +7,7 @@ import torch
 
 from grpokit.algos.gae import ppo_advantages
 from grpokit.algos.value import value_loss
-from grpokit.modeling import load_model
+from grpokit.models.loading import load_model
 from grpokit.rollout.types import Rollouts
 from grpokit.testing import TinyGPT, build_tiny_causal_lm
 from grpokit.train.learning.policy_logprobs import build_batch, shares_prefix

@@ -251,7 +251,7 @@ def test_learner_weights_the_update_by_the_sampler_log_probs():
     """HF rollouts (their log-probs are the learner's, within 1e-5) stand in for vLLM's. Sampler log-probs
     equal to the learner's give weights 1 and the plain update; log-probs 0.2 lower everywhere give every
     token the weight exp(0.2) = 1.221403, which scales the on-policy policy loss and the gradient by it."""
-    from grpokit.build.specs import learner_spec
+    from grpokit.compose.specs import learner_spec
     from grpokit.rollout.engine import HFRolloutEngine
     from grpokit.train.learning.learner import Learner
     from grpokit.train.learning.policy_logprobs import build_batch

@@ -19,9 +19,9 @@ import torch
 from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.value import value_loss
 from grpokit.errors import ConfigError
-from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
-from grpokit.precision import grad_scaler
+from grpokit.machine.hardware import autocast
+from grpokit.machine.precision import grad_scaler
 from grpokit.train.learning.optimizer import OptimSpec, fused_adamw
 from grpokit.train.learning.policy_logprobs import Batch
 from grpokit.train.learning.value_model import ValueModel
@@ -29,7 +29,7 @@ from grpokit.train.learning.value_model import ValueModel
 
 @dataclass(frozen=True)
 class CriticSpec:
-    """The critic's own settings, built once by the composition root (:func:`grpokit.build.specs.critic_spec`).
+    """The critic's own settings, built once by the composition root (:func:`grpokit.compose.specs.critic_spec`).
 
     The value loss: ``cliprange_value``, ``vf_coef``, aggregated by ``loss_type`` (``max_completion_length``:
     dr_grpo's constant); micro-batches of ``per_device_train_batch_size`` rows; gradients clipped to
@@ -77,7 +77,7 @@ class Critic:
                 "value_model_name_or_path."
             ) from None
         if spec.lora is not None:
-            from grpokit.modeling import lora_config
+            from grpokit.models.loading import lora_config
 
             config = lora_config(spec.lora)
             config.task_type = "FEATURE_EXTRACTION"  # the trunk returns hidden states

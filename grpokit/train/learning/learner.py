@@ -29,10 +29,10 @@ from grpokit.algos.losses import LossSpec, policy_loss
 from grpokit.algos.masked import chunk_share
 from grpokit.algos.names import KL, POLICY_LOSS
 from grpokit.algos.token_masks import high_entropy_mask
-from grpokit.hardware import autocast
 from grpokit.kernels import Kernels
-from grpokit.precision import grad_scaler
-from grpokit.processes import SingleProcess, is_sharded
+from grpokit.machine.hardware import autocast
+from grpokit.machine.precision import grad_scaler
+from grpokit.system.processes import SingleProcess, is_sharded
 from grpokit.train.learning.accelerator import gather_ragged
 from grpokit.train.learning.loss_terms import LossTerms, LossTermsSpec, policy_forward, warn_sequence_level
 from grpokit.train.learning.policy_logprobs import Batch, batched_logprobs, completion_logprobs
@@ -42,7 +42,7 @@ from grpokit.train.learning.reference import Reference
 @dataclass(frozen=True)
 class LearnerSpec:
     """The learner's own settings, built once from the run's config by the composition root
-    (:func:`grpokit.build.specs.learner_spec`).
+    (:func:`grpokit.compose.specs.learner_spec`).
 
     loss: ``algos.policy_loss``'s settings (beta: the starting coefficient; 0 with kl_in_reward). beta: the KL
     coefficient (0: no reference pass); target_kl: the adaptive controller's target (None: beta stays);
@@ -115,7 +115,7 @@ class Learner:
         procs=None,
     ):
         """``learner_spec``: the learner's settings (a :class:`LearnerSpec`, built by
-        :func:`grpokit.build.specs.learner_spec`). ``kernels``: the run's choice of kernels (default:
+        :func:`grpokit.compose.specs.learner_spec`). ``kernels``: the run's choice of kernels (default:
         chosen here for the model's device and ``autocast_dtype``). ``critic``: a ``learning.critic.Critic`` trained
         alongside (algorithms with a critic). ``procs``: the run's processes (``processes.SingleProcess`` by
         default), for the entropy quantile over every process's tokens (``top_entropy_quantile``)."""

@@ -13,7 +13,7 @@ import torch
 class OptimSpec:
     """An AdamW and its schedule: peak ``learning_rate``, ``betas``, ``eps``, ``weight_decay``, ``optimizer``
     (adamw_torch_fused | an 8-bit name), and ``lr_scheduler_type`` with ``warmup_steps`` over ``total_steps``
-    optimizer steps. Built once by the composition root (:func:`grpokit.build.specs.optim_spec`)."""
+    optimizer steps. Built once by the composition root (:func:`grpokit.compose.specs.optim_spec`)."""
 
     learning_rate: float
     betas: tuple[float, float]

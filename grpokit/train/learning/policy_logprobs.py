@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.algos import entropy_from_logits, selective_logprobs
-from grpokit.hf_cache import cache_kwargs, output_cache
 from grpokit.kernels import Kernels
-from grpokit.modeling import activation_checkpointing, is_hf_model, logits_of
+from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
+from grpokit.models.loading import activation_checkpointing, is_hf_model, logits_of
 from grpokit.rollout.engine import left_pad
 from grpokit.rollout.types import Rollouts
 
@@ -92,7 +92,7 @@ def data_parallel(model: torch.nn.Module) -> bool:
     inside its forward only, so the fused head could not read the LM head's weight)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from grpokit.processes import is_sharded
+    from grpokit.system.processes import is_sharded
 
     return isinstance(model, DistributedDataParallel) or is_sharded(model)
 
@@ -240,7 +240,7 @@ def batched_logprobs(
     rows = micro_batch_size
     if fused_head(model, kernels) is not None:
         rows = max(rows, NO_GRAD_POSITIONS // max(batch.completion_ids.size(1), 1))
-    from grpokit.processes import is_sharded
+    from grpokit.system.processes import is_sharded
 
     # FSDP sets up a module's gathered and sharded parameters on its first forward: inside inference
     # mode they would become inference tensors, which the reference resync could not update in place.

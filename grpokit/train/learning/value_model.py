@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.kernels import Kernels
-from grpokit.modeling import is_hf_model, model_source
+from grpokit.models.loading import is_hf_model, model_source
 from grpokit.train.learning.policy_logprobs import Batch, completion_features
 
 # attribute names of the one-label head in transformers' *ForTokenClassification models
@@ -79,10 +79,10 @@ class ValueModel(torch.nn.Module):
         """
         from transformers import AutoModelForTokenClassification
 
-        from grpokit.hub import from_pretrained
+        from grpokit.models.hub import from_pretrained
 
         source = model_source(name_or_path)
-        model = from_pretrained(  # a message, within seconds, when it cannot be loaded (grpokit/hub.py)
+        model = from_pretrained(  # a message, within seconds, when it cannot be loaded (grpokit/models/hub.py)
             AutoModelForTokenClassification,
             source,
             "value model (a causal LM or a one-label token classifier)",

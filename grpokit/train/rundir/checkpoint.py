@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from grpokit.processes import is_sharded
+from grpokit.system.processes import is_sharded
 from grpokit.train.rundir.manifest import ManifestError, verify_folder, write_manifest
 from grpokit.version import __version__
 

@@ -30,7 +30,7 @@ class RolloutScheduler:
     ``source``: the run's :class:`~grpokit.train.sampling.sources.RolloutSource`; ``engine``: the rollout engine
     sampling in this process (its policy version and random stream are checkpointed); ``prompts``: the training
     PromptSource, of which each step draws ``prompts_per_step`` (the global batch); ``procs``: the
-    :class:`~grpokit.processes.SingleProcess` context (or a torchrun rank's); ``sampling``: the run's
+    :class:`~grpokit.system.processes.SingleProcess` context (or a torchrun rank's); ``sampling``: the run's
     SamplingParams; ``tool_rollouts``: the run's ToolRollouts (multi-turn tool rollouts), or None.
     """
 

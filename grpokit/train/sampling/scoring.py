@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.data.prompts import reward_arguments
-from grpokit.processes import RewardBatch
 from grpokit.rewards.contract import RewardState
+from grpokit.system.processes import RewardBatch
 from grpokit.train.sampling.trajectory import Trajectory
 
 

@@ -154,7 +154,7 @@ class RaySampler(EngineSampler):
         """Send the current weights to the Ray workers unless they already have this version. Rank 0
         publishes: with DDP it holds the whole policy; FSDP gathers it there from every rank."""
         from grpokit.distributed.torch_dist import trainable_state
-        from grpokit.processes import is_sharded
+        from grpokit.system.processes import is_sharded
 
         version = self.engine.policy_version
         if self._published == version or not (self.procs.is_main or is_sharded(self.model)):
@@ -425,7 +425,7 @@ class SamplerEntry:
 
 
 # The samplers by name, in order of precedence: the first that applies samples the run (the composition root,
-# grpokit/build/rollouts.py, asks :func:`pick_sampler`). Adding one is a class and one line here.
+# grpokit/compose/rollouts.py, asks :func:`pick_sampler`). Adding one is a class and one line here.
 SAMPLERS: dict[str, SamplerEntry] = {
     "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote",)),
     "thread": SamplerEntry(ThreadSampler, lambda s: s.ahead, needs=("own_engine",)),  # a policy copy, ahead

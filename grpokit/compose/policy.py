@@ -9,16 +9,16 @@ from typing import Any
 import torch
 
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.hardware import pick_device, pick_dtype, slow_dtype_warning
-from grpokit.modeling import is_hf_model, load_model, load_tokenizer, lora_config
-from grpokit.precision import choose_precision, enable_tf32, low_precision_weights_warning
+from grpokit.machine.hardware import pick_device, pick_dtype, slow_dtype_warning
+from grpokit.machine.precision import choose_precision, enable_tf32, low_precision_weights_warning
+from grpokit.models.loading import is_hf_model, load_model, load_tokenizer, lora_config
 
 
 def warn_if_too_big(args: GRPOConfig, path: str) -> None:
     """Warn when a model given by path or hub id will not fit (its size is known before it is loaded)."""
     import os
 
-    from grpokit.memory import memory_warning
+    from grpokit.compose.memory import memory_warning
 
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     warning = memory_warning(args, path, pick_device(args.device), processes=processes)

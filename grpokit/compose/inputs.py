@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from grpokit.build import specs
-from grpokit.build.policy import lora_settings
-from grpokit.build.rollouts import engine_kind
+from grpokit.compose import specs
+from grpokit.compose.policy import lora_settings
+from grpokit.compose.rollouts import engine_kind
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.hardware import pick_device, pick_dtype
+from grpokit.config.trl_keys import accelerator_settings
+from grpokit.machine.hardware import pick_device, pick_dtype
 from grpokit.train.rundir.folder import check_run_dir
-from grpokit.trl.keys import accelerator_settings
 
 
 def trainer_arguments(args: GRPOConfig | None, peft_config: Any, processing_class: Any, tokenizer: Any):
@@ -200,7 +200,7 @@ def eval_set_name(name: str | None) -> str:
 
 def run_processes():
     """``processes.SingleProcess``, or under torchrun the joined process group's ``DistContext``."""
-    from grpokit.processes import SingleProcess, under_torchrun
+    from grpokit.system.processes import SingleProcess, under_torchrun
 
     if not under_torchrun():
         return SingleProcess()

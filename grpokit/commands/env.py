@@ -2,9 +2,9 @@
 
 Versions (grpokit, its dependencies, the optional extras that are installed), Python and the OS, the
 CPU (model, the instruction sets the fast paths depend on, cores, memory, whether PyTorch asks for huge pages),
-CUDA, the GPUs, vLLM and flash-attention (:mod:`grpokit.gpu_caps`, with a warning line for each mismatch that
+CUDA, the GPUs, vLLM and flash-attention (:mod:`grpokit.machine.gpu_caps`, with a warning line for each mismatch that
 breaks a GPU run), and what grpokit would choose on this machine: device, dtype, bf16 autocast and the fast paths,
-all from the same probes and choice training uses (:mod:`grpokit.hardware`, :mod:`grpokit.cpu_caps`,
+all from the same probes and choice training uses (:mod:`grpokit.machine.hardware`, :mod:`grpokit.machine.cpu_caps`,
 :meth:`grpokit.kernels.Kernels.select`), so ``GRPOKIT_CPU_CAPS`` shows here too.
 """
 
@@ -18,12 +18,12 @@ import sys
 
 import torch
 
-from grpokit.cpu_caps import ENV, cpu_caps, describe
-from grpokit.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
-from grpokit.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
+from grpokit.compose.memory import available_bytes
 from grpokit.kernels import Kernels
 from grpokit.kernels.allocator import HUGE_PAGES_ENV, huge_pages_in_use, system_huge_pages
-from grpokit.memory import available_bytes
+from grpokit.machine.cpu_caps import ENV, cpu_caps, describe
+from grpokit.machine.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
+from grpokit.machine.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
 from grpokit.version import __version__
 
 

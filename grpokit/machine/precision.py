@@ -11,8 +11,8 @@ matrix was unchanged; with float32 weights and bf16 autocast every element chang
 
 - ``dtype: auto`` -> float32 weights everywhere, and the compute dtype by ``mixed_precision: auto``: on CUDA bf16
   where the GPU has it natively (``is_bf16_supported(including_emulation=False)``: Ampere and later), else fp16 with
-  a GradScaler; on a CPU with native bf16 matmul (AVX512-BF16 / AMX, :mod:`grpokit.cpu_caps`) bf16 for models of at
-  least :data:`MIN_AUTOCAST_PARAMS` parameters; elsewhere none (float32).
+  a GradScaler; on a CPU with native bf16 matmul (AVX512-BF16 / AMX, :mod:`grpokit.machine.cpu_caps`) bf16 for
+  models of at least :data:`MIN_AUTOCAST_PARAMS` parameters; elsewhere none (float32).
 - ``mixed_precision: bf16 | fp16`` (TRL's ``bf16=True`` / ``fp16=True``): that autocast dtype over float32 weights,
   on any device; ``no``: no autocast.
 - ``dtype: bfloat16 | float16``: the weights themselves in that dtype, no autocast (what a user asks for to save
@@ -55,7 +55,7 @@ def choose_precision(
     dtype: str, device: torch.device, *, mixed_precision: str = "auto", num_params: int | None = None, cpu_bf16=None
 ) -> Precision:
     """The precision of a run (module docstring). ``num_params``: the model's size (None: unknown, taken as large);
-    ``cpu_bf16``: whether the CPU has native bf16 matmul (default: :func:`grpokit.cpu_caps.cpu_caps`)."""
+    ``cpu_bf16``: whether the CPU has native bf16 matmul (default: :func:`grpokit.machine.cpu_caps.cpu_caps`)."""
     if dtype != "auto":
         weights = DTYPES[dtype]
         compute = MIXED.get(mixed_precision) if weights == torch.float32 else None
@@ -78,7 +78,7 @@ def _auto_compute(device: torch.device, num_params: int | None, cpu_bf16) -> tor
     if device.type != "cpu":
         return None  # MPS: not measured, float32
     if cpu_bf16 is None:
-        from grpokit.cpu_caps import cpu_caps
+        from grpokit.machine.cpu_caps import cpu_caps
 
         cpu_bf16 = cpu_caps().native_bf16
     if not cpu_bf16 or (num_params is not None and num_params < MIN_AUTOCAST_PARAMS):

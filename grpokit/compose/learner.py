@@ -6,19 +6,19 @@ from __future__ import annotations
 import torch
 
 from grpokit.algos.registry import get_algorithm
-from grpokit.build import specs
+from grpokit.compose import specs
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.hardware import pick_dtype
-from grpokit.processes import is_sharded
+from grpokit.config.trl_keys import EIGHT_BIT_OPTIMIZERS
+from grpokit.machine.hardware import pick_dtype
+from grpokit.system.processes import is_sharded
 from grpokit.train.learning.learner import Learner
 from grpokit.train.learning.optimizer import OptimSpec, fused_adamw
 from grpokit.train.learning.reference import Reference
-from grpokit.trl.keys import EIGHT_BIT_OPTIMIZERS
 
 
 def build_optimizer(model: torch.nn.Module, optim: OptimSpec, optimizers: tuple, sharded: bool, device: torch.device):
     """(optimizer, lr scheduler): TRL's ``optimizers=(optimizer, lr_scheduler)`` where given, else AdamW over the
-    trainable parameters and its schedule, both as ``optim`` (:func:`grpokit.build.specs.optim_spec`) says."""
+    trainable parameters and its schedule, both as ``optim`` (:func:`grpokit.compose.specs.optim_spec`) says."""
     optimizer, scheduler = optimizers
     if optimizer is not None and sharded:
         raise ConfigError(
@@ -59,7 +59,7 @@ def build_learner(
     shards in place and replaces the parameters, so it comes before the optimizer sees them; the reference copy is
     sharded the same way (its pass and its resync stay shard by shard). An algorithm with a critic
     (``algos.registry``) gets one (``train.learning.critic.Critic``), built from the policy before any update."""
-    from grpokit.memory import update_chunk_rows
+    from grpokit.compose.memory import update_chunk_rows
 
     critic = None
     if get_algorithm(args.algorithm).uses_critic:

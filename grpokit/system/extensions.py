@@ -17,8 +17,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from grpokit.config.coerce import expand_path
-from grpokit.config.schema import ConfigError
+from grpokit.errors import ConfigError
+from grpokit.system.paths import expand_path
 
 
 def import_modules(names: list) -> None:

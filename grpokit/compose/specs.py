@@ -1,7 +1,7 @@
 """The composition root's reading of the config: each part's own settings, as a typed, frozen spec.
 
 The flat :class:`~grpokit.config.GRPOConfig` is for users, YAML and TRL scripts. Inside grpokit only the
-config package and the composition root (this module and the rest of :mod:`grpokit.build`, which builds the parts)
+config package and the composition root (this module and the rest of :mod:`grpokit.compose`, which builds the parts)
 read it: every other part takes the spec built here (or the one config section it needs) and nothing else, so
 what a part depends on is written in its spec's fields. ``tests/unit/test_config_reads.py`` keeps it so.
 """
@@ -226,7 +226,7 @@ def eval_spec(args: GRPOConfig) -> EvalSpec:
 def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
     """The training loop's own settings (:class:`grpokit.train.loop.Loop`); ``args`` with max_steps
     resolved."""
-    from grpokit.hub import HubSpec
+    from grpokit.models.hub import HubSpec
     from grpokit.train.loop_spec import LoopSpec
 
     return LoopSpec(

@@ -1,6 +1,6 @@
 """Device and dtype choice: CUDA, then MPS, then CPU; float32 weights everywhere under ``dtype: auto`` and a compute
 dtype through autocast (bf16 on GPUs and CPUs that have it natively, fp16 on older GPUs), by the one rule of
-:mod:`grpokit.precision`."""
+:mod:`grpokit.machine.precision`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import contextlib
 
 import torch
 
-from grpokit.cpu_caps import cpu_caps
-from grpokit.precision import DTYPES, MIN_AUTOCAST_PARAMS, choose_precision
+from grpokit.machine.cpu_caps import cpu_caps
+from grpokit.machine.precision import DTYPES, MIN_AUTOCAST_PARAMS, choose_precision
 
 __all__ = ["DTYPES", "MIN_AUTOCAST_PARAMS", "autocast", "autocast_dtype", "pick_device", "pick_dtype"]
 
@@ -31,8 +31,8 @@ def pick_device(requested: str = "auto") -> torch.device:
 
 
 def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """Weights dtype (:func:`grpokit.precision.choose_precision`): ``auto`` is float32 on every device; the speed of
-    bf16 comes from autocast (see :func:`autocast_dtype`), not from bf16 weights."""
+    """Weights dtype (:func:`grpokit.machine.precision.choose_precision`): ``auto`` is float32 on every device;
+    the speed of bf16 comes from autocast (see :func:`autocast_dtype`), not from bf16 weights."""
     return choose_precision(requested, device).weights
 
 
@@ -50,9 +50,9 @@ def autocast_dtype(
     requested: str, device: torch.device, model: torch.nn.Module | None = None, mixed_precision: str = "auto"
 ) -> torch.dtype | None:
     """The dtype of the autocast regions (generation, log-prob passes, forward and backward), or None: the weights'
-    dtype is the compute dtype. The rule is :func:`grpokit.precision.choose_precision`'s: under ``dtype: auto``, bf16
-    on a GPU with native bf16 (else fp16, with a GradScaler), bf16 on a CPU with native bf16 matmul for a model of at
-    least ``MIN_AUTOCAST_PARAMS`` parameters; TRL's ``bf16``/``fp16`` (``mixed_precision``) on any device. Matmuls
+    dtype is the compute dtype. The rule is :func:`~grpokit.machine.precision.choose_precision`'s: under
+    ``dtype: auto``, bf16 on a GPU with native bf16 (else fp16, with a GradScaler), bf16 on a CPU with native bf16
+    matmul for a model of at least ``MIN_AUTOCAST_PARAMS`` parameters; TRL's ``bf16``/``fp16`` (``mixed_precision``) on any device. Matmuls
     run in the compute dtype with float32 accumulation; weights, gradients, optimizer state, norms, softmax and the
     loss stay float32."""
     num_params = None if model is None else sum(p.numel() for p in model.parameters())

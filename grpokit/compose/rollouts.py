@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpokit.build import specs
+from grpokit.compose import specs
 from grpokit.config import ConfigError, GRPOConfig
 
 
@@ -28,7 +28,7 @@ def build_rollouts(
     copy from there), else None; ``tools``: the run's ToolSpec, or None; ``rollout_func``: the trainer's
     ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
-    from grpokit.modeling import eos_token_ids
+    from grpokit.models.loading import eos_token_ids
     from grpokit.rollout.registry import EngineParts
     from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
     from grpokit.train.sampling.sources import Situation, pick_sampler
@@ -125,7 +125,7 @@ def _engine_spec(name: str | None, args: GRPOConfig, source: str | None, rollout
         from grpokit.rollout.rollout_func import RolloutFuncSpec
 
         return RolloutFuncSpec(rollout_func)
-    raise ConfigError(f"an engine asks for settings {name!r}, which grpokit/build/rollouts.py does not build.")
+    raise ConfigError(f"an engine asks for settings {name!r}, which grpokit/compose/rollouts.py does not build.")
 
 
 def _own_engine(kind, parts, procs, rollout_func):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import yaml
 
+from grpokit.compose.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
 from grpokit.config import GRPOConfig
-from grpokit.hardware import pick_device
-from grpokit.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
-from grpokit.trl.keys import EIGHT_BIT_OPTIMIZERS
+from grpokit.config.trl_keys import EIGHT_BIT_OPTIMIZERS
+from grpokit.machine.hardware import pick_device
 
 
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:
@@ -57,7 +57,7 @@ def _sizes(cfg: GRPOConfig, world_size: int) -> str:
     )
     lines.append(
         f"memory estimate (tensors): {_size(m.peak)} at the peak = weights + reference + AdamW"
-        " + max(gradients + max(micro-batch, optimizer step), generation); see grpokit/memory.py"
+        " + max(gradients + max(micro-batch, optimizer step), generation); see grpokit/compose/memory.py"
     )
     lines += [f"  {name + ':':<24}{_size(value)}" for name, value in parts]
     lines.append(
@@ -85,7 +85,7 @@ def first_prompt(cfg: GRPOConfig) -> list[str]:
     """Lines showing train_dataset's first prompt as the model reads it (built from the row by prompt_template /
     system_prompt, rendered by the tokenizer's chat template) and the columns the reward functions get; a line
     saying why when the data or the tokenizer cannot be loaded here."""
-    from grpokit.build.specs import prompt_builder
+    from grpokit.compose.specs import prompt_builder
     from grpokit.data.prompts import load_rows, render_prompt
     from grpokit.data.sources import read_source
 
@@ -104,7 +104,7 @@ def first_prompt(cfg: GRPOConfig) -> list[str]:
         return [head, prompt, *tail]
     name = cfg.tokenizer_name_or_path or cfg.model_name_or_path
     try:
-        from grpokit.modeling import load_tokenizer
+        from grpokit.models.loading import load_tokenizer
 
         if not name:
             raise ValueError("no model_name_or_path")

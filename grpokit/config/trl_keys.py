@@ -380,7 +380,7 @@ def _shared_forms(values: dict, context: dict, put, unused: dict) -> None:
 def _trl_only_keys(trl: dict, values: dict, context: dict, put, unused: dict) -> None:
     """The TRL-only keys grpokit acts on, each onto its grpokit field (bf16 -> mixed_precision, use_vllm -> engine
     ...)."""
-    # bf16 / fp16 are TRL's autocast over float32 weights (grpokit.precision); model_init_kwargs' dtype is the weights'
+    # bf16 / fp16: TRL's autocast over float32 weights (machine/precision.py); model_init_kwargs' dtype: the weights'
     if trl.get("bf16") and trl.get("fp16"):
         raise TRLValueError("bf16=True and fp16=True: choose one.")
     if trl.get("bf16") or trl.get("fp16"):

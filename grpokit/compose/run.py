@@ -10,16 +10,16 @@ from typing import Any
 import torch
 
 from grpokit.algos.registry import get_algorithm
-from grpokit.build import inputs as build_inputs
-from grpokit.build import specs
-from grpokit.build.learner import build_learner
-from grpokit.build.policy import build_policy, warn_if_too_big
-from grpokit.build.rollouts import build_rollouts, build_step_sampling
+from grpokit.compose import inputs as build_inputs
+from grpokit.compose import specs
+from grpokit.compose.learner import build_learner
+from grpokit.compose.policy import build_policy, warn_if_too_big
+from grpokit.compose.rollouts import build_rollouts, build_step_sampling
 from grpokit.config import GRPOConfig
 from grpokit.eval.evaluator import Evaluator
-from grpokit.hardware import autocast_dtype
 from grpokit.kernels import Kernels
-from grpokit.modeling import ensure_pad_token
+from grpokit.machine.hardware import autocast_dtype
+from grpokit.models.loading import ensure_pad_token
 from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.loop_spec import LoopSpec
 from grpokit.train.rundir.checkpoint import RunState

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from grpokit.config import expand_path
-from grpokit.config.running import LoraConfig as LoraSettings
+from grpokit.models.lora_settings import LoraSettings
+from grpokit.system.paths import expand_path
 
 
 def is_hf_model(model: torch.nn.Module) -> bool:
@@ -138,8 +138,8 @@ def model_config(name_or_path: str, trust_remote_code: bool = False):
 def _from_pretrained(cls, source: str, what: str, **kwargs):
     """``cls.from_pretrained`` with one clear message when the folder or hub id cannot be read (a typo, no network,
     HF_HUB_OFFLINE without the files cached, a gated repo, a folder without config.json) instead of a transformers
-    traceback, within seconds when the hub cannot be reached (:func:`grpokit.hub.from_pretrained`)."""
-    from grpokit.hub import from_pretrained
+    traceback, within seconds when the hub cannot be reached (:func:`grpokit.models.hub.from_pretrained`)."""
+    from grpokit.models.hub import from_pretrained
 
     return from_pretrained(cls, source, what, **kwargs)
 

@@ -55,15 +55,15 @@ from dataclasses import dataclass, field
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.hardware import autocast_dtype, pick_device, pick_dtype
+from grpokit.config.trl_keys import EIGHT_BIT_OPTIMIZERS
 from grpokit.kernels.attention import PROBS_BUDGET
 from grpokit.kernels.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
 from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
 from grpokit.kernels.lean_mlp import MODEL_TYPES as LEAN_MLP_TYPES
 from grpokit.kernels.linear_storage import untied_linears
-from grpokit.lora_targets import adapts_any
-from grpokit.modeling import lora_config, model_config
-from grpokit.trl.keys import EIGHT_BIT_OPTIMIZERS
+from grpokit.machine.hardware import autocast_dtype, pick_device, pick_dtype
+from grpokit.models.loading import lora_config, model_config
+from grpokit.models.lora_targets import adapts_any
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""The CLI's read-only commands: `grpokit env` and `grpokit explain`."""

@@ -1,0 +1,1 @@
+"""The machine: CPU and GPU facts, the device choice, the compute precision."""

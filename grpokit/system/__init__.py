@@ -1,0 +1,1 @@
+"""Processes, I/O errors, paths, user extension imports, cached folders, third-party noise."""
