@@ -177,8 +177,8 @@ def eval_sets(eval_dataset: Any, prompt_column: str, prompts=None, default_promp
     or ``IterableDataset``, a list of dicts, a path, a ``datasets.load_dataset`` mapping with a ``path``);
     ``{name: rows}`` for a dict of them (TRL's: a dict, ``DatasetDict`` or ``IterableDatasetDict``), each evaluated
     on its own, its metrics named ``eval_<name>_...``. ``prompts``, ``default_prompt``: as ``load_rows`` takes them."""
-    from grpokit.config.schema import DATASET_KEYS
     from grpokit.data.prompts import DataError, load_rows
+    from grpokit.data.sources import DATASET_KEYS
 
     if eval_dataset is None:
         return {}

@@ -6,14 +6,12 @@ The modules, one concern each: ``training`` and ``running`` (the sections, a doc
 checks, then cross-section rules), ``loading`` (YAML and overrides), ``reference`` (docs/config.md).
 """
 
-from grpokit.config.coerce import expand_path
 from grpokit.config.facade import GRPOConfig
 from grpokit.config.loading import load_config, parse_overrides
 from grpokit.config.reference import config_reference
 from grpokit.config.schema import (
     ALIASES,
     CHOICES,
-    DATASET_KEYS,
     FIELD_SECTION,
     PATH_FIELDS,
     REPORT_SINKS,
@@ -25,7 +23,6 @@ from grpokit.config.schema import (
 __all__ = [
     "ALIASES",
     "CHOICES",
-    "DATASET_KEYS",
     "FIELD_SECTION",
     "PATH_FIELDS",
     "REPORT_SINKS",
@@ -33,7 +30,6 @@ __all__ = [
     "ConfigError",
     "GRPOConfig",
     "config_reference",
-    "expand_path",
     "field_docs",
     "load_config",
     "parse_overrides",

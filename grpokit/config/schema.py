@@ -25,12 +25,12 @@ from grpokit.config.running import (
     AgentConfig,
     DistributedConfig,
     EvalConfig,
-    LoraConfig,
     RewardSettings,
     RunConfig,
 )
 from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, ModelConfig, OptimConfig
 from grpokit.errors import ConfigError
+from grpokit.models.lora_settings import LoraSettings
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -40,7 +40,7 @@ SECTIONS: dict[str, type] = {
     "optim": OptimConfig,
     "run": RunConfig,
     "eval": EvalConfig,
-    "lora": LoraConfig,
+    "lora": LoraSettings,
     "distributed": DistributedConfig,
     "reward": RewardSettings,
     "agent": AgentConfig,

@@ -9,11 +9,13 @@ import math
 import string
 from typing import TYPE_CHECKING
 
-from grpokit.config.schema import DATASET_KEYS, REPORT_SINKS, ConfigError, check
+from grpokit.config.schema import REPORT_SINKS, ConfigError, check
+from grpokit.data.sources import DATASET_KEYS
 
 if TYPE_CHECKING:
-    from grpokit.config.running import AgentConfig, DistributedConfig, EvalConfig, LoraConfig, RewardSettings, RunConfig
+    from grpokit.config.running import AgentConfig, DistributedConfig, EvalConfig, RewardSettings, RunConfig
     from grpokit.config.training import DataConfig
+    from grpokit.models.lora_settings import LoraSettings
 
 
 def data(d: DataConfig) -> None:
@@ -113,7 +115,7 @@ def run(r: RunConfig) -> None:
         check(sink in REPORT_SINKS, f"report_to contains {sink!r}; valid sinks are {', '.join(REPORT_SINKS)}.")
 
 
-def lora(lora: LoraConfig) -> None:
+def lora(lora: LoraSettings) -> None:
     check(lora.r >= 0, f"lora.r={lora.r} must be >= 0 (0 = no LoRA).")
     check(lora.alpha > 0, f"lora.alpha={lora.alpha} must be > 0.")
     check(0 <= lora.dropout < 1, f"lora.dropout={lora.dropout} must be in [0, 1).")

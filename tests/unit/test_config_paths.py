@@ -1,10 +1,11 @@
-"""Every path field expands ``~`` and environment variables the same way (config.expand_path)."""
+"""Every path field expands ``~`` and environment variables the same way (system/paths.py's expand_path)."""
 
 import pytest
 
-from grpokit.config import PATH_FIELDS, GRPOConfig, expand_path, load_config
+from grpokit.config import PATH_FIELDS, GRPOConfig, load_config
 from grpokit.models.loading import load_tokenizer, model_source
 from grpokit.rewards.registry import resolve_reward
+from grpokit.system.paths import expand_path
 
 
 @pytest.fixture()
