@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpokit.compose import Run, build_run
+from grpokit.compose import build_run
 from grpokit.compose import inputs as build_inputs
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import is_streaming
@@ -21,13 +20,10 @@ from grpokit.train.loop import Loop
 from grpokit.train.metrics import stored_eval_names
 from grpokit.train.rundir.checkpoint import save_model_files
 from grpokit.trl.masks import TokenMasks
-
-# the Run's parts and the loop's progress, read through the trainer as TRL's (and grpokit's) attributes
-_RUN_PARTS = frozenset(f.name for f in fields(Run)) | {"engine"}
-_LOOP_PARTS = frozenset({"step", "stop_reason", "interrupted_by", "run_dir", "run_log", "run_folder", "signals"})
+from grpokit.trl.run_attributes import RunAttributes
 
 
-class GRPOTrainer(TokenMasks):
+class GRPOTrainer(TokenMasks, RunAttributes):
     """Train a causal LM with GRPO-family RL.
 
     ``model``: a path, a hub id, a loaded HF model or a module with ``forward(input_ids) -> logits``. ``reward_funcs``:
@@ -84,40 +80,61 @@ class GRPOTrainer(TokenMasks):
         self.loop = Loop(self.run, evaluate=lambda: self.evaluate())  # in training too: an override of it runs
         self.run.callbacks.event("on_init_end")
 
-    def __getattr__(self, name: str):
-        """The Run's parts and the loop's progress, as attributes of the trainer (``trainer.model``,
-        ``trainer.step`` ...)."""
-        if name in _RUN_PARTS and "run" in self.__dict__:
-            return getattr(self.__dict__["run"], name)
-        if name in _LOOP_PARTS and "loop" in self.__dict__:
-            return getattr(self.__dict__["loop"], name)
-        if name in ("entropy_coef", "aux_loss_enabled") and "run" in self.__dict__:  # TRL's, the loss terms' own
-            return getattr(self.__dict__["run"].learner.terms, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def _unbuilt(self, name: str) -> Any:
+        """An attribute of a trainer not built by ``__init__`` (TRL's tests make one with ``object.__new__`` and set
+        what they need), or the AttributeError Python would raise."""
+        try:
+            return self.__dict__[f"_{name}"]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}") from None
+
+    def _set_unbuilt(self, name: str, value: Any) -> None:
+        """Set what :meth:`_unbuilt` reads; a built trainer's parts are fixed (the loop holds them), so refused."""
+        if "run" in self.__dict__:
+            raise AttributeError(
+                f"trainer.{name} is fixed when the trainer is built (the loop holds it); pass it to GRPOTrainer(...)."
+            )
+        self.__dict__[f"_{name}"] = value
 
     @property
     def state(self):
         """The run's transformers ``TrainerState`` (TRL's ``trainer.state``): global_step, max_steps, epoch,
         num_input_tokens_seen, log_history. Settable, as in TRL (the callbacks then see the new one)."""
         run = self.__dict__.get("run")
-        return run.callbacks.state if run is not None else self.__dict__.get("_state")
+        return run.callbacks.state if run is not None else self._unbuilt("state")
 
     @state.setter
     def state(self, value) -> None:
         run = self.__dict__.get("run")
         if run is not None:
             run.callbacks.state = value
-        else:  # a trainer not built by __init__ (TRL's tests make one with object.__new__)
-            self.__dict__["_state"] = value
+        else:
+            self._set_unbuilt("state", value)
 
     @property
-    def processing_class(self):
-        """The tokenizer (TRL's name for it); settable."""
+    def model(self) -> torch.nn.Module:
+        """The policy (TRL's ``trainer.model``)."""
+        run = self.__dict__.get("run")
+        return run.model if run is not None else self._unbuilt("model")
+
+    @model.setter
+    def model(self, value) -> None:
+        self._set_unbuilt("model", value)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer (TRL's ``processing_class``)."""
+        run = self.__dict__.get("run")
+        return run.tokenizer if run is not None else self._unbuilt("processing_class")
+
+    @property
+    def processing_class(self) -> Any:
+        """The tokenizer (TRL's name for it)."""
         return self.tokenizer
 
     @processing_class.setter
     def processing_class(self, value) -> None:
-        self.__dict__["tokenizer"] = value
+        self._set_unbuilt("processing_class", value)
 
     @property
     def ref_model(self):
@@ -158,16 +175,14 @@ class GRPOTrainer(TokenMasks):
     def tools(self) -> list:
         """The run's tools: the plain ones, then each environment's methods (of its first instance), as TRL's.
         Settable only on a trainer not built by ``__init__`` (TRL's tests make one with ``object.__new__``)."""
-        if "_tools" in self.__dict__:
-            return self.__dict__["_tools"]
+        if "run" not in self.__dict__:
+            return self._unbuilt("tools")
         tool_rollouts = self.rollout_scheduler.tool_rollouts
         return [] if tool_rollouts is None else tool_rollouts.spec.all_tools()
 
     @tools.setter
     def tools(self, value) -> None:
-        if "run" in self.__dict__:
-            raise AttributeError("trainer.tools is fixed when the trainer is built; pass tools=... to GRPOTrainer.")
-        self.__dict__["_tools"] = value
+        self._set_unbuilt("tools", value)
 
     @property
     def environments(self) -> list | None:

@@ -244,15 +244,29 @@ def test_resume_from_checkpoint_on_a_new_trainer(tmp_path, tiny_model_dir):
         torch.testing.assert_close(resumed.model.get_parameter(name), param, rtol=0, atol=0)
 
 
-def test_state_and_processing_class_can_be_set(tmp_path, tiny_model_dir):
+def test_state_can_be_set_and_built_parts_are_refused(tmp_path, tiny_model_dir):
+    """A setter changes what the loop uses (``state``: the callbacks see it) or is refused: the loop holds the
+    tokenizer and the model it was built with, so replacing them on a built trainer would change nothing."""
     trainer = GRPOTrainer(str(tiny_model_dir), has_target, args=config(tmp_path / "run"), train_dataset=PROMPTS)
     replaced = SimpleNamespace(global_step=2, num_input_tokens_seen=0)
     trainer.state = replaced
     assert trainer.state is replaced and trainer.callbacks.state is replaced
-    trainer.processing_class = trainer.tokenizer
-    bare = object.__new__(GRPOTrainer)  # as TRL's tests build one
-    bare.state = replaced
-    assert bare.state is replaced
+    for name in ("processing_class", "model", "tools"):
+        with pytest.raises(AttributeError, match=f"trainer.{name} is fixed when the trainer is built"):
+            setattr(trainer, name, None)
+    with pytest.raises(AttributeError):  # a Run part without a setter
+        trainer.learner = None
+    assert trainer.processing_class is trainer.run.tokenizer and trainer.model is trainer.run.model
+    bare = object.__new__(GRPOTrainer)  # as TRL's tests build one, then set what they use
+    bare.state, bare.model, bare.processing_class = replaced, "model", "tokenizer"
+    assert (bare.state, bare.model, bare.processing_class, bare.tokenizer) == (
+        replaced,
+        "model",
+        "tokenizer",
+        "tokenizer",
+    )
+    with pytest.raises(AttributeError, match="has no attribute 'tools'"):
+        _ = bare.tools
 
 
 def test_push_to_hub_offline_fails_in_one_line(tmp_path, tiny_model_dir, monkeypatch):
