@@ -72,7 +72,7 @@ def rank_main(
         batch = [[4 + (7 * i + j) % (vocab - 4) for j in range(8)] for i in range(prompts)]
         gathered = GatheredBytes(model) if strategy == "fsdp" else contextlib.nullcontext()
         with gathered, procs.lockstep(policy):
-            engine.generate(batch, 2, SamplingParams(max_completion_length=tokens))
+            engine.generate(batch, 2, SamplingParams.plain(tokens))
         if strategy == "fsdp":  # (gathered peak, root unit, largest layer unit, whole model) in full bytes
             sizes = gathered.sizes
             units = (gathered.peak, sizes[""], max(v for k, v in sizes.items() if k), sum(sizes.values()))

@@ -82,7 +82,7 @@ def main() -> None:
     chat = ConversationTokens(tokenizer)
     stops = [i for i in range(len(tokenizer)) if i % 29 == 0]
     prompts = [[{"role": "user", "content": f"Question {i}: look something up."}] for i in range(args.prompts)]
-    params = SamplingParams(max_completion_length=args.max_completion_length)
+    params = SamplingParams.plain(args.max_completion_length)
     print(
         f"qwen2 hidden {args.hidden}, {args.layers} layers; {args.prompts} prompts x {args.generations} rollouts, "
         f"max_completion_length {args.max_completion_length}, up to 4 tool rounds; {args.threads} torch thread(s)"

@@ -61,7 +61,7 @@ def sampling(workdir: Path, prompts: int, completion_length: int, repeats: int) 
     tokenizer = vs_trl.load_tokenizer(workdir)
     rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()][:prompts]
     ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
-    params = SamplingParams(completion_length)
+    params = SamplingParams.plain(completion_length)
     four_bit = load_model(str(workdir / "model"), torch.float32, cpu, load_in_4bit=True)
     plain = load_model(str(workdir / "model"), torch.float32, cpu)  # receives the dequantised weights
     plain_linears = dict(plain.named_modules())

@@ -45,7 +45,15 @@ from grpokit.system.cached_folders import cached_folder
 def measure(trainer: GRPOTrainer, reward, texts: list[spans.Text], greedy: bool = False) -> dict[str, float]:
     """Mean judge score (sigmoid) and exact-match rate of one completion per held-out prompt."""
     args, tokenizer = trainer.args, trainer.tokenizer
-    params = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k, greedy=greedy)
+    params = SamplingParams(
+        args.max_completion_length,
+        args.temperature,
+        args.top_p,
+        args.top_k,
+        args.min_p,
+        args.repetition_penalty,
+        greedy=greedy,
+    )
     rollouts = trainer.engine.generate([tokenizer.encode(t.prompt) for t in texts], 1, params)
     completions = [
         decode(tokenizer, ids[: int(k)].tolist())

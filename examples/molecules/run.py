@@ -39,7 +39,9 @@ METRICS = ("validity", "uniqueness", "novelty", "qed", "sa")
 def sample(trainer: GRPOTrainer, n: int, batch: int = 250) -> list[str]:
     """``n`` SMILES sampled from the current policy at the config's temperature, via grpokit's sampler."""
     args, prompt = trainer.args, trainer.tokenizer.encode(BOS)
-    params = SamplingParams(args.max_completion_length, args.temperature, args.top_p, args.top_k)
+    params = SamplingParams(
+        args.max_completion_length, args.temperature, args.top_p, args.top_k, args.min_p, args.repetition_penalty
+    )
     out = []
     for start in range(0, n, batch):
         rollouts = trainer.engine.generate([prompt], min(batch, n - start), params)

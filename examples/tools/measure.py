@@ -42,8 +42,8 @@ def measure(
         )
         result = {}
         for prefix, n, params in (
-            ("", samples, SamplingParams(max_completion_length, temperature)),
-            ("greedy_", 1, SamplingParams(max_completion_length, greedy=True)),
+            ("", samples, SamplingParams.plain(max_completion_length, temperature)),
+            ("greedy_", 1, SamplingParams.plain(max_completion_length, greedy=True)),
         ):
             correct = used = 0
             for start in range(0, len(rows), batch):

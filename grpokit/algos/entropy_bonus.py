@@ -46,12 +46,12 @@ class EntropyController:
     micro-batch's (entropy sum, token count); ``step()`` ends the optimizer step (adaptive: measures and updates).
     ``state_dict`` / ``load_state_dict`` keep it in a checkpoint."""
 
-    coef: float = 0.0
-    adaptive: bool = False
-    target: float = 0.2
-    delta: float = 0.005
-    low: float = 0.0
-    high: float = 1.0
+    coef: float
+    adaptive: bool
+    target: float
+    delta: float
+    low: float
+    high: float
     last_entropy: float = math.inf
     _sum: float = 0.0
     _count: float = 0.0

@@ -33,8 +33,8 @@ class KLController:
     """
 
     beta: float
-    target_kl: float | None = None
-    horizon: float = 10000.0
+    target_kl: float | None
+    horizon: float
 
     def __post_init__(self):
         if self.beta < 0:

@@ -34,9 +34,9 @@ class LossSettings:
     parameters (an instance of the dataclass it registered, or None). Never the whole config."""
 
     loss_type: str
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    importance_sampling_level: str = "token"
+    epsilon: float
+    epsilon_high: float | None
+    importance_sampling_level: str
     params: Any = None
 
 

@@ -58,19 +58,19 @@ class LossSpec:
             (DeepSeek-V3.2's off-policy sequence masking, ``token_masks.off_policy_sequence_mask``); None: off.
     """
 
-    loss_type: str = "dapo"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    beta: float = 0.0
-    use_bias_correction_kl: bool = False
-    importance_sampling_level: str = "token"
-    max_completion_length: int | None = None
-    sampling_cap: float | None = 3.0
-    sampling_is_mode: str = "token_truncate"
-    sampling_is_min: float | None = None
-    delta: float | None = None
+    loss_type: str
+    epsilon: float
+    epsilon_high: float | None
+    beta: float
+    use_bias_correction_kl: bool
+    importance_sampling_level: str
+    max_completion_length: int | None
+    sampling_cap: float | None
+    sampling_is_mode: str
+    sampling_is_min: float | None
+    delta: float | None
+    off_policy_mask_threshold: float | None
     params: Any = None
-    off_policy_mask_threshold: float | None = None
 
     def __post_init__(self) -> None:
         kind = get_loss(self.loss_type)  # a ValueError naming the registered losses
@@ -162,7 +162,7 @@ def policy_loss(
     old_logprobs: torch.Tensor | None,
     advantages: torch.Tensor,
     completion_mask: torch.Tensor,
-    spec: LossSpec = LossSpec(),
+    spec: LossSpec,
     *,
     ref_logprobs: torch.Tensor | None = None,
     num_items_in_batch: int | float | torch.Tensor | None = None,

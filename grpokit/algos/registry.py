@@ -35,10 +35,10 @@ class AdvantageInputs:
     num_generations: int
     rows: slice
     completion_mask: torch.Tensor
+    beta: float
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
-    beta: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,14 @@ if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec, PolicyTerms
 
 
-@dataclass(frozen=True)
+@dataclass
 class SapoParams:
     """sapo's own parameters: the soft gate's temperature for tokens with A > 0 and with A <= 0."""
 
     sapo_temperature_pos: float = 1.0
+    """sapo: temperature of the soft gate for tokens with a positive advantage."""
     sapo_temperature_neg: float = 1.05
+    """sapo: temperature of the soft gate for tokens with a non-positive advantage."""
 
 
 def _check(settings: LossSettings) -> list[str]:

@@ -42,7 +42,7 @@ class Inputs:
     eval_sets: dict  # the eval datasets' rows by name (eval_sets); {} without one
     rewards: Any  # the RewardRunner
     steps_per_epoch: int
-    tools: Any = None  # the ToolSpec of multi-turn tool rollouts, or None
+    tools: Any  # the ToolSpec of multi-turn tool rollouts, or None
 
 
 def check_inputs(

@@ -76,8 +76,8 @@ class MemoryEstimate:
     adamw: int
     micro_batch: int
     generation: int
+    backward_chunk_rows: int  # rows per forward and backward pass of the update (:func:`backward_chunk_rows`)
     optimizer_step: int = 0
-    backward_chunk_rows: int = 0  # rows per forward and backward pass of the update (:func:`backward_chunk_rows`)
     # the micro-batch's and generation's parts by name (saved activations, kept logits, the head's chunks, autocast's
     # weight casts; KV cache, the fused decoder's weight copy), for reports that list what is above the weights
     parts: dict = field(default_factory=dict)

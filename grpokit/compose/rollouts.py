@@ -36,7 +36,9 @@ def build_rollouts(
 
     kind = engine_kind(args.engine if rollout_func is None else "rollout_func")
     eos = eos_token_ids(model, tokenizer)
-    parts = EngineParts(model, eos, tokenizer.pad_token_id, device, autocast_dtype, kernels, seed=args.seed)
+    parts = EngineParts(
+        model, eos, tokenizer.pad_token_id, device, args.seed, autocast_dtype=autocast_dtype, kernels=kernels
+    )
     engine = kind.build(parts, _engine_spec(kind.spec, args, source, rollout_func))
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import textwrap
 
 import grpokit.config.trl_keys as trl_keys
 from grpokit.algos.names import (
@@ -98,13 +99,16 @@ PATH_FIELDS = (
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field (dataclass attribute docstrings) as one line, read from the source."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
+    """The docstring under each field (dataclass attribute docstrings) as one line, read from the source of the
+    class and of the parts' settings classes it is assembled from (its dataclass bases)."""
     docs = {}
-    for prev, node in itertools.pairwise(body):
-        if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            docs[prev.target.id] = " ".join(str(node.value.value).split())
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for prev, node in itertools.pairwise(body):
+            if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                docs[prev.target.id] = " ".join(str(node.value.value).split())
     return docs
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from grpokit.algos.sapo import SapoParams
+from grpokit.algos.vespo import VespoParams
+
 
 @dataclass
 class ModelConfig:
@@ -66,7 +69,7 @@ class DataConfig:
 
 
 @dataclass
-class AlgoConfig:
+class AlgoConfig(SapoParams, VespoParams):  # sapo's and vespo's keys: their losses' own parameters
     algorithm: str = "grpo"
     """grpo (the GRPO family: advantage_estimator, scale_rewards) | ppo (a learned value model, GAE)."""
     # --- ppo only (TRL PPOConfig's names; the policy's clip range is epsilon, its passes num_iterations) ---
@@ -110,18 +113,6 @@ class AlgoConfig:
     loss_params: dict = field(default_factory=dict)
     """The parameters of a loss registered by a module of `imports`, by name ({name: value}); a built-in loss's have
     keys of their own (sapo_temperature_pos ...)."""
-    sapo_temperature_pos: float = 1.0
-    """sapo: temperature of the soft gate for tokens with a positive advantage."""
-    sapo_temperature_neg: float = 1.05
-    """sapo: temperature of the soft gate for tokens with a non-positive advantage."""
-    vespo_k_pos: float = 2.0
-    """vespo: power k of the kernel w^k exp(lambda (1 - w)) on the sequence importance weight w, for A >= 0."""
-    vespo_lambda_pos: float = 3.0
-    """vespo: decay lambda of the kernel, for A >= 0."""
-    vespo_k_neg: float = 3.0
-    """vespo: power k of the kernel, for A < 0."""
-    vespo_lambda_neg: float = 2.0
-    """vespo: decay lambda of the kernel, for A < 0."""
     top_entropy_quantile: float = 1.0
     """rho in (0, 1]: the policy term only on each micro-batch's top-rho tokens by entropy ("Beyond the 80/20 Rule"
     uses 0.2); 1 = every token."""

@@ -17,10 +17,10 @@ from grpokit.data.sources import DataError
 class PromptBuilder:
     """How each row's prompt is built; :meth:`apply` leaves the rows as they are when nothing is set."""
 
-    column: str = "prompt"
-    template: str | None = None
-    system_prompt: str | None = None
-    chat: bool | None = None  # None: chat messages when template or system_prompt is set
+    column: str
+    template: str | None
+    system_prompt: str | None
+    chat: bool | None  # None: chat messages when template or system_prompt is set
 
     @property
     def active(self) -> bool:

@@ -136,12 +136,12 @@ class EvalSpec:
     ``temperature`` (eval_temperature, else the sampling temperature), ``success_threshold``, the dataset's
     ``prompt_column`` and ``max_eval_prompts`` (None: all)."""
 
-    num_generations_eval: int = 8
-    pass_at_k: tuple = (1, 8)
-    temperature: float = 1.0
-    success_threshold: float = 1.0
-    prompt_column: str = "prompt"
-    max_eval_prompts: int | None = None
+    num_generations_eval: int
+    pass_at_k: tuple
+    temperature: float
+    success_threshold: float
+    prompt_column: str
+    max_eval_prompts: int | None
 
 
 class Evaluator:

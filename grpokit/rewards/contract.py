@@ -76,9 +76,9 @@ class RewardState:
     """What ``trainer_state`` tells a reward function (the fields of transformers' TrainerState
     that TRL's rewards read): optimizer steps done, steps planned, epochs of the data consumed."""
 
-    global_step: int = 0
-    max_steps: int = 0
-    epoch: float = 0.0
+    global_step: int
+    max_steps: int
+    epoch: float
 
 
 def is_conversational(prompt: Any) -> bool:

@@ -33,10 +33,10 @@ class EngineParts:
     model: Any
     eos_token_ids: list[int]
     pad_token_id: int
-    device: Any = None
+    device: Any
+    seed: int
     autocast_dtype: Any = None
     kernels: Any = None
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class MultiTurnSpec:
     base: Any
     chat: Any
     executor: Any
-    max_tool_calling_iterations: int | None = None
+    max_tool_calling_iterations: int | None
     parser: Any = None
 
 

@@ -15,12 +15,12 @@ class SamplingParams:
     default."""
 
     max_completion_length: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float  # a token already in the prompt or completion: logit / p if > 0, else logit * p
     greedy: bool = False
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0  # a token already in the prompt or completion: logit / p if > 0, else logit * p
     no_repeat_ngram_size: int = 0  # n > 0: no n-gram occurs twice in prompt + completion
     min_new_tokens: int = 0  # EOS cannot be sampled before this many tokens of a completion (or turn)
     suppress_tokens: tuple[int, ...] = ()  # never sampled
@@ -29,6 +29,13 @@ class SamplingParams:
     # generation_kwargs only transformers' generate honours (num_beams, length_penalty, typical_p ...): they make
     # the run sample with generation.engine: transformers (grpokit.rollout.transformers_engine)
     transformers_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def plain(cls, max_completion_length: int, temperature: float = 1.0, **rules: Any) -> SamplingParams:
+        """Sampling from the whole distribution at ``temperature``: no top-p, top-k or min-p filter, no repetition
+        penalty (each filter's "off" value, not a setting's default: a run's come from its config), plus ``rules``
+        (``greedy``, the logits processors)."""
+        return cls(max_completion_length, temperature, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, **rules)
 
     @property
     def has_rules(self) -> bool:

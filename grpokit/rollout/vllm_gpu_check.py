@@ -43,7 +43,18 @@ def _build_llm(folder: str, device: str, dtype: str, sleep_mode: bool = False):
     from grpokit.rollout.vllm_engine import single_process_env
 
     single_process_env()
-    spec = VLLMSpec(kv_cache_gib=1.0, enforce_eager=True)
+    spec = VLLMSpec(
+        source=folder,
+        gpu_memory_utilization=0.3,
+        max_model_len=None,
+        default_max_model_len=None,
+        enable_sleep_mode=sleep_mode,
+        sleep_mode_given=sleep_mode,
+        dtype=dtype,
+        enforce_eager=True,
+        kv_cache_gib=1.0,
+        trust_remote_code=False,
+    )
     kwargs = vllm_llm_kwargs(spec, platform=device, dtype=dtype, max_model_len=128, sleep_mode=sleep_mode, seed=0)
     return LLM(model=folder, **kwargs)
 

@@ -37,16 +37,16 @@ class VLLMSpec:
     ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU) and
     ``trust_remote_code``."""
 
-    source: str | None = None
-    gpu_memory_utilization: float = 0.3
-    max_model_len: int | None = None
-    default_max_model_len: int | None = None
-    enable_sleep_mode: bool = True
-    sleep_mode_given: bool = False
-    dtype: str = "auto"
-    enforce_eager: bool | None = None
-    kv_cache_gib: float | None = None
-    trust_remote_code: bool = False
+    source: str | None
+    gpu_memory_utilization: float
+    max_model_len: int | None
+    default_max_model_len: int | None
+    enable_sleep_mode: bool
+    sleep_mode_given: bool
+    dtype: str
+    enforce_eager: bool | None
+    kv_cache_gib: float | None
+    trust_remote_code: bool
 
 
 def installed_vllm() -> str | None:

@@ -20,12 +20,12 @@ class CallbackSpec:
     """When the run logs, evaluates and saves (``logging_steps``; ``eval_strategy`` / ``eval_steps``;
     ``save_strategy`` / ``save_steps``), and ``per_device_train_batch_size`` for the TrainerState."""
 
-    logging_steps: int = 1
-    eval_strategy: str = "steps"
-    eval_steps: int = 0
-    save_strategy: str = "steps"
-    save_steps: int = 0
-    per_device_train_batch_size: int = 8
+    logging_steps: int
+    eval_strategy: str
+    eval_steps: int
+    save_strategy: str
+    save_steps: int
+    per_device_train_batch_size: int
 
 
 class CallbackRunner:

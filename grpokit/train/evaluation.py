@@ -46,7 +46,7 @@ def evaluation_loss(run, found) -> dict[str, float]:
         loss_mask = update_inputs(run.update_inputs_spec, rollouts, run.device).loss_mask
         n = rollouts.completion_ids.size(0)
         advantages = run.algorithm.advantages(
-            AdvantageInputs(rewards, rollouts.num_generations, slice(0, n), loss_mask), run.spec.algo
+            AdvantageInputs(rewards, rollouts.num_generations, slice(0, n), loss_mask, beta=0.0), run.spec.algo
         )
         batch = build_batch(run.model, rollouts, run.tokenizer.pad_token_id, run.device)
         per_batch.append(run.learner.evaluation_loss(batch, advantages.advantages, loss_mask))

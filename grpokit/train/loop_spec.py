@@ -23,12 +23,12 @@ class LoopSpec:
     num_generations: int
     max_steps: int
     completions_per_step: int
-    prompt_column: str = "prompt"
+    prompt_column: str
+    ref_model_sync_steps: int
+    ref_model_mixup_alpha: float
+    logging_steps: int
+    merge_on_save: bool
+    eval_dataset: Any
     rewards_on_main: bool = False
-    ref_model_sync_steps: int = 0
-    ref_model_mixup_alpha: float = 0.6
-    logging_steps: int = 1
     save_at_end: bool = True
-    merge_on_save: bool = False
-    eval_dataset: Any = None
     hub: HubSpec | None = None

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 class StopSpec:
     """The stop rules' settings: ``max_nonfinite_steps``; ``max_kl`` (None: no KL rule) and ``max_kl_patience``."""
 
-    max_nonfinite_steps: int = 3
-    max_kl: float | None = None
-    max_kl_patience: int = 1
+    max_nonfinite_steps: int
+    max_kl: float | None
+    max_kl_patience: int
 
 
 class StopRules:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_model
+from shared_helpers import sampling_params
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.types import SamplingParams
 from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
 # The nanoGPT-style module of the molecules example: plain PyTorch, forward(input_ids) -> logits.
@@ -139,7 +139,7 @@ def test_logprobs_come_from_the_modules_own_logits(wrap):
         model = TupleOutput(model)
     engine = HFRolloutEngine(model, eos_token_ids=[0], pad_token_id=1, device=torch.device("cpu"), seed=0)
     prompts = [[5, 6, 7, 8, 9], [3, 4]]
-    params = SamplingParams(max_completion_length=6, temperature=0.7)
+    params = sampling_params(max_completion_length=6, temperature=0.7)
     rollouts = engine.generate(prompts, 3, params)
     batch = build_batch(model, rollouts, 1, torch.device("cpu"))
     with torch.no_grad():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from shared_helpers import TARGET_REWARD
+from shared_helpers import TARGET_REWARD, sampling_params
 
 from grpokit import GRPOConfig
 from grpokit.cli import main
@@ -19,7 +19,6 @@ from grpokit.distributed import DistContext
 from grpokit.rewards import RewardRunner
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.seeding import concat_rollouts, generate_per_group, group_seed
-from grpokit.rollout.types import SamplingParams
 from grpokit.store import RolloutStore
 from grpokit.system.processes import RewardBatch, SingleProcess
 
@@ -125,7 +124,7 @@ def test_per_group_sampling_does_not_depend_on_the_split(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     engine = HFRolloutEngine(model, [tok.eos_token_id], tok.pad_token_id, torch.device("cpu"))
-    params = SamplingParams(max_completion_length=5)
+    params = sampling_params(max_completion_length=5)
     prompts = [tok(f"w{i} w{i + 1}")["input_ids"] for i in range(4)]
     seeds = [group_seed(7, 3, j) for j in range(4)]
     whole = generate_per_group(engine, prompts, seeds, 3, params)

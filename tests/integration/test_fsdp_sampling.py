@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from shared_helpers import sampling_params
 
 from grpokit.distributed.fsdp_probe import GatheredBytes
 
@@ -35,10 +36,9 @@ def rank_main(rank: int, model_dir: str, init_file: str, results) -> None:
         from grpokit.distributed.torch_dist import DistContext
         from grpokit.models.loading import load_model
         from grpokit.rollout.engine import HFRolloutEngine
-        from grpokit.rollout.types import SamplingParams
 
         cpu = torch.device("cpu")
-        params = SamplingParams(max_completion_length=T)
+        params = sampling_params(max_completion_length=T)
         # rank 0: one group, rank 1: two groups of another prompt length (two generate calls)
         prompts = [[5, 6, 7]] if rank == 0 else [[8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
         seeds = [100 + rank * 10 + j for j in range(len(prompts))]

@@ -28,11 +28,11 @@ from dataclasses import fields
 
 import pytest
 import torch
+from shared_helpers import loss_spec, sampling_params
 
 from grpokit.algos import LossSpec, get_loss, high_entropy_mask, policy_loss
 from grpokit.models.loading import load_model
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
@@ -57,7 +57,7 @@ def both(tmp_path_factory):
     build_tiny_causal_lm(folder, tokenizer=tokenizer, arch="qwen2", num_kv_heads=2)
     ours = load_model(str(folder), torch.float32, CPU)
     engine = HFRolloutEngine(ours, list(range(2, 12)), tokenizer.pad_token_id, CPU, seed=5)
-    rollouts = engine.generate(PROMPTS, G, SamplingParams(max_completion_length=T, temperature=TEMPERATURE))
+    rollouts = engine.generate(PROMPTS, G, sampling_params(max_completion_length=T, temperature=TEMPERATURE))
     assert len(set(rollouts.completion_lengths.tolist())) > 2  # ragged completions: right padding too
     batch = build_batch(ours, rollouts, tokenizer.pad_token_id, CPU)
 
@@ -160,7 +160,7 @@ def our_spec(loss_type, level, corrected, settings=None, **more) -> LossSpec:
     own = get_loss(loss_type).params  # sapo's and vespo's settings are their loss's own parameters
     own_names = {f.name for f in fields(own)} if own is not None else set()
     params = get_loss(loss_type).make_params({k: settings.pop(k) for k in own_names & set(settings)})
-    return LossSpec(
+    return loss_spec(
         loss_type=loss_type,
         epsilon=0.2,
         epsilon_high=settings.pop("epsilon_high", 0.28),

@@ -9,10 +9,9 @@ import json
 
 import pytest
 import torch
-from shared_helpers import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, WORDS, sampling_params
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
@@ -63,7 +62,7 @@ def test_vllm_rollouts_match_the_learner_and_follow_weight_updates(tmp_path, mod
         str(model_dir), TARGET_REWARD, args=args(tmp_path, vllm_dtype="float32"), train_dataset=prompts()
     )
     engine, policy = trainer.engine, trainer.model
-    params = SamplingParams(8, temperature=1.0)
+    params = sampling_params(8, temperature=1.0)
 
     def mismatch(rollouts) -> float:
         batch = build_batch(policy, rollouts, trainer.tokenizer.pad_token_id, trainer.device)

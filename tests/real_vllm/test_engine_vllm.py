@@ -9,10 +9,10 @@ import gc
 import pytest
 import torch
 from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, prompts
+from shared_helpers import sampling_params
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.config import ConfigError
-from grpokit.rollout.types import SamplingParams
 from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
 
@@ -53,7 +53,7 @@ def test_settings_reach_vllm_on_the_cpu(built):
 def test_log_probs_equal_the_learners_after_each_sync_tied_head_included(built):
     engine, policy = built.engine, built.model
     assert policy.config.tie_word_embeddings
-    params = SamplingParams(8, temperature=1.0)
+    params = sampling_params(8, temperature=1.0)
     first = engine.generate([[5, 6, 7], [8, 9]], 4, params)
     assert first.completion_ids.shape[0] == 8 and set(first.finish_reasons) <= {"stop", "length"}
     assert gap(built, first) <= GAP_FP32
@@ -73,7 +73,7 @@ def test_log_probs_equal_the_learners_after_each_sync_tied_head_included(built):
 
 def test_greedy_with_several_samples_per_prompt(built):
     """vLLM refuses n > 1 at temperature 0: the engine sends n requests of 1, one group per prompt."""
-    greedy = built.engine.generate([[5, 6, 7], [8, 9]], 3, SamplingParams(6, greedy=True))
+    greedy = built.engine.generate([[5, 6, 7], [8, 9]], 3, sampling_params(6, greedy=True))
     assert greedy.completion_ids.shape[0] == 6 and greedy.group_index.tolist() == [0, 0, 0, 1, 1, 1]
     rows = greedy.completion_ids
     assert torch.equal(rows[0], rows[1]) and torch.equal(rows[0], rows[2]) and torch.equal(rows[3], rows[5])

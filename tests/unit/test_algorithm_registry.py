@@ -72,13 +72,13 @@ def test_grpo_advantages_are_the_family_s_sliced_to_this_process():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])  # two groups of G = 2
     mask = torch.ones(2, 3)
     cfg = GRPOConfig(advantage_estimator="grpo", scale_rewards="group")
-    out = get_algorithm("grpo").advantages(AdvantageInputs(rewards, 2, slice(2, 4), mask), cfg.algo)
+    out = get_algorithm("grpo").advantages(AdvantageInputs(rewards, 2, slice(2, 4), mask, beta=0.0), cfg.algo)
     # group [0, 1]: mean 0.5, unbiased std sqrt(0.5) = 0.70711; A = -+0.5 / (0.70711 + 1e-4) = -+0.70700
     torch.testing.assert_close(out.advantages, torch.tensor([-0.70700, 0.70700]), atol=1e-5, rtol=0)
     torch.testing.assert_close(out.advantages, compute_advantages(rewards, 2)[2:4])
     assert out.per_sequence is out.advantages and out.returns is None and out.loss_mask is None
     rloo = get_algorithm("grpo").advantages(
-        AdvantageInputs(rewards, 2, slice(0, 4), mask), cfg.replace(advantage_estimator="rloo").algo
+        AdvantageInputs(rewards, 2, slice(0, 4), mask, beta=0.0), cfg.replace(advantage_estimator="rloo").algo
     )
     torch.testing.assert_close(rloo.advantages, torch.tensor([1.0, -1.0, -1.0, 1.0]))  # r_i - the other's reward
 
@@ -89,7 +89,9 @@ def test_ppo_advantages_by_hand():
     values = torch.tensor([[0.5, 0.25], [0.2, 0.3]])
     mask = torch.ones(2, 2)
     cfg = GRPOConfig(algorithm="ppo", gamma=1.0, lam=1.0, beta=0.0)
-    out = get_algorithm("ppo").advantages(AdvantageInputs(rewards, 1, slice(0, 2), mask, values=values), cfg.algo)
+    out = get_algorithm("ppo").advantages(
+        AdvantageInputs(rewards, 1, slice(0, 2), mask, beta=0.0, values=values), cfg.algo
+    )
     # delta_1 = 1 + 0 - 0.25 = 0.75; delta_0 = 0 + 0.25 - 0.5 = -0.25; A_1 = 0.75, A_0 = -0.25 + 0.75 = 0.5
     # returns = A + V = [1, 1]; whitened over row 0's tokens: mean 0.625, unbiased var 2 * 0.125^2 = 0.03125,
     # (A - 0.625) / sqrt(0.03125) = [-0.70711, 0.70711]; row 1 is masked out: 0
@@ -108,7 +110,16 @@ def test_ppo_kl_in_reward_by_hand():
     # r = [-0.05, 1 + 0.025] = [-0.05, 1.025]; values 0, gamma = lam = 1: returns = suffix sums = [0.975, 1.025]
     rewards = torch.tensor([1.0])
     old, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.75]])
-    inputs = AdvantageInputs(rewards, 1, slice(0, 1), torch.ones(1, 2), old, ref, torch.zeros(1, 2), beta=0.1)
+    inputs = AdvantageInputs(
+        rewards,
+        1,
+        slice(0, 1),
+        torch.ones(1, 2),
+        beta=0.1,
+        old_logprobs=old,
+        ref_logprobs=ref,
+        values=torch.zeros(1, 2),
+    )
     # the step's beta (inputs.beta: the KL controller's) weighs the KL, not the config's starting beta
     cfg = GRPOConfig(algorithm="ppo", gamma=1.0, lam=1.0, beta=0.5, kl_in_reward=True, num_generations=1)
     out = get_algorithm("ppo").advantages(inputs, cfg.algo)

@@ -7,8 +7,9 @@ import math
 
 import pytest
 import torch
+from shared_helpers import loss_spec
 
-from grpokit.algos import LossSpec, aggregate, high_entropy_mask, off_policy_sequence_mask, policy_loss
+from grpokit.algos import aggregate, high_entropy_mask, off_policy_sequence_mask, policy_loss
 from grpokit.algos.loss_registry import LOSSES, get_loss, loss_types, register_loss
 from grpokit.algos.token_masks import quantile
 from grpokit.algos.vespo import gamma_weights
@@ -62,7 +63,7 @@ def test_a_registered_loss_runs_in_policy_loss():
     register_loss("reinforce_test", aggregation="bnpo")(reinforce)
     try:
         logprobs, old = _logprobs()
-        loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="reinforce_test"))
+        loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, loss_spec(loss_type="reinforce_test"))
         assert loss.item() == pytest.approx(0.0052634, abs=1e-6)
         assert metrics["toy/count"] == 1.0 and metrics["ratio_mean"] == pytest.approx(0.96)
     finally:
@@ -78,7 +79,7 @@ def test_cispo_by_hand():
     #   seq 2 (A = -1): r=1.1: 1.1 * ln1.1 = 0.104841;  r=0.7: 0.7 * ln0.7 = -0.249672
     # sum = -0.284816; dapo over num_items_in_batch = 8: -0.0356020
     logprobs, old = _logprobs()
-    spec = LossSpec(loss_type="cispo", epsilon_high=1.2)
+    spec = loss_spec(loss_type="cispo", epsilon_high=1.2)
     loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, spec, num_items_in_batch=8)
     assert loss.item() == pytest.approx(-0.0356020, abs=1e-6)
     assert metrics["cispo_clip_ratio"] == pytest.approx(0.2)  # r=1.5 > 1.2 with A > 0: 1 token of 5
@@ -99,14 +100,14 @@ def test_sapo_by_hand():
     #     1.607218; token mean of +f: 1.805944
     # mean over sequences: (-2 + 1.805944) / 2 = -0.0970279
     logprobs, old = _logprobs()
-    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="sapo"))
+    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, loss_spec(loss_type="sapo"))
     assert loss.item() == pytest.approx(-0.0970279, abs=1e-6)
     assert set(metrics) == {"ratio_mean", "policy_loss"}
     # tau_pos = 2: seq 1 f(1) = 4 sigmoid(0) / 2 = 1, f(1.5) = 2 sigmoid(1), f(0.5) = 2 sigmoid(-1); sum 3, mean -1;
     # (-1 + 1.805944) / 2 = 0.402972
     from grpokit.algos.sapo import SapoParams
 
-    spec = LossSpec(loss_type="sapo", params=SapoParams(sapo_temperature_pos=2.0))
+    spec = loss_spec(loss_type="sapo", params=SapoParams(sapo_temperature_pos=2.0))
     loss = policy_loss(logprobs, old, ADVANTAGES, MASK, spec)[0]
     assert loss.item() == pytest.approx(0.402972, abs=1e-6)
 
@@ -116,7 +117,7 @@ def test_sapo_on_policy_gradient_is_the_policy_gradient():
     logprobs = torch.randn(2, 3, requires_grad=True)
     from grpokit.algos.sapo import SapoParams
 
-    spec = LossSpec(loss_type="sapo", params=SapoParams(sapo_temperature_pos=3.0, sapo_temperature_neg=0.5))
+    spec = loss_spec(loss_type="sapo", params=SapoParams(sapo_temperature_pos=3.0, sapo_temperature_neg=0.5))
     policy_loss(logprobs, None, torch.tensor([1.0, -2.0]), MASK, spec)[0].backward()
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-1 / 6] * 3, [2 / 4, 2 / 4, 0.0]]))
 
@@ -128,14 +129,14 @@ def test_luspo_by_hand():
     # the clipped surrogate per token (test_algos_losses.py): seq 1 [-1, -1.2, -0.5], seq 2 [1.1, 0.8];
     # luspo: each sequence's token sum, then the mean over sequences: (-2.7 + 1.9) / 2 = -0.4
     logprobs, old = _logprobs()
-    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="luspo"))
+    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, loss_spec(loss_type="luspo"))
     assert loss.item() == pytest.approx(-0.4, abs=1e-6)
     assert metrics["clip_ratio/high_mean"] == pytest.approx(0.2)
     # sequence level (its paper's setup): log ratios seq 1 [0.3, -0.1, 0.1] -> mean 0.1, seq 2 [0.2, 0.4] -> 0.3;
     # r = [e^0.1, e^0.3 clipped to 1.2], A = 1: per token [-1.105171] x 3 and [-1.2] x 2;
     # luspo = (3 x -1.105171 + 2 x -1.2) / 2 = -2.857756 (GSPO's grpo would give (-1.105171 - 1.2) / 2)
     gspo = torch.tensor([[0.3, -0.1, 0.1], [0.2, 0.4, 9.0]])
-    spec = LossSpec(loss_type="luspo", importance_sampling_level="sequence")
+    spec = loss_spec(loss_type="luspo", importance_sampling_level="sequence")
     assert policy_loss(gspo, torch.zeros(2, 3), torch.ones(2), MASK, spec)[0].item() == pytest.approx(-2.857756)
     # the aggregation on its own: (1 + 2 + 3) and (4 + 5) -> mean 7.5
     values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -154,7 +155,7 @@ VESPO_ADVANTAGES = torch.tensor([1.0, -1.0, 0.5])
 def test_vespo_weights_by_hand():
     # seq 1: w = 2 * 0.5 = 1, phi = 1;  seq 2 (A < 0): w = 2, phi = 2^3 e^(2 (1 - 2)) = 8 e^-2 = 1.082682;
     # seq 3: w = 0.5, phi = 0.25 e^(3 x 0.5) = 1.120422
-    phi = gamma_weights(VESPO_LOG_RATIO, VESPO_ADVANTAGES[:, None], VESPO_MASK, LossSpec(loss_type="vespo"))
+    phi = gamma_weights(VESPO_LOG_RATIO, VESPO_ADVANTAGES[:, None], VESPO_MASK, loss_spec(loss_type="vespo"))
     torch.testing.assert_close(phi, torch.tensor([[1.0], [1.082682], [1.120422]]))
 
 
@@ -163,7 +164,7 @@ def test_vespo_by_hand():
     # [-1, -3] = [0.560211, 1.680633]; sum 4.699503 over 5 tokens (dapo, num_items_in_batch 5) = 0.939901
     logprobs = VESPO_LOGP.clone().requires_grad_(True)
     old = VESPO_LOGP - VESPO_LOG_RATIO
-    spec = LossSpec(loss_type="vespo")
+    spec = loss_spec(loss_type="vespo")
     loss, metrics = policy_loss(logprobs, old, VESPO_ADVANTAGES, VESPO_MASK, spec, num_items_in_batch=5)
     assert loss.item() == pytest.approx(0.939901, abs=1e-5)
     assert metrics["vespo/phi_seq_mean"] == pytest.approx((1 + 1.082682 + 1.120422) / 3, abs=1e-6)
@@ -178,12 +179,12 @@ def test_vespo_takes_the_sampler_weights_into_w_and_not_onto_the_tokens():
     # l = -phi A logp = 0.199148 (not times 2); dapo over 1 token
     logprobs = torch.tensor([[-1.0]])
     sampling = torch.tensor([[-1.0 - LN2]])
-    spec = LossSpec(loss_type="vespo")
+    spec = loss_spec(loss_type="vespo")
     loss, metrics = policy_loss(logprobs, None, torch.ones(1), torch.ones(1, 1), spec, sampling_logprobs=sampling)
     assert loss.item() == pytest.approx(4 * math.exp(-3), abs=1e-6)
     assert metrics["sampling_is/weight_mean"] == pytest.approx(2.0)
     # the other losses multiply their per-token term by it: dapo on-policy -A = -1, times 2
-    loss = policy_loss(logprobs, None, torch.ones(1), torch.ones(1, 1), LossSpec(), sampling_logprobs=sampling)[0]
+    loss = policy_loss(logprobs, None, torch.ones(1), torch.ones(1, 1), loss_spec(), sampling_logprobs=sampling)[0]
     assert loss.item() == pytest.approx(-2.0)
 
 
@@ -191,7 +192,7 @@ def test_vespo_clamps_keep_phi_finite():
     # log w = 40 x 1 -> clamped to 20 (w = e^20): log phi = 3 + 2 x 20 - 3 e^20 -> phi = 0, not NaN;
     # log w = -40 -> clamped to ln 1e-8: phi = 1e-16 e^(3 (1 - 1e-8)) ~ 2.0e-15
     log_ratio = torch.tensor([[40.0], [-40.0]])
-    phi = gamma_weights(log_ratio, torch.ones(2, 1), torch.ones(2, 1), LossSpec(loss_type="vespo"))
+    phi = gamma_weights(log_ratio, torch.ones(2, 1), torch.ones(2, 1), loss_spec(loss_type="vespo"))
     assert phi[0, 0].item() == 0.0
     assert phi[1, 0].item() == pytest.approx(1e-16 * math.exp(3), rel=1e-4)
 
@@ -204,8 +205,8 @@ def test_delta_caps_the_unclipped_ratio():
     # and no gradient (the capped ratio is constant)
     logprobs = torch.tensor([[math.log(3.0)]], requires_grad=True)
     old, mask, advantages = torch.zeros(1, 1), torch.ones(1, 1), -torch.ones(1)
-    assert policy_loss(logprobs, old, advantages, mask, LossSpec(loss_type="bnpo"))[0].item() == pytest.approx(3.0)
-    loss = policy_loss(logprobs, old, advantages, mask, LossSpec(loss_type="bnpo", delta=2.0))[0]
+    assert policy_loss(logprobs, old, advantages, mask, loss_spec(loss_type="bnpo"))[0].item() == pytest.approx(3.0)
+    loss = policy_loss(logprobs, old, advantages, mask, loss_spec(loss_type="bnpo", delta=2.0))[0]
     assert loss.item() == pytest.approx(2.0)
     loss.backward()
     assert logprobs.grad.item() == 0.0
@@ -222,7 +223,7 @@ def test_off_policy_mask_by_hand():
     torch.testing.assert_close(keep, torch.tensor([[1.0], [0.0]]))
     torch.testing.assert_close(off_policy_sequence_mask(ADVANTAGES, logprobs, old, MASK, 0.2), torch.ones(2, 1))
     # in the loss (bnpo): seq 2's tokens leave the policy term, not the normaliser: (-1 - 1.2 - 0.5) / 5 = -0.54
-    spec = LossSpec(loss_type="bnpo", off_policy_mask_threshold=0.1)
+    spec = loss_spec(loss_type="bnpo", off_policy_mask_threshold=0.1)
     loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, spec)
     assert loss.item() == pytest.approx(-0.54, abs=1e-6)
     assert metrics["off_policy_mask/dropped_fraction"] == pytest.approx(0.5)
@@ -238,7 +239,7 @@ def test_off_policy_mask_measures_drift_from_the_sampler_when_given():
     # is dropped
     logprobs = torch.zeros(2, 3)
     sampling = torch.ones(2, 3)
-    spec = LossSpec(loss_type="bnpo", off_policy_mask_threshold=0.5)
+    spec = loss_spec(loss_type="bnpo", off_policy_mask_threshold=0.5)
     _, metrics = policy_loss(logprobs, None, ADVANTAGES, MASK, spec, sampling_logprobs=sampling)
     assert metrics["off_policy_mask/dropped_fraction"] == pytest.approx(0.5)
     _, metrics = policy_loss(logprobs, None, ADVANTAGES, MASK, spec)  # no sampler: the drift from old = logp is 0
@@ -250,7 +251,7 @@ def test_token_mask_leaves_tokens_out_of_the_policy_term_only():
     # the KL term (beta 0.1, ref = logp - ln2 on every token: k3 = e^-ln2 + ln2 - 1 = 0.193147) covers all 5
     logprobs, old = _logprobs()
     keep = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
-    spec = LossSpec(loss_type="bnpo", beta=0.1)
+    spec = loss_spec(loss_type="bnpo", beta=0.1)
     ref = logprobs.detach() - LN2
     loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, spec, ref_logprobs=ref, token_mask=keep)
     assert metrics["policy_loss"] == pytest.approx(-0.14, abs=1e-6)

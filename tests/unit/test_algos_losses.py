@@ -2,9 +2,9 @@ import math
 
 import pytest
 import torch
+from shared_helpers import loss_spec
 
 from grpokit.algos import (
-    LossSpec,
     aggregate,
     importance_log_ratio,
     kl_estimate,
@@ -107,7 +107,7 @@ def test_policy_loss_each_loss_type_by_hand(loss_type):
         old,
         ADVANTAGES,
         MASK,
-        LossSpec(loss_type=loss_type, max_completion_length=MAX_LEN),
+        loss_spec(loss_type=loss_type, max_completion_length=MAX_LEN),
         num_items_in_batch=NUM_ITEMS,
     )
     assert loss.item() == pytest.approx(HAND_LOSS[loss_type], abs=1e-6)
@@ -123,7 +123,7 @@ def test_policy_loss_each_loss_type_by_hand(loss_type):
 
 def test_clipped_tokens_have_zero_gradient():
     logprobs, old = _hand_inputs()
-    loss, _ = policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="bnpo"))
+    loss, _ = policy_loss(logprobs, old, ADVANTAGES, MASK, loss_spec(loss_type="bnpo"))
     loss.backward()
     # d/dlogp of -r A / 5 is -r A / 5 where the unclipped term is the min, else 0:
     #   [0,0] r=1, A=1: -0.2   [0,1] r=1.5 > 1.2, A>0: clipped -> 0   [0,2] r=0.5: -0.1
@@ -136,7 +136,7 @@ def test_epsilon_high_widens_upper_clip():
     # epsilon_high = 0.6: r = 1.5 < 1.6 is no longer clipped, seq 1 becomes [-1, -1.5, -0.5];
     # bnpo: (-3 + 1.9) / 5 = -0.22, and nothing is high-clipped
     logprobs, old = _hand_inputs()
-    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="bnpo", epsilon_high=0.6))
+    loss, metrics = policy_loss(logprobs, old, ADVANTAGES, MASK, loss_spec(loss_type="bnpo", epsilon_high=0.6))
     assert loss.item() == pytest.approx(-0.22, abs=1e-6)
     assert metrics["clip_ratio/high_mean"] == 0.0
     assert metrics["clip_ratio/low_mean"] == pytest.approx(0.2)
@@ -145,7 +145,7 @@ def test_epsilon_high_widens_upper_clip():
 def test_on_policy_old_none_gives_ratio_one_and_advantage_gradient():
     # ratio 1 everywhere: loss per token -A; bnpo: (-1 * 3 + 2 * 2) / 5 = 0.2; grad -A / 5
     logprobs = torch.randn(2, 3, requires_grad=True)
-    loss, metrics = policy_loss(logprobs, None, torch.tensor([1.0, -2.0]), MASK, LossSpec(loss_type="bnpo"))
+    loss, metrics = policy_loss(logprobs, None, torch.tensor([1.0, -2.0]), MASK, loss_spec(loss_type="bnpo"))
     assert loss.item() == pytest.approx(0.2)
     assert metrics["ratio_mean"] == 1.0
     loss.backward()
@@ -159,13 +159,13 @@ def test_kl_penalty_by_hand():
     logprobs = torch.zeros(2, 3)
     ref = torch.tensor([[LN2, 0.0, -LN2], [LN2, LN2, 5.0]])
     loss, metrics = policy_loss(
-        logprobs, None, torch.zeros(2), MASK, LossSpec(loss_type="bnpo", beta=0.1), ref_logprobs=ref
+        logprobs, None, torch.zeros(2), MASK, loss_spec(loss_type="bnpo", beta=0.1), ref_logprobs=ref
     )
     assert loss.item() == pytest.approx(0.0222741, abs=1e-6)
     assert metrics["kl"] == pytest.approx(0.222741, abs=1e-6)
     assert metrics["policy_loss"] == 0.0
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(logprobs, None, torch.zeros(2), MASK, LossSpec(beta=0.1))
+        policy_loss(logprobs, None, torch.zeros(2), MASK, loss_spec(beta=0.1))
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -184,7 +184,7 @@ def test_bias_corrected_kl_by_hand(level):
             old,
             torch.zeros(1),
             mask,
-            LossSpec(loss_type="grpo", beta=1.0, use_bias_correction_kl=corrected, importance_sampling_level=level),
+            loss_spec(loss_type="grpo", beta=1.0, use_bias_correction_kl=corrected, importance_sampling_level=level),
             ref_logprobs=ref,
         )
         loss.backward()
@@ -203,11 +203,11 @@ def test_gspo_sequence_ratio_on_ragged_mask():
     torch.testing.assert_close(log_ratio, torch.tensor([[0.1], [0.3]]))
     advantages = torch.ones(2)
     loss, metrics = policy_loss(
-        logprobs, old, advantages, MASK, LossSpec(loss_type="grpo", importance_sampling_level="sequence")
+        logprobs, old, advantages, MASK, loss_spec(loss_type="grpo", importance_sampling_level="sequence")
     )
     assert loss.item() == pytest.approx((-1.105171 - 1.2) / 2, abs=1e-6)  # -1.152586
     loss, metrics = policy_loss(
-        logprobs, old, advantages, MASK, LossSpec(loss_type="bnpo", importance_sampling_level="sequence")
+        logprobs, old, advantages, MASK, loss_spec(loss_type="bnpo", importance_sampling_level="sequence")
     )
     assert loss.item() == pytest.approx((3 * -1.105171 + 2 * -1.2) / 5, abs=1e-6)  # -1.143103
     # one of two sequences is high-clipped; ratio mean over sequences (1.105171 + 1.349859) / 2
@@ -225,7 +225,7 @@ def test_per_token_advantages_by_hand():
     old = torch.zeros(1, 3)
     advantages = torch.tensor([[1.0, -2.0, 5.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    loss, metrics = policy_loss(logprobs, old, advantages, mask, LossSpec(loss_type="bnpo"))
+    loss, metrics = policy_loss(logprobs, old, advantages, mask, loss_spec(loss_type="bnpo"))
     assert loss.item() == pytest.approx(0.4, abs=1e-6)
     assert metrics["clip_ratio/high_mean"] == pytest.approx(0.5)  # token 0 of 2
     loss.backward()
@@ -233,29 +233,29 @@ def test_per_token_advantages_by_hand():
     torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 1.0, 0.0]]))
     # the same advantage on every token is the per-sequence loss
     logprobs = torch.tensor([[0.3, -0.1, 0.1], [0.2, 0.4, 9.0]])
-    per_sequence = policy_loss(logprobs, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), MASK)[0]
-    per_token = policy_loss(logprobs, torch.zeros(2, 3), torch.tensor([[1.0] * 3, [-1.0] * 3]), MASK)[0]
+    per_sequence = policy_loss(logprobs, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), MASK, loss_spec())[0]
+    per_token = policy_loss(logprobs, torch.zeros(2, 3), torch.tensor([[1.0] * 3, [-1.0] * 3]), MASK, loss_spec())[0]
     torch.testing.assert_close(per_token, per_sequence)
 
 
 def test_per_token_advantages_refuse_a_sequence_level_ratio():
     logprobs, old = _hand_inputs()
     with pytest.raises(ValueError, match=r"per-token advantages \[N, T\] \(PPO\) cannot be used with .*'sequence'"):
-        policy_loss(logprobs, old, torch.ones(MASK.shape), MASK, LossSpec(importance_sampling_level="sequence"))
+        policy_loss(logprobs, old, torch.ones(MASK.shape), MASK, loss_spec(importance_sampling_level="sequence"))
 
 
 def test_name_validation():
     logprobs, old = _hand_inputs()
     with pytest.raises(ValueError, match="grpo, bnpo, dr_grpo, dapo"):
-        policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="ppo"))
+        policy_loss(logprobs, old, ADVANTAGES, MASK, loss_spec(loss_type="ppo"))
     with pytest.raises(ValueError, match="token, sequence"):
-        policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(importance_sampling_level="sentence"))
+        policy_loss(logprobs, old, ADVANTAGES, MASK, loss_spec(importance_sampling_level="sentence"))
     with pytest.raises(ValueError, match="max_completion_length"):
-        policy_loss(logprobs, old, ADVANTAGES, MASK, LossSpec(loss_type="dr_grpo"))
+        policy_loss(logprobs, old, ADVANTAGES, MASK, loss_spec(loss_type="dr_grpo"))
     with pytest.raises(ValueError, match="advantages"):
-        policy_loss(logprobs, old, ADVANTAGES[:, None], MASK)
+        policy_loss(logprobs, old, ADVANTAGES[:, None], MASK, loss_spec())
     with pytest.raises(ValueError, match="completion_mask"):
-        policy_loss(logprobs, old, ADVANTAGES, MASK[:, :2])
+        policy_loss(logprobs, old, ADVANTAGES, MASK[:, :2], loss_spec())
 
 
 # --- equivalence with a per-element reference loop --------------------------------------------
@@ -303,7 +303,7 @@ def _random_batch(seed, n=6, t=7, dtype=torch.float32):
 def test_matches_reference_loop(loss_type, level):
     for seed in range(3):
         logprobs, old, ref, advantages, mask = _random_batch(seed, dtype=torch.float64)
-        spec = LossSpec(loss_type, 0.2, 0.28, 0.04, importance_sampling_level=level, max_completion_length=9)
+        spec = loss_spec(loss_type, 0.2, 0.28, 0.04, importance_sampling_level=level, max_completion_length=9)
         loss, metrics = policy_loss(logprobs, old, advantages, mask, spec, ref_logprobs=ref, num_items_in_batch=37)
         expected = _reference_loss(logprobs, old, ref, advantages, mask, loss_type, level, 0.2, 0.28, 0.04, 37, 9)
         assert loss.item() == pytest.approx(expected, rel=1e-10, abs=1e-12)
@@ -322,7 +322,7 @@ def test_gradcheck(level, loss_type):
             old,
             advantages,
             mask,
-            LossSpec(loss_type=loss_type, epsilon=0.2, epsilon_high=0.3, beta=0.1, importance_sampling_level=level),
+            loss_spec(loss_type=loss_type, epsilon=0.2, epsilon_high=0.3, beta=0.1, importance_sampling_level=level),
             ref_logprobs=ref,
             num_items_in_batch=20,
         )

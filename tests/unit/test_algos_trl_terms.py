@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from shared_helpers import loss_spec
 
 from grpokit.algos.entropy_bonus import EntropyController, adaptive_entropy_coef, mean_entropy
 from grpokit.algos.level_warnings import sequence_level_warning
@@ -17,6 +18,13 @@ from grpokit.algos.offpolicy import behaviour_weights
 from grpokit.algos.router_aux import router_aux_settings, router_aux_term
 
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # 3 tokens: two of row 0, one of row 1
+
+
+def entropy_controller(**given) -> EntropyController:
+    """TRL's entropy-bonus defaults (entropy_target 0.2, entropy_coef_delta 0.005, range [0, 1]), bonus off, with
+    ``given`` changed (the run's come from its config)."""
+    base = dict(coef=0.0, adaptive=False, target=0.2, delta=0.005, low=0.0, high=1.0)
+    return EntropyController(**{**base, **given})
 
 
 def test_mean_entropy_by_hand():
@@ -42,16 +50,16 @@ def test_adaptive_coefficient_by_hand():
 
 
 def test_static_controller_applies_its_coefficient_every_step():
-    c = EntropyController(coef=0.1)
+    c = entropy_controller(coef=0.1)
     assert c.enabled and c.applied() == 0.1
     c.observe(5.0, 2.0)
     assert c.step() == 0.1 and c.applied() == 0.1  # static: never moves
-    assert not EntropyController(coef=0.0).enabled
-    assert EntropyController(coef=0.0, adaptive=True).enabled  # adaptive at 0 can come back
+    assert not entropy_controller(coef=0.0).enabled
+    assert entropy_controller(coef=0.0, adaptive=True).enabled  # adaptive at 0 can come back
 
 
 def test_adaptive_controller_over_three_steps_by_hand():
-    c = EntropyController(coef=0.01, adaptive=True, target=0.5, delta=0.005, low=0.0, high=0.02)
+    c = entropy_controller(coef=0.01, adaptive=True, target=0.5, delta=0.005, low=0.0, high=0.02)
     assert c.applied() == 0.0  # no measurement yet (last entropy inf > target): no bonus on the first step
     # step 1: micro-batches of (sum 1.2 over 4 tokens) and (0.4 over 4): 1.6 / 8 = 0.2 <= 0.5 -> 0.015
     c.observe(1.2, 4)
@@ -70,7 +78,7 @@ def test_adaptive_controller_over_three_steps_by_hand():
     assert c.step(reduce=lambda v: [v[0] + 9.9, v[1] + 1]) == pytest.approx(0.015)
     assert c.last_entropy == pytest.approx(5.0)
     state = c.state_dict()
-    fresh = EntropyController(coef=0.01, adaptive=True, target=0.5)
+    fresh = entropy_controller(coef=0.01, adaptive=True, target=0.5)
     fresh.load_state_dict(state)
     assert (fresh.coef, fresh.last_entropy) == (pytest.approx(0.015), pytest.approx(5.0))
 
@@ -129,7 +137,7 @@ def test_sequence_level_warning_for_token_summed_losses(loss_type, aggregation, 
 
 
 def test_policy_loss_applies_the_sampler_mode():
-    from grpokit.algos import LossSpec, policy_loss
+    from grpokit.algos import policy_loss
 
     # on-policy (ratio 1), grpo: each token's term is -A x w. Sequence weights as above: row 0 exp(ln 8) = 8 is
     # outside [0, 3] -> 0, row 1 exp(-ln 4) = 0.25. Loss = mean(mean(-1 x 0, -1 x 0), mean(-2 x 0.25, -2 x 0.25))
@@ -140,7 +148,7 @@ def test_policy_loss_applies_the_sampler_mode():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     advantages = torch.tensor([1.0, 2.0])
     for mode, expected in (("sequence_mask", -0.25), ("token_truncate", -1.875)):
-        spec = LossSpec(loss_type="grpo", sampling_is_mode=mode, sampling_cap=3.0)
+        spec = loss_spec(loss_type="grpo", sampling_is_mode=mode, sampling_cap=3.0)
         loss, _ = policy_loss(logprobs, None, advantages, mask, spec, sampling_logprobs=q)
         assert loss.item() == pytest.approx(expected), mode
 

@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
@@ -17,7 +18,6 @@ from transformers.masking_utils import sdpa_mask
 from grpokit.kernels import attention
 from grpokit.kernels.attention import NAME, gqa_sdpa, small_attention, small_attention_forward
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.learning import policy_logprobs as logprobs_module
 from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch, completion_logprobs
@@ -179,7 +179,9 @@ def setup():
     model, _ = build_tiny_causal_lm(tokenizer=tokenizer, arch="qwen2", num_kv_heads=2)
     engine = HFRolloutEngine(model, list(range(2, 12)), tokenizer.pad_token_id, CPU, seed=3)
     rollouts = engine.generate(
-        [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]], 4, SamplingParams(max_completion_length=12, temperature=0.7)
+        [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]],
+        4,
+        sampling_params(max_completion_length=12, temperature=0.7),
     )
     assert len(set(rollouts.completion_lengths.tolist())) > 2  # ragged completions: padding inside micro-batches
     return model, build_batch(model, rollouts, tokenizer.pad_token_id, CPU)

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from shared_helpers import loss_spec
 
 from grpokit.config import ConfigError, GRPOConfig, config_reference, load_config, parse_overrides
 
@@ -77,7 +78,6 @@ def test_algorithm_options_are_the_lists_algos_implements():
 
 
 def test_loss_spec_carries_the_loss_settings():
-    from grpokit.algos import LossSpec
 
     cfg = GRPOConfig(
         loss_type="dr_grpo",
@@ -89,7 +89,7 @@ def test_loss_spec_carries_the_loss_settings():
         max_completion_length=17,
         vllm_importance_sampling_cap=2.5,
     )
-    assert cfg.loss_spec() == LossSpec("dr_grpo", 0.1, 0.3, 0.02, True, "sequence", 17, 2.5)
+    assert cfg.loss_spec() == loss_spec("dr_grpo", 0.1, 0.3, 0.02, True, "sequence", 17, 2.5)
     assert GRPOConfig(epsilon=0.1).loss_spec().upper_epsilon == 0.1  # epsilon_high defaults to epsilon
 
 

@@ -8,6 +8,7 @@ import sys
 import warnings
 
 import pytest
+from shared_helpers import loss_spec
 
 from grpokit.algos.loss_registry import LOSSES
 from grpokit.config import ConfigError, GRPOConfig
@@ -147,7 +148,6 @@ def test_the_config_and_the_loss_registry_import_no_torch():
 
 
 def test_a_loss_spec_of_a_loss_without_the_config_is_checked_too():
-    from grpokit.algos import LossSpec
 
     with pytest.raises(ValueError, match="unknown loss_type 'x'"):
-        LossSpec(loss_type="x")
+        loss_spec(loss_type="x")

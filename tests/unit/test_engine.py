@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 from transformers.cache_utils import DynamicLayer
 
 from grpokit.kernels.kv_cache import PreallocatedLayer
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.sampling import inverse_cdf, sample_next
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
 CPU = torch.device("cpu")
@@ -42,7 +42,7 @@ def test_sampling_logprobs_equal_a_plain_forward_pass(tiny):
         model, eos_token_ids=list(range(2, 12)), pad_token_id=tokenizer.pad_token_id, device=CPU, seed=3
     )
     prompts = [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]]
-    rollouts = engine.generate(prompts, 4, SamplingParams(max_completion_length=12, temperature=0.7))
+    rollouts = engine.generate(prompts, 4, sampling_params(max_completion_length=12, temperature=0.7))
     lengths = rollouts.completion_lengths.tolist()
     assert len(set(lengths)) > 2, "the seed should give completions of several lengths"
     for n, length in enumerate(lengths):
@@ -62,7 +62,7 @@ def test_generation_under_bf16_autocast_stays_close(tiny):
     engine = HFRolloutEngine(
         model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=0, autocast_dtype=torch.bfloat16
     )
-    rollouts = engine.generate([[20, 21, 22]], 4, SamplingParams(max_completion_length=8))
+    rollouts = engine.generate([[20, 21, 22]], 4, sampling_params(max_completion_length=8))
     for n in range(4):
         length = int(rollouts.completion_lengths[n])
         expected = plain_logprobs(model, [20, 21, 22], rollouts.completion_ids[n, :length].tolist(), temperature=1.0)
@@ -95,10 +95,10 @@ def test_sample_next_by_hand():
     # logits [0, ln 3] -> p = [0.25, 0.75]: greedy takes token 1 with log p = ln 0.75 = -0.287682;
     # at temperature 2 the logits are [0, ln 3 / 2] -> p(1) = sqrt(3) / (1 + sqrt(3)) = 0.633975, ln = -0.455706
     logits = torch.tensor([[0.0, math.log(3.0)]])
-    tokens, logprobs = sample_next(logits, SamplingParams(1, greedy=True), None)
+    tokens, logprobs = sample_next(logits, sampling_params(1, greedy=True), None)
     assert tokens.tolist() == [1] and logprobs.item() == pytest.approx(-0.287682, abs=1e-6)
     tokens, logprobs = sample_next(
-        logits.repeat(4000, 1), SamplingParams(1, temperature=2.0), torch.Generator().manual_seed(0)
+        logits.repeat(4000, 1), sampling_params(1, temperature=2.0), torch.Generator().manual_seed(0)
     )
     expected = torch.where(tokens == 1, math.log(0.633975), math.log(1 - 0.633975))
     torch.testing.assert_close(logprobs, expected.float(), atol=1e-5, rtol=0)
@@ -111,11 +111,11 @@ def test_top_k_and_top_p_only_draw_allowed_tokens():
     # top_k = 2 keeps tokens 0 and 1, drawn 2:1. The log-prob stays the unfiltered log p.
     logits = torch.tensor([[0.6, 0.3, 0.1]]).log().repeat(3000, 1)
     gen = torch.Generator().manual_seed(0)
-    tokens, logprobs = sample_next(logits, SamplingParams(1, top_p=0.5), gen)
+    tokens, logprobs = sample_next(logits, sampling_params(1, top_p=0.5), gen)
     assert set(tokens.tolist()) == {0} and logprobs[0].item() == pytest.approx(math.log(0.6), abs=1e-6)
-    tokens, _ = sample_next(logits, SamplingParams(1, top_p=0.7), gen)
+    tokens, _ = sample_next(logits, sampling_params(1, top_p=0.7), gen)
     assert set(tokens.tolist()) == {0, 1}
-    tokens, logprobs = sample_next(logits, SamplingParams(1, top_k=2), gen)
+    tokens, logprobs = sample_next(logits, sampling_params(1, top_k=2), gen)
     assert set(tokens.tolist()) == {0, 1} and (tokens == 0).float().mean().item() == pytest.approx(2 / 3, abs=0.03)
     assert logprobs[tokens == 1][0].item() == pytest.approx(math.log(0.3), abs=1e-6)
 

@@ -7,11 +7,11 @@ import copy
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.compose.specs import learner_spec
 from grpokit.config import GRPOConfig
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.learning.learner import Learner
 from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
@@ -25,7 +25,7 @@ def sampled():
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(30)])
     model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=1, num_heads=2)
     rollouts = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=3).generate(
-        [[5, 6, 7], [8, 9]], 2, SamplingParams(max_completion_length=6)
+        [[5, 6, 7], [8, 9]], 2, sampling_params(max_completion_length=6)
     )
     return model, rollouts, build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
 

@@ -2,13 +2,13 @@
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 import grpokit.kernels.fused_decoder as fused_module
 from grpokit.kernels import Kernels
 from grpokit.kernels.fused_decoder import FusedDecoder, fused_decoder
 from grpokit.kernels.kv_cache import preallocate
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
 CPU = torch.device("cpu")
@@ -81,7 +81,7 @@ def test_bf16_weights_stay_close_to_float32():
 def sample(model, tokenizer, seed=3, **engine_kwargs):
     engine = HFRolloutEngine(model, list(range(2, 12)), tokenizer.pad_token_id, CPU, seed=seed, **engine_kwargs)
     return engine.generate(
-        [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]], 4, SamplingParams(max_completion_length=10)
+        [[20, 21, 22], [30, 31, 32, 33, 34, 35, 36], [40]], 4, sampling_params(max_completion_length=10)
     )
 
 

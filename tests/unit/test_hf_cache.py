@@ -10,12 +10,13 @@ import warnings
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 from transformers import LlamaForCausalLM
 
 from grpokit.kernels import Kernels
 from grpokit.models.kv_cache_arg import cache_name
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.rollout.types import Rollouts
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
@@ -59,7 +60,7 @@ def test_the_name_follows_the_forward(models):
 
 def test_generation_and_logprobs_use_the_new_name_without_warnings(models):
     old, new, tokenizer = models
-    params = SamplingParams(max_completion_length=6)
+    params = sampling_params(max_completion_length=6)
     out = {}
     for name, model in (("old", old), ("new", new)):
         engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=0)

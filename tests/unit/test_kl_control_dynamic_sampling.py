@@ -27,7 +27,7 @@ def test_adaptive_kl_coef_on_target_keeps_beta():
 
 
 def test_fixed_controller_never_moves():
-    controller = KLController(beta=0.04)
+    controller = KLController(beta=0.04, target_kl=None, horizon=10000.0)
     assert not controller.adaptive
     for kl in (0.0, 10.0, 1e6):
         assert controller.update(kl, n_steps=128) == 0.04
@@ -48,8 +48,8 @@ def test_controller_state_round_trip():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"beta": -1.0}, "beta must be >= 0"),
-        ({"beta": 0.1, "target_kl": 0.0}, "target_kl"),
+        ({"beta": -1.0, "target_kl": None, "horizon": 10000.0}, "beta must be >= 0"),
+        ({"beta": 0.1, "target_kl": 0.0, "horizon": 10000.0}, "target_kl"),
         ({"beta": 0.1, "target_kl": 1.0, "horizon": 0}, "horizon"),
     ],
 )

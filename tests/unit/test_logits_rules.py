@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.rollout.logits_rules import LogitsRules, logits_rules
 from grpokit.rollout.sampling import sample_next
@@ -25,13 +26,13 @@ def rules(params: SamplingParams, histories, eos=(3,), vocab=4) -> LogitsRules:
 def test_repetition_penalty_by_hand():
     # vocab of 4, logits [2, -1, 0.5, 3]; the row holds tokens 0 and 1 (prompt [0], sampled 1), penalty 2:
     # token 0 (positive) 2 / 2 = 1, token 1 (negative) -1 * 2 = -2, tokens 2 and 3 unseen: unchanged.
-    r = rules(SamplingParams(1, repetition_penalty=2.0), [[0]])
+    r = rules(sampling_params(1, repetition_penalty=2.0), [[0]])
     r.append([0], torch.tensor([1]))
     out = r.apply(torch.tensor([[2.0, -1.0, 0.5, 3.0]]), [0], 1)
     assert out.tolist() == [[1.0, -2.0, 0.5, 3.0]]
     # greedy: logits [3, 2, 0, 0], token 0 seen: 3 / 2 = 1.5 < 2, so token 1 wins; the log-prob returned is the
     # model's, log softmax([3, 2, 0, 0])[1] = 2 - log(e^3 + e^2 + 2) = 2 - 3.35725 = -1.35725
-    r = rules(SamplingParams(1, greedy=True, repetition_penalty=2.0), [[0]])
+    r = rules(sampling_params(1, greedy=True, repetition_penalty=2.0), [[0]])
     logits = torch.tensor([[3.0, 2.0, 0.0, 0.0]])
     token, logprob = sample_next(logits, r.params, None, r.apply(logits, [0], 0))
     assert token.tolist() == [1]
@@ -42,7 +43,7 @@ def test_repetition_penalty_changes_the_drawn_distribution_not_the_log_prob():
     # logits ln [1, 1, 2, 0+] (p = 0.25, 0.25, 0.5, 0); token 2 seen, penalty 2: ln 2 / 2 = ln sqrt(2), so the draw
     # weighs 1 : 1 : sqrt(2): p(2) = 1.41421 / 3.41421 = 0.414214. The log-prob stays ln 0.5 for token 2.
     logits = torch.tensor([[0.0, 0.0, math.log(2.0), -1e9]]).repeat(6000, 1)
-    params = SamplingParams(1, repetition_penalty=2.0)
+    params = sampling_params(1, repetition_penalty=2.0)
     r = rules(params, [[2]] * 6000)
     tokens, logprobs = sample_next(logits, params, torch.Generator().manual_seed(0), r.apply(logits, range(6000), 0))
     assert (tokens == 2).float().mean().item() == pytest.approx(0.414214, abs=0.02)
@@ -51,7 +52,7 @@ def test_repetition_penalty_changes_the_drawn_distribution_not_the_log_prob():
 
 def test_suppress_and_begin_suppress_tokens():
     logits = torch.zeros(3, 4)
-    r = rules(SamplingParams(1, suppress_tokens=(1,), begin_suppress_tokens=(2,)), [[0], [0], [0]])
+    r = rules(sampling_params(1, suppress_tokens=(1,), begin_suppress_tokens=(2,)), [[0], [0], [0]])
     out = r.apply(logits, [0, 1, 2], torch.tensor([0, 1, 5]))  # rows at their 1st, 2nd and 6th new token
     inf = float("-inf")
     assert out.tolist() == [[0.0, inf, inf, 0.0], [0.0, inf, 0.0, 0.0], [0.0, inf, 0.0, 0.0]]
@@ -61,34 +62,34 @@ def test_suppress_and_begin_suppress_tokens():
 
 def test_min_new_tokens_holds_eos_back():
     # EOS = 3, min_new_tokens 2: banned at the 1st and 2nd new token (0 and 1 sampled so far), free from the 3rd
-    r = rules(SamplingParams(1, min_new_tokens=2), [[0]] * 3)
+    r = rules(sampling_params(1, min_new_tokens=2), [[0]] * 3)
     out = r.apply(torch.zeros(3, 4), [0, 1, 2], [0, 1, 2])
     assert torch.isinf(out[:, 3]).tolist() == [True, True, False] and not torch.isinf(out[:, :3]).any()
 
 
 def test_no_repeat_ngram_size_by_hand():
     # n = 2, the row holds [1, 2, 3, 1]: the bigrams are (1,2) (2,3) (3,1); it ends with 1, so 2 would repeat (1,2)
-    r = rules(SamplingParams(1, no_repeat_ngram_size=2), [[1, 2, 3]], eos=(), vocab=5)
+    r = rules(sampling_params(1, no_repeat_ngram_size=2), [[1, 2, 3]], eos=(), vocab=5)
     r.append([0], torch.tensor([1]))
     out = r.apply(torch.zeros(1, 5), [0], 1)
     assert torch.isinf(out[0]).tolist() == [False, False, True, False, False]
     r.append([0], torch.tensor([4]))  # [1, 2, 3, 1, 4]: nothing ever followed 4
     assert not torch.isinf(r.apply(torch.zeros(1, 5), [0], 2)).any()
     # n = 1: every token already present is banned
-    r1 = rules(SamplingParams(1, no_repeat_ngram_size=1), [[1, 3]], eos=(), vocab=5)
+    r1 = rules(sampling_params(1, no_repeat_ngram_size=1), [[1, 3]], eos=(), vocab=5)
     assert torch.isinf(r1.apply(torch.zeros(1, 5), [0], 0)[0]).tolist() == [False, True, False, True, False]
 
 
 def test_bad_words_ids_by_hand():
     # words [3] (EOS: dropped, as transformers does), [2] (always banned) and [0, 1] (1 banned right after 0)
-    r = rules(SamplingParams(1, bad_words_ids=((3,), (2,), (0, 1))), [[1, 0], [0, 1]])
+    r = rules(sampling_params(1, bad_words_ids=((3,), (2,), (0, 1))), [[1, 0], [0, 1]])
     out = r.apply(torch.zeros(2, 4), [0, 1], 0)
     assert torch.isinf(out).tolist() == [[False, True, True, False], [False, False, True, False]]
 
 
 def test_rows_follow_append_and_reset():
     # the batch's rows are a subset in any order; reset replaces a row's context (a multi-turn rollout rejoining)
-    r = rules(SamplingParams(1, repetition_penalty=2.0), [[0], [1]])
+    r = rules(sampling_params(1, repetition_penalty=2.0), [[0], [1]])
     r.append(torch.tensor([1]), torch.tensor([2]))  # row 1 now holds 1, 2
     out = r.apply(torch.ones(2, 4), [1, 0], 3)
     assert out.tolist() == [[1.0, 0.5, 0.5, 1.0], [0.5, 1.0, 1.0, 1.0]]
@@ -98,11 +99,11 @@ def test_rows_follow_append_and_reset():
 
 def test_ids_beyond_the_vocabulary_are_refused():
     with pytest.raises(ValueError, match=r"suppress_tokens names token ids \[7\], beyond the model's vocabulary of 4"):
-        rules(SamplingParams(1, suppress_tokens=(1, 7)), [[0]])
+        rules(sampling_params(1, suppress_tokens=(1, 7)), [[0]])
 
 
 def test_no_rule_no_object():
-    assert logits_rules(SamplingParams(4, top_k=3, min_p=0.1), [[0]], [3], 4) is None
+    assert logits_rules(sampling_params(4, top_k=3, min_p=0.1), [[0]], [3], 4) is None
 
 
 def test_same_as_transformers_processors():
@@ -122,7 +123,7 @@ def test_same_as_transformers_processors():
     for generated in (0, 1, 4):
         ids = torch.randint(0, 6, (6, prompt_length + generated), generator=g)  # few ids: repeats are common
         logits = torch.randn(6, V, generator=g) * 3
-        params = SamplingParams(
+        params = sampling_params(
             1,
             repetition_penalty=1.7,
             no_repeat_ngram_size=2,
@@ -202,7 +203,7 @@ def test_greedy_generation_is_transformers_generate(options, path, tiny_model_di
     engine = HFRolloutEngine(policy, eos, eos[0], torch.device("cpu"), kernels=kernels)
     if path == "fused":
         assert kernels.decoder(model, torch.float32, 4) is not None  # the path under test is taken
-    rollouts = engine.generate(prompts, 2, SamplingParams(T, greedy=True, **options))
+    rollouts = engine.generate(prompts, 2, sampling_params(T, greedy=True, **options))
     for row in range(4):
         n = int(rollouts.completion_mask[row].sum())
         assert rollouts.completion_ids[row, :n].tolist() == expected[row // 2], (path, row)

@@ -9,12 +9,12 @@ import time
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.multiturn import MultiTurnEngine, rollout_generators
 from grpokit.rollout.sampling import sample_next
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm
 from grpokit.tools import ConversationTokens, ToolCall, ToolExecutor, ToolLoop
 from grpokit.tools.testing import qwen_style_tokenizer
@@ -147,7 +147,7 @@ RULES = dict(repetition_penalty=1.5, min_new_tokens=3, begin_suppress_tokens=(5,
 @pytest.mark.parametrize("keep_cache", [True, False])
 @pytest.mark.parametrize("greedy, rules", [(False, False), (True, False), (False, True), (True, True)])
 def test_kept_cache_equals_reprefilling_every_turn(model, chat, keep_cache, greedy, rules):
-    params = SamplingParams(max_completion_length=240, temperature=0.8, greedy=greedy, **(RULES if rules else {}))
+    params = sampling_params(max_completion_length=240, temperature=0.8, greedy=greedy, **(RULES if rules else {}))
     with ToolExecutor([echo], isolation="thread") as executor:
         engine = HFRolloutEngine(model, STOPS, chat.tokenizer.pad_token_id, CPU, seed=5)
         multi = MultiTurnEngine(
@@ -183,15 +183,15 @@ def test_logits_rules_change_multi_turn_rollouts(model, chat):
     with ToolExecutor([echo], isolation="thread") as executor:
         engine = HFRolloutEngine(model, STOPS, chat.tokenizer.pad_token_id, CPU, seed=5)
         multi = MultiTurnEngine(engine, chat, executor, max_tool_calling_iterations=3, parser=echo_parser)
-        plain = multi.generate(PROMPTS, 1, SamplingParams(max_completion_length=60, greedy=True))
-        ruled = multi.generate(PROMPTS, 1, SamplingParams(max_completion_length=60, greedy=True, **RULES))
+        plain = multi.generate(PROMPTS, 1, sampling_params(max_completion_length=60, greedy=True))
+        ruled = multi.generate(PROMPTS, 1, sampling_params(max_completion_length=60, greedy=True, **RULES))
     assert plain.completion_ids.tolist() != ruled.completion_ids.tolist()
     first = [int(ruled.completion_ids[n, 0]) for n in range(2)]
     assert not set(first) & {5, 6} and not set(first) & set(STOPS)  # begin_suppress_tokens; min_new_tokens
 
 
 def test_logprobs_equal_one_forward_over_the_conversation(model, chat):
-    params = SamplingParams(max_completion_length=240)
+    params = sampling_params(max_completion_length=240)
     with ToolExecutor([echo], isolation="thread") as executor:
         engine = HFRolloutEngine(model, STOPS, chat.tokenizer.pad_token_id, CPU, seed=2)
         rollouts = MultiTurnEngine(engine, chat, executor, parser=echo_parser).generate(PROMPTS, 4, params)
@@ -250,7 +250,7 @@ def test_loss_mask_token_by_token_on_a_hand_built_conversation(chat):
         rollouts = multi.generate(
             [[{"role": "user", "content": "Q0"}], [{"role": "user", "content": "Q1"}]],
             2,
-            SamplingParams(max_completion_length=300),
+            sampling_params(max_completion_length=300),
         )
     # what the environment adds after a turn with calls, as the template writes it (Qwen2.5's format)
     suffix = f"\n<|im_start|>user\n<tool_response>\n408\n</tool_response>{END}\n<|im_start|>assistant\n"
@@ -299,7 +299,7 @@ def test_failing_tools_do_not_stop_the_batch(chat):
     # multiply and boom must answer within the timeout on a loaded machine too: 3 s (hang sleeps 60)
     with ToolExecutor([multiply, boom, hang], timeout=3.0, max_workers=3) as executor:
         rollouts = scripted_engine(chat, scripts, executor).generate(
-            prompts, 2, SamplingParams(max_completion_length=300)
+            prompts, 2, sampling_params(max_completion_length=300)
         )
     tools = [c.turns[1] for c in rollouts.conversations[::2]]
     assert [t.status for t in tools] == ["ok", "error", "timeout", "invalid"]
@@ -347,7 +347,7 @@ def test_sequences_waiting_or_done_leave_the_decoding_batch(chat):
         rollouts = multi.generate(
             [[{"role": "user", "content": "Q0"}], [{"role": "user", "content": "Q1"}]],
             1,
-            SamplingParams(max_completion_length=300),
+            sampling_params(max_completion_length=300),
         )
     assert rollouts.conversations[0].turns[1].text == "go"
     first_turn, second_turn = (len(chat.tokenizer.encode(t, add_special_tokens=False)) for t in scripts["0"])
@@ -361,7 +361,7 @@ def test_sequences_waiting_or_done_leave_the_decoding_batch(chat):
 
 def test_per_row_generators_make_each_draw_independent_of_the_batch():
     logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(0))
-    params = SamplingParams(max_completion_length=1)
+    params = sampling_params(max_completion_length=1)
     together, together_logprobs = sample_next(logits, params, rollout_generators(torch.Generator().manual_seed(4), 3))
     for row, generator in enumerate(rollout_generators(torch.Generator().manual_seed(4), 3)):
         alone, alone_logprob = sample_next(logits[row : row + 1], params, [generator])
@@ -416,7 +416,7 @@ def test_environment_sessions_and_prompts_that_differ_within_a_group(chat):
     sessions = Environments(Counter).sessions(rows)
     with ToolExecutor([], isolation="thread") as executor:
         rollouts = scripted_engine(chat, scripts, executor).generate(
-            [rows[0]["prompt"]], 2, SamplingParams(max_completion_length=300), sessions=sessions
+            [rows[0]["prompt"]], 2, sampling_params(max_completion_length=300), sessions=sessions
         )
     assert [s.instance.value for s in sessions] == [5, 2]
     assert [c.turns[1].text for c in rollouts.conversations] == ["5", "2"]
@@ -430,7 +430,7 @@ def test_environment_sessions_and_prompts_that_differ_within_a_group(chat):
         assert rollouts.conversations[n].turns[0].tokens == (len(rest), len(rest) + len(turn))
     with ToolExecutor([], isolation="thread") as executor, pytest.raises(ValueError, match="1 environment sessions"):
         scripted_engine(chat, scripts, executor).generate(
-            [rows[0]["prompt"]], 2, SamplingParams(max_completion_length=300), sessions=sessions[:1]
+            [rows[0]["prompt"]], 2, sampling_params(max_completion_length=300), sessions=sessions[:1]
         )
 
 
@@ -462,7 +462,7 @@ def test_bf16_autocast_and_models_without_a_plain_cache(chat):
         with ToolExecutor([echo], isolation="thread") as executor:
             engine = HFRolloutEngine(model, STOPS, chat.tokenizer.pad_token_id, CPU, seed=2, autocast_dtype=dtype)
             rollouts = MultiTurnEngine(engine, chat, executor, parser=echo_parser).generate(
-                PROMPTS, 2, SamplingParams(max_completion_length=160)
+                PROMPTS, 2, sampling_params(max_completion_length=160)
             )
         assert max(c.tool_rounds for c in rollouts.conversations) >= 1
         with torch.no_grad():
@@ -478,7 +478,7 @@ def test_the_token_budget(chat):
     prompts = [[{"role": "user", "content": f"Q{k}"}] for k in scripts]
     budget = len(tok.encode(call, add_special_tokens=False)) + 10  # the call fits, its result does not
     with ToolExecutor([multiply], isolation="thread") as executor:
-        rollouts = scripted_engine(chat, scripts, executor).generate(prompts, 1, SamplingParams(budget))
+        rollouts = scripted_engine(chat, scripts, executor).generate(prompts, 1, sampling_params(budget))
     assert rollouts.finish_reasons == ["length", "length"]
     assert rollouts.completion_lengths.tolist() == [budget, budget - 10]
     assert rollouts.completion_ids[0, :budget].tolist() == tok.encode("a" * budget, add_special_tokens=False)

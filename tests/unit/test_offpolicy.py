@@ -6,8 +6,9 @@ import math
 
 import pytest
 import torch
+from shared_helpers import loss_spec
 
-from grpokit.algos import LossSpec, policy_loss
+from grpokit.algos import policy_loss
 from grpokit.algos.offpolicy import CORRECTIONS, behaviour_weights, get_correction, weight_metrics
 
 L2, L3 = math.log(2.0), math.log(3.0)
@@ -85,7 +86,7 @@ def test_decoupled_ppo_clips_around_the_proximal_policy_and_weighs_by_the_behavi
     logprobs = (proximal + torch.tensor([[math.log(1.5), 0.0]])).requires_grad_()
     behaviour = proximal - torch.tensor([[L2, 2 * L2]])
     mask, adv = torch.ones(1, 2), torch.ones(1)
-    spec = LossSpec(loss_type="bnpo", epsilon=0.2, sampling_cap=3.0)
+    spec = loss_spec(loss_type="bnpo", epsilon=0.2, sampling_cap=3.0)
     # decoupled: token 1 -min(1.5, 1.2) * 2 = -2.4, token 2 -min(1, 1) * 3 = -3; mean -2.7
     loss, m = policy_loss(logprobs, proximal, adv, mask, spec, sampling_logprobs=behaviour)
     assert loss.item() == pytest.approx(-2.7)
@@ -107,7 +108,7 @@ def test_decoupled_ppo_with_sequence_mis_drops_a_too_stale_sequence():
     # keeps sequence 0 with weight 2 and drops sequence 1: bnpo loss (-1 * 2 + 0) / 2 = -1
     proximal = torch.tensor([[-1.0], [-1.0]])
     behaviour = proximal - torch.tensor([[L2], [math.log(5.0)]])
-    spec = LossSpec(loss_type="bnpo", sampling_cap=3.0, sampling_is_mode="sequence_mask")
+    spec = loss_spec(loss_type="bnpo", sampling_cap=3.0, sampling_is_mode="sequence_mask")
     loss, m = policy_loss(
         proximal.clone(), proximal, torch.ones(2), torch.ones(2, 1), spec, sampling_logprobs=behaviour
     )

@@ -5,12 +5,12 @@ import warnings
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.kernels import fused_decoder as fused_module
 from grpokit.kernels import packed_linear
 from grpokit.kernels.packed_linear import packed_linears, packing_available
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
 CPU = torch.device("cpu")
@@ -82,7 +82,7 @@ def test_model_logits_match(tiny):
 def test_generation_with_packing_matches_without_in_float32(tiny, monkeypatch):
     """Same seed, float32 (where the engine packs): the same tokens, log-probs equal up to rounding."""
     model, tokenizer = tiny
-    params = SamplingParams(max_completion_length=6, temperature=1.0)
+    params = sampling_params(max_completion_length=6, temperature=1.0)
     prompts = [[5, 6, 7], [8, 9]]
     calls = []
 

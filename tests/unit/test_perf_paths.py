@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.compose.specs import learner_spec
 from grpokit.config import GRPOConfig
@@ -19,7 +20,6 @@ from grpokit.kernels.plain_head import plain_head
 from grpokit.machine import hardware
 from grpokit.machine.cpu_caps import CpuCaps
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.learning.learner import Learner
 from grpokit.train.learning.policy_logprobs import (
@@ -44,7 +44,7 @@ def setup():
     model, _ = build_tiny_causal_lm(tokenizer=tokenizer, arch="qwen2", num_kv_heads=2)
     model.eval()
     engine = HFRolloutEngine(model, list(range(2, 12)), tokenizer.pad_token_id, CPU, seed=3)
-    rollouts = engine.generate(PROMPTS, G, SamplingParams(max_completion_length=12, temperature=0.7))
+    rollouts = engine.generate(PROMPTS, G, sampling_params(max_completion_length=12, temperature=0.7))
     assert len(set(rollouts.completion_lengths.tolist())) > 2  # ragged completions: padding inside micro-batches
     return model, rollouts, build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
 
@@ -232,7 +232,7 @@ def _update(autocast_dtype, seed=0):
         tokenizer=tokenizer, arch="qwen2", hidden_size=128, num_heads=4, num_kv_heads=2, seed=seed
     )
     engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=0)
-    rollouts = engine.generate([[20, 21, 22, 23], [30, 31]], 4, SamplingParams(max_completion_length=16))
+    rollouts = engine.generate([[20, 21, 22, 23], [30, 31]], 4, sampling_params(max_completion_length=16))
     batch = build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
     reference = Reference(model, use_adapters=False)
     with torch.no_grad():

@@ -33,10 +33,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_helpers import loss_spec
 
 from grpokit.algos.gae import gae_advantages, kl_in_reward, last_token_rewards, masked_whiten, ppo_advantages
 from grpokit.algos.kl_control import KLController
-from grpokit.algos.losses import LossSpec, policy_loss
+from grpokit.algos.losses import policy_loss
 from grpokit.algos.value import explained_variance, value_loss
 
 ORACLE = Path(os.environ.get("GRPOKIT_VERL_ORACLE", Path(sys.prefix) / "verl-oracle"))
@@ -172,7 +173,7 @@ def test_policy_loss_and_gradient_equal_verl(verl, loss_type, per_token):
         x["old_logprobs"],
         x["token_advantages"] if per_token else x["advantages"],
         x["mask"],
-        LossSpec(
+        loss_spec(
             loss_type=loss_type,
             epsilon=x["epsilon"],
             epsilon_high=x["epsilon_high"],

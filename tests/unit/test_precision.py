@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.machine import hardware, precision
 from grpokit.machine.precision import choose_precision
@@ -162,7 +163,6 @@ def _learner_step(scaler=None):
     from grpokit import GRPOConfig
     from grpokit.compose.specs import learner_spec
     from grpokit.rollout.engine import HFRolloutEngine
-    from grpokit.rollout.types import SamplingParams
     from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
     from grpokit.train.learning.learner import Learner
     from grpokit.train.learning.policy_logprobs import build_batch
@@ -170,7 +170,7 @@ def _learner_step(scaler=None):
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(50)])
     model, _ = build_tiny_causal_lm(tokenizer=tokenizer, arch="qwen2", hidden_size=32, num_heads=2, num_layers=1)
     engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=0)
-    rollouts = engine.generate([[20, 21, 22], [30, 31]], 2, SamplingParams(max_completion_length=6))
+    rollouts = engine.generate([[20, 21, 22], [30, 31]], 2, sampling_params(max_completion_length=6))
     batch = build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
     cfg = GRPOConfig(beta=0.0, num_generations=2, per_device_train_batch_size=4, max_completion_length=6)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

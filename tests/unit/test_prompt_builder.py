@@ -13,9 +13,14 @@ ROWS = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 
 TEMPLATE = "{question}\nAnswer after ####."
 
 
+def builder(**given) -> PromptBuilder:
+    """A PromptBuilder on the ``prompt`` column with nothing set, then ``given``."""
+    return PromptBuilder(**{"column": "prompt", "template": None, "system_prompt": None, "chat": None, **given})
+
+
 def test_nothing_set_leaves_the_rows_alone():
     rows = [{"prompt": "2+2=", "answer": "4"}]
-    assert PromptBuilder().apply(rows) is rows
+    assert builder().apply(rows) is rows
     assert not prompt_builder(GRPOConfig()).active
 
 
@@ -37,23 +42,21 @@ def test_template_and_system_prompt_make_chat_messages():
 
 
 def test_plain_text_and_the_prompt_column_as_user_message():
-    text = PromptBuilder(template=TEMPLATE, system_prompt="Be brief.", chat=False).build(ROWS[0])
+    text = builder(template=TEMPLATE, system_prompt="Be brief.", chat=False).build(ROWS[0])
     assert text == "Be brief.\n\nTom has 3 apples and buys 4. How many?\nAnswer after ####."
-    assert PromptBuilder(template="Q: {question} {{no column}}", chat=False).build(ROWS[0]) == (
+    assert builder(template="Q: {question} {{no column}}", chat=False).build(ROWS[0]) == (
         "Q: Tom has 3 apples and buys 4. How many? {no column}"  # literal braces doubled
     )
     # use_chat_template alone: the prompt column becomes a user message for the chat template
-    assert PromptBuilder(column="question", chat=True).build(ROWS[0]) == [
-        {"role": "user", "content": ROWS[0]["question"]}
-    ]
+    assert builder(column="question", chat=True).build(ROWS[0]) == [{"role": "user", "content": ROWS[0]["question"]}]
     # chat messages in the data keep their turns; the system prompt goes first
     messages = [{"role": "user", "content": "hi"}]
-    assert PromptBuilder(system_prompt="S").build({"prompt": messages}) == [
+    assert builder(system_prompt="S").build({"prompt": messages}) == [
         {"role": "system", "content": "S"},
         *messages,
     ]
-    assert PromptBuilder(template="{item[name]} of {item[n]}", chat=False).columns() == ["item"]
-    assert PromptBuilder(template="{item[name]} of {item[n]}", chat=False).build({"item": {"name": "a", "n": 2}}) == (
+    assert builder(template="{item[name]} of {item[n]}", chat=False).columns() == ["item"]
+    assert builder(template="{item[name]} of {item[n]}", chat=False).build({"item": {"name": "a", "n": 2}}) == (
         "a of 2"
     )
 
@@ -62,18 +65,18 @@ def test_bad_rows_get_one_line_naming_the_fix():
     with pytest.raises(
         DataError, match=r"prompt_template names the column 'questoin', which train_dataset row 0 lacks "
     ):
-        PromptBuilder(template="{questoin}").apply(ROWS)
+        builder(template="{questoin}").apply(ROWS)
     with pytest.raises(DataError, match=r"Did you mean 'question'\?"):
-        PromptBuilder(template="{questoin}").apply(ROWS)
+        builder(template="{questoin}").apply(ROWS)
     with pytest.raises(DataError, match=r"eval_dataset row 0 has no 'prompt' column .* data\.prompt_template"):
-        PromptBuilder(system_prompt="S").apply(ROWS, "eval_dataset")
+        builder(system_prompt="S").apply(ROWS, "eval_dataset")
     with_system = [{"prompt": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]}]
     with pytest.raises(DataError, match=r"row 0 has a system message already and system_prompt is set"):
-        PromptBuilder(system_prompt="S").apply(with_system)
+        builder(system_prompt="S").apply(with_system)
     with pytest.raises(DataError, match=r"holds chat messages but use_chat_template is false"):
-        PromptBuilder(chat=False).apply(with_system)
+        builder(chat=False).apply(with_system)
     with pytest.raises(DataError, match=r"prompt_template '\{item\[9\]\}' failed on it"):
-        PromptBuilder(template="{item[9]}").apply([{"item": [1]}])
+        builder(template="{item[9]}").apply([{"item": [1]}])
 
 
 def test_config_checks_the_template():

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.rollout.rollout_func import RolloutFuncEngine, check_output, rollouts_from_output
 from grpokit.rollout.seeding import concat_rollouts, split_rollouts
-from grpokit.rollout.types import SamplingParams
 from grpokit.train.sampling.trajectory import take_rows
 
 EOS, PAD = 2, 0
@@ -98,14 +98,14 @@ def test_the_engine_calls_with_each_prompt_num_generations_times():
         return check_output(output(), len(prompts))
 
     engine = RolloutFuncEngine(call, [EOS], PAD, seed=1)
-    rollouts = engine.generate(["a", [{"role": "user", "content": "b"}]], 2, SamplingParams(max_completion_length=3))
+    rollouts = engine.generate(["a", [{"role": "user", "content": "b"}]], 2, sampling_params(max_completion_length=3))
     assert calls == [["a", "a", [{"role": "user", "content": "b"}], [{"role": "user", "content": "b"}]]]
     assert rollouts.completion_ids.size(0) == 4 and rollouts.policy_version == 0
     engine.sync_weights()
-    assert engine.generate(["a", "b"], 2, SamplingParams(max_completion_length=3)).policy_version == 1
+    assert engine.generate(["a", "b"], 2, sampling_params(max_completion_length=3)).policy_version == 1
     with pytest.raises(ValueError, match=r"completion_ids 4,.* for 6 prompts"):  # G = 3: 6 prompts, 4 rows
         engine.call = lambda prompts: check_output(output(), len(prompts))
-        engine.generate(["a", "b"], 3, SamplingParams(max_completion_length=3))
+        engine.generate(["a", "b"], 3, sampling_params(max_completion_length=3))
 
 
 def test_reward_columns_follow_splits_joins_and_takes():

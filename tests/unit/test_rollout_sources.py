@@ -6,6 +6,7 @@ import ast
 import inspect
 
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine, RolloutEngine
@@ -13,7 +14,7 @@ from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.registry import ENGINES, EngineParts, get_engine
 from grpokit.rollout.rollout_func import RolloutFuncEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
-from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.rollout.types import Rollouts
 from grpokit.rollout.vllm_engine import VLLMRolloutEngine
 from grpokit.system.processes import SingleProcess
 from grpokit.train.sampling import rollout_scheduler as scheduler_module
@@ -39,7 +40,7 @@ def test_every_engine_provides_the_whole_protocol():
 
 
 def test_the_hf_engine_syncs_by_version_and_unknown_engines_are_named():
-    engine = get_engine("hf").build(EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu")), None)
+    engine = get_engine("hf").build(EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"), seed=0), None)
     assert isinstance(engine, HFRolloutEngine) and engine.policy_version == 0
     engine.sync_weights()
     engine.sync_weights()
@@ -115,7 +116,7 @@ def _scheduler(source):
         prompts=_Prompts(),
         procs=SingleProcess(),
         prompts_per_step=2,
-        sampling=SamplingParams(1),
+        sampling=sampling_params(1),
     )
 
 
@@ -133,7 +134,7 @@ def _score(step, indices, rollouts, trainer_state=None):
 
 
 def _state(step):
-    return RewardState(global_step=step - 1)
+    return RewardState(global_step=step - 1, max_steps=0, epoch=0.0)
 
 
 def _submits(workers):

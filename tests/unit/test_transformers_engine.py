@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
-from grpokit.rollout.types import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -25,7 +25,7 @@ PROMPTS = [[5, 6, 7], [8, 9]]  # two prompts of different lengths: left padding 
 def test_beam_search_completions_are_generates_and_logprobs_the_policys(model):
     eos = [1]
     engine = TransformersRolloutEngine(model, eos, pad_token_id=0, device=torch.device("cpu"))
-    params = SamplingParams(6, greedy=True, transformers_kwargs={"num_beams": 3, "length_penalty": -0.1})
+    params = sampling_params(6, greedy=True, transformers_kwargs={"num_beams": 3, "length_penalty": -0.1})
     out = engine.generate(PROMPTS, num_generations=2, params=params)
 
     # expected: transformers' generate on the same left-padded batch, each prompt repeated G = 2 times
@@ -62,7 +62,7 @@ def test_beam_search_completions_are_generates_and_logprobs_the_policys(model):
 
 def test_sampling_is_seeded_by_the_engines_stream(model):
     """Two engines with one seed sample the same; the global RNG is left as it was."""
-    params = SamplingParams(5, temperature=1.5, transformers_kwargs={"typical_p": 0.9})
+    params = sampling_params(5, temperature=1.5, transformers_kwargs={"typical_p": 0.9})
 
     def sample(seed):
         engine = TransformersRolloutEngine(model, [1], 0, torch.device("cpu"), seed=seed)
@@ -77,6 +77,6 @@ def test_a_custom_module_is_refused_in_one_line():
     from grpokit.config import ConfigError
     from grpokit.rollout.registry import EngineParts, get_engine
 
-    parts = EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"))
+    parts = EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"), seed=0)
     with pytest.raises(ConfigError, match="custom forward"):
         get_engine("transformers").build(parts, None)

@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from shared_helpers import loss_spec, sampling_params
 
-from grpokit.algos import LossSpec, policy_loss, truncated_importance_weights
+from grpokit.algos import policy_loss, truncated_importance_weights
 from grpokit.cli import main
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rollout.sampling import sample_next
-from grpokit.rollout.types import SamplingParams
 from grpokit.rollout.vllm_engine import (
     check_vllm_environment,
     rollouts_from_vllm,
@@ -77,7 +77,7 @@ def test_rollouts_from_vllm_rejects_incomplete_outputs():
 
 
 def test_sampling_kwargs_follow_the_generation_config():
-    params = SamplingParams(
+    params = sampling_params(
         64, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, repetition_penalty=1.3, min_new_tokens=4
     )
     assert vllm_sampling_kwargs(params, 8, seed=123, eos_token_ids=[7, 2, 7]) == {
@@ -94,7 +94,7 @@ def test_sampling_kwargs_follow_the_generation_config():
         "logprobs": 0,
         "detokenize": False,
     }
-    assert vllm_sampling_kwargs(SamplingParams(16, temperature=0.7, greedy=True), 1, 0, [2])["temperature"] == 0.0
+    assert vllm_sampling_kwargs(sampling_params(16, temperature=0.7, greedy=True), 1, 0, [2])["temperature"] == 0.0
 
 
 # ---- weights under the plain model's names (LoRA: tests/unit/test_vllm_settings.py) ------------------------------
@@ -122,7 +122,7 @@ def test_policy_loss_weights_the_surrogate_not_the_kl():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     advantages = torch.tensor([1.0])
     loss, m = policy_loss(
-        logprobs, None, advantages, mask, LossSpec(loss_type="bnpo", sampling_cap=3.0), sampling_logprobs=sampling
+        logprobs, None, advantages, mask, loss_spec(loss_type="bnpo", sampling_cap=3.0), sampling_logprobs=sampling
     )
     # per token -w_t * ratio * A with w = 1, 1.648721, 3: loss = -(1 + 1.648721 + 3) / 3 = -1.882907
     assert loss.item() == pytest.approx(-1.882907, abs=1e-6)
@@ -139,12 +139,12 @@ def test_policy_loss_weights_the_surrogate_not_the_kl():
         None,
         advantages,
         mask,
-        LossSpec(loss_type="bnpo", beta=0.3, sampling_cap=3.0),
+        loss_spec(loss_type="bnpo", beta=0.3, sampling_cap=3.0),
         ref_logprobs=ref,
         sampling_logprobs=sampling,
     )
     assert with_kl.item() == pytest.approx(-1.882907 + 0.3 * 0.106531 / 3, abs=1e-6)
-    plain, m_plain = policy_loss(logprobs.detach(), None, advantages, mask, LossSpec(loss_type="bnpo"))
+    plain, m_plain = policy_loss(logprobs.detach(), None, advantages, mask, loss_spec(loss_type="bnpo"))
     assert plain.item() == pytest.approx(-1.0) and "sampling_is/weight_mean" not in m_plain
 
 
@@ -153,13 +153,13 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability():
     # p = [0.5, 0.3, 0.15, 0.05], min_p = 0.2: threshold 0.2 * 0.5 = 0.1 keeps tokens 0, 1, 2, drawn
     # 0.5 : 0.3 : 0.15 = 0.526 / 0.316 / 0.158; the log-prob stays the unfiltered log p
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(6000, 1)
-    tokens, logprobs = sample_next(logits, SamplingParams(1, min_p=0.2), torch.Generator().manual_seed(0))
+    tokens, logprobs = sample_next(logits, sampling_params(1, min_p=0.2), torch.Generator().manual_seed(0))
     assert set(tokens.tolist()) == {0, 1, 2}
     freq = torch.bincount(tokens, minlength=4).float() / len(tokens)
     torch.testing.assert_close(freq[:3], torch.tensor([0.5, 0.3, 0.15]) / 0.95, atol=0.02, rtol=0)
     assert logprobs[tokens == 2][0].item() == pytest.approx(math.log(0.15), abs=1e-6)
     # min-p 0.7 leaves the top token alone (threshold 0.35 > 0.3)
-    tokens, _ = sample_next(logits[:100], SamplingParams(1, min_p=0.7), torch.Generator().manual_seed(0))
+    tokens, _ = sample_next(logits[:100], sampling_params(1, min_p=0.7), torch.Generator().manual_seed(0))
     assert set(tokens.tolist()) == {0}
 
 
@@ -260,7 +260,7 @@ def test_learner_weights_the_update_by_the_sampler_log_probs():
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(30)])
     model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=1, num_heads=2)
     rollouts = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, cpu).generate(
-        [[5, 6, 7], [8, 9]], 2, SamplingParams(max_completion_length=6)
+        [[5, 6, 7], [8, 9]], 2, sampling_params(max_completion_length=6)
     )
     batch = build_batch(model, rollouts, tokenizer.pad_token_id, cpu)
     advantages = torch.tensor([1.0, 0.5, 0.25, -0.5])  # not summing to 0, so the on-policy loss is not 0

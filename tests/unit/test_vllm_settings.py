@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from shared_helpers import sampling_params
 
 from grpokit.config import ConfigError
-from grpokit.rollout.types import SamplingParams
 from grpokit.rollout.vllm_engine import (
     VLLMRolloutEngine,
     group_requests,
@@ -127,7 +127,7 @@ def test_greedy_groups_are_sent_as_n_requests_of_one():
     assert group_requests([[5, 6], [7]], [11, 12], 3, greedy=False) == [([5, 6], 11, 3), ([7], 12, 3)]
     assert group_requests([[5, 6], [7]], [11, 12], 3, greedy=True) == [([5, 6], 11, 1)] * 3 + [([7], 12, 1)] * 3
     assert group_requests([[5]], [11], 1, greedy=True) == [([5], 11, 1)]
-    kwargs = vllm_sampling_kwargs(SamplingParams(4, greedy=True), 1, 11, [2])
+    kwargs = vllm_sampling_kwargs(sampling_params(4, greedy=True), 1, 11, [2])
     assert kwargs["n"] == 1 and kwargs["temperature"] == 0.0  # what vLLM accepts for greedy
 
 

@@ -44,8 +44,8 @@ class CriticSpec:
     max_completion_length: int
     max_grad_norm: float
     optim: OptimSpec
-    value_model_name_or_path: str | None = None
-    trust_remote_code: bool = False
+    value_model_name_or_path: str | None
+    trust_remote_code: bool
     lora: Any = None  # the lora section (peft's settings), or None
 
 

@@ -62,18 +62,18 @@ class LearnerSpec:
     loss_type: str
     temperature: float
     per_device_train_batch_size: int
-    num_mini_batches: int = 1
-    num_iterations: int = 1
-    max_grad_norm: float = 1.0
-    beta: float = 0.0
-    kl_in_reward: bool = False
-    target_kl: float | None = None
-    kl_horizon: float = 10000.0
-    reference_casts: bool = True
-    reference_in_bf16: bool = False
-    top_entropy_quantile: float = 1.0
-    backward_chunk_rows: int | None = None
-    terms: LossTermsSpec = dataclasses.field(default_factory=LossTermsSpec)
+    num_mini_batches: int
+    num_iterations: int
+    max_grad_norm: float
+    beta: float
+    kl_in_reward: bool
+    target_kl: float | None
+    kl_horizon: float
+    reference_casts: bool
+    reference_in_bf16: bool
+    top_entropy_quantile: float
+    backward_chunk_rows: int | None
+    terms: LossTermsSpec
 
 
 @dataclass(frozen=True)
@@ -475,7 +475,7 @@ class UpdateInputsSpec:
     (``vllm_importance_sampling_correction``). Chosen once by the composition root from the rollout source and
     the engine."""
 
-    mask_truncated_completions: bool = False
+    mask_truncated_completions: bool
     ratio_to_sampler: bool = False
     importance_weights: bool = False
 

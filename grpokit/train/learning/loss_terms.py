@@ -29,13 +29,13 @@ AUX_LOSS = "aux_loss"  # TRL's logged name of the router's load-balancing loss
 class LossTermsSpec:
     """TRL's keys, TRL's meaning (docs/from_trl.md)."""
 
-    entropy_coef: float = 0.0
-    use_adaptive_entropy: bool = False
-    entropy_target: float = 0.2
-    entropy_coef_delta: float = 0.005
-    entropy_coef_min: float = 0.0
-    entropy_coef_max: float = 1.0
-    router_aux_loss_coef: float | None = None
+    entropy_coef: float
+    use_adaptive_entropy: bool
+    entropy_target: float
+    entropy_coef_delta: float
+    entropy_coef_min: float
+    entropy_coef_max: float
+    router_aux_loss_coef: float | None
 
 
 class LossTerms:

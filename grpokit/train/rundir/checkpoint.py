@@ -205,8 +205,8 @@ class CheckpointSpec:
     """What a run's checkpoints keep: ``save_reference`` (the reference's weights: it is resynced, so they are no
     longer the starting ones) and ``save_total_limit`` (step checkpoints kept; None: all)."""
 
+    save_total_limit: int | None
     save_reference: bool = False
-    save_total_limit: int | None = None
 
 
 class RunState:

@@ -43,16 +43,16 @@ class RunDirSpec:
     table (``log_completions``, ``num_completions_to_print``)."""
 
     output_dir: str
+    resume_from: str | None
+    overwrite: bool
+    report_to: tuple
+    max_steps: int
+    logging_steps: int
+    progress_bar: bool
+    log_completions: bool
+    num_completions_to_print: int | None
     config: dict = field(default_factory=dict)
-    resume_from: str | None = None
-    overwrite: bool = False
-    report_to: tuple = ("console", "jsonl")
-    max_steps: int = 1
-    logging_steps: int = 1
-    progress_bar: bool = True
     run_name: str | None = None
-    log_completions: bool = False
-    num_completions_to_print: int | None = None
 
     def resuming(self, resume_from: str) -> RunDirSpec:
         """This spec resuming from ``resume_from`` (GRPOTrainer.train's ``resume_from_checkpoint``), in the

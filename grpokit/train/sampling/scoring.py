@@ -36,7 +36,7 @@ class Scorer:
     tool_rollouts: Any
     num_generations: int
     max_steps: int
-    prompt_column: str = "prompt"
+    prompt_column: str
     on_main: bool = False
 
     def state(self, step: int) -> RewardState:

@@ -404,8 +404,8 @@ class Situation:
     (``seeded``: seed_per_group, or several processes), sampling ahead in this process (``ahead``: max_staleness >= 1
     without Ray)."""
 
+    tools: bool
     ray: bool = False
-    tools: bool = False
     raw_prompts: bool = False
     seeded: bool = False
     ahead: bool = False
