@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grpokit.compose import specs
 from grpokit.config import ConfigError, GRPOConfig
+from grpokit.config.rules import engine_settings
 
 
 def build_rollouts(
@@ -34,12 +35,22 @@ def build_rollouts(
     from grpokit.train.sampling.sources import Situation, pick_sampler
     from grpokit.train.sampling.tool_rollouts import ToolRollouts
 
-    kind = engine_kind(args.engine if rollout_func is None else "rollout_func")
-    eos = eos_token_ids(model, tokenizer)
+    name = args.engine if rollout_func is None else "rollout_func"
+    kind = engine_kind(name)
     parts = EngineParts(
-        model, eos, tokenizer.pad_token_id, device, args.seed, autocast_dtype=autocast_dtype, kernels=kernels
+        model,
+        eos_token_ids(model, tokenizer),
+        tokenizer.pad_token_id,
+        device,
+        args.seed,
+        args.trust_remote_code,
+        source=source,
+        max_length=None if args.max_prompt_length is None else args.max_prompt_length + args.max_completion_length,
+        generate=rollout_func,
+        autocast_dtype=autocast_dtype,
+        kernels=kernels,
     )
-    engine = kind.build(parts, _engine_spec(kind.spec, args, source, rollout_func))
+    engine = kind.build(parts, engine_settings(args, name))
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
     tool_rollouts = (
@@ -115,19 +126,6 @@ def engine_kind(name: str):
     close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ConfigError(f"engine={name!r} is not valid; choose one of {', '.join(names)}.{hint}")
-
-
-def _engine_spec(name: str | None, args: GRPOConfig, source: str | None, rollout_func):
-    """The settings an engine's registry entry says it needs (``EngineEntry.spec``), built from the config."""
-    if name is None:
-        return None
-    if name == "vllm":
-        return specs.vllm_spec(args, source)
-    if name == "rollout_func":
-        from grpokit.rollout.rollout_func import RolloutFuncSpec
-
-        return RolloutFuncSpec(rollout_func)
-    raise ConfigError(f"an engine asks for settings {name!r}, which grpokit/compose/rollouts.py does not build.")
 
 
 def _own_engine(kind, parts, procs, rollout_func):

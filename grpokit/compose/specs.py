@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from grpokit.config import GRPOConfig
     from grpokit.data.prompt_builder import PromptBuilder
     from grpokit.eval.evaluator import EvalSpec
-    from grpokit.rollout.registry import VLLMSpec
     from grpokit.rollout.types import SamplingParams
     from grpokit.train.callbacks import CallbackSpec
     from grpokit.train.learning.critic import CriticSpec
@@ -115,32 +114,6 @@ def update_inputs_spec(args: GRPOConfig, off_policy: bool, separate_sampler: boo
         ratio_to_sampler=off_policy and correction.clip_to_behaviour,
         importance_weights=(separate_sampler and args.vllm_importance_sampling_correction)
         or (off_policy and correction.weighs_behaviour),
-    )
-
-
-def vllm_spec(args: GRPOConfig, source: str | None) -> VLLMSpec:
-    """vLLM's settings (``generation.engine: vllm``); ``source``: the policy's folder or hub id when it was given
-    by name (vLLM loads its copy from there), else None. Its context: vllm_max_model_length, else
-    max_prompt_length + max_completion_length capped at the model's length (the model's own without
-    max_prompt_length; rollout/vllm_settings.py decides)."""
-    import os
-
-    from grpokit.rollout.registry import VLLMSpec
-
-    default_len = None
-    if args.max_prompt_length is not None:
-        default_len = args.max_prompt_length + args.max_completion_length
-    return VLLMSpec(
-        source=source and os.path.expanduser(source),
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        max_model_len=args.vllm_max_model_length,
-        default_max_model_len=default_len,
-        enable_sleep_mode=args.vllm_enable_sleep_mode,
-        sleep_mode_given=args.is_given("vllm_enable_sleep_mode"),
-        dtype=args.vllm_dtype,
-        enforce_eager=args.vllm_enforce_eager,
-        kv_cache_gib=args.vllm_kv_cache_gib,
-        trust_remote_code=args.trust_remote_code,
     )
 
 

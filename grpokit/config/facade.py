@@ -21,7 +21,7 @@ from grpokit.config import validation
 from grpokit.config.coerce import coerce
 from grpokit.config.keys import flatten, from_trl, unknown_key_message
 from grpokit.config.rules import loss_params
-from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
+from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError, section_fields
 
 if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec
@@ -126,7 +126,10 @@ class GRPOConfig:
         return new
 
     def to_dict(self) -> dict:
-        out = {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
+        out = {}
+        for section, cls in SECTIONS.items():
+            values = dataclasses.asdict(getattr(self, section))
+            out[section] = {f.name: values[f.name] for f in section_fields(cls)}  # its own keys first
         out["rewards"] = [r if isinstance(r, (str, dict)) else _callable_name(r) for r in self.rewards]
         return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import grpokit.config.trl_keys as trl_keys
-from grpokit.config.schema import ALIASES, SECTIONS, field_docs
+from grpokit.config.schema import ALIASES, SECTIONS, field_docs, section_fields
 
 
 def config_reference() -> str:
@@ -14,7 +14,7 @@ def config_reference() -> str:
     for section, cls in SECTIONS.items():
         lines += [f"### `{section}`", "", "| key | default | meaning |", "|---|---|---|"]
         docs = field_docs(cls)
-        for f in dataclasses.fields(cls):
+        for f in section_fields(cls):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             lines.append(f"| `{f.name}` | `{default!r}` | {docs.get(f.name, '').replace('|', chr(92) + '|')} |")
         lines.append("")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import grpokit.config.trl_keys as trl_keys
 from grpokit.algos.loss_registry import LossSettings, get_loss, loss_types
 from grpokit.algos.registry import ALGORITHMS
-from grpokit.config.schema import ConfigError, check
+from grpokit.config.schema import FIELD_SECTION, ConfigError, check
 from grpokit.system.extensions import import_modules
 
 if TYPE_CHECKING:
@@ -76,6 +76,33 @@ def loss_params(cfg: GRPOConfig):
         )
     values = {name: getattr(cfg.algo, name) for name in names if hasattr(cfg.algo, name)} | given
     return kind.make_params(values)
+
+
+def engine_settings(cfg: GRPOConfig, engine: str | None = None):
+    """The settings object of the engine ``engine`` (default: ``generation.engine``) as its registry entry declares
+    it (``EngineEntry.settings``): each field from the config key of that name, else from ``engine_params``, else its
+    default; then its own ``check()``. None for an engine without settings (``engine_params`` must then be empty)."""
+    from grpokit.rollout.registry import ENGINES
+
+    name = cfg.generation.engine if engine is None else engine
+    entry = ENGINES.get(name)
+    given = dict(cfg.generation.engine_params)
+    if entry is None or entry.settings is None:
+        if given:
+            raise ConfigError(f"engine_params {sorted(given)}: engine {name} has no settings; remove them.")
+        return None
+    names = {f.name for f in dataclasses.fields(entry.settings)}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise ConfigError(f"engine_params {unknown}: engine {name} has no such setting; its settings: {sorted(names)}.")
+    values = {key: getattr(cfg, key) for key in names if key in FIELD_SECTION} | given
+    settings = entry.settings(**values)
+    if hasattr(settings, "check"):
+        try:
+            settings.check()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return settings
 
 
 def loss_settings(cfg: GRPOConfig) -> LossSettings:

@@ -98,6 +98,14 @@ PATH_FIELDS = (
 )
 
 
+def section_fields(cls: type) -> list[dataclasses.Field]:
+    """A section's fields in reading order: its own first, then those of each part's settings class it is assembled
+    from, base by base (``dataclasses.fields`` lists the bases' first)."""
+    own = set(cls.__dict__.get("__annotations__", {}))
+    fields = dataclasses.fields(cls)
+    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field (dataclass attribute docstrings) as one line, read from the source of the
     class and of the parts' settings classes it is assembled from (its dataclass bases)."""

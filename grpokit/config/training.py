@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from grpokit.algos.sapo import SapoParams
 from grpokit.algos.vespo import VespoParams
+from grpokit.rollout.vllm_settings import VLLMSettings
 
 
 @dataclass
@@ -182,7 +183,7 @@ class AlgoConfig(SapoParams, VespoParams):  # sapo's and vespo's keys: their los
 
 
 @dataclass
-class GenerationConfig:
+class GenerationConfig(VLLMSettings):  # vllm_*: the vllm engine's own settings
     max_completion_length: int = 256
     """Maximum completion tokens."""
     temperature: float = 1.0
@@ -206,23 +207,9 @@ class GenerationConfig:
     colocated, sleeps on a GPU while the learner trains; docs/vllm.md) | transformers (transformers' model.generate
     with every generation_kwargs key; slower than hf; chosen for you when generation_kwargs asks for what only
     generate does, e.g. num_beams), or one registered in rollout/registry.py by a module of `imports`."""
-    vllm_gpu_memory_utilization: float = 0.3
-    """engine vllm: fraction of the GPU's memory vLLM may take for weights, activations and KV cache."""
-    vllm_max_model_length: int | None = None
-    """engine vllm: context length (prompt + completion); null = max_prompt_length + max_completion_length (the model's
-    own without max_prompt_length)."""
-    vllm_enable_sleep_mode: bool = True
-    """engine vllm: free vLLM's KV cache and weights while the learner trains; weights are reloaded from the learner on
-    each wake. CUDA only: off on vLLM's CPU build."""
-    vllm_dtype: str = "auto"
-    """engine vllm: vLLM's weights dtype: auto | float32 | bfloat16 | float16; auto = bfloat16 on a GPU (float16
-    without bf16) whatever the learner's dtype, the learner's dtype on the CPU."""
-    vllm_enforce_eager: bool | None = None
-    """engine vllm: run vLLM's model eagerly (no CUDA graphs or compilation); null = on the CPU only (compiling takes
-    ~20 s per start there)."""
-    vllm_kv_cache_gib: float | None = None
-    """engine vllm: vLLM's KV cache in GiB; null = what vllm_gpu_memory_utilization leaves on a GPU, 1 on the CPU
-    (VLLM_CPU_KVCACHE_SPACE, when set, takes precedence there)."""
+    engine_params: dict = field(default_factory=dict)
+    """The settings of an engine registered by a module of `imports`, by name ({name: value}); a built-in engine's have
+    keys of their own (vllm_* ...)."""
     vllm_importance_sampling_correction: bool = True
     """engine vllm: weight each token's policy-gradient term by min(exp(logp_learner - logp_vllm), cap) (truncated
     importance sampling)."""

@@ -26,6 +26,7 @@ def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
     rules.algorithm(cfg, world_size)
     _algo(cfg.algo)
     rules.loss(cfg)
+    rules.engine_settings(cfg)  # its own check, before any model loads
     rules.kl_control_and_dynamic_sampling(cfg, world_size)
     _generation(cfg.generation)
     _optim(cfg.optim)

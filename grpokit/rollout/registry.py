@@ -22,19 +22,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.rollout.vllm_settings import VLLMSpec  # vLLM's settings, beside the functions that read them
+from grpokit.rollout.vllm_settings import VLLMSettings, vllm_spec  # beside the functions that read them
 
 
 @dataclass(frozen=True)
 class EngineParts:
     """What any engine samples with: the policy ``model``, its ``eos_token_ids`` and ``pad_token_id``, the
-    ``device``, ``autocast_dtype`` and ``kernels`` of the run, and the sampler's ``seed``."""
+    ``device``, ``autocast_dtype`` and ``kernels`` of the run, the sampler's ``seed``; for an engine with its own copy
+    of the weights, where the policy came from (``source``, ``trust_remote_code``) and the longest sequence
+    (``max_length``); for the rollout_func engine, the trainer's closure (``generate``)."""
 
     model: Any
     eos_token_ids: list[int]
     pad_token_id: int
     device: Any
     seed: int
+    trust_remote_code: bool  # whether the policy's folder's code may run (engines that load it again)
+    source: str | None = None  # the policy's folder or hub id when it was given by name (None: a loaded module)
+    max_length: int | None = None  # max_prompt_length + max_completion_length (None: no prompt limit)
+    generate: Any = None  # the trainer's rollout_func closure (the rollout_func engine's)
     autocast_dtype: Any = None
     kernels: Any = None
 
@@ -54,14 +60,15 @@ class MultiTurnSpec:
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """An engine kind: ``build(parts, spec)`` makes one; ``spec``: the name of the settings it needs, which the
-    composition root builds for it (``"vllm"``: a :class:`VLLMSpec`; None: it needs none and gets None);
-    ``separate_weights``: it samples from its own copy of the weights, so its log-probs are not the learner's.
-    Adding an engine is a module with its ``build`` and one line in :data:`ENGINES`."""
+    """An engine kind: ``build(parts, settings)`` makes one. ``settings``: its settings dataclass (torch-free; fields
+    with defaults and a doc line each, an optional ``check()``), which the composition root fills from the config's
+    keys of the same names and ``engine_params`` (None: it has none and gets None); ``separate_weights``: it samples
+    from its own copy of the weights, so its log-probs are not the learner's. Adding an engine is a module with its
+    ``build`` (and settings class) and one line in :data:`ENGINES`."""
 
     build: Callable[[EngineParts, Any], Any]
+    settings: type | None = None
     separate_weights: bool = False
-    spec: str | None = None
     internal: bool = False  # built by grpokit itself (tool rollouts, a rollout_func), not named by generation.engine
 
 
@@ -99,7 +106,7 @@ def _transformers(parts: EngineParts, spec: Any = None):
     )
 
 
-def _vllm(parts: EngineParts, spec: VLLMSpec):
+def _vllm(parts: EngineParts, settings: VLLMSettings):
     from grpokit.errors import ConfigError
     from grpokit.models.loading import is_hf_model
     from grpokit.rollout.vllm_engine import VLLMRolloutEngine
@@ -109,12 +116,13 @@ def _vllm(parts: EngineParts, spec: VLLMSpec):
             "generation.engine: vllm samples Hugging Face causal LMs; a custom forward(input_ids) module needs "
             "generation.engine: hf."
         )
+    spec = vllm_spec(settings, parts.source, parts.trust_remote_code, parts.max_length)
     return VLLMRolloutEngine(
         parts.model, parts.eos_token_ids, parts.pad_token_id, spec, seed=parts.seed, learner_dtype=parts.autocast_dtype
     )
 
 
-def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):
+def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):  # internal: tool_rollouts.py passes its MultiTurnSpec
     from grpokit.rollout.multiturn import MultiTurnEngine
 
     return MultiTurnEngine(
@@ -126,19 +134,19 @@ def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):
     )
 
 
-def _rollout_func(parts: EngineParts, spec):
+def _rollout_func(parts: EngineParts, settings: None):
     from grpokit.rollout.rollout_func import RolloutFuncEngine
 
-    return RolloutFuncEngine(spec.call, parts.eos_token_ids, parts.pad_token_id, seed=parts.seed)
+    return RolloutFuncEngine(parts.generate, parts.eos_token_ids, parts.pad_token_id, seed=parts.seed)
 
 
 ENGINES: dict[str, EngineEntry] = {
     "hf": EngineEntry(_hf),
-    "vllm": EngineEntry(_vllm, separate_weights=True, spec="vllm"),
+    "vllm": EngineEntry(_vllm, settings=VLLMSettings, separate_weights=True),
     "transformers": EngineEntry(_transformers),
     "multi-turn": EngineEntry(_multi_turn, internal=True),
     # the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights
-    "rollout_func": EngineEntry(_rollout_func, spec="rollout_func", internal=True),
+    "rollout_func": EngineEntry(_rollout_func, internal=True),
 }
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -194,14 +193,6 @@ def rollouts_from_output(
         loss_mask=loss_mask,
         columns=dict(output.extra) or None,
     )
-
-
-@dataclass(frozen=True)
-class RolloutFuncSpec:
-    """The rollout_func engine's part: ``call(prompts) -> RolloutFuncOutput``, the trainer's ``_generate`` (which
-    calls the user's function with the trainer and checks its output)."""
-
-    call: Callable[[list], RolloutFuncOutput]
 
 
 class RolloutFuncEngine:

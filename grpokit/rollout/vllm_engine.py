@@ -204,7 +204,7 @@ class VLLMRolloutEngine:
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
         weights = next(policy.parameters()).dtype
         self.platform = vllm_platform(installed_vllm(), torch.cuda.is_available(), _device_type(policy))
-        self.sleep_mode = vllm_sleep_mode(self.platform, spec.enable_sleep_mode, spec.sleep_mode_given)
+        self.sleep_mode = vllm_sleep_mode(self.platform, spec.enable_sleep_mode)
         compute = learner_dtype or weights  # the run's autocast dtype over float32 master weights, else the weights'
         self.dtype = vllm_dtype(
             compute, self.platform, spec.dtype, self.platform == "cuda" and torch.cuda.is_bf16_supported()

@@ -49,7 +49,6 @@ def _build_llm(folder: str, device: str, dtype: str, sleep_mode: bool = False):
         max_model_len=None,
         default_max_model_len=None,
         enable_sleep_mode=sleep_mode,
-        sleep_mode_given=sleep_mode,
         dtype=dtype,
         enforce_eager=True,
         kv_cache_gib=1.0,

@@ -19,30 +19,54 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 GIB = 2**30
 CPU_KV_CACHE_GIB = 1.0  # vLLM's CPU build would otherwise take VLLM_CPU_KVCACHE_SPACE or a share of the RAM
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}  # str(torch dtype)'s tail
+
+
+@dataclass
+class VLLMSettings:
+    """The vllm engine's settings (``generation.engine: vllm``), keys of the generation section."""
+
+    vllm_gpu_memory_utilization: float = 0.3
+    """engine vllm: fraction of the GPU's memory vLLM may take for weights, activations and KV cache."""
+    vllm_max_model_length: int | None = None
+    """engine vllm: context length (prompt + completion); null = max_prompt_length + max_completion_length (the model's
+    own without max_prompt_length)."""
+    vllm_enable_sleep_mode: bool | None = None
+    """engine vllm: free vLLM's KV cache and weights while the learner trains; weights are reloaded from the learner on
+    each wake. null = on a GPU, off on vLLM's CPU build (which has no sleep mode: true is refused there)."""
+    vllm_dtype: str = "auto"
+    """engine vllm: vLLM's weights dtype: auto | float32 | bfloat16 | float16; auto = bfloat16 on a GPU (float16
+    without bf16) whatever the learner's dtype, the learner's dtype on the CPU."""
+    vllm_enforce_eager: bool | None = None
+    """engine vllm: run vLLM's model eagerly (no CUDA graphs or compilation); null = on the CPU only (compiling takes
+    ~20 s per start there)."""
+    vllm_kv_cache_gib: float | None = None
+    """engine vllm: vLLM's KV cache in GiB; null = what vllm_gpu_memory_utilization leaves on a GPU, 1 on the CPU
+    (VLLM_CPU_KVCACHE_SPACE, when set, takes precedence there)."""
 
 
 @dataclass(frozen=True)
 class VLLMSpec:
-    """vLLM's own settings from the config: where it loads the model from (``source``: the policy's folder or
-    hub id; None: a loaded module, whose config it is built from), ``gpu_memory_utilization``,
-    ``max_model_len`` (``vllm_max_model_length``: None = ``default_max_model_len``, max_prompt_length +
-    max_completion_length, else the model's own), ``enable_sleep_mode`` (``sleep_mode_given``: set by the user
-    rather than left at its default), ``dtype`` (``vllm_dtype``), ``enforce_eager`` (None: on the CPU only),
-    ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU) and
+    """What ``vllm.LLM`` is built with, derived from :class:`VLLMSettings` by :func:`vllm_spec` (no defaults of its
+    own): where it loads the model from (``source``: the policy's folder or hub id; None: a loaded module, whose
+    config it is built from), ``gpu_memory_utilization``, ``max_model_len`` (``vllm_max_model_length``: None =
+    ``default_max_model_len``, max_prompt_length + max_completion_length, else the model's own),
+    ``enable_sleep_mode`` (None: on a GPU only), ``dtype`` (``vllm_dtype``), ``enforce_eager`` (None: on the CPU
+    only), ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU) and
     ``trust_remote_code``."""
 
     source: str | None
     gpu_memory_utilization: float
     max_model_len: int | None
     default_max_model_len: int | None
-    enable_sleep_mode: bool
-    sleep_mode_given: bool
+    enable_sleep_mode: bool | None
     dtype: str
     enforce_eager: bool | None
     kv_cache_gib: float | None
@@ -87,14 +111,14 @@ def vllm_platform(build: str | None, cuda_available: bool, learner_device: str) 
     return build
 
 
-def vllm_dtype(learner: torch.dtype, platform: str, requested: str = "auto", bf16_supported: bool = True) -> str:
+def vllm_dtype(learner: torch.dtype | None, platform: str, requested: str = "auto", bf16_supported: bool = True) -> str:
     """vLLM's weights dtype: ``requested`` unless ``auto``; ``auto`` on CUDA is bfloat16 (float16 on a GPU
     without bf16), whatever the learner's dtype; on the CPU the learner's dtype (log-probs equal to it)."""
     if requested != "auto":
         return requested
     if platform == "cuda":
         return "bfloat16" if bf16_supported else "float16"
-    return DTYPE_NAMES.get(learner, "float32")
+    return DTYPE_NAMES.get(str(learner).removeprefix("torch."), "float32")
 
 
 def vllm_max_model_len(requested: int | None, default: int | None, max_position_embeddings: int | None) -> int | None:
@@ -115,13 +139,13 @@ def vllm_max_model_len(requested: int | None, default: int | None, max_position_
     return min(default, max_position_embeddings)
 
 
-def vllm_sleep_mode(platform: str, requested: bool, given: bool) -> bool:
-    """Sleep mode on CUDA as requested; off on the CPU, where vLLM has none (refused when the user asked)."""
+def vllm_sleep_mode(platform: str, requested: bool | None) -> bool:
+    """Sleep mode on CUDA as requested (None: on); off on the CPU, where vLLM has none (refused when asked for)."""
     from grpokit.errors import ConfigError
 
     if platform == "cuda":
-        return requested
-    if requested and given:
+        return requested is not False
+    if requested:
         raise ConfigError(
             "vllm_enable_sleep_mode: true, but vLLM's CPU build has no sleep mode; set vllm_enable_sleep_mode: "
             "false (on the CPU vLLM keeps its memory between samplings)."
@@ -153,3 +177,21 @@ def vllm_llm_kwargs(
     if kv_cache_gib is not None:  # vLLM's CPU build: VLLM_CPU_KVCACHE_SPACE (GiB), when set, takes precedence
         kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * GIB)
     return kwargs
+
+
+def vllm_spec(settings: VLLMSettings, source: str | None, trust_remote_code: bool, default_len: int | None) -> VLLMSpec:
+    """The engine's spec from its settings and the policy's facts: ``source`` (its folder or hub id; None: a loaded
+    module), ``trust_remote_code``, and ``default_len`` (max_prompt_length + max_completion_length, or None)."""
+    import os
+
+    return VLLMSpec(
+        source=source and os.path.expanduser(source),
+        gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+        max_model_len=settings.vllm_max_model_length,
+        default_max_model_len=default_len,
+        enable_sleep_mode=settings.vllm_enable_sleep_mode,
+        dtype=settings.vllm_dtype,
+        enforce_eager=settings.vllm_enforce_eager,
+        kv_cache_gib=settings.vllm_kv_cache_gib,
+        trust_remote_code=trust_remote_code,
+    )

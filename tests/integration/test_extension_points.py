@@ -26,7 +26,9 @@ def registries_restored():
     from grpokit.rollout.registry import ENGINES
 
     loss_types()  # the built-in losses registered first (their modules register them once)
-    saved = [(table, dict(table)) for table in (LOSSES, ENGINES, ESTIMATORS)]
+    from grpokit.rewards.registry import BUILTINS
+
+    saved = [(table, dict(table)) for table in (LOSSES, ENGINES, ESTIMATORS, BUILTINS)]
     yield
     for table, before in saved:
         table.clear()
@@ -82,6 +84,38 @@ def build(parts, spec):
 
 
 ENGINES["toy_counting"] = EngineEntry(build)
+"""
+
+# grpokit's own sampler with one setting of its own: every toy_stride-th call counted. The settings class is the
+# whole declaration: its field (default and doc line) and its check; the run passes it through engine_params.
+TOY_ENGINE_WITH_SETTING = """
+from dataclasses import dataclass
+from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.registry import ENGINES, EngineEntry
+SEEN = []
+@dataclass
+class StrideSettings:
+    toy_stride: int = 1
+    \"\"\"Count every toy_stride-th generate call.\"\"\"
+    def check(self):
+        if self.toy_stride < 1:
+            raise ValueError(f"toy_stride={self.toy_stride} must be >= 1.")
+def build(parts, settings):
+    SEEN.append(settings)
+    return HFRolloutEngine(parts.model, parts.eos_token_ids, parts.pad_token_id, parts.device, seed=parts.seed)
+ENGINES["toy_strided"] = EngineEntry(build, settings=StrideSettings)
+"""
+
+# A built-in reward: a class whose constructor takes its parameters, named in one registry line.
+TOY_REWARD = """
+from grpokit.rewards.registry import BUILTINS
+class HasWord:
+    name = "has_word"
+    def __init__(self, word: str):
+        self.word = word
+    def __call__(self, completions, **kwargs):
+        return [float(self.word in c) for c in completions]
+BUILTINS["has_word"] = HasWord
 """
 
 # +1 above the group's mean reward, -1 below, 0 at it.
@@ -166,3 +200,40 @@ def test_an_advantage_estimator(tmp_path, tiny_model_dir, word_prompts):
     assert advantages and advantages <= {-1.0, 0.0, 1.0}
     with pytest.raises(ConfigError, match=r"unknown advantage_estimator 'toy_sig'"):
         GRPOConfig(advantage_estimator="toy_sig")
+
+
+def test_an_engine_with_one_setting(tmp_path, tiny_model_dir, word_prompts):
+    from grpokit.rollout.registry import ENGINES
+
+    settings = {"engine": "toy_strided", "engine_params": {"toy_stride": 3}}
+    one_step(tmp_path, tiny_model_dir, word_prompts, "toy_strided", TOY_ENGINE_WITH_SETTING, **settings)
+    (seen,) = ENGINES["toy_strided"].build.__globals__["SEEN"]
+    assert seen.toy_stride == 3  # the setting reached the engine's build, as its own settings object
+    module = str(tmp_path / "toy_strided.py")
+    with pytest.raises(ConfigError, match=r"toy_stride=0 must be >= 1"):  # the settings' own check, before a model
+        GRPOConfig(imports=[module], engine="toy_strided", engine_params={"toy_stride": 0})
+    with pytest.raises(ConfigError, match=r"engine_params \['stride'\]: engine toy_strided has no such setting"):
+        GRPOConfig(imports=[module], engine="toy_strided", engine_params={"stride": 2})
+    with pytest.raises(ConfigError, match=r"engine_params \['toy_stride'\]: engine hf has no settings"):
+        GRPOConfig(imports=[module], engine="hf", engine_params={"toy_stride": 2})
+
+
+def test_a_builtin_reward(tmp_path, tiny_model_dir, word_prompts):
+    (tmp_path / "toy_reward.py").write_text(textwrap.dedent(TOY_REWARD))
+    run = tmp_path / "run"
+    args = GRPOConfig(
+        output_dir=str(run),
+        imports=[str(tmp_path / "toy_reward.py")],
+        rewards=[{"name": "has_word", "word": "w7"}],
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_steps=1,
+        max_completion_length=5,
+        save_strategy="no",
+        progress_bar=False,
+        report_to=["jsonl"],
+    )
+    GRPOTrainer(str(tiny_model_dir), args=args, train_dataset=word_prompts).train()
+    with RolloutStore(run, readonly=True) as store:
+        rows = store.rollouts()
+    assert rows and all(r["reward"] == float("w7" in r["completion"]) for r in rows)  # its parameter reached it

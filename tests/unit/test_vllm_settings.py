@@ -19,15 +19,22 @@ from grpokit.rollout.vllm_engine import (
 )
 from grpokit.rollout.vllm_settings import (
     GIB,
+    VLLMSettings,
     VLLMSpec,
     vllm_dtype,
     vllm_llm_kwargs,
     vllm_max_model_len,
     vllm_platform,
     vllm_sleep_mode,
+    vllm_spec,
 )
 from grpokit.rollout.vllm_weights import push_weights, repack_tied_head, sync_gap_limit, sync_gap_warning
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+
+
+def spec(source=None, **settings) -> VLLMSpec:
+    """The engine's spec from the vllm settings' defaults (``settings`` changes them), as the engine derives it."""
+    return vllm_spec(VLLMSettings(**settings), source, trust_remote_code=False, default_len=None)
 
 
 # ---- which vLLM, on which device ----------------------------------------------------------------------------
@@ -83,7 +90,7 @@ def test_the_engine_asks_for_bf16_on_a_mocked_gpu_for_a_float32_learner(monkeypa
     monkeypatch.setattr(  # the policy's device as the engine reads it: a CUDA tensor's
         vllm_engine, "_device_type", lambda policy: "cuda"
     )
-    engine = VLLMRolloutEngine(model, [2], 0, VLLMSpec(source="/some/folder"), seed=3)
+    engine = VLLMRolloutEngine(model, [2], 0, spec("/some/folder"), seed=3)
     assert built["dtype"] == "bfloat16" and next(model.parameters()).dtype == torch.float32
     assert built["enforce_eager"] is False and "kv_cache_memory_bytes" not in built  # CUDA: its memory share
     assert built["enable_sleep_mode"] is True and engine.sleep_mode
@@ -103,20 +110,21 @@ def test_max_model_len_is_capped_at_the_models_positions():
 
 # ---- sleep mode, eager, KV cache ------------------------------------------------------------------------------
 def test_sleep_mode_is_off_on_the_cpu_and_refused_when_asked_for():
-    assert vllm_sleep_mode("cpu", requested=True, given=False) is False  # the default: off, no error
-    assert vllm_sleep_mode("cuda", requested=True, given=False) is True
-    assert vllm_sleep_mode("cuda", requested=False, given=True) is False
+    assert vllm_sleep_mode("cpu", requested=None) is False  # the default: off, no error
+    assert vllm_sleep_mode("cpu", requested=False) is False
+    assert vllm_sleep_mode("cuda", requested=None) is True  # the default on a GPU: on
+    assert vllm_sleep_mode("cuda", requested=False) is False
     with pytest.raises(ConfigError, match="vllm_enable_sleep_mode: true, but vLLM's CPU build has no sleep mode"):
-        vllm_sleep_mode("cpu", requested=True, given=True)
+        vllm_sleep_mode("cpu", requested=True)
 
 
 def test_llm_kwargs_take_eager_and_the_kv_cache_from_the_config():
     common = dict(dtype="float32", max_model_len=128, sleep_mode=False, seed=7)
-    cpu = vllm_llm_kwargs(VLLMSpec(), platform="cpu", **common)
+    cpu = vllm_llm_kwargs(spec(), platform="cpu", **common)
     assert cpu["enforce_eager"] is True and cpu["kv_cache_memory_bytes"] == GIB  # the CPU's defaults: eager, 1 GiB
-    given = vllm_llm_kwargs(VLLMSpec(enforce_eager=False, kv_cache_gib=0.25), platform="cpu", **common)
+    given = vllm_llm_kwargs(spec(vllm_enforce_eager=False, vllm_kv_cache_gib=0.25), platform="cpu", **common)
     assert given["enforce_eager"] is False and given["kv_cache_memory_bytes"] == 268435456  # 0.25 * 2**30
-    gpu = vllm_llm_kwargs(VLLMSpec(gpu_memory_utilization=0.4), platform="cuda", **common)
+    gpu = vllm_llm_kwargs(spec(vllm_gpu_memory_utilization=0.4), platform="cuda", **common)
     assert gpu["enforce_eager"] is False and "kv_cache_memory_bytes" not in gpu and gpu["gpu_memory_utilization"] == 0.4
     assert gpu["distributed_executor_backend"] == "external_launcher" and gpu["logprobs_mode"] == "processed_logprobs"
     assert (cpu["dtype"], cpu["max_model_len"], cpu["seed"], cpu["enable_sleep_mode"]) == ("float32", 128, 7, False)
