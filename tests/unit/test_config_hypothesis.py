@@ -19,11 +19,11 @@ from grpokit.config import (
     SECTIONS,
     ConfigError,
     GRPOConfig,
-    expand_path,
     load_config,
     parse_overrides,
 )
 from grpokit.config.trl_keys import TRL_DEFAULTS
+from grpokit.system.paths import expand_path
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)  # no lone surrogates: not writable as UTF-8
 FINITE = dict(allow_nan=False, allow_infinity=False)
