@@ -14,25 +14,15 @@ tau_neg > tau_pos (1.05 and 1.0), because pushing a sampled token down spreads p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpokit.algos.loss_params import SapoParams
 from grpokit.algos.loss_registry import LossSettings, register_loss
 
 if TYPE_CHECKING:
     import torch
 
     from grpokit.algos.losses import LossSpec, PolicyTerms
-
-
-@dataclass
-class SapoParams:
-    """sapo's own parameters: the soft gate's temperature for tokens with A > 0 and with A <= 0."""
-
-    sapo_temperature_pos: float = 1.0
-    """sapo: temperature of the soft gate for tokens with a positive advantage."""
-    sapo_temperature_neg: float = 1.05
-    """sapo: temperature of the soft gate for tokens with a non-positive advantage."""
 
 
 def _check(settings: LossSettings) -> list[str]:

@@ -21,9 +21,9 @@ non-finite phi -> 0) are those of the authors' code and TRL's, keeping w's expon
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpokit.algos.loss_params import VespoParams
 from grpokit.algos.loss_registry import LossSettings, register_loss
 from grpokit.algos.names import VESPO_PHI
 
@@ -34,20 +34,6 @@ if TYPE_CHECKING:
 
 LOG_W_MIN = math.log(1e-8)
 LOG_W_MAX = 20.0
-
-
-@dataclass
-class VespoParams:
-    """vespo's own parameters: the kernel w^k exp(lambda (1 - w))'s power k and decay lambda, for A >= 0 and A < 0."""
-
-    vespo_k_pos: float = 2.0
-    """vespo: power k of the kernel w^k exp(lambda (1 - w)) on the sequence importance weight w, for A >= 0."""
-    vespo_lambda_pos: float = 3.0
-    """vespo: decay lambda of the kernel, for A >= 0."""
-    vespo_k_neg: float = 3.0
-    """vespo: power k of the kernel, for A < 0."""
-    vespo_lambda_neg: float = 2.0
-    """vespo: decay lambda of the kernel, for A < 0."""
 
 
 def _advice(settings: LossSettings) -> list[str]:

@@ -67,7 +67,7 @@ def check_inputs(
     ``rollout_func`` (TRL's): checked against the settings it cannot run with (:func:`check_rollout_func`); the data's
     columns are then not checked against the rewards (the function may supply them)."""
     from grpokit.data.prompts import is_streaming, load_rows
-    from grpokit.train.sampling.tool_rollouts import (
+    from grpokit.train.experience.tool_rollouts import (
         PLACEHOLDER_PROMPT,
         check_tool_prompts,
         environment_owned_rows,
@@ -75,7 +75,7 @@ def check_inputs(
     )
 
     args.validate(procs.world_size)
-    engine_kind(args.engine)  # a registered engine (rollout/registry.py), before a model loads
+    engine_kind(args.engine)  # a registered engine (rollout/engines.py), before a model loads
     if rollout_func is not None:
         check_rollout_func(args, rollout_func, tools, environment_factory)
     if args.engine == "vllm":

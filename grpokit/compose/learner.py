@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.algos.registry import get_algorithm
+from grpokit.algos.algorithms import get_algorithm
 from grpokit.compose import specs
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.config.trl_keys import EIGHT_BIT_OPTIMIZERS

@@ -34,7 +34,7 @@ def fsdp_load_device(args: GRPOConfig) -> torch.device | None:
     world_size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     if world_size <= 1:
         return None  # one process never imports grpokit.distributed
-    from grpokit.algos.registry import get_algorithm
+    from grpokit.algos.algorithms import get_algorithm
     from grpokit.distributed.fsdp import initial_placement
 
     plain = not args.load_in_4bit and args.lora.r == 0 and not get_algorithm(args.algorithm).uses_critic

@@ -30,10 +30,10 @@ def build_rollouts(
     ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
     from grpokit.models.loading import eos_token_ids
-    from grpokit.rollout.registry import EngineParts
-    from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
-    from grpokit.train.sampling.sources import Situation, pick_sampler
-    from grpokit.train.sampling.tool_rollouts import ToolRollouts
+    from grpokit.rollout.engines import EngineParts
+    from grpokit.train.experience.rollout_scheduler import RolloutScheduler
+    from grpokit.train.experience.sources import Situation, pick_sampler
+    from grpokit.train.experience.tool_rollouts import ToolRollouts
 
     name = args.engine if rollout_func is None else "rollout_func"
     kind = engine_kind(name)
@@ -100,7 +100,7 @@ def build_rollouts(
 def _rollout_source(args: GRPOConfig, sampler, procs, ahead: int):
     """The source over ``sampler``: up to ``ahead`` steps sampled ahead (scored on the producers' side too, unless
     the scoring's gathers need every rank), or synchronous when ``ahead`` is 0."""
-    from grpokit.train.sampling.sources import SOURCES
+    from grpokit.train.experience.sources import SOURCES
 
     if not ahead:
         return SOURCES["sync"](sampler)
@@ -114,11 +114,11 @@ def _rollout_source(args: GRPOConfig, sampler, procs, ahead: int):
 
 
 def engine_kind(name: str):
-    """The registered engine called ``name`` (``rollout/registry.py``); a ConfigError naming the ones
+    """The registered engine called ``name`` (``rollout/engines.py``); a ConfigError naming the ones
     ``generation.engine`` may name otherwise."""
     import difflib
 
-    from grpokit.rollout.registry import ENGINES
+    from grpokit.rollout.engines import ENGINES
 
     if name in ENGINES:
         return ENGINES[name]
@@ -164,7 +164,7 @@ def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int, r
     """How each step samples (``train.sampling.rounds``): one round, or with ``dynamic_sampling`` rounds until
     the batch holds informative groups; ``score``: the scoring of a round; ``reward_state(step)``: the rewards'
     trainer_state, taken when a batch sampled ahead is drawn."""
-    from grpokit.train.sampling.rounds import DynamicRounds, SingleRound
+    from grpokit.train.experience.rounds import DynamicRounds, SingleRound
 
     if not args.dynamic_sampling:
         return SingleRound(scheduler, score, reward_state)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from grpokit.algos.registry import get_algorithm
+from grpokit.algos.algorithms import get_algorithm
 from grpokit.compose import inputs as build_inputs
 from grpokit.compose import specs
 from grpokit.compose.learner import build_learner
@@ -21,9 +21,9 @@ from grpokit.kernels import Kernels
 from grpokit.machine.hardware import autocast_dtype
 from grpokit.models.loading import ensure_pad_token
 from grpokit.train.callbacks import CallbackRunner
+from grpokit.train.experience.scoring import Scorer
 from grpokit.train.loop_spec import LoopSpec
 from grpokit.train.rundir.checkpoint import RunState
-from grpokit.train.sampling.scoring import Scorer
 from grpokit.train.stopping import StopRules
 
 

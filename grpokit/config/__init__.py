@@ -9,7 +9,7 @@ checks, then cross-section rules), ``loading`` (YAML and overrides), ``reference
 from grpokit.config.facade import GRPOConfig
 from grpokit.config.loading import load_config, parse_overrides
 from grpokit.config.reference import config_reference
-from grpokit.config.schema import (
+from grpokit.config.sections import (
     ALIASES,
     CHOICES,
     FIELD_SECTION,

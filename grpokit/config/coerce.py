@@ -10,7 +10,7 @@ from typing import Any, Union
 
 import yaml
 
-from grpokit.config.schema import FIELD_SECTION, PATH_FIELDS, ConfigError
+from grpokit.config.sections import FIELD_SECTION, PATH_FIELDS, ConfigError
 from grpokit.system.paths import expand_path
 
 

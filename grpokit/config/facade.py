@@ -21,7 +21,7 @@ from grpokit.config import validation
 from grpokit.config.coerce import coerce
 from grpokit.config.keys import flatten, from_trl, unknown_key_message
 from grpokit.config.rules import loss_params
-from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError, section_fields
+from grpokit.config.sections import ALIASES, FIELD_SECTION, SECTIONS, ConfigError, section_fields
 
 if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec

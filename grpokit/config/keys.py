@@ -6,7 +6,7 @@ import difflib
 from typing import Any
 
 import grpokit.config.trl_keys as trl_keys
-from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
+from grpokit.config.sections import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
 
 
 def from_trl(given: dict, context: dict, trl_keywords: frozenset = frozenset()) -> tuple[dict, dict, dict]:

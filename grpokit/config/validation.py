@@ -1,4 +1,4 @@
-"""Validation: one validator per section (the training sections here, the run-side ones in sections.py), then the
+"""Validation: one validator per section (the training sections here, the run-side ones in section_checks.py), then the
 cross-section rules (rules.py), in a fixed order.
 
 Each check raises a :class:`ConfigError` whose message names the value, the rule and the fix; no model is
@@ -10,8 +10,8 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from grpokit.config import rules, sections
-from grpokit.config.schema import CHOICES, ConfigError, check
+from grpokit.config import rules, section_checks
+from grpokit.config.sections import CHOICES, ConfigError, check
 
 if TYPE_CHECKING:
     from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module
@@ -31,16 +31,16 @@ def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
     _generation(cfg.generation)
     _optim(cfg.optim)
     rules.batch_size(cfg, world_size)
-    sections.data(cfg.data)
-    sections.evaluation(cfg.eval)
-    sections.run(cfg.run)
-    sections.lora(cfg.lora)
+    section_checks.data(cfg.data)
+    section_checks.evaluation(cfg.eval)
+    section_checks.run(cfg.run)
+    section_checks.lora(cfg.lora)
     rules.lora_and_model(cfg)
-    sections.reward(cfg.reward)
+    section_checks.reward(cfg.reward)
     rules.reward_weights(cfg)
-    sections.distributed(cfg.distributed)
+    section_checks.distributed(cfg.distributed)
     rules.distributed(cfg)
-    sections.agent(cfg.agent)
+    section_checks.agent(cfg.agent)
     if cfg.agent.tools or cfg.agent.environment_factory:
         check_multi_turn(cfg)
 

@@ -34,7 +34,7 @@ from grpokit.distributed.placement import actor_options
 from grpokit.distributed.ray_rollout import import_ray
 from grpokit.rewards.contract import TIMED_OUT, Outcome, RewardError, TimedCall
 from grpokit.rewards.pool import Outcomes, chunks
-from grpokit.rewards.registry import FileFunction
+from grpokit.rewards.resolve import FileFunction
 
 # Tries of a chunk whose worker process dies (the first run included): a reward that kills its
 # process on some input should not loop forever.

@@ -56,8 +56,8 @@ def evaluate(
     rollout_func, which samples as it likes) gets no greedy pass: no ``eval/greedy_accuracy`` then.
 
     The rewards are called as in training (:mod:`grpokit.rewards.contract`), with ``trainer_state``.
-    ``tools``: the run's ``ToolRollouts`` (grpokit.train.sampling.tool_rollouts): samples are multi-turn tool rollouts,
-    scored as in training.
+    ``tools``: the run's ``ToolRollouts`` (grpokit.train.experience.tool_rollouts): samples are multi-turn tool
+    rollouts, scored as in training.
 
     A sample is correct when its combined reward >= ``success_threshold``; pass@k per prompt is the
     unbiased estimator over its n samples (Chen et al. 2021), averaged over prompts.

@@ -11,7 +11,7 @@ Example::
 
 from grpokit.rewards.contract import MissingColumnError, RewardError
 from grpokit.rewards.pool import LocalRewardPool, RewardPool
-from grpokit.rewards.registry import BUILTINS, get_reward, resolve_reward
+from grpokit.rewards.resolve import BUILTINS, get_reward, resolve_reward
 from grpokit.rewards.runner import RewardResult, RewardRunner
 
 __all__ = [

@@ -35,7 +35,7 @@ import torch
 
 from grpokit.rewards.contract import TIMED_OUT, RewardError, as_completions, check_output
 from grpokit.rewards.pool import LocalRewardPool, PoolFactory
-from grpokit.rewards.registry import resolve_reward
+from grpokit.rewards.resolve import resolve_reward
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def _unique(names: list[str]) -> list[str]:
 class RewardRunner:
     """Run reward functions safely on batches of completions.
 
-    ``specs``: reward specs (see :func:`~grpokit.rewards.registry.resolve_reward`); an ``nn.Module``
+    ``specs``: reward specs (see :func:`~grpokit.rewards.resolve.resolve_reward`); an ``nn.Module``
     is a sequence classifier scored as TRL does (:class:`~grpokit.rewards.judge.ClassifierReward`).
     ``weights``: one weight per spec; when given it replaces the specs' own weights.
     ``timeout``: seconds allowed per function per batch (per chunk with workers).

@@ -32,12 +32,12 @@ from grpokit.machine.hardware import autocast
 from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import is_hf_model, logits_of
 from grpokit.rollout.logits_rules import logits_rules
-from grpokit.rollout.sampling import sample_next
+from grpokit.rollout.next_token import sample_next
 from grpokit.rollout.types import Rollouts, SamplingParams
 
 
 class RolloutEngine(Protocol):
-    """What every rollout engine provides (the engines by name: :mod:`grpokit.rollout.registry`).
+    """What every rollout engine provides (the engines by name: :mod:`grpokit.rollout.engines`).
 
     ``generate``: ``num_generations`` completions of each prompt as :class:`Rollouts` stamped with
     ``policy_version``, the optimizer steps of the weights it samples from. ``sync_weights()``: the learner has

@@ -19,7 +19,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 # ---- generation_kwargs (TRL passes them to transformers' GenerationConfig; they override its own keys) ----------
-# The keys grpokit's sampler honours exactly, on every path (grpokit.rollout.sampling, logits_rules): the
+# The keys grpokit's sampler honours exactly, on every path (grpokit.rollout.next_token, logits_rules): the
 # SamplingParams field each sets. do_sample=False samples greedily.
 GENERATION_KWARGS = {
     "top_p": "top_p",

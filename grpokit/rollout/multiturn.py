@@ -43,7 +43,7 @@ from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import is_hf_model, logits_of
 from grpokit.rollout.engine import HFRolloutEngine, left_pad
 from grpokit.rollout.logits_rules import logits_rules
-from grpokit.rollout.sampling import sample_next
+from grpokit.rollout.next_token import sample_next
 from grpokit.rollout.types import Conversation, Rollouts, SamplingParams, Turn
 from grpokit.tools.conversation import ConversationTokens
 from grpokit.tools.environment import EnvironmentSession

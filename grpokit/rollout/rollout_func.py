@@ -16,7 +16,7 @@ grpokit's terms:
   reached max_completion_length (grpokit's truncation everywhere), ``env_mask`` as the loss mask (TRL's tool_mask:
   no policy loss, no KL, no token count on the environment's tokens), the log-probs as the rollouts' sampling
   log-probs (None from a server becomes NaN, as TRL reads it) and the other keys as ``Rollouts.columns``.
-- :class:`RolloutFuncEngine`: the ``rollout_func`` entry of :mod:`grpokit.rollout.registry`, a RolloutEngine that
+- :class:`RolloutFuncEngine`: the ``rollout_func`` entry of :mod:`grpokit.rollout.engines`, a RolloutEngine that
   takes the raw prompts (``takes_raw_prompts``: strings or message lists, as the dataset holds them) and calls the
   trainer's ``_generate`` with each prompt repeated G times, adjacent.
 

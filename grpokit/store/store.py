@@ -32,7 +32,7 @@ from pathlib import Path
 
 from grpokit.store.errors import StoreError
 from grpokit.store.record import RolloutRecord, finite_or_none
-from grpokit.store.schema import SCHEMA, SCHEMA_VERSION
+from grpokit.store.sql_schema import SCHEMA, SCHEMA_VERSION
 
 STORE_FILENAME = "rollouts.sqlite"
 _FILE_SUFFIXES = (".sqlite", ".sqlite3", ".db")

@@ -1,6 +1,6 @@
 """``algo.imports``: the user's modules, imported before the config is checked, so what they register counts; and
 :func:`import_failure`, the one line for a user's module or file that raises while imported (here, and for the
-reward, tool, environment and tool-parser specs of ``grpokit.rewards.registry``).
+reward, tool, environment and tool-parser specs of ``grpokit.rewards.resolve``).
 
 A module named here runs once per process (dotted names through the import system, files by path under one
 module name per path, as the reward files are loaded). A loss it registers (``grpokit.algos.register_loss``)

@@ -1,6 +1,6 @@
 """Tools and environments for multi-turn rollouts (schemas, tool-call parsing, isolated execution,
 environments, conversation tokens and loss masks, the loop's bookkeeping). grpokit.rollout.multiturn
-generates rollouts with them, grpokit.train.sampling.tool_rollouts trains on them: see docs/tools.md."""
+generates rollouts with them, grpokit.train.experience.tool_rollouts trains on them: see docs/tools.md."""
 
 from grpokit.tools.conversation import (
     ConversationTokens,
@@ -18,6 +18,7 @@ from grpokit.tools.environment import (
     with_observation,
 )
 from grpokit.tools.executor import STATUSES, ToolExecutor, ToolResult, tool_metrics
+from grpokit.tools.json_schema import ToolError, check_arguments, tool_schema, tool_schemas
 from grpokit.tools.loop import ToolLoop, ToolRollout
 from grpokit.tools.parsing import (
     ToolCall,
@@ -30,7 +31,6 @@ from grpokit.tools.parsing import (
     tool_parser_names,
     validate_calls,
 )
-from grpokit.tools.schema import ToolError, check_arguments, tool_schema, tool_schemas
 
 __all__ = [
     "STATUSES",

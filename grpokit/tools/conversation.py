@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpokit.tools.schema import ToolError
+from grpokit.tools.json_schema import ToolError
 
 _SENTINEL = "grpokit-end-of-turn-probe"
 

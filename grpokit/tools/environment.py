@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from grpokit.tools.schema import ToolError, tool_schemas
+from grpokit.tools.json_schema import ToolError, tool_schemas
 
 EnvironmentFactory = Callable[[], Any]
 

@@ -36,8 +36,8 @@ from typing import Any
 from grpokit.rewards.contract import TIMED_OUT, Outcome, TimedCall
 from grpokit.rewards.workers import RewardProcess, process_context, run_calls
 from grpokit.tools.environment import EnvironmentSession
+from grpokit.tools.json_schema import ToolError, tool_schemas
 from grpokit.tools.parsing import ToolCall, validate_calls
-from grpokit.tools.schema import ToolError, tool_schemas
 
 # status of a ToolResult: the tool returned | the call was malformed or did not fit the schema |
 # the tool raised | it ran past its timeout | its worker process died | its environment is broken

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from grpokit.tools.schema import ToolError, check_arguments
+from grpokit.tools.json_schema import ToolError, check_arguments
 
 
 @dataclass(frozen=True)

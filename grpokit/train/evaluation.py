@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from grpokit.algos.registry import AdvantageInputs
+from grpokit.algos.algorithms import AdvantageInputs
+from grpokit.train.experience.scoring import reward_state
 from grpokit.train.learning.learner import update_inputs
 from grpokit.train.learning.policy_logprobs import build_batch
 from grpokit.train.metrics import EVAL, sample_metrics, stored_eval_names, trl_eval_names
-from grpokit.train.sampling.scoring import reward_state
 
 
 def evaluations(run, sets: dict, step: int) -> dict:

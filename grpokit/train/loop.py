@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
+from grpokit.algos.algorithms import AdvantageInputs
 from grpokit.algos.multi_objective import normalize_then_sum
 from grpokit.algos.names import BETA, KL
-from grpokit.algos.registry import AdvantageInputs
 from grpokit.train.evaluation import log_evaluations
 from grpokit.train.interrupt import SignalStop, stop_message
 from grpokit.train.learning.learner import update_inputs
@@ -129,7 +129,7 @@ class Loop:
         return metrics.values
 
     def _learn(self, rollouts, rewards: torch.Tensor, beta: float, clock: PhaseClock) -> tuple[torch.Tensor, dict]:
-        """Reference log-probs, the algorithm's advantages (``algos/registry.py``) and the learner's update on this
+        """Reference log-probs, the algorithm's advantages (``algos/algorithms.py``) and the learner's update on this
         rank's ``rollouts``; ``rewards`` [N_global] the combined rewards of every rank's, ``beta`` the step's KL
         coefficient. Returns (this rank's advantages [n] or [n, T]; the update's metrics, averaged over ranks)."""
         run, procs, learner = self.run, self.run.procs, self.run.learner

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.store.record import rollout_records
+from grpokit.train.experience.rounds import renumber_repeats
 from grpokit.train.metrics import PhaseClock, step_metrics
-from grpokit.train.sampling.rounds import renumber_repeats
 
 
 @dataclass(frozen=True)

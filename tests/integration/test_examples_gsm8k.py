@@ -58,7 +58,7 @@ def test_answer_extraction_by_hand():
 
 def test_the_recipes_rewards_on_gsm8k_completions():
     """accuracy (math-verify) and the format reward as examples/gsm8k/cpu.yaml configures them."""
-    from grpokit.rewards.registry import resolve_reward
+    from grpokit.rewards.resolve import resolve_reward
 
     cfg = load_config(EXAMPLE / "cpu.yaml")
     (_, accuracy, w_acc), (_, fmt, w_fmt) = (resolve_reward(spec) for spec in cfg.rewards)

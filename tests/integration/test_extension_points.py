@@ -23,10 +23,10 @@ def registries_restored():
     """What a test registers stays in its test: the registries are as before afterwards."""
     from grpokit.algos.estimators import ESTIMATORS
     from grpokit.algos.loss_registry import LOSSES, loss_types
-    from grpokit.rollout.registry import ENGINES
+    from grpokit.rollout.engines import ENGINES
 
     loss_types()  # the built-in losses registered first (their modules register them once)
-    from grpokit.rewards.registry import BUILTINS
+    from grpokit.rewards.resolve import BUILTINS
 
     saved = [(table, dict(table)) for table in (LOSSES, ENGINES, ESTIMATORS, BUILTINS)]
     yield
@@ -64,7 +64,7 @@ register_loss("toy_scaled", aggregation="bnpo", params=ScaleParams, check=check)
 # grpokit's own sampler, counting its calls.
 TOY_ENGINE = """
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.registry import ENGINES, EngineEntry
+from grpokit.rollout.engines import ENGINES, EngineEntry
 
 CALLS = []
 
@@ -91,7 +91,7 @@ ENGINES["toy_counting"] = EngineEntry(build)
 TOY_ENGINE_WITH_SETTING = """
 from dataclasses import dataclass
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.registry import ENGINES, EngineEntry
+from grpokit.rollout.engines import ENGINES, EngineEntry
 SEEN = []
 @dataclass
 class StrideSettings:
@@ -108,7 +108,7 @@ ENGINES["toy_strided"] = EngineEntry(build, settings=StrideSettings)
 
 # A built-in reward: a class whose constructor takes its parameters, named in one registry line.
 TOY_REWARD = """
-from grpokit.rewards.registry import BUILTINS
+from grpokit.rewards.resolve import BUILTINS
 class HasWord:
     name = "has_word"
     def __init__(self, word: str):
@@ -177,7 +177,7 @@ def test_a_loss_with_its_own_parameter(tmp_path, tiny_model_dir, word_prompts):
 
 
 def test_an_engine(tmp_path, tiny_model_dir, word_prompts):
-    from grpokit.rollout.registry import ENGINES
+    from grpokit.rollout.engines import ENGINES
 
     run = one_step(tmp_path, tiny_model_dir, word_prompts, "toy_engine", TOY_ENGINE, engine="toy_counting")
     assert len(ENGINES["toy_counting"].build.__globals__["CALLS"]) >= 1  # the registered engine sampled the step
@@ -203,7 +203,7 @@ def test_an_advantage_estimator(tmp_path, tiny_model_dir, word_prompts):
 
 
 def test_an_engine_with_one_setting(tmp_path, tiny_model_dir, word_prompts):
-    from grpokit.rollout.registry import ENGINES
+    from grpokit.rollout.engines import ENGINES
 
     settings = {"engine": "toy_strided", "engine_params": {"toy_stride": 3}}
     one_step(tmp_path, tiny_model_dir, word_prompts, "toy_strided", TOY_ENGINE_WITH_SETTING, **settings)

@@ -1,4 +1,4 @@
-"""The algorithm registry (algos/registry.py): names, the config's choice, and each algorithm's advantages."""
+"""The algorithm registry (algos/algorithms.py): names, the config's choice, and each algorithm's advantages."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
+from grpokit.algos.algorithms import ALGORITHMS, AdvantageInputs, get_algorithm
 from grpokit.algos.estimators import compute_advantages
-from grpokit.algos.registry import ALGORITHMS, AdvantageInputs, get_algorithm
 from grpokit.config import ConfigError, GRPOConfig
 
 
@@ -26,7 +26,7 @@ def test_names_and_the_errors_that_list_them():
 
 
 def test_the_registry_and_the_config_import_no_torch():
-    code = "import sys, grpokit.config, grpokit.algos.registry; assert 'torch' not in sys.modules"
+    code = "import sys, grpokit.config, grpokit.algos.algorithms; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

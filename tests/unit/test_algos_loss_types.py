@@ -105,7 +105,7 @@ def test_sapo_by_hand():
     assert set(metrics) == {"ratio_mean", "policy_loss"}
     # tau_pos = 2: seq 1 f(1) = 4 sigmoid(0) / 2 = 1, f(1.5) = 2 sigmoid(1), f(0.5) = 2 sigmoid(-1); sum 3, mean -1;
     # (-1 + 1.805944) / 2 = 0.402972
-    from grpokit.algos.sapo import SapoParams
+    from grpokit.algos.loss_params import SapoParams
 
     spec = loss_spec(loss_type="sapo", params=SapoParams(sapo_temperature_pos=2.0))
     loss = policy_loss(logprobs, old, ADVANTAGES, MASK, spec)[0]
@@ -115,7 +115,7 @@ def test_sapo_by_hand():
 def test_sapo_on_policy_gradient_is_the_policy_gradient():
     # r = 1: d/dlogp of -f(r) A = -4 s (1 - s) r A = -A (s = sigmoid(0) = 1/2), whatever tau; grpo: / (|o_i| N)
     logprobs = torch.randn(2, 3, requires_grad=True)
-    from grpokit.algos.sapo import SapoParams
+    from grpokit.algos.loss_params import SapoParams
 
     spec = loss_spec(loss_type="sapo", params=SapoParams(sapo_temperature_pos=3.0, sapo_temperature_neg=0.5))
     policy_loss(logprobs, None, torch.tensor([1.0, -2.0]), MASK, spec)[0].backward()

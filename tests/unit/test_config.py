@@ -62,7 +62,7 @@ def test_algorithm_options_are_the_lists_algos_implements():
     assert "loss_type" not in CHOICES  # the loss registry's names, checked after algo.imports (test_config_losses)
     assert all(name in field_docs(SECTIONS["algo"])["loss_type"] for name in loss_types())
     assert CHOICES["scale_rewards"] is names.SCALE_REWARDS
-    # advantage estimators and engines are registries (algos/estimators.py, rollout/registry.py), not choice lists
+    # advantage estimators and engines are registries (algos/estimators.py, rollout/engines.py), not choice lists
     assert "advantage_estimator" not in CHOICES and "engine" not in CHOICES
     from grpokit.algos.estimators import ESTIMATORS
 
@@ -78,7 +78,6 @@ def test_algorithm_options_are_the_lists_algos_implements():
 
 
 def test_loss_spec_carries_the_loss_settings():
-
     cfg = GRPOConfig(
         loss_type="dr_grpo",
         epsilon=0.1,
@@ -89,7 +88,16 @@ def test_loss_spec_carries_the_loss_settings():
         max_completion_length=17,
         vllm_importance_sampling_cap=2.5,
     )
-    assert cfg.loss_spec() == loss_spec("dr_grpo", 0.1, 0.3, 0.02, True, "sequence", 17, 2.5)
+    assert cfg.loss_spec() == loss_spec(
+        loss_type="dr_grpo",
+        epsilon=0.1,
+        epsilon_high=0.3,
+        beta=0.02,
+        use_bias_correction_kl=True,
+        importance_sampling_level="sequence",
+        max_completion_length=17,
+        sampling_cap=2.5,
+    )
     assert GRPOConfig(epsilon=0.1).loss_spec().upper_epsilon == 0.1  # epsilon_high defaults to epsilon
 
 

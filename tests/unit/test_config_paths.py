@@ -4,7 +4,7 @@ import pytest
 
 from grpokit.config import PATH_FIELDS, GRPOConfig, load_config
 from grpokit.models.loading import load_tokenizer, model_source
-from grpokit.rewards.registry import resolve_reward
+from grpokit.rewards.resolve import resolve_reward
 from grpokit.system.paths import expand_path
 
 

@@ -9,7 +9,7 @@ from transformers.cache_utils import DynamicLayer
 
 from grpokit.kernels.kv_cache import PreallocatedLayer
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.sampling import inverse_cdf, sample_next
+from grpokit.rollout.next_token import inverse_cdf, sample_next
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
 CPU = torch.device("cpu")

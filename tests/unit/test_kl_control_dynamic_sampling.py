@@ -157,12 +157,12 @@ def test_config_refuses_dynamic_sampling_under_torchrun():
         cfg.validate(world_size=2)
 
 
-# ---- train/sampling/rounds.py: the rounds of one step, joined ---------------------------------------------------
+# ---- train/experience/rounds.py: the rounds of one step, joined ---------------------------------------------------
 def _round(indices, rewards, G=2, width=3, extra=None):
     """Sampled groups with token ids that name their row (row n of this round: ids 100*first_index + n)."""
     from grpokit.rewards.runner import RewardResult
     from grpokit.rollout.types import Rollouts
-    from grpokit.train.sampling.trajectory import Trajectory
+    from grpokit.train.experience.trajectory import Trajectory
 
     N = len(indices) * G
     ids = torch.arange(N)[:, None].repeat(1, width) + 100 * indices[0]  # [N, width]
@@ -200,7 +200,7 @@ def rounds(target_groups, max_rounds, num_generations, num_mini_batches):
 
 def test_sample_rounds_fill_the_batch_and_join_every_round():
     from grpokit.algos.names import SAMPLING_GROUPS_TRAINED, SAMPLING_PROMPTS, SAMPLING_ROUNDS, SAMPLING_SHORT
-    from grpokit.train.sampling.rounds import sample_rounds
+    from grpokit.train.experience.rounds import sample_rounds
 
     # 3 prompts per round, G = 2, a batch of 3 groups. Round 0: only group 1 differs; round 1: groups 0 and 2
     # differ -> 3 groups after 2 rounds: rows 2,3 of round 0 and rows 0,1 and 4,5 of round 1 (= 6 + those)
@@ -232,7 +232,7 @@ def test_sample_rounds_fill_the_batch_and_join_every_round():
 
 def test_sample_rounds_at_the_cap_train_whole_mini_batches_or_nothing():
     from grpokit.algos.names import SAMPLING_GROUPS_TRAINED, SAMPLING_SHORT
-    from grpokit.train.sampling.rounds import sample_rounds
+    from grpokit.train.experience.rounds import sample_rounds
 
     # every round has exactly one informative group (group 0); cap 3 rounds -> 3 of 4 groups found, short
     def one_varied(r):
@@ -249,7 +249,7 @@ def test_sample_rounds_at_the_cap_train_whole_mini_batches_or_nothing():
 
 
 def test_take_rows_keeps_whole_groups_and_their_prompts():
-    from grpokit.train.sampling.trajectory import take_rows
+    from grpokit.train.experience.trajectory import take_rows
 
     rollouts = _round([5, 6, 7], [0, 1, 0, 1, 0, 1]).rollouts
     picked = take_rows(rollouts, torch.tensor([2, 3, 4, 5]))
@@ -260,8 +260,8 @@ def test_take_rows_keeps_whole_groups_and_their_prompts():
 
 
 def test_stored_advantages_and_repeated_prompts():
-    from grpokit.train.sampling.rounds import renumber_repeats
-    from grpokit.train.sampling.trajectory import stored_advantages
+    from grpokit.train.experience.rounds import renumber_repeats
+    from grpokit.train.experience.trajectory import stored_advantages
 
     stored = stored_advantages(torch.tensor([0.5, -0.5]), torch.tensor([2, 3]), 6)
     assert stored[2:4].tolist() == [0.5, -0.5] and stored[[0, 1, 4, 5]].isnan().all()

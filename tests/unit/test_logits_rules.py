@@ -13,7 +13,7 @@ import torch
 from shared_helpers import sampling_params
 
 from grpokit.rollout.logits_rules import LogitsRules, logits_rules
-from grpokit.rollout.sampling import sample_next
+from grpokit.rollout.next_token import sample_next
 from grpokit.rollout.types import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")

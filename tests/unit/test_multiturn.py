@@ -14,7 +14,7 @@ from shared_helpers import sampling_params
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.multiturn import MultiTurnEngine, rollout_generators
-from grpokit.rollout.sampling import sample_next
+from grpokit.rollout.next_token import sample_next
 from grpokit.testing import build_tiny_causal_lm
 from grpokit.tools import ConversationTokens, ToolCall, ToolExecutor, ToolLoop
 from grpokit.tools.testing import qwen_style_tokenizer

@@ -1,4 +1,4 @@
-"""The producers' thread and scoring threads of rollouts sampled ahead (grpokit/train/sampling/producer.py)."""
+"""The producers' thread and scoring threads of rollouts sampled ahead (grpokit/train/experience/producer.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from grpokit.train.sampling.producer import Producer
+from grpokit.train.experience.producer import Producer
 
 
 def test_jobs_are_sampled_in_order_and_scored_up_to_scorers_at_once():

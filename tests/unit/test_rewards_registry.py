@@ -128,7 +128,7 @@ def reward_model_folder(tmp_path_factory):
 
 
 def test_reward_kind_tells_the_strings_apart(reward_model_folder, user_file, tmp_path, monkeypatch):
-    from grpokit.rewards.registry import reward_kind
+    from grpokit.rewards.resolve import reward_kind
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "accuracy").mkdir()  # a folder named like a built-in does not shadow it: a bare name is a built-in

@@ -12,7 +12,7 @@ from shared_helpers import sampling_params
 
 from grpokit.rollout.rollout_func import RolloutFuncEngine, check_output, rollouts_from_output
 from grpokit.rollout.seeding import concat_rollouts, split_rollouts
-from grpokit.train.sampling.trajectory import take_rows
+from grpokit.train.experience.trajectory import take_rows
 
 EOS, PAD = 2, 0
 

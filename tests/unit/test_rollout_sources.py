@@ -10,16 +10,16 @@ from shared_helpers import sampling_params
 
 from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine, RolloutEngine
+from grpokit.rollout.engines import ENGINES, EngineParts, get_engine
 from grpokit.rollout.multiturn import MultiTurnEngine
-from grpokit.rollout.registry import ENGINES, EngineParts, get_engine
 from grpokit.rollout.rollout_func import RolloutFuncEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 from grpokit.rollout.types import Rollouts
 from grpokit.rollout.vllm_engine import VLLMRolloutEngine
 from grpokit.system.processes import SingleProcess
-from grpokit.train.sampling import rollout_scheduler as scheduler_module
-from grpokit.train.sampling.rollout_scheduler import RolloutScheduler
-from grpokit.train.sampling.sources import SAMPLERS, SOURCES, AheadRollouts, SyncRollouts
+from grpokit.train.experience import rollout_scheduler as scheduler_module
+from grpokit.train.experience.rollout_scheduler import RolloutScheduler
+from grpokit.train.experience.sources import SAMPLERS, SOURCES, AheadRollouts, SyncRollouts
 
 
 def test_every_engine_provides_the_whole_protocol():

@@ -13,7 +13,7 @@ import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
-from grpokit.config.schema import SECTIONS
+from grpokit.config.sections import SECTIONS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "grpokit"
 NOT_SETTINGS = ("demo",)

@@ -13,7 +13,7 @@ from grpokit.tools.conversation import (
     render_ids,
     tool_suffix_ids,
 )
-from grpokit.tools.schema import ToolError, tool_schemas
+from grpokit.tools.json_schema import ToolError, tool_schemas
 from grpokit.tools.testing import QWEN_STYLE_TEMPLATE, byte_tokenizer, qwen_style_tokenizer
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from grpokit.tools.environment import EnvironmentPool, EnvironmentSession, environment_tools, with_observation
 from grpokit.tools.executor import ToolExecutor
+from grpokit.tools.json_schema import ToolError
 from grpokit.tools.parsing import ToolCall
-from grpokit.tools.schema import ToolError
 
 
 class Counter:

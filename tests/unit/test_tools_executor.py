@@ -197,7 +197,7 @@ def test_closures_and_thread_isolation():
 
 
 def test_bad_settings_and_use_after_close():
-    from grpokit.tools.schema import ToolError
+    from grpokit.tools.json_schema import ToolError
 
     with pytest.raises(ToolError, match="isolation must be"):
         ToolExecutor([add], isolation="docker")

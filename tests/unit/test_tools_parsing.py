@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpokit.tools import parsing
+from grpokit.tools.json_schema import ToolError, tool_schemas
 from grpokit.tools.parsing import (
     ToolCall,
     assistant_message,
@@ -15,7 +16,6 @@ from grpokit.tools.parsing import (
     tool_parser_for,
     validate_calls,
 )
-from grpokit.tools.schema import ToolError, tool_schemas
 
 
 def multiply(a: int, b: int, note: str = "", flag: bool = False, xs: list[int] | None = None) -> int:

@@ -75,7 +75,7 @@ def test_sampling_is_seeded_by_the_engines_stream(model):
 
 def test_a_custom_module_is_refused_in_one_line():
     from grpokit.config import ConfigError
-    from grpokit.rollout.registry import EngineParts, get_engine
+    from grpokit.rollout.engines import EngineParts, get_engine
 
     parts = EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"), seed=0)
     with pytest.raises(ConfigError, match="custom forward"):

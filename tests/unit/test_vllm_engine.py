@@ -17,7 +17,7 @@ from shared_helpers import loss_spec, sampling_params
 from grpokit.algos import policy_loss, truncated_importance_weights
 from grpokit.cli import main
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.rollout.sampling import sample_next
+from grpokit.rollout.next_token import sample_next
 from grpokit.rollout.vllm_engine import (
     check_vllm_environment,
     rollouts_from_vllm,

@@ -11,7 +11,7 @@ run has tools or environments, wraps it in the multi-turn engine; nothing else n
 - ``transformers``: :class:`~grpokit.rollout.transformers_engine.TransformersRolloutEngine`, transformers' own
   ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...).
 - ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
-  (chat prompts; built by :class:`grpokit.train.sampling.tool_rollouts.ToolRollouts` from the run's tools).
+  (chat prompts; built by :class:`grpokit.train.experience.tool_rollouts.ToolRollouts` from the run's tools).
 - ``rollout_func``: :class:`~grpokit.rollout.rollout_func.RolloutFuncEngine`, TRL's ``GRPOTrainer(rollout_func=...)``:
   the user's function generates; the engine takes the raw prompts (``takes_raw_prompts``) and converts its output.
 """

@@ -1,5 +1,5 @@
 """Scoring a round of rollouts: decode them, call the reward functions (every rank's rows, so groups are complete and
-batch-level scaling sees the whole batch), and hand back a :class:`~grpokit.train.sampling.trajectory.Trajectory`."""
+batch-level scaling sees the whole batch), and hand back a :class:`~grpokit.train.experience.trajectory.Trajectory`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from grpokit.data.prompts import reward_arguments
 from grpokit.rewards.contract import RewardState
 from grpokit.system.processes import RewardBatch
-from grpokit.train.sampling.trajectory import Trajectory
+from grpokit.train.experience.trajectory import Trajectory
 
 
 def reward_state(source, max_steps: int, step: int) -> RewardState:

@@ -19,7 +19,7 @@ from grpokit.algos.dynamic_sampling import SamplingRounds, add_round
 from grpokit.algos.names import SAMPLING_GROUPS_TRAINED, SAMPLING_PROMPTS, SAMPLING_ROUNDS, SAMPLING_SHORT
 from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.seeding import concat_rollouts
-from grpokit.train.sampling.trajectory import Trajectory
+from grpokit.train.experience.trajectory import Trajectory
 
 
 def sample_rounds(

@@ -5,7 +5,7 @@ A *sampler* turns a step's global batch of prompt indices into this rank's share
 - :class:`EngineSampler`: the run's engine (hf or vllm) in this process, one random stream;
 - :class:`GroupSeededSampler`: the same, each group sampled from its own seed (``seed_per_group``, torchrun), so the
   rollouts do not depend on how the prompts are split (:mod:`grpokit.rollout.seeding`);
-- :class:`ToolSampler`: multi-turn tool rollouts from the dataset rows (:mod:`grpokit.train.sampling.tool_rollouts`);
+- :class:`ToolSampler`: multi-turn tool rollouts from the dataset rows (:mod:`grpokit.train.experience.tool_rollouts`);
 - :class:`RawPromptSampler`: an engine that takes the prompts as the dataset holds them (``takes_raw_prompts``: TRL's
   rollout_func, :mod:`grpokit.rollout.rollout_func`);
 - :class:`RaySampler`: Ray rollout workers (rank 0 publishes the weights, submits, collects and scatters).
@@ -91,7 +91,7 @@ class ToolSampler(EngineSampler):
         self._metrics: dict[str, float] = {}
 
     def _generate(self, step: int, indices: list[int], first: int) -> Rollouts:
-        from grpokit.train.sampling.tool_rollouts import conversation_metrics
+        from grpokit.train.experience.tool_rollouts import conversation_metrics
 
         rows = [self.prompts.rows[i] for i in indices]
         rollouts = self.tools.generate(rows, self.num_generations, self.params, self.seeds(step, len(indices), first))
@@ -256,7 +256,7 @@ class AheadRollouts(SyncRollouts):
     is sampled by a policy at most K updates older than the one that trains on it; a producer never runs further
     ahead (admission, nothing is dropped). The first step admits steps 1..K+1 at once (all by version 0).
 
-    A background :class:`~grpokit.train.sampling.producer.Producer` thread finishes the admitted batches in order: it
+    A background :class:`~grpokit.train.experience.producer.Producer` thread finishes the admitted batches in order: it
     waits for their rollouts (``sampler.collect``: Ray workers, or :class:`ThreadSampler` sampling on its copy of the
     policy) and, in one process, ``scorers`` threads score them (``score_ahead``), up to that many batches at once:
     the learner does not wait on a reward. What a batch holds is fixed at admission (prompts, group seeds, the
@@ -268,7 +268,7 @@ class AheadRollouts(SyncRollouts):
     off_policy = True
 
     def __init__(self, sampler, *, last_step: int, max_staleness: int, score_ahead: bool, scorers: int = 1) -> None:
-        from grpokit.train.sampling.producer import Producer
+        from grpokit.train.experience.producer import Producer
 
         super().__init__(sampler)
         self.last_step, self.max_staleness, self.score_ahead = last_step, max_staleness, score_ahead

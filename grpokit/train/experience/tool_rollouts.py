@@ -19,8 +19,8 @@ from grpokit.data.prompts import DataError
 from grpokit.errors import ConfigError
 from grpokit.rewards.contract import is_conversational
 from grpokit.rollout.engine import HFRolloutEngine
+from grpokit.rollout.engines import MultiTurnSpec, get_engine
 from grpokit.rollout.multiturn import MultiTurnEngine
-from grpokit.rollout.registry import MultiTurnSpec, get_engine
 from grpokit.rollout.types import Conversation, Rollouts, SamplingParams
 from grpokit.tools import (
     ConversationTokens,
@@ -79,7 +79,7 @@ def resolve_tools(
     rollouts). ``check_settings``: called once the run is known to have tools (the root passes the config's
     refusal of settings multi-turn rollouts cannot run with). Bad tools, environments or parser names are a
     :class:`ConfigError` naming the setting."""
-    from grpokit.rewards.registry import load_callable
+    from grpokit.rewards.resolve import load_callable
 
     try:
         if tools is None:

@@ -7,13 +7,13 @@
   overlap the updates, at most K updates behind. The admitted batches are part of a checkpoint (their prompt
   indices, and their rollouts collected), so a resume trains on the same data.
 - dynamic sampling (DAPO, sync, one process): ``more(step, r)`` draws and samples round r's further batch
-  within the step (``train/sampling/rounds.py`` runs the rounds).
+  within the step (``train/experience/rounds.py`` runs the rounds).
 
 Under torchrun every rank draws the same global batch and keeps its share of groups (``procs.shard``);
 with Ray, rank 0 drives the workers and scatters each rank's share. Rollouts must not depend on that
 split, so then each group is sampled with its own seed (:mod:`grpokit.rollout.seeding`).
 
-Each mode is a small rollout source (:mod:`grpokit.train.sampling.sources`) picked once by the composition root;
+Each mode is a small rollout source (:mod:`grpokit.train.experience.sources`) picked once by the composition root;
 the scheduler draws the prompts, dispatches to its source and keeps the checkpoint state.
 """
 
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from grpokit.data.prompts import PromptSource
 from grpokit.rollout.types import Rollouts, SamplingParams
-from grpokit.train.sampling.sources import RolloutSource
+from grpokit.train.experience.sources import RolloutSource
 
 
 class RolloutScheduler:
     """``next(step)`` -> this rank's prompt indices and their rollouts (G per prompt) for ``step``.
 
-    ``source``: the run's :class:`~grpokit.train.sampling.sources.RolloutSource`; ``engine``: the rollout engine
+    ``source``: the run's :class:`~grpokit.train.experience.sources.RolloutSource`; ``engine``: the rollout engine
     sampling in this process (its policy version and random stream are checkpointed); ``prompts``: the training
     PromptSource, of which each step draws ``prompts_per_step`` (the global batch); ``procs``: the
     :class:`~grpokit.system.processes.SingleProcess` context (or a torchrun rank's); ``sampling``: the run's
