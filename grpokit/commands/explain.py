@@ -7,8 +7,8 @@ import yaml
 
 from grpokit.compose.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
 from grpokit.config import GRPOConfig
-from grpokit.config.trl_keys import EIGHT_BIT_OPTIMIZERS
 from grpokit.machine.hardware import pick_device
+from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
 
 
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:

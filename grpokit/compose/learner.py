@@ -8,11 +8,11 @@ import torch
 from grpokit.algos.algorithms import get_algorithm
 from grpokit.compose import specs
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.config.trl_keys import EIGHT_BIT_OPTIMIZERS
 from grpokit.machine.hardware import pick_dtype
 from grpokit.system.processes import is_sharded
 from grpokit.train.learning.learner import Learner
 from grpokit.train.learning.optimizer import OptimSpec, fused_adamw
+from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
 from grpokit.train.learning.reference import Reference
 
 

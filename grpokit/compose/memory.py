@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.config.trl_keys import EIGHT_BIT_OPTIMIZERS
 from grpokit.kernels.attention import PROBS_BUDGET
 from grpokit.kernels.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
 from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
@@ -64,6 +63,7 @@ from grpokit.kernels.linear_storage import untied_linears
 from grpokit.machine.hardware import autocast_dtype, pick_device, pick_dtype
 from grpokit.models.loading import lora_config, model_config
 from grpokit.models.lora_targets import adapts_any
+from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
 
 
 @dataclass

@@ -21,35 +21,21 @@ def build_rollouts(
     tools=None,
     rollout_func=None,
 ):
-    """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.registry``; ``rollout_func``
+    """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.engines``; ``rollout_func``
     when one is given), the sampler (Ray workers, tool rollouts, raw prompts for an engine that takes them, a seed per
     group, a copy of the policy on a background thread, or the engine's one stream) and the source (up to
     ``max_staleness`` steps ahead, else synchronous) from
-    ``train.sampling.sources``. ``source``: the model's folder or hub id when it was given by name (vLLM loads its
+    ``train.experience.sources``. ``source``: the model's folder or hub id when it was given by name (vLLM loads its
     copy from there), else None; ``tools``: the run's ToolSpec, or None; ``rollout_func``: the trainer's
     ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
-    from grpokit.models.loading import eos_token_ids
-    from grpokit.rollout.engines import EngineParts
     from grpokit.train.experience.rollout_scheduler import RolloutScheduler
     from grpokit.train.experience.sources import Situation, pick_sampler
     from grpokit.train.experience.tool_rollouts import ToolRollouts
 
     name = args.engine if rollout_func is None else "rollout_func"
     kind = engine_kind(name)
-    parts = EngineParts(
-        model,
-        eos_token_ids(model, tokenizer),
-        tokenizer.pad_token_id,
-        device,
-        args.seed,
-        args.trust_remote_code,
-        source=source,
-        max_length=None if args.max_prompt_length is None else args.max_prompt_length + args.max_completion_length,
-        generate=rollout_func,
-        autocast_dtype=autocast_dtype,
-        kernels=kernels,
-    )
+    parts = engine_parts(args, model, tokenizer, device, source, rollout_func, autocast_dtype, kernels)
     engine = kind.build(parts, engine_settings(args, name))
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
@@ -110,6 +96,26 @@ def _rollout_source(args: GRPOConfig, sampler, procs, ahead: int):
         max_staleness=ahead,
         score_ahead=not procs.enabled,
         scorers=args.scoring_threads,
+    )
+
+
+def engine_parts(args: GRPOConfig, model, tokenizer, device, source, rollout_func, autocast_dtype, kernels):
+    """What any engine samples with (``rollout.engines.EngineParts``)."""
+    from grpokit.models.loading import eos_token_ids
+    from grpokit.rollout.engines import EngineParts
+
+    return EngineParts(
+        model,
+        eos_token_ids(model, tokenizer),
+        tokenizer.pad_token_id,
+        device,
+        args.seed,
+        args.trust_remote_code,
+        source=source,
+        max_length=None if args.max_prompt_length is None else args.max_prompt_length + args.max_completion_length,
+        generate=rollout_func,
+        autocast_dtype=autocast_dtype,
+        kernels=kernels,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import grpokit.config.trl_keys as trl_keys
+import grpokit.config.trl_defaults as trl_defaults
 from grpokit.config.sections import ALIASES, SECTIONS, field_docs, section_fields
 
 
@@ -28,7 +28,7 @@ def config_reference() -> str:
         "",
         "Aliases: " + ", ".join(f"`{k}` = `{v}`" for k, v in ALIASES.items()) + ".",
         "",
-        f"Every key of TRL {trl_keys.TRL_VERSION}'s `GRPOConfig` is accepted as well (`bf16`, `save_strategy`, "
+        f"Every key of TRL {trl_defaults.TRL_VERSION}'s `GRPOConfig` is accepted as well (`bf16`, `save_strategy`, "
         '`report_to="none"` ...): [from_trl.md](from_trl.md) lists how each maps onto the keys above.',
     ]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from grpokit.algos.algorithms import ALGORITHMS
 from grpokit.algos.loss_registry import LossSettings, get_loss, loss_types
 from grpokit.config.sections import FIELD_SECTION, ConfigError, check
 from grpokit.system.extensions import import_modules
+from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
 
 if TYPE_CHECKING:
     from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module
@@ -256,7 +257,7 @@ def distributed(cfg: GRPOConfig) -> None:
     )
     check(
         d.strategy != "fsdp"
-        or (cfg.optim.optimizer not in trl_keys.EIGHT_BIT_OPTIMIZERS and cfg.model.ref_model_dtype == "auto"),
+        or (cfg.optim.optimizer not in EIGHT_BIT_OPTIMIZERS and cfg.model.ref_model_dtype == "auto"),
         "strategy: fsdp shards the weights and AdamW's state already; the 8-bit optimizer and ref_model_dtype: "
         "bfloat16 are for one process's memory: set optimizer: adamw_torch_fused and ref_model_dtype: auto, or "
         "strategy: ddp.",

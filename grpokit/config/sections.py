@@ -14,7 +14,6 @@ import inspect
 import itertools
 import textwrap
 
-import grpokit.config.trl_keys as trl_keys
 from grpokit.algos.names import (
     IMPORTANCE_SAMPLING_LEVELS,
     IMPORTANCE_WEIGHT_MODES,
@@ -32,6 +31,7 @@ from grpokit.config.running import (
 from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, ModelConfig, OptimConfig
 from grpokit.errors import ConfigError
 from grpokit.models.lora_settings import LoraSettings
+from grpokit.train.learning.optimizer_names import OPTIMIZERS
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -63,7 +63,7 @@ CHOICES = {
     "mixed_precision": ("auto", "bf16", "fp16", "no"),
     "ref_model_dtype": ("auto", "bfloat16"),
     "vllm_dtype": ("auto", "float32", "bfloat16", "float16"),
-    "optimizer": trl_keys.OPTIMIZERS,
+    "optimizer": OPTIMIZERS,
     "scale_rewards": SCALE_REWARDS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
     "off_policy_correction": OFF_POLICY_CORRECTIONS,

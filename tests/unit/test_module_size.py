@@ -1,6 +1,6 @@
-"""Issue 43's size limits, kept by a test so a later merge cannot regress them silently: the loop
-(train/loop.py) and TRL's trainer (trl/trainer.py) stay at most 300 lines each, and no function or method in
-grpokit/train, grpokit/build or grpokit/trl is longer than 80 lines (decorators and docstring included)."""
+"""Size limits, kept by a test so a later merge cannot regress them silently: every module of the package is at most
+400 lines and every function or method at most 80 (decorators and docstring included), but for the short named lists
+below, each with its reason; the loop (train/loop.py) and TRL's trainer (trl/trainer.py) stay at most 300 lines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,21 @@ PACKAGE = Path(__file__).resolve().parents[2] / "grpokit"
 MAX_FILE_LINES = 300
 LIMITED_FILES = ("train/loop.py", "trl/trainer.py")
 MAX_FUNCTION_LINES = 80
-LIMITED_PACKAGES = ("train", "build", "trl")
+MAX_MODULE_LINES = 400
+# Modules over 400 lines, each one concern that would read worse in pieces (or a split not yet made):
+LONG_MODULES = {
+    "rewards/sandbox.py": "one isolation mechanism, bwrap and unshare side by side, and its limits",
+    "compose/memory.py": "the memory estimate: one ledger of every byte a run holds, term by term",
+    "train/experience/sources.py": "the sampler and source kinds, and the one table that picks among them",
+    "store/store.py": "RolloutStore: the SQLite store's one class (writes, reads, resume truncation)",
+    "train/learning/learner.py": "Learner: the policy update (micro-batches, chunks, KL control) in one class",
+    "train/rundir/checkpoint.py": "what a checkpoint writes and reads back, save and load side by side",
+    "rollout/multiturn.py": "the multi-turn engine: its decoding loop and tool calls share state",
+}
+# Functions over 80 lines, and why:
+LONG_FUNCTIONS = {
+    "policy_loss": "the policy loss's formula, each term beside its shape comment, read top to bottom",
+}
 
 
 def long_functions(source: str, where: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
@@ -36,12 +50,24 @@ def test_the_loop_and_the_trl_trainer_stay_short():
     assert not too_long, f"over {MAX_FILE_LINES} lines (move a cohesive piece into its own module): {too_long}"
 
 
-def test_no_function_over_80_lines_in_train_build_trl():
+def test_no_function_over_80_lines():
     found = []
-    for package in LIMITED_PACKAGES:
-        for path in sorted((PACKAGE / package).rglob("*.py")):
-            found += long_functions(path.read_text(), path.relative_to(PACKAGE.parent).as_posix())
-    assert not found, f"functions over {MAX_FUNCTION_LINES} lines (split them): {found}"
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found += long_functions(path.read_text(), path.relative_to(PACKAGE.parent).as_posix())
+    found = [f for f in found if f.split(" ")[1] not in LONG_FUNCTIONS]
+    assert not found, f"functions over {MAX_FUNCTION_LINES} lines (split them, or name them here with why): {found}"
+
+
+def test_no_module_over_400_lines():
+    sizes = {path.relative_to(PACKAGE).as_posix(): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    too_long = sorted(
+        f"grpokit/{name}: {n}" for name, n in sizes.items() if n > MAX_MODULE_LINES and name not in LONG_MODULES
+    )
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them, or name them here with why): {too_long}"
+    short_again = sorted(name for name in LONG_MODULES if sizes.get(name, 0) <= MAX_MODULE_LINES)
+    assert not short_again, (
+        f"no longer over {MAX_MODULE_LINES} lines (or gone): remove from LONG_MODULES: {short_again}"
+    )
 
 
 def test_long_functions_counts_decorators_and_nested_functions():

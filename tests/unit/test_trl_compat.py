@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from grpokit.config import ConfigError, GRPOConfig, load_config
-from grpokit.config.trl_keys import TRL_DEFAULTS, TRL_VERSION
+from grpokit.config.trl_defaults import TRL_DEFAULTS, TRL_VERSION
 
 trl = pytest.importorskip("trl", reason="comparing with TRL's GRPOConfig needs TRL: pip install 'grpokit[bench]'")
 
@@ -25,7 +25,7 @@ def trl_fields() -> dict:
 
 
 def test_static_key_list_is_trls():
-    assert trl.__version__ == TRL_VERSION, "TRL was upgraded: regenerate TRL_DEFAULTS in grpokit/config/trl_keys.py"
+    assert trl.__version__ == TRL_VERSION, "TRL was upgraded: regenerate TRL_DEFAULTS in grpokit/config/trl_defaults.py"
     fields = trl_fields()
     assert sorted(TRL_DEFAULTS) == sorted(fields)
     assert {k: v for k, v in fields.items() if TRL_DEFAULTS[k] != v} == {}
