@@ -6,18 +6,16 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from grpokit.compose import specs
 from grpokit.compose.policy import lora_settings
 from grpokit.compose.rollouts import engine_kind
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.config.trl_keys import accelerator_settings
+from grpokit.data.readers import DataReader, eval_set_name, eval_sets
 from grpokit.machine.hardware import pick_device, pick_dtype
 from grpokit.train.rundir.folder import check_run_dir
 
@@ -163,41 +161,6 @@ def streaming_train_args(args: GRPOConfig) -> GRPOConfig:
         return args.replace(dataloader_num_workers=0, accelerator_config=accelerator)
 
 
-def rows_loader(args: GRPOConfig, rows: list[dict], train: bool, streaming: bool) -> torch.utils.data.DataLoader:
-    """transformers' Trainer data loader over ``rows``: the per-device train or eval batch size, as lists of row
-    dicts, ``dataloader_num_workers`` workers; one (0) for a streaming dataset, whose order the workers would
-    interleave."""
-    batch_size = args.per_device_train_batch_size if train else args.per_device_eval_batch_size
-    workers = 0 if streaming else args.dataloader_num_workers
-    return torch.utils.data.DataLoader(rows, batch_size=batch_size, num_workers=workers, collate_fn=list)
-
-
-def eval_sets(eval_dataset: Any, prompt_column: str, prompts=None, default_prompt: list | None = None) -> dict:
-    """The eval datasets' rows by name: ``{}`` without one; ``{None: rows}`` for one dataset (a ``datasets.Dataset``
-    or ``IterableDataset``, a list of dicts, a path, a ``datasets.load_dataset`` mapping with a ``path``);
-    ``{name: rows}`` for a dict of them (TRL's: a dict, ``DatasetDict`` or ``IterableDatasetDict``), each evaluated
-    on its own, its metrics named ``eval_<name>_...``. ``prompts``, ``default_prompt``: as ``load_rows`` takes them."""
-    from grpokit.data.prompts import DataError, load_rows
-    from grpokit.data.sources import DATASET_KEYS
-
-    if eval_dataset is None:
-        return {}
-    load_spec = type(eval_dataset) is dict and "path" in eval_dataset and set(eval_dataset) <= set(DATASET_KEYS)
-    if isinstance(eval_dataset, Mapping) and not load_spec:
-        if not eval_dataset:
-            raise DataError("eval_dataset is an empty dict; give at least one {name: dataset}, or no eval_dataset.")
-        return {
-            str(name): load_rows(ds, prompt_column, eval_set_name(str(name)), prompts, default_prompt)
-            for name, ds in eval_dataset.items()
-        }
-    return {None: load_rows(eval_dataset, prompt_column, "eval_dataset", prompts, default_prompt)}
-
-
-def eval_set_name(name: str | None) -> str:
-    """How messages name an eval set: ``eval_dataset``, or ``eval_dataset['name']`` for one of a dict."""
-    return "eval_dataset" if name is None else f"eval_dataset[{name!r}]"
-
-
 def run_processes():
     """``processes.SingleProcess``, or under torchrun the joined process group's ``DistContext``."""
     from grpokit.system.processes import SingleProcess, under_torchrun
@@ -296,25 +259,36 @@ def check_data(args: GRPOConfig, train_rows: list, evals: dict, rewards, world_s
 
 def prompt_sources(args: GRPOConfig, tokenizer, train_rows: list, evals: dict):
     """(training PromptSource: seeded order, shuffled per ``shuffle``; {name: (eval PromptSource in dataset order,
-    its rows)} of ``evals``, :func:`eval_sets`)."""
+    its rows)} of ``evals``, :func:`grpokit.data.readers.eval_sets`)."""
     from grpokit.data.prompts import PromptSource
 
-    kw = dict(
+    train = PromptSource(train_rows, tokenizer, seed=args.seed, shuffle=args.shuffle, **prompt_source_kwargs(args))
+    return train, data_reader(args, tokenizer, None).prompt_sources(evals)
+
+
+def prompt_source_kwargs(args: GRPOConfig) -> dict:
+    """How any PromptSource of the run reads its prompts."""
+    return dict(
         prompt_column=args.prompt_column,
         max_prompt_length=args.max_prompt_length,
         overflow=args.prompt_overflow,
         template_kwargs=args.chat_template_kwargs,  # TRL's
     )
-    train = PromptSource(train_rows, tokenizer, seed=args.seed, shuffle=args.shuffle, **kw)
-    return train, {name: (PromptSource(rows, tokenizer, shuffle=False, **kw), rows) for name, rows in evals.items()}
 
 
-def new_eval_sets(args: GRPOConfig, eval_dataset: Any, run) -> dict:
-    """{name: (PromptSource, rows)} of an eval dataset given after the build (``trainer.evaluate(eval_dataset=...)``),
-    checked against ``run``'s rewards as at construction."""
-    rows = eval_sets(eval_dataset, args.prompt_column, specs.prompt_builder(args))
-    check_data(args, run.train_rows, rows, run.rewards, run.procs.world_size)
-    return prompt_sources(args, run.tokenizer, run.train_rows, rows)[1]
+def data_reader(args: GRPOConfig, tokenizer, rewards) -> DataReader:
+    """What reads a dataset given after the build (``trainer.evaluate(eval_dataset=...)``, the data loaders), with
+    the run's settings: its own part of the Run, so the trainer never calls back into the builders."""
+    return DataReader(
+        prompt_column=args.prompt_column,
+        prompts=specs.prompt_builder(args),
+        source_kwargs=prompt_source_kwargs(args),
+        tokenizer=tokenizer,
+        reward_fns={} if rewards is None else dict(zip(rewards.names, rewards.functions)),
+        train_batch_size=args.per_device_train_batch_size,
+        eval_batch_size=args.per_device_eval_batch_size,
+        workers=args.dataloader_num_workers,
+    )
 
 
 def served_rewards(targets: list[str]) -> tuple[list, dict[str, Any]]:

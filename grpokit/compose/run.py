@@ -1,11 +1,13 @@
 """The composition root: :func:`build_run` reads the flat config once and builds every part of a run, in order
 (inputs, policy, rollouts, learner, the run around the steps), into a frozen :class:`Run` that the loop
-(:class:`grpokit.train.loop.Loop`) runs. Nothing calls back into the builders after this."""
+(:class:`grpokit.train.loop.Loop`) runs. Nothing calls back into the builders after this:
+what reads a dataset given later (``trainer.evaluate(eval_dataset=...)``) is a part of the Run, its DataReader."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +28,69 @@ from grpokit.train.loop_spec import LoopSpec
 from grpokit.train.rundir.checkpoint import RunState
 from grpokit.train.stopping import StopRules
 
+if TYPE_CHECKING:
+    from grpokit.algos.algorithms import Algorithm
+    from grpokit.data.prompts import PromptSource
+    from grpokit.data.readers import DataReader
+    from grpokit.rewards.runner import RewardRunner
+    from grpokit.system.processes import SingleProcess
+    from grpokit.train.experience.rollout_scheduler import RolloutScheduler
+    from grpokit.train.experience.rounds import SingleRound
+    from grpokit.train.learning.learner import Learner, UpdateInputsSpec
+    from grpokit.train.learning.reference import Reference
+    from grpokit.train.rundir.folder import RunDirSpec
+    from grpokit.train.ties import TieWatch
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The build's policy stage: the model on its device with its tokenizer, the prompt sources, and the run's
+    autocast dtype and kernels; ``source``: the model's folder or hub id when given by name (vLLM loads its copy)."""
+
+    model: torch.nn.Module
+    tokenizer: Any  # a transformers tokenizer, or a module's own (data/char_tokenizer.py)
+    device: torch.device
+    use_lora: bool
+    train_source: PromptSource
+    eval_sets: dict  # {name (None: the one eval_dataset): (PromptSource, rows)}
+    autocast_dtype: torch.dtype | None
+    kernels: Kernels
+    source: str | None
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """The build's rollout stage: the scheduler (engine, sampler, source), how the learner takes its rollouts, and
+    each step's sampling (one round, or dynamic sampling's)."""
+
+    rollout_scheduler: RolloutScheduler
+    update_inputs_spec: UpdateInputsSpec
+    step_sampling: SingleRound
+
+
+@dataclass(frozen=True)
+class Learning:
+    """The build's learning stage: the algorithm, the reference, optimizer, LR schedule and learner."""
+
+    algorithm: Algorithm
+    reference: Reference | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    learner: Learner
+
+
+@dataclass(frozen=True)
+class AroundTheSteps:
+    """The build's last stage: evaluation, stop rules, the tie watch, callbacks, and what a checkpoint saves."""
+
+    evaluator: Evaluator
+    stop_rules: StopRules
+    ties: TieWatch | None
+    callbacks: CallbackRunner
+    run_state: RunState
+    run_dir_spec: RunDirSpec
+    data_reader: DataReader
+
 
 @dataclass(frozen=True)
 class Run:
@@ -34,38 +99,39 @@ class Run:
 
     config: GRPOConfig
     spec: LoopSpec
-    procs: Any
+    procs: SingleProcess  # or a torchrun rank's DistContext
     # inputs
     train_dataset: Any  # as given (TRL's attribute)
     train_rows: list[dict]
     eval_sets: dict  # {name (None: the one eval_dataset): (PromptSource, rows)}
-    rewards: Any  # the RewardRunner
+    rewards: RewardRunner
     steps_per_epoch: int
     # the policy
-    model: Any
-    tokenizer: Any
+    model: torch.nn.Module
+    tokenizer: Any  # a transformers tokenizer, or a module's own (data/char_tokenizer.py)
     device: torch.device
     use_lora: bool
-    autocast_dtype: Any
+    autocast_dtype: torch.dtype | None
     kernels: Kernels
-    train_source: Any  # the training PromptSource
+    train_source: PromptSource
     # rollouts
-    rollout_scheduler: Any
-    update_inputs_spec: Any
-    step_sampling: Any
+    rollout_scheduler: RolloutScheduler
+    update_inputs_spec: UpdateInputsSpec
+    step_sampling: SingleRound
     # learning
-    algorithm: Any
-    reference: Any
-    optimizer: Any
-    scheduler: Any
-    learner: Any
+    algorithm: Algorithm
+    reference: Reference | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    learner: Learner
     # around the steps
     evaluator: Evaluator
     stop_rules: StopRules
-    ties: Any
+    ties: TieWatch | None
     callbacks: CallbackRunner
     run_state: RunState
-    run_dir_spec: Any
+    run_dir_spec: RunDirSpec
+    data_reader: DataReader  # reads a dataset given after the build (evaluate(eval_dataset=...), data loaders)
 
     @property
     def engine(self):
@@ -109,7 +175,10 @@ def build_run(
     )
     config = checked.args  # max_steps resolved
     spec = specs.loop_spec(config, procs.world_size)
-    parts = dict(
+    policy = _policy(config, spec, procs, checked, model, tokenizer, peft_config)
+    rollouts = _rollouts(config, spec, procs, checked, policy, None if rollout_func is None else generate)
+    learning = _learning(config, spec, procs, policy, optimizers)
+    return Run(
         config=config,
         spec=spec,
         procs=procs,
@@ -117,25 +186,29 @@ def build_run(
         train_rows=checked.train_rows,
         rewards=checked.rewards,
         steps_per_epoch=checked.steps_per_epoch,
+        **_fields(policy, exclude={"source"}),
+        **_fields(rollouts),
+        **_fields(learning),
+        **_fields(_around_the_steps(config, spec, procs, checked, policy, rollouts, learning, callbacks)),
     )
-    parts |= _policy(config, parts, model, tokenizer, peft_config, checked.eval_sets)
-    parts |= _rollouts(config, parts, checked.tools, None if rollout_func is None else generate)
-    parts |= _learning(config, parts, optimizers)
-    return Run(**parts, **_around_the_steps(config, parts, callbacks))
 
 
-def _policy(config: GRPOConfig, parts: dict, model, tokenizer, peft_config, eval_sets: dict) -> dict:
+def _fields(stage, exclude: set = frozenset()) -> dict:
+    """A stage's fields by name, as the Run takes them (shallow: the parts themselves, not copies)."""
+    return {f.name: getattr(stage, f.name) for f in dataclasses.fields(stage) if f.name not in exclude}
+
+
+def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer, peft_config) -> Policy:
     """The policy on its device with its tokenizer, the prompt sources, and the run's autocast dtype and kernels."""
-    spec, procs = parts["spec"], parts["procs"]
     path = model if isinstance(model, str) else spec.model_name_or_path if model is None else None
     if path and procs.is_main:
         warn_if_too_big(config, path)
     model, tokenizer, device, use_lora = build_policy(model, tokenizer, config, peft_config)
     ensure_pad_token(tokenizer)
-    train_source, eval_sets = build_inputs.prompt_sources(config, tokenizer, parts["train_rows"], eval_sets)
+    train_source, eval_sets = build_inputs.prompt_sources(config, tokenizer, checked.train_rows, checked.eval_sets)
     torch.manual_seed(spec.seed)
     dtype = autocast_dtype(spec.dtype, device, model, config.mixed_precision)
-    return dict(
+    return Policy(
         model=model,
         tokenizer=tokenizer,
         device=device,
@@ -144,58 +217,57 @@ def _policy(config: GRPOConfig, parts: dict, model, tokenizer, peft_config, eval
         eval_sets=eval_sets,
         autocast_dtype=dtype,
         kernels=Kernels.select(device, dtype),  # this run's fast paths, chosen once
-        source=path,  # the model's folder or hub id when given by name (vLLM loads its copy from there)
+        source=path,
     )
 
 
-def _rollouts(config: GRPOConfig, parts: dict, tools, generate) -> dict:
+def _rollouts(config: GRPOConfig, spec: LoopSpec, procs, checked, policy: Policy, generate) -> Rollouts:
     """The rollout scheduler (engine, sampler, source), how the learner takes its rollouts, and each step's
     sampling (one round, or dynamic sampling's), scoring with a :class:`Scorer`."""
-    spec, tokenizer = parts["spec"], parts["tokenizer"]
     scheduler, inputs_spec = build_rollouts(
         config,
-        model=parts["model"],
-        tokenizer=tokenizer,
-        prompts=parts["train_source"],
-        procs=parts["procs"],
-        device=parts["device"],
-        autocast_dtype=parts["autocast_dtype"],
-        source=parts.pop("source"),
-        kernels=parts["kernels"],
-        tools=tools,
+        model=policy.model,
+        tokenizer=policy.tokenizer,
+        prompts=policy.train_source,
+        procs=procs,
+        device=policy.device,
+        autocast_dtype=policy.autocast_dtype,
+        source=policy.source,
+        kernels=policy.kernels,
+        tools=checked.tools,
         rollout_func=generate,
     )
     scorer = Scorer(
-        parts["train_rows"],
-        parts["train_source"],
-        tokenizer,
-        parts["rewards"],
-        parts["procs"],
+        checked.train_rows,
+        policy.train_source,
+        policy.tokenizer,
+        checked.rewards,
+        procs,
         scheduler.tool_rollouts,
         spec.num_generations,
         spec.max_steps,
         spec.prompt_column,
         spec.rewards_on_main,
     )
-    step_sampling = build_step_sampling(config, scheduler, scorer, tokenizer.pad_token_id, scorer.state)
-    return dict(rollout_scheduler=scheduler, update_inputs_spec=inputs_spec, step_sampling=step_sampling)
+    step_sampling = build_step_sampling(config, scheduler, scorer, policy.tokenizer.pad_token_id, scorer.state)
+    return Rollouts(rollout_scheduler=scheduler, update_inputs_spec=inputs_spec, step_sampling=step_sampling)
 
 
-def _learning(config: GRPOConfig, parts: dict, optimizers: tuple) -> dict:
+def _learning(config: GRPOConfig, spec: LoopSpec, procs, policy: Policy, optimizers: tuple) -> Learning:
     """The algorithm (what the steps ask for advantages), the reference, optimizer, LR schedule and learner."""
     reference, optimizer, lr_scheduler, learner = build_learner(
-        parts["model"],
+        policy.model,
         config,
-        procs=parts["procs"],
-        device=parts["device"],
-        use_lora=parts["use_lora"],
+        procs=procs,
+        device=policy.device,
+        use_lora=policy.use_lora,
         optimizers=optimizers,
-        autocast_dtype=parts["autocast_dtype"],
-        kernels=parts["kernels"],
-        prompt_tokens=parts["train_source"].longest,
+        autocast_dtype=policy.autocast_dtype,
+        kernels=policy.kernels,
+        prompt_tokens=policy.train_source.longest,
     )
-    return dict(
-        algorithm=get_algorithm(parts["spec"].algorithm),
+    return Learning(
+        algorithm=get_algorithm(spec.algorithm),
         reference=reference,
         optimizer=optimizer,
         scheduler=lr_scheduler,
@@ -203,47 +275,57 @@ def _learning(config: GRPOConfig, parts: dict, optimizers: tuple) -> dict:
     )
 
 
-def _around_the_steps(config: GRPOConfig, parts: dict, callbacks: list | None) -> dict:
+def _around_the_steps(
+    config: GRPOConfig,
+    spec: LoopSpec,
+    procs,
+    checked,
+    policy: Policy,
+    rollouts: Rollouts,
+    learning: Learning,
+    callbacks,
+) -> AroundTheSteps:
     """The run around the steps: evaluation, stop rules, the tie watch, callbacks, and what a checkpoint saves."""
-    scheduler, procs = parts["rollout_scheduler"], parts["procs"]
+    scheduler = rollouts.rollout_scheduler
     evaluator = Evaluator(
         specs.eval_spec(config),
         engine=scheduler.engine,
-        tokenizer=parts["tokenizer"],
-        reward_runner=parts["rewards"],
+        tokenizer=policy.tokenizer,
+        reward_runner=checked.rewards,
         params=scheduler.sampling,
         tools=scheduler.tool_rollouts,
     )
     stop_rules = StopRules(specs.stop_spec(config))  # non-finite steps, KL over max_kl
     # a warning when every group ties for warn_tied_steps steps (a group-relative advantage learns nothing)
-    ties = specs.tie_watch(config, group_relative=not parts["algorithm"].uses_critic)
+    ties = specs.tie_watch(config, group_relative=not learning.algorithm.uses_critic)
     runner = CallbackRunner(
         callbacks,
         specs.callback_spec(config),
         args=config,  # passed to the callbacks' events, as transformers passes its TrainingArguments
-        max_steps=parts["spec"].max_steps,
-        steps_per_epoch=parts["steps_per_epoch"],
+        max_steps=spec.max_steps,
+        steps_per_epoch=checked.steps_per_epoch,
         is_main=procs.is_main,
-        model=parts["model"],
-        processing_class=parts["tokenizer"],
-        optimizer=parts["optimizer"],
-        lr_scheduler=parts["scheduler"],
+        model=policy.model,
+        processing_class=policy.tokenizer,
+        optimizer=learning.optimizer,
+        lr_scheduler=learning.scheduler,
     )
     run_state = RunState(
         specs.checkpoint_spec(config),
-        model=parts["model"],
-        learner=parts["learner"],
-        data=parts["train_source"],
+        model=policy.model,
+        learner=learning.learner,
+        data=policy.train_source,
         rollouts=scheduler,
         stop_rules=stop_rules,
         is_main=procs.is_main,
         trainer_state=lambda: runner.state,  # log_history and num_input_tokens_seen, as TRL's checkpoints
     )
-    return dict(
+    return AroundTheSteps(
         evaluator=evaluator,
         stop_rules=stop_rules,
         ties=ties,
         callbacks=runner,
         run_state=run_state,
         run_dir_spec=specs.run_dir_spec(config),
+        data_reader=build_inputs.data_reader(config, policy.tokenizer, checked.rewards),
     )

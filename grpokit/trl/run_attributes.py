@@ -20,9 +20,19 @@ from grpokit.train.rundir.checkpoint import RunState
 from grpokit.train.stopping import StopRules
 
 if TYPE_CHECKING:
+    from grpokit.algos.algorithms import Algorithm
     from grpokit.compose import Run
     from grpokit.config import GRPOConfig
+    from grpokit.data.prompts import PromptSource
+    from grpokit.rewards.runner import RewardRunner
+    from grpokit.system.processes import SingleProcess
+    from grpokit.train.experience.rollout_scheduler import RolloutScheduler
+    from grpokit.train.experience.rounds import SingleRound
+    from grpokit.train.learning.learner import Learner, UpdateInputsSpec
+    from grpokit.train.learning.reference import Reference
     from grpokit.train.loop import Loop
+    from grpokit.train.rundir.folder import RunDirSpec
+    from grpokit.train.ties import TieWatch
 
 
 class RunAttributes:
@@ -42,7 +52,7 @@ class RunAttributes:
         return self.run.spec
 
     @property
-    def procs(self) -> Any:
+    def procs(self) -> SingleProcess:
         """This run's processes (one process, or a torchrun rank)."""
         return self.run.procs
 
@@ -62,7 +72,7 @@ class RunAttributes:
         return self.run.eval_sets
 
     @property
-    def rewards(self) -> Any:
+    def rewards(self) -> RewardRunner:
         """The reward runner."""
         return self.run.rewards
 
@@ -82,7 +92,7 @@ class RunAttributes:
         return self.run.use_lora
 
     @property
-    def autocast_dtype(self) -> Any:
+    def autocast_dtype(self) -> torch.dtype | None:
         """The compute dtype of the autocast regions, or None (the weights' dtype)."""
         return self.run.autocast_dtype
 
@@ -92,47 +102,47 @@ class RunAttributes:
         return self.run.kernels
 
     @property
-    def train_source(self) -> Any:
+    def train_source(self) -> PromptSource:
         """The training prompt source."""
         return self.run.train_source
 
     @property
-    def rollout_scheduler(self) -> Any:
+    def rollout_scheduler(self) -> RolloutScheduler:
         """What samples and scores each step's rollouts."""
         return self.run.rollout_scheduler
 
     @property
-    def update_inputs_spec(self) -> Any:
+    def update_inputs_spec(self) -> UpdateInputsSpec:
         """How a step's rollouts become the learner's inputs."""
         return self.run.update_inputs_spec
 
     @property
-    def step_sampling(self) -> Any:
+    def step_sampling(self) -> SingleRound:
         """One round of sampling per step, or DAPO's dynamic sampling."""
         return self.run.step_sampling
 
     @property
-    def algorithm(self) -> Any:
+    def algorithm(self) -> Algorithm:
         """The algorithm's registry entry."""
         return self.run.algorithm
 
     @property
-    def reference(self) -> Any:
+    def reference(self) -> Reference | None:
         """The reference policy, or None."""
         return self.run.reference
 
     @property
-    def optimizer(self) -> Any:
+    def optimizer(self) -> torch.optim.Optimizer:
         """The policy's optimizer (TRL's ``trainer.optimizer``)."""
         return self.run.optimizer
 
     @property
-    def scheduler(self) -> Any:
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
         """The learning-rate schedule."""
         return self.run.scheduler
 
     @property
-    def learner(self) -> Any:
+    def learner(self) -> Learner:
         """The policy update."""
         return self.run.learner
 
@@ -147,7 +157,7 @@ class RunAttributes:
         return self.run.stop_rules
 
     @property
-    def ties(self) -> Any:
+    def ties(self) -> TieWatch | None:
         """The tie warning's watch."""
         return self.run.ties
 
@@ -162,7 +172,7 @@ class RunAttributes:
         return self.run.run_state
 
     @property
-    def run_dir_spec(self) -> Any:
+    def run_dir_spec(self) -> RunDirSpec:
         """The run folder's settings."""
         return self.run.run_dir_spec
 

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from grpokit.compose import build_run
-from grpokit.compose import inputs as build_inputs
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import is_streaming
 from grpokit.rewards.judge import ClassifierReward
@@ -218,7 +217,7 @@ class GRPOTrainer(TokenMasks, RunAttributes):
         """A DataLoader over the training rows as Trainer gives it (training itself samples its prompts from the
         seeded, resumable prompt source)."""
         streaming = is_streaming(self.train_dataset)
-        return build_inputs.rows_loader(self.args, self.train_rows, train=True, streaming=streaming)
+        return self.run.data_reader.loader(self.train_rows, train=True, streaming=streaming)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> torch.utils.data.DataLoader:
         """A DataLoader over an eval set's rows: ``eval_dataset`` None (the one eval dataset), a name of a dict of
@@ -228,8 +227,8 @@ class GRPOTrainer(TokenMasks, RunAttributes):
             given = given[name] if name is not None and isinstance(given, Mapping) else given
             rows = self.eval_sets[name][1]
         else:
-            given, rows = eval_dataset, build_inputs.eval_sets(eval_dataset, self.spec.prompt_column)[None]
-        return build_inputs.rows_loader(self.args, rows, train=False, streaming=is_streaming(given))
+            given, rows = eval_dataset, self.run.data_reader.rows(eval_dataset)
+        return self.run.data_reader.loader(rows, train=False, streaming=is_streaming(given))
 
     def train(self, resume_from_checkpoint: str | bool | None = None):
         """Train to max_steps (or until stopped); returns transformers' ``TrainOutput(global_step, training_loss,
@@ -272,7 +271,7 @@ class GRPOTrainer(TokenMasks, RunAttributes):
             return self.eval_sets
         if isinstance(eval_dataset, str) and eval_dataset in self.eval_sets:
             return {eval_dataset: self.eval_sets[eval_dataset]}
-        return build_inputs.new_eval_sets(self.args, eval_dataset, self.run)
+        return self.run.data_reader.eval_sets(eval_dataset)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """TRL's ``trainer.save_model()``: the model and its tokenizer in ``output_dir`` (default ``args.output_dir``),

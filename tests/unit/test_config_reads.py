@@ -31,12 +31,12 @@ ROOT = Path(grpokit.__file__).parent
 # Modules that may read the facade, and why. Everything else gets its settings from a spec.
 EXEMPT = {
     "config/": "the facade itself: its sections, loading, validation, rules and reference",
-    "build/": "the composition root: each part's typed, frozen spec and every part, built from the user's config",
+    "compose/": "the composition root: each part's typed, frozen spec and every part, built from the user's config",
     "cli.py": "the command line is a user of the facade, as a script is: it loads the YAML and the overrides, sets "
     "what its command says (eval: the final model, the eval folder) and hands the object to GRPOTrainer",
-    "explain.py": "`grpokit explain` prints the resolved config and the sizes it implies: the whole config is its "
+    "commands/explain.py": "`grpokit explain` prints the resolved config and the sizes it implies: the whole config is its "
     "subject",
-    "memory.py": "the memory estimate of a config and of its what-if variants (cfg.replace(...): a smaller "
+    "compose/memory.py": "the memory estimate of a config and of its what-if variants (cfg.replace(...): a smaller "
     "micro-batch, LoRA, ...) for `grpokit explain` and the root's fit warning",
 }
 
@@ -277,7 +277,7 @@ def test_the_check_leaves_specs_and_other_objects_alone():
 
 # Where a real run may read the facade: the config package, the composition root, and the memory estimate the root
 # asks for (exempt above). The TRL wrapper only holds the config (trainer.args); it never reads it.
-RUN_READERS = ("config/", "build/", "memory.py")
+RUN_READERS = ("config/", "compose/")
 
 
 def test_a_two_step_run_reads_the_facade_only_from_the_config_and_the_build(tmp_path, monkeypatch):
@@ -320,5 +320,5 @@ def test_a_two_step_run_reads_the_facade_only_from_the_config_and_the_build(tmp_
     trainer.evaluate(eval_dataset=rows[:2])
     monkeypatch.undo()
     outside = {module: sorted(names) for module, names in readers.items() if not module.startswith(RUN_READERS)}
-    assert any(m.startswith("build/") for m in readers), f"the recording missed the builders: {sorted(readers)}"
-    assert not outside, f"read the GRPOConfig facade outside config/ and build/: {outside}"
+    assert any(m.startswith("compose/") for m in readers), f"the recording missed the builders: {sorted(readers)}"
+    assert not outside, f"read the GRPOConfig facade outside config/ and compose/: {outside}"
