@@ -1,8 +1,10 @@
-"""Write docs/config.md from the config dataclasses (a test checks it is current)."""
+"""Write docs/config.md and grpokit/config/typed_keys.py from the config dataclasses (a test checks both are
+current)."""
 
 from pathlib import Path
 
 from grpokit.config import config_reference
+from grpokit.config.reference import typed_keys_source
 
 HEADER = (
     "# Config reference\n\n"
@@ -13,3 +15,6 @@ if __name__ == "__main__":
     out = Path(__file__).resolve().parents[1] / "docs" / "config.md"
     out.write_text(HEADER + config_reference() + "\n")
     print(f"wrote {out}")
+    typed = Path(__file__).resolve().parents[1] / "grpokit" / "config" / "typed_keys.py"
+    typed.write_text(typed_keys_source())
+    print(f"wrote {typed}")

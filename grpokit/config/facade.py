@@ -22,12 +22,13 @@ from grpokit.config.coerce import coerce
 from grpokit.config.keys import flatten, from_trl, unknown_key_message
 from grpokit.config.rules import loss_params
 from grpokit.config.sections import ALIASES, FIELD_SECTION, SECTIONS, ConfigError, section_fields
+from grpokit.config.typed_keys import TypedKeys
 
 if TYPE_CHECKING:
     from grpokit.algos.losses import LossSpec
 
 
-class GRPOConfig:
+class GRPOConfig(TypedKeys):
     """The whole run configuration.
 
     Accepts sections (``GRPOConfig(algo={"beta": 0.0})``), bare field names

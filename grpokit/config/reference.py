@@ -32,3 +32,47 @@ def config_reference() -> str:
         '`report_to="none"` ...): [from_trl.md](from_trl.md) lists how each maps onto the keys above.',
     ]
     return "\n".join(lines)
+
+
+def typed_keys_source() -> str:
+    """The source of ``config/typed_keys.py``: every key GRPOConfig answers, annotated with its type, so that editors
+    and type checkers see ``cfg.learning_rate: float`` (GRPOConfig reads them from its sections at run time)."""
+    lines = [
+        '"""Every key of ``GRPOConfig`` with its type, for editors and type checkers: generated from the config\'s',
+        "sections by ``python scripts/gen_config_reference.py`` (a test checks it is current); do not edit by hand.",
+        'Annotations only: at run time GRPOConfig reads each key from its section (``cfg.algo.beta``)."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from typing import TYPE_CHECKING, Any",
+        "",
+        "if TYPE_CHECKING:",
+        *_imports(SECTIONS.values()),
+        "",
+        "",
+        "class TypedKeys:",
+        '    """The sections, then each section\'s keys, then the TRL-only keys (TRL\'s GRPOConfig names)."""',
+        "",
+    ]
+    for section, cls in SECTIONS.items():
+        lines.append(f"    {section}: {cls.__name__}")
+    seen = set()
+    for section, cls in SECTIONS.items():
+        lines.append(f"    # {section}")
+        for f in section_fields(cls):
+            seen.add(f.name)
+            lines.append(f"    {f.name}: {f.type}")
+    lines.append("    # TRL-only keys, accepted as TRL's GRPOConfig takes them")
+    for name, default in trl_defaults.TRL_DEFAULTS.items():
+        if name not in seen and name.isidentifier():
+            kind = type(default).__name__ if isinstance(default, (bool, int, float, str)) else "Any"
+            lines.append(f"    {name}: {kind if default is not None else 'Any'}")
+    return "\n".join(lines) + "\n"
+
+
+def _imports(classes) -> list[str]:
+    """``from module import A, B`` lines (indented, sorted as the formatter sorts them) for ``classes``."""
+    by_module: dict[str, set[str]] = {}
+    for cls in classes:
+        by_module.setdefault(cls.__module__, set()).add(cls.__name__)
+    return [f"    from {module} import {', '.join(sorted(names))}" for module, names in sorted(by_module.items())]

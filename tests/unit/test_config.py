@@ -53,6 +53,19 @@ def test_docs_config_reference_is_current():
     assert config_reference() in doc, "docs/config.md is stale: run python scripts/gen_config_reference.py"
 
 
+def test_typed_keys_are_current_and_cover_every_key():
+    """GRPOConfig's keys, typed for editors (config/typed_keys.py), are generated from the sections."""
+    from grpokit.config import FIELD_SECTION, SECTIONS
+    from grpokit.config.reference import typed_keys_source
+    from grpokit.config.typed_keys import TypedKeys
+
+    source = (Path(__file__).resolve().parents[2] / "grpokit" / "config" / "typed_keys.py").read_text()
+    assert source == typed_keys_source(), "config/typed_keys.py is stale: run python scripts/gen_config_reference.py"
+    annotated = set(TypedKeys.__annotations__)
+    assert set(FIELD_SECTION) <= annotated and set(SECTIONS) <= annotated
+    assert issubclass(GRPOConfig, TypedKeys) and GRPOConfig().learning_rate == 1e-6  # annotations only: read through
+
+
 def test_algorithm_options_are_the_lists_algos_implements():
     # one definition: config validates with the very tuples the algorithms check against
     from grpokit.algos import names

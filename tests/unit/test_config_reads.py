@@ -34,8 +34,8 @@ EXEMPT = {
     "compose/": "the composition root: each part's typed, frozen spec and every part, built from the user's config",
     "cli.py": "the command line is a user of the facade, as a script is: it loads the YAML and the overrides, sets "
     "what its command says (eval: the final model, the eval folder) and hands the object to GRPOTrainer",
-    "commands/explain.py": "`grpokit explain` prints the resolved config and the sizes it implies: the whole config is its "
-    "subject",
+    "commands/explain.py": "`grpokit explain` prints the resolved config and the sizes it implies: the whole config is "
+    "its subject",
     "compose/memory.py": "the memory estimate of a config and of its what-if variants (cfg.replace(...): a smaller "
     "micro-batch, LoRA, ...) for `grpokit explain` and the root's fit warning",
 }

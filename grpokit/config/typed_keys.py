@@ -1,0 +1,314 @@
+"""Every key of ``GRPOConfig`` with its type, for editors and type checkers: generated from the config's
+sections by ``python scripts/gen_config_reference.py`` (a test checks it is current); do not edit by hand.
+Annotations only: at run time GRPOConfig reads each key from its section (``cfg.algo.beta``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpokit.config.running import AgentConfig, DistributedConfig, EvalConfig, RewardSettings, RunConfig
+    from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, ModelConfig, OptimConfig
+    from grpokit.models.lora_settings import LoraSettings
+
+
+class TypedKeys:
+    """The sections, then each section's keys, then the TRL-only keys (TRL's GRPOConfig names)."""
+
+    model: ModelConfig
+    data: DataConfig
+    algo: AlgoConfig
+    generation: GenerationConfig
+    optim: OptimConfig
+    run: RunConfig
+    eval: EvalConfig
+    lora: LoraSettings
+    distributed: DistributedConfig
+    reward: RewardSettings
+    agent: AgentConfig
+    # model
+    model_name_or_path: str | None
+    tokenizer_name_or_path: str | None
+    dtype: str
+    mixed_precision: str
+    device: str
+    trust_remote_code: bool
+    gradient_checkpointing: bool
+    load_in_4bit: bool
+    ref_model_dtype: str
+    # data
+    train_dataset: str | dict | None
+    eval_dataset: str | dict | None
+    prompt_column: str
+    prompt_template: str | None
+    system_prompt: str | None
+    use_chat_template: bool | None
+    max_prompt_length: int | None
+    prompt_overflow: str
+    shuffle: bool
+    # algo
+    algorithm: str
+    value_model_name_or_path: str | None
+    critic_learning_rate: float | None
+    vf_coef: float
+    cliprange_value: float
+    gamma: float
+    lam: float
+    kl_in_reward: bool
+    num_generations: int
+    beta: float
+    use_bias_correction_kl: bool
+    epsilon: float
+    epsilon_high: float | None
+    delta: float | None
+    loss_type: str
+    imports: list
+    loss_params: dict
+    top_entropy_quantile: float
+    entropy_coef: float
+    use_adaptive_entropy: bool
+    entropy_target: float
+    entropy_coef_delta: float
+    entropy_coef_min: float
+    entropy_coef_max: float
+    router_aux_loss_coef: float | None
+    off_policy_mask_threshold: float | None
+    off_policy_correction: str
+    off_policy_is_mode: str
+    off_policy_is_min: float | None
+    off_policy_is_max: float | None
+    scale_rewards: str
+    multi_objective_aggregation: str
+    advantage_estimator: str
+    importance_sampling_level: str
+    num_iterations: int
+    mask_truncated_completions: bool
+    ref_model_sync_steps: int
+    ref_model_mixup_alpha: float
+    max_kl: float | None
+    max_kl_patience: int
+    kl_controller: str
+    target_kl: float | None
+    kl_horizon: float
+    dynamic_sampling: bool
+    max_sampling_rounds: int
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
+    sapo_temperature_pos: float
+    sapo_temperature_neg: float
+    # generation
+    max_completion_length: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    generation_kwargs: dict | None
+    engine: str
+    engine_params: dict
+    vllm_importance_sampling_correction: bool
+    vllm_importance_sampling_cap: float
+    vllm_importance_sampling_mode: str
+    vllm_importance_sampling_clip_min: float | None
+    vllm_gpu_memory_utilization: float
+    vllm_max_model_length: int | None
+    vllm_enable_sleep_mode: bool | None
+    vllm_dtype: str
+    vllm_enforce_eager: bool | None
+    vllm_kv_cache_gib: float | None
+    # optim
+    learning_rate: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+    max_grad_norm: float
+    optimizer: str
+    lr_scheduler_type: str
+    warmup_ratio: float
+    warmup_steps: int
+    per_device_train_batch_size: int
+    backward_chunk_rows: int | None
+    gradient_accumulation_steps: int
+    num_mini_batches: int
+    max_steps: int
+    num_train_epochs: float
+    seed: int
+    # run
+    output_dir: str
+    report_to: list
+    logging_steps: int
+    save_strategy: str
+    save_steps: int
+    save_total_limit: int | None
+    resume_from: str | None
+    overwrite: bool
+    max_nonfinite_steps: int
+    warn_tied_steps: int
+    progress_bar: bool
+    log_completions: bool
+    num_completions_to_print: int | None
+    # eval
+    eval_strategy: str
+    eval_steps: int
+    num_generations_eval: int
+    pass_at_k: list
+    eval_temperature: float | None
+    max_eval_prompts: int | None
+    success_threshold: float
+    # lora
+    r: int
+    alpha: int
+    dropout: float
+    target_modules: Any
+    merge_on_save: bool
+    # distributed
+    backend: str
+    address: str | None
+    num_rollout_workers: int
+    rollout_worker_cpus: float
+    rollout_worker_gpus: float
+    ray_num_cpus: int | None
+    seed_per_group: bool
+    async_rollouts: bool
+    max_staleness: int | None
+    scoring_threads: int
+    num_reward_workers: int
+    reward_worker_cpus: float
+    strategy: str
+    # reward
+    reward_weights: list | None
+    reward_timeout: float
+    reward_workers: int
+    reward_isolation: bool | None
+    # agent
+    tools: list
+    environment_factory: str | None
+    max_tool_calling_iterations: int | None
+    tool_parser: str
+    tool_timeout: float
+    tool_workers: int
+    tool_isolation: str
+    # TRL-only keys, accepted as TRL's GRPOConfig takes them
+    lr_scheduler_kwargs: Any
+    optim: str
+    optim_args: Any
+    optim_target_modules: Any
+    average_tokens_across_devices: bool
+    label_smoothing_factor: float
+    bf16: Any
+    fp16: bool
+    bf16_full_eval: bool
+    fp16_full_eval: bool
+    tf32: Any
+    activation_checkpointing: Any
+    activation_checkpointing_kwargs: Any
+    gradient_checkpointing_kwargs: Any
+    torch_compile: bool
+    torch_compile_backend: Any
+    torch_compile_mode: Any
+    use_liger_kernel: bool
+    liger_kernel_config: Any
+    use_cache: bool
+    neftune_noise_alpha: Any
+    torch_empty_cache_steps: Any
+    auto_find_batch_size: bool
+    logging_strategy: str
+    logging_first_step: bool
+    log_on_each_node: bool
+    logging_nan_inf_filter: bool
+    include_num_input_tokens_seen: str
+    log_level: str
+    log_level_replica: str
+    disable_tqdm: Any
+    run_name: Any
+    project: str
+    trackio_space_id: Any
+    trackio_bucket_id: Any
+    trackio_static_space_id: Any
+    eval_delay: int
+    per_device_eval_batch_size: int
+    prediction_loss_only: bool
+    eval_on_start: bool
+    eval_do_concat_batches: bool
+    eval_use_gather_object: bool
+    eval_accumulation_steps: Any
+    include_for_metrics: Any
+    batch_eval_metrics: bool
+    save_only_model: bool
+    save_on_each_node: bool
+    enable_jit_checkpoint: bool
+    push_to_hub: bool
+    hub_token: Any
+    hub_private_repo: Any
+    hub_model_id: Any
+    hub_strategy: str
+    hub_always_push: bool
+    hub_revision: Any
+    load_best_model_at_end: bool
+    metric_for_best_model: Any
+    greater_is_better: Any
+    ignore_data_skip: bool
+    restore_callback_states_from_checkpoint: bool
+    full_determinism: bool
+    data_seed: Any
+    use_cpu: bool
+    accelerator_config: Any
+    parallelism_config: Any
+    dataloader_drop_last: bool
+    dataloader_num_workers: int
+    dataloader_pin_memory: bool
+    dataloader_persistent_workers: bool
+    dataloader_prefetch_factor: Any
+    dataloader_multiprocessing_context: Any
+    dataloader_in_order: bool
+    remove_unused_columns: bool
+    label_names: Any
+    train_sampling_strategy: str
+    length_column_name: str
+    ddp_find_unused_parameters: Any
+    ddp_bucket_cap_mb: Any
+    ddp_broadcast_buffers: Any
+    ddp_static_graph: Any
+    ddp_backend: Any
+    ddp_timeout: int
+    fsdp: Any
+    fsdp_config: Any
+    deepspeed: Any
+    debug: str
+    skip_memory_metrics: bool
+    do_train: bool
+    do_eval: bool
+    do_predict: bool
+    resume_from_checkpoint: Any
+    local_rank: int
+    model_init_kwargs: Any
+    disable_dropout: bool
+    cast_lm_head_to_fp32: bool
+    ds3_gather_for_generation: bool
+    shuffle_dataset: bool
+    pad_to_multiple_of: str
+    generation_batch_size: Any
+    steps_per_generation: Any
+    chat_template_kwargs: Any
+    cache_implementation: Any
+    use_vllm: bool
+    vllm_mode: str
+    vllm_model_impl: str
+    vllm_structured_outputs_regex: Any
+    vllm_server_base_url: Any
+    vllm_server_host: str
+    vllm_server_port: int
+    vllm_server_timeout: float
+    vllm_group_port: int
+    vllm_tensor_parallel_size: int
+    sync_ref_model: bool
+    vllm_importance_sampling_clip_max: float
+    log_multimodal: bool
+    log_unique_prompts: bool
+    log_completions_hub_repo: Any
+    use_transformers_continuous_batching: bool
+    transformers_continuous_batching_config: Any
+    use_transformers_paged: bool

@@ -1,0 +1,90 @@
+"""Compare the run folders two test sessions left (pytest --basetemp), run by run: metrics.jsonl with timing keys
+removed and every table of rollouts.sqlite less its wall-clock columns. A refactor that should change no number is
+checked with it (docs/testing.md, "numbers unchanged"):
+
+    python scripts/compare_runs.py BEFORE_BASETEMP AFTER_BASETEMP
+
+Run folders are matched by their path under the basetemp (pytest names them by test). Prints each difference and
+``runs: N, differences: D``; exits 1 when D > 0 or no run folder matched."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import sys
+from pathlib import Path
+
+TIMING = re.compile(r"(^time/|_time$|_seconds$|per_second|runtime|^step_time|latency|_wait|/wait|elapsed)")
+CLOCK_COLUMNS = {"written_at", "created", "start", "duration", "started_at", "finished_at"}
+
+
+def metrics(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not TIMING.search(k)} for line in lines if line.strip()]
+
+
+def tables(run: Path) -> dict[str, list[tuple]]:
+    path = run / "rollouts.sqlite"
+    if not path.exists():
+        return {}
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        out = {}
+        for name in names:
+            columns = [r[1] for r in db.execute(f"PRAGMA table_info({name})")]
+            keep = [c for c in columns if c not in CLOCK_COLUMNS and not TIMING.search(c)]
+            if not keep:
+                continue
+            rows = db.execute(f"SELECT {', '.join(keep)} FROM {name} ORDER BY rowid").fetchall()
+            out[name] = [tuple(_untimed(v) for v in row) for row in rows]
+        return out
+
+
+def _untimed(value):
+    """A JSON column (metrics of a step, a turn's record) without its timing keys."""
+    if isinstance(value, str) and value[:1] in "{[":
+        try:
+            data = json.loads(value)
+        except ValueError:
+            return value
+        return json.dumps(_strip(data), sort_keys=True)
+    return value
+
+
+def _strip(data):
+    if isinstance(data, dict):
+        return {k: _strip(v) for k, v in data.items() if not TIMING.search(k) and k not in CLOCK_COLUMNS}
+    if isinstance(data, list):
+        return [_strip(v) for v in data]
+    return data
+
+
+def run_folders(base: Path) -> dict[str, Path]:
+    return {str(p.parent.relative_to(base)): p.parent for p in base.rglob("metrics.jsonl")}
+
+
+def main(argv: list[str]) -> int:
+    before, after = (Path(a) for a in argv[:2])
+    runs_before, runs_after = run_folders(before), run_folders(after)
+    common = sorted(set(runs_before) & set(runs_after))
+    differences = 0
+    for name in sorted(set(runs_before) ^ set(runs_after)):
+        print(f"only in {'before' if name in runs_before else 'after'}: {name}")
+        differences += 1
+    for name in common:
+        a, b = runs_before[name], runs_after[name]
+        if metrics(a) != metrics(b):
+            print(f"{name}: metrics.jsonl differs")
+            differences += 1
+        ta, tb = tables(a), tables(b)
+        for table in sorted(set(ta) | set(tb)):
+            if ta.get(table) != tb.get(table):
+                print(f"{name}: table {table} differs")
+                differences += 1
+    print(f"runs: {len(common)}, differences: {differences}")
+    return 1 if differences or not common else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
