@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from grpokit.system.registry import Registry
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -173,23 +175,24 @@ def _ppo_advantages(inputs: AdvantageInputs, algo: Any) -> AdvantageOutputs:
     return AdvantageOutputs(advantages, per_sequence, returns, None if not missing.any() else mask, metrics)
 
 
-ALGORITHMS: dict[str, Algorithm] = {
-    "grpo": Algorithm(
-        "grpo", min_generations=2, uses_critic=False, advantages=_grpo_advantages, validate=_grpo_settings
-    ),
-    "ppo": Algorithm(
-        "ppo",
-        min_generations=1,
-        uses_critic=True,
-        advantages=_ppo_advantages,
-        needs_old_logprobs=lambda algo: algo.kl_in_reward and algo.beta > 0,
-        validate=_ppo_settings,
-    ),
-}
+ALGORITHMS = Registry(
+    "algorithm",
+    {
+        "grpo": Algorithm(
+            "grpo", min_generations=2, uses_critic=False, advantages=_grpo_advantages, validate=_grpo_settings
+        ),
+        "ppo": Algorithm(
+            "ppo",
+            min_generations=1,
+            uses_critic=True,
+            advantages=_ppo_advantages,
+            needs_old_logprobs=lambda algo: algo.kl_in_reward and algo.beta > 0,
+            validate=_ppo_settings,
+        ),
+    },
+)
 
 
 def get_algorithm(name: str) -> Algorithm:
     """The algorithm called ``name``; a ValueError listing the names otherwise."""
-    if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; valid choices: {', '.join(ALGORITHMS)}")
-    return ALGORITHMS[name]
+    return ALGORITHMS.entry(name)

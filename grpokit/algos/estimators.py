@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from grpokit.system.registry import Registry
+
 
 @dataclass(frozen=True)
 class Estimator:
@@ -40,11 +42,14 @@ def _reinforce_pp(rewards, num_generations: int, algo):
     return reinforce_pp_advantages(rewards, num_generations)
 
 
-ESTIMATORS: dict[str, Estimator] = {
-    "grpo": Estimator(_grpo),  # group z-score, scaled by scale_rewards
-    "rloo": Estimator(_rloo),  # leave-one-out baseline
-    "reinforce_pp": Estimator(_reinforce_pp),  # REINFORCE++ with group baseline
-}
+ESTIMATORS = Registry(
+    "advantage_estimator",
+    {
+        "grpo": Estimator(_grpo),  # group z-score, scaled by scale_rewards
+        "rloo": Estimator(_rloo),  # leave-one-out baseline
+        "reinforce_pp": Estimator(_reinforce_pp),  # REINFORCE++ with group baseline
+    },
+)
 
 
 def register_estimator(name: str, compute: Callable[[Any, int, Any], Any]) -> None:
@@ -54,9 +59,7 @@ def register_estimator(name: str, compute: Callable[[Any, int, Any], Any]) -> No
 
 def get_estimator(name: str) -> Estimator:
     """The estimator called ``name``; a ValueError listing the names otherwise."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage_estimator {name!r}; valid choices: {', '.join(ESTIMATORS)}")
-    return ESTIMATORS[name]
+    return ESTIMATORS.entry(name)
 
 
 @dataclass(frozen=True)

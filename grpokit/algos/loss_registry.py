@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from grpokit.algos.names import AGGREGATIONS, BATCH_NORMALISED
+from grpokit.system.registry import Registry
 
 # (terms: losses.PolicyTerms, spec: losses.LossSpec) -> (per-token loss tensor, metrics); not imported here, since
 # losses.py imports this module
@@ -84,7 +85,7 @@ class PolicyLossType:
         return 1 if self.batch_normalised else num_micro
 
 
-LOSSES: dict[str, PolicyLossType] = {}
+LOSSES = Registry("loss_type")
 
 
 def register_loss(
@@ -136,7 +137,4 @@ def loss_types() -> tuple[str, ...]:
 
 def get_loss(name: str) -> PolicyLossType:
     """The loss registered as ``name``; a ValueError listing the names otherwise."""
-    names = loss_types()
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss_type {name!r}; valid choices: {', '.join(names)}")
-    return LOSSES[name]
+    return LOSSES.entry(name, list(loss_types()))

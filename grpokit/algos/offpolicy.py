@@ -41,6 +41,7 @@ from grpokit.algos.names import (
     IS_WEIGHT_MEAN,
     IS_WEIGHT_MIN,
 )
+from grpokit.system.registry import Registry
 
 WEIGHT_MODES = IMPORTANCE_WEIGHT_MODES  # TRL's names and meaning
 
@@ -130,15 +131,16 @@ class Correction:
 
 
 # The corrections by name (the config's ``off_policy_correction``).
-CORRECTIONS: dict[str, Correction] = {
-    "behaviour": Correction(True, False, "ratio and clip against the sampling policy (plain PPO off-policy)"),
-    "decoupled_ppo": Correction(
-        False, True, "clip around the proximal policy, behaviour weight pi_prox / mu (AReaL's decoupled PPO)"
-    ),
-}
+CORRECTIONS = Registry(
+    "off_policy_correction",
+    {
+        "behaviour": Correction(True, False, "ratio and clip against the sampling policy (plain PPO off-policy)"),
+        "decoupled_ppo": Correction(
+            False, True, "clip around the proximal policy, behaviour weight pi_prox / mu (AReaL's decoupled PPO)"
+        ),
+    },
+)
 
 
 def get_correction(name: str) -> Correction:
-    if name not in CORRECTIONS:
-        raise ValueError(f"unknown off_policy_correction {name!r}; valid choices: {', '.join(CORRECTIONS)}")
-    return CORRECTIONS[name]
+    return CORRECTIONS.entry(name)

@@ -38,16 +38,20 @@ from grpokit.rewards.molecule import MoleculeReward
 from grpokit.rewards.remote import RemoteReward
 from grpokit.system.extensions import import_failure, module_file
 from grpokit.system.paths import expand_path
+from grpokit.system.registry import Registry
 
-BUILTINS: dict[str, type] = {
-    "accuracy": AccuracyReward,
-    "code": CodeReward,
-    "format": FormatReward,
-    "length": LengthReward,
-    "molecule": MoleculeReward,
-    "reward_model": RewardModelReward,
-    "remote": RemoteReward,
-}
+BUILTINS = Registry(
+    "reward",
+    {
+        "accuracy": AccuracyReward,
+        "code": CodeReward,
+        "format": FormatReward,
+        "length": LengthReward,
+        "molecule": MoleculeReward,
+        "reward_model": RewardModelReward,
+        "remote": RemoteReward,
+    },
+)
 
 
 def _unknown(kind: str, name: str, known: list[str]) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.rollout.vllm_settings import VLLMSettings, vllm_spec  # beside the functions that read them
+from grpokit.system.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -140,18 +141,19 @@ def _rollout_func(parts: EngineParts, settings: None):
     return RolloutFuncEngine(parts.generate, parts.eos_token_ids, parts.pad_token_id, seed=parts.seed)
 
 
-ENGINES: dict[str, EngineEntry] = {
-    "hf": EngineEntry(_hf),
-    "vllm": EngineEntry(_vllm, settings=VLLMSettings, separate_weights=True),
-    "transformers": EngineEntry(_transformers),
-    "multi-turn": EngineEntry(_multi_turn, internal=True),
-    # the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights
-    "rollout_func": EngineEntry(_rollout_func, internal=True),
-}
+ENGINES = Registry(
+    "engine",
+    {
+        "hf": EngineEntry(_hf),
+        "vllm": EngineEntry(_vllm, settings=VLLMSettings, separate_weights=True),
+        "transformers": EngineEntry(_transformers),
+        "multi-turn": EngineEntry(_multi_turn, internal=True),
+        # the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights
+        "rollout_func": EngineEntry(_rollout_func, internal=True),
+    },
+)
 
 
 def get_engine(name: str) -> EngineEntry:
     """The engine kind called ``name``; a ValueError listing the names otherwise."""
-    if name not in ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; valid choices: {', '.join(ENGINES)}")
-    return ENGINES[name]
+    return ENGINES.entry(name)

@@ -40,7 +40,9 @@ def test_every_engine_provides_the_whole_protocol():
 
 
 def test_the_hf_engine_syncs_by_version_and_unknown_engines_are_named():
-    engine = get_engine("hf").build(EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"), seed=0), None)
+    engine = get_engine("hf").build(
+        EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"), seed=0, trust_remote_code=False), None
+    )
     assert isinstance(engine, HFRolloutEngine) and engine.policy_version == 0
     engine.sync_weights()
     engine.sync_weights()

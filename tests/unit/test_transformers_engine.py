@@ -77,6 +77,6 @@ def test_a_custom_module_is_refused_in_one_line():
     from grpokit.config import ConfigError
     from grpokit.rollout.engines import EngineParts, get_engine
 
-    parts = EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"), seed=0)
+    parts = EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"), seed=0, trust_remote_code=False)
     with pytest.raises(ConfigError, match="custom forward"):
         get_engine("transformers").build(parts, None)

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from grpokit.rollout.seeding import generate_per_group, group_seed, split_rollouts
 from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.system.registry import Registry
 
 Draw = Callable[[], list[int]]  # the next global batch of prompt indices
 
@@ -426,14 +427,17 @@ class SamplerEntry:
 
 # The samplers by name, in order of precedence: the first that applies samples the run (the composition root,
 # grpokit/compose/rollouts.py, asks :func:`pick_sampler`). Adding one is a class and one line here.
-SAMPLERS: dict[str, SamplerEntry] = {
-    "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote",)),
-    "thread": SamplerEntry(ThreadSampler, lambda s: s.ahead, needs=("own_engine",)),  # a policy copy, ahead
-    "tools": SamplerEntry(ToolSampler, lambda s: s.tools, needs=("tools",)),  # groups seeded, decoded in one batch
-    "raw_prompts": SamplerEntry(RawPromptSampler, lambda s: s.raw_prompts, needs=("prompt_column",)),
-    "group_seeded": SamplerEntry(GroupSeededSampler, lambda s: s.seeded),
-    "engine": SamplerEntry(EngineSampler, lambda s: True),
-}
+SAMPLERS = Registry(
+    "sampler",
+    {
+        "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote",)),
+        "thread": SamplerEntry(ThreadSampler, lambda s: s.ahead, needs=("own_engine",)),  # a policy copy, ahead
+        "tools": SamplerEntry(ToolSampler, lambda s: s.tools, needs=("tools",)),  # groups seeded, decoded in one batch
+        "raw_prompts": SamplerEntry(RawPromptSampler, lambda s: s.raw_prompts, needs=("prompt_column",)),
+        "group_seeded": SamplerEntry(GroupSeededSampler, lambda s: s.seeded),
+        "engine": SamplerEntry(EngineSampler, lambda s: True),
+    },
+)
 
 
 def pick_sampler(situation: Situation) -> SamplerEntry:
@@ -442,4 +446,4 @@ def pick_sampler(situation: Situation) -> SamplerEntry:
 
 
 # The sources by name: ahead with max_staleness >= 1 (async_rollouts: 1), else synchronous.
-SOURCES: dict[str, type] = {"sync": SyncRollouts, "ahead": AheadRollouts}
+SOURCES = Registry("source", {"sync": SyncRollouts, "ahead": AheadRollouts})
