@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from grpokit.train.learning.learner import LearnerSpec, UpdateInputsSpec
 from grpokit.train.learning.optimizer import OptimSpec
+from grpokit.train.learning.terms_settings import LossTermsSettings
 
 if TYPE_CHECKING:
     from grpokit.config import GRPOConfig
@@ -64,23 +65,14 @@ def learner_spec(args: GRPOConfig, backward_chunk_rows: int | None = None) -> Le
         reference_in_bf16=args.ref_model_dtype == "bfloat16",
         top_entropy_quantile=args.top_entropy_quantile,
         backward_chunk_rows=backward_chunk_rows or args.backward_chunk_rows,
-        terms=loss_terms_spec(args),
+        terms=part_settings(LossTermsSettings, args),
     )
 
 
-def loss_terms_spec(args: GRPOConfig):
-    """The entropy bonus and router loss settings (:class:`grpokit.train.learning.loss_terms.LossTerms`)."""
-    from grpokit.train.learning.loss_terms import LossTermsSpec
-
-    return LossTermsSpec(
-        entropy_coef=args.entropy_coef,
-        use_adaptive_entropy=args.use_adaptive_entropy,
-        entropy_target=args.entropy_target,
-        entropy_coef_delta=args.entropy_coef_delta,
-        entropy_coef_min=args.entropy_coef_min,
-        entropy_coef_max=args.entropy_coef_max,
-        router_aux_loss_coef=args.router_aux_loss_coef,
-    )
+def part_settings(cls: type, args: GRPOConfig):
+    """A part's settings object (a dataclass whose fields are config keys, which the config's section is assembled
+    from) with the run's values: what the part is handed as it is, with no copy function per part."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def critic_spec(args: GRPOConfig) -> CriticSpec:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from grpokit.algos.loss_params import SapoParams, VespoParams
 from grpokit.rollout.vllm_settings import VLLMSettings
+from grpokit.train.learning.terms_settings import LossTermsSettings
 
 
 @dataclass
@@ -69,7 +70,7 @@ class DataConfig:
 
 
 @dataclass
-class AlgoConfig(SapoParams, VespoParams):  # sapo's and vespo's keys: their losses' own parameters
+class AlgoConfig(SapoParams, VespoParams, LossTermsSettings):  # the losses' params, the extra loss terms'
     algorithm: str = "grpo"
     """grpo (the GRPO family: advantage_estimator, scale_rewards) | ppo (a learned value model, GAE)."""
     # --- ppo only (TRL PPOConfig's names; the policy's clip range is epsilon, its passes num_iterations) ---
@@ -116,23 +117,6 @@ class AlgoConfig(SapoParams, VespoParams):  # sapo's and vespo's keys: their los
     top_entropy_quantile: float = 1.0
     """rho in (0, 1]: the policy term only on each micro-batch's top-rho tokens by entropy ("Beyond the 80/20 Rule"
     uses 0.2); 1 = every token."""
-    entropy_coef: float = 0.0
-    """Entropy bonus: the objective is the policy loss - entropy_coef x the mean entropy of the tokens it acts on
-    (TRL's; the starting value under use_adaptive_entropy); 0 = off."""
-    use_adaptive_entropy: bool = False
-    """Skywork-OR1's adaptive entropy control: the bonus applies while the last step's entropy <= entropy_target, and
-    entropy_coef moves by entropy_coef_delta each optimizer step (up while below the target, else down)."""
-    entropy_target: float = 0.2
-    """use_adaptive_entropy: the mean token entropy to hold."""
-    entropy_coef_delta: float = 0.005
-    """use_adaptive_entropy: entropy_coef's change per optimizer step."""
-    entropy_coef_min: float = 0.0
-    """use_adaptive_entropy: entropy_coef's lower bound."""
-    entropy_coef_max: float = 1.0
-    """use_adaptive_entropy: entropy_coef's upper bound."""
-    router_aux_loss_coef: float | None = None
-    """Mixture-of-experts models: weight of the routers' load-balancing loss added to the objective; null = the model
-    config's own router_aux_loss_coef (on for an MoE model that declares one, as in TRL)."""
     off_policy_mask_threshold: float | None = None
     """Drop from the policy term each sequence with a negative advantage whose mean log(mu / pi) since sampling
     exceeds this (DeepSeek-V3.2's off-policy sequence mask, e.g. 0.5); null = off."""

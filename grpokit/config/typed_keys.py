@@ -65,13 +65,6 @@ class TypedKeys:
     imports: list
     loss_params: dict
     top_entropy_quantile: float
-    entropy_coef: float
-    use_adaptive_entropy: bool
-    entropy_target: float
-    entropy_coef_delta: float
-    entropy_coef_min: float
-    entropy_coef_max: float
-    router_aux_loss_coef: float | None
     off_policy_mask_threshold: float | None
     off_policy_correction: str
     off_policy_is_mode: str
@@ -92,6 +85,13 @@ class TypedKeys:
     kl_horizon: float
     dynamic_sampling: bool
     max_sampling_rounds: int
+    entropy_coef: float
+    use_adaptive_entropy: bool
+    entropy_target: float
+    entropy_coef_delta: float
+    entropy_coef_min: float
+    entropy_coef_max: float
+    router_aux_loss_coef: float | None
     vespo_k_pos: float
     vespo_lambda_pos: float
     vespo_k_neg: float

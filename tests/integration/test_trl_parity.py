@@ -408,7 +408,8 @@ def test_router_loss_equals_trl(both, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
     from grpokit.kernels import Kernels
-    from grpokit.train.learning.loss_terms import LossTerms, LossTermsSpec, policy_forward
+    from grpokit.train.learning.loss_terms import LossTerms, policy_forward
+    from grpokit.train.learning.terms_settings import LossTermsSettings
 
     _, _, _, batch, inputs = both
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(60)])  # the fixture's ids
@@ -450,7 +451,7 @@ def test_router_loss_equals_trl(both, tmp_path):
     )
     theirs = trainer.model.float().eval()
     ours = load_model(str(tmp_path / "moe"), torch.float32, CPU).eval()
-    terms = LossTerms(LossTermsSpec(), ours)
+    terms = LossTerms(LossTermsSettings(), ours)  # the settings' defaults: bonus off, the model's router coefficient
     assert (
         (terms.aux_enabled, terms.aux_coef)
         == (trainer.aux_loss_enabled, trainer.router_aux_loss_coef)

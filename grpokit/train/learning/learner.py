@@ -34,9 +34,10 @@ from grpokit.machine.hardware import autocast
 from grpokit.machine.precision import grad_scaler
 from grpokit.system.processes import SingleProcess, is_sharded
 from grpokit.train.learning.accelerator import gather_ragged
-from grpokit.train.learning.loss_terms import LossTerms, LossTermsSpec, policy_forward, warn_sequence_level
+from grpokit.train.learning.loss_terms import LossTerms, policy_forward, warn_sequence_level
 from grpokit.train.learning.policy_logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.learning.reference import Reference
+from grpokit.train.learning.terms_settings import LossTermsSettings
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class LearnerSpec:
     reference_in_bf16: bool
     top_entropy_quantile: float
     backward_chunk_rows: int | None
-    terms: LossTermsSpec
+    terms: LossTermsSettings
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ the logits of the completion positions in one forward over prompt and completion
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 from grpokit.algos.entropy_bonus import EntropyController, mean_entropy
 from grpokit.algos.level_warnings import sequence_level_warning
 from grpokit.algos.router_aux import router_aux_settings, router_aux_term
+from grpokit.train.learning.terms_settings import LossTermsSettings
 
 logger = logging.getLogger(__name__)
 
@@ -25,24 +25,11 @@ ENTROPY_COEF = "entropy_coef"  # TRL's logged name of the coefficient (each opti
 AUX_LOSS = "aux_loss"  # TRL's logged name of the router's load-balancing loss
 
 
-@dataclass(frozen=True)
-class LossTermsSpec:
-    """TRL's keys, TRL's meaning (docs/from_trl.md)."""
-
-    entropy_coef: float
-    use_adaptive_entropy: bool
-    entropy_target: float
-    entropy_coef_delta: float
-    entropy_coef_min: float
-    entropy_coef_max: float
-    router_aux_loss_coef: float | None
-
-
 class LossTerms:
     """The run's extra terms for ``model``: ``entropy`` (the controller; ``entropy.coef`` is TRL's ``entropy_coef``
     attribute), ``aux_coef`` and ``aux_enabled`` (TRL's ``router_aux_loss_coef`` and ``aux_loss_enabled``)."""
 
-    def __init__(self, spec: LossTermsSpec, model: torch.nn.Module | None = None):
+    def __init__(self, spec: LossTermsSettings, model: torch.nn.Module | None = None):
         self.entropy = EntropyController(
             coef=spec.entropy_coef,
             adaptive=spec.use_adaptive_entropy,
