@@ -48,3 +48,47 @@ def sampling_params(max_completion_length: int, temperature: float = 1.0, **over
     from grpokit.rollout.types import SamplingParams
 
     return dataclasses.replace(SamplingParams.plain(max_completion_length, temperature), **overrides)
+
+
+def tiny_run_config(
+    tmp_path,
+    model_dir,
+    *,
+    max_steps: int,
+    num_generations: int = 4,
+    prompts_per_step: int = 2,
+    rewards: list | None = None,
+    name: str = "run",
+    **sections,
+):
+    """The tiny YAML run most CLI tests train: the tiny model, 20 prompts of four words (``target``: w7, in
+    tmp_path/train.jsonl), ``num_generations`` x ``prompts_per_step`` completions of 4 tokens a step, lr 1e-3, beta
+    0.04, the run folder tmp_path/``name`` with metrics.jsonl only and no progress bar, ``rewards`` (default the
+    target reward). ``sections``: ``{section: {key: value}}`` merged into the sections (``run={"save_steps": 1}``).
+    Writes tmp_path/``name``.yaml and returns its path."""
+    import json
+
+    import yaml
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    )
+    config = {
+        "model": {"model_name_or_path": str(model_dir)},
+        "data": {"train_dataset": str(data)},
+        "algo": {"num_generations": num_generations, "beta": 0.04},
+        "generation": {"max_completion_length": 4},
+        "optim": {
+            "learning_rate": 1e-3,
+            "per_device_train_batch_size": num_generations * prompts_per_step,
+            "max_steps": max_steps,
+        },
+        "run": {"output_dir": str(tmp_path / name), "progress_bar": False, "report_to": ["jsonl"]},
+        "rewards": rewards or [TARGET_REWARD],
+    }
+    for section, values in sections.items():
+        config[section] = {**config.get(section, {}), **values}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from shared_helpers import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, WORDS, tiny_run_config
 
 HOOKS = Path(__file__).with_name("hooks")
 
@@ -27,37 +27,20 @@ EVAL = ["eval_dataset={data}", "eval_steps=1", "max_eval_prompts=2", "num_genera
 
 
 def write_config(tmp_path: Path, model_dir: Path, max_steps: int = 2, **run) -> Path:
-    """tmp_path/config.yaml: the tiny model, 20 prompts, the `gated` reward, a checkpoint every step, constant
-    learning rate (a resume with a larger max_steps trains as a longer run would); the run folder is tmp_path/run."""
-    data = tmp_path / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    """tmp_path/config.yaml: the tiny run (shared_helpers.tiny_run_config) with the `gated` reward, a checkpoint every
+    step, constant learning rate (a resume with a larger max_steps trains as a longer run would)."""
+    path = tiny_run_config(
+        tmp_path,
+        model_dir,
+        max_steps=max_steps,
+        num_generations=G,
+        prompts_per_step=PROMPTS_PER_STEP,
+        rewards=[GATED],
+        optim={"lr_scheduler_type": "constant"},
+        run={"save_steps": 1, "save_total_limit": 2, **run},
+        reward={"reward_timeout": 600},  # the gate holds the first call while a test acts
     )
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": G, "beta": 0.04},
-        "generation": {"max_completion_length": 4},
-        "optim": {
-            "learning_rate": 1e-3,
-            "lr_scheduler_type": "constant",
-            "per_device_train_batch_size": G * PROMPTS_PER_STEP,
-            "max_steps": max_steps,
-        },
-        "run": {
-            "output_dir": str(tmp_path / "run"),
-            "save_steps": 1,
-            "save_total_limit": 2,
-            "progress_bar": False,
-            "report_to": ["jsonl"],
-            **run,
-        },
-        "rewards": [GATED],
-        "reward": {"reward_timeout": 600},  # the gate holds the first call while a test acts
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return path.rename(tmp_path / "config.yaml")
 
 
 def cli_env(**extra: str) -> dict:

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
-from shared_helpers import TARGET_REWARD, WORDS
+from shared_helpers import tiny_run_config
 
 from faults.conftest import cli_env, grpokit
 
@@ -30,34 +29,18 @@ COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "policy_stalenes
 
 
 def write_config(tmp_path: Path, model_dir: Path, name: str) -> Path:
-    data = tmp_path / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    return tiny_run_config(
+        tmp_path,
+        model_dir,
+        max_steps=STEPS,
+        num_generations=G,
+        prompts_per_step=PROMPTS_PER_STEP,
+        name=name,
+        algo={"off_policy_correction": "decoupled_ppo"},
+        optim={"learning_rate": 5e-3, "lr_scheduler_type": "constant"},
+        distributed={"max_staleness": 2},
+        run={"save_steps": 1, "save_total_limit": 2},
     )
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": G, "beta": 0.04, "off_policy_correction": "decoupled_ppo"},
-        "generation": {"max_completion_length": 4},
-        "optim": {
-            "learning_rate": 5e-3,
-            "lr_scheduler_type": "constant",
-            "per_device_train_batch_size": G * PROMPTS_PER_STEP,
-            "max_steps": STEPS,
-        },
-        "distributed": {"max_staleness": 2},
-        "run": {
-            "output_dir": str(tmp_path / name),
-            "save_steps": 1,
-            "save_total_limit": 2,
-            "progress_bar": False,
-            "report_to": ["jsonl"],
-        },
-        "rewards": [TARGET_REWARD],
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def logged_steps(run: Path) -> list[dict]:

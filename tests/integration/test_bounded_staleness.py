@@ -13,35 +13,23 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, WORDS, tiny_run_config
 from test_signals import subprocess_env
 
 G, PROMPTS_PER_STEP, STEPS = 4, 2, 6
 
 
 def write_config(tmp_path: Path, model_dir: Path, **run) -> Path:
-    data = tmp_path / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    path = tiny_run_config(
+        tmp_path,
+        model_dir,
+        max_steps=STEPS,
+        num_generations=G,
+        prompts_per_step=PROMPTS_PER_STEP,
+        optim={"lr_scheduler_type": "constant"},
+        run=run,
     )
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": G, "beta": 0.04},
-        "generation": {"max_completion_length": 4},
-        "optim": {
-            "learning_rate": 1e-3,
-            "lr_scheduler_type": "constant",
-            "per_device_train_batch_size": G * PROMPTS_PER_STEP,
-            "max_steps": STEPS,
-        },
-        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"], **run},
-        "rewards": [TARGET_REWARD],
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return path.rename(tmp_path / "config.yaml")
 
 
 def train(config: Path, *overrides: str) -> subprocess.CompletedProcess:

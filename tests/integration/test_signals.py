@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
-from shared_helpers import TARGET_REWARD, WORDS
+from shared_helpers import tiny_run_config
 
 from grpokit.cli import main
 from grpokit.train.rundir.checkpoint import list_checkpoints
@@ -28,28 +27,15 @@ G, PROMPTS_PER_STEP = 4, 2
 
 def write_run_config(tmp_path: Path, model_dir: Path, max_steps: int) -> Path:
     """A config on the tiny model that checkpoints every step; the run folder is tmp_path / 'run'."""
-    data = tmp_path / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    path = tiny_run_config(
+        tmp_path,
+        model_dir,
+        max_steps=max_steps,
+        num_generations=G,
+        prompts_per_step=PROMPTS_PER_STEP,
+        run={"save_steps": 1, "save_total_limit": 2},
     )
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": G, "beta": 0.04},
-        "generation": {"max_completion_length": 4},
-        "optim": {"learning_rate": 1e-3, "per_device_train_batch_size": G * PROMPTS_PER_STEP, "max_steps": max_steps},
-        "run": {
-            "output_dir": str(tmp_path / "run"),
-            "save_steps": 1,
-            "save_total_limit": 2,
-            "progress_bar": False,
-            "report_to": ["jsonl"],
-        },
-        "rewards": [TARGET_REWARD],
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return path.rename(tmp_path / "config.yaml")
 
 
 def subprocess_env() -> dict:
