@@ -348,7 +348,7 @@ def cmd_demo(args) -> int:
 def cmd_serve_rewards(args) -> int:
     import os
 
-    from grpokit.compose.inputs import served_reward_runner
+    from grpokit.compose.rewards import served_reward_runner
     from grpokit.rewards.serve import TOKEN_ENV, check_binding, run_server
 
     token = args.token or os.environ.get(TOKEN_ENV) or None

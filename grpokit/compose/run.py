@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpokit.algos.algorithms import get_algorithm
+from grpokit.compose import arguments, datasets, specs
 from grpokit.compose import inputs as build_inputs
-from grpokit.compose import specs
 from grpokit.compose.learner import build_learner
 from grpokit.compose.policy import build_policy, warn_if_too_big
 from grpokit.compose.rollouts import build_rollouts, build_step_sampling
@@ -160,8 +160,8 @@ def build_run(
     """Check the inputs (everything that can be checked before a model loads), then build the policy, its prompts,
     its rollouts and its learner, and the run around the steps. Arguments as ``GRPOTrainer``'s; ``rollout_func``: TRL's
     (checked here), and ``generate`` the closure it runs through (``fn(prompts) -> RolloutFuncOutput``), or None."""
-    config, tokenizer = build_inputs.trainer_arguments(config, peft_config, processing_class, tokenizer)
-    procs = build_inputs.run_processes()  # rank and world size under torchrun; one process otherwise
+    config, tokenizer = arguments.trainer_arguments(config, peft_config, processing_class, tokenizer)
+    procs = arguments.run_processes()  # rank and world size under torchrun; one process otherwise
     checked = build_inputs.check_inputs(
         config,
         procs,
@@ -205,7 +205,7 @@ def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer
         warn_if_too_big(config, path)
     model, tokenizer, device, use_lora = build_policy(model, tokenizer, config, peft_config)
     ensure_pad_token(tokenizer)
-    train_source, eval_sets = build_inputs.prompt_sources(config, tokenizer, checked.train_rows, checked.eval_sets)
+    train_source, eval_sets = datasets.prompt_sources(config, tokenizer, checked.train_rows, checked.eval_sets)
     torch.manual_seed(spec.seed)
     dtype = autocast_dtype(spec.dtype, device, model, config.mixed_precision)
     return Policy(
@@ -327,5 +327,5 @@ def _around_the_steps(
         callbacks=runner,
         run_state=run_state,
         run_dir_spec=specs.run_dir_spec(config),
-        data_reader=build_inputs.data_reader(config, policy.tokenizer, checked.rewards),
+        data_reader=datasets.data_reader(config, policy.tokenizer, checked.rewards),
     )

@@ -1,7 +1,7 @@
 """``grpokit serve-rewards CONFIG_OR_REWARDS``: any rewards list over HTTP, in grpokit's format and OpenRLHF's.
 
 The rewards run in a :class:`~grpokit.rewards.runner.RewardRunner` (built from the config or the reward specs by
-:func:`grpokit.compose.inputs.served_reward_runner`), as in a run: each in its killable worker
+:func:`grpokit.compose.rewards.served_reward_runner`), as in a run: each in its killable worker
 process, ``reward_timeout`` per batch, failures as None plus an error. Endpoints:
 
 - ``POST /score`` (also ``/``): grpokit's format (:mod:`grpokit.rewards.remote`), answered with the weighted sum
@@ -179,8 +179,9 @@ def serve(runner: RewardRunner, host: str = "127.0.0.1", port: int = 0, token: s
 
 
 def run_server(runner: RewardRunner, host: str, port: int, token: str | None) -> int:
-    """``grpokit serve-rewards``' server over ``runner`` (built by :func:`grpokit.compose.inputs.served_reward_runner`):
-    announces itself, serves until a signal ends the command, then stops and closes the runner."""
+    """``grpokit serve-rewards``' server over ``runner`` (built by
+    :func:`grpokit.compose.rewards.served_reward_runner`): announces itself, serves until a signal ends the
+    command, then stops and closes the runner."""
     server = None
     try:
         server = serve(runner, host, port, token)

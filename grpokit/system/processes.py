@@ -4,7 +4,7 @@ The trainer and the rollout scheduler ask a context for every cross-process oper
 gather, sum, score rewards, sample in lockstep). :class:`SingleProcess` answers for one process:
 rank 0 of 1, every collective the identity, so a single-process run never imports
 :mod:`grpokit.distributed`. ``grpokit.distributed.torch_dist.DistContext`` extends it with
-torch.distributed collectives for torchrun (``build.inputs.run_processes`` picks one). This module
+torch.distributed collectives for torchrun (``compose.arguments.run_processes`` picks one). This module
 imports nothing from grpokit: it sits below every package that asks it.
 """
 
