@@ -73,7 +73,7 @@ class EngineEntry:
     internal: bool = False  # built by grpokit itself (tool rollouts, a rollout_func), not named by generation.engine
 
 
-def _hf(parts: EngineParts, spec: Any = None):
+def _hf(parts: EngineParts, settings: None = None):
     from grpokit.rollout.engine import HFRolloutEngine
 
     return HFRolloutEngine(
@@ -87,7 +87,7 @@ def _hf(parts: EngineParts, spec: Any = None):
     )
 
 
-def _transformers(parts: EngineParts, spec: Any = None):
+def _transformers(parts: EngineParts, settings: None = None):
     from grpokit.errors import ConfigError
     from grpokit.models.loading import is_hf_model
     from grpokit.rollout.transformers_engine import TransformersRolloutEngine
