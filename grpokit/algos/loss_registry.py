@@ -129,10 +129,12 @@ BUILT_IN = ("clipped", "cispo", "sapo", "luspo", "vespo")
 
 
 def loss_types() -> tuple[str, ...]:
-    """The registered ``loss_type`` names, in the order they were registered (the built-ins first)."""
+    """The registered ``loss_type`` names: the built-ins in the order of :data:`BUILT_IN`, their modules (whichever
+    was imported first), then the others in the order they were registered."""
     for module in BUILT_IN:
         importlib.import_module(f"grpokit.algos.{module}")
-    return tuple(LOSSES)
+    place = {f"grpokit.algos.{module}": i for i, module in enumerate(BUILT_IN)}
+    return tuple(sorted(LOSSES, key=lambda name: place.get(LOSSES[name].per_token.__module__, len(place))))
 
 
 def get_loss(name: str) -> PolicyLossType:

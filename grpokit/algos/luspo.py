@@ -27,4 +27,7 @@ def _advice(settings: LossSettings) -> list[str]:
     ]
 
 
-register_loss("luspo", aggregation="luspo", check=_advice)(clipped_surrogate)
+@register_loss("luspo", aggregation="luspo", check=_advice)
+def luspo_surrogate(terms, spec):
+    """The clipped surrogate, which luspo's aggregation (each sequence's token sum, averaged) scales by length."""
+    return clipped_surrogate(terms, spec)

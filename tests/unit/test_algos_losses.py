@@ -303,7 +303,14 @@ def _random_batch(seed, n=6, t=7, dtype=torch.float32):
 def test_matches_reference_loop(loss_type, level):
     for seed in range(3):
         logprobs, old, ref, advantages, mask = _random_batch(seed, dtype=torch.float64)
-        spec = loss_spec(loss_type, 0.2, 0.28, 0.04, importance_sampling_level=level, max_completion_length=9)
+        spec = loss_spec(
+            loss_type=loss_type,
+            epsilon=0.2,
+            epsilon_high=0.28,
+            beta=0.04,
+            importance_sampling_level=level,
+            max_completion_length=9,
+        )
         loss, metrics = policy_loss(logprobs, old, advantages, mask, spec, ref_logprobs=ref, num_items_in_batch=37)
         expected = _reference_loss(logprobs, old, ref, advantages, mask, loss_type, level, 0.2, 0.28, 0.04, 37, 9)
         assert loss.item() == pytest.approx(expected, rel=1e-10, abs=1e-12)
