@@ -190,7 +190,7 @@ PATHS = ["/score", "/", "/openrlhf", "/get_reward", "/health", "/metrics", "/oth
     ),
 )
 def test_fuzz_every_endpoint_answers_2xx_or_4xx_and_keeps_serving(server, path, body, capfd):
-    status, headers, answer = exchange(server, post(path, body))
+    status, _, answer = exchange(server, post(path, body))
     assert 200 <= status < 300 or 400 <= status < 500, (status, answer)
     if status >= 400:
         assert json.loads(answer)["error"]
