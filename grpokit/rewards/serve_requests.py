@@ -4,7 +4,8 @@ level before a reward sees them. Anything else is a :class:`BadRequest`, answere
 
 - the body: UTF-8 JSON (no NaN or Infinity), nested at most ``MAX_DEPTH`` levels;
 - grpokit's format: an object with ``completions`` (a list), ``prompts`` (optional; one per completion) and
-  ``columns`` (optional; an object of lists, one value per completion, not named as the call's own keywords); each
+  ``columns`` (optional; an object of lists, one value per completion, not named as the call's own keywords but
+  ``completion_ids``, lists of token ids, which grpokit's client sends as TRL passes them); each
   prompt and completion a string or a list of ``{"role": str, "content": ...}`` messages; no other keys;
 - OpenRLHF's: an object with ``query`` (a list of strings), ``prompts`` and ``labels`` (optional, one per query; other
   keys are ignored, as OpenRLHF's versions add some).
@@ -20,7 +21,6 @@ GRPOKIT_KEYS = ("prompts", "completions", "columns")
 RESERVED_COLUMNS = (
     "prompts",
     "completions",
-    "completion_ids",
     "trainer_state",
     "log_metric",
     "log_extra",
@@ -134,6 +134,9 @@ def grpokit_request(body: Any) -> tuple[list, list, dict[str, list]]:
         if name in RESERVED_COLUMNS:
             raise BadRequest(400, f"column {name!r} is a keyword of the reward call: rename it")
         _one_each(values, f"columns.{name}", n)
+    ids = columns.get("completion_ids", [])  # grpokit's client sends the token ids, as TRL passes them
+    if not all(isinstance(row, list) and all(type(t) is int for t in row) for row in ids):
+        raise BadRequest(400, "'columns.completion_ids' must hold a list of token ids (integers) per completion")
     return prompts, completions, columns
 
 

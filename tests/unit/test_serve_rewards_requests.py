@@ -95,6 +95,11 @@ MALFORMED = {
         400,
         "'trainer_state' is a keyword",
     ),
+    "completion-ids-not-ints": (
+        score_json({"completions": ["a"], "columns": {"completion_ids": [[1, "2"]]}}),
+        400,
+        "'columns.completion_ids' must hold a list of token ids",
+    ),
     "missing-completions": (score_json({"prompts": ["a"]}), 400, "no 'completions'"),
     "unknown-key": (score_json({"completions": ["a"], "completion": ["a"]}), 400, "unknown key 'completion'"),
     "body-a-list": (score_json(["a"]), 400, "a grpokit request is an object"),
