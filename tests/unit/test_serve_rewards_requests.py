@@ -225,3 +225,72 @@ def test_fuzz_random_bytes_as_a_whole_request_get_an_answer(server, start, raw, 
         assert 200 <= status < 300 or 400 <= status < 500, data[:300]
     assert exchange(server, score_json(VALID))[0] == 200
     assert "Traceback" not in capfd.readouterr().err
+
+
+class Gate:
+    """A reward that records each batch's first completion and holds every batch until ``release`` is set."""
+
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+        self.order: list[str] = []
+
+    def __call__(self, completions, **kwargs):
+        self.order.append(text_of(completions[0]))
+        assert self.release.wait(120)  # generous: released by the test once the queue holds what it checks
+        return [1.0] * len(completions)
+
+
+def wait_for(predicate, what: str) -> None:
+    """Poll a server state the test caused (a barrier, not a timing assumption); generous bound."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while not predicate():
+        assert time.monotonic() < deadline, f"never reached: {what}"
+        time.sleep(0.01)
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_batches_go_in_arrival_order(capfd):
+    import threading
+
+    from grpokit.rewards.remote import RemoteReward
+
+    gate = Gate()
+    runner = RewardRunner([gate], isolate=False)
+    server = serve(runner, options=ServeOptions(max_queue=2))
+    port, queue = server.server_address[1], server.service.queue
+    answers: dict[str, int] = {}
+
+    def send(name: str) -> None:
+        answers[name] = exchange(port, score_json({"completions": [name]}))[0]
+
+    threads = []
+    try:
+        for name, waiting in (("first", 0), ("second", 1), ("third", 2)):
+            threads.append(threading.Thread(target=send, args=(name,)))
+            threads[-1].start()
+            wait_for(lambda w=waiting: queue.scoring == 1 and queue.waiting == w, f"{name} queued")
+        status, headers, body = exchange(port, score_json({"completions": ["fourth"]}))  # 2 waiting: full
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        assert "the server is busy (2 waiting, --max-queue 2)" in json.loads(body)["error"]
+        # grpokit's client honours it: retried after Retry-After, by then the queue has room
+        reward = RemoteReward(f"http://127.0.0.1:{port}/score", retries=3, backoff=0)
+        logged: dict[str, float] = {}
+        late = threading.Thread(
+            target=lambda: answers.setdefault("client", reward(["p"], ["client"], logged.__setitem__))
+        )
+        late.start()
+        wait_for(lambda: server.service.metrics.rejected == 2, "the client's first try refused")
+        gate.release.set()
+        for thread in [*threads, late]:
+            thread.join(120)
+    finally:
+        gate.release.set()
+        stop(server)
+        runner.close()
+    assert gate.order == ["first", "second", "third", "client"]
+    assert answers["first"] == answers["second"] == answers["third"] == 200
+    assert answers["client"] == [1.0] and logged["remote/retries"] >= 1
+    assert "Traceback" not in capfd.readouterr().err
