@@ -190,7 +190,8 @@ def make_handler(service: RewardService, token: str | None, max_body: int = MAX_
             path = urlsplit(self.path).path.rstrip("/") or "/"
             route, allowed = ROUTES.get(path, ("other", None))
             self._route = route
-            self._unread = method == "POST"
+            announced = self.headers.get("Content-Length", "").strip() not in ("", "0")
+            self._unread = announced or "Transfer-Encoding" in self.headers  # until the body is read
             try:
                 self._allowed()
                 if allowed is None:
