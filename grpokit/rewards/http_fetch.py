@@ -71,6 +71,7 @@ class Watchdog:
         with self._lock:
             self._finished = True
         self._timer.cancel()
+        self._timer.join()  # cancelled, it ends at once: no timer thread outlives its request
 
 
 def read_capped(response: Any, max_bytes: int) -> bytes:
