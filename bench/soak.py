@@ -190,8 +190,8 @@ def soak(
         }
         if max_staleness:
             settings["max_staleness"] = max_staleness
-        if ray:
-            settings["backend"] = "ray"
+        if ray:  # one rollout worker in a local cluster of 2 CPUs
+            settings.update(backend="ray", num_rollout_workers=1, ray_num_cpus=2, rollout_worker_cpus=1.0)
         trainer = GRPOTrainer(args=load_config(None, settings), callbacks=[_sampler(run, every, samples)])
         trainer.train()
     finally:

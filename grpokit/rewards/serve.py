@@ -112,113 +112,121 @@ class RewardService:
         return self.score(*grpokit_request(value))
 
 
-def make_handler(service: RewardService, token: str | None, max_body: int = MAX_BODY, request_timeout: float = 60.0):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        default_request_version = "HTTP/1.0"  # a malformed request line still gets a status line
-        timeout = request_timeout  # each read of a request: a client that stops sending gets 408 or is dropped
-        _route = "other"
-        _unread = False  # a body announced and not read: the connection closes after the answer
+class RewardHandler(BaseHTTPRequestHandler):
+    """One connection's requests (module docstring); :func:`make_handler` binds the service and the settings."""
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is noise
-            return
+    service: RewardService
+    token: str | None = None
+    max_body: int = MAX_BODY
+    protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.0"  # a malformed request line still gets a status line
+    timeout = 60.0  # each read of a request: a client that stops sending gets 408 or is dropped
+    _route = "other"
+    _unread = False  # a body announced and not read: the connection closes after the answer
 
-        def setup(self) -> None:
-            super().setup()
-            if isinstance(self.connection, ssl.SSLSocket):  # the handshake here, on this request's thread
-                self.connection.do_handshake()
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is noise
+        return
 
-        def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-            if isinstance(body, str):
-                data, kind = body.encode(), "text/plain; version=0.0.4; charset=utf-8"
-            else:
-                data, kind = json.dumps(body).encode(), "application/json"
-            service.metrics.answered(self._route, status)
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in (headers or {}).items():
-                    self.send_header(name, value)
-                if self._unread or self.close_connection:
-                    self.close_connection = True
-                    self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError:  # the client went away: nothing to tell it
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):  # the handshake here, on this request's thread
+            self.connection.do_handshake()
+
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        if isinstance(body, str):
+            data, kind = body.encode(), "text/plain; version=0.0.4; charset=utf-8"
+        else:
+            data, kind = json.dumps(body).encode(), "application/json"
+        self.service.metrics.answered(self._route, status)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            if self._unread or self.close_connection:
                 self.close_connection = True
-
-        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-            """The standard library's own refusals (bad request line, headers, version, method) as JSON 4xx."""
-            code = {HTTPStatus.NOT_IMPLEMENTED: 405, HTTPStatus.HTTP_VERSION_NOT_SUPPORTED: 400}.get(code, int(code))
-            if code == 405:
-                message = f"method {self.command!r} is not served: {SERVED}"
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client went away: nothing to tell it
             self.close_connection = True
-            headers = {"Allow": "GET, POST"} if code == 405 else None
-            self._send(code, {"error": message or HTTPStatus(code).phrase}, headers)
 
-        def _allowed(self) -> None:
-            if token is None:
-                return
-            given = self.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode("utf-8", "replace"), f"Bearer {token}".encode()):
-                raise BadRequest(401, "missing or wrong token (Authorization: Bearer TOKEN)")
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own refusals (bad request line, headers, version, method) as JSON 4xx."""
+        code = {HTTPStatus.NOT_IMPLEMENTED: 405, HTTPStatus.HTTP_VERSION_NOT_SUPPORTED: 400}.get(code, int(code))
+        if code == 405:
+            message = f"method {self.command!r} is not served: {SERVED}"
+        self.close_connection = True
+        headers = {"Allow": "GET, POST"} if code == 405 else None
+        self._send(code, {"error": message or HTTPStatus(code).phrase}, headers)
 
-        def _read_body(self) -> bytes:
-            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-                self._unread = True
-                raise BadRequest(411, "send the body with a Content-Length (chunked bodies are not read)")
-            given = self.headers.get_all("Content-Length") or ["0"]
-            if len(set(given)) != 1 or not given[0].strip().isdigit():
-                self._unread = True
-                raise BadRequest(400, f"Content-Length must be one number of bytes, got {', '.join(given)[:100]!r}")
-            length = int(given[0])
-            if length > max_body:
-                self._unread = True
-                raise BadRequest(413, f"the body has {length} bytes, over this server's --max-body ({max_body})")
-            try:
-                data = self.rfile.read(length)
-            except TimeoutError:
-                self._unread = True
-                raise BadRequest(408, f"the body was not sent within {request_timeout:g} s") from None
-            if len(data) < length:
-                self._unread = True
-                raise BadRequest(400, f"the body ended after {len(data)} of its {length} bytes")
-            return data
+    def _allowed(self) -> None:
+        if self.token is None:
+            return
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode("utf-8", "replace"), f"Bearer {self.token}".encode()):
+            raise BadRequest(401, "missing or wrong token (Authorization: Bearer TOKEN)")
 
-        def _handle(self, method: str) -> None:
-            path = urlsplit(self.path).path.rstrip("/") or "/"
-            route, allowed = ROUTES.get(path, ("other", None))
-            self._route = route
-            announced = self.headers.get("Content-Length", "").strip() not in ("", "0")
-            self._unread = announced or "Transfer-Encoding" in self.headers  # until the body is read
-            try:
-                self._allowed()
-                if allowed is None:
-                    raise BadRequest(404, f"no {path[:200]}: {SERVED}")
-                if method != allowed:
-                    raise BadRequest(405, f"{path} takes {allowed}, not {method}", {"Allow": allowed})
-                if route == "health":
-                    self._send(200, {"status": "ok", "rewards": list(service.runner.names)})
-                elif route == "metrics":
-                    self._send(200, service.metrics.render(service.queue))
-                else:
-                    data = self._read_body()
-                    self._unread = False
-                    self._send(200, service.answer(route, data))
-            except BadRequest as exc:
-                self._send(exc.status, {"error": str(exc)}, exc.headers)
-            except Exception as exc:  # the server's own fault, not the client's: logged with its traceback
-                traceback.print_exc(file=sys.stderr)
-                self._send(500, {"error": f"the reward server failed: {type(exc).__name__}: {str(exc)[:300]}"})
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self._unread = True
+            raise BadRequest(411, "send the body with a Content-Length (chunked bodies are not read)")
+        given = self.headers.get_all("Content-Length") or ["0"]
+        if len(set(given)) != 1 or not given[0].strip().isdigit():
+            self._unread = True
+            raise BadRequest(400, f"Content-Length must be one number of bytes, got {', '.join(given)[:100]!r}")
+        length = int(given[0])
+        if length > self.max_body:
+            self._unread = True
+            raise BadRequest(413, f"the body has {length} bytes, over this server's --max-body ({self.max_body})")
+        try:
+            data = self.rfile.read(length)
+        except TimeoutError:
+            self._unread = True
+            raise BadRequest(408, f"the body was not sent within {self.timeout:g} s") from None
+        if len(data) < length:
+            self._unread = True
+            raise BadRequest(400, f"the body ended after {len(data)} of its {length} bytes")
+        return data
 
-        def do_GET(self) -> None:
-            self._handle("GET")
+    def _handle(self, method: str) -> None:
+        path = urlsplit(self.path).path.rstrip("/") or "/"
+        route, allowed = ROUTES.get(path, ("other", None))
+        self._route = route
+        announced = self.headers.get("Content-Length", "").strip() not in ("", "0")
+        self._unread = announced or "Transfer-Encoding" in self.headers  # until the body is read
+        try:
+            self._allowed()
+            if allowed is None:
+                raise BadRequest(404, f"no {path[:200]}: {SERVED}")
+            if method != allowed:
+                raise BadRequest(405, f"{path} takes {allowed}, not {method}", {"Allow": allowed})
+            if route == "health":
+                self._send(200, {"status": "ok", "rewards": list(self.service.runner.names)})
+            elif route == "metrics":
+                self._send(200, self.service.metrics.render(self.service.queue))
+            else:
+                data = self._read_body()
+                self._unread = False
+                self._send(200, self.service.answer(route, data))
+        except BadRequest as exc:
+            self._send(exc.status, {"error": str(exc)}, exc.headers)
+        except Exception as exc:  # the server's own fault, not the client's: logged with its traceback
+            traceback.print_exc(file=sys.stderr)
+            self._send(500, {"error": f"the reward server failed: {type(exc).__name__}: {str(exc)[:300]}"})
 
-        def do_POST(self) -> None:
-            self._handle("POST")
+    def do_GET(self) -> None:
+        self._handle("GET")
 
-    return Handler
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+
+def make_handler(service: RewardService, token: str | None, max_body: int = MAX_BODY, request_timeout: float = 60.0):
+    """The handler class of one server: :class:`RewardHandler` bound to ``service`` and the settings."""
+    settings = {"service": service, "token": token, "max_body": max_body, "timeout": request_timeout}
+    return type("Handler", (RewardHandler,), settings)
 
 
 class RewardServer(ThreadingHTTPServer):
