@@ -234,7 +234,9 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        samples = soak(Path(tmp), args.steps, args.every, args.eval_steps, args.save_steps, args.max_staleness, args.ray)
+        samples = soak(
+            Path(tmp), args.steps, args.every, args.eval_steps, args.save_steps, args.max_staleness, args.ray
+        )
     wall = time.perf_counter() - began
     print(f"\n{args.steps} steps in {wall / 60:.1f} min; max_staleness {args.max_staleness}; ray {args.ray}")
     print("\n| step | RSS (MB) | open fds | threads | children | store (MB) | s/step |")
