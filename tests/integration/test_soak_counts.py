@@ -7,6 +7,7 @@ memory and step time are bench/soak.py's figures (docs/reliability.md)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,15 +18,18 @@ SOAK = Path(__file__).parents[2] / "bench" / "soak.py"
 def load_soak():
     spec = importlib.util.spec_from_file_location("grpokit_bench_soak", SOAK)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.slow  # ~1 min per case on two shared cores
-@pytest.mark.parametrize("max_staleness", [0, 2], ids=["sync", "async-2"])
-def test_descriptors_threads_and_children_do_not_grow(tmp_path, max_staleness):
+@pytest.mark.slow  # ~1 min on two shared cores
+def test_descriptors_threads_and_children_do_not_grow(tmp_path):
+    """Synchronous, so each sample is taken between steps with nothing in flight: the counts are exact. (With
+    max_staleness the producer may be mid-request at a sample; bench/soak.py checks those runs by floor and ceiling.)
+    """
     soak = load_soak()
-    samples = soak.soak(tmp_path, steps=200, every=20, eval_steps=50, save_steps=50, max_staleness=max_staleness)
+    samples = soak.soak(tmp_path, steps=200, every=20, eval_steps=50, save_steps=50)
     assert [s.step for s in samples] == list(range(20, 201, 20))
     after = samples[2:]
     for name in ("fds", "threads", "children"):
