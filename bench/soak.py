@@ -90,7 +90,23 @@ def _children() -> int:
 
 
 def _store_mb(run: Path) -> float:
-    return sum(f.stat().st_size for f in run.glob("rollouts.sqlite*") if f.is_file()) / 2**20
+    """The store's logical size (pages in use, its write-ahead log's included), read on a connection of its own:
+    the files' sizes move in steps of the log's checkpoints. (SQLite keeps that connection's descriptor open after
+    the first close while the trainer's connection holds locks on the file: one more descriptor from the second
+    sample on, constant, inside the warm-up.)"""
+    import sqlite3
+
+    path = run / "rollouts.sqlite"
+    if not path.exists():
+        return 0.0
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+    try:
+        pages, size, free = (
+            db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "page_size", "freelist_count")
+        )
+    finally:
+        db.close()
+    return (pages - free) * size / 2**20
 
 
 def sample(step: int, run: Path, step_s: float) -> Sample:
