@@ -78,6 +78,12 @@ def _number(value: Any) -> tuple[float | None, str | None]:
     return float(value), None
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as JSON can carry it: other objects as their str, NaN and infinities (a dataset's missing values)
+    as null, since JSON has no NaN and httpx refuses to send one."""
+    return json.loads(json.dumps(value, default=str), parse_constant=lambda _: None)
+
+
 def _mapping(value: Any) -> Mapping:
     """An optional object of an answer (``extra``, ``metrics``, ``extra_logs``); anything else is ignored."""
     return value if isinstance(value, Mapping) else {}
@@ -272,9 +278,9 @@ class RemoteReward:
             return {
                 "prompts": list(prompts[rows]),
                 "completions": list(completions[rows]),
-                "columns": json.loads(json.dumps({k: v[rows] for k, v in columns.items()}, default=str)),
+                "columns": _plain({k: v[rows] for k, v in columns.items()}),
             }
-        labels = json.loads(json.dumps(self._labels(columns, rows), default=str))
+        labels = _plain(self._labels(columns, rows))
         if self.format == "openrlhf":
             return {"query": [p + c for p, c in zip(ps, cs)], "prompts": ps, "labels": labels}
         return {"prompt": ps[0], "response": cs[0], "label": labels[0]}

@@ -59,7 +59,7 @@ class RawServer:
     ``sent`` counts the bytes written, ``ended`` is set when an answer ends (finished, or the client hung up)."""
 
     def __init__(self, answer):
-        self.answer, self.sent, self.requests = answer, 0, 0
+        self.answer, self.sent, self.requests, self.bodies = answer, 0, 0, []
         self.ended, self.broken = threading.Event(), threading.Event()
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/score"
@@ -83,6 +83,7 @@ class RawServer:
             while len(body) < length:
                 body += conn.recv(65536)
             self.requests += 1
+            self.bodies.append(body)
             try:
                 self.answer(self, conn)
             except OSError:  # the client shut the connection: what a capped or timed-out read must do
@@ -263,3 +264,14 @@ def test_retry_after_of_a_full_server_is_honoured(serve):
     values, errors = score(server.url, retries=1)
     assert values == [1.0, 0.0] and errors == [None, None]
     assert len(arrivals) == 2 and arrivals[1] - arrivals[0] >= 1.0  # a lower bound: sleeping never ends early
+
+
+def test_nan_in_a_column_is_sent_as_null_not_refused(serve):
+    """JSON has no NaN (a dataset's missing value): it goes as null, and the request is sent."""
+    import json
+
+    server = serve(_answer(b'{"rewards": [1.0, 0.0]}'))
+    with RewardRunner([{"url": server.url, "retries": 0}], timeout=REWARD_TIMEOUT) as runner:
+        result = runner.combine(runner.score_values(["p", "q"], ["a", "b"], {"answer": [float("nan"), 2.5]}))
+    assert result.per_func[:, 0].tolist() == [1.0, 0.0] and result.errors == [None, None]
+    assert json.loads(server.bodies[0])["columns"] == {"answer": [None, 2.5]}
