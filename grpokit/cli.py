@@ -146,6 +146,12 @@ def _parser():
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
     p.add_argument("--token", default=None, help="shared token required on every request (or $GRPOKIT_REWARD_TOKEN)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per reward per batch (default: the config's)")
+    p.add_argument("--max-body", type=int, default=64 << 20, help="bytes of a request body (default 64 MiB; 413 over)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests waiting their turn (default 16; 503 over)")
+    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds per read of a request (default 60)")
+    p.add_argument("--certfile", default=None, help="PEM certificate: serve HTTPS (with --keyfile)")
+    p.add_argument("--keyfile", default=None, help="PEM private key of --certfile")
+    p.add_argument("--client-ca", default=None, help="PEM CA bundle: require client certificates it signed (mTLS)")
     p.set_defaults(func=cmd_serve_rewards)
 
     from grpokit.store.cli import register
@@ -349,11 +355,16 @@ def cmd_serve_rewards(args) -> int:
     import os
 
     from grpokit.compose.rewards import served_reward_runner
-    from grpokit.rewards.serve import TOKEN_ENV, check_binding, run_server
+    from grpokit.rewards.serve import TOKEN_ENV, ServeOptions, check_binding, run_server
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    check_binding(args.host, token)  # before the reward workers start
-    return run_server(served_reward_runner(args.rewards, args.timeout), args.host, args.port, token)
+    options = ServeOptions(
+        args.max_body, args.max_queue, args.request_timeout, args.certfile, args.keyfile, args.client_ca
+    )
+    options.check()  # these three before the reward workers start
+    options.tls_context()
+    check_binding(args.host, token)
+    return run_server(served_reward_runner(args.rewards, args.timeout), args.host, args.port, token, options)
 
 
 def cmd_env(args) -> int:

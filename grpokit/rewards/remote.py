@@ -19,35 +19,41 @@ still fails, or whose answer is not what the format promises, gives None and a s
 (:meth:`~grpokit.rewards.contract.RewardLog.log_errors`): never an exception. ``<label>/latency_s`` (seconds per
 answered request), ``<label>/request_errors`` and ``<label>/retries`` are logged each batch.
 
+A hostile or broken server is handled by :mod:`grpokit.rewards.http_fetch`: ``timeout`` bounds each whole
+exchange (not each read), answers are read up to ``max_answer_bytes`` (inflated included), redirects are not followed,
+and a value that is not a finite number (NaN, infinity, a string) gives None and an error for its completion. A 429 or
+503 with ``Retry-After`` is retried after that many seconds (at most ``timeout``). ``https://`` URLs are verified
+against ``ca_bundle`` (default: the system's CAs); ``client_cert`` and ``client_key`` are sent for mutual TLS. A
+token-like header (``Authorization``, ``*token*``, ``*key*``, ``*secret*``) sent over plain HTTP to an address that is
+not loopback gets a one-line warning when the reward is built.
+
 The reward runs on a thread of the trainer (``in_process``): it waits on the network, which releases the GIL, so
 the runner's ``reward_timeout`` bounds it; set that above ``timeout x (retries + 1)``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import numbers
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 from grpokit.rewards.contract import text_of
+from grpokit.rewards.http_fetch import ACCEPT_ENCODING, RETRY_STATUS, RequestFailed, post_json
+
+__all__ = ["FORMATS", "RETRY_STATUS", "RemoteReward", "RequestFailed"]
 
 FORMATS = ("grpokit", "openrlhf", "slime")
 LABEL_COLUMNS = ("label", "answer", "solution")
-RETRY_STATUS = {408, 429, 500, 502, 503, 504}
-
-
-class RequestFailed(Exception):
-    """One request's failure, as the stored error says it; ``retry`` when another try may succeed."""
-
-    def __init__(self, message: str, retry: bool):
-        super().__init__(message)
-        self.retry = retry
+SECRET_HEADER_WORDS = ("authorization", "token", "key", "secret", "cookie")
 
 
 def _httpx():
@@ -60,14 +66,54 @@ def _httpx():
     return httpx
 
 
-def _number(value: Any) -> float | None:
-    """A reward value from JSON: a finite number or None; anything else raises RequestFailed."""
+def _number(value: Any) -> tuple[float | None, str | None]:
+    """A reward value from JSON: (a finite number or None, None), or (None, why) for anything else (NaN and
+    infinity included)."""
     if value is None:
-        return None
+        return None, None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise RequestFailed(f"the server answered {value!r} where a number was expected", retry=False)
-    value = float(value)
-    return value if math.isfinite(value) else None
+        return None, f"the server answered {str(value)[:100]!r} where a number was expected"
+    if not math.isfinite(float(value)):
+        return None, f"the server answered {value} where a finite number was expected"
+    return float(value), None
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON can carry it: other objects as their str, NaN and infinities (a dataset's missing values)
+    as null, since JSON has no NaN and httpx refuses to send one."""
+    return json.loads(json.dumps(value, default=str), parse_constant=lambda _: None)
+
+
+def _mapping(value: Any) -> Mapping:
+    """An optional object of an answer (``extra``, ``metrics``, ``extra_logs``); anything else is ignored."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _ssl_context(ca_bundle: str | None, client_cert: str | None, client_key: str | None):
+    """The TLS context of https:// URLs: ``ca_bundle``'s CAs (else httpx's default), the client certificate if any."""
+    import ssl
+
+    try:
+        if ca_bundle is None:
+            context = _httpx().create_ssl_context()
+        else:
+            context = ssl.create_default_context(cafile=os.path.expanduser(ca_bundle))
+        if client_cert is not None:
+            context.load_cert_chain(os.path.expanduser(client_cert), client_key and os.path.expanduser(client_key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(
+            f"remote reward: cannot load ca_bundle {ca_bundle!r} / client_cert {client_cert!r} / client_key "
+            f"{client_key!r} ({exc}): give PEM files that exist"
+        ) from None
+    return context
 
 
 class RemoteReward:
@@ -90,6 +136,10 @@ class RemoteReward:
         reward_key: str = "reward",
         label_column: str | None = None,
         label: str = "remote",
+        max_answer_bytes: int = 64 << 20,
+        ca_bundle: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
     ):
         urls = [url] if isinstance(url, str) else list(url)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
@@ -98,21 +148,48 @@ class RemoteReward:
             raise ValueError(f"remote reward: format must be one of {', '.join(FORMATS)}, got {format!r}")
         if timeout <= 0 or retries < 0 or concurrency < 1 or (batch_size is not None and batch_size < 1):
             raise ValueError("remote reward: timeout > 0, retries >= 0, concurrency >= 1 and batch_size >= 1 (or null)")
+        if max_answer_bytes < 1:
+            raise ValueError(f"remote reward: max_answer_bytes must be >= 1, got {max_answer_bytes}")
+        if client_key is not None and client_cert is None:
+            raise ValueError("remote reward: client_key needs client_cert (the certificate it belongs to)")
         self.urls, self.format, self.label = urls, format, label
         self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
         self.concurrency, self.batch_size = int(concurrency), batch_size
         self.headers = {str(k): os.path.expandvars(str(v)) for k, v in (headers or {}).items()}
         self.reward_key, self.label_column = reward_key, label_column
+        self.max_answer_bytes = int(max_answer_bytes)
+        self.tls = (ca_bundle, client_cert, client_key)
+        if any(self.tls):
+            _ssl_context(*self.tls)  # a missing or unreadable file fails here, in one line, not at the first batch
+        self._warn_plain_secrets()
         self._client = None
         self._lock = threading.Lock()
         self._next = 0  # the URL the next request starts on
+
+    def _warn_plain_secrets(self) -> None:
+        secret = next((h for h in self.headers if any(w in h.lower() for w in SECRET_HEADER_WORDS)), None)
+        plain = next((u for u in self.urls if u.startswith("http://") and not _is_loopback(u)), None)
+        if secret is not None and plain is not None:
+            print(
+                f"grpokit: warning: remote reward {self.label!r} sends its {secret} header over plain HTTP to "
+                f"{urlsplit(plain).netloc}, readable by anyone on the network: use https:// (serve-rewards "
+                "--certfile/--keyfile; ca_bundle: for a private CA)",
+                file=sys.stderr,
+            )
 
     @property
     def client(self):
         with self._lock:
             if self._client is None:
                 httpx = _httpx()
-                self._client = httpx.Client(timeout=self.timeout, headers=self.headers)
+                self._client = httpx.Client(
+                    timeout=self.timeout,
+                    headers={"Accept-Encoding": ACCEPT_ENCODING, **self.headers},
+                    verify=_ssl_context(*self.tls) if any(self.tls) else True,
+                    follow_redirects=False,
+                    # a connection per request: the watchdog (http_fetch) learns each request's socket as it opens
+                    limits=httpx.Limits(max_keepalive_connections=0),
+                )
             return self._client
 
     def __call__(self, prompts, completions, log_metric=None, log_extra=None, log_errors=None, **columns) -> list:
@@ -140,6 +217,9 @@ class RemoteReward:
             values[rows] = answer["rewards"]
             if answer.get("errors"):
                 errors[rows] = answer["errors"]
+            for i, why in enumerate(answer["value_errors"]):
+                if why is not None:
+                    errors[rows.start + i] = why
             for column, column_values in answer.get("extra", {}).items():
                 extra.setdefault(column, [None] * n)[rows] = column_values
             for metric, metric_values in answer.get("metrics", {}).items():
@@ -179,26 +259,13 @@ class RemoteReward:
                 error = f"{url}: {exc}"
                 if not exc.retry:
                     return None, error, 0.0, attempt + 1
-            if attempt < self.retries and self.backoff > 0:
-                time.sleep(self.backoff * 2**attempt)
+                wait = max(self.backoff * 2**attempt, min(exc.retry_after or 0.0, self.timeout))
+            if attempt < self.retries and wait > 0:
+                time.sleep(wait)
         return None, f"{error} (after {self.retries + 1} tries)", 0.0, self.retries + 1
 
     def _post(self, url: str, body: Any) -> Any:
-        httpx = _httpx()
-        try:
-            response = self.client.post(url, json=body)
-        except httpx.TimeoutException as exc:
-            raise RequestFailed(f"timed out after {self.timeout:g} s ({type(exc).__name__})", retry=True) from None
-        except httpx.HTTPError as exc:
-            raise RequestFailed(f"{type(exc).__name__}: {exc}", retry=True) from None
-        if response.status_code != 200:
-            raise RequestFailed(
-                f"HTTP {response.status_code}: {response.text[:200]}", retry=response.status_code in RETRY_STATUS
-            )
-        try:
-            return response.json()
-        except ValueError:
-            raise RequestFailed(f"the answer is not JSON: {response.text[:200]!r}", retry=False) from None
+        return post_json(self.client, url, body, self.timeout, self.max_answer_bytes)
 
     def _labels(self, columns: Mapping[str, list], rows: slice) -> list:
         column = self.label_column or next((c for c in LABEL_COLUMNS if c in columns), None)
@@ -211,9 +278,9 @@ class RemoteReward:
             return {
                 "prompts": list(prompts[rows]),
                 "completions": list(completions[rows]),
-                "columns": json.loads(json.dumps({k: v[rows] for k, v in columns.items()}, default=str)),
+                "columns": _plain({k: v[rows] for k, v in columns.items()}),
             }
-        labels = json.loads(json.dumps(self._labels(columns, rows), default=str))
+        labels = _plain(self._labels(columns, rows))
         if self.format == "openrlhf":
             return {"query": [p + c for p, c in zip(ps, cs)], "prompts": ps, "labels": labels}
         return {"prompt": ps[0], "response": cs[0], "label": labels[0]}
@@ -225,15 +292,20 @@ class RemoteReward:
                 if self.reward_key not in answer:
                     raise RequestFailed(f"the answer has no {self.reward_key!r} key: {str(answer)[:200]}", retry=False)
                 answer = answer[self.reward_key]
-            return {"rewards": [_number(answer)]}
+            value, why = _number(answer)
+            return {"rewards": [value], "value_errors": [why]}
         if not isinstance(answer, Mapping) or not isinstance(answer.get("rewards"), list):
             raise RequestFailed(f"the answer has no 'rewards' list: {str(answer)[:200]}", retry=False)
         rewards = answer["rewards"]
         if len(rewards) != n:
             raise RequestFailed(f"the answer has {len(rewards)} rewards for {n} completions", retry=False)
-        parsed: dict[str, Any] = {"rewards": [_number(v) for v in rewards]}
+        numbers_and_errors = [_number(v) for v in rewards]
+        parsed: dict[str, Any] = {
+            "rewards": [v for v, _ in numbers_and_errors],
+            "value_errors": [why for _, why in numbers_and_errors],
+        }
         if self.format == "openrlhf":
-            logs = answer.get("extra_logs") or {}
+            logs = _mapping(answer.get("extra_logs"))
             parsed["metrics"] = {
                 f"{self.label}/{k}": [
                     float(x) for x in (v if isinstance(v, list) else [v]) if isinstance(x, numbers.Real)
@@ -244,9 +316,9 @@ class RemoteReward:
         errors = answer.get("errors")
         if isinstance(errors, list) and len(errors) == n:
             parsed["errors"] = [None if e is None else str(e) for e in errors]
-        extra = answer.get("extra") or {}
+        extra = _mapping(answer.get("extra"))
         parsed["extra"] = {k: v for k, v in extra.items() if isinstance(v, list) and len(v) == n}
-        metrics = answer.get("metrics") or {}
+        metrics = _mapping(answer.get("metrics"))
         parsed["metrics"] = {
             k: [float(x) for x in v if isinstance(x, numbers.Real)] for k, v in metrics.items() if isinstance(v, list)
         }
