@@ -1,6 +1,6 @@
 """Compare the run folders two test sessions left (pytest --basetemp), run by run: metrics.jsonl with timing keys
 removed and every table of rollouts.sqlite less its wall-clock columns. A refactor that should change no number is
-checked with it (docs/testing.md, "numbers unchanged"):
+checked with it (docs/testing.md, "numbers unchanged"). A test server's loopback port (new each run) reads as PORT:
 
     python scripts/compare_runs.py BEFORE_BASETEMP AFTER_BASETEMP
 
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 TIMING = re.compile(r"(^time/|_time$|_seconds$|per_second|runtime|^step_time|latency|_wait|/wait|elapsed)")
+KEY_COLUMNS = {"meta": "key", "step_metrics": "name"}  # key/value tables: the column that names a row
 CLOCK_COLUMNS = {"written_at", "created", "start", "duration", "started_at", "finished_at"}
 
 
@@ -37,12 +38,20 @@ def tables(run: Path) -> dict[str, list[tuple]]:
             if not keep:
                 continue
             rows = db.execute(f"SELECT {', '.join(keep)} FROM {name} ORDER BY rowid").fetchall()
+            key = keep.index(KEY_COLUMNS[name]) if KEY_COLUMNS.get(name) in keep else None
+            if key is not None:  # a key/value table: a row named by a clock or a timing is left out
+                rows = [row for row in rows if not (row[key] in CLOCK_COLUMNS or TIMING.search(str(row[key])))]
             out[name] = [tuple(_untimed(v) for v in row) for row in rows]
         return out
 
 
+LOOPBACK_PORT = re.compile(r"(127\.0\.0\.1|localhost):\d+")  # a test server's port, new each run
+
+
 def _untimed(value):
-    """A JSON column (metrics of a step, a turn's record) without its timing keys."""
+    """A JSON column (metrics of a step, a turn's record) without its timing keys; a loopback port as PORT."""
+    if isinstance(value, str):
+        value = LOOPBACK_PORT.sub(r"\1:PORT", value)
     if isinstance(value, str) and value[:1] in "{[":
         try:
             data = json.loads(value)
