@@ -232,22 +232,11 @@ class VLLMRolloutEngine:
         self._sleep()
 
     def generate(
-        self,
-        prompt_ids: list[list[int]],
-        num_generations: int,
-        params: SamplingParams,
-        seeds: list[int] | None = None,
-        updates=None,
+        self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seeds: list[int] | None = None
     ) -> Rollouts:
-        """G samples for each prompt; ``seeds`` (one per prompt) default to draws from ``self.generator``.
-        ``updates``: partial rollouts, vLLM driven step by step and new weights taken between steps
-        (:func:`grpokit.rollout.vllm_partial.generate_partial`)."""
+        """G samples for each prompt; ``seeds`` (one per prompt) default to draws from ``self.generator``."""
         from vllm import SamplingParams as VLLMSamplingParams
 
-        if updates is not None:
-            from grpokit.rollout.vllm_partial import generate_partial
-
-            return generate_partial(self, prompt_ids, num_generations, params, seeds, updates)
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),), generator=self.generator).tolist()
         requests = group_requests(prompt_ids, seeds, num_generations, params.greedy)

@@ -291,7 +291,7 @@ NOT_RUNNABLE_SNIPPETS: dict[str, str] = {
         "training with tools needs a tool-calling chat template (the tiny local model's has none); "
         "tests/integration/test_tool_training.py runs a TRL agent script"
     ),
-    "rollouts = engine.generate(prompt_ids, G, params, seeds=seeds, updates=updates)": (
+    "rollouts = generate_partial(engine, prompt_ids, G, params, seeds=seeds, updates=updates)": (
         "needs vLLM (a VLLMRolloutEngine) and a weight source; tests/real_vllm/test_partial_vllm.py runs it"
     ),
 }

@@ -13,7 +13,7 @@ from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, prompts
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.types import SamplingParams
-from grpokit.rollout.vllm_partial import WeightUpdate
+from grpokit.rollout.vllm_partial import WeightUpdate, generate_partial
 from grpokit.store import RolloutRecord, RolloutStore
 from grpokit.store.record import completion_runs
 from grpokit.store.versions import expand_runs
@@ -44,9 +44,9 @@ def max_gap(learner: torch.Tensor, rollouts, mask: torch.Tensor) -> float:
 
 
 def test_without_an_update_it_samples_what_generate_samples(built):
-    params = SamplingParams(8, temperature=1.0)
+    params = SamplingParams.plain(8)
     whole = built.engine.generate(PROMPTS, 3, params, seeds=[11, 12])
-    stepped = built.engine.generate(PROMPTS, 3, params, seeds=[11, 12], updates=lambda steps: None)
+    stepped = generate_partial(built.engine, PROMPTS, 3, params, seeds=[11, 12], updates=lambda steps: None)
     assert torch.equal(whole.completion_ids, stepped.completion_ids)
     assert torch.allclose(whole.logprobs, stepped.logprobs, atol=1e-6)
     assert stepped.token_versions is None and stepped.finish_reasons == whole.finish_reasons
@@ -55,7 +55,7 @@ def test_without_an_update_it_samples_what_generate_samples(built):
 def test_a_partial_rollout_carries_two_versions_each_piece_sampled_by_its_policy(built, tmp_path):
     engine, policy = built.engine, built.model
     # no min_new_tokens: vLLM's processed log-probs would then exclude EOS, which the learner's do not
-    params = SamplingParams(12, temperature=1.0)
+    params = SamplingParams.plain(12)
     first = engine.policy_version
     old_weights = {k: v.clone() for k, v in policy.state_dict().items()}
     calls = []
@@ -70,7 +70,7 @@ def test_a_partial_rollout_carries_two_versions_each_piece_sampled_by_its_policy
         engine.sync_weights()
         return WeightUpdate(engine.policy_version, policy)
 
-    rollouts = engine.generate(PROMPTS, 3, params, seeds=[11, 12], updates=updates)
+    rollouts = generate_partial(engine, PROMPTS, 3, params, seeds=[11, 12], updates=updates)
     lengths = rollouts.completion_lengths.tolist()
     assert SWITCH_AFTER in calls and sum(n > SWITCH_AFTER for n in lengths) >= 3, lengths
     versions = rollouts.token_versions
@@ -118,6 +118,6 @@ def test_a_partial_rollout_carries_two_versions_each_piece_sampled_by_its_policy
         )
 
     # the next sampling uses the new weights throughout
-    again = engine.generate(PROMPTS, 3, SamplingParams(8, temperature=1.0), seeds=[1, 2])
+    again = engine.generate(PROMPTS, 3, SamplingParams.plain(8), seeds=[1, 2])
     assert again.policy_version == first + 1 and again.token_versions is None
     assert max_gap(learner_logprobs(built, again), again, again.completion_mask) <= GAP_FP32
