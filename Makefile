@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints.txt
 
-.PHONY: demo test test-fast test-vllm lint format bench clean chromium bubblewrap verl-oracle
+.PHONY: demo test test-fast test-vllm lint format bench clean chromium bubblewrap verl-oracle gpu-bundle
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,19 @@ test-vllm: $(VLLM_VENV)/.test
 	OMP_NUM_THREADS=2 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_CI_ENV=1 \
 	  $(VLLM_VENV)/bin/python -m pytest -q --durations=10 tests/real_vllm
 
+# The wheels scripts/gpu_check.py needs on the lent GPU machine (docs/gpu.md, "The GPU check"), whose python3 has torch,
+# transformers, peft, accelerate, pyarrow, httpx and pytest but no registry: grpokit's own wheel (installed there
+# --no-deps: its floors torch>=2.13 / transformers>=5.19 are the versions CI tests, not what grpokit needs to import)
+# and rich with its pure-python dependencies. Well under the 64 MiB the device tool carries.
+GPU_BUNDLE ?= gpu-bundle
+GPU_BUNDLE_DEPS := rich markdown-it-py mdurl pygments
+
+gpu-bundle:
+	rm -rf $(GPU_BUNDLE)
+	$(PYTHON) -m pip wheel -q --no-deps -w $(GPU_BUNDLE) .
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -c constraints.txt -d $(GPU_BUNDLE) $(GPU_BUNDLE_DEPS)
+	@du -sh $(GPU_BUNDLE); ls $(GPU_BUNDLE)
+
 test-fast: $(VENV)/.test verl-oracle
 	$(BIN)/python -m pytest -q -m "not slow"
 
@@ -108,4 +121,4 @@ bench: $(VENV)/.test
 	$(BIN)/python bench/vs_trl.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache $(GPU_BUNDLE)

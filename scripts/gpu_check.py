@@ -12,7 +12,7 @@ Parts, each in its own process with its own timeout (a hung CUDA call cannot sta
 - ``train_hf`` / ``train_vllm``: two training steps of GRPOTrainer on a small random-init Qwen2 with each engine
   (vllm where installed): the time of a step and the peak GPU memory.
 - ``vllm``: vLLM's own checks (sleep/wake, log-prob gap, bf16 vs fp32 throughput, LoRA sync drift), from the module
-  the vLLM work adds (:func:`vllm_checks`); skipped with the reason where vLLM or that module is absent.
+  the vLLM work adds (:func:`vllm_checks`); "missing" where vLLM is not installed, skipped where that module is absent.
 
 A part whose package is missing says so (``status: missing``) and the others run. ``--dry-run`` runs every part on
 the CPU with small sizes, gloo in NCCL's place, and no timing worth reading: it checks that the script works.
@@ -108,7 +108,6 @@ def part_collectives(dry_run: bool) -> dict:
 def part_train(engine: str, dry_run: bool) -> dict:
     """Two GRPOTrainer steps with ``engine`` on a small random-init Qwen2: seconds per step, peak GPU memory."""
     import torch
-    from datasets import Dataset
 
     from grpokit import GRPOConfig, GRPOTrainer
     from grpokit.testing import VLLM_HEAD_DIM, build_tiny_causal_lm, build_word_tokenizer
@@ -138,9 +137,7 @@ def part_train(engine: str, dry_run: bool) -> dict:
             eval_strategy="no",
         )
         reward = lambda completions, **kw: [float(len(set(c.split()))) for c in completions]
-        trainer = GRPOTrainer(
-            model=tmp, processing_class=tokenizer, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows)
-        )
+        trainer = GRPOTrainer(model=tmp, processing_class=tokenizer, reward_funcs=reward, args=args, train_dataset=rows)
         if not dry_run:
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
@@ -158,13 +155,17 @@ def part_train(engine: str, dry_run: bool) -> dict:
 
 def vllm_checks(dry_run: bool) -> dict:
     """vLLM's part of the check (sleep/wake cycles, log-prob gap, bf16 vs fp32 tokens/s, LoRA sync drift), owned by
-    the vLLM work: ``grpokit.rollout.vllm_gpu_check.run(device=..., dry_run=...) -> dict``. Skipped, with the
-    reason, where vLLM or that module is absent."""
+    the vLLM work: ``grpokit.rollout.vllm_gpu_check.run(device=..., dry_run=...) -> dict``. Missing where vLLM is
+    not installed, skipped where that module is absent, each with the reason."""
     import importlib
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
-        return {"status": "skipped", "reason": "vllm is not installed (pip install 'grpokit[vllm]' on a CUDA machine)"}
+        return {
+            "status": "missing",
+            "package": "vllm",
+            "reason": "vllm is not installed (pip install 'grpokit[vllm]' on a CUDA machine)",
+        }
     try:
         module = importlib.import_module(VLLM_MODULE)
     except ModuleNotFoundError as exc:

@@ -58,6 +58,9 @@ def split_rollouts(rollouts: Rollouts, parts: int) -> list[Rollouts]:
             columns=None
             if rollouts.columns is None
             else {name: values[k * rows : (k + 1) * rows] for name, values in rollouts.columns.items()},
+            token_versions=None
+            if rollouts.token_versions is None
+            else rollouts.token_versions[k * rows : (k + 1) * rows].clone(),
         )
         for k in range(parts)
     ]

@@ -24,7 +24,10 @@ def step_digest(conn: sqlite3.Connection, step: int) -> str:
     columns = [row[1] for row in conn.execute("PRAGMA table_info(rollouts)") if row[1] != "id"]
     rollouts = conn.execute(f"SELECT {', '.join(columns)} FROM rollouts WHERE step = ? ORDER BY id", (step,))
     metrics = conn.execute("SELECT name, value FROM step_metrics WHERE step = ? ORDER BY name", (step,))
-    digest = hashlib.sha256(repr(rollouts.fetchall()).encode())
+    rows = rollouts.fetchall()
+    if columns[-1] == "token_versions":  # the last column added: NULL digests as a store written before it
+        rows = [row[:-1] if row[-1] is None else row for row in rows]
+    digest = hashlib.sha256(repr(rows).encode())
     digest.update(repr(metrics.fetchall()).encode())
     return digest.hexdigest()
 

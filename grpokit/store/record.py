@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpokit.store.versions import version_runs
+
 
 def finite_or_none(value: Any) -> float | None:
     """``value`` as a float, or None when it is None, NaN or infinite."""
@@ -27,7 +29,8 @@ class RolloutRecord:
     ``rewards``: each reward function's value (None where it did not apply or failed); ``reward`` the
     weighted sum; ``error`` the reward errors of this completion; ``extra`` the ``log_extra`` columns
     (a JSON-able dict, or None); ``conversation`` a multi-turn rollout's turns (:func:`conversation_record`),
-    None for a single-turn completion.
+    None for a single-turn completion; ``token_versions`` the runs of its tokens' policy versions
+    (:mod:`grpokit.store.versions`), None when every token is by ``policy_version``.
     """
 
     prompt_index: int
@@ -44,6 +47,7 @@ class RolloutRecord:
     error: str | None = None
     extra: dict[str, Any] | None = None
     conversation: dict[str, Any] | None = None
+    token_versions: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         self.rewards = {name: finite_or_none(value) for name, value in self.rewards.items()}
@@ -77,6 +81,14 @@ def conversation_record(conversation: Any) -> dict[str, Any]:
     return {"stop_reason": conversation.stop_reason, "tool_rounds": conversation.tool_rounds, "turns": turns}
 
 
+def completion_runs(rollouts: Any, n: int) -> list[list[int]] | None:
+    """Completion ``n``'s per-token policy versions as stored runs (None: all by ``rollouts.policy_version``)."""
+    if getattr(rollouts, "token_versions", None) is None:
+        return None
+    length = int(rollouts.completion_lengths[n])
+    return version_runs(rollouts.token_versions[n, :length].tolist(), rollouts.policy_version)
+
+
 def rollout_records(
     indices: Sequence[int], rollouts: Any, completions: Sequence[str], reward: Any, advantages: Any, source: Any
 ) -> list[RolloutRecord]:
@@ -108,6 +120,7 @@ def rollout_records(
                 error=reward.errors[n],
                 extra={column: values[n] for column, values in reward.extra.items()} or None,
                 conversation=None if rollouts.conversations is None else conversation_record(rollouts.conversations[n]),
+                token_versions=completion_runs(rollouts, n),
             )
         )
     return records

@@ -6,7 +6,9 @@ schema. `extra` holds the columns reward functions logged with `log_extra` (JSON
 stores written before it existed get it when opened for writing. `advantage` is null for a completion
 the step did not train on (dynamic sampling dropped its group, whose rewards all tie). `conversation` holds a
 multi-turn rollout's turns (JSON: stop_reason, tool_rounds, turns with role, text, tool calls, tool name,
-arguments, status, error, token span, start and duration; null for a single-turn completion). Stores written
+arguments, status, error, token span, start and duration; null for a single-turn completion). `token_versions`
+holds a partial rollout's per-token policy versions as runs `[[first_token, version], ...]` (null: every token by
+`policy_version`; grpokit/store/versions.py). Stores written
 before these columns existed get them when opened for writing, and are read without them. The
 `reward_values` view unpacks `rewards` to one row per (rollout, reward function) and `step_summary` gives the
 per-step numbers `grpokit inspect` prints, which keeps ad-hoc `grpokit inspect RUN --sql "..."` queries short:
@@ -49,6 +51,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     error             TEXT,
     extra             TEXT,
     conversation      TEXT,
+    token_versions    TEXT,
     UNIQUE (step, prompt_index, completion_index)
 );
 CREATE TABLE IF NOT EXISTS step_metrics (

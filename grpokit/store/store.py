@@ -54,10 +54,11 @@ _ROLLOUT_COLUMNS = (
     "error",
     "extra",
     "conversation",
+    "token_versions",
 )
 # Columns added after the first stores were written: ALTERed into a store opened for writing, left out of reads
 # of a store without them.
-_ADDED_COLUMNS = ("extra", "conversation")
+_ADDED_COLUMNS = ("extra", "conversation", "token_versions")
 _INSERT_ROLLOUT = (
     f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
 )
@@ -308,6 +309,7 @@ class RolloutStore:
             rollout.error,
             None if rollout.extra is None else json.dumps(rollout.extra, default=str, ensure_ascii=False),
             None if rollout.conversation is None else json.dumps(rollout.conversation, default=str, ensure_ascii=False),
+            None if rollout.token_versions is None else json.dumps(rollout.token_versions),
         )
 
     def _has_step(self, step: int) -> bool:
@@ -411,6 +413,7 @@ class RolloutStore:
             rollout["rewards"] = json.loads(rollout["rewards"])
             rollout["extra"] = json.loads(rollout["extra"]) if rollout.get("extra") else None
             rollout["conversation"] = json.loads(rollout["conversation"]) if rollout.get("conversation") else None
+            rollout["token_versions"] = json.loads(rollout["token_versions"]) if rollout.get("token_versions") else None
             result.append(rollout)
         return result
 

@@ -63,6 +63,10 @@ NOT_RUNNABLE = {
     "make test-fast": "is this test suite without the slow tests",
     "make test-vllm": "builds .venv-vllm (vLLM's CPU build, ~1.5 min, 3.5 GB) and runs tests/real_vllm; CI runs it",
     "make bench": "the benchmark: installs packages and runs ~30 min",
+    "make gpu-bundle": "builds grpokit's wheel and downloads four wheels into the checkout (docs/gpu.md)",
+    "python3 -m pip install -q --no-index --no-deps --target /tmp/gk gpu-bundle/*.whl && PYTHONPATH=/tmp/gk python3 "
+    "scripts/gpu_check.py --out $OUT/gpu_check.json": "the lent GPU machine's command (the real check needs CUDA); "
+    "its --dry-run with the bundle was run in a CPU venv of that machine's versions (docs/gpu.md)",
     "python bench/vs_trl.py": "the benchmark: ~30 min",
     "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",
     "python bench/vs_trl.py --shapes qwen0.5b": "the benchmark at Qwen2.5-0.5B's shape: ~1 h, ~20 GB",
@@ -286,6 +290,9 @@ NOT_RUNNABLE_SNIPPETS: dict[str, str] = {
     "    tools=[multiply],": (
         "training with tools needs a tool-calling chat template (the tiny local model's has none); "
         "tests/integration/test_tool_training.py runs a TRL agent script"
+    ),
+    "rollouts = generate_partial(engine, prompt_ids, G, params, seeds=seeds, updates=updates)": (
+        "needs vLLM (a VLLMRolloutEngine) and a weight source; tests/real_vllm/test_partial_vllm.py runs it"
     ),
 }
 

@@ -44,7 +44,7 @@ def test_the_dry_run_runs_every_part_on_the_cpu(tmp_path):
         import vllm  # noqa: F401
     except ImportError:
         assert parts["train_vllm"] == parts["train_vllm"] | {"status": "missing", "package": "vllm"}
-        assert parts["vllm"]["status"] == "skipped" and "vllm is not installed" in parts["vllm"]["reason"]
+        assert parts["vllm"]["status"] == "missing" and "vllm is not installed" in parts["vllm"]["reason"]
     else:
         assert parts["train_vllm"]["status"] == "ok", parts["train_vllm"]  # vLLM's CPU build trains the dry run
 
