@@ -1,4 +1,4 @@
-"""Command line: grpokit train | eval | explain | demo | inspect | report | env | serve-rewards.
+"""Command line: grpokit train | eval | explain | demo | inspect | report | env | serve-rewards | vllm-serve.
 
 Every way out of a command is one line on stderr, never a traceback, besides a bug's: a signal (exit 128 + signum,
 from the first line of ``main`` to the interpreter's last, imports included: ``interrupt.CommandSignals``), an error
@@ -154,10 +154,26 @@ def _parser():
     p.add_argument("--client-ca", default=None, help="PEM CA bundle: require client certificates it signed (mTLS)")
     p.set_defaults(func=cmd_serve_rewards)
 
+    p = sub.add_parser(
+        "vllm-serve",
+        help="start a vLLM server for generation.vllm_mode: server (`vllm serve` with the flags it needs)",
+        description="Exec `vllm serve MODEL [args]` with VLLM_SERVER_DEV_MODE=1, --logprobs-mode processed_logprobs, "
+        "grpokit's worker extension, --host 127.0.0.1 and, on CUDA, NCCL weight transfer (docs/vllm.md).",
+    )
+    p.add_argument("model", help="a model folder or hub id (the policy's)")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="more `vllm serve` arguments, e.g. --port 8000")
+    p.set_defaults(func=_vllm_serve)
+
     from grpokit.store.cli import register
 
     register(sub)
     return parser
+
+
+def _vllm_serve(args) -> int:
+    from grpokit.rollout.vllm_serve_cmd import cmd_vllm_serve
+
+    return cmd_vllm_serve(args)
 
 
 def is_user_error(exc: BaseException) -> bool:
@@ -167,6 +183,8 @@ def is_user_error(exc: BaseException) -> bool:
     from grpokit.config import ConfigError
     from grpokit.data.prompts import DataError
     from grpokit.rewards.contract import RewardError
+    from grpokit.rollout.vllm_http import VLLMServerError
+    from grpokit.rollout.vllm_weights import SyncGapError
     from grpokit.store.store import StoreError
     from grpokit.train.rundir.checkpoint import CheckpointError
     from grpokit.train.rundir.lock import RunFolderError
@@ -174,7 +192,18 @@ def is_user_error(exc: BaseException) -> bool:
     if isinstance(exc, ImportError):
         return exc.name is None
     return isinstance(
-        exc, (ConfigError, DataError, CheckpointError, StoreError, RewardError, RunFolderError, FileNotFoundError)
+        exc,
+        (
+            ConfigError,
+            DataError,
+            CheckpointError,
+            StoreError,
+            RewardError,
+            RunFolderError,
+            FileNotFoundError,
+            VLLMServerError,
+            SyncGapError,
+        ),
     )
 
 

@@ -63,7 +63,11 @@ def check_inputs(
     engine_kind(args.engine)  # a registered engine (rollout/engines.py), before a model loads
     if rollout_func is not None:
         check_rollout_func(args, rollout_func, tools, environment_factory)
-    if args.engine == "vllm":
+    if args.engine == "vllm" and args.vllm_mode == "server":
+        from grpokit.rollout.vllm_server import check_server_environment
+
+        check_server_environment(procs.enabled, pick_device(args.device).type)
+    elif args.engine == "vllm":
         from grpokit.rollout.vllm_engine import check_vllm_environment
 
         check_vllm_environment(procs.enabled, pick_device(args.device).type)

@@ -294,6 +294,19 @@ def vllm(cfg: GRPOConfig) -> None:
         f"max_completion_length={g.max_completion_length} (or be null).",
     )
     check(
+        g.vllm_server_timeout > 0,
+        f"vllm_server_timeout={g.vllm_server_timeout} must be > 0 (seconds the server may take to answer, e.g. 240).",
+    )
+    check(
+        g.vllm_max_logprob_gap is None or g.vllm_max_logprob_gap > 0,
+        f"vllm_max_logprob_gap={g.vllm_max_logprob_gap} must be > 0 (nats per sampled token, e.g. 1e-3), or null.",
+    )
+    check(
+        g.vllm_server_base_url is None or g.vllm_server_base_url.startswith(("http://", "https://")),
+        f"vllm_server_base_url={g.vllm_server_base_url!r} must start with http:// or https://, e.g. "
+        "http://127.0.0.1:8000.",
+    )
+    check(
         g.vllm_kv_cache_gib is None or g.vllm_kv_cache_gib > 0,
         f"vllm_kv_cache_gib={g.vllm_kv_cache_gib} must be > 0 (GiB of KV cache, e.g. 1), or null.",
     )

@@ -63,6 +63,7 @@ CHOICES = {
     "mixed_precision": ("auto", "bf16", "fp16", "no"),
     "ref_model_dtype": ("auto", "bfloat16"),
     "vllm_dtype": ("auto", "float32", "bfloat16", "float16"),
+    "vllm_mode": ("colocate", "server"),
     "optimizer": OPTIMIZERS,
     "scale_rewards": SCALE_REWARDS,
     "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,

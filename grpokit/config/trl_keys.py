@@ -46,7 +46,6 @@ TRANSLATED = (
     "disable_tqdm",
     "shuffle_dataset",
     "use_vllm",
-    "vllm_mode",
     "sync_ref_model",
     "model_init_kwargs",
     "run_name",
@@ -187,12 +186,7 @@ def _trl_only_keys(trl: dict, values: dict, context: dict, put, unused: dict) ->
         put("progress_bar", not trl["disable_tqdm"], f"disable_tqdm={trl['disable_tqdm']}")
     if "shuffle_dataset" in trl:
         put("shuffle", bool(trl["shuffle_dataset"]), f"shuffle_dataset={trl['shuffle_dataset']}")
-    if trl.get("use_vllm"):
-        if trl.get("vllm_mode", "colocate") != "colocate":
-            raise TRLValueError(
-                f"vllm_mode={trl['vllm_mode']!r}: grpokit's vLLM engine runs in the training "
-                "process; set vllm_mode='colocate' (no server to start)."
-            )
+    if trl.get("use_vllm"):  # vllm_mode and vllm_server_* are grpokit's fields too (colocate, or server: a vllm serve)
         put("engine", "vllm", "use_vllm=True")
     elif trl.get("use_vllm") is False:
         put("engine", "hf", "use_vllm=False")

@@ -118,6 +118,12 @@ class TypedKeys:
     vllm_dtype: str
     vllm_enforce_eager: bool | None
     vllm_kv_cache_gib: float | None
+    vllm_mode: str
+    vllm_server_base_url: str | None
+    vllm_server_host: str
+    vllm_server_port: int
+    vllm_server_timeout: float
+    vllm_max_logprob_gap: float | None
     # optim
     learning_rate: float
     weight_decay: float
@@ -295,13 +301,8 @@ class TypedKeys:
     chat_template_kwargs: Any
     cache_implementation: Any
     use_vllm: bool
-    vllm_mode: str
     vllm_model_impl: str
     vllm_structured_outputs_regex: Any
-    vllm_server_base_url: Any
-    vllm_server_host: str
-    vllm_server_port: int
-    vllm_server_timeout: float
     vllm_group_port: int
     vllm_tensor_parallel_size: int
     sync_ref_model: bool

@@ -7,7 +7,8 @@ run has tools or environments, wraps it in the multi-turn engine; nothing else n
 
 - ``hf``: :class:`~grpokit.rollout.engine.HFRolloutEngine`, grpokit's own sampler on the policy's own weights.
 - ``vllm``: :class:`~grpokit.rollout.vllm_engine.VLLMRolloutEngine`, a colocated vLLM with its own copy of the
-  weights (``separate_weights``: its log-probs differ from the learner's, so they weight tokens).
+  weights (``separate_weights``: its log-probs differ from the learner's, so they weight tokens); with
+  ``vllm_mode: server`` :class:`~grpokit.rollout.vllm_server.VLLMServerEngine`, a running ``vllm serve``.
 - ``transformers``: :class:`~grpokit.rollout.transformers_engine.TransformersRolloutEngine`, transformers' own
   ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...).
 - ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
@@ -118,6 +119,10 @@ def _vllm(parts: EngineParts, settings: VLLMSettings):
             "generation.engine: hf."
         )
     spec = vllm_spec(settings, parts.source, parts.trust_remote_code, parts.max_length)
+    if spec.mode == "server":
+        from grpokit.rollout.vllm_server import VLLMServerEngine
+
+        return VLLMServerEngine(parts.model, parts.eos_token_ids, parts.pad_token_id, spec, seed=parts.seed)
     return VLLMRolloutEngine(
         parts.model, parts.eos_token_ids, parts.pad_token_id, spec, seed=parts.seed, learner_dtype=parts.autocast_dtype
     )

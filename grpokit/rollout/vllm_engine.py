@@ -57,7 +57,7 @@ from grpokit.rollout.vllm_settings import (
     vllm_platform,
     vllm_sleep_mode,
 )
-from grpokit.rollout.vllm_weights import push_weights, sync_gap_limit, sync_gap_warning
+from grpokit.rollout.vllm_weights import SyncGapCheck, push_weights, sync_gap_limit
 
 
 def check_vllm_environment(distributed: bool = False, learner_device: str | None = None) -> str:
@@ -214,7 +214,7 @@ class VLLMRolloutEngine:
         )
         learner = DTYPE_NAMES.get(compute, "16-bit")
         self.sync_gap_limit = sync_gap_limit(self.dtype, learner)
-        self._gap_warned = False
+        self.gap = SyncGapCheck("colocated vLLM", self.dtype, learner, spec.max_logprob_gap)
         source, load_format = spec.source, "auto"
         if source is None:  # a loaded module: vLLM needs a folder for the architecture, the weights come later
             self._config_dir = tempfile.TemporaryDirectory(prefix="grpokit-vllm-")
@@ -258,11 +258,11 @@ class VLLMRolloutEngine:
     def sync_gap_warning(self, step: int, metrics: dict) -> str | None:
         """A warning line, the first time a step's ``sampling_is/logprob_abs_diff`` shows vLLM sampling with other
         weights than the learner's (:func:`~grpokit.rollout.vllm_weights.sync_gap_warning`); else None."""
-        if self._gap_warned:
-            return None
-        message = sync_gap_warning(step, metrics.get("sampling_is/logprob_abs_diff"), self.sync_gap_limit)
-        self._gap_warned = message is not None
-        return message
+        return self.gap.warning(step, metrics)
+
+    def sync_gap_stop(self, step: int, metrics: dict) -> None:
+        """SyncGapError when the step's gap shows a broken sync (:class:`grpokit.rollout.vllm_weights.SyncGapCheck`)."""
+        self.gap.stop(step, metrics)
 
     def close(self) -> None:
         """Shut vLLM down now: its engine and this process's torch.distributed groups. vLLM freezes the objects

@@ -53,6 +53,10 @@ def _build_llm(folder: str, device: str, dtype: str, sleep_mode: bool = False):
         enforce_eager=True,
         kv_cache_gib=1.0,
         trust_remote_code=False,
+        mode="colocate",
+        server_url="",
+        server_timeout=0.0,
+        max_logprob_gap=None,
     )
     kwargs = vllm_llm_kwargs(spec, platform=device, dtype=dtype, max_model_len=128, sleep_mode=sleep_mode, seed=0)
     return LLM(model=folder, **kwargs)

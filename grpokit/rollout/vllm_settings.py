@@ -50,6 +50,22 @@ class VLLMSettings:
     vllm_kv_cache_gib: float | None = None
     """engine vllm: vLLM's KV cache in GiB; null = what vllm_gpu_memory_utilization leaves on a GPU, 1 on the CPU
     (VLLM_CPU_KVCACHE_SPACE, when set, takes precedence there)."""
+    vllm_mode: str = "colocate"
+    """engine vllm: colocate (vLLM in the training process) | server (a running `vllm serve`, e.g. started by
+    `grpokit vllm-serve MODEL`, samples over HTTP and receives the weights after each update; docs/vllm.md)."""
+    vllm_server_base_url: str | None = None
+    """vllm_mode server: the server's URL, e.g. http://127.0.0.1:8000; null = http://vllm_server_host:vllm_server_port."""
+    vllm_server_host: str = "127.0.0.1"
+    """vllm_mode server: the server's address when vllm_server_base_url is null."""
+    vllm_server_port: int = 8000
+    """vllm_mode server: the server's port when vllm_server_base_url is null."""
+    vllm_server_timeout: float = 240.0
+    """vllm_mode server: seconds to wait for the server at the start, and the longest any one request (a sampling, a
+    weight push) may take; past it the run ends with one line naming the URL."""
+    vllm_max_logprob_gap: float | None = None
+    """engine vllm: stop the run when a step's sampling_is/logprob_abs_diff (vLLM's against the learner's log-probs of
+    the sampled tokens, mean per token) exceeds this: vLLM samples with other weights than the learner's; null = 1e-4
+    with both sides in float32, 1.0 otherwise (docs/vllm.md, 'The check of the sync')."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +75,9 @@ class VLLMSpec:
     config it is built from), ``gpu_memory_utilization``, ``max_model_len`` (``vllm_max_model_length``: None =
     ``default_max_model_len``, max_prompt_length + max_completion_length, else the model's own),
     ``enable_sleep_mode`` (None: on a GPU only), ``dtype`` (``vllm_dtype``), ``enforce_eager`` (None: on the CPU
-    only), ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU) and
-    ``trust_remote_code``."""
+    only), ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU),
+    ``trust_remote_code``, ``mode`` (``colocate`` or ``server``: then ``server_url`` and ``server_timeout``, seconds;
+    :mod:`grpokit.rollout.vllm_server`) and ``max_logprob_gap`` (the sync gap that stops the run; None: by dtype)."""
 
     source: str | None
     gpu_memory_utilization: float
@@ -71,6 +88,10 @@ class VLLMSpec:
     enforce_eager: bool | None
     kv_cache_gib: float | None
     trust_remote_code: bool
+    mode: str
+    server_url: str
+    server_timeout: float
+    max_logprob_gap: float | None
 
 
 def installed_vllm() -> str | None:
@@ -194,4 +215,8 @@ def vllm_spec(settings: VLLMSettings, source: str | None, trust_remote_code: boo
         enforce_eager=settings.vllm_enforce_eager,
         kv_cache_gib=settings.vllm_kv_cache_gib,
         trust_remote_code=trust_remote_code,
+        mode=settings.vllm_mode,
+        server_url=settings.vllm_server_base_url or f"http://{settings.vllm_server_host}:{settings.vllm_server_port}",
+        server_timeout=settings.vllm_server_timeout,
+        max_logprob_gap=settings.vllm_max_logprob_gap,
     )

@@ -105,3 +105,45 @@ def sync_gap_warning(step: int, gap: float | None, limit: float) -> str | None:
         f"(sampling_is/logprob_abs_diff; a correct weight sync stays under {limit:g} here): vLLM is sampling with "
         "other weights than the learner's. Check the vLLM version against docs/vllm.md, or set generation.engine: hf."
     )
+
+
+# The mean gap above which a run stops (vllm_max_logprob_gap: null). float32 on both sides: the warning's own limit,
+# 1e-4, ~1000x what a correct sync gives (~1e-7): nothing but other weights moves float32 log-probs that far (a
+# skipped push, a stale tied head: 2e-4 and up). Either side 16-bit: 1 nat per token, ~100x bf16's rounding (~1e-2
+# on real models, TRL's reports; ~6e-4 on the tiny test model): a sampler that far from the learner has the typical
+# token's importance weight exp(1) = 2.7 against the default cap of 3, so the truncated correction stops correcting.
+SYNC_GAP_STOPS = {"float32": 1e-4, "16-bit": 1.0}
+
+
+class SyncGapError(RuntimeError):
+    """vLLM samples with other weights than the learner's: the run stops (one line naming the engine's path)."""
+
+
+class SyncGapCheck:
+    """The check of a vLLM engine's weight sync on each step's ``sampling_is/logprob_abs_diff``: ``warning`` once
+    above the dtypes' limit (:func:`sync_gap_limit`), ``stop`` (SyncGapError) above ``max_gap`` (None: by dtype,
+    SYNC_GAP_STOPS). ``path`` names the engine in both lines (``colocated vLLM``, ``vLLM server URL`` ...)."""
+
+    def __init__(self, path: str, vllm_dtype: str, learner_dtype: str, max_gap: float | None = None):
+        self.path = path
+        self.limit = sync_gap_limit(vllm_dtype, learner_dtype)
+        both_fp32 = vllm_dtype == "float32" and learner_dtype == "float32"
+        self.max_gap = max_gap if max_gap is not None else SYNC_GAP_STOPS["float32" if both_fp32 else "16-bit"]
+        self._warned = False
+
+    def warning(self, step: int, metrics: dict) -> str | None:
+        if self._warned:
+            return None
+        message = sync_gap_warning(step, metrics.get("sampling_is/logprob_abs_diff"), self.limit)
+        self._warned = message is not None
+        return message and f"{self.path}: {message}"
+
+    def stop(self, step: int, metrics: dict) -> None:
+        gap = metrics.get("sampling_is/logprob_abs_diff")
+        if gap is not None and gap > self.max_gap:
+            raise SyncGapError(
+                f"step {step}: {self.path} samples with other weights than the learner's: its log-probs of the "
+                f"sampled tokens differ from the learner's by {gap:.3g} per token (sampling_is/logprob_abs_diff), "
+                f"above vllm_max_logprob_gap={self.max_gap:g}; the weight sync is broken (docs/vllm.md, 'The check "
+                "of the sync'). Check the vLLM version and the server's flags, or set generation.engine: hf."
+            )

@@ -126,6 +126,7 @@ class Loop:
             for warning in (tied, gap):
                 if warning:
                     self.run_log.warn(warning)
+        getattr(run.engine, "sync_gap_stop", lambda *a: None)(step, metrics.values)  # every rank: the same mean gap
         return metrics.values
 
     def _learn(self, rollouts, rewards: torch.Tensor, beta: float, clock: PhaseClock) -> tuple[torch.Tensor, dict]:

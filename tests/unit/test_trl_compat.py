@@ -185,10 +185,19 @@ def test_trl_keys_map_onto_grpokit_fields(given, field, value):
         )  # cfg.optim is grpokit's section
 
 
-def test_use_vllm_colocate_maps_to_the_vllm_engine_and_server_mode_is_refused():
-    assert quiet(use_vllm=True, vllm_mode="colocate").engine == "vllm"
-    with pytest.raises(ConfigError, match="vllm_mode='server'"):
-        GRPOConfig(use_vllm=True, vllm_mode="server")
+def test_use_vllm_maps_to_the_vllm_engine_in_both_modes():
+    colocated = quiet(use_vllm=True, vllm_mode="colocate")
+    assert (colocated.engine, colocated.vllm_mode) == ("vllm", "colocate")
+    server = quiet(use_vllm=True, vllm_mode="server", vllm_server_base_url="http://127.0.0.1:8123")
+    assert (server.engine, server.vllm_mode, server.vllm_server_base_url) == ("vllm", "server", "http://127.0.0.1:8123")
+    by_parts = quiet(use_vllm=True, vllm_mode="server", vllm_server_host="10.0.0.2", vllm_server_port=9000)
+    assert (by_parts.vllm_server_host, by_parts.vllm_server_port, by_parts.vllm_server_timeout) == (
+        "10.0.0.2",
+        9000,
+        240.0,
+    )
+    with pytest.raises(ConfigError, match="vllm_mode"):
+        GRPOConfig(use_vllm=True, vllm_mode="remote")
 
 
 def test_optimizers_grpokit_does_not_run_are_named():

@@ -240,8 +240,10 @@ def test_sync_gap_warns_above_what_a_correct_sync_gives():
 
 
 def test_the_engine_warns_once_per_run():
+    from grpokit.rollout.vllm_weights import SyncGapCheck
+
     engine = object.__new__(VLLMRolloutEngine)
-    engine.sync_gap_limit, engine._gap_warned = 1e-4, False
+    engine.gap = SyncGapCheck("colocated vLLM", "float32", "float32")
     assert engine.sync_gap_warning(1, {"sampling_is/logprob_abs_diff": 1e-6}) is None
-    assert engine.sync_gap_warning(2, {"sampling_is/logprob_abs_diff": 5e-4}).startswith("step 2:")
+    assert engine.sync_gap_warning(2, {"sampling_is/logprob_abs_diff": 5e-4}).startswith("colocated vLLM: step 2:")
     assert engine.sync_gap_warning(3, {"sampling_is/logprob_abs_diff": 5e-4}) is None

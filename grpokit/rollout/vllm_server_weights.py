@@ -1,0 +1,123 @@
+"""The learner's weights into a running ``vllm serve`` (``vllm_mode: server``), after each update.
+
+Both paths send :func:`~grpokit.rollout.vllm_weights.vllm_weight_items`: the plain HF model's names, a LoRA
+policy's adapted weights merged out of place (``W + delta``; the base is never written), a tied head once (as
+the embeddings).
+
+- :class:`SharedMemoryPush` (a learner on the CPU; the server on the same machine): the weights are written as
+  safetensors to a fresh folder under /dev/shm for each version, the dev-mode route ``/collective_rpc`` runs
+  ``grpokit_reload_weights`` (a server started by ``grpokit vllm-serve``: reload, then the tied head re-packed;
+  :mod:`grpokit.rollout.vllm_server_worker`) or vLLM's own ``reload_weights`` (any other server) with
+  ``weights_path`` = the folder, the folder is removed, and ``/reset_prefix_cache`` drops the KV computed by the
+  old weights. ``/collective_rpc`` takes only string arguments, hence a folder rather than tensors.
+- :class:`NCCLPush` (a learner on CUDA; a server started with ``--weight-transfer-config '{"backend":"nccl"}'``):
+  vLLM's own trainer-side engine, ``NCCLTrainerWeightTransferEngine``, over grpokit's HTTP client
+  (:class:`HTTPWeightSyncRoutes`: ``/init_weight_transfer_engine`` once, then ``/start_weight_update``,
+  ``/update_weights`` beside the NCCL broadcast, ``/finish_weight_update`` on each push), then
+  ``/reset_prefix_cache``. Every request is bounded by vllm_server_timeout; the broadcast itself is NCCL's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+from grpokit.rollout.vllm_weights import vllm_weight_items
+
+SHM = "/dev/shm"
+
+
+class SharedMemoryPush:
+    """Weights through safetensors in shared memory and ``/collective_rpc`` (module docstring)."""
+
+    def __init__(self, client, policy: torch.nn.Module, extension: bool):
+        """``extension``: the server runs grpokit's worker extension (started by ``grpokit vllm-serve``)."""
+        self.client, self.policy, self.extension = client, policy, extension
+        self.root = SHM if os.path.isdir(SHM) else None  # /dev/shm: RAM, not a disk (elsewhere: the temp folder)
+
+    @torch.no_grad()
+    def push(self, version: int) -> None:
+        from safetensors.torch import save_file
+
+        folder = tempfile.mkdtemp(prefix=f"grpokit-weights-v{version}-", dir=self.root)
+        try:
+            weights = {name: tensor.detach().contiguous().cpu() for name, tensor in vllm_weight_items(self.policy)}
+            save_file(weights, os.path.join(folder, "model.safetensors"))
+            del weights
+            method = "grpokit_reload_weights" if self.extension else "reload_weights"
+            self.client.request("POST", "/collective_rpc", json={"method": method, "kwargs": {"weights_path": folder}})
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.client.request("POST", "/reset_prefix_cache")
+
+    def close(self) -> None:
+        pass
+
+
+class HTTPWeightSyncRoutes:
+    """vLLM's ``VLLMWeightSyncClient`` protocol (the four weight-update routes and the shutdown, as vLLM's own
+    ``HTTPVLLMWeightSyncClient``) over grpokit's client: each request bounded by its timeout, one line on failure."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.client.request("POST", "/init_weight_transfer_engine", json={"init_info": init_info})
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.client.request("POST", "/shutdown_weight_transfer_engine")
+
+    def start_weight_update(self) -> None:
+        self.client.request("POST", "/start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        self.client.request("POST", "/update_weights", json={"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        body = {"weight_version": weight_version} if weight_version is not None else None
+        self.client.request("POST", "/finish_weight_update", json=body)
+
+
+def policy_source(policy: torch.nn.Module):
+    """A vLLM ``WeightSource`` over :func:`vllm_weight_items`: ``metadata()`` and iteration in the same order."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class PolicySource(WeightSource):
+        def metadata(self) -> list:
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in vllm_weight_items(policy)]
+
+        def __iter__(self):
+            for name, tensor in vllm_weight_items(policy):
+                yield name, tensor.detach().contiguous()
+
+    return PolicySource()
+
+
+class NCCLPush:
+    """Weights by vLLM's NCCL weight transfer (module docstring). Built once: the NCCL group with the server's
+    workers (rank 0 here, the server's ``/get_world_size`` workers after it)."""
+
+    def __init__(self, client, policy: torch.nn.Module):
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+        from vllm.utils.network_utils import get_ip, get_open_port
+
+        self.client = client
+        workers = int(client.request("GET", "/get_world_size")["world_size"])
+        info = NCCLTrainerInitInfo(master_address=get_ip(), master_port=get_open_port(), world_size=workers + 1, rank=0)
+        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(
+            info, client=HTTPWeightSyncRoutes(client), source=policy_source(policy)
+        )
+
+    @torch.no_grad()
+    def push(self, version: int) -> None:
+        self.engine.send_weights()
+        self.client.request("POST", "/reset_prefix_cache")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # the server may be gone already: nothing left to shut down
+            self.engine.client.shutdown_weight_transfer_engine()

@@ -1,0 +1,180 @@
+"""vllm_mode: server against a real ``vllm serve`` (vLLM's CPU build), started by ``grpokit vllm-serve`` on a free
+loopback port (one thread, eager, the Makefile's small KV cache): training in float32 with the sampler-learner
+log-prob gap <= GAP_FP32 after every sync, the server killed mid-run (the run ends with one line naming the URL),
+a resume on a fresh server equal to the uninterrupted run, and a skipped weight push stopping the run.
+
+One server at a time: the module's server is started once and restarted only after the test that kills it."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, metrics, prompts
+
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.rollout.vllm_http import VLLMServerError
+from grpokit.rollout.vllm_weights import SyncGapError
+from grpokit.store import RolloutStore
+
+COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "sampling_is/logprob_abs_diff")
+START_TIMEOUT_S = 900  # a bound on a server's start on a busy 2-core machine (measured 45-130 s)
+
+
+class Server:
+    """A ``grpokit vllm-serve`` process (its own session: killing it takes vLLM's engine process with it)."""
+
+    def __init__(self, model_dir, log_dir):
+        self.model_dir, self.log_dir, self.proc, self.url = model_dir, log_dir, None, None
+
+    def start(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self.log = open(self.log_dir / f"server-{port}.log", "w")  # noqa: SIM115 (closed in stop)
+        args = ["--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "128"]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grpokit.cli", "vllm-serve", str(self.model_dir), *args],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        import httpx
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.log_dir / f"server-{port}.log").read_text()[-4000:]
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"the vLLM server did not start within {START_TIMEOUT_S} s")
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL to the server's whole session (the API server and vLLM's engine process)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=120)
+            self.log.close()
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(vllm_model_dir, tmp_path_factory):
+    s = Server(vllm_model_dir, tmp_path_factory.mktemp("vllm-server"))
+    s.start()
+    yield s
+    s.kill()
+
+
+def trainer(model_dir, run, url, callbacks=None, trl_form=False, **overrides) -> GRPOTrainer:
+    """grpokit's keys; ``trl_form``: a TRL script's (use_vllm=True, vllm_mode="server", host and port)."""
+    values = {**SETTINGS, "vllm_mode": "server", "vllm_server_timeout": 120}
+    if trl_form:
+        del values["engine"]
+        host, port = url.removeprefix("http://").split(":")
+        values.update(use_vllm=True, vllm_server_host=host, vllm_server_port=int(port))
+    else:
+        values["vllm_server_base_url"] = url
+    args = GRPOConfig(**{**values, "dtype": "float32", "output_dir": str(run), **overrides})
+    return GRPOTrainer(str(model_dir), TARGET_REWARD, args=args, train_dataset=prompts(), callbacks=callbacks)
+
+
+def completions(run) -> list[tuple]:
+    with RolloutStore(run / "rollouts.sqlite", readonly=True) as store:
+        return [(r["step"], r["prompt_index"], r["completion"]) for r in store.rollouts()]
+
+
+class KillAtStep:
+    """Kills the server at the end of step ``step`` (before that step's checkpoint is written)."""
+
+    def __init__(self, server, step):
+        self.server, self.step = server, step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.server.kill()
+
+
+COMMON = dict(lr_scheduler_type="constant", save_steps=1, max_steps=3)
+
+
+def test_training_keeps_the_server_in_sync_after_every_push(server, vllm_model_dir, tmp_path):
+    """Configured as a TRL script is: use_vllm=True, vllm_mode="server", vllm_server_host / vllm_server_port."""
+    run = tmp_path / "straight"
+    t = trainer(vllm_model_dir, run, server.url, trl_form=True, **COMMON)
+    assert (t.args.engine, t.args.vllm_mode) == ("vllm", "server")
+    t.train()
+    lines = metrics(run)
+    print("sampling_is/logprob_abs_diff per step:", [line["sampling_is/logprob_abs_diff"] for line in lines])
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    for line in lines:  # each step samples after a push of the learner's current weights
+        assert line["sampling_is/logprob_abs_diff"] <= GAP_FP32, line
+        assert torch.isfinite(torch.tensor(line["loss"]))
+    assert len({line["loss"] for line in lines}) == 3
+
+
+def test_a_killed_server_ends_the_run_and_a_resume_continues_exactly(server, vllm_model_dir, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    trainer(vllm_model_dir, straight, server.url, **COMMON).train()
+    url = server.url
+    t = trainer(vllm_model_dir, resumed, url, callbacks=[KillAtStep(server, 2)], **COMMON)
+    with pytest.raises(VLLMServerError) as ended:  # step 3's weight push finds no server
+        t.train()
+    text = str(ended.value)
+    assert "\n" not in text and f"vLLM server {url}: /collective_rpc failed" in text
+    assert "vllm_server_timeout=120 s" in text
+    del t
+    gc.collect()
+    assert [line["step"] for line in metrics(resumed)] == [1, 2]
+    server.start()  # a fresh server, from the model's folder: the resumed run pushes the checkpoint's weights
+    trainer(vllm_model_dir, resumed, server.url, resume_from="latest", **COMMON).train()
+    a, b = metrics(straight), metrics(resumed)
+    assert [line["step"] for line in b] == [1, 2, 3]
+    for key in COMPARED:
+        assert b[2][key] == pytest.approx(a[2][key], abs=1e-6), key
+    assert b[2]["sampling_is/logprob_abs_diff"] <= GAP_FP32
+    assert completions(straight) == completions(resumed)
+    print("step 3, straight and resumed:", {key: (a[2][key], b[2][key]) for key in COMPARED})
+
+
+def test_a_skipped_weight_push_stops_the_run_naming_the_server(server, vllm_model_dir, tmp_path, monkeypatch):
+    """The server keeps its own weights after the first push: step 2 samples from the step-0 policy."""
+    from grpokit.rollout import vllm_server_weights
+
+    pushes = []
+    real = vllm_server_weights.SharedMemoryPush.push
+    monkeypatch.setattr(
+        vllm_server_weights.SharedMemoryPush,
+        "push",
+        lambda self, version: pushes.append(version) or (real(self, version) if version == 0 else None),
+    )
+    if not server.running():
+        server.start()
+    run = tmp_path / "broken"
+    with pytest.raises(SyncGapError) as stopped:
+        trainer(vllm_model_dir, run, server.url, max_steps=3).train()
+    text = str(stopped.value)
+    assert text.startswith(f"step 2: vLLM server {server.url} samples with other weights"), text
+    assert "vllm_max_logprob_gap=0.0001" in text
+    gaps = [line["sampling_is/logprob_abs_diff"] for line in metrics(run)]
+    print("a skipped push: sampling_is/logprob_abs_diff per step:", gaps)
+    assert pushes == [0, 1] and len(gaps) == 2 and gaps[0] <= GAP_FP32 and gaps[1] > 1e-4
