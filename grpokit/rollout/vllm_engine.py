@@ -212,7 +212,7 @@ class VLLMRolloutEngine:
         max_len = vllm_max_model_len(
             spec.max_model_len, spec.default_max_model_len, getattr(base.config, "max_position_embeddings", None)
         )
-        learner = DTYPE_NAMES.get(compute, "16-bit")
+        learner = DTYPE_NAMES.get(str(compute).removeprefix("torch."), "16-bit")  # DTYPE_NAMES: by name
         self.sync_gap_limit = sync_gap_limit(self.dtype, learner)
         self.gap = SyncGapCheck("colocated vLLM", self.dtype, learner, spec.max_logprob_gap)
         source, load_format = spec.source, "auto"

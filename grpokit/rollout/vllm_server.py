@@ -117,7 +117,7 @@ class VLLMServerEngine:
                 "processed_logprobs (grpokit vllm-serve does), so that its log-probs are those of the distribution "
                 "each token was drawn from."
             )
-        learner = DTYPE_NAMES.get(next(policy.parameters()).dtype, "16-bit")
+        learner = DTYPE_NAMES.get(str(next(policy.parameters()).dtype).removeprefix("torch."), "16-bit")
         self.gap = SyncGapCheck(f"vLLM server {self.client.url}", server_dtype, learner, spec.max_logprob_gap)
         self.pusher = self._pusher(info)
 

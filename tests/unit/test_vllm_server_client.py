@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 from fake_vllm_server import FakeVLLM
+from shared_helpers import sampling_params
 
-from grpokit.rollout.types import SamplingParams
 from grpokit.rollout.vllm_http import ServerClient, VLLMServerError
 from grpokit.rollout.vllm_serve_cmd import vllm_serve_command
 from grpokit.rollout.vllm_server import VLLMServerEngine
@@ -94,7 +94,7 @@ def routes(fake) -> list[str]:
 
 
 def test_the_engine_samples_groups_and_pushes_each_version_once(policy):
-    params = SamplingParams(max_completion_length=5, temperature=0.9, top_k=7)
+    params = sampling_params(5, 0.9, top_k=7)
     with FakeVLLM() as fake:
         engine = engine_for(fake, policy)
         out = engine.generate([[5, 6], [7]], 4, params, seeds=[10, 20])
@@ -123,14 +123,14 @@ def test_the_engine_samples_groups_and_pushes_each_version_once(policy):
 
 def test_greedy_groups_are_sent_as_n_1_requests(policy):
     with FakeVLLM() as fake:
-        out = engine_for(fake, policy).generate([[5]], 3, SamplingParams(4, greedy=True), seeds=[9])
+        out = engine_for(fake, policy).generate([[5]], 3, sampling_params(4, greedy=True), seeds=[9])
     bodies = [body for route, body in fake.calls if route == "/v1/completions"]
     assert [(b["n"], b["temperature"]) for b in bodies] == [(1, 0.0)] * 3 and out.completion_ids.size(0) == 3
 
 
 def test_a_server_from_grpokit_vllm_serve_reloads_through_the_extension(policy):
     with FakeVLLM(extension=EXTENSION) as fake:
-        engine_for(fake, policy).generate([[5]], 2, SamplingParams(3), seeds=[1])
+        engine_for(fake, policy).generate([[5]], 2, sampling_params(3), seeds=[1])
     assert [body["method"] for route, body in fake.calls if route == "/collective_rpc"] == ["grpokit_reload_weights"]
 
 
