@@ -61,6 +61,12 @@ NOT_RUNNABLE = {
         "needs a CUDA GPU (without one it refuses: tests/integration/test_gpu_check.py); its --dry-run runs here"
     ),
     "make test-fast": "is this test suite without the slow tests",
+    "grpokit vllm-serve MODEL --port 8000": (
+        "a vLLM server (vLLM's package, .venv-vllm), until stopped: tests/real_vllm/test_server_vllm.py starts one"
+    ),
+    "grpokit train config.yaml engine=vllm vllm_mode=server vllm_server_port=8000": (
+        "needs a running vLLM server: tests/real_vllm/test_server_vllm.py trains against one"
+    ),
     "make test-vllm": "builds .venv-vllm (vLLM's CPU build, ~1.5 min, 3.5 GB) and runs tests/real_vllm; CI runs it",
     "make bench": "the benchmark: installs packages and runs ~30 min",
     "make gpu-bundle": "builds grpokit's wheel and downloads four wheels into the checkout (docs/gpu.md)",
