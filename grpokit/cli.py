@@ -154,26 +154,13 @@ def _parser():
     p.add_argument("--client-ca", default=None, help="PEM CA bundle: require client certificates it signed (mTLS)")
     p.set_defaults(func=cmd_serve_rewards)
 
-    p = sub.add_parser(
-        "vllm-serve",
-        help="start a vLLM server for generation.vllm_mode: server (`vllm serve` with the flags it needs)",
-        description="Exec `vllm serve MODEL [args]` with VLLM_SERVER_DEV_MODE=1, --logprobs-mode processed_logprobs, "
-        "grpokit's worker extension, --host 127.0.0.1 and, on CUDA, NCCL weight transfer (docs/vllm.md).",
-    )
-    p.add_argument("model", help="a model folder or hub id (the policy's)")
-    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="more `vllm serve` arguments, e.g. --port 8000")
-    p.set_defaults(func=_vllm_serve)
+    from grpokit.rollout.vllm_serve_cmd import register as register_vllm_serve
 
+    register_vllm_serve(sub)
     from grpokit.store.cli import register
 
     register(sub)
     return parser
-
-
-def _vllm_serve(args) -> int:
-    from grpokit.rollout.vllm_serve_cmd import cmd_vllm_serve
-
-    return cmd_vllm_serve(args)
 
 
 def is_user_error(exc: BaseException) -> bool:
@@ -191,20 +178,8 @@ def is_user_error(exc: BaseException) -> bool:
 
     if isinstance(exc, ImportError):
         return exc.name is None
-    return isinstance(
-        exc,
-        (
-            ConfigError,
-            DataError,
-            CheckpointError,
-            StoreError,
-            RewardError,
-            RunFolderError,
-            FileNotFoundError,
-            VLLMServerError,
-            SyncGapError,
-        ),
-    )
+    raised_on_purpose = (ConfigError, DataError, CheckpointError, StoreError, RewardError, RunFolderError)
+    return isinstance(exc, (*raised_on_purpose, FileNotFoundError, VLLMServerError, SyncGapError))
 
 
 def _overrides(items: list[str]) -> list[str]:

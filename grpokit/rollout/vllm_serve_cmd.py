@@ -43,6 +43,21 @@ def vllm_serve_command(model: str, args: list[str], build: str) -> tuple[list[st
     return argv, {"VLLM_SERVER_DEV_MODE": "1"}
 
 
+def register(sub) -> None:
+    """The ``vllm-serve`` command on the CLI's subparsers."""
+    import argparse
+
+    p = sub.add_parser(
+        "vllm-serve",
+        help="start a vLLM server for generation.vllm_mode: server (`vllm serve` with the flags it needs)",
+        description="Exec `vllm serve MODEL [args]` with VLLM_SERVER_DEV_MODE=1, --logprobs-mode processed_logprobs, "
+        "grpokit's worker extension, --host 127.0.0.1 and, on CUDA, NCCL weight transfer (docs/vllm.md).",
+    )
+    p.add_argument("model", help="a model folder or hub id (the policy's)")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="more `vllm serve` arguments, e.g. --port 8000")
+    p.set_defaults(func=cmd_vllm_serve)
+
+
 def cmd_vllm_serve(args) -> int:
     """Replace this process by the server (never returns); one error line without vLLM."""
     from grpokit.rollout.vllm_settings import installed_vllm
