@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,9 @@ class Evaluation:
     ``truncated`` [P*n] (1.0 where a completion hit max_completion_length); ``metrics``: ``eval/pass@k`` for each k,
     ``eval/greedy_accuracy``, ``eval/num_prompts``; ``seconds`` it took, in ``batches`` batches of prompts;
     ``samples``: each batch's sampled ``Rollouts`` and their combined rewards (the trainer's evaluation loss reads
-    them). The names of the reward and length metrics are the trainer's (``grpokit.train.metrics``)."""
+    them); ``per_prompt``: each prompt's result (prompt_index, prompt, correct: samples at or above the success
+    threshold, samples, mean_reward), which the store keeps for the report's held-out view. The names of the reward
+    and length metrics are the trainer's (``grpokit.train.metrics``)."""
 
     rewards: RewardResult
     lengths: torch.Tensor
@@ -32,6 +35,7 @@ class Evaluation:
     seconds: float
     batches: int
     samples: list = field(default_factory=list)
+    per_prompt: list = field(default_factory=list)
 
 
 def evaluate(
@@ -64,7 +68,7 @@ def evaluate(
     """
     started = time.perf_counter()
     indices = [int(i) for i in source.usable][:max_prompts]
-    sampled, correct, greedy_correct, lengths, truncated, samples = [], [], [], [], [], []
+    sampled, correct, greedy_correct, lengths, truncated, samples, means = [], [], [], [], [], [], []
     score = functools.partial(
         _score,
         engine,
@@ -87,6 +91,7 @@ def evaluate(
         correct.append(
             (result.combined.nan_to_num(float("-inf")) >= success_threshold).view(len(chunk), num_samples).sum(1)
         )
+        means.append(result.combined.view(len(chunk), num_samples).nanmean(1))
         if not engine.takes_raw_prompts:  # a rollout_func samples as it likes: it has no greedy decoding to ask for
             g, _ = score(chunk, 1, greedy)
             greedy_correct.append(g.combined.nan_to_num(float("-inf")) >= success_threshold)
@@ -105,7 +110,19 @@ def evaluate(
         seconds=time.perf_counter() - started,
         batches=len(sampled),
         samples=samples,
+        per_prompt=_per_prompt(indices, rows, prompt_column, correct_all, torch.cat(means), num_samples),
     )
+
+
+def _per_prompt(indices, rows, prompt_column, correct, means, num_samples) -> list[dict]:
+    """Each evaluated prompt's result: its dataset row index, its prompt as the dataset holds it (chat messages as
+    JSON), the count of its ``num_samples`` samples counted correct, and its mean combined reward (NaN: none)."""
+    out = []
+    for i, c, m in zip(indices, correct.tolist(), means.tolist()):
+        prompt = rows[i][prompt_column]
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, default=str)
+        out.append({"prompt_index": i, "prompt": text, "correct": int(c), "samples": num_samples, "mean_reward": m})
+    return out
 
 
 def concat_results(results: list[RewardResult]) -> RewardResult:

@@ -67,6 +67,19 @@ CREATE TABLE IF NOT EXISTS evals (
     value   REAL,
     PRIMARY KEY (step, dataset, name)
 );
+-- Each held-out prompt's result in an evaluation: `correct` of its `samples` completions reached the success
+-- threshold (the report's held-out view: prompts learned, never solved, forgotten). Stores written before it
+-- existed get it when opened for writing; readers treat its absence as no per-prompt results.
+CREATE TABLE IF NOT EXISTS eval_prompts (
+    step         INTEGER NOT NULL,
+    dataset      TEXT NOT NULL,
+    prompt_index INTEGER NOT NULL,
+    prompt       TEXT NOT NULL,
+    correct      INTEGER NOT NULL,
+    samples      INTEGER NOT NULL,
+    mean_reward  REAL,
+    PRIMARY KEY (step, dataset, prompt_index)
+);
 CREATE VIEW IF NOT EXISTS reward_values AS
     SELECT r.id AS rollout_id, r.step, r.prompt_index, r.completion_index,
            j.key AS name, j.value AS value

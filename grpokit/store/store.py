@@ -315,12 +315,26 @@ class RolloutStore:
     def _has_step(self, step: int) -> bool:
         return self._conn.execute("SELECT 1 FROM steps WHERE step = ?", (step,)).fetchone() is not None
 
-    def write_eval(self, step: int, dataset: str, metrics: dict[str, float]) -> None:
-        """Write the eval metrics (e.g. pass@1) of `dataset` at `step`; writing them twice raises."""
+    def write_eval(self, step: int, dataset: str, metrics: dict[str, float], prompts: list[dict] | None = None) -> None:
+        """Write the eval metrics (e.g. pass@1) of `dataset` at `step`, and each prompt's result when given
+        (``prompts``: dicts with prompt_index, prompt, correct, samples, mean_reward); writing them twice raises."""
         rows = [(step, dataset, name, finite_or_none(value)) for name, value in metrics.items()]
+        prompt_rows = [
+            (
+                step,
+                dataset,
+                p["prompt_index"],
+                p["prompt"],
+                p["correct"],
+                p["samples"],
+                finite_or_none(p["mean_reward"]),
+            )
+            for p in prompts or ()
+        ]
         try:
             with self._transaction():
                 self._conn.executemany("INSERT INTO evals (step, dataset, name, value) VALUES (?, ?, ?, ?)", rows)
+                self._conn.executemany(f"INSERT INTO eval_prompts VALUES ({', '.join('?' * 7)})", prompt_rows)
         except sqlite3.IntegrityError as err:
             raise DuplicateStepError(f"eval of {dataset!r} at step {step} is already in {self.path}") from err
         except sqlite3.OperationalError as err:
@@ -330,7 +344,7 @@ class RolloutStore:
         """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""
         try:
             with self._transaction():
-                for table in ("steps", "rollouts", "step_metrics", "evals"):
+                for table in ("steps", "rollouts", "step_metrics", "evals", "eval_prompts"):
                     self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
         except sqlite3.OperationalError as err:
             raise self._write_failed(f"the removal of the steps after step {step}", err) from None

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from grpokit.store.directions import change_class
+
 # The config keys that name the algorithm variant (one name, one formula: docs/architecture.md).
 ALGORITHM_KEYS = ("algorithm", "advantage_estimator", "loss_type", "scale_rewards", "importance_sampling_level", "beta")
 
@@ -90,7 +92,7 @@ def summary_html(summary: dict) -> str:
         f"<tr><td>{escape(c['name'])}</td>"
         f'<td>{_num(c["first"])} <span class="at">(step {c["first_step"]})</span></td>'
         f'<td>{_num(c["last"])} <span class="at">(step {c["last_step"]})</span></td>'
-        f'<td class="{"up" if c["change"] > 0 else "down" if c["change"] < 0 else ""}">{c["change"]:+.4g}</td></tr>'
+        f'<td class="{change_class(c["name"], c["change"])}">{c["change"]:+.4g}</td></tr>'
         for c in summary["changes"]
     )
     table = (

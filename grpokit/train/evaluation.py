@@ -12,7 +12,8 @@ from grpokit.train.metrics import EVAL, sample_metrics, stored_eval_names, trl_e
 
 def evaluations(run, sets: dict, step: int) -> dict:
     """{eval set name (None: the one eval_dataset): (its metrics under grpokit's names (``eval/...``), the
-    evaluation's timings: transformers' runtime, samples_per_second, steps_per_second)} of ``sets`` ({name:
+    evaluation's timings: transformers' runtime, samples_per_second, steps_per_second, each prompt's result:
+    ``Evaluation.per_prompt``)} of ``sets`` ({name:
     (PromptSource, rows)}) after ``step`` steps of ``run``."""
     state = reward_state(run.train_source, run.spec.max_steps, step + 1)
     results = {}
@@ -30,7 +31,7 @@ def evaluations(run, sets: dict, step: int) -> dict:
             EVAL + "samples_per_second": round(found.lengths.numel() / seconds, 3) if seconds else 0.0,
             EVAL + "steps_per_second": round(found.batches / seconds, 3) if seconds else 0.0,
         }
-        results[name] = (metrics, speed)
+        results[name] = (metrics, speed, found.per_prompt)
     return results
 
 
@@ -59,9 +60,9 @@ def log_evaluations(run, sets: dict, step: int, prefix: str = "eval", run_log=No
     keeps them under grpokit's names (not the timings: a resume reproduces every number it holds). Returns every
     set's TRL-named metrics."""
     out: dict[str, float] = {}
-    for name, (metrics, speed) in evaluations(run, sets, step).items():
+    for name, (metrics, speed, per_prompt) in evaluations(run, sets, step).items():
         if run_log is not None:
-            run_log.evaluation(step, stored_eval_names(metrics, name), "eval" if name is None else name)
+            run_log.evaluation(step, stored_eval_names(metrics, name), "eval" if name is None else name, per_prompt)
         logged = trl_eval_names(metrics | speed, prefix if name is None else f"{prefix}_{name}")
         run.callbacks.log(logged)
         run.callbacks.event("on_evaluate", metrics=logged)

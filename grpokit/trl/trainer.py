@@ -257,7 +257,7 @@ class GRPOTrainer(TokenMasks, RunAttributes):
         from grpokit.train.evaluation import evaluations
 
         found = evaluations(self.run, self._eval_sets_of(eval_dataset), self.loop.step)
-        return {k: v for name, (metrics, _) in found.items() for k, v in stored_eval_names(metrics, name).items()}
+        return {k: v for name, (metrics, _, _) in found.items() for k, v in stored_eval_names(metrics, name).items()}
 
     def _eval_sets_of(self, eval_dataset: Any) -> dict:
         """{name: (PromptSource, rows)} to evaluate: the run's eval sets, one of them, or ``eval_dataset`` given now,

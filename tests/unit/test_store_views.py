@@ -168,6 +168,7 @@ def report_data(html: str) -> dict:
 
 
 PASS_CHART = "Eval: pass@k and greedy accuracy (fraction of prompts)"
+GROUPS_CHART = "Groups: zero reward variance, all correct, all wrong (fraction)"
 
 
 def test_report_curves(run):
@@ -183,9 +184,15 @@ def test_report_curves(run):
     assert data["Learning rate"] == {"learning_rate": [[1, 1e-6], [2, 2e-6], [3, 2e-6]]}
     # an eval of another dataset than the trainer's "eval": the names as written, with the dataset
     assert data[PASS_CHART] == {"pass@1 (gsm8k)": [[2, 0.25]], "pass@4 (gsm8k)": [[2, 0.5]]}
+    # From the store, threshold 1.0 (no config): step 1's prompt 1 has 0.5 only (its error left out), all wrong;
+    # prompt 0 has 1.5 and 0.5, neither. Step 2: 2.0/0.0 and 1.0/0.5, neither. Step 3: 0.25/1.75, and 0.5/0.5.
+    assert data[GROUPS_CHART] == {
+        "groups/all_correct_fraction": [[1, 0.0], [2, 0.0], [3, 0.0]],
+        "groups/all_wrong_fraction": [[1, 0.5], [2, 0.0], [3, 0.5]],
+    }
     # Metrics the run did not log have no chart.
-    assert set(data) == {"Reward", "KL to the reference", "Learning rate", PASS_CHART}
-    assert html.count("<svg") == 4
+    assert set(data) == {"Reward", "KL to the reference", "Learning rate", PASS_CHART, GROUPS_CHART}
+    assert html.count("<svg") == 5
     assert "Entropy" not in html
 
 
@@ -213,7 +220,9 @@ def test_report_is_self_contained(run):
     urls = set(re.findall(r"https?://[^\s\"'<>]+", html))
     assert urls == {"http://www.w3.org/2000/svg"}  # an XML namespace name, never fetched
     assert not re.search(r"\b(src|href)\s*=", html)
-    assert "<script" not in html.replace('<script type="application/json"', "")
+    # one inline script (tabs, filters), which fetches nothing
+    scripts = re.findall(r"<script>(.*?)</script>", html.replace('<script type="application/json"', ""), re.DOTALL)
+    assert len(scripts) == 1 and not re.search(r"fetch|XMLHttpRequest|import\(|WebSocket|src", scripts[0])
 
 
 def test_report_falls_back_to_metrics_jsonl(tmp_path):

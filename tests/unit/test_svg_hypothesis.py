@@ -88,11 +88,11 @@ def test_a_report_of_such_metrics_is_written(tmp_path):
     """The same values through `grpokit report`'s page (metrics.jsonl only, as a run without a store)."""
     run = tmp_path / "run"
     run.mkdir()
-    rows = [{"step": s, "reward": -0.3375 if s % 2 else -0.33749999999999997, "kl": 0.0} for s in range(1, 6)]
+    rows = [{"step": s, "reward": -0.3375 if s % 2 else -0.33749999999999997, "entropy": 0.0} for s in range(1, 6)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with hang_guard():
         page = report_page(run)
-    assert page.count("<svg") == 2  # reward and KL
+    assert page.count("<svg") == 2  # reward and entropy (a flat 0 is drawn where 0 is a value, not "nothing")
     assert len(page) < 200_000
 
 

@@ -194,9 +194,10 @@ class RunLog:
         if self.spec.log_completions and step % self.spec.logging_steps == 0:
             self.tracker.log_completions(records, step, self.spec.num_completions_to_print)
 
-    def evaluation(self, step: int, metrics: dict, dataset: str = "eval") -> None:
-        """An evaluation of the eval set ``dataset`` ("eval": the one eval_dataset; else a name of a dict of them)."""
-        self.store.write_eval(step, dataset, metrics)
+    def evaluation(self, step: int, metrics: dict, dataset: str = "eval", prompts: list | None = None) -> None:
+        """An evaluation of the eval set ``dataset`` ("eval": the one eval_dataset; else a name of a dict of them);
+        ``prompts``: each prompt's result (``Evaluation.per_prompt``), kept for the report's held-out view."""
+        self.store.write_eval(step, dataset, metrics, prompts)
         with self._writing_metrics():
             self.tracker.log_eval(metrics, step)
 

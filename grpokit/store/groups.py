@@ -1,0 +1,149 @@
+"""The report's Groups view: for chosen steps, each prompt's G completions side by side, with each reward
+function's value, the total, the advantage, the length and the finish reason; a group whose totals all tie (zero
+variance: GRPO learns nothing from it) is flagged.
+
+The page embeds a bounded number of steps (the first, middle and last with rollouts, the steps asked for, and
+evenly spaced ones up to :data:`MAX_STEPS`) and of groups per step (:data:`MAX_GROUPS`), and cuts long completions
+(:data:`MAX_CHARS`), so a long run's page stays small; `grpokit report RUN --steps N,M` embeds other steps.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from pathlib import Path
+
+import yaml
+
+from grpokit.store.samples import completion_html, fmt
+from grpokit.store.store import RolloutStore
+
+MAX_STEPS = 24
+MAX_GROUPS = 16
+MAX_CHARS = 1200
+
+
+def group_steps(with_rollouts: list[int], chosen: list[int] | None = None, most: int = MAX_STEPS) -> list[int]:
+    """The steps the view embeds: ``chosen`` (those with rollouts), else the first, middle and last of
+    ``with_rollouts`` (ascending) and evenly spaced others, ``most`` in all."""
+    if not with_rollouts:
+        return []
+    if chosen:
+        present = set(with_rollouts)
+        return sorted({s for s in chosen if s in present})
+    n = len(with_rollouts)
+    if n <= most:
+        return list(with_rollouts)
+    # most - 1 evenly spaced (the first and the last among them) and the middle one
+    picks = {round(i * (n - 1) / (most - 2)) for i in range(most - 1)} | {n // 2}
+    return [with_rollouts[i] for i in sorted(picks)]
+
+
+def zero_variance(rewards: list[float | None]) -> bool:
+    """A group whose combined rewards all tie (those present; none present counts as a tie): its advantages are 0."""
+    present = [r for r in rewards if r is not None]
+    return not present or max(present) == min(present)
+
+
+def step_groups(store: RolloutStore, step: int, most: int = MAX_GROUPS) -> tuple[list[list[dict]], int]:
+    """(the first ``most`` groups of ``step`` by prompt_index, each its rollouts by completion_index; the step's
+    number of groups)."""
+    groups: dict[int, list[dict]] = {}
+    for rollout in store.rollouts(step=step):
+        groups.setdefault(rollout["prompt_index"], []).append(rollout)
+    return [groups[p] for p in sorted(groups)[:most]], len(groups)
+
+
+def groups_html(store: RolloutStore, steps: list[int]) -> str:
+    """The Groups section: a picker (filled by the page's script) and one block per embedded step."""
+    if not steps:
+        return '<section id="groups" class="view"><h2>Groups</h2><p>No rollouts stored.</p></section>'
+    blocks = []
+    for step in steps:
+        groups, total = step_groups(store, step)
+        flagged = sum(zero_variance([r["reward"] for r in g]) for g in groups)
+        shown = f"{len(groups)} of {total} groups shown" if total > len(groups) else f"{total} groups"
+        head = (
+            f'<h3>Groups of step {step}</h3><p class="meta">{shown}; {flagged} with zero reward variance '
+            "(every total ties: advantage 0, nothing learned from them)</p>"
+        )
+        body = "\n".join(_group_html(step, g) for g in groups)
+        blocks.append(f'<div class="group-step" data-step="{step}" id="step-{step}">{head}{body}</div>')
+    listed = ", ".join(str(s) for s in steps)
+    intro = (
+        f'<p class="meta">Steps in this page: {listed}. <code>grpokit report RUN --steps N,M</code> embeds others; '
+        "<code>report.html?step=N</code> opens one.</p>"
+        '<div class="controls" id="group-controls" hidden></div>'
+    )
+    return f'<section id="groups" class="view"><h2>Groups</h2>{intro}{"".join(blocks)}</section>'
+
+
+def _group_html(step: int, group: list[dict]) -> str:
+    first = group[0]
+    flat = zero_variance([r["reward"] for r in group])
+    flag = ' <span class="flag">zero variance</span>' if flat else ""
+    names = sorted({name for r in group for name in r["rewards"]})
+    header = "".join(f"<th>#{r['completion_index']}</th>" for r in group)
+    rows = [("completion", [completion_html(_cut(r)) for r in group])]
+    rows += [(escape(name), [fmt(r["rewards"].get(name)) for r in group]) for name in names]
+    rows += [
+        ("total", [fmt(r["reward"]) for r in group]),
+        ("advantage", [_advantage(r["advantage"]) for r in group]),
+        ("length", [str(r["completion_tokens"]) for r in group]),
+        ("finish", [escape(r["finish_reason"]) + _error(r) for r in group]),
+    ]
+    body = "".join(
+        f'<tr><th scope="row">{label}</th>{"".join(f"<td>{cell}</td>" for cell in cells)}</tr>' for label, cells in rows
+    )
+    return (
+        f'<div class="group{" flat" if flat else ""}"><div class="group-head">step {step} · prompt '
+        f"{first['prompt_index']} · {len(group)} completions{flag}</div>"
+        f'<pre class="prompt">{escape(_cut_text(first["prompt"]))}</pre>'
+        f'<div class="scroll"><table class="side"><tr><th></th>{header}</tr>{body}</table></div></div>'
+    )
+
+
+def _advantage(value: float | None) -> str:
+    if value is None:
+        return '<span class="at">not trained</span>'
+    kind = "pos" if value > 0 else "neg" if value < 0 else ""
+    return f'<span class="{kind}">{fmt(value)}</span>'
+
+
+def _error(rollout: dict) -> str:
+    return f'<div class="error">{escape(_cut_text(rollout["error"]))}</div>' if rollout["error"] else ""
+
+
+def _cut_text(text: str) -> str:
+    return text if len(text) <= MAX_CHARS else f"{text[:MAX_CHARS]}… ({len(text) - MAX_CHARS} more characters)"
+
+
+def _cut(rollout: dict) -> dict:
+    """The rollout with its completion (and each turn of a conversation) cut to :data:`MAX_CHARS`."""
+    out = dict(rollout, completion=_cut_text(rollout["completion"]))
+    if rollout.get("conversation"):
+        turns = [dict(t, text=_cut_text(t["text"])) for t in rollout["conversation"]["turns"]]
+        out["conversation"] = dict(rollout["conversation"], turns=turns)
+    return out
+
+
+def success_threshold(run_dir: Path) -> float:
+    """The run's eval.success_threshold (config.yaml; 1.0, its default, when unreadable): a completion whose total
+    reaches it counts as correct."""
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        value = float(((config or {}).get("eval") or {}).get("success_threshold", 1.0))
+    except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError):
+        return 1.0
+    return value if math.isfinite(value) else 1.0
+
+
+def group_fractions(store: RolloutStore, threshold: float) -> list[dict]:
+    """Per step with rewarded rollouts: the fraction of its groups whose every total reaches ``threshold``
+    (``groups/all_correct_fraction``) and whose none does (``groups/all_wrong_fraction``): both learn nothing."""
+    _, rows = store.query(
+        "WITH g AS (SELECT step, prompt_index, min(reward) AS lo, max(reward) AS hi FROM rollouts "
+        "WHERE reward IS NOT NULL GROUP BY step, prompt_index) "
+        f"SELECT step, avg(lo >= {threshold!r}), avg(hi < {threshold!r}) FROM g GROUP BY step ORDER BY step"
+    )
+    return [{"step": s, "groups/all_correct_fraction": ok, "groups/all_wrong_fraction": bad} for s, ok, bad in rows]

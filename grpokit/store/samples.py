@@ -1,0 +1,76 @@
+"""The report's best and worst completions of chosen steps, and how a stored rollout is drawn in HTML."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+
+from grpokit.store.store import RolloutStore
+
+
+def fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def best_and_worst(store: RolloutStore, steps: list[int]) -> list[dict]:
+    """[{"step", "best", "worst"}] for the ``steps`` that have rewarded rollouts."""
+    samples = []
+    for step in steps:
+        best = store.rollouts(step=step, order_by_reward="desc", limit=1)
+        worst = store.rollouts(step=step, order_by_reward="asc", limit=1)
+        if best:
+            samples.append({"step": step, "best": best[0], "worst": worst[0]})
+    return samples
+
+
+def samples_html(samples: list[dict]) -> str:
+    body = "\n".join(_sample_section(s) for s in samples) or "<p>No rollouts stored.</p>"
+    return f'<section id="samples" class="view"><h2>Best and worst completions</h2>\n{body}</section>'
+
+
+def _sample_section(sample: dict) -> str:
+    return (
+        f"<h3>Step {sample['step']}</h3>\n"
+        + rollout_html(sample["best"], "best")
+        + "\n"
+        + rollout_html(sample["worst"], "worst")
+    )
+
+
+def rollout_html(rollout: dict, kind: str) -> str:
+    rewards = ", ".join(f"{escape(name)} {fmt(v)}" for name, v in sorted(rollout["rewards"].items()))
+    error = f'<div class="error">error: {escape(rollout["error"])}</div>' if rollout["error"] is not None else ""
+    # log_extra columns (the code reward's per-test results: code_tests), as `grpokit inspect` shows them
+    extra = "".join(
+        f'<div class="extra">{escape(column)}: {escape(json.dumps(value, default=str))}</div>'
+        for column, value in sorted((rollout.get("extra") or {}).items())
+    )
+    return (
+        f'<div class="sample {kind}"><b>{kind}</b>: reward {fmt(rollout["reward"])} '
+        f"({rewards}) · advantage {fmt(rollout['advantage'])} · "
+        f"{rollout['completion_tokens']} tokens · {escape(rollout['finish_reason'])} · "
+        f"prompt {rollout['prompt_index']} #{rollout['completion_index']}"
+        f'<pre class="prompt">{escape(rollout["prompt"])}</pre>'
+        f"{completion_html(rollout)}{extra}{error}</div>"
+    )
+
+
+def completion_html(rollout: dict) -> str:
+    """The completion; a multi-turn rollout as its conversation (each turn, each tool call and its result)."""
+    conversation = rollout.get("conversation")
+    if not conversation:
+        return f'<pre class="completion">{escape(rollout["completion"])}</pre>'
+    parts = []
+    for turn in conversation["turns"]:
+        if turn["role"] == "tool":
+            arguments = json.dumps(turn.get("arguments") or {}, ensure_ascii=False)
+            head = f"tool {turn.get('name')}({arguments}) -> {turn.get('status')}"
+            if "duration" in turn:
+                head += f", {turn['duration']:.3g} s"
+            error = f"\nerror: {turn['error']}" if turn.get("error") else ""
+            parts.append(f'<pre class="tool">{escape(head)}\n{escape(turn["text"])}{escape(error)}</pre>')
+        else:
+            parts.append(f'<pre class="completion">{escape(turn["text"])}</pre>')
+    rounds = conversation["tool_rounds"]
+    ended = f"ended: {conversation['stop_reason']} after {rounds} tool round{'s' * (rounds != 1)}"
+    return "".join(parts) + f'<div class="meta">{escape(ended)}</div>'
