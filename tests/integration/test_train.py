@@ -11,6 +11,7 @@ from shared_helpers import TARGET_REWARD, WORDS
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
+from grpokit.store import RolloutStore
 
 
 def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict], **sections) -> Path:
@@ -105,6 +106,18 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
     assert 0.0 <= evals["eval_pass@1"] <= evals["eval_pass@4"] <= 1.0
     stored = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in stored if "eval/pass@1" in m] == [0, 2]  # before training and at eval_steps
+    # each held-out prompt's result is kept (the report's held-out view): pass@1 is the mean of correct / samples and
+    # pass@4 (of 4 samples) the fraction of prompts with one correct
+    with RolloutStore(tmp_path / "run", readonly=True) as store:
+        _, rows = store.query(
+            "SELECT step, prompt_index, correct, samples FROM eval_prompts ORDER BY step, prompt_index"
+        )
+    for step in (0, 2):
+        mine = [r for r in rows if r[0] == step]
+        logged = next(m for m in stored if m["step"] == step and "eval/pass@1" in m)
+        assert [r[1] for r in mine] == [0, 1, 2, 3] and {r[3] for r in mine} == {4}
+        assert logged["eval/pass@1"] == pytest.approx(sum(r[2] / 4 for r in mine) / 4)
+        assert logged["eval/pass@4"] == pytest.approx(sum(r[2] > 0 for r in mine) / 4)
     # TRL's return value: transformers' TrainOutput, about the steps run in this call
     from transformers.trainer_utils import TrainOutput
 
