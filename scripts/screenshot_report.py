@@ -49,8 +49,10 @@ def run_headless(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
         return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout)
 
 
-def screenshot(html: Path, out: Path, width: int = 1280, height: int = 2400) -> None:
-    result = run_headless(f"--screenshot={out.resolve()}", f"--window-size={width},{height}", html.resolve().as_uri())
+def screenshot(html: Path, out: Path, width: int = 1280, height: int = 2400, suffix: str = "") -> None:
+    """A PNG of ``html`` opened at its address plus ``suffix`` (a query string or a fragment: "?step=5", "#heldout")."""
+    url = html.resolve().as_uri() + suffix
+    result = run_headless(f"--screenshot={out.resolve()}", f"--window-size={width},{height}", url)
     if result.returncode != 0 or not out.is_file():
         raise SystemExit(f"chromium failed ({result.returncode}):\n{result.stderr[-2000:]}")
 
@@ -61,6 +63,15 @@ def dump_dom(html: Path, width: int = 1280) -> str:
     if result.returncode != 0:
         raise SystemExit(f"chromium failed ({result.returncode}):\n{result.stderr[-2000:]}")
     return result.stdout
+
+
+def open_page(url: str, width: int = 1280) -> tuple[str, list[str]]:
+    """(the DOM after the page's scripts ran, every console message the page gave: a log, an error, an uncaught
+    exception) of ``url`` (a file:// address, with a query string or a fragment if wanted)."""
+    result = run_headless("--enable-logging=stderr", "--v=0", "--dump-dom", f"--window-size={width},2400", url)
+    if result.returncode != 0:
+        raise SystemExit(f"chromium failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    return result.stdout, [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     report.add_argument("run", help="run folder")
     report.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of RUN/report.html")
+    report.add_argument(
+        "--steps",
+        type=_step_list,
+        metavar="N,M",
+        help="the steps the Groups view and the best and worst completions show (default: the first, middle and "
+        "last, and evenly spaced others in the Groups view)",
+    )
     report.add_argument("--open", action="store_true", help="open the report in a browser")
     report.set_defaults(func=run_report)
 
@@ -77,8 +84,20 @@ def run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _step_list(text: str) -> list[int]:
+    try:
+        steps = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of step numbers: write e.g. --steps 1,50,100"
+        ) from None
+    if not steps:
+        raise argparse.ArgumentTypeError("--steps needs at least one step number, e.g. --steps 1,50,100")
+    return steps
+
+
 def run_report(args: argparse.Namespace) -> int:
-    page = report_page(args.run)
+    page = report_page(args.run, args.steps)
     path = Path(args.output) if args.output is not None else Path(args.run) / REPORT_FILENAME
     try:
         write_page(path, page)

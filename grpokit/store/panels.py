@@ -95,11 +95,9 @@ def panels(series: dict[str, Series], kinds: dict[str, str]) -> dict[str, dict[s
     order, evaluation panels first; at most :data:`MAX_SERIES` labels per panel."""
     placed: dict[str, dict[str, Series]] = {}
     families: dict[str, Family] = {}
-    for label in sorted(series, key=lambda n: (not kinds[n].startswith("eval/"), n)):
-        kind = kinds[label]
-        if is_count(kind):
-            continue
-        family = _family_of(kind)
+    found = {label: _family_of(kinds[label]) for label in series if not is_count(kinds[label])}
+    for label in sorted(found, key=lambda n: (found[n][1], n)):  # in the family's pattern order, then by name
+        family = found[label][0]
         families[family.title] = family
         placed.setdefault(family.title, {})[label] = series[label]
     order = [f.title for f in EVAL_FAMILIES] + [f"Eval: {f.title}" for f in FAMILIES] + [f.title for f in FAMILIES]
@@ -117,18 +115,23 @@ def panels(series: dict[str, Series], kinds: dict[str, str]) -> dict[str, dict[s
     return out
 
 
-def _family_of(kind: str) -> Family:
-    """The family of a metric named ``kind`` as logged; an unknown name gets one named after its first component."""
+def _family_of(kind: str) -> tuple[Family, int]:
+    """(the family of a metric named ``kind`` as logged, the index of the pattern it matched); an unknown name gets
+    a family named after its first component."""
     for family in EVAL_FAMILIES:
-        if any(matches(kind, p) for p in family.patterns):
-            return family
+        for i, pattern in enumerate(family.patterns):
+            if matches(kind, pattern):
+                return family, i
     evaluation = kind.startswith("eval/")
     name = kind.removeprefix("eval/")
     for family in FAMILIES:
-        if any(matches(name, p) for p in family.patterns):
-            return Family(f"Eval: {family.title}", family.patterns, family.zero_is_empty) if evaluation else family
+        for i, pattern in enumerate(family.patterns):
+            if matches(name, pattern):
+                return (
+                    Family(f"Eval: {family.title}", family.patterns, family.zero_is_empty) if evaluation else family
+                ), i
     head = name.split("/", 1)[0]
-    return Family(f"Eval: {head}" if evaluation else head, (f"{head}*",))
+    return Family(f"Eval: {head}" if evaluation else head, (f"{head}*",)), 0
 
 
 def thin(points: Series, most: int = 600) -> Series:

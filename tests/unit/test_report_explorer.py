@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from grpokit.cli import main
 from grpokit.store import RolloutRecord, RolloutStore, write_report
 from grpokit.store.directions import change_class, direction
 from grpokit.store.groups import group_steps, zero_variance
@@ -210,3 +211,14 @@ def test_a_long_run_gives_a_page_under_10_mb(tmp_path):
     embedded = [int(s) for s in re.findall(r'class="group-step" data-step="(\d+)"', text)]
     assert len(embedded) <= 24 and {1, 1001, 2000} <= set(embedded)  # first, middle, last, and spaced others
     assert all(len(lines) <= MAX_SERIES for lines in data.values())
+
+
+def test_report_command_embeds_the_steps_asked_for(tmp_path, capsys):
+    run = write_synthetic_run(tmp_path / "run", steps=12, groups=2, group_size=3, eval_every=6)
+    assert main(["report", str(run), "--steps", "9,3"]) == 0
+    html = (run / "report.html").read_text()
+    assert re.findall(r'class="group-step" data-step="(\d+)"', html) == ["3", "9"]
+    assert re.findall(r"<h3>Step (\d+)</h3>", html) == ["9", "3"]  # best and worst, in the order asked
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(run), "--steps", "3,x"])
+    assert exit_.value.code == 2 and "'3,x' is not a list of step numbers" in capsys.readouterr().err

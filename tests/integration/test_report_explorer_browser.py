@@ -1,0 +1,94 @@
+"""The run explorer as headless Chromium opens it from file://: no console message of any kind, the tabs, the
+Groups view's step picker (?step=N), the held-out categories, and at most 6 lines per panel; screenshots of each
+view are written (docs/runs.md's are made by scripts/report_screenshots.py the same way).
+
+Needs a Chromium binary (Debian: `apt-get install chromium`); skipped, with that reason, where there is none.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpokit.store import write_report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import screenshot_report
+from synthetic_run import write_synthetic_run
+
+try:
+    screenshot_report.find_chromium()
+except SystemExit as exc:
+    pytest.skip(f"headless report check needs Chromium: {exc}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory) -> Path:
+    run = write_synthetic_run(tmp_path_factory.mktemp("explorer") / "run", steps=60, groups=4, group_size=6)
+    return write_report(run)
+
+
+def shown(dom: str, section: str) -> bool:
+    tag = re.search(rf'<section id="{section}" class="([^"]*)"', dom).group(1)
+    return "hide" not in tag.split()
+
+
+def test_opens_with_no_console_messages_and_tabs(page):
+    dom, console = screenshot_report.open_page(page.resolve().as_uri())
+    assert console == []
+    tabs = re.findall(r'<button type="button" data-view="(\w+)"[^>]*>(.*?)</button>', dom)
+    assert tabs == [
+        ("curves", "Curves"),
+        ("groups", "Groups"),
+        ("heldout", "Held-out prompts"),
+        ("samples", "Best and worst completions"),
+    ]
+    assert shown(dom, "curves") and not shown(dom, "groups") and not shown(dom, "heldout")
+    for svg in re.findall(r"<svg.*?</svg>", dom, re.DOTALL):
+        assert 1 <= svg.count("<polyline") <= 6
+    titles = re.findall(r'<text x="\d+" y="18" class="title">(.*?)</text>', dom)
+    for family in ("Loss and its terms", "Gradient norm", "Phase times (s): sampling, scoring, learning, syncing",
+                   "Tokens per second", "Clipped fraction by region", "Reward",
+                   "Groups: zero reward variance, all correct, all wrong (fraction)"):  # fmt: skip
+        assert family in titles, family
+    assert "Prompts truncated or dropped (so far)" not in titles  # all 0 in this run: nothing to show
+
+
+def test_step_picker_opens_the_step_asked_for(page):
+    dom, console = screenshot_report.open_page(page.resolve().as_uri() + "?step=31")
+    assert console == []
+    assert shown(dom, "groups") and not shown(dom, "curves")
+    blocks = {step: bool(hide) for hide, step in re.findall(r'<div class="group-step( hide)?" data-step="(\d+)"', dom)}
+    assert [step for step, hidden in blocks.items() if not hidden] == ["31"] and {"1", "60"} <= set(blocks)
+    dom, console = screenshot_report.open_page(page.resolve().as_uri() + "?step=7777")
+    assert console == [] and "step 7777 is not in this page: grpokit report RUN --steps 7777 adds it" in dom
+
+
+def test_held_out_view_lists_every_category(page):
+    dom, console = screenshot_report.open_page(page.resolve().as_uri() + "#heldout")
+    assert console == [] and shown(dom, "heldout") and not shown(dom, "curves")
+    buttons = re.findall(r'<button type="button" data-category="([^"]+)"', dom)
+    assert buttons == ["all", "learned", "forgotten", "never solved", "kept"]
+    counts = re.search(r"(\d+) learned, (\d+) forgotten, (\d+) never solved, (\d+) kept", dom).groups()
+    assert sum(map(int, counts)) == 100
+
+
+def test_readable_without_javascript(page):
+    html = page.read_text()
+    # every view is in the page as plain HTML, none hidden; the controls the script fills are hidden until it runs
+    for section in ("curves", "groups", "heldout", "samples"):
+        assert f'<section id="{section}" class="view">' in html
+    assert "hide" not in re.sub(r"<style>.*?</style>|<script>.*?</script>", "", html, flags=re.DOTALL)
+    for control in ('id="group-controls" hidden', 'id="heldout-controls" hidden', 'placeholder="filter panels'):
+        assert control in html
+    assert re.search(r'<input id="panel-filter"[^>]* hidden>', html)
+
+
+def test_screenshots_of_each_view(page, tmp_path):
+    for name, suffix in (("curves", ""), ("groups", "?step=31"), ("heldout", "#heldout")):
+        png = tmp_path / f"{name}.png"
+        screenshot_report.screenshot(page, png, height=1400, suffix=suffix)
+        assert png.stat().st_size > 10_000, name
