@@ -68,6 +68,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--open", action="store_true", help="open the report in a browser")
     report.set_defaults(func=run_report)
 
+    compare = subparsers.add_parser(
+        "compare",
+        help="compare runs: config difference, final evaluation, held-out prompts, curves",
+        description="Compare two or more runs: the config keys that differ, each run's final evaluation with its "
+        "delta to the first run, the held-out prompts one run solves and another does not, and (in the page) the "
+        "curves overlaid by step and by wall time. A run that is missing or cannot be read is left out with a line; "
+        "a run still being written is compared as of its last step.",
+    )
+    compare.add_argument("runs", nargs="+", metavar="RUN", help="run folders (the first is the baseline)")
+    compare.add_argument("--output", "-o", metavar="FILE", default="compare.html", help="the page (compare.html)")
+    compare.set_defaults(func=run_compare)
+
 
 def run_inspect(args: argparse.Namespace) -> int:
     output = inspect_run(
@@ -108,6 +120,27 @@ def run_report(args: argparse.Namespace) -> int:
     write_stdout(f"wrote {path}\n")
     if args.open:
         webbrowser.open(path.resolve().as_uri())
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from grpokit.store.compare import load_run
+    from grpokit.store.compare_page import compare_lines, compare_page
+
+    if len(args.runs) < 2:
+        raise StoreError("compare needs at least two run folders: grpokit compare RUN_A RUN_B [...]")
+    paths = [Path(run) for run in args.runs]
+    names = [p.name for p in paths]
+    # two folders of the same name (runs/a/run, runs/b/run) are told apart by the paths as given
+    loaded = [load_run(p, p.name if names.count(p.name) == 1 else str(p)) for p in paths]
+    runs, left_out = [r for r in loaded if r.problem is None], [r for r in loaded if r.problem is not None]
+    if len(runs) < 2:
+        problems = "; ".join(r.problem for r in left_out)
+        raise StoreError(f"compare needs two readable runs, and {len(runs)} could be read: {problems}")
+    write_stdout("\n".join(compare_lines(runs, left_out)) + "\n")
+    path = Path(args.output)
+    write_page(path, compare_page(runs, left_out))
+    write_stdout(f"wrote {path}\n")
     return 0
 
 

@@ -101,8 +101,17 @@ def legend_layout(names: list[str], width: float) -> list[tuple[float, int]]:
     return placed
 
 
-def line_chart(title: str, series: dict[str, Series], width: int = 560, height: int = 260) -> str:
-    """An SVG chart with one line per named series of (step, value) points, with axes and legend.
+def line_chart(
+    title: str,
+    series: dict[str, Series],
+    width: int = 560,
+    height: int = 260,
+    x_label: str = "step",
+    colors: dict[str, str] | None = None,
+) -> str:
+    """An SVG chart with one line per named series of (x, value) points (x: the step, or ``x_label``'s quantity),
+    with axes and legend; ``colors`` fixes a series' colour (compare: a run's colour on every chart), else the
+    palette's in order.
 
     Returns "" when no series has a point, so callers can skip the chart.
     """
@@ -147,16 +156,17 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
         y = py(tick)
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{label}</text>')
-    x_ticks = nice_ticks(x_lo, x_hi, count=6, min_step=1)
+    x_ticks = nice_ticks(x_lo, x_hi, count=6, min_step=1 if x_label == "step" else 0)
     for tick, label in zip(x_ticks, _tick_labels(x_ticks)):
         x = px(tick)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + plot_h}" y2="{top + plot_h + 4}" class="axis"/>')
         parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">{label}</text>')
     parts.append(
-        f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="tick" text-anchor="middle">step</text>'
+        f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h + 32}" class="tick" text-anchor="middle">'
+        f"{escape(x_label)}</text>"
     )
     for i, (name, points) in enumerate(series.items()):
-        color = PALETTE[i % len(PALETTE)]
+        color = (colors or {}).get(name) or PALETTE[i % len(PALETTE)]
         coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
         parts.append(
             f'<polyline points="{coords}" fill="none" stroke="{color}" '
@@ -166,7 +176,7 @@ def line_chart(title: str, series: dict[str, Series], width: int = 560, height: 
             for x, y in points:
                 parts.append(
                     f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" '
-                    f'fill="{color}"><title>{escape(name)} step {_label(x)}: '
+                    f'fill="{color}"><title>{escape(name)} {escape(x_label)} {_label(x)}: '
                     f"{y:.6g}</title></circle>"
                 )
         legend_x = left + legend[i][0]

@@ -87,6 +87,22 @@ def check_unlocked(path: str | Path) -> None:
         os.close(fd)  # closing the only descriptor of this open file also drops the probe's lock
 
 
+def lock_holder(path: str | Path) -> str | None:
+    """Who holds the lock of the run folder ``path`` ("PID 123 on host h (since ...)"), or None when no live process
+    does (or the folder has no lock file, or it cannot be probed); takes nothing. Readers (`grpokit compare`) use it
+    to say a run is still being written."""
+    try:
+        fd = os.open(Path(path) / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return None if _try_lock(fd) else _holder_text(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # closing the only descriptor of this open file also drops the probe's lock
+
+
 class RunLock:
     """The lock of one run folder, held by this process from :meth:`acquire` to :meth:`release`.
 
