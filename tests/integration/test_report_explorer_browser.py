@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from grpokit.cli import main
 from grpokit.store import write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -92,3 +93,21 @@ def test_screenshots_of_each_view(page, tmp_path):
         png = tmp_path / f"{name}.png"
         screenshot_report.screenshot(page, png, height=1400, suffix=suffix)
         assert png.stat().st_size > 10_000, name
+
+
+def test_compare_page_opens_with_no_console_messages(page, tmp_path):
+    other = write_synthetic_run(
+        tmp_path / "other", steps=40, groups=4, group_size=6, seed=3, config={"algo": {"beta": 0}}
+    )
+    out = tmp_path / "compare.html"
+    assert main(["compare", str(page.parent), str(other), "-o", str(out)]) == 0
+    dom, console = screenshot_report.open_page(out.resolve().as_uri())
+    assert console == []
+    assert "<td>algo.beta</td><td>0.04</td><td>0</td>" in dom
+    # each overlaid metric twice (by step, by wall time), each run in its own colour on every chart
+    titles = re.findall(r'<text x="\d+" y="18" class="title">(.*?)</text>', dom)
+    assert titles.count("eval/pass@1") == 2 and titles.count("reward") == 2
+    for svg in re.findall(r"<svg.*?</svg>", dom, re.DOTALL):
+        assert re.findall(r'<polyline points="[^"]*" fill="none" stroke="(#\w+)"', svg) == ["#4e79a7", "#f28e2b"]
+    screenshot_report.screenshot(out, tmp_path / "compare.png", height=1400)
+    assert (tmp_path / "compare.png").stat().st_size > 10_000
