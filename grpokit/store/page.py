@@ -2,7 +2,7 @@
 
 Every section is plain HTML, so the page reads top to bottom without JavaScript. With it, the script adds tabs
 (Curves, Groups, Held-out prompts, Samples), a filter over the panels, a step picker and a zero-variance filter for
-the groups (``report.html?step=N`` opens step N; ``#groups``, ``#heldout``, ``#samples`` open a view), and a
+the groups (``report.html?step=N`` opens step N; ``?view=heldout`` or ``#heldout`` (groups, samples) opens a view), and a
 category picker for the held-out prompts. It fetches
 nothing and reads only the page.
 """
@@ -91,8 +91,9 @@ SCRIPT = """
     ["all", "learned", "forgotten", "never solved", "kept"].forEach(name => { const b = button(name, () => pick(name));
       b.dataset.category = name; buttons.push(b); bar.appendChild(b); });
     pick("all"); }
-  const hash = location.hash.slice(1), named = views.find(v => v.id === hash);
-  show(named ? hash : wanted !== null && $("#groups") ? "groups" : (views[0] || {}).id);
+  const asked = new URLSearchParams(location.search).get("view") || location.hash.slice(1);
+  const named = views.find(v => v.id === asked);
+  show(named ? asked : wanted !== null && $("#groups") ? "groups" : (views[0] || {}).id);
 })();
 """
 

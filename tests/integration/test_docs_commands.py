@@ -53,6 +53,9 @@ NOT_RUNNABLE = {
     "python examples/code/run.py": "~6 min; tests/integration/test_examples_code.py runs it shortened",
     'grpokit inspect runs/my-run --sql "SELECT step, min(policy_version), max(policy_version) FROM rollouts GROUP BY '
     'step"': "needs a run folder of the reader's; test_bounded_staleness.py runs --sql on policy_version",
+    "grpokit compare runs/my-run runs/my-run-lr3e-6 -o compare.html": (
+        "needs two runs of the reader's; tests/integration/test_compare_runs.py compares two trained runs"
+    ),
     "python examples/code/run.py --steps 80": "~10 min; tests/integration/test_examples_code.py runs it shortened",
     "grpokit train examples/code/gpu.yaml": "a 1.5B hub model and MBPP from the hub, on a CUDA GPU",
     "make demo": "creates .venv and installs packages (network); `grpokit demo` runs in tests/integration/test_demo.py",

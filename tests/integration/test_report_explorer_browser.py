@@ -69,7 +69,7 @@ def test_step_picker_opens_the_step_asked_for(page):
 
 
 def test_held_out_view_lists_every_category(page):
-    dom, console = screenshot_report.open_page(page.resolve().as_uri() + "#heldout")
+    dom, console = screenshot_report.open_page(page.resolve().as_uri() + "?view=heldout")
     assert console == [] and shown(dom, "heldout") and not shown(dom, "curves")
     buttons = re.findall(r'<button type="button" data-category="([^"]+)"', dom)
     assert buttons == ["all", "learned", "forgotten", "never solved", "kept"]
@@ -89,7 +89,7 @@ def test_readable_without_javascript(page):
 
 
 def test_screenshots_of_each_view(page, tmp_path):
-    for name, suffix in (("curves", ""), ("groups", "?step=31"), ("heldout", "#heldout")):
+    for name, suffix in (("curves", ""), ("groups", "?step=31"), ("heldout", "?view=heldout")):
         png = tmp_path / f"{name}.png"
         screenshot_report.screenshot(page, png, height=1400, suffix=suffix)
         assert png.stat().st_size > 10_000, name
