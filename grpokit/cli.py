@@ -160,6 +160,9 @@ def _parser():
     from grpokit.store.cli import register
 
     register(sub)
+    from grpokit.doctor.cli import register as register_doctor
+
+    register_doctor(sub)
     return parser
 
 

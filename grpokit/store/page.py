@@ -2,9 +2,8 @@
 
 Every section is plain HTML, so the page reads top to bottom without JavaScript. With it, the script adds tabs
 (Curves, Groups, Held-out prompts, Samples), a filter over the panels, a step picker and a zero-variance filter for
-the groups (``report.html?step=N`` opens step N; ``?view=heldout`` or ``#heldout`` (groups, samples) opens a view), and a
-category picker for the held-out prompts. It fetches
-nothing and reads only the page.
+the groups (``report.html?step=N`` opens step N; ``?view=heldout`` or ``#heldout``, also groups and samples, opens a
+view), and a category picker for the held-out prompts. It fetches nothing and reads only the page.
 """
 
 from __future__ import annotations
