@@ -46,7 +46,7 @@ def doctor(cfg, groups: int = 4) -> tuple[list[str], int]:
     except Exception as exc:
         if not is_user_error(exc):
             raise
-        check = Check("inputs", FAIL, str(exc).splitlines()[0], "the message above names it")
+        check = Check("inputs", FAIL, str(exc).splitlines()[0])  # grpokit's own errors name the fix
         return [check.line(), *summary([check])[:1]], 1
     try:
         checks = _checks(run, groups)
@@ -59,6 +59,7 @@ def doctor(cfg, groups: int = 4) -> tuple[list[str], int]:
 
 def _checks(run, groups: int) -> list:
     from grpokit.doctor import inputs, resources, samples
+    from grpokit.doctor.result import SKIP, Check
 
     rows = [run.train_rows[i] for i in [int(i) for i in run.train_source.usable][:groups]]
     checks = [
@@ -67,6 +68,9 @@ def _checks(run, groups: int) -> list:
         inputs.eos_pad_check(run),
         inputs.template_check(run, rows),
     ]
+    if run.engine.takes_raw_prompts:  # a rollout_func samples as it likes, from the trainer's own closure
+        skipped = "the rollout_func engine samples through the trainer: run a step to see its rollouts"
+        return [*checks, Check("sampling checks", SKIP, skipped), resources.memory_check(run)]
     sample = samples.sample_groups(run, groups)
     column, G = run.evaluator.spec.prompt_column, sample.rollouts.num_generations
     texts = [samples.decode(run.tokenizer, ids[: int(n)].tolist()) for ids, n in zip(

@@ -85,7 +85,10 @@ def test_a_missing_column_fails(tmp_path, tiny_model_dir, capsys):
     code, _, out = doctor(write_config(tmp_path, tiny_model_dir, reward="wants_answer"), capsys)
     assert code == 1
     failed = [line for line in out.splitlines() if line.startswith("FAIL")]
-    assert len(failed) == 1 and "answer" in failed[0], out
+    assert failed == [
+        "FAIL  inputs: reward 'wants_answer' needs the column 'answer', but train_dataset row 0 has none (its other "
+        "columns: none); add the column 'answer' to the data, or configure the reward to read another column."
+    ]
 
 
 def test_a_template_that_is_not_prefix_preserving_fails(tmp_path, tiny_model_dir, capsys):
