@@ -30,14 +30,14 @@ def memory_check(run) -> Check:
 
 
 def step_time_check(run, sample_seconds: float, score_seconds: float, forward_seconds: float, groups: int) -> Check:
-    """The measured mini-step of ``groups`` groups scaled to the configured prompts per step (linear in prompts:
-    an estimate; batching makes a real step faster per prompt)."""
+    """The measured mini-step of ``groups`` groups scaled to the configured prompts per step: linear in prompts, first
+    calls included, so an upper bound (batching makes a real step cheaper per prompt)."""
     per_step = run.config.prompts_per_step()
     scale = per_step / groups
     estimate = scale * (sample_seconds + score_seconds + (1 + UPDATE_PER_FORWARD) * forward_seconds)
     detail = (
         f"{groups} groups: sampling {sample_seconds:.2f} s, rewards {score_seconds:.2f} s, log-probs "
-        f"{forward_seconds:.2f} s; a step of {per_step} prompts: about {estimate:.1f} s "
+        f"{forward_seconds:.2f} s; a step of {per_step} prompts: at most about {estimate:.1f} s "
         f"({run.config.max_steps} steps: about {_duration(estimate * max(run.config.max_steps, 0))})"
     )
     return Check("time per step", PASS, detail)
