@@ -65,7 +65,7 @@ class RewardResult:
     extra: dict[str, list] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """``rewards/<name>/mean|std|errors``, ``reward`` and ``reward_std``, ignoring NaN, and the
+        """``rewards/<name>/mean|std|errors|null_fraction``, ``reward`` and ``reward_std``, ignoring NaN, and the
         mean of each ``log_metric`` name (under that name, as TRL logs it).
 
         std is the sample standard deviation (Bessel-corrected, as torch.std); NaN when fewer
@@ -77,6 +77,9 @@ class RewardResult:
             metrics[f"rewards/{name}/mean"] = mean
             metrics[f"rewards/{name}/std"] = std
             metrics[f"rewards/{name}/errors"] = float(self.error_counts[name])
+            # None ("does not apply"): NaN values that were not failures
+            missing = int(self.per_func[:, f].isnan().sum()) - self.error_counts[name]
+            metrics[f"rewards/{name}/null_fraction"] = missing / max(self.per_func.size(0), 1)
         metrics["reward"], metrics["reward_std"] = _nan_mean_std(self.combined)
         for name, values in self.logged.items():
             metrics[name] = sum(values) / len(values)

@@ -36,7 +36,7 @@ FAMILIES = (
     Family("Reward spread (standard deviation)", ("reward_std", "rewards/*/std")),
     Family("Reward errors (completions per step)", ("rewards/*/errors",), zero_is_empty=True),
     Family("Reward null fraction", ("rewards/*/null_fraction",), zero_is_empty=True),
-    Family("Reward latency (s)", ("rewards/*/seconds", "time/reward")),
+    Family("Reward latency (s): scoring time per step", ("rewards/*/seconds", "time/reward")),
     Family("Groups: zero reward variance, all correct, all wrong (fraction)", ("frac_reward_zero_std", "groups/*")),
     Family("Advantage", ("advantage/*",)),
     Family("Loss and its terms", ("loss", "policy_loss", "kl_penalty", "value_loss", "critic/loss")),

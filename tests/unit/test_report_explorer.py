@@ -222,3 +222,24 @@ def test_report_command_embeds_the_steps_asked_for(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["report", str(run), "--steps", "3,x"])
     assert exit_.value.code == 2 and "'3,x' is not a list of step numbers" in capsys.readouterr().err
+
+
+def test_reward_null_fraction_counts_none_apart_from_errors():
+    import torch
+
+    from grpokit.rewards.runner import RewardResult
+
+    nan = float("nan")
+    # a: None on completion 1 of 3; b: None on completion 0, failed on completion 1 (an error, not a None)
+    result = RewardResult(
+        names=["a", "b"],
+        per_func=torch.tensor([[1.0, nan], [nan, nan], [0.0, 2.0]], dtype=torch.float64),
+        combined=torch.tensor([1.0, nan, 2.0], dtype=torch.float64),
+        errors=[None, "b: ValueError: x", None],
+        error_counts={"a": 0, "b": 1},
+    )
+    metrics = result.metrics()
+    assert metrics["rewards/a/null_fraction"] == pytest.approx(1 / 3)
+    assert metrics["rewards/b/null_fraction"] == pytest.approx(1 / 3) and metrics["rewards/b/errors"] == 1.0
+    panel = curves([{"step": 1, **metrics}])
+    assert set(panel["Reward null fraction"]) == {"rewards/a/null_fraction", "rewards/b/null_fraction"}
