@@ -4,7 +4,8 @@ variance: GRPO learns nothing from it) is flagged.
 
 The page embeds a bounded number of steps (the first, middle and last with rollouts, the steps asked for, and
 evenly spaced ones up to :data:`MAX_STEPS`) and of groups per step (:data:`MAX_GROUPS`), and cuts long completions
-(:data:`MAX_CHARS`), so a long run's page stays small; `grpokit report RUN --steps N,M` embeds other steps.
+(:data:`MAX_CHARS`), and stops adding steps at :data:`BUDGET` characters, so a long run's page stays small;
+`grpokit report RUN --steps N,M` embeds other steps.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from grpokit.store.store import RolloutStore
 MAX_STEPS = 24
 MAX_GROUPS = 16
 MAX_CHARS = 1200
+BUDGET = 4_000_000  # characters of the view's step blocks (of a report kept under 10 MB)
 
 
 def group_steps(with_rollouts: list[int], chosen: list[int] | None = None, most: int = MAX_STEPS) -> list[int]:
@@ -54,28 +56,48 @@ def step_groups(store: RolloutStore, step: int, most: int = MAX_GROUPS) -> tuple
     return [groups[p] for p in sorted(groups)[:most]], len(groups)
 
 
-def groups_html(store: RolloutStore, steps: list[int]) -> str:
-    """The Groups section: a picker (filled by the page's script) and one block per embedded step."""
+def groups_html(store: RolloutStore, steps: list[int], budget: int = BUDGET) -> str:
+    """The Groups section: a picker (filled by the page's script) and one block per embedded step. Steps are rendered
+    first, last, middle, then the others in order, until the blocks reach ``budget`` characters (long completions
+    and large groups): the steps past it are named, not embedded."""
     if not steps:
         return '<section id="groups" class="view"><h2>Groups</h2><p>No rollouts stored.</p></section>'
-    blocks = []
-    for step in steps:
-        groups, total = step_groups(store, step)
-        flagged = sum(zero_variance([r["reward"] for r in g]) for g in groups)
-        shown = f"{len(groups)} of {total} groups shown" if total > len(groups) else f"{total} groups"
-        head = (
-            f'<h3>Groups of step {step}</h3><p class="meta">{shown}; {flagged} with zero reward variance '
-            "(every total ties: advantage 0, nothing learned from them)</p>"
-        )
-        body = "\n".join(_group_html(step, g) for g in groups)
-        blocks.append(f'<div class="group-step" data-step="{step}" id="step-{step}">{head}{body}</div>')
-    listed = ", ".join(str(s) for s in steps)
+    blocks: dict[int, str] = {}
+    size = 0
+    for step in _by_priority(steps):
+        if size >= budget:
+            break
+        blocks[step] = _step_html(store, step)
+        size += len(blocks[step])
+    listed = ", ".join(str(s) for s in sorted(blocks))
+    left = sorted(set(steps) - set(blocks))
+    over = f" Left out to keep the page small: steps {', '.join(map(str, left))}." if left else ""
     intro = (
-        f'<p class="meta">Steps in this page: {listed}. <code>grpokit report RUN --steps N,M</code> embeds others; '
-        "<code>report.html?step=N</code> opens one.</p>"
+        f'<p class="meta">Steps in this page: {listed}.{over} <code>grpokit report RUN --steps N,M</code> embeds '
+        "others; <code>report.html?step=N</code> opens one.</p>"
         '<div class="controls" id="group-controls" hidden></div>'
     )
-    return f'<section id="groups" class="view"><h2>Groups</h2>{intro}{"".join(blocks)}</section>'
+    body = "".join(blocks[s] for s in sorted(blocks))
+    return f'<section id="groups" class="view"><h2>Groups</h2>{intro}{body}</section>'
+
+
+def _by_priority(steps: list[int]) -> list[int]:
+    """``steps`` (ascending) as the first, the last, the middle, then the rest in order."""
+    ends = [steps[0], steps[-1], steps[len(steps) // 2]]
+    first = list(dict.fromkeys(ends))
+    return first + [s for s in steps if s not in first]
+
+
+def _step_html(store: RolloutStore, step: int) -> str:
+    groups, total = step_groups(store, step)
+    flagged = sum(zero_variance([r["reward"] for r in g]) for g in groups)
+    shown = f"{len(groups)} of {total} groups shown" if total > len(groups) else f"{total} groups"
+    head = (
+        f'<h3>Groups of step {step}</h3><p class="meta">{shown}; {flagged} with zero reward variance '
+        "(every total ties: advantage 0, nothing learned from them)</p>"
+    )
+    body = "\n".join(_group_html(step, g) for g in groups)
+    return f'<div class="group-step" data-step="{step}" id="step-{step}">{head}{body}</div>'
 
 
 def _group_html(step: int, group: list[dict]) -> str:

@@ -243,3 +243,17 @@ def test_reward_null_fraction_counts_none_apart_from_errors():
     assert metrics["rewards/b/null_fraction"] == pytest.approx(1 / 3) and metrics["rewards/b/errors"] == 1.0
     panel = curves([{"step": 1, **metrics}])
     assert set(panel["Reward null fraction"]) == {"rewards/a/null_fraction", "rewards/b/null_fraction"}
+
+
+def test_groups_view_stops_at_its_budget_keeping_first_last_middle(tmp_path):
+    from grpokit.store.groups import _step_html, groups_html
+
+    run = write_synthetic_run(tmp_path / "run", steps=9, groups=2, group_size=3, eval_every=9)
+    with RolloutStore(run, readonly=True) as store:
+        whole = groups_html(store, list(range(1, 10)))
+        ends = len(_step_html(store, 1)) + len(_step_html(store, 9))
+        cut = groups_html(store, list(range(1, 10)), budget=ends)
+    assert re.findall(r'class="group-step" data-step="(\d+)"', whole) == [str(s) for s in range(1, 10)]
+    # the first and the last step's blocks fill the budget: the middle and the rest are named, not embedded
+    assert re.findall(r'class="group-step" data-step="(\d+)"', cut) == ["1", "9"]
+    assert "Left out to keep the page small: steps 2, 3, 4, 5, 6, 7, 8." in cut
