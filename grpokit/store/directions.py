@@ -1,6 +1,7 @@
 """Which way a metric should move: the report and `grpokit compare` colour a change good or bad only where a
-direction is good for that metric (a higher pass@1, fewer zero-variance groups); elsewhere (entropy, loss, KL,
-length: a fall can be healthy or a collapse) a change stays neutral."""
+direction is good for that metric (a higher pass@1, fewer groups all wrong); elsewhere (entropy, loss, KL, length:
+a fall can be healthy or a collapse; zero-variance groups: they rise when a run fails to explore and when it solves
+every prompt) a change stays neutral."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ DIRECTIONS = (
     ("rewards/*/mean", 1),
     ("groups/all_correct_fraction", 1),
     ("tokens_per_second", 1),
-    ("frac_reward_zero_std", -1),
     ("groups/all_wrong_fraction", -1),
     ("truncated_fraction", -1),
     ("rewards/*/errors", -1),

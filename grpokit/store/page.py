@@ -36,7 +36,7 @@ pre.tool { background: #eef4fb; color: #1f4e79; margin-left: 24px; }
 .flag { background: #edc948; color: #222; border-radius: 3px; padding: 0 6px; font-size: 12px; }
 .scroll { overflow-x: auto; } table.side, table.grid { border-collapse: collapse; font-size: 13px; }
 table.side td, table.side th, table.grid td, table.grid th { border: 1px solid #e4e4e4; padding: 3px 6px;
-  vertical-align: top; text-align: right; } table.side td { min-width: 120px; max-width: 320px; }
+  vertical-align: top; text-align: right; } table.side td { min-width: 80px; max-width: 320px; }
 table.side th[scope=row], table.grid td.p { text-align: left; white-space: nowrap; }
 table.side pre { margin: 0; text-align: left; } .pos { color: #2e7d32; } .neg { color: #c62828; }
 .s0 { background: #fbe3e3; } .s1 { background: #f9efd9; } .s2 { background: #f3f3d5; } .s3 { background: #e1f0d8; }

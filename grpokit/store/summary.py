@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from grpokit.store.directions import change_class
+from grpokit.store.directions import change_class, direction
 
 # The config keys that name the algorithm variant (one name, one formula: docs/architecture.md).
 ALGORITHM_KEYS = ("algorithm", "advantage_estimator", "loss_type", "scale_rewards", "importance_sampling_level", "beta")
@@ -88,20 +88,25 @@ def summary_html(summary: dict) -> str:
         ("wall time", _duration(summary["wall_seconds"])),
     ]
     facts += [(name, f"{value:g}") for name, value in summary["counts"].items()]
+    # the metrics with a good direction first; the others (entropy, lengths, loss ...) folded below them
+    key = [c for c in summary["changes"] if direction(c["name"]) and not c["first"] == c["last"] == 0]
+    other = [c for c in summary["changes"] if c not in key]
+    table = _changes_table(key or other) if summary["changes"] else "<p>No eval or reward values logged yet.</p>"
+    if key and other:
+        table += f"<details><summary>{len(other)} other metrics</summary>{_changes_table(other)}</details>"
+    dl = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in facts)
+    return f'<section class="summary"><h2>Summary</h2><dl>{dl}</dl>{table}</section>'
+
+
+def _changes_table(changes: list[dict]) -> str:
     rows = "".join(
         f"<tr><td>{escape(c['name'])}</td>"
         f'<td>{_num(c["first"])} <span class="at">(step {c["first_step"]})</span></td>'
         f'<td>{_num(c["last"])} <span class="at">(step {c["last_step"]})</span></td>'
         f'<td class="{change_class(c["name"], c["change"])}">{c["change"]:+.4g}</td></tr>'
-        for c in summary["changes"]
+        for c in changes
     )
-    table = (
-        f'<table class="changes"><tr><th>metric</th><th>first</th><th>last</th><th>change</th></tr>{rows}</table>'
-        if rows
-        else "<p>No eval or reward values logged yet.</p>"
-    )
-    dl = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in facts)
-    return f'<section class="summary"><h2>Summary</h2><dl>{dl}</dl>{table}</section>'
+    return f'<table class="changes"><tr><th>metric</th><th>first</th><th>last</th><th>change</th></tr>{rows}</table>'
 
 
 def _read_config(path: Path) -> dict:

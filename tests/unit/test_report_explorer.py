@@ -71,10 +71,19 @@ def test_change_colour_only_where_a_direction_is_good():
     assert change_class("eval/pass@1", 0.65) == "good" and change_class("eval/pass@1", -0.1) == "bad"
     assert change_class("pass@1 (gsm8k)", 0.1) == "good"
     assert change_class("reward", -0.2) == "bad"
-    assert change_class("eval/frac_reward_zero_std", -0.3) == "good"  # fewer groups without a signal
-    assert change_class("frac_reward_zero_std", 0.3) == "bad"
+    assert change_class("groups/all_wrong_fraction", -0.3) == "good"
+    assert change_class("eval/rewards/acc/errors", 1.0) == "bad"
     assert change_class("eval/truncated_fraction", 0.1) == "bad"
-    for neutral in ("entropy", "eval/entropy", "loss", "kl", "completion_length/mean", "grad_norm"):
+    # zero-variance groups rise both when a run stops exploring and when it solves every prompt
+    for neutral in (
+        "entropy",
+        "eval/entropy",
+        "loss",
+        "kl",
+        "completion_length/mean",
+        "grad_norm",
+        "frac_reward_zero_std",
+    ):
         assert direction(neutral) == 0 and change_class(neutral, -0.5) == "" == change_class(neutral, 0.5)
     assert change_class("reward", 0.0) == ""
 
@@ -88,7 +97,10 @@ def test_summary_table_colours_by_direction(tmp_path):
             store.write_eval(step, "eval", {"eval/entropy": entropy, "eval/frac_reward_zero_std": zero})
     html = write_report(run).read_text()
     assert re.search(r"<td>eval/entropy</td>.*?<td class=\"\">-0.5</td>", html)  # falling entropy: neutral
-    assert re.search(r"<td>eval/frac_reward_zero_std</td>.*?<td class=\"good\">-0.3</td>", html)
+    assert re.search(r"<td>eval/frac_reward_zero_std</td>.*?<td class=\"\">-0.3</td>", html)
+    # reward (a direction) first; entropy and zero-variance groups folded below
+    assert html.index("<td>reward</td>") < html.index("<details><summary>2 other metrics</summary>")
+    assert html.index("<details><summary>2 other metrics") < html.index("<td>eval/entropy</td>")
     assert re.search(r"<td>reward</td>.*?<td class=\"good\">\+0.25</td>", html)
 
 
