@@ -37,8 +37,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def doctor(cfg, groups: int = 4) -> tuple[list[str], int]:
     """(the lines, the exit status) of every check of the config ``cfg``."""
-    from grpokit.build.run import build_run
     from grpokit.cli import is_user_error
+    from grpokit.compose.run import build_run
     from grpokit.doctor.result import FAIL, Check, summary
 
     try:

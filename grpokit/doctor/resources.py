@@ -1,6 +1,6 @@
-"""Doctor's resource check: the memory estimate (grpokit/memory.py, as `grpokit explain`) against what the device
-has free, and the time of the measured mini-step (the doctor's groups: sampled, scored, their log-probs computed)
-scaled to the configured step."""
+"""Doctor's resource check: the memory estimate (grpokit/compose/memory.py, as `grpokit explain`) against what the
+device has free, and the time of the measured mini-step (the doctor's groups: sampled, scored, their log-probs
+computed) scaled to the configured step."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ UPDATE_PER_FORWARD = 3.0
 
 
 def memory_check(run) -> Check:
-    from grpokit.memory import available_bytes, build_meta_model, estimate_memory, process_bytes
+    from grpokit.compose.memory import available_bytes, build_meta_model, estimate_memory, process_bytes
 
     cfg = run.config
     try:

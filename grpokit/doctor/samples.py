@@ -11,7 +11,7 @@ import torch
 
 from grpokit.data.prompts import reward_arguments
 from grpokit.doctor.result import FAIL, PASS, SKIP, WARN, Check
-from grpokit.modeling import decode
+from grpokit.models.loading import decode
 
 # Mean |sampler - learner| log-prob gap per token above which the importance weights are wrong (float32 gives ~1e-6,
 # bf16 ~1e-2); the max is reported, the mean decides.

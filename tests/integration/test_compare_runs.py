@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from conftest import TARGET_REWARD
+from shared_helpers import TARGET_REWARD
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main

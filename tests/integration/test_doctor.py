@@ -31,7 +31,7 @@ def wants_answer(prompts, completions, answer, **kwargs):
 
 
 def write_config(tmp_path, model, reward="distinct_words", chat=False, **more):
-    from conftest import WORDS
+    from shared_helpers import WORDS
 
     texts = [" ".join(WORDS[i : i + 4]) for i in range(12)]
     prompts = [[{"role": "user", "content": t}] for t in texts] if chat else texts
@@ -110,7 +110,7 @@ def test_a_template_that_is_not_prefix_preserving_fails(tmp_path, tiny_model_dir
 def test_an_engine_with_a_broken_sync_fails(tmp_path, tiny_model_dir):
     """The sampler's weights are not the learner's: the doctor's sample is drawn, then the learner's weights move,
     as when an engine missed a weight sync."""
-    from grpokit.build.run import build_run
+    from grpokit.compose.run import build_run
     from grpokit.config import load_config
     from grpokit.doctor import samples
 
