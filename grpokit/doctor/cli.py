@@ -1,6 +1,6 @@
-"""`grpokit doctor CONFIG [key=value ...] [--groups N]`: build the run as `grpokit train` would, check it, and
-print a line per check (grpokit/doctor/__init__.py); exit 1 when a check failed. grpokit/cli.py adds the command
-with `register(subparsers)`."""
+"""`grpokit doctor [--groups N] CONFIG [key=value ...]` (options go before the config: what follows it are
+overrides): build the run as `grpokit train` would, check it, and print a line per check (grpokit/doctor/__init__.py);
+exit 1 when a check failed. grpokit/cli.py adds the command with `register(subparsers)`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", help="a YAML config (as `grpokit train` takes)")
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value settings that replace the config's")
-    p.add_argument("--groups", type=int, default=4, help="groups of G completions to sample (default 4)")
+    p.add_argument("--groups", type=int, default=4, help="groups of G completions to sample (default 4); before CONFIG")
     p.set_defaults(func=run_doctor)
 
 
