@@ -75,23 +75,34 @@ def parity_check(run, sample: Sample) -> Check:
     learner = run.learner.old_logprobs(batch).float().cpu()  # [N, T]
     sample.forward_seconds = time.perf_counter() - started
     mask = r.completion_mask.bool()
-    gap = (r.logprobs.float() - learner).abs()[mask]
-    if gap.numel() == 0:
+    signed = (r.logprobs.float() - learner)[mask]  # sampler - learner, per sampled token
+    if signed.numel() == 0:
         return Check("sampler-learner parity", SKIP, "no completion token sampled")
-    params = run.evaluator.params
+    gap = signed.abs()
+    params, engine = run.evaluator.params, run.config.engine
     filtered = params.top_p < 1.0 or params.top_k > 0 or params.min_p > 0
-    engine = run.config.engine
     detail = f"engine {engine}: |log-prob gap| mean {gap.mean():.2e}, max {gap.max():.2e} over {gap.numel()} tokens"
-    if filtered:
-        raw = engine != "vllm"
-        detail += "; with top-p/top-k/min-p the engine's log-probs are " + (
-            "the raw distribution's (before filtering): the token was drawn from the renormalised one, whose "
-            "probability is p / Z (Z: the mass kept), so importance weights against the raw one are Z times too "
-            "small for every kept token"
-            if raw
-            else "the processed distribution's (after filtering), the one the token was drawn from"
+    if filtered and engine == "vllm":  # the processed distribution's log-probs: p / Z against the learner's raw p
+        # top-p alone keeps a mass Z >= top_p, so the gap log(1/Z) lies in [0, -log(top_p)]; top-k and min-p: >= 0
+        only_top_p = params.top_k == 0 and params.min_p == 0
+        bound = -math.log(params.top_p) if only_top_p else math.inf
+        outside = (signed < -PARITY_FAIL) | (signed > bound + PARITY_FAIL)
+        detail += (
+            "; with top-p/top-k/min-p vLLM's log-probs are the processed distribution's (after filtering, the one "
+            f"the token was drawn from), the learner's the raw one's: the gap is log(1/Z), Z the mass kept (mean "
+            f"{signed.mean():.3g}), so learner/sampler importance weights are about {math.exp(-signed.mean()):.3g} "
+            "where 1 was meant"
         )
-    if gap.mean() > PARITY_FAIL:
+        broken = bool(outside.any())
+    else:
+        if filtered:
+            detail += (
+                "; with top-p/top-k/min-p the engine's log-probs are the raw distribution's (before filtering), as "
+                "the learner's: the token was drawn from the renormalised one (probability p / Z, Z the mass kept), "
+                "so importance weights against the raw one are 1/Z times the true ones"
+            )
+        broken = bool(gap.mean() > PARITY_FAIL)
+    if broken:
         return Check(
             "sampler-learner parity",
             FAIL,
