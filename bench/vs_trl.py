@@ -12,7 +12,8 @@ Nothing is downloaded.
     python bench/vs_trl.py --shapes qwen0.5b   # Qwen2.5-0.5B's shape: 1 round x (1 warm-up + 2 timed steps)
 
 Configurations: TRL out of the box (bf16 autocast, gradient checkpointing on), TRL bf16 without
-checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32; and, only when
+checkpointing, TRL float32 without checkpointing, grpokit out of the box, grpokit float32, grpokit bf16 autocast
+(where the CPU has native bf16 matmul); and, only when
 named in ``--configs``, grpokit's memory options (gradient checkpointing, the 8-bit AdamW, the reference stored in
 bf16 under autocast and in a float32 run) and grpokit with ``algorithm: ppo`` (``grpokit_ppo``: the same steps plus
 the critic's values pass and training step; the ratio to ``grpokit`` is the critic's cost), and four allocator
@@ -25,9 +26,12 @@ so the code before a change runs in the same rounds as the code after it.
 Shapes: ``main`` (4 prompts x 8, 64 completion tokens) and ``long`` (2 prompts x 8, 256 tokens) on the
 model above; ``qwen0.5b``: Qwen2.5-0.5B's config (hidden 896, 24 layers, 14 heads / 2 KV heads, MLP 4864,
 vocabulary 151,936, tied embeddings: 494M parameters), random init, 4 prompts x 8 in one micro-batch of 32,
-64 completion tokens. By default it runs TRL out of the box, TRL's fastest configuration for this CPU (bf16
-without checkpointing where the CPU has native bf16 matmul, per ``grpokit.machine.cpu_caps``, else float32) and
-grpokit out of the box: TRL peaks at ~20 GB there, so leave the machine to it. ``--layers N`` shrinks a
+64 completion tokens. By default it runs TRL out of the box, TRL without checkpointing in float32 and, where the
+CPU has native bf16 matmul (per ``grpokit.machine.cpu_caps``), in bf16, the faster of them being TRL's anchor,
+and grpokit out of the box: TRL peaks at ~20 GB there, so leave the machine to it. The report prints grpokit's
+compute choice (``mixed_precision: auto``: measured, ``grpokit/kernels/cpu_precision.py``) with its reason, and
+each precision's time
+(``grpokit_fp32``, ``grpokit_bf16`` on the small model), so a wrong choice shows as a ratio. ``--layers N`` shrinks a
 shape's model to N layers (a quick check that every configuration runs; not a benchmark figure).
 
 Each run is its own process (so its peak resident memory is its own) with the same thread count
@@ -105,6 +109,9 @@ CONFIGS = {  # name -> worker settings
     "trl_fp32": {"impl": "trl", "bf16": False, "checkpointing": False},
     "grpokit": {"impl": "grpokit", "dtype": "auto"},
     "grpokit_fp32": {"impl": "grpokit", "dtype": "float32"},
+    # grpokit with bf16 autocast forced (mixed_precision: bf16): the alternative to the measured choice where the CPU
+    # has bf16; with grpokit_fp32, a wrong choice of grpokit's shows as a ratio
+    "grpokit_bf16": {"impl": "grpokit", "dtype": "auto", "options": {"mixed_precision": "bf16"}},
     # not run by default: grpokit's memory options, for --configs (checkpointing: with TRL's layout, no shared prompt)
     "grpokit_checkpointing": {"impl": "grpokit", "dtype": "auto", "checkpointing": True},
     "grpokit_adamw_8bit": {"impl": "grpokit", "dtype": "auto", "options": {"optimizer": "adamw_8bit"}},
@@ -468,6 +475,10 @@ def run_grpokit(
     trainer.train()
     for r in records:
         r["autocast"] = str(trainer.autocast_dtype).replace("torch.", "")
+        r["sampling_autocast"] = str(trainer.run.engine.autocast_dtype).replace("torch.", "")
+        r["precision_notes"] = list(
+            trainer.run.run_dir_spec.notes
+        )  # how grpokit chose (grpokit/kernels/cpu_precision.py)
     records[-1]["rss_marks"] = [m for m in marks if m[0] == len(records)]
     for n, r in enumerate(records, 1):
         r["heap_peaks"] = {phase: peak for (step, phase), peak in heap.peaks.items() if step == n}
@@ -546,7 +557,15 @@ def worker(argv: list[str]) -> None:
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         "RESULT "
-        + json.dumps({"records": records, "peak_rss_mb": peak_rss_mb, "autocast": records[0].get("autocast")}),
+        + json.dumps(
+            {
+                "records": records,
+                "peak_rss_mb": peak_rss_mb,
+                "autocast": records[0].get("autocast"),
+                "sampling_autocast": records[0].get("sampling_autocast"),
+                "precision_notes": records[0].get("precision_notes"),
+            }
+        ),
         flush=True,
     )
 
@@ -619,6 +638,8 @@ def summarise(runs: list[dict]) -> dict:
         "minor_faults": statistics.median(r.get("minor_faults", 0) for r in timed),
         "peak_rss_mb": max(run["peak_rss_mb"] for run in runs),
         "autocast": runs[0]["autocast"],
+        "sampling_autocast": runs[0].get("sampling_autocast"),
+        "precision_notes": runs[0].get("precision_notes"),
         "steps": len(timed),
     }
 
@@ -651,7 +672,7 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
             + "".join(f"{r['phases'][p]:>11.2f}" for p in PHASES)
             + f"{n / r['step_time']:>9.2f}{r['completion_tokens']:>8.0f}{r['peak_rss_mb']:>9.0f}"
         )
-    out = {}
+    out = precision_report(results)
     trl = {k: v for k, v in results.items() if k in TRL_CONFIGS}
     if "grpokit" in results and trl:
         fastest = min(trl, key=lambda k: trl[k]["step_time"])
@@ -695,6 +716,27 @@ def report(shape: str, results: dict, sizes: dict, peak: dict, args) -> dict:
     for name, r in results.items():  # grpokit's other configurations: their memory ledgers
         if name not in ("grpokit", "grpokit_fp32") and r.get("ledger"):
             out.update(memory_ledger(name, r["peak_rss_mb"], r["ledger"], r["rss_marks"], r.get("heap_peaks")))
+    return out
+
+
+def precision_report(results: dict) -> dict:
+    """grpokit's compute choice (learning and sampling, with its reason), then each precision's step time for TRL and
+    grpokit: a wrong choice shows as ``grpokit_auto_over_best_precision`` > 1."""
+    out = {}
+    if "grpokit" in results:
+        r = results["grpokit"]
+        print(f"grpokit's choice: learning {r['autocast']}, sampling {r.get('sampling_autocast')}")
+        for line in r.get("precision_notes") or []:
+            print(f"  {line}")
+    for impl, names in (("TRL", ("trl_fp32", "trl_bf16")), ("grpokit", ("grpokit_fp32", "grpokit_bf16"))):
+        times = {n: results[n]["step_time"] for n in names if n in results}
+        if times:
+            print(f"{impl} by precision (no checkpointing): " + ", ".join(f"{n} {t:.2f} s" for n, t in times.items()))
+    fixed = {n: results[n]["step_time"] for n in ("grpokit_fp32", "grpokit_bf16") if n in results}
+    if "grpokit" in results and fixed:
+        best = min(fixed, key=fixed.get)
+        out["grpokit_auto_over_best_precision"] = results["grpokit"]["step_time"] / fixed[best]
+        print(f"grpokit auto / its best fixed precision ({best}): {out['grpokit_auto_over_best_precision']:.3f}")
     return out
 
 
@@ -791,14 +833,16 @@ def memory_ledger(name: str, peak_mb: float, ledger: dict, marks: list | None, h
 
 
 def default_configs(shape: str) -> list[str]:
-    """Every configuration but grpokit's memory options on the small model; at a real model's size TRL out of the box,
-    TRL's fastest configuration for this CPU (bf16 with native bf16 matmul, else float32; no checkpointing) and
-    grpokit."""
-    if SHAPES[shape][2] == "bench":
-        return [c for c in CONFIGS if c not in (*MEMORY_OPTIONS, *ALLOCATOR_OPTIONS, "grpokit_ppo")]
+    """Every configuration but grpokit's memory options (and grpokit_bf16 where the CPU lacks native bf16 matmul) on
+    the small model; at a real model's size TRL out of the box, TRL without checkpointing in float32 and, where the CPU
+    has native bf16 matmul, in bf16 (a flag is not a speed: the faster of the two is TRL's anchor), and grpokit."""
     from grpokit.machine.cpu_caps import cpu_caps
 
-    return ["trl_default", "trl_bf16" if cpu_caps().native_bf16 else "trl_fp32", "grpokit"]
+    bf16 = cpu_caps().native_bf16  # elsewhere torch emulates bf16: minutes per step, never anyone's choice
+    if SHAPES[shape][2] == "bench":
+        skip = (*MEMORY_OPTIONS, *ALLOCATOR_OPTIONS, "grpokit_ppo", *(() if bf16 else ("grpokit_bf16",)))
+        return [c for c in CONFIGS if c not in skip]
+    return ["trl_default", *(["trl_bf16"] if bf16 else []), "trl_fp32", "grpokit"]
 
 
 def plan(shape: str, args) -> tuple[int, int]:

@@ -133,6 +133,7 @@ def _parser():
     p.set_defaults(func=_quietly(cmd_demo))
 
     p = sub.add_parser("env", help="print versions, hardware and what grpokit picks here (for bug reports)")
+    p.add_argument("--probe", action="store_true", help="measure the CPU's compute paths again (new hardware)")
     p.set_defaults(func=cmd_env)
 
     p = sub.add_parser(
@@ -377,7 +378,7 @@ def cmd_serve_rewards(args) -> int:
 def cmd_env(args) -> int:
     from grpokit.commands.env import format_report, report
 
-    print(format_report(report()))
+    print(format_report(report(probe=args.probe)))
     return 0
 
 

@@ -21,6 +21,7 @@ import torch
 from grpokit.compose.memory import available_bytes
 from grpokit.kernels import Kernels
 from grpokit.kernels.allocator import HUGE_PAGES_ENV, huge_pages_in_use, system_huge_pages
+from grpokit.kernels.cpu_precision import env_lines
 from grpokit.machine.cpu_caps import ENV, cpu_caps, describe
 from grpokit.machine.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
 from grpokit.machine.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
@@ -62,8 +63,8 @@ def _total_memory() -> int | None:
         return None
 
 
-def report() -> dict[str, str]:
-    """The report as ordered ``label -> value`` pairs."""
+def report(probe: bool = False) -> dict[str, str]:
+    """The report as ordered ``label -> value`` pairs (``probe``: measure the CPU's compute paths again)."""
     out = {
         "grpokit": __version__,
         "Python": f"{platform.python_version()} ({sys.executable})",
@@ -98,14 +99,15 @@ def report() -> dict[str, str]:
     gpu = gpu_caps()
     out.update(gpu_lines(gpu))
     out["MPS"] = "available" if torch.backends.mps.is_available() else "no"
-    out.update(choices())
+    out.update(choices(probe))
     for n, warning in enumerate(gpu_warnings(gpu), 1):
         out[f"warning {n}"] = warning
     return out
 
 
-def choices() -> dict[str, str]:
-    """What training would pick here with ``device: auto`` and ``dtype: auto`` (and with ``dtype: bfloat16``).
+def choices(probe: bool = False) -> dict[str, str]:
+    """What training would pick here with ``device: auto`` and ``dtype: auto`` (and with ``dtype: bfloat16``): on a
+    CPU, the measured compute choice (:mod:`grpokit.kernels.cpu_precision`; ``probe``: measured again).
 
     No label holds ": ", so a line splits into label and value at its first one."""
     device = pick_device("auto")
@@ -115,22 +117,19 @@ def choices() -> dict[str, str]:
         out["fast paths"] = ", ".join(Kernels.select(device).in_use())
         return out
     caps = cpu_caps()
-    if caps.native_bf16:
-        out["bf16 autocast with dtype auto"] = (
-            f"yes, for models of >= {MIN_AUTOCAST_PARAMS // 10**6}M parameters (native bf16 matmul)"
-        )
-        out["with dtype bfloat16"] = "native bf16 matmul"
-    else:
-        out["bf16 autocast with dtype auto"] = "no: no native bf16 matmul (AVX512-BF16 or AMX-BF16), float32 is faster"
-        out["with dtype bfloat16"] = "runs, emulated: slower than float32"
+    lines, measured = env_lines(probe)
+    out.update(lines)
+    floor = MIN_AUTOCAST_PARAMS // 10**6
+    out[f"mixed_precision auto, < {floor}M parameters"] = "float32, not measured: casts cost more than they save"
+    out["with dtype bfloat16"] = "native bf16 matmul" if caps.native_bf16 else "runs, emulated: slower than float32"
     packing = [name for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)) if caps.packs(dtype)]
     out["oneDNN weight packing"] = ", ".join(packing) if packing else "no (F.linear)"
-    # the run's own choice (Kernels.select), for the models that get bf16 autocast and for the others
+    # the run's own choice (Kernels.select), for the models the measured choice applies to and for the others
     small = Kernels.select(device, None, caps)
-    if caps.native_bf16:
-        large = Kernels.select(device, torch.bfloat16, caps)
-        out[f"fast paths (>= {MIN_AUTOCAST_PARAMS // 10**6}M parameters)"] = ", ".join(large.in_use())
-        out[f"fast paths (< {MIN_AUTOCAST_PARAMS // 10**6}M parameters)"] = ", ".join(small.in_use())
+    if measured.learning.dtype is not None:
+        large = Kernels.select(device, measured.learning.dtype, caps)
+        out[f"fast paths (>= {floor}M parameters, learning)"] = ", ".join(large.in_use())
+        out[f"fast paths (< {floor}M parameters)"] = ", ".join(small.in_use())
     else:
         out["fast paths"] = ", ".join(small.in_use())
     return out

@@ -7,6 +7,7 @@ import yaml
 
 from grpokit.compose.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
 from grpokit.config import GRPOConfig
+from grpokit.kernels.cpu_precision import run_compute
 from grpokit.machine.hardware import pick_device
 from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
 
@@ -78,6 +79,16 @@ def _sizes(cfg: GRPOConfig, world_size: int) -> str:
     warning = fit_warning(cfg, model, m, device, world_size)
     if warning:
         lines.append(f"warning: {warning}")
+    compute = run_compute(
+        cfg.dtype,
+        device,
+        model,
+        cfg.mixed_precision,
+        sample_rows=cfg.completions_per_step(),
+        world_size=world_size,
+        own_sampler=cfg.engine == "hf",
+    )
+    lines += ["", "# compute precision (weights and optimizer state float32 under dtype auto)", *compute.notes]
     return "\n".join(lines)
 
 

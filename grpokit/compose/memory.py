@@ -56,11 +56,12 @@ import torch
 
 from grpokit.config import GRPOConfig
 from grpokit.kernels.attention import PROBS_BUDGET
+from grpokit.kernels.cpu_precision import run_compute
 from grpokit.kernels.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
 from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
 from grpokit.kernels.lean_mlp import MODEL_TYPES as LEAN_MLP_TYPES
 from grpokit.kernels.linear_storage import untied_linears
-from grpokit.machine.hardware import autocast_dtype, pick_device, pick_dtype
+from grpokit.machine.hardware import pick_device, pick_dtype
 from grpokit.models.loading import lora_config, model_config
 from grpokit.models.lora_targets import adapts_any
 from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
@@ -148,9 +149,12 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     """Bytes of each part (module docstring) for training ``model`` (meta-device, from :func:`build_meta_model`;
     LoRA is added here) under ``cfg`` on ``device`` (default: the one training would pick here)."""
     device = device or pick_device(cfg.device)
-    mixed = autocast_dtype(cfg.dtype, device, model, cfg.mixed_precision) is not None
+    chosen = run_compute(cfg.dtype, device, model, cfg.mixed_precision, sample_rows=cfg.completions_per_step())
+    mixed = chosen.learning is not None
     b = torch.finfo(pick_dtype(cfg.dtype, device)).bits // 8
     compute = 2 if mixed or b == 2 else 4  # bytes per element of matmul inputs and outputs
+    sampling = 2 if chosen.sampling is not None or b == 2 else 4  # the fused decoder's weight copies (a CPU may
+    # sample in another dtype than it learns in: grpokit/kernels/cpu_precision.py)
     config = model.config
     params = sum(p.numel() for p in model.parameters())
     untied = sum(p.numel() for m in untied_linears(model) for p in m.parameters(recurse=False))
@@ -175,7 +179,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
     T, P, G = cfg.max_completion_length, cfg.max_prompt_length or 0, cfg.num_generations
     context = P + T
     rows = cfg.completions_per_step()  # a step's completions (one process's), sampled together
-    kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed else b)
+    kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed or sampling == 2 else b)
     fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
 
     def saved_activations(rows: int) -> int:
@@ -204,7 +208,7 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
         gradients=trainable * trainable_bytes,
         adamw=adamw_bytes(sizes, trainable_bytes, eight_bit),
         micro_batch=micro_batch,
-        generation=kv_cache + (linear * compute if fused else 0),
+        generation=kv_cache + (linear * sampling if fused else 0),
         optimizer_step=5 * 4 * largest_8bit if eight_bit and device.type == "cpu" else 0,
         backward_chunk_rows=mb,
         parts={

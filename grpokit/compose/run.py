@@ -20,7 +20,7 @@ from grpokit.compose.rollouts import build_rollouts, build_step_sampling
 from grpokit.config import GRPOConfig
 from grpokit.eval.evaluator import Evaluator
 from grpokit.kernels import Kernels
-from grpokit.machine.hardware import autocast_dtype
+from grpokit.kernels.cpu_precision import run_compute
 from grpokit.models.loading import ensure_pad_token
 from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.experience.scoring import Scorer
@@ -56,6 +56,9 @@ class Policy:
     autocast_dtype: torch.dtype | None
     kernels: Kernels
     source: str | None
+    sampling_dtype: torch.dtype | None  # a CPU may sample faster in another dtype than it learns in
+    sampling_kernels: Kernels
+    precision_notes: tuple[str, ...]  # how the compute dtypes were chosen: the top of config.yaml
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ def build_run(
         train_rows=checked.train_rows,
         rewards=checked.rewards,
         steps_per_epoch=checked.steps_per_epoch,
-        **_fields(policy, exclude={"source"}),
+        **_fields(policy, exclude={"source", "sampling_dtype", "sampling_kernels", "precision_notes"}),
         **_fields(rollouts),
         **_fields(learning),
         **_fields(_around_the_steps(config, spec, procs, checked, policy, rollouts, learning, callbacks)),
@@ -207,7 +210,17 @@ def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer
     ensure_pad_token(tokenizer)
     train_source, eval_sets = datasets.prompt_sources(config, tokenizer, checked.train_rows, checked.eval_sets)
     torch.manual_seed(spec.seed)
-    dtype = autocast_dtype(spec.dtype, device, model, config.mixed_precision)
+    compute = run_compute(
+        spec.dtype,
+        device,
+        model,
+        config.mixed_precision,
+        sample_rows=config.completions_per_step(),
+        world_size=procs.world_size,
+        own_sampler=config.engine == "hf",
+    )
+    dtype = compute.learning
+    kernels = Kernels.select(device, dtype)  # this run's fast paths, chosen once
     return Policy(
         model=model,
         tokenizer=tokenizer,
@@ -216,8 +229,11 @@ def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer
         train_source=train_source,
         eval_sets=eval_sets,
         autocast_dtype=dtype,
-        kernels=Kernels.select(device, dtype),  # this run's fast paths, chosen once
+        kernels=kernels,
         source=path,
+        sampling_dtype=compute.sampling,
+        sampling_kernels=kernels if compute.sampling == dtype else Kernels.select(device, compute.sampling),
+        precision_notes=compute.notes,
     )
 
 
@@ -231,9 +247,9 @@ def _rollouts(config: GRPOConfig, spec: LoopSpec, procs, checked, policy: Policy
         prompts=policy.train_source,
         procs=procs,
         device=policy.device,
-        autocast_dtype=policy.autocast_dtype,
+        autocast_dtype=policy.sampling_dtype,
         source=policy.source,
-        kernels=policy.kernels,
+        kernels=policy.sampling_kernels,
         tools=checked.tools,
         rollout_func=generate,
     )
@@ -326,6 +342,6 @@ def _around_the_steps(
         ties=ties,
         callbacks=runner,
         run_state=run_state,
-        run_dir_spec=specs.run_dir_spec(config),
+        run_dir_spec=dataclasses.replace(specs.run_dir_spec(config), notes=policy.precision_notes),
         data_reader=datasets.data_reader(config, policy.tokenizer, checked.rewards),
     )

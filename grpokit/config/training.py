@@ -24,8 +24,9 @@ class ModelConfig:
     float32 | bfloat16 | float16 (low-precision weights and AdamW moments: small updates are lost; warned about)."""
     mixed_precision: str = "auto"
     """The autocast (compute) dtype over float32 weights: auto (CUDA: bf16 where the GPU has it natively, else fp16
-    with a GradScaler; CPU with native bf16 matmul: bf16 for models of 10M+ parameters; else none) | bf16 | fp16 |
-    no. TRL's bf16=True / fp16=True set it."""
+    with a GradScaler; CPU, models of 10M+ parameters: whichever of float32 and bf16 (fp16 for sampling on AVX512-FP16)
+    measured faster on the model's own matmuls, learning and sampling apart, cached (`grpokit env`); else none) | bf16
+    | fp16 | no. TRL's bf16=True / fp16=True set it."""
     device: str = "auto"
     """auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:N | mps."""
     trust_remote_code: bool = False

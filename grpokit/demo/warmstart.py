@@ -43,6 +43,7 @@ import torch
 
 from grpokit.data.arithmetic import ALPHABET, arithmetic_splits
 from grpokit.data.char_tokenizer import build_char_tokenizer
+from grpokit.system.cached_folders import default_cache_root
 
 # Bump when the recipe changes so that cached policies from older versions are rebuilt.
 VERSION = 1
@@ -78,15 +79,6 @@ def single_thread():
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def default_cache_root() -> Path:
-    """``$GRPOKIT_CACHE``, else ``$XDG_CACHE_HOME/grpokit``, else ``~/.cache/grpokit``."""
-    if os.environ.get("GRPOKIT_CACHE"):
-        return Path(os.environ["GRPOKIT_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "grpokit"
-    return Path.home() / ".cache" / "grpokit"
 
 
 def build_model(tokenizer, config: WarmStartConfig) -> torch.nn.Module:

@@ -28,7 +28,17 @@ import torch
 
 ENV = "GRPOKIT_CPU_CAPS"
 # The x86 flags (as /proc/cpuinfo spells them) the fast paths and `grpokit env` look at.
-X86_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_bf16", "avx_ne_convert")
+X86_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512_bf16",
+    "amx_bf16",
+    "avx_ne_convert",
+    "avx512_fp16",  # fp16 matmul: a sampling candidate of the precision probe (grpokit/kernels/cpu_probe.py)
+)
 ARM_FLAGS = ("asimd", "sve", "bf16")
 ARM = ("aarch64", "arm64")
 # torch's dispatch level (torch.backends.cpu.get_cpu_capability) -> the flags it implies, where

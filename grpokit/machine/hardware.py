@@ -50,11 +50,13 @@ def autocast_dtype(
     requested: str, device: torch.device, model: torch.nn.Module | None = None, mixed_precision: str = "auto"
 ) -> torch.dtype | None:
     """The dtype of the autocast regions (generation, log-prob passes, forward and backward), or None: the weights'
-    dtype is the compute dtype. The rule is :func:`~grpokit.machine.precision.choose_precision`'s: under
-    ``dtype: auto``, bf16 on a GPU with native bf16 (else fp16, with a GradScaler), bf16 on a CPU with native bf16
-    matmul for a model of at least ``MIN_AUTOCAST_PARAMS`` parameters; TRL's ``bf16``/``fp16``
-    (``mixed_precision``) on any device. Matmuls run in the compute dtype with float32 accumulation; weights,
-    gradients, optimizer state, norms, softmax and the loss stay float32."""
+    dtype is the compute dtype. A run on a CPU under ``mixed_precision: auto`` measures instead
+    (:func:`grpokit.kernels.cpu_precision.run_compute`, which falls back to this rule for several processes or a failed
+    probe). The rule is :func:`~grpokit.machine.precision.choose_precision`'s: under ``dtype: auto``, bf16
+    on a GPU with native bf16 (else fp16, with a GradScaler), bf16 on a CPU with native bf16 matmul for a model of at
+    least ``MIN_AUTOCAST_PARAMS`` parameters; TRL's ``bf16``/``fp16`` (``mixed_precision``) on any device. Matmuls
+    run in the compute dtype with float32 accumulation; weights, gradients, optimizer state, norms, softmax and the
+    loss stay float32."""
     num_params = None if model is None else sum(p.numel() for p in model.parameters())
     return choose_precision(
         requested, device, mixed_precision=mixed_precision, num_params=num_params, cpu_bf16=cpu_caps().native_bf16

@@ -12,7 +12,9 @@ matrix was unchanged; with float32 weights and bf16 autocast every element chang
 - ``dtype: auto`` -> float32 weights everywhere, and the compute dtype by ``mixed_precision: auto``: on CUDA bf16
   where the GPU has it natively (``is_bf16_supported(including_emulation=False)``: Ampere and later), else fp16 with
   a GradScaler; on a CPU with native bf16 matmul (AVX512-BF16 / AMX, :mod:`grpokit.machine.cpu_caps`) bf16 for
-  models of at least :data:`MIN_AUTOCAST_PARAMS` parameters; elsewhere none (float32).
+  models of at least :data:`MIN_AUTOCAST_PARAMS` parameters; elsewhere none (float32). A flag is not a speed: a run
+  on a CPU measures instead (:mod:`grpokit.kernels.cpu_precision`) and keeps this flag rule for several processes
+  and a failed probe.
 - ``mixed_precision: bf16 | fp16`` (TRL's ``bf16=True`` / ``fp16=True``): that autocast dtype over float32 weights,
   on any device; ``no``: no autocast.
 - ``dtype: bfloat16 | float16``: the weights themselves in that dtype, no autocast (what a user asks for to save

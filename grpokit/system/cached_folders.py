@@ -4,6 +4,9 @@ The examples keep their warm-started models this way: ``cached_folder(cache_dir,
 returns ``cache_dir/policy-<hash of recipe>``, calling ``build(folder)`` first when it is missing. The folder is
 built under a temporary name beside it and renamed into place, and counts as built only with its
 ``recipe.json``, so an interrupted build is never taken as complete. A changed recipe gets a new folder.
+
+The folder itself is :func:`default_cache_root`; :func:`write_atomic` writes a small file there (the CPU probe's
+measurements, :mod:`grpokit.kernels.cpu_precision`) so that a process killed while writing leaves the old file or none.
 """
 
 from __future__ import annotations
@@ -17,6 +20,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 RECIPE_FILE = "recipe.json"
+
+
+def default_cache_root() -> Path:
+    """``$GRPOKIT_CACHE``, else ``$XDG_CACHE_HOME/grpokit``, else ``~/.cache/grpokit``."""
+    if os.environ.get("GRPOKIT_CACHE"):
+        return Path(os.environ["GRPOKIT_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "grpokit"
+    return Path.home() / ".cache" / "grpokit"
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it (flushed to disk, then renamed over it): a
+    reader sees the old file or the whole new one, never a part, even when this process is killed meanwhile."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def cached_folder(cache_dir: str | Path, kind: str, recipe: dict, build: Callable[[Path], None]) -> Path:

@@ -11,6 +11,7 @@ from transformers import LlamaConfig
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.compose import memory
 from grpokit.compose.memory import build_meta_model, estimate_memory
+from grpokit.kernels.cpu_precision import RunCompute
 
 CPU = torch.device("cpu")
 
@@ -68,9 +69,8 @@ def test_parts_by_hand_float32(config_dir):
 
 
 def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
-    monkeypatch.setattr(
-        memory, "autocast_dtype", lambda *a: torch.bfloat16
-    )  # what a >= 10M-parameter model gets on a bf16 CPU
+    # what a >= 10M-parameter model gets on a CPU where bf16 measured faster
+    monkeypatch.setattr(memory, "run_compute", lambda *a, **k: RunCompute(torch.bfloat16, torch.bfloat16))
     m = estimate_memory(_cfg(config_dir), build_meta_model(str(config_dir)), CPU)
     assert m.weights == 25152 and m.gradients == 25152  # float32 master weights
     assert m.reference == 4608 * 2 + (6288 - 4608) * 4 == 15936  # untied Linears stored in bf16, the rest float32
@@ -84,6 +84,11 @@ def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
     lora = estimate_memory(_cfg(config_dir, lora={"r": 2}), build_meta_model(str(config_dir)), CPU)
     # frozen Linear weights are cast too (saved for the input's gradient), plus the 1024 adapter weights (next test)
     assert lora.micro_batch == 128384 + 9600 + 38400 + (6208 + 1024) * 2
+    # learning in float32, sampling in bf16 (measured apart): the float32 micro-batch, bf16 fused copies
+    monkeypatch.setattr(memory, "run_compute", lambda *a, **k: RunCompute(None, torch.bfloat16))
+    split = estimate_memory(_cfg(config_dir), build_meta_model(str(config_dir)), CPU)
+    assert split.micro_batch == 185984 and split.reference == 25152  # as test_parts_by_hand_float32's
+    assert split.generation == 32768 + 6208 * 2
 
 
 def test_lora_and_checkpointing_by_hand(config_dir):
@@ -119,7 +124,7 @@ def test_qlora_weights_by_hand(config_dir, monkeypatch):
     assert m.weights == 17720 + 6720 == 24440
     assert m.reference == 0 and m.gradients == 1024 * 4 and m.adamw == 2 * 1024 * 4  # float32 adapters, no copy
     assert m.generation == 32768  # the KV cache only: 4-bit layers decode through the HF forward, no fused copies
-    monkeypatch.setattr(memory, "autocast_dtype", lambda *a: torch.bfloat16)
+    monkeypatch.setattr(memory, "run_compute", lambda *a, **k: RunCompute(torch.bfloat16, torch.bfloat16))
     mixed = estimate_memory(qlora, build_meta_model(str(config_dir)), CPU)
     # bf16 casts saved for the backward: the tied head (1600) and the adapters (1024); 4-bit layers save 4-bit weights
     assert mixed.micro_batch == 128384 + 9600 + 38400 + (1600 + 1024) * 2

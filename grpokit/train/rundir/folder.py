@@ -53,6 +53,7 @@ class RunDirSpec:
     num_completions_to_print: int | None
     config: dict = field(default_factory=dict)
     run_name: str | None = None
+    notes: tuple[str, ...] = ()  # comment lines at the top of config.yaml (how the compute dtype was chosen)
 
     def resuming(self, resume_from: str) -> RunDirSpec:
         """This spec resuming from ``resume_from`` (GRPOTrainer.train's ``resume_from_checkpoint``), in the
@@ -149,7 +150,8 @@ def open_run_dir(spec: RunDirSpec, start: int, folder: RunFolder | None = None, 
             raise RunFolderError(f"{run_dir} holds a run: overwriting it needs the folder's lock (a RunFolder)")
         folder.set_aside()
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(config_file, yaml.safe_dump(spec.config, sort_keys=False))
+    notes = "".join(f"# {line}\n" for line in spec.notes)
+    _write_atomic(config_file, notes + yaml.safe_dump(spec.config, sort_keys=False))
     store = RolloutStore(run_dir / "rollouts.sqlite", run_id=run_dir.name)
     store.rollback_after(start if start else -1)  # steps after the checkpoint are redone exactly once
     _truncate_metrics(run_dir / "metrics.jsonl", start)
