@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_trl import MODELS, G, build_inputs
+from vs_trl import MODELS, PROMPT_TOKENS, G, build_inputs, load_tokenizer
 
 PROMPTS, NEW_TOKENS = 4, 64
 
@@ -56,7 +56,6 @@ def main() -> None:
 
     from grpokit.kernels.cpu_precision import run_compute
     from grpokit.machine.cpu_caps import cpu_caps, describe
-    from grpokit.models.loading import load_tokenizer
     from grpokit.rollout.engine import HFRolloutEngine
     from grpokit.rollout.types import SamplingParams
 
@@ -68,9 +67,10 @@ def main() -> None:
         build_inputs(workdir, args.shape)
         folder = str(workdir / "model")
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        tokenizer = load_tokenizer(folder)
+        tokenizer = load_tokenizer(workdir)  # the word-level tokenizer, as bench/vs_trl.py loads it
         rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()[:PROMPTS]]
         prompt_ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
+        assert all(len(ids) == PROMPT_TOKENS for ids in prompt_ids), [len(ids) for ids in prompt_ids]
         params = SamplingParams(max_completion_length=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
         eos, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
         cpu = torch.device("cpu")
