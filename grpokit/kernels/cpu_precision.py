@@ -11,7 +11,8 @@ The rates are cached under the cache folder (:func:`grpokit.system.cached_folder
 ``$GRPOKIT_CACHE``), in ``cpu-precision/<hash>.json``, one file per CPU model, core count, torch version, forced flags
 (``GRPOKIT_CPU_CAPS``), rows and shapes, written atomically (:func:`grpokit.system.cached_folders.write_atomic`): a
 later run pays nothing, a run killed while writing leaves no partial file, and an unreadable file is named in one line
-and measured again. ``grpokit env --probe`` clears the cache and measures again (after a hardware change).
+and measured again. Rates measured while the load average exceeds the core count are used but not kept (others' work
+skews them). ``grpokit env --probe`` clears the cache and measures again (after a hardware change).
 
 Explicit ``mixed_precision`` (``bf16``, ``fp16``, ``no``), a ``dtype`` other than auto, other devices, models under
 :data:`grpokit.machine.precision.MIN_AUTOCAST_PARAMS` parameters (float32, unmeasured: casts cost more than they save
@@ -178,6 +179,9 @@ def cpu_choice(
         learn, sample = choose(rates["learning"]), choose(rates["sampling"])
     except Exception as exc:  # a path torch cannot run here, or no usable rates: the flags decide, saying why
         return _by_flags(caps, exc)
+    if load is not None and load > (os.cpu_count() or 1):  # others' work skewed the timings: not kept
+        why = "busier than its cores: measured again next time; `grpokit env --probe` on a quieter machine keeps it"
+        return CpuChoice(learn, sample, f"{_at(load, now=True)}, not saved ({why})")
     source = f"{_at(load, now=True)}, saved in {path}"
     try:
         write_atomic(path, json.dumps({"key": key, "rates": rates, "load": load}, indent=1))

@@ -11,12 +11,19 @@ import textwrap
 import pytest
 import torch
 
+from grpokit.kernels import cpu_precision
 from grpokit.kernels.cpu_precision import cache_key, cache_path, choose, cpu_choice, run_compute
 from grpokit.kernels.cpu_probe import LEARN_ROWS, MAX_SHAPES, Shape, candidates, effective_rate, matmul_shapes
 from grpokit.machine.cpu_caps import CpuCaps
 
 AVX512 = {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
 SHAPES = [Shape(512, 1408, 16), Shape(512, 32_000)]
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """The load average the probe sees: below the cores (results kept), whatever this machine's load is."""
+    monkeypatch.setattr(cpu_precision, "_load", lambda: 0.5)
 
 
 def caps(flags=AVX512, onednn_bf16=True, forced=None):
@@ -103,6 +110,19 @@ def test_measured_once_then_cached_and_reprobed(tmp_path):
     assert cpu_choice(SHAPES, caps=caps(), measure_fn=measure, root=tmp_path).learning.compute == "bf16"
 
 
+def test_rates_measured_on_a_busy_machine_are_used_but_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_precision, "_load", lambda: 9.0)  # more than any CI machine's cores: busy
+    measure = Rates({"float32": 120.0, "bf16": 862.0}, {"float32": 100.0, "bf16": 290.0})
+    busy = cpu_choice(SHAPES, caps=caps(), measure_fn=measure, root=tmp_path)
+    assert busy.learning.compute == "bf16" and "at a load average of 9.0" in busy.source
+    assert "not saved (busier than its cores" in busy.source and not list(tmp_path.rglob("*.json"))
+    cpu_choice(SHAPES, caps=caps(), measure_fn=measure, root=tmp_path)
+    assert measure.calls == 2  # measured again
+    monkeypatch.setattr(cpu_precision, "_load", lambda: 0.5)
+    quiet = cpu_choice(SHAPES, caps=caps(), measure_fn=measure, root=tmp_path)
+    assert measure.calls == 3 and "saved in" in quiet.source and len(list(tmp_path.rglob("*.json"))) == 1
+
+
 def test_forced_flags_leave_float32_unmeasured(tmp_path, monkeypatch):
     def must_not_run(*args):
         raise AssertionError("measured on a CPU with one path")
@@ -151,7 +171,9 @@ def test_a_run_killed_while_writing_leaves_the_old_cache(tmp_path):
         import os, signal, sys
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
         from test_cpu_precision import SHAPES, Rates, caps
+        from grpokit.kernels import cpu_precision
         from grpokit.kernels.cpu_precision import cpu_choice
+        cpu_precision._load = lambda: 0.5  # a quiet machine: the result is written (and the writer killed)
         os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
         new = Rates({{"float32": 1.0, "bf16": 2.0}}, {{"float32": 1.0, "bf16": 2.0}})
         cpu_choice(SHAPES, caps=caps(), measure_fn=new, root={str(tmp_path)!r}, probe=True)
