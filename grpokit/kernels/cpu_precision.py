@@ -35,7 +35,7 @@ from grpokit.kernels.cpu_probe import DTYPES, LEARN_ROWS, Shape, candidates, mat
 from grpokit.machine.cpu_caps import CpuCaps, cpu_caps
 from grpokit.system.cached_folders import default_cache_root, write_atomic
 
-PROBE_VERSION = 1  # bump when what is timed changes: older cached rates are then measured again
+PROBE_VERSION = 2  # bump when what is timed changes: older cached rates are then measured again
 TIE = 1.05  # a lower precision must be this many times faster than float32 to be chosen
 CACHE_FOLDER = "cpu-precision"
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -218,7 +218,7 @@ def choice_lines(choice: CpuChoice) -> list[str]:
     return [
         f"learning: {choice.learning.compute} ({choice.learning.reason})",
         f"sampling: {choice.sampling.compute} ({choice.sampling.reason})",
-        f"rates: {choice.source}",
+        f"rates (GFLOP/s per core): {choice.source}",
     ]
 
 

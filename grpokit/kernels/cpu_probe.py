@@ -16,6 +16,11 @@ path is timed here as the run would use it:
 bf16 is a candidate only where oneDNN has bf16 kernels (``CpuCaps.onednn_bf16``; elsewhere torch emulates it), so
 ``GRPOKIT_CPU_CAPS=avx2`` (:mod:`grpokit.machine.cpu_caps`) leaves float32 alone, unmeasured.
 
+Each path is timed on one thread: the choice reads the ratio between the dtypes, which holds per core, while a
+multi-threaded timing on a busy machine measures OpenMP threads waiting for each other's core (on this project's
+2-core VM at a load average of 8, two threads timed float32 learning at 4-14 GFLOP/s and bf16 at 2-22, in any order;
+one thread gave 92-106 and 159-161, bf16 ahead every time, as the benchmark's steps were). The rates are per core.
+
 The shapes are the model's ``nn.Linear`` layers (projections, MLP, head), the :data:`MAX_SHAPES` costliest distinct
 ones, each dimension cut to :data:`MAX_DIM` (a 152k-column head is timed on 1,024 columns) so that the whole probe
 stays well under a second; the rate of a cut shape stands for the whole one.
@@ -143,8 +148,13 @@ def measure(
 ) -> dict[str, dict[str, float]]:
     """Measured GFLOP/s: ``{"learning": {path: rate}, "sampling": {path: rate}}`` for this CPU's candidates
     (:func:`candidates`) over ``shapes``. Raises what torch raises when a path cannot run."""
-    with torch.random.fork_rng(devices=[]):  # a seeded run draws the same numbers whether the probe ran or not
-        return _measure(shapes, caps, learn_rows, sample_rows)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # per core: see the module docstring
+    try:
+        with torch.random.fork_rng(devices=[]):  # a seeded run draws the same numbers whether the probe ran or not
+            return _measure(shapes, caps, learn_rows, sample_rows)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _measure(shapes: list[Shape], caps: CpuCaps, learn_rows: int, sample_rows: int) -> dict[str, dict[str, float]]:

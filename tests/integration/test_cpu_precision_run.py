@@ -55,7 +55,8 @@ def test_train_records_the_measured_choice(tmp_path):
     else:
         assert "#   learning: float32 (bf16 77 GFLOP/s < float32 120: float32)" in notes, saved
         assert any(n.startswith("#   sampling: bf16 (") and n.endswith("< bf16 290: bf16)") for n in notes), saved
-        assert any(n.startswith("#   rates: measured, cached in ") for n in notes), saved  # the run measured nothing
+        cached = "#   rates (GFLOP/s per core): measured, cached in "
+        assert any(n.startswith(cached) for n in notes), saved  # the run measured nothing
     assert "mixed_precision: auto" in saved  # the setting itself stays auto: a resumed run measures for itself
     explain = [sys.executable, "-m", "grpokit", "explain", "run"]  # a run folder: its saved config.yaml loads back
     shown = subprocess.run(explain, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -87,9 +87,9 @@ def test_the_real_probe_times_every_candidate_and_leaves_the_rng_alone():
     from grpokit.machine.cpu_caps import cpu_caps
 
     torch.manual_seed(3)
-    before = torch.get_rng_state()
+    before, threads = torch.get_rng_state(), torch.get_num_threads()
     rates = measure([Shape(16, 32, 2), Shape(32, 16)], cpu_caps(), learn_rows=8, sample_rows=4)
-    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(torch.get_rng_state(), before) and torch.get_num_threads() == threads  # timed on one, restored
     learning, sampling = candidates(cpu_caps())
     assert list(rates["learning"]) == learning and list(rates["sampling"]) == sampling
     assert all(rate > 0 for phase in rates.values() for rate in phase.values())
