@@ -71,7 +71,15 @@ def main() -> None:
         rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()[:PROMPTS]]
         prompt_ids = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
         assert all(len(ids) == PROMPT_TOKENS for ids in prompt_ids), [len(ids) for ids in prompt_ids]
-        params = SamplingParams(max_completion_length=NEW_TOKENS, min_new_tokens=NEW_TOKENS)
+        params = SamplingParams(  # plain sampling at temperature 1, as the benchmark's runs
+            NEW_TOKENS,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            repetition_penalty=1.0,
+            min_new_tokens=NEW_TOKENS,
+        )
         eos, pad = [tokenizer.eos_token_id], tokenizer.pad_token_id
         cpu = torch.device("cpu")
         auto = run_compute("auto", cpu, model, "auto", sample_rows=PROMPTS * G)
