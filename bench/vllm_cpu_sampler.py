@@ -108,7 +108,17 @@ def vllm_engine(model, eos: list[int], pad: int, folder: str, dtype):
     from grpokit.rollout.vllm_engine import VLLMRolloutEngine
     from grpokit.rollout.vllm_settings import VLLMSpec
 
-    spec = VLLMSpec(source=folder, max_model_len=256, enable_sleep_mode=False)
+    spec = VLLMSpec(  # as a run's defaults on a CPU (1 GiB of KV cache, eager), without sleep mode
+        source=folder,
+        gpu_memory_utilization=0.3,
+        max_model_len=256,
+        default_max_model_len=None,
+        enable_sleep_mode=False,
+        dtype="auto",
+        enforce_eager=None,
+        kv_cache_gib=None,
+        trust_remote_code=False,
+    )
     return VLLMRolloutEngine(model, eos, pad, spec, learner_dtype=dtype)
 
 
