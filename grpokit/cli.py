@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from grpokit.commands.user_errors import command_overrides, is_user_error  # light: its imports are in the function
 from grpokit.train import interrupt  # signal handling only: no heavy import comes before the handlers
 
 
@@ -167,29 +168,6 @@ def _parser():
     return parser
 
 
-def is_user_error(exc: BaseException) -> bool:
-    """Errors grpokit raises on purpose, with a message that names the problem and the fix: the CLI prints
-    them as one line (exit 2) instead of a traceback. An ImportError raised by grpokit to name a missing
-    extra has no module name; one from a failed import statement has it and stays a traceback."""
-    from grpokit.config import ConfigError
-    from grpokit.data.prompts import DataError
-    from grpokit.rewards.contract import RewardError
-    from grpokit.rollout.vllm_http import VLLMServerError
-    from grpokit.rollout.vllm_weights import SyncGapError
-    from grpokit.store.store import StoreError
-    from grpokit.train.rundir.checkpoint import CheckpointError
-    from grpokit.train.rundir.lock import RunFolderError
-
-    if isinstance(exc, ImportError):
-        return exc.name is None
-    raised_on_purpose = (ConfigError, DataError, CheckpointError, StoreError, RewardError, RunFolderError)
-    return isinstance(exc, (*raised_on_purpose, FileNotFoundError, VLLMServerError, SyncGapError))
-
-
-def _overrides(items: list[str]) -> list[str]:
-    return [x for x in items if x != "--"]
-
-
 def _quietly(command):
     """``command`` (one that loads a model) run with transformers' own progress bars off: see
     :func:`_quiet_model_loading`."""
@@ -244,7 +222,7 @@ def cmd_train(args) -> int:
     from grpokit.train.rundir.folder import check_run_dir
     from grpokit.trl.trainer import GRPOTrainer
 
-    cfg = load_config(args.config, _overrides(args.overrides))
+    cfg = load_config(args.config, command_overrides(args.overrides))
     if os.environ.get("RANK", "0") == "0":  # rank 0 owns the run folder (GRPOTrainer checks it again in train())
         check_run_dir(run_dir_spec(cfg))  # a folder holding another run is refused before the model loads
     _keep_freed_memory_on_cpu(cfg.device)
@@ -278,7 +256,7 @@ def cmd_eval(args) -> int:
     from grpokit.config import ConfigError
     from grpokit.trl.trainer import GRPOTrainer
 
-    cfg, model = eval_inputs(Path(args.target), _overrides(args.overrides))
+    cfg, model = eval_inputs(Path(args.target), command_overrides(args.overrides))
     if cfg.eval_dataset is None:
         raise ConfigError(f"{args.target} sets no data.eval_dataset; add one (or pass eval_dataset=PATH) to evaluate.")
     _keep_freed_memory_on_cpu(cfg.device)
@@ -332,7 +310,7 @@ def cmd_explain(args) -> int:
     from grpokit.config import load_config
 
     path = Path(args.config)
-    print(explain(load_config(_run_config(path) if path.is_dir() else path, _overrides(args.overrides))))
+    print(explain(load_config(_run_config(path) if path.is_dir() else path, command_overrides(args.overrides))))
     return 0
 
 

@@ -24,11 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from grpokit.cli import _overrides
+    from grpokit.commands.user_errors import command_overrides
     from grpokit.config import load_config
 
     started = time.perf_counter()
-    cfg = load_config(args.config, _overrides(args.overrides))
+    cfg = load_config(args.config, command_overrides(args.overrides))
     lines, code = doctor(cfg, groups=max(1, args.groups))
     print("\n".join(lines))
     print(f"doctor took {time.perf_counter() - started:.1f} s")
@@ -37,7 +37,7 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def doctor(cfg, groups: int = 4) -> tuple[list[str], int]:
     """(the lines, the exit status) of every check of the config ``cfg``."""
-    from grpokit.cli import is_user_error
+    from grpokit.commands.user_errors import is_user_error
     from grpokit.compose.run import build_run
     from grpokit.doctor.result import FAIL, Check, summary
 

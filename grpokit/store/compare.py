@@ -94,7 +94,7 @@ def _wall_times(rows: list[tuple], metrics: list[dict]) -> dict[int, float]:
 
 def _state_notes(path: Path, run: RunData) -> list[str]:
     """A run still being written (a live trainer holds its lock), or one that ended before its max_steps."""
-    from grpokit.train.rundir.lock import lock_holder
+    from grpokit.system.run_lock import lock_holder
 
     max_steps = (run.config.get("optim") or {}).get("max_steps")
     holder = lock_holder(path)

@@ -101,6 +101,23 @@ def legend_layout(names: list[str], width: float) -> list[tuple[float, int]]:
     return placed
 
 
+def _finite(series: dict[str, Series]) -> dict[str, Series]:
+    """The series' finite points (NaN, inf: a gap in the data, not a place on the axis); series left empty go."""
+    kept = {
+        name: [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)] for name, points in series.items()
+    }
+    return {name: points for name, points in kept.items() if points}
+
+
+def _x_range(xs: list[float]) -> tuple[float, float]:
+    """The x axis' range; one step: a band of one step either side (10% of it where 1 is below rounding)."""
+    x_lo, x_hi = min(xs), max(xs)
+    if _flat(x_lo, x_hi):
+        pad = abs(x_lo) * 0.1 if _flat(x_lo - 1, x_lo + 1) else 1.0
+        x_lo, x_hi = _clamp(x_lo - pad), _clamp(x_lo + pad)
+    return x_lo, x_hi
+
+
 def line_chart(
     title: str,
     series: dict[str, Series],
@@ -115,11 +132,7 @@ def line_chart(
 
     Returns "" when no series has a point, so callers can skip the chart.
     """
-    # Only finite points can be drawn (NaN, inf: a gap in the data, not a place on the axis).
-    series = {
-        name: [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)] for name, points in series.items()
-    }
-    series = {name: points for name, points in series.items() if points}
+    series = _finite(series)
     if not series:
         return ""
     left, right, top = 64, 16, 28
@@ -130,10 +143,7 @@ def line_chart(
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [x for points in series.values() for x, _ in points]
     ys = [y for points in series.values() for _, y in points]
-    x_lo, x_hi = min(xs), max(xs)
-    if _flat(x_lo, x_hi):  # one step: a band of one step either side (10% of it where 1 is below rounding)
-        pad = abs(x_lo) * 0.1 if _flat(x_lo - 1, x_lo + 1) else 1.0
-        x_lo, x_hi = _clamp(x_lo - pad), _clamp(x_lo + pad)
+    x_lo, x_hi = _x_range(xs)
     y_lo, y_hi = _y_range(ys)
 
     def px(x: float) -> float:

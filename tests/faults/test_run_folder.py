@@ -36,8 +36,8 @@ from grpokit.cli import main
 from grpokit.config import load_config
 from grpokit.rewards.contract import RewardError
 from grpokit.store import RolloutStore
+from grpokit.system.run_lock import LOCK_FILE, RunFolderError
 from grpokit.train.rundir.checkpoint import list_checkpoints, verify_checkpoint
-from grpokit.train.rundir.lock import LOCK_FILE, RunFolderError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 THREADS = {"OMP_NUM_THREADS": "1"}  # subprocesses compute as the one-thread runs of this process do

@@ -27,7 +27,7 @@ from synthetic_run import write_synthetic_run
 
 HOLD_LOCK = """
 import sys
-from grpokit.train.rundir.lock import RunLock
+from grpokit.system.run_lock import RunLock
 lock = RunLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 sys.stdin.read()

@@ -36,6 +36,8 @@ EXEMPT = {
     "what its command says (eval: the final model, the eval folder) and hands the object to GRPOTrainer",
     "commands/explain.py": "`grpokit explain` prints the resolved config and the sizes it implies: the whole config is "
     "its subject",
+    "doctor/": "`grpokit doctor` checks a whole setup before a run (prompt lengths, the model's files): the config is "
+    "its subject, as explain's",
     "compose/memory.py": "the memory estimate of a config and of its what-if variants (cfg.replace(...): a smaller "
     "micro-batch, LoRA, ...) for `grpokit explain` and the root's fit warning",
 }

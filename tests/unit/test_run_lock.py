@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.train.rundir.lock import LOCK_FILE, RunFolderError, RunLock, check_unlocked
+from grpokit.system.run_lock import LOCK_FILE, RunFolderError, RunLock, check_unlocked
 
 # Takes the lock of argv[1], prints "<pid> <child pid>" and waits. With argv[2] == "fork" it forks a child that
 # sleeps, and the child prints the line: its fork handlers have then run (else, on a loaded machine, the test could
 # kill the holder while the new child still holds the inherited descriptor).
 HOLDER = """
 import os, sys, time
-from grpokit.train.rundir.lock import RunLock
+from grpokit.system.run_lock import RunLock
 RunLock(sys.argv[1]).acquire()
 if sys.argv[2] != "fork":
     print(os.getpid(), 0, flush=True)

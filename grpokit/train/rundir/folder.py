@@ -16,8 +16,8 @@ import yaml
 from grpokit.errors import ConfigError
 from grpokit.store import RolloutStore
 from grpokit.store.integrity import EMPTY_CHAIN, next_chain
+from grpokit.system.run_lock import RunFolderError, RunLock, check_unlocked
 from grpokit.train.rundir import checkpoint, overwrite
-from grpokit.train.rundir.lock import RunFolderError, RunLock, check_unlocked
 from grpokit.train.rundir.resume import ResumePoint, check_run_files, find_checkpoint
 from grpokit.train.tracking import Tracker
 

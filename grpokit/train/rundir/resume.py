@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpokit.store.integrity import check_store
+from grpokit.system.run_lock import RunFolderError
 from grpokit.train.rundir.checkpoint import CheckpointError, list_checkpoints, verify_checkpoint
-from grpokit.train.rundir.lock import RunFolderError
 
 RESTART = "start the run again with overwrite: true"
 
