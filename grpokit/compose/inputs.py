@@ -70,7 +70,9 @@ def check_inputs(
     elif args.engine == "vllm":
         from grpokit.rollout.vllm_engine import check_vllm_environment
 
-        check_vllm_environment(procs.enabled, pick_device(args.device).type)
+        # with Ray the workers sample: on CUDA with rollout_worker_gpus, else on the CPU
+        workers = "cuda" if args.rollout_worker_gpus > 0 else "cpu"
+        check_vllm_environment(procs.enabled, workers if args.backend == "ray" else pick_device(args.device).type)
     prompts = specs.prompt_builder(args)  # prompt_template, system_prompt, use_chat_template
     has_environment = environment_factory is not None or args.environment_factory is not None
     default_prompt = PLACEHOLDER_PROMPT if has_environment else None

@@ -36,7 +36,10 @@ def build_rollouts(
     name = args.engine if rollout_func is None else "rollout_func"
     kind = engine_kind(name)
     parts = engine_parts(args, model, tokenizer, device, source, rollout_func, autocast_dtype, kernels)
-    engine = kind.build(parts, engine_settings(args, name))
+    settings = engine_settings(args, name)
+    # vLLM with Ray: the workers hold the engines; the learner keeps grpokit's (versions, evaluation)
+    in_workers = args.backend == "ray" and name == "vllm"
+    engine = engine_kind("hf").build(parts, None) if in_workers else kind.build(parts, settings)
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
     tool_rollouts = (
@@ -54,7 +57,8 @@ def build_rollouts(
     )
     entry = pick_sampler(situation)
     extras = {  # what a sampler may need besides the common parts, built only when it does
-        "remote": lambda: _start_ray(args, parts) if procs.is_main else None,  # rank 0 starts the Ray workers
+        # rank 0 starts the Ray workers
+        "remote": lambda: _start_ray(args, parts, settings if in_workers else None) if procs.is_main else None,
         "tools": lambda: tool_rollouts,
         "prompt_column": lambda: args.prompt_column,
         "own_engine": lambda: _own_engine(kind, parts, procs, rollout_func),
@@ -147,10 +151,12 @@ def _own_engine(kind, parts, procs, rollout_func):
     return kind.build(replace(parts, model=copy.deepcopy(parts.model)), None)
 
 
-def _start_ray(args: GRPOConfig, parts):
-    """Connect to Ray (``distributed.address``) and start the rollout workers."""
+def _start_ray(args: GRPOConfig, parts, vllm_settings=None):
+    """Connect to Ray (``distributed.address``) and start the rollout workers (``vllm_settings``: each with a vLLM)."""
     from grpokit.distributed.placement import learner_gpu_ids
     from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
+    from grpokit.distributed.ray_vllm import worker_vllm_options
+    from grpokit.rollout.vllm_settings import vllm_spec
 
     learner_gpus = learner_gpu_ids(parts.device)  # never given to a rollout or reward actor
     connect(args.address, args.ray_num_cpus, learner_gpus)
@@ -163,6 +169,13 @@ def _start_ray(args: GRPOConfig, parts):
         args.rollout_worker_gpus,
         parts.autocast_dtype,
         learner_gpus,
+        None
+        if vllm_settings is None
+        else worker_vllm_options(
+            vllm_spec(vllm_settings, parts.source, parts.trust_remote_code, parts.max_length),
+            args.seed,
+            args.rollout_worker_cpus,
+        ),
     )
 
 

@@ -269,11 +269,6 @@ def vllm(cfg: GRPOConfig) -> None:
     g = cfg.generation
     fix = "or set generation.engine: hf"
     check(
-        cfg.distributed.backend == "none",
-        "generation.engine: vllm samples in the learner process; it cannot be combined with distributed.backend: "
-        f"{cfg.distributed.backend} (set backend: none, {fix}).",
-    )
-    check(
         cfg.model.device in ("auto", "cpu") or cfg.model.device.startswith("cuda"),
         f"generation.engine: vllm runs on CUDA or, with vLLM's CPU build, the CPU, but model.device="
         f"{cfg.model.device!r}; set device: auto, cuda or cpu, {fix}.",
@@ -283,6 +278,17 @@ def vllm(cfg: GRPOConfig) -> None:
         f"generation.engine: vllm cannot load the learner's 4-bit (QLoRA) weights; set load_in_4bit: false, {fix}.",
     )
     check(g.temperature <= 2.0, f"temperature={g.temperature}: vLLM samples at temperatures up to 2; lower it, {fix}.")
+    check(
+        g.vllm_tensor_parallel_size == 1,
+        f"vllm_tensor_parallel_size={g.vllm_tensor_parallel_size}: grpokit runs one vLLM engine per torchrun rank "
+        "(tensor-parallel groups are not implemented: never run on vLLM's CPU build or on GPUs); set "
+        "vllm_tensor_parallel_size: 1.",
+    )
+    check(
+        not (cfg.distributed.strategy == "fsdp" and g.vllm_enable_sleep_mode),
+        "vllm_enable_sleep_mode: true with strategy: fsdp: each wake reloads the weights, gathered from every rank's "
+        "shards, while evaluation samples on rank 0 alone; set vllm_enable_sleep_mode: false (or null).",
+    )
     check(
         0 < g.vllm_gpu_memory_utilization <= 1,
         f"vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the GPU's "

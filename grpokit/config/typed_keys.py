@@ -124,6 +124,7 @@ class TypedKeys:
     vllm_server_port: int
     vllm_server_timeout: float
     vllm_max_logprob_gap: float | None
+    vllm_tensor_parallel_size: int
     # optim
     learning_rate: float
     weight_decay: float
@@ -304,7 +305,6 @@ class TypedKeys:
     vllm_model_impl: str
     vllm_structured_outputs_regex: Any
     vllm_group_port: int
-    vllm_tensor_parallel_size: int
     sync_ref_model: bool
     vllm_importance_sampling_clip_max: float
     log_multimodal: bool

@@ -66,7 +66,10 @@ class RolloutWorker:
         use_gpu: bool,
         autocast_dtype: torch.dtype | None = None,
         learner_gpus: tuple[str, ...] = (),
+        vllm: dict | None = None,
     ):
+        """``vllm``: sample with vLLM (:func:`grpokit.distributed.ray_vllm.worker_vllm_engine`'s keywords: its
+        ``spec``, ``seed`` and ``threads``), else with grpokit's engine."""
         from grpokit.rollout.engine import HFRolloutEngine
 
         if use_gpu:
@@ -76,9 +79,20 @@ class RolloutWorker:
 
             check_actor_gpus(ray.get_gpu_ids(), list(learner_gpus))
         device = torch.device("cuda" if use_gpu else "cpu")
-        self.model = model.to(device)
-        # the learner's autocast dtype: the same numbers as sampling in the learner process
-        self.engine = HFRolloutEngine(self.model, eos_token_ids, pad_token_id, device, autocast_dtype=autocast_dtype)
+        if vllm is not None:  # the copy stays on the CPU: it only receives the published weights for vLLM's reload
+            from grpokit.distributed.ray_vllm import worker_vllm_engine
+
+            self.model = model
+            self.engine = worker_vllm_engine(model, eos_token_ids, pad_token_id, device, autocast_dtype, **vllm)
+            device = torch.device("cpu")
+        else:
+            self.model = model.to(device)
+            # the learner's autocast dtype: the same numbers as sampling in the learner process
+            self.engine = HFRolloutEngine(
+                self.model, eos_token_ids, pad_token_id, device, autocast_dtype=autocast_dtype
+            )
+        self.device = device
+        self.checks_sync = vllm is not None  # vLLM's log-probs checked against the copy's after each new version
         self.version: int | None = None  # nothing published loaded yet
 
     def generate(
@@ -89,15 +103,23 @@ class RolloutWorker:
         seeds: list[int],
         num_generations: int,
         params: SamplingParams,
-    ) -> Rollouts:
-        """``weights`` is ``[ObjectRef]`` (nested, so it is fetched only when the version changed)."""
-        if version != self.version:
+    ) -> tuple[Rollouts, float | None]:
+        """``weights`` is ``[ObjectRef]`` (nested, so it is fetched only when the version changed). Returns the
+        rollouts and, for a vLLM worker's first chunk after a new version, the gap of its log-probs against the
+        copy's (:func:`grpokit.distributed.ray_vllm.sync_gap`; else None)."""
+        fresh = version != self.version
+        if fresh:
             import ray
 
-            load_published(self.model, ray.get(weights[0]), self.engine.device)
+            load_published(self.model, ray.get(weights[0]), self.device)
             self.version = version
-        self.engine.policy_version = version
-        return generate_per_group(self.engine, prompt_ids, seeds, num_generations, params)
+        self.engine.policy_version = version  # vLLM: a version it does not hold loads the copy's weights first
+        rollouts = generate_per_group(self.engine, prompt_ids, seeds, num_generations, params)
+        if not (fresh and self.checks_sync) or params.greedy:
+            return rollouts, None
+        from grpokit.distributed.ray_vllm import sync_gap
+
+        return rollouts, sync_gap(self.model, rollouts, params.temperature)
 
     def pid(self) -> int:
         import os
@@ -130,9 +152,10 @@ class RayRolloutEngine:
         worker_gpus: float = 0.0,
         autocast_dtype: torch.dtype | None = None,
         learner_gpus: list[str] = (),
+        vllm: dict | None = None,
     ):
         """``learner_gpus``: the GPUs the learner trains on, which no worker may get
-        (:mod:`grpokit.distributed.placement`)."""
+        (:mod:`grpokit.distributed.placement`); ``vllm``: each worker samples with vLLM (see :class:`RolloutWorker`)."""
         from grpokit.distributed.placement import actor_options
 
         ray = import_ray()
@@ -148,9 +171,10 @@ class RayRolloutEngine:
         # The architecture ships once (the driver's copy stays where it is); weights follow by version.
         self._model_ref = ray.put(_cpu_copy(model))
         self._actor = ray.remote(**actor_options(worker_cpus, worker_gpus))(RolloutWorker)
-        self._worker_args = (eos_token_ids, pad_token_id, worker_gpus > 0, autocast_dtype, tuple(learner_gpus))
+        self._worker_args = (eos_token_ids, pad_token_id, worker_gpus > 0, autocast_dtype, tuple(learner_gpus), vllm)
         self.workers = [self._spawn() for _ in range(num_workers)]
         self.restarts = 0
+        self.sync_gap_max: float | None = None  # vLLM workers: the largest gap of any check so far (ray_vllm)
         self.version: int | None = None
         self._weights: list = []
 
@@ -195,7 +219,9 @@ class RayRolloutEngine:
             ready, _ = ray.wait(list(pending.refs), num_returns=1)
             chunk, worker = pending.refs.pop(ready[0])
             try:
-                results[chunk] = ray.get(ready[0])
+                results[chunk], gap = ray.get(ready[0])
+                if gap is not None:
+                    self.sync_gap_max = max(gap, self.sync_gap_max or 0.0)
             except (RayActorError, ActorDiedError, ActorUnavailableError):
                 ray.kill(self.workers[worker], no_restart=True)
                 self.workers[worker] = self._spawn()

@@ -8,7 +8,8 @@ run has tools or environments, wraps it in the multi-turn engine; nothing else n
 - ``hf``: :class:`~grpokit.rollout.engine.HFRolloutEngine`, grpokit's own sampler on the policy's own weights.
 - ``vllm``: :class:`~grpokit.rollout.vllm_engine.VLLMRolloutEngine`, a colocated vLLM with its own copy of the
   weights (``separate_weights``: its log-probs differ from the learner's, so they weight tokens); with
-  ``vllm_mode: server`` :class:`~grpokit.rollout.vllm_server.VLLMServerEngine`, a running ``vllm serve``.
+  ``vllm_mode: server`` :class:`~grpokit.rollout.vllm_server.VLLMServerEngine`, a running ``vllm serve``; under
+  torchrun one per rank: :class:`~grpokit.rollout.vllm_colocate.ColocatedVLLMEngine`.
 - ``transformers``: :class:`~grpokit.rollout.transformers_engine.TransformersRolloutEngine`, transformers' own
   ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...).
 - ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
@@ -112,6 +113,7 @@ def _vllm(parts: EngineParts, settings: VLLMSettings):
     from grpokit.errors import ConfigError
     from grpokit.models.loading import is_hf_model
     from grpokit.rollout.vllm_engine import VLLMRolloutEngine
+    from grpokit.system.processes import under_torchrun
 
     if not is_hf_model(parts.model):
         raise ConfigError(
@@ -123,9 +125,26 @@ def _vllm(parts: EngineParts, settings: VLLMSettings):
         from grpokit.rollout.vllm_server import VLLMServerEngine
 
         return VLLMServerEngine(parts.model, parts.eos_token_ids, parts.pad_token_id, spec, seed=parts.seed)
-    return VLLMRolloutEngine(
-        parts.model, parts.eos_token_ids, parts.pad_token_id, spec, seed=parts.seed, learner_dtype=parts.autocast_dtype
-    )
+    common = dict(seed=parts.seed, learner_dtype=parts.autocast_dtype, device_type=_device_type(parts.device))
+    if under_torchrun():  # every rank its own engine (TRL's colocate mode), built and closed collectively
+        import torch.distributed as dist
+
+        from grpokit.rollout.vllm_colocate import ColocatedVLLMEngine
+
+        return ColocatedVLLMEngine(
+            parts.model,
+            parts.eos_token_ids,
+            parts.pad_token_id,
+            spec,
+            rank=dist.get_rank(),
+            tensor_parallel_size=spec.tensor_parallel_size,
+            **common,
+        )
+    return VLLMRolloutEngine(parts.model, parts.eos_token_ids, parts.pad_token_id, spec, **common)
+
+
+def _device_type(device) -> str | None:
+    return None if device is None else getattr(device, "type", str(device).split(":")[0])
 
 
 def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):  # internal: tool_rollouts.py passes its MultiTurnSpec

@@ -63,13 +63,7 @@ from grpokit.rollout.vllm_weights import SyncGapCheck, push_weights, sync_gap_li
 def check_vllm_environment(distributed: bool = False, learner_device: str | None = None) -> str:
     """Raise ConfigError unless an installed vLLM can sample here, beside the learner's device (no model is
     touched); returns its platform, ``"cuda"`` or ``"cpu"`` (:func:`~grpokit.rollout.vllm_settings.vllm_platform`)."""
-    from grpokit.errors import ConfigError
-
-    if distributed:
-        raise ConfigError(
-            "generation.engine: vllm runs in one learner process for now; start it with `grpokit train`, not torchrun "
-            "(or set generation.engine: hf for data-parallel training)."
-        )
+    del distributed  # under torchrun every rank builds its own engine (grpokit.rollout.vllm_colocate)
     cuda = torch.cuda.is_available()
     build = installed_vllm()
     return vllm_platform(build, cuda, learner_device or ("cuda" if cuda else "cpu"))
@@ -188,10 +182,12 @@ class VLLMRolloutEngine:
         *,
         seed: int = 0,
         learner_dtype: torch.dtype | None = None,
+        device_type: str | None = None,
     ):
         """``learner_dtype``: the learner's compute dtype, the run's autocast dtype (grpokit.machine.precision: float32
         master weights, bf16 compute); None: the policy's weights' dtype. vLLM's own dtype follows it on the CPU
-        and is bf16 on a GPU (:func:`~grpokit.rollout.vllm_settings.vllm_dtype`)."""
+        and is bf16 on a GPU (:func:`~grpokit.rollout.vllm_settings.vllm_dtype`). ``device_type``: the learner's
+        device type (None: the policy's weights', which an FSDP rank may still hold on the meta device)."""
         from vllm import LLM
 
         self.policy = policy
@@ -203,7 +199,7 @@ class VLLMRolloutEngine:
         self._config_dir = None
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
         weights = next(policy.parameters()).dtype
-        self.platform = vllm_platform(installed_vllm(), torch.cuda.is_available(), _device_type(policy))
+        self.platform = vllm_platform(installed_vllm(), torch.cuda.is_available(), device_type or _device_type(policy))
         self.sleep_mode = vllm_sleep_mode(self.platform, spec.enable_sleep_mode)
         compute = learner_dtype or weights  # the run's autocast dtype over float32 master weights, else the weights'
         self.dtype = vllm_dtype(
@@ -220,9 +216,15 @@ class VLLMRolloutEngine:
             self._config_dir = tempfile.TemporaryDirectory(prefix="grpokit-vllm-")
             base.config.save_pretrained(self._config_dir.name)
             source, load_format = self._config_dir.name, "dummy"
-        single_process_env()
+        self.source = spec.source  # None: vLLM starts from dummy weights, replaced by the first load
+        self._prepare_launch()
         self.llm_kwargs = vllm_llm_kwargs(
-            spec, platform=self.platform, dtype=self.dtype, max_model_len=max_len, sleep_mode=self.sleep_mode, seed=seed
+            spec,
+            platform=self.platform,
+            dtype=self.dtype,
+            max_model_len=max_len,
+            sleep_mode=self.sleep_mode,
+            seed=self._engine_seed(seed),
         )
         previous = VLLMRolloutEngine._live() if VLLMRolloutEngine._live is not None else None
         if previous is not None:  # an earlier trainer's engine: its groups would be torn down under this one's
@@ -230,6 +232,14 @@ class VLLMRolloutEngine:
         self.llm = LLM(model=source, load_format=load_format, **self.llm_kwargs)
         VLLMRolloutEngine._live = weakref.ref(self)
         self._sleep()
+
+    def _prepare_launch(self) -> None:
+        """The environment vLLM's external launcher reads: here a one-process world (see :func:`single_process_env`)."""
+        single_process_env()
+
+    def _engine_seed(self, seed: int) -> int:
+        """``vllm.LLM``'s own seed (each request carries its group's seed anyway)."""
+        return seed
 
     def generate(
         self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seeds: list[int] | None = None

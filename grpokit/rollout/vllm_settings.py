@@ -66,6 +66,8 @@ class VLLMSettings:
     """engine vllm: stop the run when a step's sampling_is/logprob_abs_diff (vLLM's against the learner's log-probs of
     the sampled tokens, mean per token) exceeds this: vLLM samples with other weights than the learner's; null = 1e-4
     with both sides in float32, 1.0 otherwise (docs/vllm.md, 'The check of the sync')."""
+    vllm_tensor_parallel_size: int = 1
+    """engine vllm under torchrun: ranks per vLLM engine (TRL's name); only 1 for now (every rank its own engine)."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,9 @@ class VLLMSpec:
     ``default_max_model_len``, max_prompt_length + max_completion_length, else the model's own),
     ``enable_sleep_mode`` (None: on a GPU only), ``dtype`` (``vllm_dtype``), ``enforce_eager`` (None: on the CPU
     only), ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU),
-    ``trust_remote_code``, ``mode`` (``colocate`` or ``server``: then ``server_url`` and ``server_timeout``, seconds;
-    :mod:`grpokit.rollout.vllm_server`) and ``max_logprob_gap`` (the sync gap that stops the run; None: by dtype)."""
+    ``trust_remote_code``, ``tensor_parallel_size`` (``vllm_tensor_parallel_size``), ``mode`` (``colocate`` or
+    ``server``: then ``server_url`` and ``server_timeout``, seconds; :mod:`grpokit.rollout.vllm_server`) and
+    ``max_logprob_gap`` (the sync gap that stops the run; None: by dtype)."""
 
     source: str | None
     gpu_memory_utilization: float
@@ -92,6 +95,7 @@ class VLLMSpec:
     server_url: str
     server_timeout: float
     max_logprob_gap: float | None
+    tensor_parallel_size: int
 
 
 def installed_vllm() -> str | None:
@@ -219,4 +223,5 @@ def vllm_spec(settings: VLLMSettings, source: str | None, trust_remote_code: boo
         server_url=settings.vllm_server_base_url or f"http://{settings.vllm_server_host}:{settings.vllm_server_port}",
         server_timeout=settings.vllm_server_timeout,
         max_logprob_gap=settings.vllm_max_logprob_gap,
+        tensor_parallel_size=settings.vllm_tensor_parallel_size,
     )

@@ -37,10 +37,14 @@ def vllm_weight_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
     """(name, tensor) pairs of the policy under the plain HF model's names, which vLLM's loader expects. A
     plain model's are its parameters (views, no copy). A peft model's: the LoRA factors are skipped,
     ``base_model.model.`` / ``.base_layer`` / ``modules_to_save.default.`` removed from the names, and each
-    adapted layer's weight is its base weight plus the adapters' deltas, built one layer at a time."""
+    adapted layer's weight is its base weight plus the adapters' deltas, built one layer at a time. An FSDP2-sharded
+    model's: each parameter all-gathered (``full_tensor``) only when the consumer asks for it, so no rank holds more
+    than the parameters vLLM's loader is still buffering (collective: every rank iterates to the end, in order)."""
     peft = hasattr(model, "get_base_model")
     for name, param in model.named_parameters():
         tensor = param.detach()
+        if hasattr(tensor, "full_tensor"):  # a DTensor shard (FSDP2): this parameter's whole tensor, gathered now
+            tensor = tensor.full_tensor()
         if peft:
             if "lora_" in name or "original_module" in name:
                 continue
@@ -73,12 +77,12 @@ def repack_tied_head(model: torch.nn.Module) -> int:
 
 
 @torch.no_grad()
-def push_weights(llm, policy: torch.nn.Module) -> None:
+def push_weights(llm, policy: torch.nn.Module, items=None) -> None:
     """Copy ``policy``'s weights into the colocated ``vllm.LLM`` by vLLM's own in-place reload (module
-    docstring); the tensors go tensor to tensor in this process (the external launcher)."""
-    llm.collective_rpc(
-        "reload_weights", kwargs={"weights_iterator": vllm_weight_items(policy), "is_checkpoint_format": True}
-    )
+    docstring); the tensors go tensor to tensor in this process (the external launcher). ``items``: the (name,
+    tensor) pairs to send instead of :func:`vllm_weight_items` of ``policy`` (e.g. counted as they stream)."""
+    items = vllm_weight_items(policy) if items is None else items
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
     llm.apply_model(repack_tied_head)
     llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
 

@@ -166,7 +166,12 @@ class RaySampler(EngineSampler):
         self._published = version
 
     def metrics(self) -> dict[str, float]:
-        return {} if self.remote is None else {"rollout_worker_restarts": float(self.remote.restarts)}
+        if self.remote is None:
+            return {}
+        found = {"rollout_worker_restarts": float(self.remote.restarts)}
+        if getattr(self.remote, "sync_gap_max", None) is not None:  # vLLM workers: against their copy, same version
+            found["rollout_worker_sync_gap_max"] = self.remote.sync_gap_max
+        return found
 
     def close(self) -> None:
         if self.remote is not None:

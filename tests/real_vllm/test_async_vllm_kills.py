@@ -1,0 +1,133 @@
+"""Async training with vLLM in a Ray rollout worker (max_staleness 2, decoupled PPO) on the real vLLM CPU build, killed
+with `kill -9` at random moments and resumed with resume_from=latest each time: the finished run equals one that
+never stopped, sample for sample and number for number (as tests/faults/test_async_kills.py with grpokit's engine).
+One worker: every start builds its engine, and each kill costs a start on a 2-core machine. Every step's batch is
+up to 2 versions old, and the worker's vLLM matches its copy of the sampling version to GAP_FP32 after every load
+(rollout_worker_sync_gap_max); the learner-side gap (sampling_is/logprob_abs_diff) measures the staleness there."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, prompts
+from safetensors.torch import load_file
+
+pytest.importorskip("ray", reason="the vLLM environment has no ray: make test-vllm installs grpokit[ray] there")
+
+STEPS, KILLS, SEED, K = 6, 2, 4321, 2
+COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "policy_staleness", "sampling_is/weight_mean")
+
+
+def write_config(tmp_path: Path, model_dir: Path, name: str) -> Path:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in prompts()))
+    values = {
+        **SETTINGS,
+        "model_name_or_path": str(model_dir),
+        "train_dataset": str(data),
+        "output_dir": str(tmp_path / name),
+        "dtype": "float32",
+        "max_steps": STEPS,
+        "lr_scheduler_type": "constant",
+        "save_steps": 1,
+        "backend": "ray",
+        "num_rollout_workers": 1,
+        "rollout_worker_cpus": 1,
+        "ray_num_cpus": 2,
+        "max_staleness": K,
+        "off_policy_correction": "decoupled_ppo",
+        "rewards": [TARGET_REWARD],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def env() -> dict:
+    found = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    found.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the worker's engine takes vllm_kv_cache_gib (0.25)
+    return found
+
+
+def train(config: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "grpokit.cli", "train", str(config), *extra],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=900,  # a Ray start and a vLLM start on a shared 2-core machine: ~1 min; a hang ends here
+        check=False,
+    )
+
+
+def logged_steps(run: Path) -> list[dict]:
+    """metrics.jsonl's step lines; a last line torn by a kill is not one."""
+    path = run / "metrics.jsonl"
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            entry = json.loads(line)
+            if "loss" in entry:
+                found.append(entry)
+    return found
+
+
+def stored(run: Path) -> list[tuple]:
+    with sqlite3.connect(run / "rollouts.sqlite") as db:
+        return db.execute(
+            "SELECT step, prompt_index, completion_index, completion, policy_version, advantage FROM rollouts "
+            "ORDER BY step, prompt_index, completion_index"
+        ).fetchall()
+
+
+def test_kill_9_on_an_async_vllm_run_then_resume_equals_an_uninterrupted_run(tmp_path, vllm_model_dir):
+    done = train(write_config(tmp_path, vllm_model_dir, "straight"))
+    assert done.returncode == 0, done.stderr[-6000:]
+    straight = logged_steps(tmp_path / "straight")
+    assert [m["policy_staleness"] for m in straight] == [min(s - 1, K) for s in range(1, STEPS + 1)]
+    for line in straight:
+        assert line["rollout_worker_sync_gap_max"] <= GAP_FP32, line  # every load of every version
+
+    config, run = write_config(tmp_path, vllm_model_dir, "run"), tmp_path / "run"
+    rng, history = random.Random(SEED), []
+    for kill in range(KILLS):
+        log = tmp_path / f"log-{kill}.txt"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"],
+            env=env(),
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        seen = len(logged_steps(run))
+        deadline = time.monotonic() + 600  # generous: Ray and vLLM start on two busy cores; the kill lands anyway
+        while proc.poll() is None and len(logged_steps(run)) <= seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pause = rng.uniform(0.0, 1.0)  # into the next step, its checkpoint, or the worker's sampling ahead
+        time.sleep(pause)
+        proc.kill()
+        proc.wait(timeout=60)
+        history.append(f"kill {kill}: {pause:.2f}s after step {len(logged_steps(run))} was logged")
+
+    final = train(config, "resume_from=latest")
+    assert final.returncode == 0, "\n".join(history) + "\n" + final.stderr[-6000:]
+    assert stored(run) == stored(tmp_path / "straight"), "\n".join(history)
+    resumed = logged_steps(run)
+    assert [m["step"] for m in resumed] == list(range(1, STEPS + 1)), "\n".join(history)
+    for a, b in zip(straight, resumed, strict=True):
+        for key in COMPARED:
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key, history)
+    wa = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    wb = load_file(run / "final" / "model.safetensors")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=0)
