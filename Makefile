@@ -80,8 +80,8 @@ $(VLLM_VENV)/.vllm: constraints-vllm.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
-$(VLLM_VENV)/.test: $(VLLM_VENV)/.vllm pyproject.toml
-	$(VLLM_PIP) -e ".[test,lora]"
+$(VLLM_VENV)/.test: $(VLLM_VENV)/.vllm pyproject.toml Makefile
+	$(VLLM_PIP) -e ".[test,lora,ray]"
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.test
