@@ -106,19 +106,11 @@ def main() -> None:
 def vllm_engine(model, eos: list[int], pad: int, folder: str, dtype):
     """grpokit's vLLM engine on the model's folder, computing in ``dtype`` (None: float32, the weights')."""
     from grpokit.rollout.vllm_engine import VLLMRolloutEngine
-    from grpokit.rollout.vllm_settings import VLLMSpec
+    from grpokit.rollout.vllm_settings import VLLMSettings, vllm_spec
 
-    spec = VLLMSpec(  # as a run's defaults on a CPU (1 GiB of KV cache, eager), without sleep mode
-        source=folder,
-        gpu_memory_utilization=0.3,
-        max_model_len=256,
-        default_max_model_len=None,
-        enable_sleep_mode=False,
-        dtype="auto",
-        enforce_eager=None,
-        kv_cache_gib=None,
-        trust_remote_code=False,
-    )
+    # a run's defaults on a CPU (1 GiB of KV cache, eager), without sleep mode, as the engine derives its spec
+    settings = VLLMSettings(vllm_max_model_length=256, vllm_enable_sleep_mode=False)
+    spec = vllm_spec(settings, folder, trust_remote_code=False, default_len=None)
     return VLLMRolloutEngine(model, eos, pad, spec, learner_dtype=dtype)
 
 

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from grpokit.rollout.vllm_settings import VLLMSpec, vllm_llm_kwargs
+from grpokit.rollout.vllm_settings import VLLMSettings, vllm_llm_kwargs, vllm_spec
 from grpokit.rollout.vllm_weights import push_weights, vllm_weight_items
 
 PROMPTS = [[5 + i, 6 + i, 7 + i] for i in range(8)]
@@ -43,21 +43,10 @@ def _build_llm(folder: str, device: str, dtype: str, sleep_mode: bool = False):
     from grpokit.rollout.vllm_engine import single_process_env
 
     single_process_env()
-    spec = VLLMSpec(
-        source=folder,
-        gpu_memory_utilization=0.3,
-        max_model_len=None,
-        default_max_model_len=None,
-        enable_sleep_mode=sleep_mode,
-        dtype=dtype,
-        enforce_eager=True,
-        kv_cache_gib=1.0,
-        trust_remote_code=False,
-        mode="colocate",
-        server_url="",
-        server_timeout=0.0,
-        max_logprob_gap=None,
+    settings = VLLMSettings(
+        vllm_enable_sleep_mode=sleep_mode, vllm_dtype=dtype, vllm_enforce_eager=True, vllm_kv_cache_gib=1.0
     )
+    spec = vllm_spec(settings, folder, trust_remote_code=False, default_len=None)  # as the engine derives it
     kwargs = vllm_llm_kwargs(spec, platform=device, dtype=dtype, max_model_len=128, sleep_mode=sleep_mode, seed=0)
     return LLM(model=folder, **kwargs)
 
