@@ -27,7 +27,10 @@ def test_code_example_learns(tmp_path):
         "no sandbox works on this machine: install bubblewrap (make test does, as root)"
     )
     example = _load()
-    config = WarmStartConfig(clean_steps=400, sloppy_steps=150, batch_size=64, teacher_accuracy=0.3)
+    # A weak teacher (right 10 % of the time) fixes the start low on every CPU: with the example's 0.3 the warm start
+    # began at held-out pass@1 0.22 on the AMD machine it was written on but 0.39 on an Intel AVX-512/AMX one (its
+    # matmuls round differently), leaving 16 steps too little room (0.39 -> 0.42).
+    config = WarmStartConfig(clean_steps=400, sloppy_steps=150, batch_size=64, teacher_accuracy=0.1)
     example.build(tmp_path, config, log=lambda line: None)
     result = example.train(
         tmp_path,
@@ -36,7 +39,7 @@ def test_code_example_learns(tmp_path):
     )
     before, after = result["before"], result["after"]
     print(f"held-out pass@1 {before:.3f} -> {after:.3f}")
-    assert after >= before + 0.15, result["evals"]  # measured here: 0.22 -> 0.42 (seed 0)
+    assert after >= before + 0.15, result["evals"]  # measured on the Intel AVX-512/AMX machine: 0.16 -> 0.48 (seed 0)
     # the per-test results are stored with each rollout and shown in the report
     with RolloutStore(tmp_path / "run", readonly=True) as store:
         rows = store.rollouts()
