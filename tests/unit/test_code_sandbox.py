@@ -153,7 +153,10 @@ def test_a_fork_bomb(reward, host):
 
 
 def test_an_infinite_loop(reward, host):
-    assert _hostile(reward, host, "while True:\n    pass\n") == ["timed_out", "timed_out"]
+    # stopped by a limit: the wall-clock deadline, or the CPU-time rlimit when a busy machine gives the loop its CPU
+    # seconds before the deadline's wall seconds pass (which comes first depends on the load, not on the sandbox)
+    results = _hostile(reward, host, "while True:\n    pass\n")
+    assert len(results) == 2 and set(results) <= {"timed_out", "error:CPU time limit"}, results
 
 
 def test_allocating_20_gb(reward, host):
