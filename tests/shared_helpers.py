@@ -92,3 +92,29 @@ def tiny_run_config(
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def logged_steps(run) -> list[dict]:
+    """metrics.jsonl's step lines; a last line torn by a kill is not one."""
+    import contextlib
+    import json
+
+    path = run / "metrics.jsonl"
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            entry = json.loads(line)
+            if "loss" in entry:
+                found.append(entry)
+    return found
+
+
+def stored(run) -> list[tuple]:
+    """A run's stored rollouts, in order, as the kill-and-resume tests compare them."""
+    import sqlite3
+
+    with sqlite3.connect(run / "rollouts.sqlite") as db:
+        return db.execute(
+            "SELECT step, prompt_index, completion_index, completion, policy_version, advantage FROM rollouts "
+            "ORDER BY step, prompt_index, completion_index"
+        ).fetchall()

@@ -8,10 +8,7 @@ the threads' timing."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import random
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from shared_helpers import tiny_run_config
+from shared_helpers import logged_steps, stored, tiny_run_config
 
 from faults.conftest import cli_env, grpokit
 
@@ -41,26 +38,6 @@ def write_config(tmp_path: Path, model_dir: Path, name: str) -> Path:
         distributed={"max_staleness": 2},
         run={"save_steps": 1, "save_total_limit": 2},
     )
-
-
-def logged_steps(run: Path) -> list[dict]:
-    """metrics.jsonl's step lines; a last line torn by a kill is not one."""
-    path = run / "metrics.jsonl"
-    found = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        with contextlib.suppress(json.JSONDecodeError):
-            entry = json.loads(line)
-            if "loss" in entry:
-                found.append(entry)
-    return found
-
-
-def stored(run: Path) -> list[tuple]:
-    with sqlite3.connect(run / "rollouts.sqlite") as db:
-        return db.execute(
-            "SELECT step, prompt_index, completion_index, completion, policy_version, advantage FROM rollouts "
-            "ORDER BY step, prompt_index, completion_index"
-        ).fetchall()
 
 
 @pytest.mark.slow

@@ -7,11 +7,9 @@ up to 2 versions old, and the worker's vLLM matches its copy of the sampling ver
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
-import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ import torch
 import yaml
 from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, prompts
 from safetensors.torch import load_file
+from shared_helpers import logged_steps, stored
 
 pytest.importorskip("ray", reason="the vLLM environment has no ray: make test-vllm installs grpokit[ray] there")
 
@@ -69,26 +68,6 @@ def train(config: Path, *extra: str) -> subprocess.CompletedProcess:
         timeout=900,  # a Ray start and a vLLM start on a shared 2-core machine: ~1 min; a hang ends here
         check=False,
     )
-
-
-def logged_steps(run: Path) -> list[dict]:
-    """metrics.jsonl's step lines; a last line torn by a kill is not one."""
-    path = run / "metrics.jsonl"
-    found = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        with contextlib.suppress(json.JSONDecodeError):
-            entry = json.loads(line)
-            if "loss" in entry:
-                found.append(entry)
-    return found
-
-
-def stored(run: Path) -> list[tuple]:
-    with sqlite3.connect(run / "rollouts.sqlite") as db:
-        return db.execute(
-            "SELECT step, prompt_index, completion_index, completion, policy_version, advantage FROM rollouts "
-            "ORDER BY step, prompt_index, completion_index"
-        ).fetchall()
 
 
 def test_kill_9_on_an_async_vllm_run_then_resume_equals_an_uninterrupted_run(tmp_path, vllm_model_dir):
