@@ -110,7 +110,9 @@ def test_the_engine_samples_groups_and_pushes_each_version_once(policy):
     assert [files for _, files in fake.folders_seen] == [["model.safetensors"], ["model.safetensors"]]
     assert "-v0-" in folders[0] and "-v1-" in folders[1] and not any(os.path.exists(f) for f in folders)
     bodies = [body for route, body in fake.calls if route == "/v1/completions"]
-    first = bodies[0]
+    # one step's requests are sent concurrently, so they arrive in any order: find group 0's by its seed
+    first = next(body for body in bodies if body["seed"] == 10)
+    assert sorted(body["seed"] for body in bodies[:2]) == [10, 20] and [b["seed"] for b in bodies[2:]] == [30, 40]
     assert (first["prompt"], first["n"], first["seed"], first["logprobs"]) == ([5, 6], 4, 10, 0)
     assert (first["temperature"], first["top_k"], first["max_tokens"], first["stop_token_ids"]) == (0.9, 7, 5, [2])
     assert first["return_token_ids"] is True and first["model"] == "tiny" and "detokenize" not in first
