@@ -54,6 +54,7 @@ def build_rollouts(
         raw_prompts=engine.takes_raw_prompts,
         seeded=args.seed_per_group or procs.enabled,  # rollouts must not depend on the split over processes
         ahead=ahead > 0,
+        server=name == "vllm" and args.vllm_mode == "server",
     )
     entry = pick_sampler(situation)
     extras = {  # what a sampler may need besides the common parts, built only when it does
@@ -62,6 +63,7 @@ def build_rollouts(
         "tools": lambda: tool_rollouts,
         "prompt_column": lambda: args.prompt_column,
         "own_engine": lambda: _own_engine(kind, parts, procs, rollout_func),
+        "own_model": lambda: _own_model(model),
     }
     sampler = entry.cls(
         engine=engine,
@@ -149,6 +151,13 @@ def _own_engine(kind, parts, procs, rollout_func):
             "sampler; run one process without rollout_func, set distributed.backend: ray, or max_staleness: 0."
         )
     return kind.build(replace(parts, model=copy.deepcopy(parts.model)), None)
+
+
+def _own_model(model):
+    """A copy of the policy that a vLLM server's batches sampled ahead are pushed from (one process)."""
+    import copy
+
+    return copy.deepcopy(model)
 
 
 def _start_ray(args: GRPOConfig, parts, vllm_settings=None):

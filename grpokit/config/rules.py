@@ -227,11 +227,18 @@ def distributed(cfg: GRPOConfig) -> None:
     )
     if cfg.generation.engine == "vllm":
         vllm(cfg)
+    server = cfg.generation.engine == "vllm" and cfg.generation.vllm_mode == "server"
     check(
-        d.staleness_bound() == 0 or d.backend == "ray" or cfg.generation.engine == "hf",
+        d.staleness_bound() == 0 or d.backend == "ray" or cfg.generation.engine == "hf" or server,
         f"max_staleness={d.staleness_bound()} without Ray samples ahead on a background thread with a copy of the "
-        f"policy, which the hf engine supports (not generation.engine: {cfg.generation.engine}); set engine: hf, "
-        "backend: ray, or max_staleness: 0.",
+        f"policy, which the hf engine and a vLLM server support (not generation.engine: {cfg.generation.engine} "
+        "in this process); set engine: hf, vllm_mode: server, backend: ray, or max_staleness: 0.",
+    )
+    check(
+        not (server and d.backend == "ray"),
+        "vllm_mode: server samples from the server, driven by the learner, so backend: ray would start rollout "
+        "workers that never sample; set backend: none (max_staleness >= 1 samples ahead from the server without "
+        "Ray), or vllm_mode: colocate for a vLLM in each Ray rollout worker.",
     )
     check(
         d.scoring_threads == 1

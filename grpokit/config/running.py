@@ -82,7 +82,8 @@ class DistributedConfig:
     max_staleness: int | None = None
     """K: producers sample up to K steps ahead, so every sample trained at policy version v was sampled by version
     >= v - K (admission: they wait, nothing is dropped); 0 = synchronous; null = 1 with async_rollouts, else 0. Ray
-    rollout workers, or (backend none, engine hf, one process) a background thread on a copy of the policy."""
+    rollout workers, or (backend none, one process) a background thread: on a copy of the policy (engine hf), or driving
+    a vLLM server (vllm_mode: server)."""
     scoring_threads: int = 1
     """max_staleness >= 1: batches scored at once on the producers' side (a slow or remote reward overlaps the next
     batches); > 1 needs rewards that may be called concurrently: reward_isolation: false (threads), no worker

@@ -50,7 +50,8 @@ def sync_gap(model: torch.nn.Module, rollouts, temperature: float) -> float:
     own copy of the policy at the version vLLM just loaded (float32 logits / ``temperature``, log-softmax: the
     learner's formula, and vLLM's processed log-probs with top_p 1, top_k 0, min_p 0). Whatever the staleness of the
     run, both sides hold the same version, so a correct load gives float32 rounding (~1e-7) and a broken one far
-    more. One forward pass of the copy per completion, after each new version only."""
+    more. One forward pass of the copy per completion, after each new version only (on the copy's device)."""
+    device = getattr(next(model.parameters(), None), "device", "cpu")
     worst = 0.0
     G = rollouts.num_generations
     for row in range(rollouts.completion_ids.size(0)):
@@ -59,8 +60,8 @@ def sync_gap(model: torch.nn.Module, rollouts, temperature: float) -> float:
             continue
         prompt = list(rollouts.prompt_ids[row // G])
         completion = rollouts.completion_ids[row, :n].tolist()
-        ids = torch.tensor([prompt + completion])  # [1, P + n]
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / max(temperature, 1e-6)  # [n, V]
+        ids = torch.tensor([prompt + completion], device=device)  # [1, P + n]
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().cpu() / max(temperature, 1e-6)  # [n, V]
         mine = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]  # [n]
         worst = max(worst, (mine - rollouts.logprobs[row, :n]).abs().max().item())
     return worst

@@ -10,7 +10,10 @@
   of n = 1, as the colocated engine.
 * Weights: before sampling, when the policy's version changed since the last push, the learner's weights go to the
   server (:mod:`grpokit.rollout.vllm_server_weights`: shared memory + ``/collective_rpc`` from a CPU learner,
-  vLLM's NCCL weight transfer from a CUDA one).
+  vLLM's NCCL weight transfer from a CUDA one). The server holds one set of weights, so one lock owns them: a push
+  and the sampling that needs it run under it (:meth:`VLLMServerEngine.generate_at`), whichever thread asks (the
+  learner's, or the producer's when sampling ahead, :mod:`grpokit.train.experience.server_ahead`), and a version
+  the server holds is never pushed again.
 * Every request is bounded by vllm_server_timeout; a server that is unreachable, dies or hangs ends the run with
   one line naming the URL and the timeout (:class:`~grpokit.rollout.vllm_http.VLLMServerError`).
 * The check of the sync: as the colocated engine's (:mod:`grpokit.rollout.vllm_weights`), naming the server.
@@ -18,6 +21,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -106,6 +110,8 @@ class VLLMServerEngine:
         self.generator = torch.Generator().manual_seed(seed)  # draws the groups' seeds; saved in checkpoints
         self.policy_version = 0
         self._loaded_version: int | None = None  # the server starts from its own folder: pushed before sampling
+        self._weights_lock = threading.Lock()  # one owner of the server's weights: a push and its sampling
+        self.pushed: list[int] = []  # the versions pushed, in order
         self.client = ServerClient(spec.server_url, spec.server_timeout)
         self.client.wait_ready()
         self.model_name = self.client.request("GET", "/v1/models")["data"][0]["id"]
@@ -137,27 +143,46 @@ class VLLMServerEngine:
 
         if next(self.policy.parameters()).device.type == "cuda":
             return NCCLPush(self.client, self.policy)
-        return SharedMemoryPush(self.client, self.policy, extension=uses_extension(info))
+        return SharedMemoryPush(self.client, extension=uses_extension(info))
 
     def generate(
         self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams, seeds: list[int] | None = None
     ) -> Rollouts:
-        """G samples for each prompt; ``seeds`` (one per prompt) default to draws from ``self.generator``."""
+        """G samples for each prompt by the policy's current weights; ``seeds`` (one per prompt) default to draws from
+        ``self.generator``."""
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompt_ids),), generator=self.generator).tolist()
-        if self._loaded_version != self.policy_version:
-            self.pusher.push(self.policy_version)
-            self._loaded_version = self.policy_version
-        requests = group_requests(prompt_ids, seeds, num_generations, params.greedy)
-        payloads = [
-            completion_payload(self.model_name, p, seed, n, params, self.eos_token_ids) for p, seed, n in requests
-        ]
-        workers = max(1, min(MAX_CONCURRENT_REQUESTS, len(payloads)))
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            answers = list(pool.map(lambda body: self.client.request("POST", "/v1/completions", json=body), payloads))
+        return self.generate_at(self.policy_version, self.policy, prompt_ids, num_generations, params, seeds)
+
+    def generate_at(self, version: int, weights: torch.nn.Module, prompt_ids: list[list[int]], num_generations: int,
+                    params: SamplingParams, seeds: list[int]) -> Rollouts:  # fmt: skip
+        """G samples for each prompt by version ``version`` of the policy, whose weights ``weights`` holds (the
+        learner's policy, or a copy at that version): pushed first unless the server holds that version. The lock
+        keeps another thread's push from landing while these requests run."""
+        with self._weights_lock:
+            if self._loaded_version != version:
+                self.pusher.push(version, weights)
+                self._loaded_version = version
+                self.pushed.append(version)
+            requests = group_requests(prompt_ids, seeds, num_generations, params.greedy)
+            payloads = [
+                completion_payload(self.model_name, p, seed, n, params, self.eos_token_ids) for p, seed, n in requests
+            ]
+            workers = max(1, min(MAX_CONCURRENT_REQUESTS, len(payloads)))
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                answers = list(pool.map(self._complete, payloads))
         outputs = [request_output(p, answer) for (p, _, _), answer in zip(requests, answers)]
         outputs = regroup_outputs(outputs, num_generations, params.greedy)
-        return rollouts_from_vllm(outputs, num_generations, self.pad_token_id, self.policy_version)
+        return rollouts_from_vllm(outputs, num_generations, self.pad_token_id, version)
+
+    def _complete(self, body: dict) -> dict:
+        return self.client.request("POST", "/v1/completions", json=body)
+
+    def sample_ahead(self, metric: str) -> None:
+        """Batches are sampled ahead (max_staleness >= 1): the learner's log-probs are then a newer policy's than the
+        sampler's, so the sync is checked on ``metric``, the gap its sampler measures against a copy of the policy at
+        each new version, instead of the step's ``sampling_is/logprob_abs_diff``."""
+        self.gap.metric = metric
 
     def sync_weights(self) -> None:
         """The policy was updated: its weights go to the server before the next sampling (one version on)."""

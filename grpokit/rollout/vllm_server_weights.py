@@ -35,18 +35,19 @@ SHM = "/dev/shm"
 class SharedMemoryPush:
     """Weights through safetensors in shared memory and ``/collective_rpc`` (module docstring)."""
 
-    def __init__(self, client, policy: torch.nn.Module, extension: bool):
+    def __init__(self, client, extension: bool):
         """``extension``: the server runs grpokit's worker extension (started by ``grpokit vllm-serve``)."""
-        self.client, self.policy, self.extension = client, policy, extension
+        self.client, self.extension = client, extension
         self.root = SHM if os.path.isdir(SHM) else None  # /dev/shm: RAM, not a disk (elsewhere: the temp folder)
 
     @torch.no_grad()
-    def push(self, version: int) -> None:
+    def push(self, version: int, model: torch.nn.Module) -> None:
+        """Version ``version`` of the policy, held by ``model`` (the learner's, or a copy at that version)."""
         from safetensors.torch import save_file
 
         folder = tempfile.mkdtemp(prefix=f"grpokit-weights-v{version}-", dir=self.root)
         try:
-            weights = {name: tensor.detach().contiguous().cpu() for name, tensor in vllm_weight_items(self.policy)}
+            weights = {name: tensor.detach().contiguous().cpu() for name, tensor in vllm_weight_items(model)}
             save_file(weights, os.path.join(folder, "model.safetensors"))
             del weights
             method = "grpokit_reload_weights" if self.extension else "reload_weights"
@@ -83,16 +84,18 @@ class HTTPWeightSyncRoutes:
         self.client.request("POST", "/finish_weight_update", json=body)
 
 
-def policy_source(policy: torch.nn.Module):
-    """A vLLM ``WeightSource`` over :func:`vllm_weight_items`: ``metadata()`` and iteration in the same order."""
+def policy_source(holder):
+    """A vLLM ``WeightSource`` over :func:`vllm_weight_items` of ``holder.model`` (the model of the push in progress:
+    the learner's policy or a copy of it, the same names and shapes): ``metadata()`` and iteration in the same
+    order."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
     class PolicySource(WeightSource):
         def metadata(self) -> list:
-            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in vllm_weight_items(policy)]
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in vllm_weight_items(holder.model)]
 
         def __iter__(self):
-            for name, tensor in vllm_weight_items(policy):
+            for name, tensor in vllm_weight_items(holder.model):
                 yield name, tensor.detach().contiguous()
 
     return PolicySource()
@@ -106,15 +109,17 @@ class NCCLPush:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
         from vllm.utils.network_utils import get_ip, get_open_port
 
-        self.client = client
+        self.client, self.model = client, policy
         workers = int(client.request("GET", "/get_world_size")["world_size"])
         info = NCCLTrainerInitInfo(master_address=get_ip(), master_port=get_open_port(), world_size=workers + 1, rank=0)
         self.engine = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=HTTPWeightSyncRoutes(client), source=policy_source(policy)
+            info, client=HTTPWeightSyncRoutes(client), source=policy_source(self)
         )
 
     @torch.no_grad()
-    def push(self, version: int) -> None:
+    def push(self, version: int, model: torch.nn.Module) -> None:
+        """Version ``version`` of the policy, held by ``model`` (the learner's, or a copy at that version)."""
+        self.model = model
         self.engine.send_weights()
         self.client.request("POST", "/reset_prefix_cache")
 

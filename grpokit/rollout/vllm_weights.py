@@ -100,13 +100,13 @@ def sync_gap_limit(vllm_dtype: str, learner_dtype: str) -> float:
     return SYNC_GAP_LIMITS["float32" if both_fp32 else "16-bit"]
 
 
-def sync_gap_warning(step: int, gap: float | None, limit: float) -> str | None:
-    """A warning line when ``gap`` (``sampling_is/logprob_abs_diff`` of ``step``) exceeds ``limit``, else None."""
+def sync_gap_warning(step: int, gap: float | None, limit: float, metric: str = "sampling_is/logprob_abs_diff"):
+    """A warning line when ``gap`` (``metric`` of ``step``) exceeds ``limit``, else None."""
     if gap is None or not gap > limit:
         return None
     return (
         f"step {step}: vLLM's log-probs of the sampled tokens differ from the learner's by {gap:.3g} per token "
-        f"(sampling_is/logprob_abs_diff; a correct weight sync stays under {limit:g} here): vLLM is sampling with "
+        f"({metric}; a correct weight sync stays under {limit:g} here): vLLM is sampling with "
         "other weights than the learner's. Check the vLLM version against docs/vllm.md, or set generation.engine: hf."
     )
 
@@ -126,7 +126,8 @@ class SyncGapError(RuntimeError):
 class SyncGapCheck:
     """The check of a vLLM engine's weight sync on each step's ``sampling_is/logprob_abs_diff``: ``warning`` once
     above the dtypes' limit (:func:`sync_gap_limit`), ``stop`` (SyncGapError) above ``max_gap`` (None: by dtype,
-    SYNC_GAP_STOPS). ``path`` names the engine in both lines (``colocated vLLM``, ``vLLM server URL`` ...)."""
+    SYNC_GAP_STOPS). ``path`` names the engine in both lines (``colocated vLLM``, ``vLLM server URL`` ...). ``metric``:
+    the step's metric read (sampling ahead: a gap measured against a copy at the sampling version instead)."""
 
     def __init__(self, path: str, vllm_dtype: str, learner_dtype: str, max_gap: float | None = None):
         self.path = path
@@ -134,20 +135,21 @@ class SyncGapCheck:
         both_fp32 = vllm_dtype == "float32" and learner_dtype == "float32"
         self.max_gap = max_gap if max_gap is not None else SYNC_GAP_STOPS["float32" if both_fp32 else "16-bit"]
         self._warned = False
+        self.metric = "sampling_is/logprob_abs_diff"
 
     def warning(self, step: int, metrics: dict) -> str | None:
         if self._warned:
             return None
-        message = sync_gap_warning(step, metrics.get("sampling_is/logprob_abs_diff"), self.limit)
+        message = sync_gap_warning(step, metrics.get(self.metric), self.limit, self.metric)
         self._warned = message is not None
         return message and f"{self.path}: {message}"
 
     def stop(self, step: int, metrics: dict) -> None:
-        gap = metrics.get("sampling_is/logprob_abs_diff")
+        gap = metrics.get(self.metric)
         if gap is not None and gap > self.max_gap:
             raise SyncGapError(
                 f"step {step}: {self.path} samples with other weights than the learner's: its log-probs of the "
-                f"sampled tokens differ from the learner's by {gap:.3g} per token (sampling_is/logprob_abs_diff), "
+                f"sampled tokens differ from the learner's by {gap:.3g} per token ({self.metric}), "
                 f"above vllm_max_logprob_gap={self.max_gap:g}; the weight sync is broken (docs/vllm.md, 'The check "
                 "of the sync'). Check the vLLM version and the server's flags, or set generation.engine: hf."
             )

@@ -6,6 +6,7 @@ broadcast. What it cannot: the NCCL group, the broadcast and the server's side o
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -36,10 +37,11 @@ def test_nccl_push_drives_vllms_weight_transfer_routes(monkeypatch, vllm_model_d
     policy = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
     with FakeVLLM() as fake:
         pusher = NCCLPush(ServerClient(fake.url, 30), policy)
-        pusher.push(0)
+        pusher.push(0, policy)
+        ahead = copy.deepcopy(policy)  # sampling ahead pushes a copy of the policy at the batch's version
         with torch.no_grad():
-            policy.model.norm.weight.add_(1.0)
-        pusher.push(1)
+            ahead.model.norm.weight.add_(1.0)
+        pusher.push(1, ahead)
         pusher.close()
     routes = [route for route, _ in fake.calls]
     one_push = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
@@ -56,5 +58,5 @@ def test_nccl_push_drives_vllms_weight_transfer_routes(monkeypatch, vllm_model_d
     assert fake.calls[4] == ("/finish_weight_update", None)  # no weight_version
     assert [name for name, _ in sent] == names * 2
     second = dict(sent[len(names) :])
-    assert torch.equal(second["model.norm.weight"], policy.model.norm.weight)  # the updated weight was offered
+    assert torch.equal(second["model.norm.weight"], ahead.model.norm.weight)  # the copy's weight was offered
     assert not torch.equal(dict(sent[: len(names)])["model.norm.weight"], second["model.norm.weight"])

@@ -165,7 +165,7 @@ def test_a_skipped_weight_push_stops_the_run_naming_the_server(server, vllm_mode
     monkeypatch.setattr(
         vllm_server_weights.SharedMemoryPush,
         "push",
-        lambda self, version: pushes.append(version) or (real(self, version) if version == 0 else None),
+        lambda self, version, model: pushes.append(version) or (real(self, version, model) if version == 0 else None),
     )
     if not server.running():
         server.start()

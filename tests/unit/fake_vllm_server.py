@@ -1,13 +1,20 @@
 """A tiny stand-in for ``vllm serve`` on a loopback port, for the server client's tests: the routes grpokit calls,
 each answering as vLLM 0.32's do (shapes read from its source), and a record of the calls. ``hang``: a route whose
-handler blocks until the server stops (a hung server); ``fail``: a route answering HTTP 500."""
+handler blocks until the server stops (a hung server); ``fail``: a route answering HTTP 500. ``overlaps``: each
+request that ran beside a weight push (a push while anything else ran, or a sampling while a push ran), with the
+routes in flight when it arrived; ``push_dwell_s``: how long a push takes (a wider window for such an overlap).
+``pushed_norms``: the sum of ``model.norm.weight`` in each pushed folder, in order (which weights arrived)."""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PUSH_ROUTES = ("/collective_rpc", "/reset_prefix_cache", "/start_weight_update", "/update_weights",
+               "/finish_weight_update")  # fmt: skip
 
 
 class FakeVLLM:
@@ -15,6 +22,11 @@ class FakeVLLM:
         self.calls: list[tuple[str, dict | None]] = []
         self.folders_seen: list[tuple[str, list[str]]] = []  # (weights folder, its files at the reload)
         self.hang: set[str] = set()
+        self.overlaps: list[tuple[str, list[str]]] = []
+        self.in_flight: list[str] = []
+        self.push_dwell_s = 0.0
+        self.pushed_norms: list[float] = []
+        self.lock = threading.Lock()
         self.fail: set[str] = set()
         self.released = threading.Event()
         self.info = {
@@ -42,16 +54,29 @@ class FakeVLLM:
                 route = self.path.split("?")[0]
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
-                fake.calls.append((route, body))
+                with fake.lock:
+                    fake.calls.append((route, body))
+                    others = list(fake.in_flight)
+                    fake.in_flight.append(route)
+                    pushing = route in PUSH_ROUTES
+                    if (pushing and others) or (route == "/v1/completions" and set(others) & set(PUSH_ROUTES)):
+                        fake.overlaps.append((route, others))
+                try:
+                    reply = self._handle(method, route, body)
+                finally:
+                    with fake.lock:  # done before the answer leaves: the client may send its next request at once
+                        fake.in_flight.remove(route)
+                if reply is not None:
+                    self._answer(*reply)
+
+            def _handle(self, method: str, route: str, body):
                 if route in fake.hang:
                     fake.released.wait()  # until the test stops the server: a server that never answers
-                    return
+                    return None
                 if route in fake.fail:
-                    return self._answer(500, {"error": "boom"})
+                    return 500, {"error": "boom"}
                 answer = fake.answer(method, route, body)
-                if answer is None:
-                    return self._answer(404, {"detail": "Not Found"})
-                self._answer(*answer)
+                return (404, {"detail": "Not Found"}) if answer is None else answer
 
             def do_GET(self):
                 self._route("GET")
@@ -72,8 +97,14 @@ class FakeVLLM:
         if route == "/server_info" and self.dev_mode:
             return 200, self.info
         if route == "/collective_rpc" and self.dev_mode:
+            from safetensors.torch import load_file
+
             folder = body["kwargs"]["weights_path"]
             self.folders_seen.append((folder, sorted(os.listdir(folder))))
+            weights = load_file(os.path.join(folder, "model.safetensors"))
+            if "model.norm.weight" in weights:
+                self.pushed_norms.append(float(weights["model.norm.weight"].sum()))
+            time.sleep(self.push_dwell_s)
             return 200, {"results": ["1"]}
         if route == "/reset_prefix_cache" and self.dev_mode:
             return 200, {"success": True}

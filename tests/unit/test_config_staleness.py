@@ -30,7 +30,10 @@ def test_decoupled_ppo_shapes_the_loss_weights_only_when_sampling_ahead():
     [
         ({"max_staleness": -1}, "max_staleness=-1 must be >= 0"),
         ({"backend": "ray", "async_rollouts": True, "max_staleness": 0}, "drop async_rollouts or set max_staleness"),
-        ({"max_staleness": 1, "engine": "transformers"}, "set engine: hf, backend: ray, or max_staleness: 0"),
+        ({"max_staleness": 1, "engine": "transformers"}, "set engine: hf, vllm_mode: server, backend: ray, or"),
+        ({"max_staleness": 2, "engine": "vllm"}, "not generation.engine: vllm in this process"),
+        ({"engine": "vllm", "vllm_mode": "server", "backend": "ray"}, "set backend: none (max_staleness >= 1"),
+        ({"engine": "vllm", "vllm_mode": "server", "backend": "ray", "max_staleness": 1}, "or vllm_mode: colocate"),
         ({"max_staleness": 2, "scoring_threads": 2}, "set reward_isolation: false"),
         ({"scoring_threads": 0}, "scoring_threads=0 must be >= 1"),
         ({"off_policy_correction": "areal"}, "choose one of behaviour, decoupled_ppo"),
@@ -42,6 +45,11 @@ def test_bad_settings_are_refused_with_the_fix(kwargs, message):
     with pytest.raises(ConfigError) as err:
         GRPOConfig(**kwargs)
     assert message in str(err.value)
+
+
+def test_a_vllm_server_samples_ahead_without_ray():
+    config = GRPOConfig(engine="vllm", vllm_mode="server", max_staleness=2, off_policy_correction="decoupled_ppo")
+    assert config.distributed.staleness_bound() == 2 and config.backend == "none"
 
 
 def test_scoring_threads_with_thread_run_rewards_is_accepted():

@@ -211,7 +211,7 @@ def test_sync_sources_sample_in_the_step_and_number_later_rounds_on():
 def test_the_registries_name_every_mode():
     assert set(SOURCES) == {"sync", "ahead"}
     assert (SOURCES["ahead"].off_policy, SOURCES["sync"].off_policy) == (True, False)
-    assert set(SAMPLERS) == {"engine", "group_seeded", "tools", "raw_prompts", "ray", "thread"}
+    assert set(SAMPLERS) == {"engine", "group_seeded", "tools", "raw_prompts", "ray", "server_ahead", "thread"}
 
 
 def test_the_scheduler_dispatches_without_mode_branches():

@@ -11,6 +11,8 @@ A *sampler* turns a step's global batch of prompt indices into this rank's share
 - :class:`RaySampler`: Ray rollout workers (rank 0 publishes the weights, submits, collects and scatters).
 
 - :class:`ThreadSampler`: a copy of the policy sampling on the producer's thread (bounded staleness without Ray).
+- :class:`~grpokit.train.experience.server_ahead.ServerAheadSampler`: a vLLM server driven from the producer's thread
+  (bounded staleness with ``vllm_mode: server``).
 
 A *source* decides when a batch is sampled: :class:`SyncRollouts` in the step (and further rounds within it, for
 dynamic sampling), :class:`AheadRollouts` up to ``max_staleness`` K steps ahead (async; K = 1 is
@@ -408,22 +410,29 @@ class Situation:
     """What decides a run's sampler: Ray rollout workers (``ray``), tool rollouts (``tools``), an engine that takes
     the raw prompts (``raw_prompts``: a rollout_func), rollouts that must not depend on the split over processes
     (``seeded``: seed_per_group, or several processes), sampling ahead in this process (``ahead``: max_staleness >= 1
-    without Ray)."""
+    without Ray), a vLLM server as the engine (``server``)."""
 
     tools: bool
     ray: bool = False
     raw_prompts: bool = False
     seeded: bool = False
     ahead: bool = False
+    server: bool = False
+
+
+def _server_ahead(**parts: Any):
+    from grpokit.train.experience.server_ahead import ServerAheadSampler  # it subclasses EngineSampler, above
+
+    return ServerAheadSampler(**parts)
 
 
 @dataclass(frozen=True)
 class SamplerEntry:
     """A sampler kind: ``cls`` is built with the common parts (engine, prompts, procs, model, num_generations,
     params, seed) and the extras it ``needs`` (``remote``: the Ray workers; ``tools``: the ToolRollouts;
-    ``prompt_column``; ``own_engine``: an engine on a copy of the policy), which the composition root supplies by
-    name; ``applies(situation)``: whether it samples a
-    run in that :class:`Situation`."""
+    ``prompt_column``; ``own_engine``: an engine on a copy of the policy; ``own_model``: a copy of the policy),
+    which the composition root supplies by name; ``applies(situation)``: whether it samples a run in that
+    :class:`Situation`."""
 
     cls: type
     applies: Callable[[Situation], bool]
@@ -436,6 +445,7 @@ SAMPLERS = Registry(
     "sampler",
     {
         "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote",)),
+        "server_ahead": SamplerEntry(_server_ahead, lambda s: s.ahead and s.server, needs=("own_model",)),
         "thread": SamplerEntry(ThreadSampler, lambda s: s.ahead, needs=("own_engine",)),  # a policy copy, ahead
         "tools": SamplerEntry(ToolSampler, lambda s: s.tools, needs=("tools",)),  # groups seeded, decoded in one batch
         "raw_prompts": SamplerEntry(RawPromptSampler, lambda s: s.raw_prompts, needs=("prompt_column",)),
