@@ -1,7 +1,9 @@
 """vllm_mode: server against a real ``vllm serve`` (vLLM's CPU build), started by ``grpokit vllm-serve`` on a free
 loopback port (one thread, eager, the Makefile's small KV cache): training in float32 with the sampler-learner
 log-prob gap <= GAP_FP32 after every sync, the server killed mid-run (the run ends with one line naming the URL),
-a resume on a fresh server equal to the uninterrupted run, and a skipped weight push stopping the run.
+a resume on a fresh server equal to the uninterrupted run, and a skipped weight push stopping the run. Then
+max_staleness 2 (the producer's thread drives the server): every stored sample within the bound, the float32 gap
+after every push, and kill -9 of the run twice, resumed, equal to the uninterrupted run.
 
 One server at a time: the module's server is started once and restarted only after the test that kills it."""
 
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,7 +22,10 @@ import time
 
 import pytest
 import torch
+import yaml
 from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, metrics, prompts
+from safetensors.torch import load_file
+from shared_helpers import logged_steps, stored
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.vllm_http import VLLMServerError
@@ -178,3 +185,96 @@ def test_a_skipped_weight_push_stops_the_run_naming_the_server(server, vllm_mode
     gaps = [line["sampling_is/logprob_abs_diff"] for line in metrics(run)]
     print("a skipped push: sampling_is/logprob_abs_diff per step:", gaps)
     assert pushes == [0, 1] and len(gaps) == 2 and gaps[0] <= GAP_FP32 and gaps[1] > 1e-4
+
+
+# ---- max_staleness K = 2: the producer's thread drives the server (grpokit/train/experience/server_ahead.py) -------
+ASYNC_STEPS, ASYNC_K, KILLS, KILL_SEED = 5, 2, 2, 4321
+ASYNC_COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "policy_staleness", "sampling_is/weight_mean")
+
+
+def async_config(tmp_path, model_dir, url: str, name: str):
+    """The CLI's config of a K = 2 run against the server (decoupled PPO, a checkpoint every step)."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in prompts()))
+    values = {**SETTINGS, "vllm_mode": "server", "vllm_server_base_url": url, "vllm_server_timeout": 120,
+              "model_name_or_path": str(model_dir), "train_dataset": str(data), "output_dir": str(tmp_path / name),
+              "dtype": "float32", "max_steps": ASYNC_STEPS, "lr_scheduler_type": "constant", "save_steps": 1,
+              "max_staleness": ASYNC_K, "off_policy_correction": "decoupled_ppo",
+              "rewards": [TARGET_REWARD]}  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def cli(config, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "grpokit.cli", "train", str(config), *extra]
+
+
+CLI_ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+
+
+@pytest.fixture(scope="module")
+def async_straight(server, vllm_model_dir, tmp_path_factory):
+    """An uninterrupted K = 2 run through the CLI against the module's server: its folder."""
+    if not server.running():
+        server.start()
+    tmp = tmp_path_factory.mktemp("async-straight")
+    config = async_config(tmp, vllm_model_dir, server.url, "straight")
+    # timeout: a bound for a run on a busy 2-core machine (~1 min)
+    done = subprocess.run(cli(config), env=CLI_ENV, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-6000:]
+    return tmp / "straight"
+
+
+def test_k2_samples_ahead_from_the_server_within_the_bound_and_in_sync_after_every_push(async_straight):
+    lines = logged_steps(async_straight)
+    assert [m["step"] for m in lines] == list(range(1, ASYNC_STEPS + 1))
+    # step s trains version s - 1 on a batch admitted with version max(0, s - 1 - K)
+    assert [m["policy_staleness"] for m in lines] == [min(s - 1, ASYNC_K) for s in range(1, ASYNC_STEPS + 1)]
+    for step, _, _, _, version, _ in stored(async_straight):
+        assert version == max(0, step - 1 - ASYNC_K), (step, version)
+    # the sync: after each push the copy at the pushed version against the server's log-probs, float32 both sides
+    gaps = [m["vllm_server_sync_gap_max"] for m in lines]
+    print("vllm_server_sync_gap_max per step:", gaps)
+    assert all(gap <= GAP_FP32 for gap in gaps), gaps
+    assert lines[-1]["vllm_server_pushes"] == ASYNC_STEPS - ASYNC_K  # versions 0, 1, 2: each pushed once
+    # the learner-side gap measures the staleness (2 updates at lr 1e-2), far above what would stop a synchronous run
+    stale = [m["sampling_is/logprob_abs_diff"] for m in lines]
+    print("sampling_is/logprob_abs_diff per step (staleness):", stale)
+    assert stale[0] <= GAP_FP32 and max(stale[ASYNC_K:]) > 1e-4
+
+
+def test_kill_9_on_a_k2_server_run_then_resume_equals_the_uninterrupted_run(
+    server, async_straight, vllm_model_dir, tmp_path
+):
+    """The run is killed, not the server: each resume pushes its checkpoint's weights before its first new batch."""
+    config, run = async_config(tmp_path, vllm_model_dir, server.url, "run"), tmp_path / "run"
+    rng, history = random.Random(KILL_SEED), []
+    for kill in range(KILLS):
+        log = tmp_path / f"log-{kill}.txt"
+        proc = subprocess.Popen(cli(config, "resume_from=latest"), env=CLI_ENV, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT)  # fmt: skip
+        seen = len(logged_steps(run))
+        deadline = time.monotonic() + 600  # generous: a start on two busy cores; the kill lands anyway
+        while proc.poll() is None and len(logged_steps(run)) <= seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pause = rng.uniform(0.0, 1.0)  # into the next step, its checkpoint, or the producer's push and sampling
+        time.sleep(pause)
+        proc.kill()
+        proc.wait(timeout=60)
+        history.append(f"kill {kill}: {pause:.2f}s after step {len(logged_steps(run))} was logged")
+    final = subprocess.run(cli(config, "resume_from=latest"), env=CLI_ENV, capture_output=True, text=True,
+                           timeout=900, check=False)  # fmt: skip
+    assert final.returncode == 0, "\n".join(history) + "\n" + final.stderr[-6000:]
+    assert stored(run) == stored(async_straight), "\n".join(history)
+    straight, resumed = logged_steps(async_straight), logged_steps(run)
+    assert [m["step"] for m in resumed] == list(range(1, ASYNC_STEPS + 1)), "\n".join(history)
+    for a, b in zip(straight, resumed, strict=True):
+        for key in ASYNC_COMPARED:
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key, history)
+        assert b["vllm_server_sync_gap_max"] <= GAP_FP32
+    wa = load_file(async_straight / "final" / "model.safetensors")
+    wb = load_file(run / "final" / "model.safetensors")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=0)
+    print("kills:", history)
