@@ -272,7 +272,9 @@ def test_kill_9_on_a_k2_server_run_then_resume_equals_the_uninterrupted_run(
     for a, b in zip(straight, resumed, strict=True):
         for key in ASYNC_COMPARED:
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key, history)
-        assert b["vllm_server_sync_gap_max"] <= GAP_FP32
+        # a resumed run's first steps train the checkpoint's batches: no push, no check yet (the metric comes later)
+        assert b.get("vllm_server_sync_gap_max", 0.0) <= GAP_FP32, (b["step"], history)
+    assert resumed[-1]["vllm_server_sync_gap_max"] <= GAP_FP32  # the last resume pushed and checked
     wa = load_file(async_straight / "final" / "model.safetensors")
     wb = load_file(run / "final" / "model.safetensors")
     for name in wa:
