@@ -23,11 +23,11 @@ def build_rollouts(
 ):
     """The run's rollout scheduler: the engine named by ``generation.engine`` (``rollout.engines``; ``rollout_func``
     when one is given), the sampler (Ray workers, tool rollouts, raw prompts for an engine that takes them, a seed per
-    group, a copy of the policy on a background thread, or the engine's one stream) and the source (up to
-    ``max_staleness`` steps ahead, else synchronous) from
-    ``train.experience.sources``. ``source``: the model's folder or hub id when it was given by name (vLLM loads its
-    copy from there), else None; ``tools``: the run's ToolSpec, or None; ``rollout_func``: the trainer's
-    ``_generate`` when GRPOTrainer was given a rollout_func (it calls the function and checks its output), else None.
+    group, a copy of the policy or a vLLM server driven from a background thread, or the engine's one stream) and the
+    source (up to ``max_staleness`` steps ahead, else synchronous) from ``train.experience.sources``. ``source``: the
+    model's folder or hub id when it was given by name (vLLM loads its copy from there), else None; ``tools``: the
+    run's ToolSpec, or None; ``rollout_func``: the trainer's ``_generate`` when GRPOTrainer was given a rollout_func
+    (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
     from grpokit.train.experience.rollout_scheduler import RolloutScheduler
     from grpokit.train.experience.sources import Situation, pick_sampler
