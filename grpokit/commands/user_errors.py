@@ -10,6 +10,7 @@ def is_user_error(exc: BaseException) -> bool:
     extra has no module name; one from a failed import statement has it and stays a traceback."""
     from grpokit.config import ConfigError
     from grpokit.data.prompts import DataError
+    from grpokit.distributed.ray_partial import PartialRolloutTimeout
     from grpokit.rewards.contract import RewardError
     from grpokit.rollout.vllm_http import VLLMServerError
     from grpokit.rollout.vllm_weights import SyncGapError
@@ -20,7 +21,8 @@ def is_user_error(exc: BaseException) -> bool:
     if isinstance(exc, ImportError):
         return exc.name is None
     raised_on_purpose = (ConfigError, DataError, CheckpointError, StoreError, RewardError, RunFolderError)
-    return isinstance(exc, (*raised_on_purpose, FileNotFoundError, VLLMServerError, SyncGapError))
+    services = (VLLMServerError, SyncGapError, PartialRolloutTimeout)
+    return isinstance(exc, (*raised_on_purpose, FileNotFoundError, *services))
 
 
 def command_overrides(items: list[str]) -> list[str]:

@@ -60,6 +60,7 @@ def build_rollouts(
     extras = {  # what a sampler may need besides the common parts, built only when it does
         # rank 0 starts the Ray workers
         "remote": lambda: _start_ray(args, parts, settings if in_workers else None) if procs.is_main else None,
+        "partial": lambda: in_workers and settings.vllm_partial_rollout_tokens is not None,
         "tools": lambda: tool_rollouts,
         "prompt_column": lambda: args.prompt_column,
         "own_engine": lambda: _own_engine(kind, parts, procs, rollout_func),
@@ -185,6 +186,9 @@ def _start_ray(args: GRPOConfig, parts, vllm_settings=None):
             args.seed,
             args.rollout_worker_cpus,
         ),
+        partial=None
+        if vllm_settings is None or vllm_settings.vllm_partial_rollout_tokens is None
+        else (vllm_settings.vllm_partial_rollout_tokens, vllm_settings.vllm_partial_rollout_timeout),
     )
 
 

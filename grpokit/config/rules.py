@@ -227,6 +227,8 @@ def distributed(cfg: GRPOConfig) -> None:
     )
     if cfg.generation.engine == "vllm":
         vllm(cfg)
+    if cfg.generation.vllm_partial_rollout_tokens is not None:
+        partial_rollouts(cfg)
     server = cfg.generation.engine == "vllm" and cfg.generation.vllm_mode == "server"
     check(
         d.staleness_bound() == 0 or d.backend == "ray" or cfg.generation.engine == "hf" or server,
@@ -343,4 +345,31 @@ def vllm(cfg: GRPOConfig) -> None:
         cfg.algo.loss_type != "vespo" or g.vllm_importance_sampling_mode.startswith("token"),
         f"loss_type: vespo weighs each token by the sampler itself and needs vllm_importance_sampling_mode "
         f"token_truncate or token_mask, not {g.vllm_importance_sampling_mode} (as TRL).",
+    )
+
+
+def partial_rollouts(cfg: GRPOConfig) -> None:
+    """``vllm_partial_rollout_tokens`` S: vLLM Ray rollout workers sampling ahead (distributed/ray_partial.py)."""
+    g, d, S = cfg.generation, cfg.distributed, cfg.generation.vllm_partial_rollout_tokens
+    where = "continues completions on newer weights in vLLM Ray rollout workers"
+    check(
+        g.engine == "vllm" and d.backend == "ray" and g.vllm_mode == "colocate",
+        f"vllm_partial_rollout_tokens={S} {where}, not with generation.engine: {g.engine}, distributed.backend: "
+        f"{d.backend}, vllm_mode: {g.vllm_mode}; set engine: vllm, backend: ray and vllm_mode: colocate, or "
+        "vllm_partial_rollout_tokens: null.",
+    )
+    check(
+        d.staleness_bound() >= 1,
+        f"vllm_partial_rollout_tokens={S} switches a batch to the next policy version, but max_staleness: 0 samples "
+        "each batch with the newest weights (nothing to switch to); set max_staleness >= 1, or "
+        "vllm_partial_rollout_tokens: null.",
+    )
+    check(
+        0 < S < g.max_completion_length,
+        f"vllm_partial_rollout_tokens={S} must be in [1, max_completion_length={g.max_completion_length}) (the tokens "
+        "sampled by the admitted version before the switch), or null.",
+    )
+    check(
+        g.vllm_partial_rollout_timeout > 0,
+        f"vllm_partial_rollout_timeout={g.vllm_partial_rollout_timeout} must be > 0 (seconds, e.g. 1800).",
     )

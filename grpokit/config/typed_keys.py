@@ -125,6 +125,8 @@ class TypedKeys:
     vllm_server_timeout: float
     vllm_max_logprob_gap: float | None
     vllm_tensor_parallel_size: int
+    vllm_partial_rollout_tokens: int | None
+    vllm_partial_rollout_timeout: float
     # optim
     learning_rate: float
     weight_decay: float

@@ -92,7 +92,8 @@ class RolloutWorker:
                 self.model, eos_token_ids, pad_token_id, device, autocast_dtype=autocast_dtype
             )
         self.device = device
-        self.checks_sync = vllm is not None  # vLLM's log-probs checked against the copy's after each new version
+        self.checks_sync = vllm is not None  # vLLM's log-probs checked against the copy's, once per version and kind
+        self.checked: set[tuple[int, bool]] = set()  # (version, continued) checked so far
         self.version: int | None = None  # nothing published loaded yet
 
     def generate(
@@ -103,22 +104,24 @@ class RolloutWorker:
         seeds: list[int],
         num_generations: int,
         params: SamplingParams,
+        continued: bool = False,
     ) -> tuple[Rollouts, float | None]:
-        """``weights`` is ``[ObjectRef]`` (nested, so it is fetched only when the version changed). Returns the
-        rollouts and, for a vLLM worker's first chunk after a new version, the gap of its log-probs against the
-        copy's (:func:`grpokit.distributed.ray_vllm.sync_gap`; else None)."""
-        fresh = version != self.version
-        if fresh:
+        """``weights`` is ``[ObjectRef]`` (nested, so it is fetched only when the version changed); ``continued``:
+        the prompts are partial rollouts' prompts + tokens so far (:mod:`grpokit.distributed.ray_partial`). Returns
+        the rollouts and, for a vLLM worker's first chunk of each kind by a version, the gap of its log-probs against
+        the copy's at that version (:func:`grpokit.distributed.ray_vllm.sync_gap`; else None)."""
+        if version != self.version:
             import ray
 
             load_published(self.model, ray.get(weights[0]), self.device)
             self.version = version
         self.engine.policy_version = version  # vLLM: a version it does not hold loads the copy's weights first
         rollouts = generate_per_group(self.engine, prompt_ids, seeds, num_generations, params)
-        if not (fresh and self.checks_sync) or params.greedy:
+        if not self.checks_sync or (version, continued) in self.checked or params.greedy:
             return rollouts, None
         from grpokit.distributed.ray_vllm import sync_gap
 
+        self.checked.add((version, continued))
         return rollouts, sync_gap(self.model, rollouts, params.temperature)
 
     def pid(self) -> int:
@@ -137,6 +140,16 @@ class PendingRollouts:
     version: int
     num_generations: int
     params: SamplingParams
+    switch: int | None = None  # partial rollouts: the version that samples the tokens from ``tokens`` on
+    tokens: int = 0  # partial rollouts: S, the tokens sampled by ``version``
+
+    def call(self, chunk: int) -> tuple:
+        """The worker's ``generate`` arguments of ``chunk`` (partial rollouts: at most S tokens)."""
+        from grpokit.distributed.ray_partial import head_params
+
+        prompts, seeds = self.chunks[chunk]
+        params = self.params if self.switch is None else head_params(self.params, self.tokens)
+        return (self.weights, self.version, prompts, seeds, self.num_generations, params)
 
 
 class RayRolloutEngine:
@@ -153,9 +166,13 @@ class RayRolloutEngine:
         autocast_dtype: torch.dtype | None = None,
         learner_gpus: list[str] = (),
         vllm: dict | None = None,
+        partial: tuple[int, float] | None = None,
     ):
         """``learner_gpus``: the GPUs the learner trains on, which no worker may get
-        (:mod:`grpokit.distributed.placement`); ``vllm``: each worker samples with vLLM (see :class:`RolloutWorker`)."""
+        (:mod:`grpokit.distributed.placement`); ``vllm``: each worker samples with vLLM (see :class:`RolloutWorker`);
+        ``partial``: (S tokens, seconds to wait for a version): partial rollouts (:mod:`~.ray_partial`)."""
+        import threading
+
         from grpokit.distributed.placement import actor_options
 
         ray = import_ray()
@@ -175,8 +192,13 @@ class RayRolloutEngine:
         self.workers = [self._spawn() for _ in range(num_workers)]
         self.restarts = 0
         self.sync_gap_max: float | None = None  # vLLM workers: the largest gap of any check so far (ray_vllm)
+        self.sync_gap_continued_max: float | None = None  # of partial rollouts' continuations only
+        self.partial = partial
         self.version: int | None = None
         self._weights: list = []
+        self._published: dict[int, list] = {}  # partial rollouts: version -> [ObjectRef], the ones still needed
+        self._cond = threading.Condition()  # publish (the learner's thread) -> a continuation (the producer's)
+        self._interrupted = False
 
     def _spawn(self):
         return self._actor.remote(self._model_ref, *self._worker_args)
@@ -185,49 +207,113 @@ class RayRolloutEngine:
         """Put ``state`` (the trainable weights, full tensors on the CPU; see
         :func:`grpokit.distributed.torch_dist.trainable_state`) in the object store as ``version``."""
         ray = import_ray()
-        self._weights = [ray.put(state)]
-        self.version = version
+        with self._cond:
+            self._weights = [ray.put(state)]
+            self.version = version
+            if self.partial is not None:
+                self._published[version] = self._weights
+                self._cond.notify_all()
 
     def submit(
-        self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams
+        self,
+        prompt_ids: list[list[int]],
+        seeds: list[int],
+        num_generations: int,
+        params: SamplingParams,
+        step: int | None = None,
     ) -> PendingRollouts:
-        """Start sampling with the last published weights; returns at once."""
+        """Start sampling with the last published weights; returns at once. ``step``: the step the batch trains
+        (partial rollouts: which version continues it, :func:`~.ray_partial.switch_version`)."""
+        from grpokit.distributed.ray_partial import switch_version
+
         if self.version is None:
             raise RuntimeError("publish() the policy weights before the first submit().")
+        switch = None if self.partial is None or step is None else switch_version(step, self.version)
         n = len(self.workers)
         bounds = [len(prompt_ids) * w // n for w in range(n + 1)]
         chunks = [(prompt_ids[a:b], seeds[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
-        pending = PendingRollouts(chunks, {}, self._weights, self.version, num_generations, params)
-        for c in range(len(chunks)):
-            self._submit_chunk(pending, c, c)
+        tokens = 0 if self.partial is None else self.partial[0]
+        pending = PendingRollouts(chunks, {}, self._weights, self.version, num_generations, params, switch, tokens)
+        pending.refs = self._launch({c: pending.call(c) for c in range(len(chunks))})
         return pending
 
-    def _submit_chunk(self, pending: PendingRollouts, chunk: int, worker: int) -> None:
-        prompts, seeds = pending.chunks[chunk]
-        ref = self.workers[worker].generate.remote(
-            pending.weights, pending.version, prompts, seeds, pending.num_generations, pending.params
-        )
-        pending.refs[ref] = (chunk, worker)
+    def _launch(self, calls: dict[int, tuple]) -> dict:
+        """Submit each chunk's call on its worker (chunk c on worker c); ObjectRef -> (chunk, worker)."""
+        return {self.workers[c].generate.remote(*call): (c, c) for c, call in calls.items()}
 
-    def collect(self, pending: PendingRollouts) -> Rollouts:
-        """Wait for every chunk; a dead worker is replaced and its chunk re-queued."""
+    def _finish(self, calls: dict[int, tuple], refs: dict, continued: bool = False) -> dict[int, Rollouts]:
+        """Wait for every chunk's result; a dead worker is replaced and its chunk re-queued. ``continued``: the calls
+        continue partial rollouts (their sync gap is also counted on its own)."""
         ray = import_ray()
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
         results: dict[int, Rollouts] = {}
-        while pending.refs:
-            ready, _ = ray.wait(list(pending.refs), num_returns=1)
-            chunk, worker = pending.refs.pop(ready[0])
+        while refs:
+            ready, _ = ray.wait(list(refs), num_returns=1)
+            chunk, worker = refs.pop(ready[0])
             try:
                 results[chunk], gap = ray.get(ready[0])
-                if gap is not None:
-                    self.sync_gap_max = max(gap, self.sync_gap_max or 0.0)
             except (RayActorError, ActorDiedError, ActorUnavailableError):
                 ray.kill(self.workers[worker], no_restart=True)
                 self.workers[worker] = self._spawn()
                 self.restarts += 1
-                self._submit_chunk(pending, chunk, worker)
+                refs[self.workers[worker].generate.remote(*calls[chunk])] = (chunk, worker)
+                continue
+            if gap is not None:
+                self.sync_gap_max = max(gap, self.sync_gap_max or 0.0)
+                if continued:
+                    self.sync_gap_continued_max = max(gap, self.sync_gap_continued_max or 0.0)
+        return results
+
+    def collect(self, pending: PendingRollouts) -> Rollouts:
+        """Wait for every chunk (partial rollouts: then continue the unfinished samples on ``pending.switch``)."""
+        results = self._finish({c: pending.call(c) for c in range(len(pending.chunks))}, pending.refs)
+        if pending.switch is not None:
+            results = self._continue(pending, results)
         return concat_rollouts([results[c] for c in range(len(pending.chunks))], self.pad_token_id)
+
+    def _continue(self, pending: PendingRollouts, heads: dict[int, Rollouts]) -> dict[int, Rollouts]:
+        """Each chunk's samples that reached S tokens, continued by version ``pending.switch`` once it is published
+        (:mod:`grpokit.distributed.ray_partial`)."""
+        from grpokit.distributed.ray_partial import continuations, merge, tail_params
+
+        weights = self._wait_for(pending.switch)
+        params = tail_params(pending.params, pending.tokens)
+        plans, calls = {}, {}
+        for c, head in heads.items():
+            rows, prompts, seeds = continuations(head, pending.chunks[c][1], pending.tokens, pending.params.greedy)
+            plans[c] = rows
+            if rows:
+                calls[c] = (weights, pending.switch, prompts, seeds, 1, params, True)
+        tails = self._finish(calls, self._launch(calls), continued=True)
+        with self._cond:  # batches are collected in order: no later one continues on an older version
+            for version in [v for v in self._published if v < pending.switch]:
+                del self._published[version]
+        return {c: merge(heads[c], plans[c], tails.get(c), pending.switch, self.pad_token_id) for c in heads}
+
+    def _wait_for(self, version: int) -> list:
+        """[ObjectRef] of ``version``'s weights, once published (the learner publishes it when it starts the step
+        after it); at most ``partial[1]`` seconds."""
+        from grpokit.distributed.ray_partial import PartialRolloutTimeout
+
+        timeout = self.partial[1]
+        with self._cond:
+            ready = self._cond.wait_for(lambda: version in self._published or self._interrupted, timeout=timeout)
+            if self._interrupted:
+                raise RuntimeError(f"stopped waiting for policy version {version}: the rollout workers are closing")
+            if not ready:
+                raise PartialRolloutTimeout(
+                    f"a partial rollout waited {timeout:g} s for policy version {version} (the learner's weights "
+                    f"after step {version}), which it continues on; raise generation.vllm_partial_rollout_timeout if "
+                    "the learner's steps are that slow, or set vllm_partial_rollout_tokens: null."
+                )
+            return self._published[version]
+
+    def interrupt(self) -> None:
+        """Stop any wait for a version (the run is ending: it may never be published)."""
+        with self._cond:
+            self._interrupted = True
+            self._cond.notify_all()
 
     def generate(
         self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams

@@ -67,7 +67,8 @@ def split_rollouts(rollouts: Rollouts, parts: int) -> list[Rollouts]:
 
 
 def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
-    """Join Rollouts of the same G and policy version, right-padding to the longest completion. Parts with a loss
+    """Join Rollouts of the same G and policy version (and their token versions), right-padding to the longest
+    completion. Parts with a loss
     mask (multi-turn, or a rollout_func's env_mask), conversations or reward columns join only with parts that have
     them too (the same column names)."""
     width = max(p.completion_ids.size(1) for p in parts)
@@ -94,4 +95,18 @@ def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
         loss_mask=None if first.loss_mask is None else torch.cat([padded(p.loss_mask, 0.0) for p in parts]),  # [N, T]
         conversations=None if first.conversations is None else [c for p in parts for c in p.conversations],
         columns=None if names is None else {name: [v for p in parts for v in p.columns[name]] for name in names},
+        token_versions=_joined_versions(parts, padded),
     )
+
+
+def _joined_versions(parts: list[Rollouts], padded) -> torch.Tensor | None:
+    """The parts' ``token_versions`` joined ([N, T], 0 on padding); a part without them has every token by its
+    ``policy_version``; None when no part has them."""
+    if all(p.token_versions is None for p in parts):
+        return None
+    return torch.cat(
+        [
+            padded(p.token_versions if p.token_versions is not None else p.policy_version * p.completion_mask.long(), 0)
+            for p in parts
+        ]
+    )  # [N, T]

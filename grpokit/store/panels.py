@@ -54,7 +54,7 @@ FAMILIES = (
     Family("Phase times (s): sampling, scoring, learning, syncing", ("step_time", "time/*")),
     Family("Memory (GiB)", ("memory/*", "*_memory_gib")),
     Family("Learning rate", ("learning_rate", "critic/learning_rate")),
-    Family("Staleness (updates between sampling and training)", ("policy_staleness",)),
+    Family("Staleness (updates between sampling and training)", ("policy_staleness", "policy_staleness_token_mean")),
     Family("Waiting per step (s): learner for data, producer on the staleness bound", ("async/*_wait_s",)),
     Family("Behaviour importance weights", ("sampling_is/weight_*",)),
     Family("Behaviour weights clipped or masked (fraction of tokens)", ("sampling_is/*_fraction",), zero_is_empty=True),

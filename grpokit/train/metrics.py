@@ -111,6 +111,18 @@ def step_metrics(
     }
 
 
+def token_staleness_sums(rollouts, staleness: int) -> torch.Tensor:
+    """[2]: the sum over completion tokens of each token's staleness, and the number of tokens. A token's staleness
+    is ``staleness`` (updates between ``rollouts.policy_version``, the oldest, and the policy trained) less how much
+    newer its own version is (``token_versions``: a partial rollout's tokens continued on newer weights)."""
+    mask = rollouts.completion_mask  # [N, T]
+    count = mask.sum()
+    newer = torch.zeros(())
+    if rollouts.token_versions is not None:
+        newer = ((rollouts.token_versions - rollouts.policy_version).float() * mask).sum()
+    return torch.stack([staleness * count - newer, count]).float()  # [2]
+
+
 def trl_names(metrics: dict) -> dict:
     """``metrics`` (grpokit's names) under TRL's names (:data:`TRL_NAMES`), the other names kept."""
     return {TRL_NAMES.get(name, name): value for name, value in metrics.items()}

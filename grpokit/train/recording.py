@@ -8,7 +8,7 @@ import torch
 
 from grpokit.store.record import rollout_records
 from grpokit.train.experience.rounds import renumber_repeats
-from grpokit.train.metrics import PhaseClock, step_metrics
+from grpokit.train.metrics import PhaseClock, step_metrics, token_staleness_sums
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ def step_record(run, step: int, sampled, advantages: torch.Tensor, update: dict,
         extra=run.rollout_scheduler.metrics(),
         tokens_seen=state.num_input_tokens_seen,
     )
+    tokens = procs.sum(token_staleness_sums(rollouts, staleness))  # [2] every process's
+    values["policy_staleness_token_mean"] = float(tokens[0] / tokens[1].clamp(min=1.0))
     stored = sampled.stored_advantages(advantages)  # every sampled group, the dropped ones without an advantage
     records = rollout_records(sampled.indices, rollouts, sampled.completions, sampled.reward, stored, source)
     if sampled.train_rows is not None:  # a prompt drawn again by a later round: its completions numbered on

@@ -70,6 +70,12 @@ class EngineSampler:
     def metrics(self) -> dict[str, float]:
         return {}
 
+    def share_weights(self) -> None:
+        """Samplers ahead whose batches wait for newer weights publish them here (Ray's); others need not."""
+
+    def interrupt(self) -> None:
+        """The run is ending: stop any wait in the background (Ray's partial rollouts)."""
+
     def close(self) -> None:
         pass
 
@@ -126,9 +132,11 @@ class RaySampler(EngineSampler):
     ranks), groups seeded on their own; rank 0 scatters each rank's share. Before sampling, the current weights
     (``engine.policy_version``) are published to the workers unless they have them."""
 
-    def __init__(self, *, remote, **parts: Any) -> None:
+    def __init__(self, *, remote, partial: bool = False, **parts: Any) -> None:
+        """``partial``: the workers continue partial rollouts on newer weights (:mod:`grpokit.distributed.ray_partial`),
+        which :meth:`share_weights` then publishes."""
         super().__init__(**parts)
-        self.remote = remote
+        self.remote, self.partial = remote, partial
         self._published: int | None = None  # weights version last sent to the Ray workers
 
     def sample(self, step: int, batch: list[int], first_group: int) -> Rollouts:
@@ -143,7 +151,19 @@ class RaySampler(EngineSampler):
         if self.remote is None:
             return None
         seeds = self.seeds(step, len(batch), first_group)
-        return self.remote.submit([self.prompts.ids[i] for i in batch], seeds, self.num_generations, self.params)
+        ids = [self.prompts.ids[i] for i in batch]
+        return self.remote.submit(ids, seeds, self.num_generations, self.params, step=step)
+
+    def share_weights(self) -> None:
+        """Publish the current weights now (partial rollouts continue on them: before a step takes its batch, and
+        before a checkpoint or an evaluation waits for the batches admitted)."""
+        if self.partial:
+            self._publish()
+
+    def interrupt(self) -> None:
+        """The run is ending: stop waiting for weights that may never be published."""
+        if self.remote is not None:
+            self.remote.interrupt()
 
     def collect(self, pending) -> Rollouts:
         return self.remote.collect(pending)
@@ -173,6 +193,8 @@ class RaySampler(EngineSampler):
         found = {"rollout_worker_restarts": float(self.remote.restarts)}
         if getattr(self.remote, "sync_gap_max", None) is not None:  # vLLM workers: against their copy, same version
             found["rollout_worker_sync_gap_max"] = self.remote.sync_gap_max
+        if getattr(self.remote, "sync_gap_continued_max", None) is not None:  # partial rollouts' continuations
+            found["rollout_worker_sync_gap_continued_max"] = self.remote.sync_gap_continued_max
         return found
 
     def close(self) -> None:
@@ -293,6 +315,7 @@ class AheadRollouts(SyncRollouts):
         self._admitted = max(self._admitted, step - 1)  # fresh or resumed: nothing before this step is due
         for ahead in range(self._admitted + 1, min(step + self.max_staleness, self.last_step) + 1):
             self._admit(ahead, draw, score, reward_state)
+        self.sampler.share_weights()  # partial rollouts: batch ``step`` may continue on the current weights
         batch, state = self._batches.pop(step)
         rollouts, scored = self.producer.take(step)
         clock.lap("generate")
@@ -330,6 +353,7 @@ class AheadRollouts(SyncRollouts):
         raise RuntimeError("rollouts sampled ahead; dynamic sampling's rounds need synchronous ones (max_staleness 0).")
 
     def settle(self) -> None:
+        self.sampler.share_weights()  # partial rollouts: the admitted batches may continue on the current weights
         self.producer.settle()
 
     def metrics(self) -> dict[str, float]:
@@ -343,7 +367,7 @@ class AheadRollouts(SyncRollouts):
     def state_dict(self) -> tuple[list[int] | None, dict | None]:
         """Waits for the admitted batches; returns (None, {"queue": one entry per admitted step: step, prompt
         indices, the reward state's fields, rank 0's collected rollouts as a dict (None on other ranks)})."""
-        self.producer.settle()
+        self.settle()
         queue = []
         for step in sorted(self._batches):
             batch, state = self._batches[step]
@@ -371,6 +395,7 @@ class AheadRollouts(SyncRollouts):
         return True
 
     def close(self) -> None:
+        self.sampler.interrupt()  # a batch admitted past the run's end may wait for weights that never come
         self.producer.close()
         super().close()
 
@@ -429,8 +454,9 @@ def _server_ahead(**parts: Any):
 @dataclass(frozen=True)
 class SamplerEntry:
     """A sampler kind: ``cls`` is built with the common parts (engine, prompts, procs, model, num_generations,
-    params, seed) and the extras it ``needs`` (``remote``: the Ray workers; ``tools``: the ToolRollouts;
-    ``prompt_column``; ``own_engine``: an engine on a copy of the policy; ``own_model``: a copy of the policy),
+    params, seed) and the extras it ``needs`` (``remote``: the Ray workers; ``partial``: whether they continue partial
+    rollouts; ``tools``: the ToolRollouts; ``prompt_column``; ``own_engine``: an engine on a copy of the policy;
+    ``own_model``: a copy of the policy),
     which the composition root supplies by name; ``applies(situation)``: whether it samples a run in that
     :class:`Situation`."""
 
@@ -444,7 +470,7 @@ class SamplerEntry:
 SAMPLERS = Registry(
     "sampler",
     {
-        "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote",)),
+        "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote", "partial")),
         "server_ahead": SamplerEntry(_server_ahead, lambda s: s.ahead and s.server, needs=("own_model",)),
         "thread": SamplerEntry(ThreadSampler, lambda s: s.ahead, needs=("own_engine",)),  # a policy copy, ahead
         "tools": SamplerEntry(ToolSampler, lambda s: s.tools, needs=("tools",)),  # groups seeded, decoded in one batch
