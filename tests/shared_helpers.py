@@ -115,6 +115,7 @@ def stored(run) -> list[tuple]:
 
     with sqlite3.connect(run / "rollouts.sqlite") as db:
         return db.execute(
-            "SELECT step, prompt_index, completion_index, completion, policy_version, advantage FROM rollouts "
+            "SELECT step, prompt_index, completion_index, completion, policy_version, token_versions, advantage "
+            "FROM rollouts "
             "ORDER BY step, prompt_index, completion_index"
         ).fetchall()

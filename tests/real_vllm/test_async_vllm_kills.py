@@ -1,15 +1,20 @@
-"""Async training with vLLM in a Ray rollout worker (max_staleness 2, decoupled PPO) on the real vLLM CPU build, killed
-with `kill -9` at random moments and resumed with resume_from=latest each time: the finished run equals one that
-never stopped, sample for sample and number for number (as tests/faults/test_async_kills.py with grpokit's engine).
+"""Async training with vLLM in a Ray rollout worker (max_staleness 2, decoupled PPO) and partial rollouts
+(vllm_partial_rollout_tokens 4) on the real vLLM CPU build, killed with `kill -9` at random moments and resumed with
+resume_from=latest each time: the finished run equals one that never stopped, sample for sample (token versions
+included) and number for number (as tests/faults/test_async_kills.py with grpokit's engine).
 One worker: every start builds its engine, and each kill costs a start on a 2-core machine. Every step's batch is
-up to 2 versions old, and the worker's vLLM matches its copy of the sampling version to GAP_FP32 after every load
-(rollout_worker_sync_gap_max); the learner-side gap (sampling_is/logprob_abs_diff) measures the staleness there."""
+up to 2 versions old; a completion longer than 4 tokens continues on the next version from its 5th token
+(grpokit/distributed/ray_partial.py). The worker's vLLM matches its copy of the sampling version to GAP_FP32 on each
+piece: the first 4 tokens against the admitted version, the rest against the next (rollout_worker_sync_gap_max,
+rollout_worker_sync_gap_continued_max); the learner-side gap (sampling_is/logprob_abs_diff) measures the staleness
+there."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 import time
@@ -25,7 +30,17 @@ from shared_helpers import logged_steps, stored
 pytest.importorskip("ray", reason="the vLLM environment has no ray: make test-vllm installs grpokit[ray] there")
 
 STEPS, KILLS, SEED, K = 6, 2, 4321, 2
-COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "policy_staleness", "sampling_is/weight_mean")
+S = 4  # vllm_partial_rollout_tokens: tokens 0-3 by the admitted version, the rest by the next (max length 8)
+COMPARED = (
+    "loss",
+    "policy_loss",
+    "kl",
+    "grad_norm",
+    "reward",
+    "policy_staleness",
+    "policy_staleness_token_mean",
+    "sampling_is/weight_mean",
+)
 
 
 def write_config(tmp_path: Path, model_dir: Path, name: str) -> Path:
@@ -46,6 +61,7 @@ def write_config(tmp_path: Path, model_dir: Path, name: str) -> Path:
         "ray_num_cpus": 2,
         "max_staleness": K,
         "off_policy_correction": "decoupled_ppo",
+        "vllm_partial_rollout_tokens": S,
         "rewards": [TARGET_REWARD],
     }
     path = tmp_path / f"{name}.yaml"
@@ -70,13 +86,37 @@ def train(config: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+def check_token_versions(run: Path, steps: list[dict]) -> None:
+    """Each stored completion of step b (batch admitted with version v): tokens [0, S) by v, tokens from S on by
+    min(v + 1, b - 1) (grpokit/distributed/ray_partial.py: none for batch 1); so a step's mean token staleness is
+    below its policy_staleness once completions are continued."""
+    with sqlite3.connect(run / "rollouts.sqlite") as db:
+        rows = db.execute("SELECT step, policy_version, completion_tokens, token_versions FROM rollouts").fetchall()
+    two = 0
+    for step, version, n, runs in rows:
+        assert version == max(0, step - 1 - K), (step, version)
+        switch = min(version + 1, step - 1)
+        if n > S and switch > version:
+            assert json.loads(runs) == [[0, version], [S, switch]], (step, n, runs)
+            two += 1
+        else:
+            assert runs is None, (step, n, runs)
+    assert two >= len(rows) // 2, f"only {two} of {len(rows)} completions were longer than {S} tokens"
+    for line in steps[1:]:
+        assert line["policy_staleness_token_mean"] < line["policy_staleness"], line
+    assert steps[0]["policy_staleness_token_mean"] == steps[0]["policy_staleness"] == 0
+
+
 def test_kill_9_on_an_async_vllm_run_then_resume_equals_an_uninterrupted_run(tmp_path, vllm_model_dir):
     done = train(write_config(tmp_path, vllm_model_dir, "straight"))
     assert done.returncode == 0, done.stderr[-6000:]
     straight = logged_steps(tmp_path / "straight")
     assert [m["policy_staleness"] for m in straight] == [min(s - 1, K) for s in range(1, STEPS + 1)]
     for line in straight:
-        assert line["rollout_worker_sync_gap_max"] <= GAP_FP32, line  # every load of every version
+        assert line["rollout_worker_sync_gap_max"] <= GAP_FP32, line  # every piece, against its own version
+    continued = [line["rollout_worker_sync_gap_continued_max"] for line in straight[1:]]
+    assert max(continued) <= GAP_FP32, continued  # the pieces from token S on, against the next version
+    check_token_versions(tmp_path / "straight", straight)
 
     config, run = write_config(tmp_path, vllm_model_dir, "run"), tmp_path / "run"
     rng, history = random.Random(SEED), []
