@@ -11,6 +11,17 @@ and scored there too; the learner thread trains meanwhile. Torch runs one thread
     python bench/async_staleness.py [--steps 30] [--sleep 1.0] [--ks 0 1 2 4] [--skip-fast]
 
 Needs the demo's warm-started policy (``grpokit demo`` caches it; built here if missing, about 90 s).
+
+``--vllm-partial S`` measures partial rollouts instead (in the vLLM environment, with Ray): for each K of ``--ks``
+(>= 1), a run sampled by one vLLM Ray rollout worker without partial rollouts and one with
+``vllm_partial_rollout_tokens: S``, on a tiny random Llama (word tokenizer, 44 tokens) whose completions end at EOS
+after a geometric number of tokens (mean about 30 at ``--max-length 64``, a fifth of them cut at it): long and short
+mixed. The reward (the fraction of "w7" words, after the same sleep per call) teaches nothing this model can show in
+a held-out pass@1 within a few steps, so the table has speed and staleness only (mean token staleness: each token's
+updates between the policy that sampled it and the one trained on it, ``policy_staleness_token_mean``). Seconds per
+step and the learner's idle share leave out the first step, which also waits for the worker's start.
+
+    OMP_NUM_THREADS=1 VLLM_CPU_CI_ENV=1 .venv-vllm/bin/python bench/async_staleness.py --vllm-partial 16 --ks 1 2
 """
 
 from __future__ import annotations
@@ -33,6 +44,104 @@ def slow_correct(prompts, completions, answer, **columns) -> list[float]:
 
     time.sleep(float(os.environ.get("GRPOKIT_BENCH_SLEEP", SLEEP_SECONDS)))
     return arithmetic_correct(prompts, completions, answer)
+
+
+def slow_target(prompts, completions, target, **columns) -> list[float]:
+    """The fraction of each completion's words that are ``target``, after a fixed sleep per call (the batch's)."""
+    import os
+
+    time.sleep(float(os.environ.get("GRPOKIT_BENCH_SLEEP", SLEEP_SECONDS)))
+    return [c.split().count(t) / max(1, len(c.split())) for c, t in zip(completions, target)]
+
+
+def tiny_vllm_model(folder: Path) -> Path:
+    """A tiny random Llama vLLM's CPU build runs (head_dim 32) with a 40-word tokenizer, saved to ``folder``."""
+    from grpokit.testing import VLLM_HEAD_DIM, build_tiny_causal_lm, build_word_tokenizer
+
+    words = [f"w{i}" for i in range(40)]
+    build_tiny_causal_lm(
+        folder, build_word_tokenizer(words), arch="llama", num_heads=2, head_dim=VLLM_HEAD_DIM, max_positions=128
+    )
+    return folder
+
+
+def run_vllm(k: int, partial: int | None, steps: int, max_length: int, model: Path, out: Path) -> dict:
+    """One run with a vLLM Ray rollout worker at max_staleness ``k``, with partial rollouts after ``partial`` tokens
+    or without (None)."""
+    import sqlite3
+
+    from grpokit import GRPOConfig, GRPOTrainer
+
+    rows = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 4)), "target": "w7"} for i in range(32)]
+    args = GRPOConfig(
+        engine="vllm",
+        backend="ray",
+        num_rollout_workers=1,
+        rollout_worker_cpus=1,
+        ray_num_cpus=2,
+        vllm_kv_cache_gib=0.25,
+        max_staleness=k,
+        vllm_partial_rollout_tokens=partial,
+        off_policy_correction="decoupled_ppo",
+        scoring_threads=k + 1,
+        reward_isolation=False,
+        num_generations=4,
+        per_device_train_batch_size=32,
+        max_completion_length=max_length,
+        max_steps=steps,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        dtype="float32",
+        device="cpu",
+        output_dir=str(out),
+        report_to=["jsonl"],
+        progress_bar=False,
+        save_steps=0,
+    )
+    trainer = GRPOTrainer(str(model), f"{Path(__file__).resolve()}:slow_target", args=args, train_dataset=rows)
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started
+    trained = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [m for m in trained if "step_time" in m]
+    with sqlite3.connect(out / "rollouts.sqlite") as db:
+        lengths, continued = db.execute(
+            "SELECT avg(completion_tokens), avg(token_versions IS NOT NULL) FROM rollouts"
+        ).fetchone()
+    steady = trained[1:]  # the first step also waits for the worker's start (Ray's actor, vLLM's engine)
+    waited = [m.get("time/generate", 0.0) + m.get("time/reward", 0.0) for m in steady]
+    return {
+        "k": k,
+        "partial": partial,
+        "step_s": statistics.mean(m["step_time"] for m in steady),
+        "idle_fraction": sum(waited) / sum(m["step_time"] for m in steady),
+        "staleness_mean": statistics.mean(m["policy_staleness"] for m in trained),
+        "token_staleness_mean": statistics.mean(m["policy_staleness_token_mean"] for m in trained),
+        "length_mean": lengths,
+        "continued_fraction": continued,
+        "wall_s": wall,
+    }
+
+
+def vllm_partial_table(args) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_vllm_model(Path(tmp) / "model")
+        for k in args.ks:
+            for partial in (None, args.vllm_partial):
+                out = Path(tmp) / f"k{k}-{partial}"
+                rows.append(run_vllm(k, partial, args.steps, args.max_length, model, out))
+                print(json.dumps(rows[-1]), flush=True)
+    print()
+    print("| K | partial rollouts | s / step | learner idle | staleness | token staleness | continued | mean length |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        label = "off" if row["partial"] is None else f"after {row['partial']} tokens"
+        print(
+            f"| {row['k']} | {label} | {row['step_s']:.2f} | {row['idle_fraction']:.0%} | "
+            f"{row['staleness_mean']:.2f} | {row['token_staleness_mean']:.2f} | {row['continued_fraction']:.0%} | "
+            f"{row['length_mean']:.1f} |"
+        )
 
 
 def run_one(k: int, steps: int, slow: bool, out: Path, correction: str) -> dict:
@@ -88,10 +197,15 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--correction", default="decoupled_ppo", choices=["behaviour", "decoupled_ppo"])
     parser.add_argument("--skip-fast", action="store_true", help="only the runs with the slow reward")
+    parser.add_argument("--vllm-partial", type=int, metavar="S", help="partial rollouts against none (module doc)")
+    parser.add_argument("--max-length", type=int, default=64, help="--vllm-partial: max_completion_length")
     args = parser.parse_args()
     import os
 
     os.environ["GRPOKIT_BENCH_SLEEP"] = str(args.sleep)
+    if args.vllm_partial is not None:
+        vllm_partial_table(args)
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for slow in [True] if args.skip_fast else [True, False]:
