@@ -87,6 +87,19 @@ def continuations(
     return rows, prompts, tail_seeds
 
 
+def continue_chunk(
+    head: Rollouts, seeds: list[int], tokens: int, tail: SamplingParams, switch: int, pad_token_id: int, sample
+) -> tuple[Rollouts, float | None]:
+    """``head`` (a chunk's samples of at most ``tokens`` tokens, one seed per group in ``seeds``) with its
+    :func:`continuations` sampled by ``sample(prompts, seeds) -> (Rollouts, gap)`` (version ``switch``, ``tail``'s
+    sampling) and :func:`merge`d in; the continuations' sync gap (None: none was checked, or none continued)."""
+    rows, prompts, tail_seeds = continuations(head, seeds, tokens, tail.greedy)
+    if not rows:
+        return head, None
+    continued, gap = sample(prompts, tail_seeds)
+    return merge(head, rows, continued, switch, pad_token_id), gap
+
+
 def merge(head: Rollouts, rows: list[int], tail: Rollouts | None, switch: int, pad_token_id: int) -> Rollouts:
     """``head``'s samples with ``tail``'s completions (one per row of ``rows``, in order; sampled by ``switch``)
     appended to those rows: their tokens, log-probs and finish reasons; ``token_versions`` [N, T] holds

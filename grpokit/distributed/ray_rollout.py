@@ -9,6 +9,10 @@ workers in contiguous chunks, and every group is sampled with its own seed
 Fault tolerance: when a worker dies, it is replaced by a new actor (which loads the chunk's
 weights version) and its chunk is submitted again. Results are kept per chunk, so a chunk counts
 once whatever happened to the worker that first held it.
+
+Partial rollouts (vLLM workers, ``generation.vllm_partial_rollout_tokens``): a chunk's first S tokens are sampled
+with the batch, and its continuation on the next version is launched when that version is published
+(:mod:`grpokit.distributed.ray_partial`, :mod:`grpokit.distributed.ray_partial_tails`).
 """
 
 from __future__ import annotations
@@ -91,7 +95,7 @@ class RolloutWorker:
             self.engine = HFRolloutEngine(
                 self.model, eos_token_ids, pad_token_id, device, autocast_dtype=autocast_dtype
             )
-        self.device = device
+        self.device, self.pad_token_id = device, pad_token_id
         self.checks_sync = vllm is not None  # vLLM's log-probs checked against the copy's, once per version and kind
         self.checked: set[tuple[int, bool]] = set()  # (version, continued) checked so far
         self.version: int | None = None  # nothing published loaded yet
@@ -124,6 +128,23 @@ class RolloutWorker:
         self.checked.add((version, continued))
         return rollouts, sync_gap(self.model, rollouts, params.temperature)
 
+    def continue_partial(
+        self, head: tuple, weights: list, version: int, seeds: list[int], tokens: int, params: SamplingParams
+    ) -> tuple[Rollouts, tuple[float | None, float | None]]:
+        """Partial rollouts (:mod:`grpokit.distributed.ray_partial`): ``head`` is this chunk's :meth:`generate`
+        result (its samples of at most ``tokens`` tokens; Ray resolves it from its ObjectRef), ``seeds`` its groups'
+        seeds; the samples still going are continued by ``version`` (``params``: the rest of the length). Returns the
+        whole chunk and the gaps of (its head, its continuations)."""
+        from grpokit.distributed.ray_partial import continue_chunk
+
+        rollouts, head_gap = head
+
+        def sample(prompts: list[list[int]], tail_seeds: list[int]):
+            return self.generate(weights, version, prompts, tail_seeds, 1, params, continued=True)
+
+        merged, gap = continue_chunk(rollouts, seeds, tokens, params, version, self.pad_token_id, sample)
+        return merged, (head_gap, gap)
+
     def pid(self) -> int:
         import os
 
@@ -142,6 +163,7 @@ class PendingRollouts:
     params: SamplingParams
     switch: int | None = None  # partial rollouts: the version that samples the tokens from ``tokens`` on
     tokens: int = 0  # partial rollouts: S, the tokens sampled by ``version``
+    tails: dict | None = None  # partial rollouts: the continuations' ObjectRef -> (chunk, worker), once launched
 
     def call(self, chunk: int) -> tuple:
         """The worker's ``generate`` arguments of ``chunk`` (partial rollouts: at most S tokens)."""
@@ -171,9 +193,8 @@ class RayRolloutEngine:
         """``learner_gpus``: the GPUs the learner trains on, which no worker may get
         (:mod:`grpokit.distributed.placement`); ``vllm``: each worker samples with vLLM (see :class:`RolloutWorker`);
         ``partial``: (S tokens, seconds to wait for a version): partial rollouts (:mod:`~.ray_partial`)."""
-        import threading
-
         from grpokit.distributed.placement import actor_options
+        from grpokit.distributed.ray_partial_tails import PartialTails
 
         ray = import_ray()
         self.pad_token_id = pad_token_id
@@ -193,26 +214,22 @@ class RayRolloutEngine:
         self.restarts = 0
         self.sync_gap_max: float | None = None  # vLLM workers: the largest gap of any check so far (ray_vllm)
         self.sync_gap_continued_max: float | None = None  # of partial rollouts' continuations only
-        self.partial = partial
+        self.tails = None if partial is None else PartialTails(*partial)
         self.version: int | None = None
         self._weights: list = []
-        self._published: dict[int, list] = {}  # partial rollouts: version -> [ObjectRef], the ones still needed
-        self._cond = threading.Condition()  # publish (the learner's thread) -> a continuation (the producer's)
-        self._interrupted = False
 
     def _spawn(self):
         return self._actor.remote(self._model_ref, *self._worker_args)
 
     def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Put ``state`` (the trainable weights, full tensors on the CPU; see
-        :func:`grpokit.distributed.torch_dist.trainable_state`) in the object store as ``version``."""
+        :func:`grpokit.distributed.torch_dist.trainable_state`) in the object store as ``version`` (partial rollouts:
+        then launch the continuations that wait for it)."""
         ray = import_ray()
-        with self._cond:
-            self._weights = [ray.put(state)]
-            self.version = version
-            if self.partial is not None:
-                self._published[version] = self._weights
-                self._cond.notify_all()
+        self._weights = [ray.put(state)]
+        self.version = version
+        if self.tails is not None:
+            self.tails.published(version, self._weights, self._launch_tails)
 
     def submit(
         self,
@@ -228,25 +245,44 @@ class RayRolloutEngine:
 
         if self.version is None:
             raise RuntimeError("publish() the policy weights before the first submit().")
-        switch = None if self.partial is None or step is None else switch_version(step, self.version)
+        switch = None if self.tails is None or step is None else switch_version(step, self.version)
         n = len(self.workers)
         bounds = [len(prompt_ids) * w // n for w in range(n + 1)]
         chunks = [(prompt_ids[a:b], seeds[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
-        tokens = 0 if self.partial is None else self.partial[0]
+        tokens = 0 if switch is None else self.tails.tokens
         pending = PendingRollouts(chunks, {}, self._weights, self.version, num_generations, params, switch, tokens)
-        pending.refs = self._launch({c: pending.call(c) for c in range(len(chunks))})
+        pending.refs = {self.workers[c].generate.remote(*pending.call(c)): (c, c) for c in range(len(chunks))}
+        if switch is not None:
+            self.tails.admit(pending)
         return pending
 
-    def _launch(self, calls: dict[int, tuple]) -> dict:
-        """Submit each chunk's call on its worker (chunk c on worker c); ObjectRef -> (chunk, worker)."""
-        return {self.workers[c].generate.remote(*call): (c, c) for c, call in calls.items()}
+    def _tail(self, pending: PendingRollouts, chunk: int, head):
+        """Launch ``chunk``'s continuation on its worker, after its ``head`` (an ObjectRef of its generate)."""
+        from grpokit.distributed.ray_partial import tail_params
 
-    def _finish(self, calls: dict[int, tuple], refs: dict, continued: bool = False) -> dict[int, Rollouts]:
-        """Wait for every chunk's result; a dead worker is replaced and its chunk re-queued. ``continued``: the calls
-        continue partial rollouts (their sync gap is also counted on its own)."""
+        weights = self.tails.weights[pending.switch]
+        params = tail_params(pending.params, pending.tokens)
+        seeds = pending.chunks[chunk][1]
+        return self.workers[chunk].continue_partial.remote(head, weights, pending.switch, seeds, pending.tokens, params)
+
+    def _launch_tails(self, pending: PendingRollouts) -> dict:
+        return {self._tail(pending, c, head): (c, w) for head, (c, w) in pending.refs.items()}
+
+    def _redo(self, pending: PendingRollouts, chunk: int):
+        """``chunk`` again on its (new) worker: its head, then (partial rollouts) its continuation."""
+        head = self.workers[chunk].generate.remote(*pending.call(chunk))
+        return head if pending.switch is None else self._tail(pending, chunk, head)
+
+    def collect(self, pending: PendingRollouts) -> Rollouts:
+        """Wait for every chunk; a dead worker is replaced and its chunk re-queued (partial rollouts: the chunks'
+        continuations, once the version they continue on is published)."""
         ray = import_ray()
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+        refs = pending.refs
+        if pending.switch is not None:
+            self.tails.wait(pending)
+            refs = pending.tails
         results: dict[int, Rollouts] = {}
         while refs:
             ready, _ = ray.wait(list(refs), num_returns=1)
@@ -257,63 +293,25 @@ class RayRolloutEngine:
                 ray.kill(self.workers[worker], no_restart=True)
                 self.workers[worker] = self._spawn()
                 self.restarts += 1
-                refs[self.workers[worker].generate.remote(*calls[chunk])] = (chunk, worker)
+                refs[self._redo(pending, chunk)] = (chunk, worker)
                 continue
-            if gap is not None:
-                self.sync_gap_max = max(gap, self.sync_gap_max or 0.0)
-                if continued:
-                    self.sync_gap_continued_max = max(gap, self.sync_gap_continued_max or 0.0)
-        return results
-
-    def collect(self, pending: PendingRollouts) -> Rollouts:
-        """Wait for every chunk (partial rollouts: then continue the unfinished samples on ``pending.switch``)."""
-        results = self._finish({c: pending.call(c) for c in range(len(pending.chunks))}, pending.refs)
+            self._count_gaps(gap if isinstance(gap, tuple) else (gap, None))
         if pending.switch is not None:
-            results = self._continue(pending, results)
+            self.tails.done(pending)
         return concat_rollouts([results[c] for c in range(len(pending.chunks))], self.pad_token_id)
 
-    def _continue(self, pending: PendingRollouts, heads: dict[int, Rollouts]) -> dict[int, Rollouts]:
-        """Each chunk's samples that reached S tokens, continued by version ``pending.switch`` once it is published
-        (:mod:`grpokit.distributed.ray_partial`)."""
-        from grpokit.distributed.ray_partial import continuations, merge, tail_params
-
-        weights = self._wait_for(pending.switch)
-        params = tail_params(pending.params, pending.tokens)
-        plans, calls = {}, {}
-        for c, head in heads.items():
-            rows, prompts, seeds = continuations(head, pending.chunks[c][1], pending.tokens, pending.params.greedy)
-            plans[c] = rows
-            if rows:
-                calls[c] = (weights, pending.switch, prompts, seeds, 1, params, True)
-        tails = self._finish(calls, self._launch(calls), continued=True)
-        with self._cond:  # batches are collected in order: no later one continues on an older version
-            for version in [v for v in self._published if v < pending.switch]:
-                del self._published[version]
-        return {c: merge(heads[c], plans[c], tails.get(c), pending.switch, self.pad_token_id) for c in heads}
-
-    def _wait_for(self, version: int) -> list:
-        """[ObjectRef] of ``version``'s weights, once published (the learner publishes it when it starts the step
-        after it); at most ``partial[1]`` seconds."""
-        from grpokit.distributed.ray_partial import PartialRolloutTimeout
-
-        timeout = self.partial[1]
-        with self._cond:
-            ready = self._cond.wait_for(lambda: version in self._published or self._interrupted, timeout=timeout)
-            if self._interrupted:
-                raise RuntimeError(f"stopped waiting for policy version {version}: the rollout workers are closing")
-            if not ready:
-                raise PartialRolloutTimeout(
-                    f"a partial rollout waited {timeout:g} s for policy version {version} (the learner's weights "
-                    f"after step {version}), which it continues on; raise generation.vllm_partial_rollout_timeout if "
-                    "the learner's steps are that slow, or set vllm_partial_rollout_tokens: null."
-                )
-            return self._published[version]
+    def _count_gaps(self, gaps: tuple[float | None, float | None]) -> None:
+        """A chunk's checked sync gaps: (its samples' or heads', its continuations')."""
+        for k, gap in enumerate(gaps):
+            if gap is not None:
+                self.sync_gap_max = max(gap, self.sync_gap_max or 0.0)
+                if k == 1:
+                    self.sync_gap_continued_max = max(gap, self.sync_gap_continued_max or 0.0)
 
     def interrupt(self) -> None:
         """Stop any wait for a version (the run is ending: it may never be published)."""
-        with self._cond:
-            self._interrupted = True
-            self._cond.notify_all()
+        if self.tails is not None:
+            self.tails.interrupt()
 
     def generate(
         self, prompt_ids: list[list[int]], seeds: list[int], num_generations: int, params: SamplingParams

@@ -10,6 +10,7 @@ from shared_helpers import sampling_params
 
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.distributed.ray_partial import (
+    PartialRolloutTimeout,
     continuation_seed,
     continuations,
     head_params,
@@ -17,6 +18,7 @@ from grpokit.distributed.ray_partial import (
     switch_version,
     tail_params,
 )
+from grpokit.distributed.ray_partial_tails import PartialTails
 from grpokit.rollout.seeding import concat_rollouts
 from grpokit.rollout.types import Rollouts
 from grpokit.train.metrics import token_staleness_sums
@@ -162,3 +164,45 @@ def test_partial_rollouts_are_refused_where_they_cannot_run_in_one_line(override
     with pytest.raises(ConfigError, match=message) as caught:
         GRPOConfig(**{**RAY_VLLM, "vllm_partial_rollout_tokens": 4, **overrides})
     assert "\n" not in str(caught.value)
+
+
+class Batch:
+    """A PendingRollouts' fields the waiting list reads."""
+
+    def __init__(self, name: str, switch: int) -> None:
+        self.name, self.switch, self.tails = name, switch, None
+
+
+def test_continuations_are_launched_when_their_version_is_published_in_admission_order():
+    tails = PartialTails(tokens=4, timeout=60.0)
+    launched = []
+
+    def launch(batch):
+        launched.append(batch.name)
+        return {f"ref-{batch.name}": (0, 0)}
+
+    b2, b3, b4 = Batch("b2", 1), Batch("b3", 1), Batch("b4", 2)  # K = 2: batches 2 and 3 by 1, batch 4 by 2
+    for batch in (b2, b3, b4):
+        tails.admit(batch)
+    tails.published(0, ["w0"], launch)
+    assert launched == []  # nobody waits for version 0
+    tails.published(1, ["w1"], launch)
+    assert launched == ["b2", "b3"] and b2.tails == {"ref-b2": (0, 0)} and b4.tails is None
+    tails.wait(b2)  # launched: returns at once
+    tails.done(b2)  # collected: versions before 1 are no longer needed
+    assert sorted(tails.weights) == [1]
+    tails.published(2, ["w2"], launch)
+    assert launched == ["b2", "b3", "b4"]
+    tails.done(b4)
+    assert sorted(tails.weights) == [2]
+
+
+def test_a_wait_for_a_version_never_published_ends_in_one_line_or_on_interrupt():
+    tails = PartialTails(tokens=4, timeout=0.01)  # nothing publishes version 5: the wait always times out
+    batch = Batch("b", 5)
+    tails.admit(batch)
+    with pytest.raises(PartialRolloutTimeout, match=r"waited 0.01 s for policy version 5 .* raise generation.vllm_"):
+        tails.wait(batch)
+    tails.interrupt()
+    with pytest.raises(RuntimeError, match="stopped waiting for policy version 5: the run is ending"):
+        tails.wait(batch)
