@@ -68,9 +68,8 @@ def split_rollouts(rollouts: Rollouts, parts: int) -> list[Rollouts]:
 
 def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
     """Join Rollouts of the same G and policy version (and their token versions), right-padding to the longest
-    completion. Parts with a loss
-    mask (multi-turn, or a rollout_func's env_mask), conversations or reward columns join only with parts that have
-    them too (the same column names)."""
+    completion. Parts with a loss mask (multi-turn, or a rollout_func's env_mask), conversations or reward columns
+    join only with parts that have them too (the same column names)."""
     width = max(p.completion_ids.size(1) for p in parts)
     first = parts[0]
     if any((p.loss_mask is None) != (first.loss_mask is None) for p in parts):
