@@ -13,6 +13,7 @@ from grpokit.distributed.ray_partial import (
     PartialRolloutTimeout,
     continuation_seed,
     continuations,
+    continue_chunk,
     head_params,
     merge,
     switch_version,
@@ -118,6 +119,22 @@ def test_merge_appends_each_continuation_with_its_version_and_its_own_logprobs()
     torch.testing.assert_close(merged.logprobs[0, :5], torch.tensor(expected_row0))
     torch.testing.assert_close(merged.logprobs[3], torch.tensor(expected_row3))
     assert merge(head, [], None, 5, PAD) is head  # nothing continued: the head as it is (token_versions None)
+
+
+def test_a_worker_continues_only_the_samples_still_going_and_returns_their_gap():
+    head = rollouts([[1, 2], [3]], HEAD_ROWS, ["length", "stop", "stop", "length"], 2, 4)
+    asked = []
+
+    def sample(prompts, seeds):  # the worker's vLLM by version 5: one token (EOS) each, gap 3e-7
+        asked.append((prompts, seeds))
+        return rollouts(prompts, [[9]] * len(prompts), ["stop"] * len(prompts), 1, 5), 3e-7
+
+    tail = sampling_params(5)
+    merged, gap = continue_chunk(head, [100, 200], 3, tail, 5, PAD, sample)
+    assert asked == [([[1, 2, 5, 6, 7], [3, 7, 7, 7]], [continuation_seed(100), continuation_seed(201)])]
+    assert merged.completion_lengths.tolist() == [4, 2, 3, 4] and gap == 3e-7
+    done = rollouts([[1]], [[5, 9], [9]], ["stop", "stop"], 2, 4)  # every sample ended before S: nothing sampled
+    assert continue_chunk(done, [100], 3, tail, 5, PAD, sample) == (done, None) and len(asked) == 1
 
 
 def test_joined_chunks_keep_their_token_versions():
