@@ -57,8 +57,7 @@ def build_rollouts(
         server=name == "vllm" and args.vllm_mode == "server",
     )
     entry = pick_sampler(situation)
-    extras = {  # what a sampler may need besides the common parts, built only when it does
-        # rank 0 starts the Ray workers
+    extras = {  # what a sampler may need besides the common parts, built only when it does (Ray: rank 0 starts them)
         "remote": lambda: _start_ray(args, parts, settings if in_workers else None) if procs.is_main else None,
         "partial": lambda: in_workers and settings.vllm_partial_rollout_tokens is not None,
         "tools": lambda: tool_rollouts,
