@@ -9,7 +9,9 @@ the embeddings).
   ``grpokit_reload_weights`` (a server started by ``grpokit vllm-serve``: reload, then the tied head re-packed;
   :mod:`grpokit.rollout.vllm_server_worker`) or vLLM's own ``reload_weights`` (any other server) with
   ``weights_path`` = the folder, the folder is removed, and ``/reset_prefix_cache`` drops the KV computed by the
-  old weights. ``/collective_rpc`` takes only string arguments, hence a folder rather than tensors.
+  old weights. ``/collective_rpc`` takes only string arguments, hence a folder rather than tensors. A folder is
+  named with the learner's pid; one left by a learner killed mid-push (kill -9: a model's size of RAM) is removed
+  when the next push engine starts (:func:`sweep_dead_pushes`).
 - :class:`NCCLPush` (a learner on CUDA; a server started with ``--weight-transfer-config '{"backend":"nccl"}'``):
   vLLM's own trainer-side engine, ``NCCLTrainerWeightTransferEngine``, over grpokit's HTTP client
   (:class:`HTTPWeightSyncRoutes`: ``/init_weight_transfer_engine`` once, then ``/start_weight_update``,
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from typing import Any
@@ -30,6 +33,29 @@ import torch
 from grpokit.rollout.vllm_weights import vllm_weight_items
 
 SHM = "/dev/shm"
+PREFIX = "grpokit-weights-p"  # + pid, "-v", version, "-", mkdtemp's suffix
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_dead_pushes(root: str | None) -> list[str]:
+    """Remove the push folders under ``root`` (None: the temp folder) of learners no longer running; their paths."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(root):
+        found = re.fullmatch(re.escape(PREFIX) + r"(\d+)-v\d+-.+", name)
+        if found and not _alive(int(found.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(os.path.join(root, name))
+    return removed
 
 
 class SharedMemoryPush:
@@ -39,13 +65,14 @@ class SharedMemoryPush:
         """``extension``: the server runs grpokit's worker extension (started by ``grpokit vllm-serve``)."""
         self.client, self.extension = client, extension
         self.root = SHM if os.path.isdir(SHM) else None  # /dev/shm: RAM, not a disk (elsewhere: the temp folder)
+        sweep_dead_pushes(self.root)
 
     @torch.no_grad()
     def push(self, version: int, model: torch.nn.Module) -> None:
         """Version ``version`` of the policy, held by ``model`` (the learner's, or a copy at that version)."""
         from safetensors.torch import save_file
 
-        folder = tempfile.mkdtemp(prefix=f"grpokit-weights-v{version}-", dir=self.root)
+        folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-v{version}-", dir=self.root)
         try:
             weights = {name: tensor.detach().contiguous().cpu() for name, tensor in vllm_weight_items(model)}
             save_file(weights, os.path.join(folder, "model.safetensors"))

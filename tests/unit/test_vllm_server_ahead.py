@@ -8,6 +8,8 @@ tests/real_vllm/test_server_async_vllm.py."""
 from __future__ import annotations
 
 import copy
+import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -79,7 +81,7 @@ class Clock:
 
 def versions_at_each_sampling(fake, sampler, steps) -> list[tuple[int, int]]:
     """(the version the server held, the version of the batch) for each /v1/completions request, in arrival order:
-    the held version is the last pushed folder's (named grpokit-weights-v{N}-...)."""
+    the held version is the last pushed folder's (named grpokit-weights-p{pid}-v{N}-...)."""
     batch_version = {}
     for step, version in steps.items():
         for seed in sampler.seeds(step, PER_STEP, 0):
@@ -87,7 +89,7 @@ def versions_at_each_sampling(fake, sampler, steps) -> list[tuple[int, int]]:
     held, found = None, []
     for route, body in fake.calls:
         if route == "/collective_rpc":
-            held = int(body["kwargs"]["weights_path"].rsplit("grpokit-weights-v", 1)[1].split("-")[0])
+            held = int(re.search(r"-v(\d+)-", os.path.basename(body["kwargs"]["weights_path"]))[1])
         elif route == "/v1/completions":
             found.append((held, batch_version[body["seed"]]))
     return found
@@ -134,7 +136,7 @@ def test_a_sampling_on_the_learners_thread_waits_for_the_producers_push(policy):
     held, seen = None, []
     for route, body in fake.calls:  # every learner-side sampling ran on the learner's version, pushed for it
         if route == "/collective_rpc":
-            held = int(body["kwargs"]["weights_path"].rsplit("grpokit-weights-v", 1)[1].split("-")[0])
+            held = int(re.search(r"-v(\d+)-", os.path.basename(body["kwargs"]["weights_path"]))[1])
         elif route == "/v1/completions" and 10_000 < body["seed"] <= 10_000 + STEPS:
             seen.append((body["seed"] - 10_000, held))
     assert seen == [(step, step) for step in range(1, STEPS + 1)]

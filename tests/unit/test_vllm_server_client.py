@@ -237,3 +237,22 @@ def test_log_probs_that_are_not_the_learners_stop_the_run_at_step_1(tmp_path, ti
     assert "vllm_max_logprob_gap=0.0001" in last
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines if "loss" in json.loads(line)] == [1]  # logged, then stopped
+
+
+def test_a_push_folder_left_by_a_killed_learner_is_removed_by_the_next_engine(tmp_path):
+    """kill -9 mid-push leaves a model's size of safetensors in /dev/shm: the next push engine removes the folders of
+    learners no longer running, and leaves a running learner's and anything not grpokit's."""
+    import subprocess
+    import sys
+
+    from grpokit.rollout.vllm_server_weights import PREFIX, sweep_dead_pushes
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its pid is now free: a learner that was killed
+    dead, alive = tmp_path / f"{PREFIX}{child.pid}-v3-abc", tmp_path / f"{PREFIX}{os.getpid()}-v1-def"
+    other = tmp_path / "grpokit-weights-v2-old"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+    assert sweep_dead_pushes(str(tmp_path)) == [str(dead)]
+    assert not dead.exists() and alive.exists() and other.exists()
