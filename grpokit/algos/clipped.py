@@ -38,14 +38,33 @@ def clipped_surrogate(terms: PolicyTerms, spec: LossSpec) -> tuple[torch.Tensor,
         ratio = torch.clamp(ratio, max=spec.delta)  # two-sided clipping
     per_token = -torch.min(ratio * advantages, clipped_ratio * advantages)  # [N, T] or [N, 1]
     with torch.no_grad():
-        low = (ratio < 1.0 - epsilon) & (advantages < 0)  # [N, T] or [N, 1]
-        high = (ratio > 1.0 + epsilon_high) & (advantages > 0)
+        low, high = clip_regions(terms, spec)
         metrics = {
             CLIP_LOW: terms.batch_mean(low),
             CLIP_HIGH: terms.batch_mean(high),
             CLIP_REGION: terms.batch_mean(low | high),
         }
     return per_token, metrics
+
+
+def clip_regions(terms: PolicyTerms, spec: LossSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(low, high): bool [N, T] or [N, 1], the tokens (sequences at sequence level) the clipped surrogate clips: low
+    where r' < 1 - epsilon with A < 0, high where r' > 1 + epsilon_high with A > 0 (r' = min(r, delta) with
+    ``spec.delta``); there its gradient is 0."""
+    import torch
+
+    ratio, advantages = terms.ratio.detach(), terms.advantages
+    if spec.delta is not None:
+        ratio = torch.clamp(ratio, max=spec.delta)
+    low = (ratio < 1.0 - spec.epsilon) & (advantages < 0)  # [N, T] or [N, 1]
+    high = (ratio > 1.0 + spec.upper_epsilon) & (advantages > 0)
+    return low, high
+
+
+def clipped_tokens(terms: PolicyTerms, spec: LossSpec) -> torch.Tensor:
+    """bool [N, T] or [N, 1]: the clipped surrogate's clipped tokens (either region of :func:`clip_regions`)."""
+    low, high = clip_regions(terms, spec)
+    return low | high
 
 
 def sequence_level_advice(settings: LossSettings) -> list[str]:
@@ -60,4 +79,9 @@ def sequence_level_advice(settings: LossSettings) -> list[str]:
 
 
 for _name in ("grpo", "bnpo", "dr_grpo", "dapo"):
-    register_loss(_name, aggregation=_name, check=None if _name == "grpo" else sequence_level_advice)(clipped_surrogate)
+    register_loss(
+        _name,
+        aggregation=_name,
+        check=None if _name == "grpo" else sequence_level_advice,
+        clipped=clipped_tokens,
+    )(clipped_surrogate)

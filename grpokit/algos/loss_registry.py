@@ -57,6 +57,8 @@ class PolicyLossType:
     cannot run with (one line naming the fix); returns lines of advice for settings that run but are likely not what
     was meant (the config warns).
     params: the loss's own parameter dataclass (its fields are config keys, each with its default), or None.
+    clipped: ``(terms, spec) -> bool [N, T] or [N, 1]``, the tokens the loss clips (no gradient), for the per-token
+    loss weight ``losses.policy_loss`` can report (the report's Tokens view); None: a loss that clips none.
     """
 
     name: str
@@ -65,6 +67,7 @@ class PolicyLossType:
     weighs_sampling_itself: bool = False
     check: Callable[[LossSettings], list[str]] = _no_advice
     params: type | None = None
+    clipped: Callable[[Any, Any], Any] | None = None
 
     def make_params(self, values: Mapping[str, Any]) -> Any:
         """This loss's parameters from ``values`` (a mapping of config keys; the missing ones keep their
@@ -95,13 +98,14 @@ def register_loss(
     weighs_sampling_itself: bool = False,
     check: Callable[[LossSettings], list[str]] | None = None,
     params: type | None = None,
+    clipped: Callable[[Any, Any], Any] | None = None,
 ) -> Callable[[PerTokenLoss], PerTokenLoss]:
     """Decorator: register ``fn(terms, spec) -> (per_token, metrics)`` as ``loss_type: name``.
 
     ``aggregation``: how the per-token loss becomes one number (``names.AGGREGATIONS``: grpo = mean over sequences
     of each one's token mean, bnpo = token mean of the micro-batch, dapo = token sum / tokens of the generation batch,
     dr_grpo = token sum / (N * max_completion_length), luspo = mean over sequences of each one's token sum).
-    ``check``, ``params`` (the loss's own parameter dataclass): see :class:`PolicyLossType`. Registering a name twice
+    ``check``, ``params`` (the loss's own parameter dataclass), ``clipped``: see :class:`PolicyLossType`. Registering a name twice
     with different functions is refused, unless it is the same function again (its module imported anew). Returns
     ``fn`` unchanged.
     """
@@ -114,7 +118,9 @@ def register_loss(
             raise ValueError(
                 f"loss_type {name!r} is registered already (by {_where(known.per_token)}); choose another name."
             )
-        LOSSES[name] = PolicyLossType(name, fn, aggregation, weighs_sampling_itself, check or _no_advice, params)
+        LOSSES[name] = PolicyLossType(
+            name, fn, aggregation, weighs_sampling_itself, check or _no_advice, params, clipped
+        )
         return fn
 
     return decorate

@@ -157,6 +157,30 @@ def truncated_importance_weights(
     return torch.exp(log_weights).clamp(max=cap)  # [N, T]; inf -> cap on padding
 
 
+def token_weights(
+    mask: torch.Tensor,
+    clipped: torch.Tensor | None = None,
+    kept: torch.Tensor | None = None,
+    token_mask: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[N, T] each token's weight in the policy term: w_{i,t} = m_{i,t} (1 - c_{i,t}) o_i h_{i,t} s_{i,t}.
+
+    m: ``mask`` [N, T], the loss mask (0 on padding, on tool tokens, on truncated completions when they are masked);
+    c: ``clipped`` [N, T] or [N, 1], 1 where the loss clips (its gradient is 0 there); o: ``kept`` [N, 1] or [N, T],
+    0 for a sequence the off-policy mask drops; h: ``token_mask`` [N, T], top_entropy_quantile's tokens; s:
+    ``is_weights`` [N, T], the sampler's importance weights. A factor that is None is 1. So 0 means the token moved
+    nothing (clipped or masked), 1 an ordinary token, another value an importance-weighted one.
+    """
+    weights = mask.float()  # [N, T]
+    if clipped is not None:
+        weights = weights * (~clipped.bool()).float()  # [N, T] x [N, T] or [N, 1]
+    for factor in (kept, token_mask, is_weights):
+        if factor is not None:
+            weights = weights * factor.detach().float()
+    return weights.expand_as(mask)  # [N, T]
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor | None,
@@ -168,6 +192,7 @@ def policy_loss(
     num_items_in_batch: int | float | torch.Tensor | None = None,
     sampling_logprobs: torch.Tensor | None = None,
     token_mask: torch.Tensor | None = None,
+    weights_out: list | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The registered loss ``spec.loss_type`` with its masks and KL penalty; returns (scalar loss, metrics).
 
@@ -200,6 +225,8 @@ def policy_loss(
             mask measures the drift from them (else from ``old_logprobs``).
         token_mask: [N, T] 0/1, the tokens whose policy term counts (``token_masks.high_entropy_mask``); the KL
             term and the normalisation still cover ``completion_mask``.
+        weights_out: a list to which the per-token loss weight [N, T] (float, no gradient; :func:`token_weights`) is
+            appended; None: not computed. Nothing else changes.
 
     Metrics (python floats, named in ``grpokit.algos.names``): the loss's own (the clipped surrogate's
     clip_ratio/low_mean (ratio < 1-eps with A < 0), clip_ratio/high_mean (ratio > 1+eps_high with A > 0),
@@ -254,6 +281,12 @@ def policy_loss(
         surrogate = surrogate * token_mask.to(surrogate.dtype)
     if is_weights is not None and not kind.weighs_sampling_itself:
         surrogate = surrogate * is_weights
+    if weights_out is not None:
+        with torch.no_grad():
+            clipped = None if kind.clipped is None else kind.clipped(terms, spec)
+            own_weights = is_weights if not kind.weighs_sampling_itself else None
+            kept_rows = kept if spec.off_policy_mask_threshold is not None else None
+            weights_out.append(token_weights(completion_mask, clipped, kept_rows, token_mask, own_weights))
     aggregation = {"max_completion_length": spec.max_completion_length, "num_items_in_batch": num_items_in_batch}
     pg_loss = aggregate(surrogate, completion_mask, kind.aggregation, **aggregation)  # [N, T] -> []
     loss = pg_loss

@@ -14,7 +14,7 @@ over sequences.
 
 from __future__ import annotations
 
-from grpokit.algos.clipped import clipped_surrogate
+from grpokit.algos.clipped import clipped_surrogate, clipped_tokens
 from grpokit.algos.loss_registry import LossSettings, register_loss
 
 
@@ -27,7 +27,7 @@ def _advice(settings: LossSettings) -> list[str]:
     ]
 
 
-@register_loss("luspo", aggregation="luspo", check=_advice)
+@register_loss("luspo", aggregation="luspo", check=_advice, clipped=clipped_tokens)
 def luspo_surrogate(terms, spec):
     """The clipped surrogate, which luspo's aggregation (each sequence's token sum, averaged) scales by length."""
     return clipped_surrogate(terms, spec)

@@ -211,6 +211,7 @@ def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
         save_at_end=args.save_strategy != "no",
         merge_on_save=args.merge_on_save,
         eval_dataset=args.eval_dataset,
+        token_values=args.run.kept_token_values(),
         hub=HubSpec(
             model_id=args.hub_model_id,
             token=args.hub_token,

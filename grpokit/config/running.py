@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from grpokit.store.settings import StoreSettings
+
 
 @dataclass
-class RunConfig:
+class RunConfig(StoreSettings):  # store_token_values: the rollout store's own settings
     output_dir: str = "runs/grpo"
     """Run folder: config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/, report.html."""
     report_to: list = field(default_factory=lambda: ["console", "jsonl"])

@@ -159,6 +159,7 @@ class TypedKeys:
     progress_bar: bool
     log_completions: bool
     num_completions_to_print: int | None
+    store_token_values: list
     # eval
     eval_strategy: str
     eval_steps: int

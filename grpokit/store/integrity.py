@@ -14,6 +14,7 @@ import hashlib
 import sqlite3
 from pathlib import Path
 
+from grpokit.store import token_values
 from grpokit.store.errors import StoreError
 
 EMPTY_CHAIN = ""
@@ -29,6 +30,9 @@ def step_digest(conn: sqlite3.Connection, step: int) -> str:
         rows = [row[:-1] if row[-1] is None else row for row in rows]
     digest = hashlib.sha256(repr(rows).encode())
     digest.update(repr(metrics.fetchall()).encode())
+    per_token = token_values.step_rows(conn, step)
+    if per_token:  # a step without per-token values digests as in a store written before they existed
+        digest.update(repr(per_token).encode())
     return digest.hexdigest()
 
 

@@ -30,7 +30,9 @@ class RolloutRecord:
     weighted sum; ``error`` the reward errors of this completion; ``extra`` the ``log_extra`` columns
     (a JSON-able dict, or None); ``conversation`` a multi-turn rollout's turns (:func:`conversation_record`),
     None for a single-turn completion; ``token_versions`` the runs of its tokens' policy versions
-    (:mod:`grpokit.store.versions`), None when every token is by ``policy_version``.
+    (:mod:`grpokit.store.versions`), None when every token is by ``policy_version``; ``per_token`` its per-token
+    values (:mod:`grpokit.store.token_values`: ``tokens``, a list of each token's text, and a float16 blob per kept
+    value), None when none are kept.
     """
 
     prompt_index: int
@@ -48,6 +50,7 @@ class RolloutRecord:
     extra: dict[str, Any] | None = None
     conversation: dict[str, Any] | None = None
     token_versions: list[list[int]] | None = None
+    per_token: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.rewards = {name: finite_or_none(value) for name, value in self.rewards.items()}

@@ -80,6 +80,21 @@ CREATE TABLE IF NOT EXISTS eval_prompts (
     mean_reward  REAL,
     PRIMARY KEY (step, dataset, prompt_index)
 );
+-- Per-token values of a completion, kept only when run.store_token_values asks (grpokit/store/token_values.py):
+-- `tokens` the completion's tokens, each decoded on its own (JSON list); each value column one float16
+-- (little-endian) per token, null when not kept. Stores written before it existed get it when opened for writing;
+-- readers treat its absence as no per-token values.
+CREATE TABLE IF NOT EXISTS token_values (
+    step             INTEGER NOT NULL,
+    prompt_index     INTEGER NOT NULL,
+    completion_index INTEGER NOT NULL,
+    tokens           TEXT NOT NULL,
+    logprob          BLOB,
+    gap              BLOB,
+    entropy          BLOB,
+    weight           BLOB,
+    PRIMARY KEY (step, prompt_index, completion_index)
+);
 CREATE VIEW IF NOT EXISTS reward_values AS
     SELECT r.id AS rollout_id, r.step, r.prompt_index, r.completion_index,
            j.key AS name, j.value AS value

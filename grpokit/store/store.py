@@ -32,6 +32,7 @@ from pathlib import Path
 
 from grpokit.store.errors import StoreError
 from grpokit.store.record import RolloutRecord, finite_or_none
+from grpokit.store import token_values
 from grpokit.store.sql_schema import SCHEMA, SCHEMA_VERSION
 
 STORE_FILENAME = "rollouts.sqlite"
@@ -248,6 +249,7 @@ class RolloutStore:
             with self._transaction():
                 self._conn.execute("INSERT INTO steps (step, written_at) VALUES (?, ?)", (step, time.time()))
                 self._conn.executemany(_INSERT_ROLLOUT, rows)
+                self._conn.executemany(token_values.INSERT, token_values.rows(step, rollouts))
                 self._conn.executemany("INSERT INTO step_metrics (step, name, value) VALUES (?, ?, ?)", metric_rows)
         except sqlite3.IntegrityError as err:
             if self._has_step(step):
@@ -344,7 +346,7 @@ class RolloutStore:
         """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""
         try:
             with self._transaction():
-                for table in ("steps", "rollouts", "step_metrics", "evals", "eval_prompts"):
+                for table in ("steps", "rollouts", "step_metrics", "evals", "eval_prompts", token_values.TABLE):
                     self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
         except sqlite3.OperationalError as err:
             raise self._write_failed(f"the removal of the steps after step {step}", err) from None
@@ -430,6 +432,10 @@ class RolloutStore:
             rollout["token_versions"] = json.loads(rollout["token_versions"]) if rollout.get("token_versions") else None
             result.append(rollout)
         return result
+
+    def token_values(self, step: int | None = None) -> list[dict]:
+        """The per-token values stored (of ``step``): ``token_values.read``; [] for a store without them."""
+        return token_values.read(self._conn, step)
 
     def query(self, sql: str) -> tuple[list[str], list[tuple]]:
         """Run one read-only SELECT (or WITH ... SELECT) query; returns (columns, rows).

@@ -170,6 +170,7 @@ class Loop:
             sampling_logprobs=inputs.sampling_logprobs,
             old_values=old_values,
             returns=found.returns,
+            keep_token_values=bool(self.spec.token_values),
         )
         update = procs.mean_metrics(update | found.metrics)
         run.engine.sync_weights()  # the engine samples from the updated weights next step

@@ -13,7 +13,8 @@ from grpokit.models.hub import HubSpec
 class LoopSpec:
     """The loop's own settings, built once by :func:`grpokit.compose.specs.loop_spec`. ``algo``: the algorithm's
     section, read by its advantages; ``rewards_on_main``: Ray reward workers (rank 0 scores every rank's rows);
-    ``save_at_end``: save_strategy is not no."""
+    ``save_at_end``: save_strategy is not no; ``token_values``: the per-token values the store keeps
+    (``store.settings.StoreSettings.kept_token_values``; empty: none)."""
 
     model_name_or_path: str | None
     dtype: str
@@ -32,3 +33,4 @@ class LoopSpec:
     rewards_on_main: bool = False
     save_at_end: bool = True
     hub: HubSpec | None = None
+    token_values: tuple[str, ...] = ()

@@ -9,6 +9,7 @@ import torch
 from grpokit.store.record import rollout_records
 from grpokit.train.experience.rounds import renumber_repeats
 from grpokit.train.metrics import PhaseClock, step_metrics, token_staleness_sums
+from grpokit.train.token_record import attach_token_values
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ def step_record(run, step: int, sampled, advantages: torch.Tensor, update: dict,
     values["policy_staleness_token_mean"] = float(tokens[0] / tokens[1].clamp(min=1.0))
     stored = sampled.stored_advantages(advantages)  # every sampled group, the dropped ones without an advantage
     records = rollout_records(sampled.indices, rollouts, sampled.completions, sampled.reward, stored, source)
+    attach_token_values(records, sampled, run.learner.take_token_values(), run.spec.token_values, run.tokenizer)
     if sampled.train_rows is not None:  # a prompt drawn again by a later round: its completions numbered on
         records = renumber_repeats(records, G)
     records = procs.gather_objects(records)  # every rank's, on rank 0

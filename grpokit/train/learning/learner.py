@@ -132,6 +132,7 @@ class Learner:
         # beta across steps: the loss of each update uses the controller's current beta (fixed unless adaptive)
         self.kl_controller = KLController(learner_spec.beta, learner_spec.target_kl, learner_spec.kl_horizon)
         self.terms = LossTerms(learner_spec.terms, model)  # entropy bonus, router loss (TRL's entropy_coef ...)
+        self._token_values: dict[str, torch.Tensor] | None = None  # update(keep_token_values=True)'s
         warn_sequence_level(
             learner_spec.loss.importance_sampling_level, learner_spec.loss_type, self.loss_kind.aggregation
         )
@@ -250,6 +251,7 @@ class Learner:
         sampling_logprobs: torch.Tensor | None = None,
         old_values: torch.Tensor | None = None,
         returns: torch.Tensor | None = None,
+        keep_token_values: bool = False,
     ) -> dict:
         """Run num_iterations x num_mini_batches optimizer steps on one generation batch. advantages [N] or [N, T]
         (per token, PPO), loss_mask [N, T]. Returns metrics: the last pass's, averaged over its mini-batches.
@@ -266,6 +268,8 @@ class Learner:
         surrogate term gets its truncated importance weight (``algos.truncated_importance_weights``).
         ``old_values``, ``returns`` [N, T] (with a critic): after each policy step the critic takes one step on the
         same mini-batch (``Critic.step``; its metrics join the step's, ``time/critic`` its time).
+        ``keep_token_values``: keep what the first pass computed per token for :meth:`take_token_values` (the store's
+        per-token values); no other number changes.
         """
         learner_spec = self.learner_spec
         if (
@@ -293,11 +297,18 @@ class Learner:
         clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
         if self.critic is not None:
             clock["time/critic"] = 0.0
-        for _ in range(learner_spec.num_iterations):
+        kept: dict[str, list] | None = {"logprob": [], "entropy": [], "weight": []} if keep_token_values else None
+        for iteration in range(learner_spec.num_iterations):
             for part in minibatches:
                 self.model.train()
+                weights = kept["weight"] if kept is not None and iteration == 0 else None
                 with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
-                    loss, parts, logprobs, entropy = self._accumulate(part, num_items=num_items / minis, clock=clock)
+                    loss, parts, logprobs, entropy = self._accumulate(
+                        part, num_items=num_items / minis, clock=clock, weights=weights
+                    )
+                if weights is not None:
+                    kept["logprob"].append(logprobs)
+                    kept["entropy"].append(entropy)
                 t0 = time.perf_counter()
                 history.append(self._optimizer_step(loss, parts, logprobs, entropy, part.loss_mask))
                 clock["time/optimizer"] += time.perf_counter() - t0
@@ -308,13 +319,23 @@ class Learner:
                     )
                     history[-1] |= critic | {"nonfinite": max(history[-1]["nonfinite"], critic["nonfinite"])}
                     clock["time/critic"] += time.perf_counter() - t0
+        self._token_values = None if kept is None else {name: torch.cat(parts) for name, parts in kept.items()}
         last = history[-minis:]
         mean = {key: sum(h[key] for h in last) / minis for key in last[0]}
         return mean | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
 
-    def _accumulate(self, part: TrainingBatch, *, num_items, clock: dict):
+    def take_token_values(self) -> dict[str, torch.Tensor] | None:
+        """The per-token values the last :meth:`update` kept (``keep_token_values``), then forgotten: ``logprob``
+        [N, T] the learner's log-probs and ``entropy`` [N, T] as the update's first pass computed them (before any
+        optimizer step for the first mini-batch), ``weight`` [N, T] each token's weight in the policy term
+        (``algos.losses.token_weights``: 0 clipped or masked); None when none were kept."""
+        values, self._token_values = self._token_values, None
+        return values
+
+    def _accumulate(self, part: TrainingBatch, *, num_items, clock: dict, weights: list | None = None):
         """Forward and backward over the micro-batches of ``part`` (each in chunks of ``backward_chunk_rows`` rows),
-        gradients summed; (loss, per-micro-batch metrics, logprobs [N, T], entropy [N, T])."""
+        gradients summed; (loss, per-micro-batch metrics, logprobs [N, T], entropy [N, T]). ``weights``: a list the
+        chunks' per-token loss weights [n, T] are appended to (None: not computed)."""
         mb = self.learner_spec.per_device_train_batch_size
         chunk = min(self.learner_spec.backward_chunk_rows or mb, mb)
         num_micro = math.ceil(len(part.batch) / mb)
@@ -332,7 +353,9 @@ class Learner:
                 chunks = []  # (metrics, loss share, metric weight) of each chunk
                 for first in range(0, len(micro.batch), chunk):
                     piece = micro if chunk >= len(micro.batch) else micro.rows(slice(first, first + chunk))
-                    loss, metrics, logprobs, entropy, extra = self._chunk_loss(piece, num_items, clock, micro.loss_mask)
+                    loss, metrics, logprobs, entropy, extra = self._chunk_loss(
+                        piece, num_items, clock, micro.loss_mask, weights
+                    )
                     share, weight = self._chunk_weights(piece.loss_mask, micro.loss_mask, num_items)
                     scaled = loss * share / self.loss_kind.micro_batch_divisor(num_micro)
                     if extra is not None:  # the entropy bonus and router loss: per micro-batch / accumulation steps
@@ -348,7 +371,9 @@ class Learner:
                 parts.append(_combine_chunks(chunks))
         return loss_total, parts, torch.cat(logprob_parts), torch.cat(entropy_parts)
 
-    def _chunk_loss(self, piece: TrainingBatch, num_items, clock: dict, micro_mask: torch.Tensor):
+    def _chunk_loss(
+        self, piece: TrainingBatch, num_items, clock: dict, micro_mask: torch.Tensor, weights: list | None = None
+    ):
         """The policy's forward over ``piece``'s rows (of a micro-batch of loss mask ``micro_mask``) and their loss
         as if they were the micro-batch: (loss, metrics, logprobs [n, T], entropy [n, T], the extra terms' share of
         the micro-batch's objective or None)."""
@@ -376,6 +401,7 @@ class Learner:
                 num_items_in_batch=num_items,
                 sampling_logprobs=piece.sampling_logprobs,
                 token_mask=token_mask,
+                weights_out=weights,
             )
             extra = None
             if self.terms.active:  # the bonus acts on the tokens the loss acts on (top_entropy_quantile's too)

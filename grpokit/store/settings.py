@@ -1,0 +1,36 @@
+"""The rollout store's settings: what it keeps beyond every rollout. Keys of the ``run`` section, which is assembled
+from this class; torch-free, so the config reads it without loading torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from grpokit.errors import ConfigError
+from grpokit.store.token_values import TOKEN_VALUES
+
+
+@dataclass
+class StoreSettings:
+    """What rollouts.sqlite keeps beside every rollout (grpokit/store/token_values.py)."""
+
+    store_token_values: list = field(default_factory=list)
+    """Per-token values to keep for every completion trained on (the report's Tokens view): any of logprob (the
+    learner's), gap (learner minus sampler log-prob), entropy, weight (the token's weight in the policy loss: 0 where
+    clipped or masked), or [all]; [] = none. Costs 2 bytes a token and value plus the tokens' text (docs/runs.md)."""
+
+    def check(self) -> None:
+        values = self.store_token_values
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ConfigError(
+                f"store_token_values={values!r} must be a list of names, e.g. [logprob, gap, entropy, weight] or [all]."
+            )
+        for name in values:
+            if name != "all" and name not in TOKEN_VALUES:
+                raise ConfigError(
+                    f"store_token_values contains {name!r}; valid values are {', '.join(TOKEN_VALUES)} or all."
+                )
+
+    def kept_token_values(self) -> tuple[str, ...]:
+        """The values to keep, in the store's order (``all``: every one)."""
+        wanted = set(self.store_token_values)
+        return tuple(name for name in TOKEN_VALUES if name in wanted or "all" in wanted)
