@@ -47,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help='a read-only query, e.g. "SELECT name, avg(value) FROM reward_values GROUP BY name"',
     )
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument(
+        "--tokens",
+        action="store_true",
+        help="each completion's tokens with the per-token values kept (run.store_token_values); with --step, --prompt",
+    )
     inspect.set_defaults(func=run_inspect)
 
     report = subparsers.add_parser(
@@ -91,6 +96,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         errors=args.errors,
         sql=args.sql,
         as_json=args.json,
+        tokens=args.tokens,
     )
     write_stdout(output)
     return 0

@@ -36,11 +36,13 @@ def inspect_run(
     errors: bool = False,
     sql: str | None = None,
     as_json: bool = False,
+    tokens: bool = False,
 ) -> str:
     """Render what `grpokit inspect` prints for the run in `run_dir`.
 
     `top` / `bottom` keep the K highest / lowest rewarded completions (of `step` if given),
-    `prompt` keeps one prompt_index, `errors` keeps completions whose reward raised.
+    `prompt` keeps one prompt_index, `errors` keeps completions whose reward raised. `tokens` prints the
+    per-token values the store kept (of `step`, of `prompt`) instead.
     """
     if top is not None and bottom is not None:
         raise StoreError("choose either --top or --bottom, not both")
@@ -51,6 +53,10 @@ def inspect_run(
     if not run_dir.exists():
         raise StoreError(f"no run folder at {run_dir}")
     with RolloutStore(resolve_store_path(run_dir), readonly=True) as store:
+        if tokens:
+            from grpokit.store.inspect_tokens import tokens_text
+
+            return tokens_text(store, step, prompt, as_json, _print)
         if sql is not None:
             columns, rows = store.query(sql)
             return _render(columns, [dict(zip(columns, row)) for row in rows], as_json, title="query")

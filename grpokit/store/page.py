@@ -1,9 +1,10 @@
 """report.html's frame: styles, the sections in order, the curves' data as JSON, and one small inline script.
 
 Every section is plain HTML, so the page reads top to bottom without JavaScript. With it, the script adds tabs
-(Curves, Groups, Held-out prompts, Samples), a filter over the panels, a step picker and a zero-variance filter for
-the groups (``report.html?step=N`` opens step N; ``?view=heldout`` or ``#heldout``, also groups and samples, opens a
-view), and a category picker for the held-out prompts. It fetches nothing and reads only the page.
+(Curves, Groups, Held-out prompts, Tokens, Samples), a filter over the panels, a step picker and a zero-variance
+filter for the groups (``report.html?step=N`` opens step N; ``?view=heldout`` or ``#heldout``, also groups, tokens and
+samples, opens a view), a category picker for the held-out prompts, and the per-token value that colours the Tokens
+view (store/tokens.py; ``?token=NAME``). It fetches nothing and reads only the page.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import time
 from html import escape
+
+from grpokit.store.tokens import TOKEN_SCRIPT
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1200px; color: #222; padding: 0 12px; }
@@ -45,6 +48,8 @@ nav.tabs button, .controls button { margin: 0 4px 4px 0; padding: 4px 10px; bord
   background: #f6f6f6; border-radius: 4px; cursor: pointer; } nav.tabs button.on, .controls button.on
   { background: #4e79a7; color: #fff; border-color: #4e79a7; } .controls { margin: 8px 0; }
 .hide { display: none !important; }
+.toks { font: 13px/1.9 ui-monospace, monospace; white-space: pre-wrap; word-break: break-word; margin: 6px 0; }
+span.tok { border: 1px solid #ddd; border-radius: 2px; padding: 1px 1px; margin-right: 1px; }
 """
 
 # Tabs over the views, the panel filter, the group step picker (?step=N) and the held-out category picker.
@@ -90,6 +95,7 @@ SCRIPT = """
     ["all", "learned", "forgotten", "never solved", "kept"].forEach(name => { const b = button(name, () => pick(name));
       b.dataset.category = name; buttons.push(b); bar.appendChild(b); });
     pick("all"); }
+""" + TOKEN_SCRIPT + """
   const asked = new URLSearchParams(location.search).get("view") || location.hash.slice(1);
   const named = views.find(v => v.id === asked);
   show(named ? asked : wanted !== null && $("#groups") ? "groups" : (views[0] || {}).id);

@@ -24,6 +24,7 @@ from grpokit.store.samples import best_and_worst, samples_html
 from grpokit.store.store import RolloutStore, StoreError, resolve_store_path
 from grpokit.store.summary import run_summary, summary_html
 from grpokit.store.svg import line_chart
+from grpokit.store.tokens import tokens_html
 
 REPORT_FILENAME = "report.html"
 METRICS_FILENAME = "metrics.jsonl"
@@ -62,6 +63,7 @@ def report_page(run_dir: str | Path, steps: list[int] | None = None) -> str:
             derived = group_fractions(store, success_threshold(run_dir))
             views.append(groups_html(store, group_steps(with_rollouts, steps)))
             views.append(heldout_html(eval_prompts(store)))
+            views.append(tokens_html(store, steps))
             samples_section = samples_html(best_and_worst(store, _sample_steps(with_rollouts, steps)))
             written_at = tuple(store.query("SELECT min(written_at), max(written_at) FROM steps")[1][0])
     if not any(len(row) > 1 for row in metrics):

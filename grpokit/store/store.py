@@ -437,6 +437,10 @@ class RolloutStore:
         """The per-token values stored (of ``step``): ``token_values.read``; [] for a store without them."""
         return token_values.read(self._conn, step)
 
+    def token_value_names(self) -> list[str]:
+        """The per-token values the store holds (``token_values.kept_names``); [] for none."""
+        return token_values.kept_names(self._conn)
+
     def query(self, sql: str) -> tuple[list[str], list[tuple]]:
         """Run one read-only SELECT (or WITH ... SELECT) query; returns (columns, rows).
 

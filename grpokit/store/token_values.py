@@ -8,8 +8,9 @@ and value; a float16 keeps 3 significant digits, and values beyond +-65504 are c
 - ``logprob``: the learner's log-prob of the token (at the sampling temperature), from the update's first pass;
 - ``gap``: that log-prob minus the sampler's (the engine's) log-prob of the same token: the sampler-learner gap;
 - ``entropy``: the learner's entropy of the next-token distribution there;
-- ``weight``: the token's weight in the policy term (``algos.losses.token_weights``): 0 where the loss clipped or a
-  mask removed it, 1 for an ordinary token, the importance weight where a sampler's weights apply.
+- ``weight``: the token's weight in the policy term (``algos.losses.token_weights``) in the update's last pass over
+  it (with num_iterations > 1, the pass whose ratio has moved): 0 where the loss clipped or a mask removed it, 1 for
+  an ordinary token, the importance weight where a sampler's weights apply.
 
 A store written before the table existed gets it when opened for writing; every reader here treats its absence as
 no per-token values. Importing this module loads no torch.

@@ -45,6 +45,7 @@ def test_opens_with_no_console_messages_and_tabs(page):
         ("curves", "Curves"),
         ("groups", "Groups"),
         ("heldout", "Held-out prompts"),
+        ("tokens", "Tokens"),
         ("samples", "Best and worst completions"),
     ]
     assert shown(dom, "curves") and not shown(dom, "groups") and not shown(dom, "heldout")
@@ -80,7 +81,7 @@ def test_held_out_view_lists_every_category(page):
 def test_readable_without_javascript(page):
     html = page.read_text()
     # every view is in the page as plain HTML, none hidden; the controls the script fills are hidden until it runs
-    for section in ("curves", "groups", "heldout", "samples"):
+    for section in ("curves", "groups", "heldout", "tokens", "samples"):
         assert f'<section id="{section}" class="view">' in html
     assert "hide" not in re.sub(r"<style>.*?</style>|<script>.*?</script>", "", html, flags=re.DOTALL)
     for control in ('id="group-controls" hidden', 'id="heldout-controls" hidden', 'placeholder="filter panels'):

@@ -301,12 +301,13 @@ class Learner:
         for iteration in range(learner_spec.num_iterations):
             for part in minibatches:
                 self.model.train()
-                weights = kept["weight"] if kept is not None and iteration == 0 else None
+                last_pass = iteration == learner_spec.num_iterations - 1  # where a token is clipped, if ever
+                weights = kept["weight"] if kept is not None and last_pass else None
                 with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
                     loss, parts, logprobs, entropy = self._accumulate(
                         part, num_items=num_items / minis, clock=clock, weights=weights
                     )
-                if weights is not None:
+                if kept is not None and iteration == 0:
                     kept["logprob"].append(logprobs)
                     kept["entropy"].append(entropy)
                 t0 = time.perf_counter()
@@ -327,8 +328,9 @@ class Learner:
     def take_token_values(self) -> dict[str, torch.Tensor] | None:
         """The per-token values the last :meth:`update` kept (``keep_token_values``), then forgotten: ``logprob``
         [N, T] the learner's log-probs and ``entropy`` [N, T] as the update's first pass computed them (before any
-        optimizer step for the first mini-batch), ``weight`` [N, T] each token's weight in the policy term
-        (``algos.losses.token_weights``: 0 clipped or masked); None when none were kept."""
+        optimizer step for the first mini-batch), ``weight`` [N, T] each token's weight in the policy term in the last
+        pass (``algos.losses.token_weights``: 0 clipped or masked; with num_iterations > 1 the pass that clips);
+        None when none were kept."""
         values, self._token_values = self._token_values, None
         return values
 
