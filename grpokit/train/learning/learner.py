@@ -310,20 +310,23 @@ class Learner:
                 if kept is not None and iteration == 0:
                     kept["logprob"].append(logprobs)
                     kept["entropy"].append(entropy)
-                t0 = time.perf_counter()
-                history.append(self._optimizer_step(loss, parts, logprobs, entropy, part.loss_mask))
-                clock["time/optimizer"] += time.perf_counter() - t0
-                if self.critic is not None:
-                    t0 = time.perf_counter()
-                    critic = self.critic.step(
-                        part.batch, part.old_values, part.returns, part.loss_mask, num_items=num_items / minis
-                    )
-                    history[-1] |= critic | {"nonfinite": max(history[-1]["nonfinite"], critic["nonfinite"])}
-                    clock["time/critic"] += time.perf_counter() - t0
+                history.append(self._step(loss, parts, logprobs, entropy, part, num_items / minis, clock))
         self._token_values = None if kept is None else {name: torch.cat(parts) for name, parts in kept.items()}
         last = history[-minis:]
         mean = {key: sum(h[key] for h in last) / minis for key in last[0]}
         return mean | clock | {"nonfinite": float(any(h["nonfinite"] for h in history))}
+
+    def _step(self, loss, parts, logprobs, entropy, part: TrainingBatch, num_items, clock: dict) -> dict:
+        """The optimizer step after ``part``'s backward, then the critic's on the same rows; their metrics."""
+        t0 = time.perf_counter()
+        metrics = self._optimizer_step(loss, parts, logprobs, entropy, part.loss_mask)
+        clock["time/optimizer"] += time.perf_counter() - t0
+        if self.critic is not None:
+            t0 = time.perf_counter()
+            critic = self.critic.step(part.batch, part.old_values, part.returns, part.loss_mask, num_items=num_items)
+            metrics |= critic | {"nonfinite": max(metrics["nonfinite"], critic["nonfinite"])}
+            clock["time/critic"] += time.perf_counter() - t0
+        return metrics
 
     def take_token_values(self) -> dict[str, torch.Tensor] | None:
         """The per-token values the last :meth:`update` kept (``keep_token_values``), then forgotten: ``logprob``
