@@ -92,6 +92,7 @@ class DistContext(SingleProcess):
                 column: [v for p in parts for v in p.extra.get(column, [None] * len(p.errors))]
                 for column in sorted({k for p in parts for k in p.extra})
             },
+            seconds={name: max(p.seconds.get(name, 0.0) for p in parts) for name in parts[0].seconds},  # at once
         )
 
     def score_rewards(self, runner, batch: RewardBatch, on_main: bool = False):

@@ -151,14 +151,16 @@ class RewardLog:
 @dataclass
 class Outcome:
     """One function's call on one batch (or chunk): its raw ``output``, or an ``error`` message
-    (with the ``traceback`` text when it raised), what it logged, and a :class:`RewardError` it
-    raised (``fatal``), which the runner raises again."""
+    (with the ``traceback`` text when it raised), what it logged, a :class:`RewardError` it
+    raised (``fatal``), which the runner raises again, and the call's wall time in ``seconds`` (None: the
+    call never returned: timed out, or its worker died)."""
 
     output: Any = None
     error: str | None = None
     traceback: str | None = None
     log: RewardLog | None = None
     fatal: RewardError | None = None
+    seconds: float | None = None
 
 
 def _accepted(fn: RewardFn) -> set[str] | None:
@@ -212,15 +214,18 @@ async def _await(awaitable: Any) -> Any:
 def run_call(fn: RewardFn, payload: Mapping[str, Any], n: int) -> Outcome:
     """``call_reward`` with every failure caught into the :class:`Outcome`."""
     log = RewardLog(n)
+    started = time.perf_counter()
     try:
         output = call_reward(fn, payload, log)
     except RewardError as exc:
         return Outcome(log=log, fatal=exc)
     except BaseException as exc:
-        return Outcome(error=f"{type(exc).__name__}: {exc}", traceback=_user_traceback(exc), log=log)
+        error = f"{type(exc).__name__}: {exc}"
+        return Outcome(error=error, traceback=_user_traceback(exc), log=log, seconds=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
     if hasattr(output, "tolist"):  # numpy / torch: plain values, cheap to send between processes
         output = output.tolist()
-    return Outcome(output=output, log=log)
+    return Outcome(output=output, log=log, seconds=seconds)
 
 
 def _user_traceback(exc: BaseException) -> str:

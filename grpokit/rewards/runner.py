@@ -53,7 +53,8 @@ class RewardResult:
     ``errors`` one message per completion (``"name: Error: message"``, several joined by
     ``"; "``) or None; ``error_counts`` the number of completions each function failed on;
     ``logged`` the values each ``log_metric`` name got; ``extra`` each ``log_extra`` column [N]
-    (None where no function logged it).
+    (None where no function logged it); ``seconds`` each function's wall time on the batch (its slowest chunk; a
+    call that timed out counts the timeout).
     """
 
     names: list[str]
@@ -63,10 +64,11 @@ class RewardResult:
     error_counts: dict[str, int]
     logged: dict[str, list[float]] = field(default_factory=dict)
     extra: dict[str, list] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """``rewards/<name>/mean|std|errors|null_fraction``, ``reward`` and ``reward_std``, ignoring NaN, and the
-        mean of each ``log_metric`` name (under that name, as TRL logs it).
+        """``rewards/<name>/mean|std|errors|null_fraction|seconds``, ``reward`` and ``reward_std``, ignoring NaN, and
+        the mean of each ``log_metric`` name (under that name, as TRL logs it).
 
         std is the sample standard deviation (Bessel-corrected, as torch.std); NaN when fewer
         than two values are present, and a mean over no values is NaN too.
@@ -80,6 +82,8 @@ class RewardResult:
             # None ("does not apply"): NaN values that were not failures
             missing = int(self.per_func[:, f].isnan().sum()) - self.error_counts[name]
             metrics[f"rewards/{name}/null_fraction"] = missing / max(self.per_func.size(0), 1)
+            if name in self.seconds:
+                metrics[f"rewards/{name}/seconds"] = self.seconds[name]
         metrics["reward"], metrics["reward_std"] = _nan_mean_std(self.combined)
         for name, values in self.logged.items():
             metrics[name] = sum(values) / len(values)
@@ -98,13 +102,14 @@ class RewardResult:
 class RewardValues:
     """The checked outputs of F functions on N completions, before :meth:`RewardRunner.combine`:
     ``per_func`` [N, F] float64 (NaN where absent), ``messages`` [N][F], the error of function f on
-    completion i or None, and what the functions logged. Unlike a :class:`RewardResult` it can be cut
+    completion i or None, what the functions logged, and each function's ``seconds``. Unlike a :class:`RewardResult` it can be cut
     into rows (torchrun: rank 0 scores the global batch and every rank keeps its rows)."""
 
     per_func: torch.Tensor  # [N, F]
     messages: list[list[str | None]]  # [N][F]
     logged: dict[str, list[float]] = field(default_factory=dict)
     extra: dict[str, list] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def rows(self, rows: slice) -> RewardValues:
         """These rows; the logged metrics belong to the whole batch and stay with every part."""
@@ -113,6 +118,7 @@ class RewardValues:
             self.messages[rows],
             self.logged,
             {column: values[rows] for column, values in self.extra.items()},
+            self.seconds,
         )
 
 
@@ -258,7 +264,9 @@ class RewardRunner:
         messages: list[list[str | None]] = [[None] * len(self.names) for _ in range(n)]  # [N][F]
         logged: dict[str, list[float]] = {}
         extra: dict[str, list] = {}
+        seconds: dict[str, float] = {}
         for f, (name, chunks) in enumerate(zip(self.names, outcomes)):
+            seconds[name] = max(self._seconds(outcome) for _, outcome in chunks) if chunks else 0.0
             for rows, outcome in chunks:
                 if outcome.fatal is not None:
                     raise outcome.fatal
@@ -285,7 +293,13 @@ class RewardRunner:
                         per_func[i, f] = value
                     messages[i][f] = message
         self._warn_if_no_reward_applies(per_func, messages, batch)
-        return RewardValues(per_func, messages, logged, extra)
+        return RewardValues(per_func, messages, logged, extra, seconds)
+
+    def _seconds(self, outcome) -> float:
+        """A call's wall time; the timeout for one that timed out, 0 for one whose worker died."""
+        if outcome.seconds is not None:
+            return outcome.seconds
+        return self.timeout if outcome.error is not None and TIMED_OUT in outcome.error else 0.0
 
     def _warn_if_no_reward_applies(self, per_func: torch.Tensor, messages: list[list[str | None]], batch: dict) -> None:
         """Warn (once per runner, through ``logging``, as TRL does) when every function returned None for a
@@ -360,6 +374,7 @@ class RewardRunner:
             error_counts=error_counts,
             logged=values.logged,
             extra=values.extra,
+            seconds=values.seconds,
         )
 
     def close(self) -> None:

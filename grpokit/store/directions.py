@@ -20,6 +20,7 @@ DIRECTIONS = (
     ("nonfinite", -1),
     ("step_time", -1),
     ("time/*", -1),
+    ("rewards/*/seconds", -1),
 )
 
 

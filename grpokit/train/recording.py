@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpokit.machine.peak_memory import step_memory
 from grpokit.store.record import rollout_records
 from grpokit.train.experience.rounds import renumber_repeats
 from grpokit.train.metrics import PhaseClock, step_metrics, token_staleness_sums
@@ -40,7 +41,7 @@ def step_record(run, step: int, sampled, advantages: torch.Tensor, update: dict,
         source=source,
         staleness=staleness,
         times=clock.metrics(),
-        extra=run.rollout_scheduler.metrics(),
+        extra=run.rollout_scheduler.metrics() | step_memory(run.device),
         tokens_seen=state.num_input_tokens_seen,
     )
     tokens = procs.sum(token_staleness_sums(rollouts, staleness))  # [2] every process's

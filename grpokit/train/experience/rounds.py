@@ -68,7 +68,7 @@ def join(rounds: list[Trajectory], pad_token_id: int) -> Trajectory:
 
 def join_rewards(results: list[RewardResult]) -> RewardResult:
     """RewardResults of the same functions on consecutive completions as one: rows in order, error counts added,
-    logged values pooled, ``log_extra`` columns None on the rows of a part that did not log them."""
+    logged values pooled, ``log_extra`` columns None on the rows of a part that did not log them, times added."""
     sizes = [len(r.errors) for r in results]
     columns = dict.fromkeys(c for r in results for c in r.extra)
     logged = dict.fromkeys(name for r in results for name in r.logged)
@@ -80,6 +80,7 @@ def join_rewards(results: list[RewardResult]) -> RewardResult:
         error_counts={name: sum(r.error_counts[name] for r in results) for name in results[0].names},
         logged={name: [v for r in results for v in r.logged.get(name, [])] for name in logged},
         extra={c: [v for r, n in zip(results, sizes) for v in r.extra.get(c, [None] * n)] for c in columns},
+        seconds={name: sum(r.seconds.get(name, 0.0) for r in results) for name in results[0].seconds},  # in turn
     )
 
 
