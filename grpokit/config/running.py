@@ -12,7 +12,7 @@ class RunConfig(StoreSettings):  # store_token_values: the rollout store's own s
     output_dir: str = "runs/grpo"
     """Run folder: config.yaml, metrics.jsonl, rollouts.sqlite, checkpoints/, report.html."""
     report_to: list = field(default_factory=lambda: ["console", "jsonl"])
-    """Metric sinks: console, jsonl, tensorboard, wandb."""
+    """Metric sinks: console, jsonl, tensorboard, wandb, mlflow, trackio (the last two: optional extras)."""
     logging_steps: int = 10
     """Console line and log_history entry every this many steps, as TRL (jsonl and the store get every step)."""
     save_strategy: str = "steps"

@@ -79,7 +79,7 @@ CHOICES = {
     "tool_isolation": ("process", "thread"),
 }
 
-REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
+REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio")
 
 # The keys of a dataset given as a mapping (data.train_dataset / eval_dataset): datasets.load_dataset's arguments.
 

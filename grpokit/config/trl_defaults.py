@@ -203,7 +203,7 @@ TRL_DEFAULTS: dict[str, Any] = {
     "vllm_importance_sampling_cap": None,
 }
 
-# TRL's integrations (transformers' report_to names); grpokit writes tensorboard and wandb itself.
+# TRL's integrations (transformers' report_to names); grpokit writes tensorboard, wandb, mlflow and trackio itself.
 INTEGRATIONS = (
     "azure_ml",
     "clearml",
@@ -219,4 +219,4 @@ INTEGRATIONS = (
     "trackio",
     "wandb",
 )
-GRPOKIT_SINKS = ("console", "jsonl", "tensorboard", "wandb")
+GRPOKIT_SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio")

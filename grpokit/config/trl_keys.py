@@ -298,7 +298,8 @@ def report_sinks(value: Any) -> tuple[list, list]:
     """(grpokit sinks, TRL integrations grpokit does not write) for a ``report_to`` value.
 
     A list of grpokit sinks is taken as written. TRL's forms (a string, "none", "all", integration names)
-    keep grpokit's console and metrics.jsonl and add tensorboard / wandb when named ("all": when installed).
+    keep grpokit's console and metrics.jsonl and add tensorboard / wandb / mlflow / trackio when named ("all": when
+    installed).
     A name that is neither is left in the list, for the config's check to refuse with a suggestion.
     """
     items = [value] if isinstance(value, str) else list(value or [])
@@ -307,7 +308,8 @@ def report_sinks(value: Any) -> tuple[list, list]:
     sinks, extra = ["console", "jsonl"], []
     for item in items:
         if item == "all":
-            sinks += [name for name in ("tensorboard", "wandb") if importlib.util.find_spec(name) is not None]
+            named = ("tensorboard", "wandb", "mlflow", "trackio")
+            sinks += [name for name in named if importlib.util.find_spec(name) is not None]
         elif item in GRPOKIT_SINKS or item not in (*INTEGRATIONS, "none"):
             sinks.append(item)
         elif item != "none":

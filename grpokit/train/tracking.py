@@ -1,4 +1,5 @@
-"""Metric sinks: console (rich, with a progress bar), metrics.jsonl, TensorBoard, W&B.
+"""Metric sinks: console (rich, with a progress bar), metrics.jsonl, TensorBoard, W&B, and MLflow and trackio
+(train/tracking_sinks.py).
 
 The console shows the same thing from the CLI and from ``trainer.train()`` in Python: a live bar
 (step, reward, KL, seconds per step, elapsed and remaining time; ``progress_bar``, TRL's
@@ -97,6 +98,9 @@ class Tracker:
                 config=config,
                 resume="allow",
             )
+        from grpokit.train.tracking_sinks import optional_sinks
+
+        self._others = optional_sinks(self.sinks, self.run_dir, config, run_name or self.run_dir.name)  # mlflow ...
         self._progress = None
         if progress_bar:
             from rich.progress import (
@@ -131,6 +135,8 @@ class Tracker:
                 self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
+        for sink in self._others:
+            sink.log(clean, step)
         if self._progress is not None and "reward" in clean:
             desc = f"reward {clean['reward']:.3f}" + (f"  kl {clean[KL]:.4f}" if KL in clean else "")
             desc += f"  {clean['step_time']:.1f}s/step" if "step_time" in clean else ""
@@ -187,3 +193,6 @@ class Tracker:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        for sink in self._others:
+            sink.close()
+        self._others = []
