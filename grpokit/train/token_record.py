@@ -23,17 +23,18 @@ def attach_token_values(records: list, sampled, kept: dict | None, names: tuple[
         values["gap"] = kept["logprob"].detach().float().cpu() - trained.logprobs.float().cpu()  # [n, T]
     rows = range(trained.completion_ids.size(0)) if sampled.train_rows is None else sampled.train_rows.tolist()
     lengths = trained.completion_lengths.tolist()
-    ids = trained.completion_ids.cpu()
-    pieces = tokenizer.batch_decode([[token] for j, n in enumerate(lengths) for token in ids[j, :n].tolist()])
-    start = 0
+    ids = trained.completion_ids.cpu().tolist()
+    distinct = sorted({token for j, n in enumerate(lengths) for token in ids[j][:n]})
+    text = dict(zip(distinct, tokenizer.batch_decode([[token] for token in distinct])))  # each distinct token once
+    halves = {name: _float16(values[name]) for name in names}  # [n, T] little-endian float16
     for j, (row, length) in enumerate(zip(rows, lengths)):
-        per_token = {"tokens": pieces[start : start + length]}
-        start += length
+        per_token = {"tokens": [text[token] for token in ids[j][:length]]}
         for name in names:
-            per_token[name] = _float16_bytes(values[name][j, :length])
+            per_token[name] = halves[name][j, :length].tobytes()
         records[row].per_token = per_token
 
 
-def _float16_bytes(values: torch.Tensor) -> bytes:
-    """Little-endian float16 of ``values`` [n] (clamped to +-65504, NaN kept): ``store.token_values.decode`` reads it."""
-    return values.clamp(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16).numpy().astype("<f2").tobytes()
+def _float16(values: torch.Tensor):
+    """Little-endian float16 of ``values`` (clamped to +-65504, NaN kept) as a numpy array: a row's ``tobytes()`` is
+    what ``store.token_values.decode`` reads."""
+    return values.clamp(-FLOAT16_MAX, FLOAT16_MAX).to(torch.float16).numpy().astype("<f2")
