@@ -15,7 +15,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-TIMING = re.compile(r"(^time/|_time$|_seconds$|per_second|runtime|^step_time|latency|_wait|/wait|elapsed)")
+# wall times, and what differs between two runs of the same numbers as they do (memory: a process's peak)
+TIMING = re.compile(r"(^time/|_time$|_seconds$|/seconds$|per_second|runtime|^step_time|latency|_wait|/wait|elapsed|^memory/)")
 KEY_COLUMNS = {"meta": "key", "step_metrics": "name"}  # key/value tables: the column that names a row
 CLOCK_COLUMNS = {"written_at", "created", "start", "duration", "started_at", "finished_at"}
 
@@ -88,7 +89,7 @@ def main(argv: list[str]) -> int:
             differences += 1
         ta, tb = tables(a), tables(b)
         for table in sorted(set(ta) | set(tb)):
-            if ta.get(table) != tb.get(table):
+            if ta.get(table, []) != tb.get(table, []):  # a table one side lacks reads as empty (added later)
                 print(f"{name}: table {table} differs")
                 differences += 1
     print(f"runs: {len(common)}, differences: {differences}")

@@ -111,10 +111,14 @@ def test_report_to_forms(given, expected):
 def test_report_to_all_and_unsupported_integrations():
     import importlib.util
 
-    installed = [n for n in ("tensorboard", "wandb") if importlib.util.find_spec(n) is not None]
+    named = ("tensorboard", "wandb", "mlflow", "trackio")
+    installed = [n for n in named if importlib.util.find_spec(n) is not None]
     assert quiet(report_to="all").report_to == ["console", "jsonl", *installed]
-    with pytest.warns(UserWarning, match=r"report_to=\['mlflow'\]"):
-        assert GRPOConfig(report_to=["mlflow", "tensorboard"]).report_to == ["console", "jsonl", "tensorboard"]
+    with pytest.warns(UserWarning, match=r"report_to=\['comet_ml'\]"):
+        assert GRPOConfig(report_to=["comet_ml", "tensorboard"]).report_to == ["console", "jsonl", "tensorboard"]
+    # TRL's names of the sinks grpokit writes itself, MLflow and trackio among them (a list of them: as written)
+    assert quiet(report_to="mlflow").report_to == ["console", "jsonl", "mlflow"]
+    assert quiet(report_to=["trackio", "none"]).report_to == ["console", "jsonl", "trackio"]
 
 
 @pytest.mark.parametrize(
