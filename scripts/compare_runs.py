@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 # wall times, and what differs between two runs of the same numbers as they do (memory: a process's peak)
-TIMING = re.compile(r"(^time/|_time$|_seconds$|/seconds$|per_second|runtime|^step_time|latency|_wait|/wait|elapsed|^memory/)")
+TIMING = re.compile(
+    r"(^time/|_time$|_seconds$|/seconds$|per_second|runtime|^step_time|latency|_wait|/wait|elapsed|^memory/)"
+)
 KEY_COLUMNS = {"meta": "key", "step_metrics": "name"}  # key/value tables: the column that names a row
 CLOCK_COLUMNS = {"written_at", "created", "start", "duration", "started_at", "finished_at"}
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from grpokit.store import RolloutRecord, RolloutStore
+from grpokit.store.token_values import encode
 
 
 def write_synthetic_run(
@@ -27,8 +28,10 @@ def write_synthetic_run(
     eval_prompts: int = 100,
     seed: int = 0,
     config: dict | None = None,
+    token_values: bool = False,
 ) -> Path:
-    """The run folder ``run`` (created) with ``steps`` steps of ``groups`` x ``group_size`` rollouts."""
+    """The run folder ``run`` (created) with ``steps`` steps of ``groups`` x ``group_size`` rollouts; with
+    ``token_values``, every completion's per-token values (run.store_token_values: [all])."""
     rng = random.Random(seed)
     run.mkdir(parents=True)
     base = {
@@ -44,6 +47,8 @@ def write_synthetic_run(
             p = 0.3 + 0.6 * step / steps  # the chance a completion is right
             if step:
                 records = _rollouts(rng, step, groups, group_size, p)
+                if token_values:
+                    _token_values(rng, records)
                 store.write_step(step, records, _metrics(rng, step, steps, records, group_size))
             if step % eval_every == 0 or step == steps:
                 results = _eval_prompts(rng, skill, p, step, steps)
@@ -97,6 +102,20 @@ def _rollouts(rng: random.Random, step: int, groups: int, group_size: int, p: fl
     return records
 
 
+def _token_values(rng: random.Random, records: list[RolloutRecord]) -> None:
+    """Per-token values shaped like a real run's: one token per character and EOS, confident digits, a few tokens
+    with a sampler-learner gap, and a few clipped (weight 0) where the advantage is large."""
+    for r in records:
+        tokens = [*r.completion, "<eos>"] if r.finish_reason == "stop" else list(r.completion)
+        n = len(tokens)
+        logprob = [-abs(rng.gauss(0.3, 0.6)) for _ in range(n)]
+        gap = [rng.gauss(0.0, 0.02) + (rng.choice((-0.3, 0.4)) if rng.random() < 0.15 else 0.0) for _ in range(n)]
+        entropy = [abs(rng.gauss(0.8, 0.5)) for _ in range(n)]
+        weight = [0.0 if abs(r.advantage or 0) > 0.5 and rng.random() < 0.3 else 1.0 for _ in range(n)]
+        values = {"logprob": logprob, "gap": gap, "entropy": entropy, "weight": weight}
+        r.per_token = {"tokens": tokens, **{name: encode(v) for name, v in values.items()}}
+
+
 def _advantages(records: list[RolloutRecord], group_size: int) -> None:
     """GRPO's: each reward minus its group's mean, over the group's standard deviation (0 where they all tie)."""
     for start in range(0, len(records), group_size):
@@ -125,6 +144,9 @@ def _metrics(rng: random.Random, step: int, steps: int, records: list[RolloutRec
         "rewards/format/mean": sum(r.rewards["format"] for r in records) / len(records),
         "rewards/format/std": 0.2 + noise(0.02),
         "rewards/format/errors": float(rng.random() < 0.01),
+        "rewards/correct/seconds": 0.02 + abs(noise(0.005)),
+        "rewards/format/seconds": 0.001 + abs(noise(0.0002)),
+        "memory/peak_rss_gib": 2.1 + 0.3 * t,
         "frac_reward_zero_std": sum(max(x) == min(x) for x in groups) / len(groups),
         "completion_length/mean": sum(lengths) / len(lengths),
         "completion_length/min": float(min(lengths)),

@@ -105,9 +105,9 @@ def register_loss(
     ``aggregation``: how the per-token loss becomes one number (``names.AGGREGATIONS``: grpo = mean over sequences
     of each one's token mean, bnpo = token mean of the micro-batch, dapo = token sum / tokens of the generation batch,
     dr_grpo = token sum / (N * max_completion_length), luspo = mean over sequences of each one's token sum).
-    ``check``, ``params`` (the loss's own parameter dataclass), ``clipped``: see :class:`PolicyLossType`. Registering a name twice
-    with different functions is refused, unless it is the same function again (its module imported anew). Returns
-    ``fn`` unchanged.
+    ``check``, ``params`` (the loss's own parameter dataclass), ``clipped``: see :class:`PolicyLossType`. Registering
+    a name twice with different functions is refused, unless it is the same function again (its module imported
+    anew). Returns ``fn`` unchanged.
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {', '.join(AGGREGATIONS)}")

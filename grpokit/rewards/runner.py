@@ -102,8 +102,9 @@ class RewardResult:
 class RewardValues:
     """The checked outputs of F functions on N completions, before :meth:`RewardRunner.combine`:
     ``per_func`` [N, F] float64 (NaN where absent), ``messages`` [N][F], the error of function f on
-    completion i or None, what the functions logged, and each function's ``seconds``. Unlike a :class:`RewardResult` it can be cut
-    into rows (torchrun: rank 0 scores the global batch and every rank keeps its rows)."""
+    completion i or None, what the functions logged, and each function's ``seconds``. Unlike a
+    :class:`RewardResult` it can be cut into rows (torchrun: rank 0 scores the global batch and every rank keeps its
+    rows)."""
 
     per_func: torch.Tensor  # [N, F]
     messages: list[list[str | None]]  # [N][F]

@@ -53,7 +53,8 @@ span.tok { border: 1px solid #ddd; border-radius: 2px; padding: 1px 1px; margin-
 """
 
 # Tabs over the views, the panel filter, the group step picker (?step=N) and the held-out category picker.
-SCRIPT = """
+SCRIPT = (
+    """
 (function () {
   const $ = (s, e) => (e || document).querySelector(s), $$ = (s, e) => [...(e || document).querySelectorAll(s)];
   const button = (text, on) => { const b = document.createElement("button"); b.type = "button";
@@ -95,12 +96,15 @@ SCRIPT = """
     ["all", "learned", "forgotten", "never solved", "kept"].forEach(name => { const b = button(name, () => pick(name));
       b.dataset.category = name; buttons.push(b); bar.appendChild(b); });
     pick("all"); }
-""" + TOKEN_SCRIPT + """
+"""
+    + TOKEN_SCRIPT
+    + """
   const asked = new URLSearchParams(location.search).get("view") || location.hash.slice(1);
   const named = views.find(v => v.id === asked);
   show(named ? asked : wanted !== null && $("#groups") ? "groups" : (views[0] || {}).id);
 })();
 """
+)
 
 
 def page(

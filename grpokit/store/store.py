@@ -30,9 +30,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from grpokit.store import token_values
 from grpokit.store.errors import StoreError
 from grpokit.store.record import RolloutRecord, finite_or_none
-from grpokit.store import token_values
 from grpokit.store.sql_schema import SCHEMA, SCHEMA_VERSION
 
 STORE_FILENAME = "rollouts.sqlite"

@@ -123,7 +123,7 @@ def tokens_html(store: RolloutStore, steps: list[int] | None = None) -> str:
         f"</select></div>{legends}"
     )
     body = "".join(
-        f'<h3>Step {step}</h3>{"".join(_completion_html(c, names, default, scales) for c in chosen)}'
+        f"<h3>Step {step}</h3>{''.join(_completion_html(c, names, default, scales) for c in chosen)}"
         for step, chosen in picked
     )
     data = f'data-values="{",".join(names)}" data-scales="{escape(_scales_json(scales))}"'
@@ -160,7 +160,8 @@ def _scales(items: list[dict]) -> dict[str, float]:
         values = [abs(v) for i in items for v in (i.get(name) or []) if not math.isnan(v)]
         return max([floor, *values])
 
-    return {"logprob": LOGPROB_RANGE, "gap": largest("gap", GAP_FLOOR), "entropy": largest("entropy", 1e-6), "weight": 1.0}
+    gap, entropy = largest("gap", GAP_FLOOR), largest("entropy", 1e-6)
+    return {"logprob": LOGPROB_RANGE, "gap": gap, "entropy": entropy, "weight": 1.0}
 
 
 def _scales_json(scales: dict[str, float]) -> str:
@@ -186,7 +187,8 @@ def _completion_html(item: dict, names: list[str], default: str, scales: dict[st
         f"{fmt(item.get('reward'))} · advantage {fmt(item.get('advantage'))} · {n} tokens"
     )
     prompt = f'<pre class="prompt">{escape(item.get("prompt", "")[-400:])}</pre>' if item.get("prompt") else ""
-    return f'<div class="sample tokens-of"><div class="group-head">{head}</div>{prompt}<div class="toks">{"".join(spans)}</div></div>'
+    tokens = f'<div class="toks">{"".join(spans)}{more}</div>'
+    return f'<div class="sample tokens-of"><div class="group-head">{head}</div>{prompt}{tokens}</div>'
 
 
 def _short(value: float) -> str:

@@ -117,5 +117,6 @@ def test_real_trackio_local_mode(tmp_path, tiny_model_dir, monkeypatch):
     lines = train(tmp_path, tiny_model_dir, ["trackio"])
     logs = SQLiteStorage.get_logs(project="tiny", run="run")
     by_step = {row["step"]: row for row in logs if "loss" in row}
-    assert {s: r["loss"] for s, r in by_step.items()} == {line["step"]: line["loss"] for line in lines if "loss" in line}
+    expected = {line["step"]: line["loss"] for line in lines if "loss" in line}
+    assert {s: r["loss"] for s, r in by_step.items()} == expected
     assert (tmp_path / "trackio" / "tiny.db").is_file()

@@ -47,7 +47,7 @@ def test_values_are_kept_for_every_trained_token_and_change_no_number(runs):
         rollout = by_key[item["step"], item["prompt_index"], item["completion_index"]]
         n = rollout["completion_tokens"]
         assert len(item["tokens"]) == n  # each token decoded on its own, the special ones too (the completion not)
-        words = [t for t in item["tokens"] if not (t.startswith("<") and t.endswith(">"))]  # special tokens: not in the completion
+        words = [t for t in item["tokens"] if not (t.startswith("<") and t.endswith(">"))]  # special: not in it
         assert " ".join(words) == rollout["completion"]
         for name in TOKEN_VALUES:
             assert len(item[name]) == n, name

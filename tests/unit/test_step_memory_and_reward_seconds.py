@@ -26,9 +26,13 @@ def test_cpu_step_logs_the_peak_rss():
 
 def test_cuda_step_logs_the_allocators_peak_and_resets_it(monkeypatch):
     calls = []
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: calls.append(("alloc", device)) or 3 * GIB)
-    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: calls.append(("res", device)) or GIB // 2)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
+
+    def recorded(name: str, value=None):
+        return lambda device=None: calls.append((name, device)) or value
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", recorded("alloc", 3 * GIB))
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", recorded("res", GIB // 2))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", recorded("reset"))
     monkeypatch.setattr(peak_memory, "peak_rss_bytes", lambda: 2 * GIB)
     device = torch.device("cuda", 1)
     metrics = step_memory(device)
