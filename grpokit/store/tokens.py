@@ -6,7 +6,7 @@ Without JavaScript the tokens are coloured by :data:`DEFAULT_ORDER`'s first kept
 token's title lists all its values; the page's script (store/page.py) recolours them by the value picked in a
 selector, with the same scales (:func:`colour`, mirrored by ``TOKEN_SCRIPT``); ``report.html?view=tokens&token=weight``
 opens the view coloured by a value. The view embeds a few completions of
-a few steps (:data:`PER_STEP`, :data:`MAX_TOKENS`) so a long run's page stays small.
+a few steps (:data:`PER_STEP`, :data:`MAX_TOKENS`, :data:`MAX_STEPS`) so a long run's page stays small.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from grpokit.store.store import RolloutStore
 from grpokit.store.token_values import TOKEN_VALUES
 
 PER_STEP = 4  # completions per step: the best and the worst rewarded, the largest gap, the least weight
+MAX_STEPS = 12  # steps shown, however many --steps names (the first ones)
 MAX_TOKENS = 256  # tokens shown per completion
 DEFAULT_ORDER = ("gap", "weight", "logprob", "entropy")
 GAP_FLOOR = 0.1  # nats: gaps below this stay pale, however small the page's largest gap
@@ -89,7 +90,7 @@ def token_steps(store: RolloutStore, chosen: list[int] | None = None) -> list[in
     _, rows = store.query("SELECT DISTINCT step FROM token_values ORDER BY step")
     steps = [s for (s,) in rows]
     if chosen:
-        return sorted(set(chosen) & set(steps))
+        return sorted(set(chosen) & set(steps))[:MAX_STEPS]
     return sorted({steps[0], steps[len(steps) // 2], steps[-1]}) if steps else []
 
 
