@@ -100,3 +100,32 @@ def test_colour_scales():
     assert colour("gap", -0.05, 0.1) == "rgb(143,187,218)"  # half way to blue: 255 + (31 - 255) / 2 = 143
     assert colour("weight", 0.0, 1.0) == "rgb(150,150,150)" and colour("weight", 1.0, 1.0) == "rgb(255,255,255)"
     assert colour("entropy", None, 1.0) == colour("gap", float("nan"), 1.0) == "rgb(238,238,238)"
+
+
+def test_view_shows_first_middle_last_step_and_the_telling_completions(tmp_path):
+    import re
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from synthetic_run import write_synthetic_run
+
+    from grpokit.store.tokens import tokens_html
+
+    run = write_synthetic_run(tmp_path / "run", steps=30, groups=4, group_size=6, token_values=True)
+    with RolloutStore(run, readonly=True) as store:
+        page = tokens_html(store)
+        asked = tokens_html(store, [3, 4, 99])
+        step16 = store.token_values(16)
+        rewards = {(r["prompt_index"], r["completion_index"]): r["reward"] for r in store.rollouts(step=16)}
+    assert re.findall(r"<h3>Step (\d+)</h3>", page) == ["1", "16", "30"]  # first, middle, last
+    assert re.findall(r"<h3>Step (\d+)</h3>", asked) == ["3", "4"]  # --steps: those with values
+    block = page[page.index("<h3>Step 16</h3>") : page.index("<h3>Step 30</h3>")]
+    shown = {(int(p), int(c)) for p, c in re.findall(r"step 16 · prompt (\d+) · #(\d+)", block)}
+    assert 1 <= len(shown) <= 4
+    largest_gap = max(step16, key=lambda v: max(abs(g) for g in v["gap"]))
+    least_weight = min(step16, key=lambda v: sum(v["weight"]) / len(v["weight"]))
+    for item in (largest_gap, least_weight):
+        assert (item["prompt_index"], item["completion_index"]) in shown
+    assert max(rewards.values()) in {rewards[key] for key in shown}
+    assert min(rewards.values()) in {rewards[key] for key in shown}
