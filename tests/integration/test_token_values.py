@@ -98,3 +98,21 @@ def test_inspect_prints_a_completions_tokens_with_their_values(runs, capsys):
     assert main(["inspect", str(tmp / "kept"), "--tokens", "--step", "2"]) == 0
     out = capsys.readouterr().out
     assert "logprob" in out and "gap" in out and "weight" in out and "step 2" in out
+
+
+def test_a_resume_checks_and_keeps_the_per_token_values(tmp_path, tiny_model_dir, capsys):
+    # the checkpoint records the store's digest chain, per-token rows included; the resume recomputes it from the
+    # file, drops the rows after the checkpoint's step, and writes them again
+    run = {"store_token_values": ["gap", "weight"], "save_steps": 1}
+    config = tiny_run_config(tmp_path, tiny_model_dir, max_steps=2, run=run)
+    assert main(["train", str(config)]) == 0
+    assert main(["train", str(config), "resume_from=latest", "max_steps=3"]) == 0
+    with RolloutStore(tmp_path / "run", readonly=True) as store:
+        values = store.token_values()
+        assert store.token_value_names() == ["gap", "weight"]
+    assert sorted({v["step"] for v in values}) == [1, 2, 3] and len(values) == 24
+    with sqlite3.connect(tmp_path / "run" / "rollouts.sqlite") as conn:  # a changed value: the resume refuses
+        conn.execute("UPDATE token_values SET gap = weight WHERE step = 2")
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-2"
+    assert main(["train", str(config), f"resume_from={checkpoint}", "max_steps=3"]) == 2
+    assert "does not hold what checkpoint" in capsys.readouterr().err
