@@ -1,11 +1,12 @@
 """What a checkpoint knows about the store, and the check a resume makes against it.
 
 Each written step has a digest: SHA-256 over its rollout rows (every column but the row id, in insertion order) and
-its metric rows (by name), read back from the database, so the digest is of what SQLite holds. The digests are
-chained (``chain_k = SHA-256(chain_{k-1} + digest_k)``, ``chain_0 = ""``); a checkpoint of step N records chain_N,
-and a resume from it recomputes chain_N from the file: a store that is missing, empty, truncated, not SQLite, damaged
-inside (SQLite's ``quick_check``), short of a step, or changed in any stored value is refused before anything is
-written. Evaluation rows are not covered (a resume never rewrites them).
+its metric rows (by name), and its per-token values when it has any (``token_values``: a step without them digests
+as in a store written before they existed), read back from the database, so the digest is of what SQLite holds.
+The digests are chained (``chain_k = SHA-256(chain_{k-1} + digest_k)``, ``chain_0 = ""``); a checkpoint of step N
+records chain_N, and a resume from it recomputes chain_N from the file: a store that is missing, empty, truncated,
+not SQLite, damaged inside (SQLite's ``quick_check``), short of a step, or changed in any stored value is refused
+before anything is written. Evaluation rows are not covered (a resume never rewrites them).
 """
 
 from __future__ import annotations
