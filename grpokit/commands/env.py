@@ -21,7 +21,7 @@ import torch
 from grpokit.compose.memory import available_bytes
 from grpokit.kernels import Kernels
 from grpokit.kernels.allocator import HUGE_PAGES_ENV, huge_pages_in_use, system_huge_pages
-from grpokit.kernels.cpu_precision import env_lines
+from grpokit.kernels.cpu_precision import env_lines, forced_choice
 from grpokit.machine.cpu_caps import ENV, cpu_caps, describe
 from grpokit.machine.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
 from grpokit.machine.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
@@ -120,12 +120,16 @@ def choices(probe: bool = False) -> dict[str, str]:
     lines, measured = env_lines(probe)
     out.update(lines)
     floor = MIN_AUTOCAST_PARAMS // 10**6
-    out[f"mixed_precision auto, < {floor}M parameters"] = "float32, not measured: casts cost more than they save"
+    out[f"mixed_precision auto, < {floor}M parameters"] = (
+        "float32, not measured: casts cost more than they save"
+        if forced_choice() is None
+        else "as above (forced at every size)"
+    )
     out["with dtype bfloat16"] = "native bf16 matmul" if caps.native_bf16 else "runs, emulated: slower than float32"
     packing = [name for name, dtype in (("float32", torch.float32), ("bf16", torch.bfloat16)) if caps.packs(dtype)]
     out["oneDNN weight packing"] = ", ".join(packing) if packing else "no (F.linear)"
     # the run's own choice (Kernels.select), for the models the measured choice applies to and for the others
-    small = Kernels.select(device, None, caps)
+    small = Kernels.select(device, measured.learning.dtype if forced_choice() else None, caps)  # forced: every size
     if measured.learning.dtype is not None:
         large = Kernels.select(device, measured.learning.dtype, caps)
         out[f"fast paths (>= {floor}M parameters, learning)"] = ", ".join(large.in_use())

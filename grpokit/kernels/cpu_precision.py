@@ -18,6 +18,12 @@ Explicit ``mixed_precision`` (``bf16``, ``fp16``, ``no``), a ``dtype`` other tha
 :data:`grpokit.machine.precision.MIN_AUTOCAST_PARAMS` parameters (float32, unmeasured: casts cost more than they save
 there) and runs of several processes (one rule for every rank: the CPU flags, since per-rank timings could disagree)
 keep the rule of :mod:`grpokit.machine.precision`. A probe that fails falls back to that rule too, saying why.
+
+``GRPOKIT_CPU_PRECISION`` (:func:`forced_choice`: ``float32``, ``bf16``, or learning/sampling such as ``float32/bf16``)
+replaces the whole choice of ``mixed_precision: auto`` on a CPU, at every model size and process count, unmeasured:
+what the tests use to run the learning tests with either outcome, and a user to rule the probe out. The rates are
+per oneDNN instruction-set cap too (``ONEDNN_MAX_CPU_ISA``, e.g. ``AVX512_CORE_BF16``: a CPU with AVX512-BF16 but no
+AMX), since the cap changes them.
 """
 
 from __future__ import annotations
@@ -31,10 +37,13 @@ from pathlib import Path
 
 import torch
 
+from grpokit.errors import ConfigError
 from grpokit.kernels.cpu_probe import DTYPES, LEARN_ROWS, Shape, candidates, matmul_shapes, measure, reference_shapes
 from grpokit.machine.cpu_caps import CpuCaps, cpu_caps
 from grpokit.system.cached_folders import default_cache_root, write_atomic
 
+FORCE_ENV = "GRPOKIT_CPU_PRECISION"  # float32 | bf16 | LEARNING/SAMPLING: the choice, unmeasured (forced_choice)
+ISA_ENVS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps on the kernels torch runs: part of the cache key
 PROBE_VERSION = 2  # bump when what is timed changes: older cached rates are then measured again
 TIE = 1.05  # a lower precision must be this many times faster than float32 to be chosen
 CACHE_FOLDER = "cpu-precision"
@@ -101,6 +110,7 @@ def cache_key(shapes: list[Shape], caps: CpuCaps, learn_rows: int, sample_rows: 
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "forced": caps.forced,
+        **{env: os.environ[env] for env in ISA_ENVS if os.environ.get(env)},  # absent when unset: older keys hold
         "learning": learning,
         "sampling": sampling,
         "learn_rows": learn_rows,
@@ -144,6 +154,24 @@ def clear_cache(root: str | Path | None = None) -> int:
     return len(files)
 
 
+def forced_choice() -> CpuChoice | None:
+    """The choice ``GRPOKIT_CPU_PRECISION`` forces (module docstring), or None when it is unset. ``bf16`` (or
+    ``float32``) sets learning and sampling; ``LEARNING/SAMPLING`` each (learning: float32 | bf16, no fp16 learning
+    on a CPU: no loss scale; sampling: float32 | bf16 | fp16). Raises ConfigError on another value."""
+    value = os.environ.get(FORCE_ENV, "").strip().lower()
+    if not value:
+        return None
+    learning, _, sampling = value.partition("/")
+    sampling = sampling or learning
+    if learning not in ("float32", "bf16") or sampling not in ("float32", "bf16", "fp16"):
+        raise ConfigError(
+            f"{FORCE_ENV}={value!r} is not a compute choice: use float32, bf16, or LEARNING/SAMPLING such as "
+            f"float32/bf16 (learning float32 or bf16, sampling float32, bf16 or fp16), or unset it to measure"
+        )
+    why = f"forced by {FORCE_ENV}={value}, not measured"
+    return CpuChoice(Decision(learning, why), Decision(sampling, why), f"not measured ({FORCE_ENV} is set)")
+
+
 def cpu_choice(
     shapes: list[Shape],
     *,
@@ -157,6 +185,9 @@ def cpu_choice(
     """The compute choice for a model of these matmul ``shapes`` on this CPU (module docstring): from the cache,
     else measured (``measure_fn(shapes, caps, learn_rows, sample_rows)`` -> {"learning"|"sampling": {path: GFLOP/s}},
     default :func:`grpokit.kernels.cpu_probe.measure`) and cached; ``probe``: measure even when cached."""
+    forced = forced_choice()
+    if forced is not None:
+        return forced
     caps = caps or cpu_caps()
     learning, sampling = candidates(caps)
     if len(learning) == 1 and len(sampling) == 1:
@@ -263,6 +294,15 @@ def run_compute(
     from grpokit.machine.precision import MIN_AUTOCAST_PARAMS
 
     weights = "float32" if dtype == "auto" else dtype
+    forced = forced_choice() if device.type == "cpu" and dtype == mixed_precision == "auto" else None
+    if forced is not None:  # at any size and process count (forced_choice)
+        sampling = forced.sampling if own_sampler else forced.learning
+        lines = choice_lines(CpuChoice(forced.learning, sampling, forced.source))
+        return RunCompute(
+            forced.learning.dtype,
+            sampling.dtype,
+            ("compute: mixed_precision auto on this CPU, forced", *(f"  {line}" for line in lines)),
+        )
     if device.type != "cpu" or dtype != "auto" or mixed_precision != "auto" or world_size > 1:
         compute = autocast_dtype(dtype, device, model, mixed_precision)
         name = _NAMES.get(compute, weights)

@@ -89,7 +89,10 @@ def first_token_prob(model, tokenizer, prompt: str, char: str) -> float:
     return float(torch.softmax(logits, -1)[tokenizer.vocab.index(char)])
 
 
-def test_nanogpt_module_and_plain_tokenizer_train_end_to_end(tmp_path):
+@pytest.mark.parametrize("compute", ["float32", "bf16"])
+def test_nanogpt_module_and_plain_tokenizer_train_end_to_end(tmp_path, monkeypatch, compute):
+    # with either outcome of mixed_precision auto's choice (GRPOKIT_CPU_PRECISION forces it, at any model size)
+    monkeypatch.setenv("GRPOKIT_CPU_PRECISION", compute)
     tokenizer = CharTokenizer("abcxyz>")
     model = nano_gpt(len(tokenizer.vocab))
     rows = [{"prompt": p} for p in ("x>", "yz>", "abc>", "zzz>")]
@@ -99,6 +102,7 @@ def test_nanogpt_module_and_plain_tokenizer_train_end_to_end(tmp_path):
     )
     assert trainer.reference.model is not None and trainer.reference.model is not trainer.model  # a frozen copy
     reference_before = [p.clone() for p in trainer.reference.model.parameters()]
+    assert trainer.learner.autocast_dtype == {"float32": None, "bf16": torch.bfloat16}[compute]
     trainer.train()
     metrics = next(h for h in reversed(trainer.state.log_history) if "grad_norm" in h)  # the last step's
 

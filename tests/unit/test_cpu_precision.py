@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 
+from grpokit.errors import ConfigError
 from grpokit.kernels import cpu_precision
 from grpokit.kernels.cpu_precision import cache_key, cache_path, choose, cpu_choice, run_compute
 from grpokit.kernels.cpu_probe import LEARN_ROWS, MAX_SHAPES, Shape, candidates, effective_rate, matmul_shapes
@@ -22,8 +23,11 @@ SHAPES = [Shape(512, 1408, 16), Shape(512, 32_000)]
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
-    """The load average the probe sees: below the cores (results kept), whatever this machine's load is."""
+    """The load average the probe sees: below the cores (results kept), whatever this machine's load is; and no
+    forced choice or instruction-set cap from the environment (the learning tests are run with each forced)."""
     monkeypatch.setattr(cpu_precision, "_load", lambda: 0.5)
+    for env in ("GRPOKIT_CPU_PRECISION", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(env, raising=False)
 
 
 def caps(flags=AVX512, onednn_bf16=True, forced=None):
@@ -211,3 +215,53 @@ def test_run_compute_uses_the_measured_choice_only_where_auto_applies(tmp_path):
     ranks = run_compute("auto", cpu, big_model(), "auto", world_size=2, **kw)
     assert ranks.learning == ranks.sampling and "2 processes" in ranks.notes[0]
     assert measure.calls == 1
+
+
+def must_not_measure(*args):
+    raise AssertionError("measured although GRPOKIT_CPU_PRECISION forces the choice")
+
+
+def test_a_forced_choice_replaces_the_probe_at_every_size_and_process_count(tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    kw = dict(caps=caps(), measure_fn=must_not_measure, root=tmp_path)
+    monkeypatch.setenv("GRPOKIT_CPU_PRECISION", "bf16")
+    for model, world_size in ((torch.nn.Linear(8, 8), 1), (big_model(), 1), (big_model(), 2)):
+        forced = run_compute("auto", cpu, model, "auto", world_size=world_size, **kw)  # even under the 10M floor
+        assert forced.learning == forced.sampling == torch.bfloat16
+        assert "learning: bf16 (forced by GRPOKIT_CPU_PRECISION=bf16, not measured)" in "\n".join(forced.notes)
+    assert run_compute("auto", cpu, big_model(), "no", **kw).learning is None  # an explicit setting is obeyed
+    assert run_compute("float32", cpu, big_model(), "auto", **kw).learning is None  # so is an explicit dtype
+    choice = cpu_choice(SHAPES, **kw)  # what `grpokit env` shows
+    assert (choice.learning.compute, choice.source) == ("bf16", "not measured (GRPOKIT_CPU_PRECISION is set)")
+    monkeypatch.setenv("GRPOKIT_CPU_PRECISION", " Float32/FP16 ")  # learning / sampling
+    split = run_compute("auto", cpu, big_model(), "auto", **kw)
+    assert (split.learning, split.sampling) == (None, torch.float16)
+    vllm = run_compute("auto", cpu, big_model(), "auto", own_sampler=False, **kw)
+    assert vllm.learning is vllm.sampling is None  # another engine samples in the learning dtype
+    monkeypatch.setenv("GRPOKIT_CPU_PRECISION", "float32")
+    assert run_compute("auto", cpu, torch.nn.Linear(8, 8), "auto", **kw).learning is None
+    assert not list(tmp_path.rglob("*.json"))  # nothing measured, nothing cached
+
+
+@pytest.mark.parametrize("value", ["fp16", "bf16/int8", "yes", "bf16/fp16/x"])
+def test_a_bad_forced_choice_is_one_line_naming_the_values(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("GRPOKIT_CPU_PRECISION", value)  # fp16 learning: a CPU learner has no loss scale
+    with pytest.raises(ConfigError) as error:
+        run_compute("auto", torch.device("cpu"), big_model(), "auto", caps=caps(), root=tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"GRPOKIT_CPU_PRECISION={value!r} is not a compute choice")
+    assert "use float32, bf16, or LEARNING/SAMPLING such as float32/bf16" in message
+
+
+def test_a_kernel_isa_cap_is_cached_apart(tmp_path, monkeypatch):
+    """ONEDNN_MAX_CPU_ISA (e.g. AVX512_CORE_BF16: AVX512-BF16 without AMX) changes the rates: its own cache entry."""
+    plain = cache_key(SHAPES, caps(), LEARN_ROWS, 32)
+    assert "ONEDNN_MAX_CPU_ISA" not in plain  # unset: the key of a run that never set it
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    capped = cache_key(SHAPES, caps(), LEARN_ROWS, 32)
+    assert capped["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16" and cache_path(capped) != cache_path(plain)
+    measure = Rates({"float32": 120.0, "bf16": 60.0}, {"float32": 100.0, "bf16": 90.0})
+    assert cpu_choice(SHAPES, caps=caps(), measure_fn=measure, root=tmp_path).learning.compute == "float32"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    cpu_choice(SHAPES, caps=caps(), measure_fn=measure, root=tmp_path)
+    assert measure.calls == 2  # the uncapped kernels are measured for themselves

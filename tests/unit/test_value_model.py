@@ -7,6 +7,7 @@ import torch
 
 from grpokit.algos.gae import ppo_advantages
 from grpokit.algos.value import value_loss
+from grpokit.machine.hardware import autocast
 from grpokit.models.loading import load_model
 from grpokit.rollout.types import Rollouts
 from grpokit.testing import TinyGPT, build_tiny_causal_lm
@@ -169,7 +170,8 @@ def test_bad_inputs_are_refused(tiny_model_dir, tmp_path):
         critic(custom_batch)
 
 
-def test_critic_learns_the_returns_of_a_batch(critic):
+@pytest.mark.parametrize("compute", [None, torch.bfloat16])  # either outcome of mixed_precision auto on a CPU
+def test_critic_learns_the_returns_of_a_batch(critic, compute):
     # the pieces together on one batch: old values -> ppo_advantages' returns -> value_loss steps; the critic's
     # values move to the returns (explained variance from about 0 to 0.75 here, not 1: the first tokens of a
     # prompt's two completions share one state, the prompt, but have different returns)
@@ -183,7 +185,9 @@ def test_critic_learns_the_returns_of_a_batch(critic):
     optimizer = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad], lr=1e-2)
     first = None
     for _ in range(50):
-        loss, metrics = value_loss(critic(batch), old_values, returns, mask, cliprange_value=10.0, vf_coef=0.5)
+        with autocast(CPU, compute):  # float32 weights and Adam state; matmuls in ``compute``
+            values = critic(batch)
+        loss, metrics = value_loss(values, old_values, returns, mask, cliprange_value=10.0, vf_coef=0.5)
         first = metrics if first is None else first
         optimizer.zero_grad()
         loss.backward()
