@@ -78,6 +78,16 @@ NOT_RUNNABLE = {
     "its --dry-run with the bundle was run in a CPU venv of that machine's versions (docs/gpu.md)",
     "python bench/vs_trl.py": "the benchmark: ~30 min",
     "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",
+    "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 GRPOKIT_CPU_CAPS=avx2 python bench/vs_trl.py --shapes qwen0.5b "
+    "--configs grpokit --steps 2": "a 494M-parameter model on the AVX2 kernels: ~10 min, ~13 GB",
+    "GRPOKIT_CPU_PRECISION=bf16 python -m pytest -q "
+    "tests/integration/test_train.py::test_cli_learns_a_learnable_reward "
+    "tests/integration/test_examples_code.py::test_code_example_learns "
+    "tests/integration/test_custom_model.py::test_nanogpt_module_and_plain_tokenizer_train_end_to_end "
+    "tests/integration/test_ppo.py::test_critic_and_policy_learn_and_the_kl_goes_into_the_reward "
+    "tests/unit/test_value_model.py::test_critic_learns_the_returns_of_a_batch": (
+        "the learning tests with bf16 forced: ~10 min; make test runs them once (and the fast ones in both precisions)"
+    ),
     "python bench/vs_trl.py --shapes qwen0.5b": "the benchmark at Qwen2.5-0.5B's shape: ~1 h, ~20 GB",
     "python bench/vs_trl.py --shapes qwen0.5b --layers 2 --steps 2": "a 152k-vocabulary model through TRL: ~15 min",
     "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit --steps 2": "a 494M-parameter model: ~5 min, ~13 GB",
