@@ -16,7 +16,6 @@ MAX_MODULE_LINES = 400
 LONG_MODULES = {
     "rewards/sandbox.py": "one isolation mechanism, bwrap and unshare side by side, and its limits",
     "compose/memory.py": "the memory estimate: one ledger of every byte a run holds, term by term",
-    "train/experience/sources.py": "the sampler and source kinds, and the one table that picks among them",
     "store/store.py": "RolloutStore: the SQLite store's one class (writes, reads, resume truncation)",
     "train/learning/learner.py": "Learner: the policy update (micro-batches, chunks, KL control) in one class",
     "train/rundir/checkpoint.py": "what a checkpoint writes and reads back, save and load side by side",

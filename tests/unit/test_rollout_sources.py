@@ -94,6 +94,12 @@ class _Workers:
     def metrics(self):
         return {"rollout_worker_restarts": 0.0}
 
+    def share_weights(self):  # no partial rollouts: nothing waits for newer weights
+        pass
+
+    def interrupt(self):
+        pass
+
     def close(self):
         self.calls.append(("close",))
 

@@ -2,7 +2,7 @@
 
 A server is another process, so it samples while the learner trains: the producer's thread of
 :class:`~grpokit.train.experience.sources.AheadRollouts` drives it. What a batch holds is fixed at admission, as with
-the hf engine's :class:`~grpokit.train.experience.sources.ThreadSampler`: its prompts, its group seeds (seed, step,
+the hf engine's :class:`~grpokit.train.experience.samplers.ThreadSampler`: its prompts, its group seeds (seed, step,
 group) and the weights' version, with a CPU copy of the policy's weights taken then (batches admitted by one version
 share one copy). The server holds one set of weights: before sampling a batch of version v the producer loads v's copy
 into its own copy of the model and pushes it (:meth:`VLLMServerEngine.generate_at`, under the engine's lock, so no
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from grpokit.rollout.types import Rollouts
-from grpokit.train.experience.sources import EngineSampler
+from grpokit.train.experience.samplers import EngineSampler
 
 GAP_METRIC = "vllm_server_sync_gap_max"
 
