@@ -18,7 +18,7 @@ $(VENV)/.demo: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 $(VENV)/.test: $(BIN)/python pyproject.toml constraints.txt
-	$(PIP) -e ".[test,lint,math,chem,lora,qlora,tensorboard,wandb,ray,bench,remote]"  # bench: TRL, for the parity test
+	$(PIP) -e ".[test,lint,math,chem,lora,qlora,tensorboard,wandb,ray,bench,remote,mlflow,trackio]"  # bench: TRL, for the parity test
 	touch $@
 
 demo: $(VENV)/.demo
