@@ -84,9 +84,14 @@ $(VLLM_VENV)/.test: $(VLLM_VENV)/.vllm pyproject.toml Makefile
 	$(VLLM_PIP) -e ".[test,lora,ray]"
 	touch $@
 
+# One pytest process per file: an in-process engine (external_launcher, its torch.distributed group) left in the
+# process by one file stalled or silently ended the Ray workers' file after it when all ran in one process.
 test-vllm: $(VLLM_VENV)/.test
-	OMP_NUM_THREADS=2 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_CI_ENV=1 \
-	  $(VLLM_VENV)/bin/python -m pytest -q --durations=10 tests/real_vllm
+	@failed=""; for f in tests/real_vllm/test_*.py; do \
+	  OMP_NUM_THREADS=2 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_CI_ENV=1 \
+	  $(VLLM_VENV)/bin/python -m pytest -q --durations=5 $$f || failed="$$failed $$f"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test-vllm: failed:$$failed"; exit 1; fi
 
 # The wheels scripts/gpu_check.py needs on the lent GPU machine (docs/gpu.md, "The GPU check"), whose python3 has torch,
 # transformers, peft, accelerate, pyarrow, httpx and pytest but no registry: grpokit's own wheel (installed there

@@ -51,8 +51,21 @@ NOT_RUNNABLE = {
         "a server on every address, until stopped: test_remote_rewards.py checks the token"
     ),
     "python examples/code/run.py": "~6 min; tests/integration/test_examples_code.py runs it shortened",
+    "python3.11 -m venv /tmp/v211 && /tmp/v211/bin/python -m pip install torch==2.11.0 transformers==5.17.0 "
+    "accelerate==1.15.0 peft pyarrow httpx pytest": "~3 GB of NVIDIA libraries: the GPU machine's versions on a CPU",
+    "make gpu-bundle && /tmp/v211/bin/python -m pip install -q --no-index --no-deps --target /tmp/gk "
+    "gpu-bundle/*.whl": (
+        "needs the torch 2.11 environment above; tests/integration/test_gpu_check.py runs the dry run"
+    ),
+    "PYTHONPATH=/tmp/gk /tmp/v211/bin/python scripts/gpu_check.py --dry-run --out dry.json": (
+        "needs the torch 2.11 environment above; tests/integration/test_gpu_check.py runs the dry run"
+    ),
     'grpokit inspect runs/my-run --sql "SELECT step, min(policy_version), max(policy_version) FROM rollouts GROUP BY '
     'step"': "needs a run folder of the reader's; test_bounded_staleness.py runs --sql on policy_version",
+    'grpokit inspect runs/my-run --sql "SELECT step, policy_version, token_versions FROM rollouts WHERE '
+    'token_versions IS NOT NULL LIMIT 5"': (
+        "needs a partial-rollout run of the reader's; tests/real_vllm/test_async_vllm_kills.py reads token_versions"
+    ),
     "grpokit compare runs/my-run runs/my-run-lr3e-6 -o compare.html": (
         "needs two runs of the reader's; tests/integration/test_compare_runs.py compares two trained runs"
     ),
