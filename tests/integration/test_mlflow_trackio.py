@@ -109,8 +109,19 @@ def test_real_trackio_local_mode(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))  # read when trackio is imported
     monkeypatch.setenv("TRACKIO_PROJECT", "tiny")
     monkeypatch.delenv("TRACKIO_SPACE_ID", raising=False)
-    if "trackio" in sys.modules:
-        pytest.skip("trackio was imported before TRACKIO_DIR was set (run this file on its own)")
+    if "trackio" in sys.modules and not os.environ.get("GRPOKIT_TEST_FRESH_PROCESS"):
+        # trackio reads TRACKIO_DIR when imported, and this process imported it already ("all" sinks): the same
+        # test in a fresh process
+        import subprocess
+
+        test = f"{__file__}::test_real_trackio_local_mode"
+        env = {**os.environ, "GRPOKIT_TEST_FRESH_PROCESS": "1"}
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+            env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        return
     pytest.importorskip("trackio", reason="needs the trackio extra: pip install 'grpokit[trackio]'")
     from trackio.sqlite_storage import SQLiteStorage
 
