@@ -119,3 +119,28 @@ def stored(run) -> list[tuple]:
             "FROM rollouts "
             "ORDER BY step, prompt_index, completion_index"
         ).fetchall()
+
+
+def kill_storm(command: list[str], run, env: dict, logs, kills: int, seed: int, start_timeout: float) -> list[str]:
+    """Start ``command`` (a resuming train of ``run``) ``kills`` times, each killed with SIGKILL a random 0-1 s after
+    the next step is logged (or after ``start_timeout`` s, generous: start-up on two busy cores; the kill lands
+    anyway): into a step, its checkpoint, or the work ahead. Each start's output goes to ``logs``/log-N.txt. Counts
+    logged steps, never times a step. Returns a line per kill, for the assertions' messages."""
+    import random
+    import subprocess
+    import time
+
+    rng, history = random.Random(seed), []
+    for kill in range(kills):
+        with open(os.path.join(logs, f"log-{kill}.txt"), "w") as log:
+            proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+            seen = len(logged_steps(run))
+            deadline = time.monotonic() + start_timeout
+            while proc.poll() is None and len(logged_steps(run)) <= seen and time.monotonic() < deadline:
+                time.sleep(0.02)
+            pause = rng.uniform(0.0, 1.0)
+            time.sleep(pause)
+            proc.kill()
+            proc.wait(timeout=60)
+        history.append(f"kill {kill}: {pause:.2f}s after step {len(logged_steps(run))} was logged")
+    return history

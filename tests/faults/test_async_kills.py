@@ -8,16 +8,13 @@ the threads' timing."""
 
 from __future__ import annotations
 
-import random
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from shared_helpers import logged_steps, stored, tiny_run_config
+from shared_helpers import kill_storm, logged_steps, stored, tiny_run_config
 
 from faults.conftest import cli_env, grpokit
 
@@ -48,24 +45,8 @@ def test_kill_storm_on_an_async_run_then_resume_equals_an_uninterrupted_run(tmp_
 
     config = write_config(tmp_path, tiny_model_dir, "run")
     run = tmp_path / "run"
-    rng, history = random.Random(SEED), []
-    for kill in range(KILLS):
-        log = tmp_path / f"log-{kill}.txt"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"],
-            env=cli_env(),
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        seen = len(logged_steps(run))
-        deadline = time.monotonic() + 300  # generous: start-up on two busy cores; the kill lands anyway
-        while proc.poll() is None and len(logged_steps(run)) <= seen and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pause = rng.uniform(0.0, 1.0)  # into the next step, its checkpoint, or the producer's work ahead
-        time.sleep(pause)
-        proc.kill()
-        proc.wait(timeout=60)
-        history.append(f"kill {kill}: {pause:.2f}s after step {len(logged_steps(run))} was logged")
+    command = [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"]
+    history = kill_storm(command, run, cli_env(), tmp_path, KILLS, SEED, start_timeout=300)
 
     final = grpokit("train", config, "resume_from=latest")
     assert final.returncode == 0, "\n".join(history) + "\n" + final.stderr[-3000:]

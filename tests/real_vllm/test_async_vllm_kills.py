@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ import torch
 import yaml
 from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, prompts
 from safetensors.torch import load_file
-from shared_helpers import logged_steps, stored
+from shared_helpers import kill_storm, logged_steps, stored
 
 pytest.importorskip("ray", reason="the vLLM environment has no ray: make test-vllm installs grpokit[ray] there")
 
@@ -119,24 +117,8 @@ def test_kill_9_on_an_async_vllm_run_then_resume_equals_an_uninterrupted_run(tmp
     check_token_versions(tmp_path / "straight", straight)
 
     config, run = write_config(tmp_path, vllm_model_dir, "run"), tmp_path / "run"
-    rng, history = random.Random(SEED), []
-    for kill in range(KILLS):
-        log = tmp_path / f"log-{kill}.txt"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"],
-            env=env(),
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        seen = len(logged_steps(run))
-        deadline = time.monotonic() + 600  # generous: Ray and vLLM start on two busy cores; the kill lands anyway
-        while proc.poll() is None and len(logged_steps(run)) <= seen and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pause = rng.uniform(0.0, 1.0)  # into the next step, its checkpoint, or the worker's sampling ahead
-        time.sleep(pause)
-        proc.kill()
-        proc.wait(timeout=60)
-        history.append(f"kill {kill}: {pause:.2f}s after step {len(logged_steps(run))} was logged")
+    command = [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"]
+    history = kill_storm(command, run, env(), tmp_path, KILLS, SEED, start_timeout=600)  # Ray and vLLM start slowly
 
     final = train(config, "resume_from=latest")
     assert final.returncode == 0, "\n".join(history) + "\n" + final.stderr[-6000:]

@@ -13,7 +13,6 @@ import contextlib
 import gc
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -25,7 +24,7 @@ import torch
 import yaml
 from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, metrics, prompts
 from safetensors.torch import load_file
-from shared_helpers import logged_steps, stored
+from shared_helpers import kill_storm, logged_steps, stored
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.vllm_http import VLLMServerError
@@ -249,20 +248,7 @@ def test_kill_9_on_a_k2_server_run_then_resume_equals_the_uninterrupted_run(
 ):
     """The run is killed, not the server: each resume pushes its checkpoint's weights before its first new batch."""
     config, run = async_config(tmp_path, vllm_model_dir, server.url, "run"), tmp_path / "run"
-    rng, history = random.Random(KILL_SEED), []
-    for kill in range(KILLS):
-        log = tmp_path / f"log-{kill}.txt"
-        proc = subprocess.Popen(cli(config, "resume_from=latest"), env=CLI_ENV, stdout=log.open("w"),
-                                stderr=subprocess.STDOUT)  # fmt: skip
-        seen = len(logged_steps(run))
-        deadline = time.monotonic() + 600  # generous: a start on two busy cores; the kill lands anyway
-        while proc.poll() is None and len(logged_steps(run)) <= seen and time.monotonic() < deadline:
-            time.sleep(0.02)
-        pause = rng.uniform(0.0, 1.0)  # into the next step, its checkpoint, or the producer's push and sampling
-        time.sleep(pause)
-        proc.kill()
-        proc.wait(timeout=60)
-        history.append(f"kill {kill}: {pause:.2f}s after step {len(logged_steps(run))} was logged")
+    history = kill_storm(cli(config, "resume_from=latest"), run, CLI_ENV, tmp_path, KILLS, KILL_SEED, start_timeout=600)
     final = subprocess.run(cli(config, "resume_from=latest"), env=CLI_ENV, capture_output=True, text=True,
                            timeout=900, check=False)  # fmt: skip
     assert final.returncode == 0, "\n".join(history) + "\n" + final.stderr[-6000:]
