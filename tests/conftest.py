@@ -54,3 +54,20 @@ def sigint_handler_unchanged():
     if after is not before:
         signal.signal(signal.SIGINT, before)
         pytest.fail(f"the test left SIGINT handled by {after!r} (found {before!r}); it must restore the handler")
+
+
+@pytest.fixture(autouse=True)
+def ray_left_down():
+    """Shuts down a Ray cluster a test started and left up (``train()`` with ``backend: ray`` keeps the one it
+    started, for the next ``train()`` in the process): the next test on this worker would join it instead of
+    starting its own with the resources it asks for. A module's shared cluster, up before the test, stays."""
+    import sys
+
+    def up() -> bool:
+        ray = sys.modules.get("ray")
+        return ray is not None and ray.is_initialized()
+
+    was_up = up()
+    yield
+    if up() and not was_up:
+        sys.modules["ray"].shutdown()
