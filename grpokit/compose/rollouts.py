@@ -41,11 +41,9 @@ def build_rollouts(
     in_workers = args.backend == "ray" and name == "vllm"
     engine = engine_kind("hf").build(parts, None) if in_workers else kind.build(parts, settings)
     sampling = specs.sampling_params(args)
-    # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray)
+    # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray); TRL's kwargs
     tool_rollouts = (
-        None
-        if tools is None
-        else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)  # TRL's kwargs
+        None if tools is None else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)
     )
     ahead = args.distributed.staleness_bound()  # K: steps sampled ahead
     situation = Situation(
@@ -59,7 +57,8 @@ def build_rollouts(
     entry = pick_sampler(situation)
     extras = {  # what a sampler may need besides the common parts, built only when it does (Ray: rank 0 starts them)
         "remote": lambda: _start_ray(args, parts, settings if in_workers else None) if procs.is_main else None,
-        "partial": lambda: in_workers and settings.vllm_partial_rollout_tokens is not None,
+        "partial": lambda: in_workers and _partial(settings) is not None,
+        "partial_rollouts": lambda: _partial(settings),  # a server's: (S, timeout) or None
         "tools": lambda: tool_rollouts,
         "prompt_column": lambda: args.prompt_column,
         "own_engine": lambda: _own_engine(kind, parts, procs, rollout_func),
@@ -185,10 +184,15 @@ def _start_ray(args: GRPOConfig, parts, vllm_settings=None):
             args.seed,
             args.rollout_worker_cpus,
         ),
-        partial=None
-        if vllm_settings is None or vllm_settings.vllm_partial_rollout_tokens is None
-        else (vllm_settings.vllm_partial_rollout_tokens, vllm_settings.vllm_partial_rollout_timeout),
+        partial=_partial(vllm_settings),
     )
+
+
+def _partial(vllm_settings) -> tuple[int, float] | None:
+    """Partial rollouts' (S tokens, seconds a continuation may wait for its version), or None when off."""
+    if vllm_settings is None or vllm_settings.vllm_partial_rollout_tokens is None:
+        return None
+    return vllm_settings.vllm_partial_rollout_tokens, vllm_settings.vllm_partial_rollout_timeout
 
 
 def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int, reward_state=None):

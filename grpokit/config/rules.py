@@ -349,14 +349,15 @@ def vllm(cfg: GRPOConfig) -> None:
 
 
 def partial_rollouts(cfg: GRPOConfig) -> None:
-    """``vllm_partial_rollout_tokens`` S: vLLM Ray rollout workers sampling ahead (distributed/ray_partial.py)."""
+    """``vllm_partial_rollout_tokens`` S: vLLM Ray rollout workers (distributed/ray_partial.py) or a vLLM server
+    (train/experience/server_partial.py) sampling ahead."""
     g, d, S = cfg.generation, cfg.distributed, cfg.generation.vllm_partial_rollout_tokens
-    where = "continues completions on newer weights in vLLM Ray rollout workers"
+    where = "continues completions on newer weights in vLLM Ray rollout workers or a vLLM server"
     check(
-        g.engine == "vllm" and d.backend == "ray" and g.vllm_mode == "colocate",
+        g.engine == "vllm" and (g.vllm_mode == "server" or (d.backend == "ray" and g.vllm_mode == "colocate")),
         f"vllm_partial_rollout_tokens={S} {where}, not with generation.engine: {g.engine}, distributed.backend: "
-        f"{d.backend}, vllm_mode: {g.vllm_mode}; set engine: vllm, backend: ray and vllm_mode: colocate, or "
-        "vllm_partial_rollout_tokens: null.",
+        f"{d.backend}, vllm_mode: {g.vllm_mode}; set engine: vllm with backend: ray and vllm_mode: colocate, or "
+        "engine: vllm with vllm_mode: server, or vllm_partial_rollout_tokens: null.",
     )
     check(
         d.staleness_bound() >= 1,

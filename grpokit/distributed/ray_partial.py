@@ -1,6 +1,7 @@
 """Partial rollouts in vLLM Ray rollout workers under bounded staleness (``generation.vllm_partial_rollout_tokens``
 S, with ``distributed.max_staleness`` K >= 1): a sample's first S tokens are sampled by the version its batch was
-admitted with, the rest by the next one.
+admitted with, the rest by the next one. The rule and its pure pieces here (:func:`switch_version` to :func:`merge`)
+are shared with a vLLM server sampling ahead (:mod:`grpokit.train.experience.server_partial`).
 
 **The rule.** The batch of step b is admitted with version v (``b - 1 - K`` once the run is going, 0 for the first
 K + 1 batches; docs/async.md, "The bound"). Its samples' tokens [0, S) are sampled by v, and tokens from S on by
@@ -38,6 +39,15 @@ _PRIME = 1_000_003
 
 class PartialRolloutTimeout(RuntimeError):
     """The version a partial rollout continues on was not published in time (one line naming the fix)."""
+
+    @classmethod
+    def waited(cls, timeout: float, version: int) -> PartialRolloutTimeout:
+        """The error of a wait of ``timeout`` seconds for ``version`` (Ray workers' and a server's)."""
+        return cls(
+            f"a partial rollout waited {timeout:g} s for policy version {version} (the learner's weights after step "
+            f"{version}), which it continues on; raise generation.vllm_partial_rollout_timeout if the learner's steps "
+            "are that slow, or set vllm_partial_rollout_tokens: null."
+        )
 
 
 def switch_version(step: int, version: int) -> int | None:

@@ -56,12 +56,7 @@ class PartialTails:
                 return
             if self._interrupted:
                 raise RuntimeError(f"stopped waiting for policy version {pending.switch}: the run is ending")
-            raise PartialRolloutTimeout(
-                f"a partial rollout waited {self.timeout:g} s for policy version {pending.switch} (the learner's "
-                f"weights after step {pending.switch}), which it continues on; raise "
-                "generation.vllm_partial_rollout_timeout if the learner's steps are that slow, or set "
-                "vllm_partial_rollout_tokens: null."
-            )
+            raise PartialRolloutTimeout.waited(self.timeout, pending.switch)
 
     def done(self, pending) -> None:
         """``pending`` is collected: batches are collected in order, so no later one needs an older version."""

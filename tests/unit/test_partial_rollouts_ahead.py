@@ -168,9 +168,9 @@ def test_partial_rollouts_with_vllm_ray_workers_ahead_are_a_valid_config():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (dict(engine="hf"), r"not with generation.engine: hf, distributed.backend: ray.* set engine: vllm, backend"),
+        (dict(engine="hf"), r"not with generation.engine: hf, distributed.backend: ray.* with backend: ray"),
         (dict(backend="none", max_staleness=0), r"not with generation.engine: vllm, distributed.backend: none"),
-        (dict(vllm_mode="server"), r"vllm_mode: server; set engine: vllm, backend: ray and vllm_mode: colocate"),
+        (dict(vllm_mode="server"), r"vllm_mode: server samples from the server, driven by the learner, so backend"),
         (dict(max_staleness=0), r"max_staleness: 0 .* \(nothing to switch to\); set max_staleness >= 1"),
         (dict(vllm_partial_rollout_tokens=8), r"vllm_partial_rollout_tokens=8 must be in \[1, max_completion_length=8"),
         (dict(vllm_partial_rollout_tokens=0), r"vllm_partial_rollout_tokens=0 must be in \[1,"),

@@ -248,7 +248,8 @@ class Situation:
 class SamplerEntry:
     """A sampler kind: ``cls`` is built with the common parts (engine, prompts, procs, model, num_generations,
     params, seed) and the extras it ``needs`` (``remote``: the Ray workers; ``partial``: whether they continue partial
-    rollouts; ``tools``: the ToolRollouts; ``prompt_column``; ``own_engine``: an engine on a copy of the policy;
+    rollouts; ``partial_rollouts``: a server's (S, timeout), or None; ``tools``: the ToolRollouts;
+    ``prompt_column``; ``own_engine``: an engine on a copy of the policy;
     ``own_model``: a copy of the policy),
     which the composition root supplies by name; ``applies(situation)``: whether it samples a run in that
     :class:`Situation`."""
@@ -264,7 +265,9 @@ SAMPLERS = Registry(
     "sampler",
     {
         "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote", "partial")),
-        "server_ahead": SamplerEntry(ServerAheadSampler, lambda s: s.ahead and s.server, needs=("own_model",)),
+        "server_ahead": SamplerEntry(
+            ServerAheadSampler, lambda s: s.ahead and s.server, needs=("own_model", "partial_rollouts")
+        ),
         "thread": SamplerEntry(ThreadSampler, lambda s: s.ahead, needs=("own_engine",)),  # a policy copy, ahead
         "tools": SamplerEntry(ToolSampler, lambda s: s.tools, needs=("tools",)),  # groups seeded, decoded in one batch
         "raw_prompts": SamplerEntry(RawPromptSampler, lambda s: s.raw_prompts, needs=("prompt_column",)),
