@@ -65,3 +65,27 @@ def cli_train(tmp_path: Path, model_dir: Path, run: Path, **overrides) -> subpro
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
+
+
+def check_token_versions(run: Path, steps: list[dict], K: int, S: int) -> None:
+    """Partial rollouts after ``S`` tokens with max_staleness ``K``: each stored completion of step b (batch admitted
+    with version v = max(0, b - 1 - K)) has tokens [0, S) by v and tokens from S on by w = min(v + 1, b - 1)
+    (grpokit/distributed/ray_partial.py: none for batch 1), stored as the pieces [[0, v], [S, w]]; so a step's mean
+    token staleness is below its policy_staleness once completions are continued (``steps``: its metrics lines)."""
+    import sqlite3
+
+    with sqlite3.connect(run / "rollouts.sqlite") as db:
+        rows = db.execute("SELECT step, policy_version, completion_tokens, token_versions FROM rollouts").fetchall()
+    two = 0
+    for step, version, n, runs in rows:
+        assert version == max(0, step - 1 - K), (step, version)
+        switch = min(version + 1, step - 1)
+        if n > S and switch > version:
+            assert json.loads(runs) == [[0, version], [S, switch]], (step, n, runs)
+            two += 1
+        else:
+            assert runs is None, (step, n, runs)
+    assert two >= len(rows) // 2, f"only {two} of {len(rows)} completions were longer than {S} tokens"
+    for line in steps[1:]:
+        assert line["policy_staleness_token_mean"] < line["policy_staleness"], line
+    assert steps[0]["policy_staleness_token_mean"] == steps[0]["policy_staleness"] == 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, prompts
+from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, check_token_versions, prompts
 from safetensors.torch import load_file
 from shared_helpers import kill_storm, logged_steps, stored
 
@@ -84,27 +83,6 @@ def train(config: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
-def check_token_versions(run: Path, steps: list[dict]) -> None:
-    """Each stored completion of step b (batch admitted with version v): tokens [0, S) by v, tokens from S on by
-    min(v + 1, b - 1) (grpokit/distributed/ray_partial.py: none for batch 1); so a step's mean token staleness is
-    below its policy_staleness once completions are continued."""
-    with sqlite3.connect(run / "rollouts.sqlite") as db:
-        rows = db.execute("SELECT step, policy_version, completion_tokens, token_versions FROM rollouts").fetchall()
-    two = 0
-    for step, version, n, runs in rows:
-        assert version == max(0, step - 1 - K), (step, version)
-        switch = min(version + 1, step - 1)
-        if n > S and switch > version:
-            assert json.loads(runs) == [[0, version], [S, switch]], (step, n, runs)
-            two += 1
-        else:
-            assert runs is None, (step, n, runs)
-    assert two >= len(rows) // 2, f"only {two} of {len(rows)} completions were longer than {S} tokens"
-    for line in steps[1:]:
-        assert line["policy_staleness_token_mean"] < line["policy_staleness"], line
-    assert steps[0]["policy_staleness_token_mean"] == steps[0]["policy_staleness"] == 0
-
-
 def test_kill_9_on_an_async_vllm_run_then_resume_equals_an_uninterrupted_run(tmp_path, vllm_model_dir):
     done = train(write_config(tmp_path, vllm_model_dir, "straight"))
     assert done.returncode == 0, done.stderr[-6000:]
@@ -114,7 +92,7 @@ def test_kill_9_on_an_async_vllm_run_then_resume_equals_an_uninterrupted_run(tmp
         assert line["rollout_worker_sync_gap_max"] <= GAP_FP32, line  # every piece, against its own version
     continued = [line["rollout_worker_sync_gap_continued_max"] for line in straight[1:]]
     assert max(continued) <= GAP_FP32, continued  # the pieces from token S on, against the next version
-    check_token_versions(tmp_path / "straight", straight)
+    check_token_versions(tmp_path / "straight", straight, K, S)
 
     config, run = write_config(tmp_path, vllm_model_dir, "run"), tmp_path / "run"
     command = [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"]

@@ -2,8 +2,10 @@
 loopback port (one thread, eager, the Makefile's small KV cache): training in float32 with the sampler-learner
 log-prob gap <= GAP_FP32 after every sync, the server killed mid-run (the run ends with one line naming the URL),
 a resume on a fresh server equal to the uninterrupted run, and a skipped weight push stopping the run. Then
-max_staleness 2 (the producer's thread drives the server): every stored sample within the bound, the float32 gap
-after every push, and kill -9 of the run twice, resumed, equal to the uninterrupted run.
+max_staleness 2 (the producer's thread drives the server) with partial rollouts after 4 of 8 tokens: every stored
+sample within the bound, each completion longer than 4 tokens in two pieces [[0, v], [4, min(v + 1, b - 1)]], the
+float32 gap after every push (heads and continuations), and kill -9 of the run twice, resumed, equal to the
+uninterrupted run.
 
 One server at a time: the module's server is started once and restarted only after the test that kills it."""
 
@@ -22,7 +24,7 @@ import time
 import pytest
 import torch
 import yaml
-from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, metrics, prompts
+from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, check_token_versions, metrics, prompts
 from safetensors.torch import load_file
 from shared_helpers import kill_storm, logged_steps, stored
 
@@ -187,19 +189,22 @@ def test_a_skipped_weight_push_stops_the_run_naming_the_server(server, vllm_mode
 
 
 # ---- max_staleness K = 2: the producer's thread drives the server (grpokit/train/experience/server_ahead.py) -------
-ASYNC_STEPS, ASYNC_K, KILLS, KILL_SEED = 5, 2, 2, 4321
-ASYNC_COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "policy_staleness", "sampling_is/weight_mean")
+# with partial rollouts (server_partial.py): tokens 0-3 by the batch's admitted version, the rest by the next
+ASYNC_STEPS, ASYNC_K, KILLS, KILL_SEED, PARTIAL_S = 5, 2, 2, 4321, 4
+ASYNC_COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "policy_staleness", "policy_staleness_token_mean",
+                  "sampling_is/weight_mean")  # fmt: skip
 
 
 def async_config(tmp_path, model_dir, url: str, name: str):
-    """The CLI's config of a K = 2 run against the server (decoupled PPO, a checkpoint every step)."""
+    """The CLI's config of a K = 2 run against the server (decoupled PPO, partial rollouts after PARTIAL_S tokens, a
+    checkpoint every step)."""
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in prompts()))
     values = {**SETTINGS, "vllm_mode": "server", "vllm_server_base_url": url, "vllm_server_timeout": 120,
               "model_name_or_path": str(model_dir), "train_dataset": str(data), "output_dir": str(tmp_path / name),
               "dtype": "float32", "max_steps": ASYNC_STEPS, "lr_scheduler_type": "constant", "save_steps": 1,
               "max_staleness": ASYNC_K, "off_policy_correction": "decoupled_ppo",
-              "rewards": [TARGET_REWARD]}  # fmt: skip
+              "vllm_partial_rollout_tokens": PARTIAL_S, "rewards": [TARGET_REWARD]}  # fmt: skip
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(values))
     return path
@@ -230,13 +235,19 @@ def test_k2_samples_ahead_from_the_server_within_the_bound_and_in_sync_after_eve
     assert [m["step"] for m in lines] == list(range(1, ASYNC_STEPS + 1))
     # step s trains version s - 1 on a batch admitted with version max(0, s - 1 - K)
     assert [m["policy_staleness"] for m in lines] == [min(s - 1, ASYNC_K) for s in range(1, ASYNC_STEPS + 1)]
-    for step, _, _, _, version, *_ in stored(async_straight):
-        assert version == max(0, step - 1 - ASYNC_K), (step, version)
+    # tokens [0, 4) by v = max(0, b - 1 - K), from 4 on by min(v + 1, b - 1): [[0, v], [4, w]] per long completion
+    check_token_versions(async_straight, lines, ASYNC_K, PARTIAL_S)
     # the sync: after each push the copy at the pushed version against the server's log-probs, float32 both sides
     gaps = [m["vllm_server_sync_gap_max"] for m in lines]
     print("vllm_server_sync_gap_max per step:", gaps)
     assert all(gap <= GAP_FP32 for gap in gaps), gaps
-    assert lines[-1]["vllm_server_pushes"] == ASYNC_STEPS - ASYNC_K  # versions 0, 1, 2: each pushed once
+    # the continuations' pushes on their own (from step 2: batch 1 has none, batch 2's waits for version 1)
+    continued = [m["vllm_server_sync_gap_continued_max"] for m in lines[1:]]
+    print("vllm_server_sync_gap_continued_max per step:", continued)
+    assert all(gap <= GAP_FP32 for gap in continued), continued
+    # batches 2, 3 admitted at 0 and continued at 1 alternate the server's one set of weights; then one push a batch:
+    # 0 (batch 1), 1, 0, 1 (batches 2, 3), 2 (batch 4's continuations), 3 (batch 5's)
+    assert lines[-1]["vllm_server_pushes"] == 6
     # the learner-side gap measures the staleness (2 updates at lr 1e-2), far above what would stop a synchronous run
     stale = [m["sampling_is/logprob_abs_diff"] for m in lines]
     print("sampling_is/logprob_abs_diff per step (staleness):", stale)
@@ -261,6 +272,7 @@ def test_kill_9_on_a_k2_server_run_then_resume_equals_the_uninterrupted_run(
         # a resume's steps that train the checkpoint's batches push nothing and check nothing: no metric there (a
         # checkpoint after step 3 holds steps 4 and 5, so such a resume never pushes)
         assert b.get("vllm_server_sync_gap_max", 0.0) <= GAP_FP32, (b["step"], history)
+        assert b.get("vllm_server_sync_gap_continued_max", 0.0) <= GAP_FP32, (b["step"], history)
     assert resumed[0]["vllm_server_sync_gap_max"] <= GAP_FP32  # step 1 samples fresh: a push and its check
     wa = load_file(async_straight / "final" / "model.safetensors")
     wb = load_file(run / "final" / "model.safetensors")
