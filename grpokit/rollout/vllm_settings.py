@@ -69,9 +69,9 @@ class VLLMSettings:
     vllm_tensor_parallel_size: int = 1
     """engine vllm under torchrun: ranks per vLLM engine (TRL's name); only 1 for now (every rank its own engine)."""
     vllm_partial_rollout_tokens: int | None = None
-    """engine vllm in Ray rollout workers with max_staleness >= 1: partial rollouts; each completion's first S tokens
-    are sampled by the version its batch was admitted with, the rest by the next one (waited for if need be);
-    null = off (docs/async.md, 'Partial rollouts')."""
+    """engine vllm in Ray rollout workers or a vLLM server (vllm_mode: server) with max_staleness >= 1: partial
+    rollouts; each completion's first S tokens are sampled by the version its batch was admitted with, the rest by
+    the next one (waited for if need be); null = off (docs/async.md, 'Partial rollouts')."""
     vllm_partial_rollout_timeout: float = 1800.0
     """vllm_partial_rollout_tokens: seconds a partial rollout may wait for the weights it continues on (about one
     learner step, evaluation and checkpoint included); past it the run ends with one line."""
