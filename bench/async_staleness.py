@@ -22,11 +22,15 @@ updates between the policy that sampled it and the one trained on it, ``policy_s
 step and the learner's idle share leave out the first step, which also waits for the worker's start.
 
     OMP_NUM_THREADS=1 VLLM_CPU_CI_ENV=1 .venv-vllm/bin/python bench/async_staleness.py --vllm-partial 16 --ks 1 2
+
+``--server`` (with ``--vllm-partial``): the same against a ``grpokit vllm-serve`` of the model (float32, eager, one
+loopback port, started here) instead of a Ray worker; the table adds the weight pushes per step.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -65,21 +69,57 @@ def tiny_vllm_model(folder: Path) -> Path:
     return folder
 
 
-def run_vllm(k: int, partial: int | None, steps: int, max_length: int, model: Path, out: Path) -> dict:
-    """One run with a vLLM Ray rollout worker at max_staleness ``k``, with partial rollouts after ``partial`` tokens
-    or without (None)."""
+@contextlib.contextmanager
+def vllm_server(model: Path, log: Path):
+    """A ``grpokit vllm-serve`` of ``model`` on a free loopback port (float32, eager): its URL; killed after."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "128"]
+    command = [sys.executable, "-m", "grpokit.cli", "vllm-serve", str(model), *args]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 900  # a start on a busy 2-core machine
+            while time.monotonic() < deadline and proc.poll() is None:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url + "/health", timeout=5).status_code == 200:
+                        break
+                time.sleep(1)
+            else:
+                raise RuntimeError(f"grpokit vllm-serve did not start; see {log}")
+            yield url
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_vllm(
+    k: int, partial: int | None, steps: int, max_length: int, model: Path, out: Path, server: str | None = None
+) -> dict:
+    """One run with a vLLM Ray rollout worker (or the vLLM server at ``server``) at max_staleness ``k``, with partial
+    rollouts after ``partial`` tokens or without (None)."""
     import sqlite3
 
     from grpokit import GRPOConfig, GRPOTrainer
 
     rows = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 4)), "target": "w7"} for i in range(32)]
+    where = (
+        dict(backend="ray", num_rollout_workers=1, rollout_worker_cpus=1, ray_num_cpus=2, vllm_kv_cache_gib=0.25)
+        if server is None
+        else dict(vllm_mode="server", vllm_server_base_url=server, vllm_server_timeout=600)
+    )
     args = GRPOConfig(
         engine="vllm",
-        backend="ray",
-        num_rollout_workers=1,
-        rollout_worker_cpus=1,
-        ray_num_cpus=2,
-        vllm_kv_cache_gib=0.25,
+        **where,
         max_staleness=k,
         vllm_partial_rollout_tokens=partial,
         off_policy_correction="decoupled_ppo",
@@ -119,6 +159,7 @@ def run_vllm(k: int, partial: int | None, steps: int, max_length: int, model: Pa
         "token_staleness_mean": statistics.mean(m["policy_staleness_token_mean"] for m in trained),
         "length_mean": lengths,
         "continued_fraction": continued,
+        "pushes_per_step": trained[-1].get("vllm_server_pushes", float("nan")) / len(trained),
         "wall_s": wall,
     }
 
@@ -127,20 +168,22 @@ def vllm_partial_table(args) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_vllm_model(Path(tmp) / "model")
-        for k in args.ks:
-            for partial in (None, args.vllm_partial):
-                out = Path(tmp) / f"k{k}-{partial}"
-                rows.append(run_vllm(k, partial, args.steps, args.max_length, model, out))
-                print(json.dumps(rows[-1]), flush=True)
+        with vllm_server(model, Path(tmp) / "server.log") if args.server else contextlib.nullcontext() as url:
+            for k in args.ks:
+                for partial in (None, args.vllm_partial):
+                    out = Path(tmp) / f"k{k}-{partial}"
+                    rows.append(run_vllm(k, partial, args.steps, args.max_length, model, out, url))
+                    print(json.dumps(rows[-1]), flush=True)
     print()
-    print("| K | partial rollouts | s / step | learner idle | staleness | token staleness | continued | mean length |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| K | partial rollouts | s / step | learner idle | staleness | token staleness | continued | mean length |"
+          + (" pushes / step |" if args.server else ""))  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if args.server else ""))
     for row in rows:
         label = "off" if row["partial"] is None else f"after {row['partial']} tokens"
         print(
             f"| {row['k']} | {label} | {row['step_s']:.2f} | {row['idle_fraction']:.0%} | "
             f"{row['staleness_mean']:.2f} | {row['token_staleness_mean']:.2f} | {row['continued_fraction']:.0%} | "
-            f"{row['length_mean']:.1f} |"
+            f"{row['length_mean']:.1f} |" + (f" {row['pushes_per_step']:.2f} |" if args.server else "")
         )
 
 
@@ -199,6 +242,7 @@ def main() -> None:
     parser.add_argument("--skip-fast", action="store_true", help="only the runs with the slow reward")
     parser.add_argument("--vllm-partial", type=int, metavar="S", help="partial rollouts against none (module doc)")
     parser.add_argument("--max-length", type=int, default=64, help="--vllm-partial: max_completion_length")
+    parser.add_argument("--server", action="store_true", help="--vllm-partial: a vLLM server, not a Ray worker")
     args = parser.parse_args()
     import os
 
