@@ -13,8 +13,9 @@ function of (seed, step, weights) whatever the threads' timing, and a resumed ru
 batch needs before it.
 
 The check of the sync: the learner's log-probs are a newer policy's than the sampler's, so the step's
-``sampling_is/logprob_abs_diff`` measures the staleness. After each new version the copy's log-probs of the batch's
-sampled tokens are compared with the server's, both at that version (``vllm_server_sync_gap_max``: the largest gap
+``sampling_is/logprob_abs_diff`` measures the staleness. Each time the producer loads another version into its copy
+(and so pushes it), the copy's log-probs of the tokens sampled next are compared with the server's, both at that
+version (``vllm_server_sync_gap_max``: the largest gap
 so far; the engine's warning and stop read it; partial rollouts' continuations also on their own,
 ``vllm_server_sync_gap_continued_max``). Memory: one more model, and up to K + 1 weight copies in the queue (K + 2
 with partial rollouts).
