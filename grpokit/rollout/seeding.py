@@ -17,9 +17,15 @@ from grpokit.rollout.types import Rollouts, SamplingParams
 _PRIME = 1_000_003
 
 
+_SPREAD = 1 << 16  # group seeds lie this far apart: the G samples of a group take seed + i (i < G <= _SPREAD)
+
+
 def group_seed(seed: int, step: int, group: int) -> int:
-    """Seed of group ``group`` of step ``step``; distinct for every (step, group) below one million."""
-    return ((seed * _PRIME + step) * _PRIME + group) % (2**63 - 1)
+    """Seed of group ``group`` of step ``step``: distinct for every (step, group) below one million, and a multiple of
+    2**16 below 2**62, so the G samples of a group seeded seed, seed + 1, ... (vLLM's children of an n = G request,
+    the continuations of partial rollouts) never share a random stream with another group's (for G <= 65,536).
+    Consecutive seeds would: sample i + 1 of group j and sample i of group j + 1 drew the same noise."""
+    return (((seed * _PRIME + step) * _PRIME + group) % (1 << 46)) * _SPREAD
 
 
 def generate_per_group(

@@ -112,10 +112,14 @@ def test_two_gloo_processes_match_one_process(tmp_path, tiny_model_dir, word_pro
 
 
 def test_group_seed_is_distinct_per_step_and_group():
-    # (seed * P + step) * P + group with P = 1_000_003: seed 0, step 1, group 2 -> 1_000_003 + 2
-    assert group_seed(0, 1, 2) == 1_000_005
+    # ((seed * P + step) * P + group) mod 2**46, times 2**16, with P = 1_000_003:
+    # seed 0, step 1, group 2 -> (1_000_003 + 2) * 65_536 = 65_536_327_680
+    assert group_seed(0, 1, 2) == 65_536_327_680
     seeds = {group_seed(42, step, g) for step in range(1, 20) for g in range(50)}
     assert len(seeds) == 19 * 50
+    # vLLM seeds a group's G samples seed, seed + 1, ...: no two groups' samples share a seed (G = 64 here)
+    children = [s + i for s in seeds for i in range(64)]
+    assert len(set(children)) == len(children) and max(children) < 2**63
 
 
 def test_per_group_sampling_does_not_depend_on_the_split(tiny_model_dir):

@@ -39,8 +39,9 @@ class ServerAheadSampler(EngineSampler):
     """Batches sampled ahead by a vLLM server (module docstring). ``own_model``: a copy of the policy, loaded with
     each new version on the producer's thread (the learner's weights are never read while it trains)."""
 
-    def __init__(self, *, own_model: torch.nn.Module, partial_rollouts: tuple[int, float] | None = None,
-                 **parts: Any) -> None:  # fmt: skip
+    def __init__(
+        self, *, own_model: torch.nn.Module, partial_rollouts: tuple[int, float] | None = None, **parts: Any
+    ) -> None:
         """``partial_rollouts``: (S tokens, seconds a continuation may wait for its version), or None."""
         super().__init__(**parts)
         self.own_model = own_model.eval().requires_grad_(False)
