@@ -142,10 +142,13 @@ def test_a_sampling_on_the_learners_thread_waits_for_the_producers_push(policy):
     assert seen == [(step, step) for step in range(1, STEPS + 1)]
 
 
-def test_a_resume_pushes_the_checkpoints_weights_before_its_first_new_batch(policy):
+def straight_and_resumed(policy, build_source, score=score):
+    """``build_source(fake, policy) -> (engine, sampler, source)``'s batches over STEPS steps, and again resumed from
+    its checkpoint after step 2: (the straight run's, the resumed run's from step 3, the resumed run's engine and
+    fake server)."""
     straight_policy, resumed_policy = copy.deepcopy(policy), copy.deepcopy(policy)
     with FakeVLLM() as fake:
-        engine, _, source = ahead_source(fake, straight_policy)
+        engine, _, source = build_source(fake, straight_policy)
         straight, draw = [], drawer()
         for step in range(1, STEPS + 1):
             straight.append(source.next_scored(step, draw, score, reward_state, Clock()))
@@ -156,7 +159,7 @@ def test_a_resume_pushes_the_checkpoints_weights_before_its_first_new_batch(poli
     for _ in range(2):
         update(resumed_policy, SimpleNamespace(sync_weights=lambda: None))  # the checkpoint's weights: version 2
     with FakeVLLM() as fake:
-        engine, _, source = ahead_source(fake, resumed_policy)
+        engine, _, source = build_source(fake, resumed_policy)
         engine.policy_version = 2  # as the rollout scheduler restores it
         source.load_state_dict(None, checkpoint)
         draw = drawer(4 * PER_STEP)  # the prompt source's position is the checkpoint's: after step 4's batch
@@ -165,6 +168,11 @@ def test_a_resume_pushes_the_checkpoints_weights_before_its_first_new_batch(poli
             resumed.append(source.next_scored(step, draw, score, reward_state, Clock()))
             update(resumed_policy, engine)
         source.close()
+    return straight, resumed, engine, fake
+
+
+def test_a_resume_pushes_the_checkpoints_weights_before_its_first_new_batch(policy):
+    straight, resumed, engine, fake = straight_and_resumed(policy, ahead_source)
     assert resumed == straight[2:]  # steps 3 and 4 from the checkpoint, step 5 sampled again the same
     assert engine.pushed == [2] and fake.pushed_norms == [norm_sum(2)]  # the checkpoint's weights, first
 

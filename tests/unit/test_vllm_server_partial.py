@@ -18,7 +18,7 @@ import pytest
 import torch
 from fake_vllm_server import FakeVLLM
 from shared_helpers import sampling_params
-from test_vllm_server_ahead import Clock, drawer, norm_sum, reward_state, update
+from test_vllm_server_ahead import Clock, drawer, norm_sum, reward_state, straight_and_resumed, update
 from test_vllm_server_client import engine_for
 
 from grpokit.config import ConfigError, GRPOConfig
@@ -186,27 +186,7 @@ def test_copies_are_kept_while_a_batch_continues_on_them_then_dropped():
 
 
 def test_a_resume_with_partial_rollouts_equals_the_uninterrupted_run(policy):
-    straight_policy, resumed_policy = copy.deepcopy(policy), copy.deepcopy(policy)
-    with FakeVLLM() as fake:
-        engine, _, source = partial_source(fake, straight_policy)
-        straight, draw = [], drawer()
-        for step in range(1, STEPS + 1):
-            straight.append(source.next_scored(step, draw, score, reward_state, Clock()))
-            update(straight_policy, engine)
-            if step == 2:
-                _, checkpoint = source.state_dict()  # after step 2: steps 3 and 4 admitted, continued, held
-        source.close()
-    for _ in range(2):
-        update(resumed_policy, SimpleNamespace(sync_weights=lambda: None))  # the checkpoint's weights: version 2
-    with FakeVLLM() as fake:
-        engine, _, source = partial_source(fake, resumed_policy)
-        engine.policy_version = 2  # as the rollout scheduler restores it
-        source.load_state_dict(None, checkpoint)
-        draw, resumed = drawer(4 * PER_STEP), []
-        for step in range(3, STEPS + 1):
-            resumed.append(source.next_scored(step, draw, score, reward_state, Clock()))
-            update(resumed_policy, engine)
-        source.close()
+    straight, resumed, engine, fake = straight_and_resumed(policy, partial_source, score)
     assert resumed == straight[2:]  # token versions included
     # step 5's batch: admitted at step 3 with version 2, continued on 3 (the weights after resumed step 3)
     assert engine.pushed == [2, 3] and fake.pushed_norms == [norm_sum(2), norm_sum(3)]
