@@ -480,9 +480,13 @@ class Learner:
         policy = sum(p[POLICY_LOSS] for p in parts)
         metrics[POLICY_LOSS] = policy / self.loss_kind.micro_batch_divisor(len(parts))
         if KL in parts[0]:
-            # each part's KL is the mean over its micro-batch's tokens: weighted by them, the batch's token mean
+            # each part's KL is the mean over its micro-batch's tokens: weighted by them, and summed over the
+            # processes, the global batch's token mean, whatever the process count (max_kl stops on it; a mean of
+            # per-process means would weigh a process's tokens by how many its completions hold)
             tokens = [float(mask.sum()) for mask in loss_mask.split(learner_spec.per_device_train_batch_size)]
-            kl = sum(p[KL] * n for p, n in zip(parts, tokens)) / float(mask_sum)
+            local = [sum(p[KL] * n for p, n in zip(parts, tokens)), float(loss_mask.sum())]
+            kl_sum, count = self.procs.sum(torch.tensor(local, dtype=torch.float64)).tolist()
+            kl = kl_sum / max(count, 1.0)
             metrics[KL] = kl
             metrics["kl_penalty"] = self.loss_spec.beta * kl
         return metrics
