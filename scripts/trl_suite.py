@@ -6,7 +6,6 @@ and fails when a case named in ``tests/trl_suite_expected_pass.txt`` does not pa
 itself passes on this machine, less the named exceptions of docs/from_trl.md ("TRL's own test file").
 
     python scripts/trl_suite.py                 # the suite beside the clone, the venv's python
-    python scripts/trl_suite.py --workers 2     # in two pytest-xdist processes (CI)
     python scripts/trl_suite.py --junit X.xml   # only check an earlier run's junit file
 
 Exits 0 with a note when ``../shared/trl_suite`` is not there (a clone outside CI). Env: TRL_SUITE (the suite's
@@ -58,12 +57,11 @@ def check(expected: list[str], found: dict[str, tuple[str, str]]) -> list[str]:
     ]
 
 
-def run_suite(suite: Path, python: str, workers: int) -> Path:
-    """Run the applicable set against grpokit (``workers`` > 1: that many pytest-xdist processes); the junit file."""
+def run_suite(suite: Path, python: str) -> Path:
+    """Run the applicable set against grpokit; the junit file it wrote."""
     results = Path(tempfile.mkdtemp(prefix="trl_suite_results."))
     env = dict(os.environ, PY=python, RESULTS_DIR=str(results))
-    spread = ["-n", str(workers)] if workers > 1 else []
-    subprocess.run([str(suite / "run.sh"), "grpokit", "-k", APPLICABLE, *spread], cwd=ROOT, env=env, check=False)
+    subprocess.run([str(suite / "run.sh"), "grpokit", "-k", APPLICABLE], cwd=ROOT, env=env, check=False)
     files = sorted(results.glob("grpokit-*.xml"))
     if not files:
         sys.exit(f"trl_suite: {suite / 'run.sh'} wrote no junit file under {results}; see its output above.")
@@ -73,9 +71,6 @@ def run_suite(suite: Path, python: str, workers: int) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--junit", type=Path, help="check this junit file instead of running the suite")
-    parser.add_argument(
-        "--workers", type=int, default=1, help="pytest-xdist processes (CI: 2; the cases are independent)"
-    )
     args = parser.parse_args(argv)
     junit = args.junit
     if junit is None:
@@ -83,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (suite / "run.sh").exists():
             print(f"trl_suite: {suite} is not beside the clone; TRL's GRPOTrainer suite not run.")
             return 0
-        junit = run_suite(suite, os.environ.get("PY", sys.executable), args.workers)
+        junit = run_suite(suite, os.environ.get("PY", sys.executable))
     expected = expected_names()
     found = outcomes(junit)
     failed = check(expected, found)
