@@ -29,6 +29,7 @@ version in ``Rollouts.token_versions`` and keeps ``policy_version`` = v, the old
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import torch
 
@@ -48,6 +49,33 @@ class PartialRolloutTimeout(RuntimeError):
             f"{version}), which it continues on; raise generation.vllm_partial_rollout_timeout if the learner's steps "
             "are that slow, or set vllm_partial_rollout_tokens: null."
         )
+
+
+class VersionWait:
+    """The wait of partial rollouts' producer thread for the version a batch continues on, shared by the Ray workers'
+    (:class:`~grpokit.distributed.ray_partial_tails.PartialTails`) and a server's
+    (:class:`~grpokit.train.experience.server_partial.VersionCopies`): a condition, and :meth:`interrupt` to end
+    every wait when the run ends. ``timeout``: seconds a wait may take."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._interrupted = False
+
+    def _wait(self, ready, version: int) -> None:
+        """With ``self._cond`` held: until ``ready()``; raises after ``timeout`` seconds or once interrupted."""
+        self._cond.wait_for(lambda: ready() or self._interrupted, timeout=self.timeout)
+        if ready():
+            return
+        if self._interrupted:
+            raise RuntimeError(f"stopped waiting for policy version {version}: the run is ending")
+        raise PartialRolloutTimeout.waited(self.timeout, version)
+
+    def interrupt(self) -> None:
+        """Stop any wait (the run is ending: a version may never come)."""
+        with self._cond:
+            self._interrupted = True
+            self._cond.notify_all()
 
 
 def switch_version(step: int, version: int) -> int | None:

@@ -13,21 +13,21 @@ waits for a batch's continuations to be launched (:meth:`PartialTails.wait`, at 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from grpokit.distributed.ray_partial import VersionWait
 
-class PartialTails:
+
+class PartialTails(VersionWait):
     """Published versions still needed, the batches waiting for theirs, and the wait (see the module docstring).
     ``tokens``: S; ``timeout``: seconds a batch may wait for its version to be published."""
 
     def __init__(self, tokens: int, timeout: float) -> None:
-        self.tokens, self.timeout = tokens, timeout
+        super().__init__(timeout)
+        self.tokens = tokens
         self.weights: dict[int, list] = {}  # version -> [ObjectRef] of its weights, while a batch may need them
         self._waiting: list[Any] = []  # PendingRollouts whose switch version is not published yet
-        self._cond = threading.Condition()
-        self._interrupted = False
 
     def admit(self, pending) -> None:
         """``pending`` (a batch with a switch version) waits for it."""
@@ -48,24 +48,11 @@ class PartialTails:
     def wait(self, pending) -> None:
         """Until ``pending``'s continuations are launched (its version published); raises after ``timeout`` seconds
         or when :meth:`interrupt` is called."""
-        from grpokit.distributed.ray_partial import PartialRolloutTimeout
-
         with self._cond:
-            self._cond.wait_for(lambda: pending.tails is not None or self._interrupted, timeout=self.timeout)
-            if pending.tails is not None:
-                return
-            if self._interrupted:
-                raise RuntimeError(f"stopped waiting for policy version {pending.switch}: the run is ending")
-            raise PartialRolloutTimeout.waited(self.timeout, pending.switch)
+            self._wait(lambda: pending.tails is not None, pending.switch)
 
     def done(self, pending) -> None:
         """``pending`` is collected: batches are collected in order, so no later one needs an older version."""
         with self._cond:
             for version in [v for v in self.weights if v < pending.switch]:
                 del self.weights[version]
-
-    def interrupt(self) -> None:
-        """Stop any wait (the run is ending: a version may never be published)."""
-        with self._cond:
-            self._interrupted = True
-            self._cond.notify_all()

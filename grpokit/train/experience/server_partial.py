@@ -28,20 +28,20 @@ counts.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
+from grpokit.distributed.ray_partial import VersionWait
 
-class VersionCopies:
+
+class VersionCopies(VersionWait):
     """CPU copies of the versions partial rollouts continue on, keyed by version, while a batch may need them (module
     docstring). ``tokens``: S; ``timeout``: seconds the producer waits for a version's copy."""
 
     def __init__(self, tokens: int, timeout: float) -> None:
-        self.tokens, self.timeout = tokens, timeout
+        super().__init__(timeout)
+        self.tokens = tokens
         self._copies: dict[int, dict] = {}  # version -> its CPU weights, while an uncollected batch continues on it
         self._awaited: Counter[int] = Counter()  # version -> batches admitted, not collected, continuing on it
-        self._cond = threading.Condition()
-        self._interrupted = False
 
     def admit(self, version: int) -> None:
         """A batch was admitted that continues on ``version`` (the learner's thread)."""
@@ -62,15 +62,9 @@ class VersionCopies:
     def wait(self, version: int) -> dict:
         """``version``'s copy, once shared (the producer's thread); raises after ``timeout`` seconds, or when
         :meth:`interrupt` is called."""
-        from grpokit.distributed.ray_partial import PartialRolloutTimeout
-
         with self._cond:
-            self._cond.wait_for(lambda: version in self._copies or self._interrupted, timeout=self.timeout)
-            if version in self._copies:
-                return self._copies[version]
-            if self._interrupted:
-                raise RuntimeError(f"stopped waiting for policy version {version}: the run is ending")
-            raise PartialRolloutTimeout.waited(self.timeout, version)
+            self._wait(lambda: version in self._copies, version)
+            return self._copies[version]
 
     def done(self, version: int) -> None:
         """A batch that continued on ``version`` is collected: its copy goes when no other batch needs it."""
@@ -84,9 +78,3 @@ class VersionCopies:
         """The versions whose copies are held now."""
         with self._cond:
             return sorted(self._copies)
-
-    def interrupt(self) -> None:
-        """Stop any wait (the run is ending: a version may never come)."""
-        with self._cond:
-            self._interrupted = True
-            self._cond.notify_all()
