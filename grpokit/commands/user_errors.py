@@ -10,8 +10,8 @@ def is_user_error(exc: BaseException) -> bool:
     extra has no module name; one from a failed import statement has it and stays a traceback."""
     from grpokit.config import ConfigError
     from grpokit.data.prompts import DataError
-    from grpokit.distributed.ray_partial import PartialRolloutTimeout
     from grpokit.rewards.contract import RewardError
+    from grpokit.rollout.partial import PartialRolloutTimeout
     from grpokit.rollout.vllm_http import VLLMServerError
     from grpokit.rollout.vllm_weights import SyncGapError
     from grpokit.store.store import StoreError

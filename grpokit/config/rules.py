@@ -349,7 +349,7 @@ def vllm(cfg: GRPOConfig) -> None:
 
 
 def partial_rollouts(cfg: GRPOConfig) -> None:
-    """``vllm_partial_rollout_tokens`` S: vLLM Ray rollout workers (distributed/ray_partial.py) or a vLLM server
+    """``vllm_partial_rollout_tokens`` S: vLLM Ray rollout workers (rollout/partial.py) or a vLLM server
     (train/experience/server_partial.py) sampling ahead."""
     g, d, S = cfg.generation, cfg.distributed, cfg.generation.vllm_partial_rollout_tokens
     where = "continues completions on newer weights in vLLM Ray rollout workers or a vLLM server"

@@ -1,4 +1,4 @@
-"""The learner's side of partial rollouts in Ray rollout workers (:mod:`grpokit.distributed.ray_partial`): which
+"""The learner's side of partial rollouts in Ray rollout workers (:mod:`grpokit.rollout.partial`): which
 batches wait for which version, and when their continuations are launched.
 
 A batch admitted with a switch version w (its first S tokens sampled by the admitted version, the rest by w) is
@@ -8,7 +8,7 @@ batch whose w has come are launched there and then, each chunk's on its worker w
 an ObjectRef (Ray runs an actor's calls in the order they were made, so a continuation runs before the next
 batch's head, whatever the threads' timing; what either samples does not depend on it). The producer's thread
 waits for a batch's continuations to be launched (:meth:`PartialTails.wait`, at most ``timeout`` seconds, then
-:class:`~grpokit.distributed.ray_partial.PartialRolloutTimeout`) and collects them.
+:class:`~grpokit.rollout.partial.PartialRolloutTimeout`) and collects them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from grpokit.distributed.ray_partial import VersionWait
+from grpokit.rollout.partial import VersionWait
 
 
 class PartialTails(VersionWait):

@@ -12,7 +12,7 @@ once whatever happened to the worker that first held it.
 
 Partial rollouts (vLLM workers, ``generation.vllm_partial_rollout_tokens``): a chunk's first S tokens are sampled
 with the batch, and its continuation on the next version is launched when that version is published
-(:mod:`grpokit.distributed.ray_partial`, :mod:`grpokit.distributed.ray_partial_tails`).
+(:mod:`grpokit.rollout.partial`, :mod:`grpokit.distributed.ray_partial_tails`).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class RolloutWorker:
         continued: bool = False,
     ) -> tuple[Rollouts, float | None]:
         """``weights`` is ``[ObjectRef]`` (nested, so it is fetched only when the version changed); ``continued``:
-        the prompts are partial rollouts' prompts + tokens so far (:mod:`grpokit.distributed.ray_partial`). Returns
+        the prompts are partial rollouts' prompts + tokens so far (:mod:`grpokit.rollout.partial`). Returns
         the rollouts and, for a vLLM worker's first chunk of each kind by a version, the gap of its log-probs against
         the copy's at that version (:func:`grpokit.distributed.ray_vllm.sync_gap`; else None)."""
         if version != self.version:
@@ -131,11 +131,11 @@ class RolloutWorker:
     def continue_partial(
         self, head: tuple, weights: list, version: int, seeds: list[int], tokens: int, params: SamplingParams
     ) -> tuple[Rollouts, tuple[float | None, float | None]]:
-        """Partial rollouts (:mod:`grpokit.distributed.ray_partial`): ``head`` is this chunk's :meth:`generate`
+        """Partial rollouts (:mod:`grpokit.rollout.partial`): ``head`` is this chunk's :meth:`generate`
         result (its samples of at most ``tokens`` tokens; Ray resolves it from its ObjectRef), ``seeds`` its groups'
         seeds; the samples still going are continued by ``version`` (``params``: the rest of the length). Returns the
         whole chunk and the gaps of (its head, its continuations)."""
-        from grpokit.distributed.ray_partial import continue_chunk
+        from grpokit.rollout.partial import continue_chunk
 
         rollouts, head_gap = head
 
@@ -167,7 +167,7 @@ class PendingRollouts:
 
     def call(self, chunk: int) -> tuple:
         """The worker's ``generate`` arguments of ``chunk`` (partial rollouts: at most S tokens)."""
-        from grpokit.distributed.ray_partial import head_params
+        from grpokit.rollout.partial import head_params
 
         prompts, seeds = self.chunks[chunk]
         params = self.params if self.switch is None else head_params(self.params, self.tokens)
@@ -192,7 +192,7 @@ class RayRolloutEngine:
     ):
         """``learner_gpus``: the GPUs the learner trains on, which no worker may get
         (:mod:`grpokit.distributed.placement`); ``vllm``: each worker samples with vLLM (see :class:`RolloutWorker`);
-        ``partial``: (S tokens, seconds to wait for a version): partial rollouts (:mod:`~.ray_partial`)."""
+        ``partial``: (S tokens, seconds to wait for a version): partial rollouts (:mod:`~grpokit.rollout.partial`)."""
         from grpokit.distributed.placement import actor_options
         from grpokit.distributed.ray_partial_tails import PartialTails
 
@@ -240,8 +240,8 @@ class RayRolloutEngine:
         step: int | None = None,
     ) -> PendingRollouts:
         """Start sampling with the last published weights; returns at once. ``step``: the step the batch trains
-        (partial rollouts: which version continues it, :func:`~.ray_partial.switch_version`)."""
-        from grpokit.distributed.ray_partial import switch_version
+        (partial rollouts: which version continues it, :func:`~grpokit.rollout.partial.switch_version`)."""
+        from grpokit.rollout.partial import switch_version
 
         if self.version is None:
             raise RuntimeError("publish() the policy weights before the first submit().")
@@ -258,7 +258,7 @@ class RayRolloutEngine:
 
     def _tail(self, pending: PendingRollouts, chunk: int, head):
         """Launch ``chunk``'s continuation on its worker, after its ``head`` (an ObjectRef of its generate)."""
-        from grpokit.distributed.ray_partial import tail_params
+        from grpokit.rollout.partial import tail_params
 
         weights = self.tails.weights[pending.switch]
         params = tail_params(pending.params, pending.tokens)

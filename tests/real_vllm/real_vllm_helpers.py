@@ -70,7 +70,7 @@ def cli_train(tmp_path: Path, model_dir: Path, run: Path, **overrides) -> subpro
 def check_token_versions(run: Path, steps: list[dict], K: int, S: int) -> None:
     """Partial rollouts after ``S`` tokens with max_staleness ``K``: each stored completion of step b (batch admitted
     with version v = max(0, b - 1 - K)) has tokens [0, S) by v and tokens from S on by w = min(v + 1, b - 1)
-    (grpokit/distributed/ray_partial.py: none for batch 1), stored as the pieces [[0, v], [S, w]]; so a step's mean
+    (grpokit/rollout/partial.py: none for batch 1), stored as the pieces [[0, v], [S, w]]; so a step's mean
     token staleness is below its policy_staleness once completions are continued (``steps``: its metrics lines)."""
     import sqlite3
 

@@ -4,7 +4,7 @@ resume_from=latest each time: the finished run equals one that never stopped, sa
 included) and number for number (as tests/faults/test_async_kills.py with grpokit's engine).
 One worker: every start builds its engine, and each kill costs a start on a 2-core machine. Every step's batch is
 up to 2 versions old; a completion longer than 4 tokens continues on the next version from its 5th token
-(grpokit/distributed/ray_partial.py). The worker's vLLM matches its copy of the sampling version to GAP_FP32 on each
+(grpokit/rollout/partial.py). The worker's vLLM matches its copy of the sampling version to GAP_FP32 on each
 piece: the first 4 tokens against the admitted version, the rest against the next (rollout_worker_sync_gap_max,
 rollout_worker_sync_gap_continued_max); the learner-side gap (sampling_is/logprob_abs_diff) measures the staleness
 there."""

@@ -1,4 +1,4 @@
-"""Partial rollouts in vLLM Ray workers under max_staleness (grpokit/distributed/ray_partial.py), without vLLM or Ray:
+"""Partial rollouts in vLLM Ray workers under max_staleness (grpokit/rollout/partial.py), without vLLM or Ray:
 the switch rule worked by hand, the pieces a batch is cut into and joined from, the token staleness, and the
 settings refused with one line. The real run (vLLM's CPU build, Ray) is tests/real_vllm/test_async_vllm_kills.py."""
 
@@ -9,7 +9,8 @@ import torch
 from shared_helpers import sampling_params
 
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.distributed.ray_partial import (
+from grpokit.distributed.ray_partial_tails import PartialTails
+from grpokit.rollout.partial import (
     PartialRolloutTimeout,
     continuation_seed,
     continuations,
@@ -19,7 +20,6 @@ from grpokit.distributed.ray_partial import (
     switch_version,
     tail_params,
 )
-from grpokit.distributed.ray_partial_tails import PartialTails
 from grpokit.rollout.seeding import concat_rollouts
 from grpokit.rollout.types import Rollouts
 from grpokit.train.metrics import token_staleness_sums

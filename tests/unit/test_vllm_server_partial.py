@@ -22,7 +22,7 @@ from test_vllm_server_ahead import Clock, drawer, norm_sum, reward_state, straig
 from test_vllm_server_client import engine_for
 
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.distributed.ray_partial import PartialRolloutTimeout, continuation_seed
+from grpokit.rollout.partial import PartialRolloutTimeout, continuation_seed
 from grpokit.system.processes import SingleProcess
 from grpokit.train.experience.server_ahead import CONTINUED_GAP_METRIC, GAP_METRIC, ServerAheadSampler
 from grpokit.train.experience.server_partial import VersionCopies

@@ -122,7 +122,7 @@ class RaySampler(EngineSampler):
     (``engine.policy_version``) are published to the workers unless they have them."""
 
     def __init__(self, *, remote, partial: bool = False, **parts: Any) -> None:
-        """``partial``: the workers continue partial rollouts on newer weights (:mod:`grpokit.distributed.ray_partial`),
+        """``partial``: the workers continue partial rollouts on newer weights (:mod:`grpokit.rollout.partial`),
         which :meth:`share_weights` then publishes."""
         super().__init__(**parts)
         self.remote, self.partial = remote, partial

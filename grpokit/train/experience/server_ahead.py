@@ -67,7 +67,7 @@ class ServerAheadSampler(EngineSampler):
     def submit(self, step: int, batch: list[int], first_group: int = 0):
         """Fix the batch now: its step, prompts, first group, the weights of now (a CPU copy, one per version) and
         (partial rollouts) the version its continuations sample by."""
-        from grpokit.distributed.ray_partial import switch_version
+        from grpokit.rollout.partial import switch_version
 
         version, weights = self._weights_now()
         switch = None if self.partial is None else switch_version(step, version)
@@ -88,7 +88,7 @@ class ServerAheadSampler(EngineSampler):
     def collect(self, pending) -> Rollouts:
         """On the producer's thread: the batch sampled by the server at its version (pushed first if need be);
         partial rollouts: its first S tokens, then the samples still going continued by the next version."""
-        from grpokit.distributed.ray_partial import continue_chunk, head_params, tail_params
+        from grpokit.rollout.partial import continue_chunk, head_params, tail_params
 
         step, batch, first_group, (version, weights), switch = pending
         prompts = [self.prompts.ids[i] for i in batch]

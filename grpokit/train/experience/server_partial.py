@@ -1,6 +1,6 @@
 """Partial rollouts from a vLLM server sampling ahead (``generation.vllm_partial_rollout_tokens`` S with
 ``vllm_mode: server`` and ``max_staleness`` K >= 1): the rule of the Ray rollout workers
-(:mod:`grpokit.distributed.ray_partial`, whose pure pieces are used as they are), driven from the producer's thread
+(:mod:`grpokit.rollout.partial`, whose pure pieces are used as they are), driven from the producer's thread
 of :class:`~grpokit.train.experience.server_ahead.ServerAheadSampler`.
 
 The batch of step b, admitted with version v, samples its first S tokens by v (``head_params``: the same requests and
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from grpokit.distributed.ray_partial import VersionWait
+from grpokit.rollout.partial import VersionWait
 
 
 class VersionCopies(VersionWait):

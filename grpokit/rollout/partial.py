@@ -1,7 +1,9 @@
-"""Partial rollouts in vLLM Ray rollout workers under bounded staleness (``generation.vllm_partial_rollout_tokens``
-S, with ``distributed.max_staleness`` K >= 1): a sample's first S tokens are sampled by the version its batch was
-admitted with, the rest by the next one. The rule and its pure pieces here (:func:`switch_version` to :func:`merge`)
-are shared with a vLLM server sampling ahead (:mod:`grpokit.train.experience.server_partial`).
+"""Partial rollouts under bounded staleness (``generation.vllm_partial_rollout_tokens`` S, with
+``distributed.max_staleness`` K >= 1): a sample's first S tokens are sampled by the version its batch was admitted
+with, the rest by the next one. The rule and its pure pieces here (:func:`switch_version` to :func:`merge`, and
+:class:`VersionWait`) are shared by vLLM Ray rollout workers (:mod:`grpokit.distributed.ray_partial_tails`) and a
+vLLM server sampling ahead (:mod:`grpokit.train.experience.server_partial`); nothing here imports Ray or
+torch.distributed, so a single process that samples from a server never imports :mod:`grpokit.distributed`.
 
 **The rule.** The batch of step b is admitted with version v (``b - 1 - K`` once the run is going, 0 for the first
 K + 1 batches; docs/async.md, "The bound"). Its samples' tokens [0, S) are sampled by v, and tokens from S on by
