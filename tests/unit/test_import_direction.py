@@ -216,3 +216,58 @@ def test_the_purity_check_catches_io_and_distributed(tmp_path):
         "pkg/algos/bad.py:1: imports torch.distributed",
         "pkg/algos/bad.py:2: imports json",
     ]
+
+
+def distributed_imports_at_module_level(package_dir: Path) -> list[str]:
+    """Module-level imports of ``package``.distributed outside that package: a single process never imports it
+    (system/processes.py stands in), so the rest of the package imports it inside the functions that scale out.
+    ``if TYPE_CHECKING:`` blocks are not run, so they are not counted."""
+    package = package_dir.name
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        if path.relative_to(package_dir).parts[0] == "distributed":
+            continue
+        for node in _run_on_import(ast.parse(path.read_text(), str(path))):
+            for module in _imported(node, package, package_dir):
+                if module == f"{package}.distributed" or module.startswith(f"{package}.distributed."):
+                    found.append(f"{path.relative_to(package_dir.parent).as_posix()}:{node.lineno}: {module}")
+    return found
+
+
+def _run_on_import(node: ast.AST):
+    """The nodes under ``node`` that run when the module is imported: not function bodies, not ``if
+    TYPE_CHECKING:`` blocks."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            yield from _run_on_import(ast.Module(body=child.orelse, type_ignores=[]))
+            continue
+        yield child
+        yield from _run_on_import(child)
+
+
+def test_only_the_scale_out_code_imports_distributed_and_only_when_it_runs():
+    """The fast form of tests/integration/test_single_process.py's check (a refactor that imported
+    grpokit.distributed at module level in train/experience/ once failed only there)."""
+    found = distributed_imports_at_module_level(REPO / "grpokit")
+    assert not found, "import grpokit.distributed inside the function that scales out:\n" + "\n".join(found)
+
+
+def test_the_distributed_check_catches_a_module_level_import(tmp_path):
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "distributed/__init__.py": "import pkg.distributed.dist\n",  # its own package: fine
+            "train/__init__.py": "",
+            "train/bad.py": "from pkg.distributed.partial import wait\n",
+            "train/lazy.py": "def f():\n    from pkg.distributed import dist\n    return dist\n",
+            "train/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.distributed import d\n",
+            "train/classy.py": "class A:\n    def f(self):\n        import pkg.distributed\n    import pkg.distributed.x\n",
+        },
+    )
+    assert distributed_imports_at_module_level(package) == [
+        "pkg/train/bad.py:1: pkg.distributed.partial",
+        "pkg/train/classy.py:4: pkg.distributed.x",  # a class body runs on import
+    ]
