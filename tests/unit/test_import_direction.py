@@ -263,11 +263,12 @@ def test_the_distributed_check_catches_a_module_level_import(tmp_path):
             "train/__init__.py": "",
             "train/bad.py": "from pkg.distributed.partial import wait\n",
             "train/lazy.py": "def f():\n    from pkg.distributed import dist\n    return dist\n",
-            "train/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.distributed import d\n",
-            "train/classy.py": "class A:\n    def f(self):\n        import pkg.distributed\n    import pkg.distributed.x\n",
+            "train/typed.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import pkg.distributed\n",
+            "train/classy.py": "class A:\n    def f(self):\n        import pkg.distributed\n\n"
+            "    import pkg.distributed.x\n",
         },
     )
     assert distributed_imports_at_module_level(package) == [
         "pkg/train/bad.py:1: pkg.distributed.partial",
-        "pkg/train/classy.py:4: pkg.distributed.x",  # a class body runs on import
+        "pkg/train/classy.py:5: pkg.distributed.x",  # a class body runs on import
     ]
