@@ -206,3 +206,45 @@ def test_ppo_trains_its_critic_on_rollouts_from_ray_workers(tmp_path, tiny_model
     assert [m["step"] for m in steps] == [1, 2]
     assert all(m["value_loss"] >= 0 and "explained_variance" in m for m in steps)
     assert not torch.equal(trainer.learner.critic.model.head.weight, head)  # the critic learned from the workers'
+
+
+def test_partial_rollouts_over_two_workers_equal_one_worker():
+    """Partial rollouts (grpokit/rollout/partial.py) cut a batch's groups into one chunk per worker; each chunk's
+    first S tokens (version 0) and its continuation (version 1, launched when version 1 is published) run on that
+    chunk's worker. What a chunk samples is a function of its groups' seeds and the two versions alone, so two workers
+    return, row for row, the tokens, behaviour log-probs and per-token versions of one."""
+    from shared_helpers import sampling_params
+
+    from grpokit.distributed.ray_rollout import RayRolloutEngine
+
+    tokenizer = build_word_tokenizer(WORDS)
+    torch.manual_seed(0)
+    model = TinyGPT(len(tokenizer), d_model=32, n_layers=1, n_heads=2)
+    v0 = {name: p.detach().clone() for name, p in model.named_parameters()}
+    v1 = {name: p + 0.5 * torch.randn_like(p) for name, p in v0.items()}  # far enough to sample other tokens
+    prompts = [tokenizer(" ".join(WORDS[i : i + 3]))["input_ids"] for i in range(4)]
+    S, params = 2, sampling_params(6)
+
+    def sample(workers: int):
+        engine = RayRolloutEngine(
+            model, [tokenizer.eos_token_id], tokenizer.pad_token_id, workers, worker_cpus=0.5, partial=(S, 120.0)
+        )
+        engine.publish(v0, 0)
+        pending = engine.submit(prompts, [11, 12, 13, 14], 3, params, step=2)  # step 2, admitted with 0: w = 1
+        assert pending.switch == 1 and len(pending.chunks) == workers
+        engine.publish(v1, 1)  # launches the continuations
+        rollouts = engine.collect(pending)
+        for worker in engine.workers:
+            ray.kill(worker)
+        return rollouts
+
+    one, two = sample(1), sample(2)
+    lengths = one.completion_lengths.tolist()
+    assert two.completion_lengths.tolist() == lengths
+    assert max(lengths) > S  # some completions went on past the switch, on version 1
+    for row, n in enumerate(lengths):
+        assert torch.equal(one.completion_ids[row, :n], two.completion_ids[row, :n])
+        assert torch.allclose(one.logprobs[row, :n], two.logprobs[row, :n], atol=1e-6)
+        expected = [0] * min(n, S) + [1] * max(0, n - S)  # the first S tokens by version 0, the rest by 1
+        assert one.token_versions[row, :n].tolist() == two.token_versions[row, :n].tolist() == expected
+    assert one.policy_version == two.policy_version == 0
