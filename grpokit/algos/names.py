@@ -37,8 +37,12 @@ IS_LOGPROB_ABS_DIFF = "sampling_is/logprob_abs_diff"
 CISPO_CLIP = "cispo_clip_ratio"  # cispo: ratio above its cap with A > 0 (the weight is capped)
 VESPO_PHI = "vespo/phi_seq_mean"  # vespo: mean of the sequence weights phi(w) over sequences
 OFF_POLICY_DROPPED = "off_policy_mask/dropped_fraction"  # sequences the off-policy mask left out
-# policy_loss's other metrics are means over the micro-batch's tokens (or sequences), which a learner averages
-# over its micro-batches; a registered loss's own metrics are read the same way.
+# policy_loss's other metrics are means over the micro-batch's tokens (or sequences). Those named here are the
+# global batch's means in the log (the learner weighs each micro-batch's by its count, over every process:
+# train/learning/batch_means.py): TOKEN_MEANS over the completion tokens, LEVEL_MEANS over the tokens, or the
+# sequences at sequence level. The others, and a registered loss's own, are averaged over micro-batches.
+TOKEN_MEANS = (KL, IS_WEIGHT_MEAN, IS_CAPPED_FRACTION, IS_MASKED_FRACTION, IS_LOGPROB_ABS_DIFF)
+LEVEL_MEANS = (CLIP_LOW, CLIP_HIGH, CLIP_REGION, RATIO_MEAN, CISPO_CLIP)
 
 # --- metrics of the trainer's step: the KL controller and DAPO's dynamic sampling ---------------
 BETA = "beta"  # the KL coefficient the step's loss used (kl_control.KLController.beta before its update)

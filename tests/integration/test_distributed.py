@@ -98,6 +98,7 @@ def test_two_gloo_processes_match_one_process(tmp_path, tiny_model_dir, word_pro
         assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)  # identical rollouts
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
         assert a["kl"] == pytest.approx(b["kl"], abs=1e-5)
+        assert a["entropy"] == pytest.approx(b["entropy"], abs=1e-5)  # token means over the global batch
     assert all(m["advantage/std"] > 0 for m in m1)  # every step trains on non-zero advantages
     with (
         RolloutStore(tmp_path / "one" / "rollouts.sqlite", readonly=True) as s1,

@@ -34,6 +34,7 @@ from grpokit.machine.hardware import autocast
 from grpokit.machine.precision import grad_scaler
 from grpokit.system.processes import SingleProcess, is_sharded
 from grpokit.train.learning.accelerator import gather_ragged
+from grpokit.train.learning.batch_means import global_means, part_sums
 from grpokit.train.learning.loss_terms import LossTerms, policy_forward, warn_sequence_level
 from grpokit.train.learning.policy_logprobs import Batch, batched_logprobs, completion_logprobs
 from grpokit.train.learning.reference import Reference
@@ -464,31 +465,24 @@ class Learner:
             self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        mask_sum = loss_mask.sum().clamp(min=1.0)
-        metrics = self.terms.end_optimizer_step(self.procs) | {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "learning_rate": lr,
-            "nonfinite": float(nonfinite),
-            "entropy": float((entropy * loss_mask).sum() / mask_sum),
-            "completion_logprob_mean": float((logprobs * loss_mask).sum() / mask_sum),
-        }
+        # kl (max_kl stops on it), the clipped fractions, the entropy: the global batch's means (batch_means.py)
+        micro = loss_mask.split(learner_spec.per_device_train_batch_size)
+        level = self.loss_spec.importance_sampling_level
+        sums = part_sums(parts, [float(m.sum()) for m in micro], [float(m.shape[0]) for m in micro], level)
+        count = float(loss_mask.sum())
+        sums["entropy"] = (float((entropy * loss_mask).sum()), count, 1.0)
+        sums["completion_logprob_mean"] = (float((logprobs * loss_mask).sum()), count, 1.0)
+        means = global_means(sums, self.procs)
+        metrics = self.terms.end_optimizer_step(self.procs) | means
+        metrics |= {"loss": loss, "grad_norm": grad_norm, "learning_rate": lr, "nonfinite": float(nonfinite)}
         for key in parts[0]:  # the loss's other metrics are micro-batch means: averaged
-            if key not in (POLICY_LOSS, KL):
+            if key != POLICY_LOSS and key not in means:
                 metrics[key] = sum(p[key] for p in parts) / len(parts)
         # batch-normalised parts (dapo's) share the batch-wide denominator, so they add up; the others are means
         policy = sum(p[POLICY_LOSS] for p in parts)
         metrics[POLICY_LOSS] = policy / self.loss_kind.micro_batch_divisor(len(parts))
-        if KL in parts[0]:
-            # each part's KL is the mean over its micro-batch's tokens: weighted by them, and summed over the
-            # processes, the global batch's token mean, whatever the process count (max_kl stops on it; a mean of
-            # per-process means would weigh a process's tokens by how many its completions hold)
-            tokens = [float(mask.sum()) for mask in loss_mask.split(learner_spec.per_device_train_batch_size)]
-            local = [sum(p[KL] * n for p, n in zip(parts, tokens)), float(loss_mask.sum())]
-            kl_sum, count = self.procs.sum(torch.tensor(local, dtype=torch.float64)).tolist()
-            kl = kl_sum / max(count, 1.0)
-            metrics[KL] = kl
-            metrics["kl_penalty"] = self.loss_spec.beta * kl
+        if KL in means:
+            metrics["kl_penalty"] = self.loss_spec.beta * means[KL]
         return metrics
 
 
