@@ -217,7 +217,7 @@ def reward_weights(cfg: GRPOConfig) -> None:
         )
 
 
-def distributed(cfg: GRPOConfig) -> None:
+def distributed(cfg: GRPOConfig, world_size: int = 1) -> None:
     d = cfg.distributed
     check(
         d.num_reward_workers == 0 or cfg.reward.reward_workers == 0,
@@ -228,7 +228,7 @@ def distributed(cfg: GRPOConfig) -> None:
     if cfg.generation.engine == "vllm":
         vllm(cfg)
     if cfg.generation.vllm_partial_rollout_tokens is not None:
-        partial_rollouts(cfg)
+        partial_rollouts(cfg, world_size)
     server = cfg.generation.engine == "vllm" and cfg.generation.vllm_mode == "server"
     check(
         d.staleness_bound() == 0 or d.backend == "ray" or cfg.generation.engine == "hf" or server,
@@ -348,9 +348,9 @@ def vllm(cfg: GRPOConfig) -> None:
     )
 
 
-def partial_rollouts(cfg: GRPOConfig) -> None:
+def partial_rollouts(cfg: GRPOConfig, world_size: int) -> None:
     """``vllm_partial_rollout_tokens`` S: vLLM Ray rollout workers (rollout/partial.py) or a vLLM server
-    (train/experience/server_partial.py) sampling ahead."""
+    (train/experience/server_partial.py) sampling ahead, for one learner process."""
     g, d, S = cfg.generation, cfg.distributed, cfg.generation.vllm_partial_rollout_tokens
     where = "continues completions on newer weights in vLLM Ray rollout workers or a vLLM server"
     check(
@@ -369,6 +369,12 @@ def partial_rollouts(cfg: GRPOConfig) -> None:
         0 < S < g.max_completion_length,
         f"vllm_partial_rollout_tokens={S} must be in [1, max_completion_length={g.max_completion_length}) (the tokens "
         "sampled by the admitted version before the switch), or null.",
+    )
+    check(
+        world_size == 1,
+        f"vllm_partial_rollout_tokens={S} runs with one learner process; under torchrun ({world_size} processes) "
+        "with Ray rollout workers it has not been tested; run one process (the Ray workers still share the "
+        "sampling), or vllm_partial_rollout_tokens: null.",
     )
     check(
         g.vllm_partial_rollout_timeout > 0,

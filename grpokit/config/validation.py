@@ -39,7 +39,7 @@ def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
     section_checks.reward(cfg.reward)
     rules.reward_weights(cfg)
     section_checks.distributed(cfg.distributed)
-    rules.distributed(cfg)
+    rules.distributed(cfg, world_size)
     section_checks.agent(cfg.agent)
     if cfg.agent.tools or cfg.agent.environment_factory:
         check_multi_turn(cfg)

@@ -183,6 +183,13 @@ def test_partial_rollouts_are_refused_where_they_cannot_run_in_one_line(override
     assert "\n" not in str(caught.value)
 
 
+def test_partial_rollouts_are_refused_under_torchrun():
+    args = GRPOConfig(**RAY_VLLM, vllm_partial_rollout_tokens=4)
+    args.validate(world_size=1)
+    with pytest.raises(ConfigError, match=r"runs with one learner process; under torchrun \(2 processes\)"):
+        args.validate(world_size=2)
+
+
 class Batch:
     """A PendingRollouts' fields the waiting list reads."""
 
