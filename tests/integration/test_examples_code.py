@@ -27,19 +27,21 @@ def test_code_example_learns(tmp_path):
         "no sandbox works on this machine: install bubblewrap (make test does, as root)"
     )
     example = _load()
-    # A weak teacher (right 10 % of the time) fixes the start low on every CPU: with the example's 0.3 the warm start
-    # began at held-out pass@1 0.22 on the AMD machine it was written on but 0.39 on an Intel AVX-512/AMX one (its
-    # matmuls round differently), leaving 16 steps too little room (0.39 -> 0.42).
-    config = WarmStartConfig(clean_steps=400, sloppy_steps=150, batch_size=64, teacher_accuracy=0.1)
+    # A weak teacher (right 20 % of the time) keeps the start low on every CPU, and 8 descriptions x 8 programs a step
+    # for 24 steps leave room to climb on each. Measured (seed 0): with a teacher right 30 % of the time and 4 x 8 for
+    # 16 steps the start was 0.22 on one AMD EPYC but 0.39 on an Intel AVX-512/AMX machine (0.39 -> 0.42: their
+    # matmuls round differently); right 10 % of the time, Intel went 0.16 -> 0.48 but another AMD EPYC (AVX512-BF16)
+    # 0.19 -> 0.25 (too few right programs to learn from in 16 small steps). This form, on that EPYC: 0.15 -> 0.53.
+    config = WarmStartConfig(clean_steps=400, sloppy_steps=150, batch_size=64, teacher_accuracy=0.2)
     example.build(tmp_path, config, log=lambda line: None)
     result = example.train(
         tmp_path,
-        steps=16,
-        overrides=["per_device_train_batch_size=32", "eval_steps=16", "num_generations_eval=2", "pass_at_k=[1,2]"],
+        steps=24,
+        overrides=["per_device_train_batch_size=64", "eval_steps=24", "num_generations_eval=4", "pass_at_k=[1,2]"],
     )
     before, after = result["before"], result["after"]
     print(f"held-out pass@1 {before:.3f} -> {after:.3f}")
-    assert after >= before + 0.15, result["evals"]  # measured on the Intel AVX-512/AMX machine: 0.16 -> 0.48 (seed 0)
+    assert after >= before + 0.15, result["evals"]
     # the per-test results are stored with each rollout and shown in the report
     with RolloutStore(tmp_path / "run", readonly=True) as store:
         rows = store.rollouts()
