@@ -217,7 +217,7 @@ def reward_weights(cfg: GRPOConfig) -> None:
         )
 
 
-def distributed(cfg: GRPOConfig, world_size: int = 1) -> None:
+def distributed(cfg: GRPOConfig, world_size: int) -> None:
     d = cfg.distributed
     check(
         d.num_reward_workers == 0 or cfg.reward.reward_workers == 0,
@@ -373,8 +373,8 @@ def partial_rollouts(cfg: GRPOConfig, world_size: int) -> None:
     check(
         world_size == 1,
         f"vllm_partial_rollout_tokens={S} runs with one learner process; under torchrun ({world_size} processes) "
-        "with Ray rollout workers it has not been tested; run one process (the Ray workers still share the "
-        "sampling), or vllm_partial_rollout_tokens: null.",
+        "it has not been tested; run one process (Ray rollout workers still share the sampling), or "
+        "vllm_partial_rollout_tokens: null.",
     )
     check(
         g.vllm_partial_rollout_timeout > 0,
