@@ -9,7 +9,7 @@ from grpokit.compose.memory import available_bytes, build_meta_model, estimate_m
 from grpokit.config import GRPOConfig
 from grpokit.kernels.cpu_precision import run_compute
 from grpokit.machine.hardware import pick_device
-from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
+from grpokit.train.learning.optimizer_settings import EIGHT_BIT_OPTIMIZERS
 
 
 def explain(cfg: GRPOConfig, world_size: int = 1) -> str:

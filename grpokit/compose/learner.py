@@ -11,35 +11,24 @@ from grpokit.config import ConfigError, GRPOConfig
 from grpokit.machine.hardware import pick_dtype
 from grpokit.system.processes import is_sharded
 from grpokit.train.learning.learner import Learner
-from grpokit.train.learning.optimizer import OptimSpec, fused_adamw
-from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
+from grpokit.train.learning.optimizer import make_optimizer, make_schedule
+from grpokit.train.learning.optimizer_settings import OptimizerSettings
 from grpokit.train.learning.reference import Reference
 
 
-def build_optimizer(model: torch.nn.Module, optim: OptimSpec, optimizers: tuple, sharded: bool, device: torch.device):
-    """(optimizer, lr scheduler): TRL's ``optimizers=(optimizer, lr_scheduler)`` where given, else AdamW over the
-    trainable parameters and its schedule, both as ``optim`` (:func:`grpokit.compose.specs.optim_spec`) says."""
+def build_optimizer(
+    model: torch.nn.Module, settings: OptimizerSettings, total_steps: int, optimizers: tuple, sharded: bool, device
+):
+    """(optimizer, lr scheduler): TRL's ``optimizers=(optimizer, lr_scheduler)`` where given, else the optimizer
+    ``settings`` name over the trainable parameters and its schedule over ``total_steps`` optimizer steps."""
     optimizer, scheduler = optimizers
     if optimizer is not None and sharded:
         raise ConfigError(
             "optimizers=(optimizer, ...) cannot be used with strategy: fsdp, which replaces the parameters "
             "the optimizer holds; leave optimizers out (grpokit's AdamW) or use strategy: ddp."
         )
-    optimizer = optimizer or adamw([p for p in model.parameters() if p.requires_grad], optim, device)
-    return optimizer, scheduler or optim.scheduler(optimizer)
-
-
-def adamw(params: list, optim: OptimSpec, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over ``params`` as ``optim.optimizer`` names it: torch's, fused (``schedule.fused_adamw``), or
-    bitsandbytes' AdamW8bit (:mod:`grpokit.train.learning.adamw8bit`)."""
-    hyper = dict(lr=optim.learning_rate, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay)
-    if optim.optimizer not in EIGHT_BIT_OPTIMIZERS:
-        return fused_adamw(params, device, **hyper)
-    try:
-        from grpokit.train.learning.adamw8bit import AdamW8bit
-    except ImportError:
-        raise ImportError(f"optimizer: {optim.optimizer} needs bitsandbytes: pip install 'grpokit[qlora]'.") from None
-    return AdamW8bit(params, **hyper)
+    optimizer = optimizer or make_optimizer([p for p in model.parameters() if p.requires_grad], settings, device)
+    return optimizer, scheduler or make_schedule(optimizer, settings, total_steps)
 
 
 def build_learner(
@@ -74,7 +63,9 @@ def build_learner(
     if is_sharded(trained) and reference is not None and reference.model is not None:
         procs.wrap(reference.model, device, args.strategy, compute_dtype=autocast_dtype)
     rows = update_chunk_rows(args, model, device, procs.world_size, prompt_tokens)  # before the optimizer's state
-    optimizer, scheduler = build_optimizer(model, specs.optim_spec(args), optimizers, is_sharded(trained), device)
+    settings = specs.part_settings(OptimizerSettings, args)
+    sharded = is_sharded(trained)
+    optimizer, scheduler = build_optimizer(model, settings, specs.optimizer_steps(args), optimizers, sharded, device)
     learner = Learner(
         trained,
         reference,

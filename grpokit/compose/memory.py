@@ -64,7 +64,7 @@ from grpokit.kernels.linear_storage import untied_linears
 from grpokit.machine.hardware import pick_device, pick_dtype
 from grpokit.models.loading import lora_config, model_config
 from grpokit.models.lora_targets import adapts_any
-from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
+from grpokit.train.learning.optimizer_settings import EIGHT_BIT_OPTIMIZERS
 
 
 @dataclass

@@ -12,7 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from grpokit.train.learning.learner import LearnerSpec, UpdateInputsSpec
-from grpokit.train.learning.optimizer import OptimSpec
+from grpokit.train.learning.optimizer_settings import OptimizerSettings
 from grpokit.train.learning.terms_settings import LossTermsSettings
 
 if TYPE_CHECKING:
@@ -27,22 +27,6 @@ if TYPE_CHECKING:
     from grpokit.train.rundir.folder import RunDirSpec
     from grpokit.train.stopping import StopSpec
     from grpokit.train.ties import TieWatch
-
-
-def optim_spec(args: GRPOConfig, learning_rate: float | None = None) -> OptimSpec:
-    """AdamW and its schedule over max_steps x num_iterations x num_mini_batches optimizer steps;
-    ``learning_rate`` (default: the config's) for a second optimizer such as the critic's."""
-    total = args.max_steps * args.optimizer_steps_per_step()
-    return OptimSpec(
-        learning_rate=args.learning_rate if learning_rate is None else learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-        weight_decay=args.weight_decay,
-        optimizer=args.optimizer,
-        lr_scheduler_type=args.lr_scheduler_type,
-        warmup_steps=args.warmup_steps or int(args.warmup_ratio * total),
-        total_steps=total,
-    )
 
 
 def learner_spec(args: GRPOConfig, backward_chunk_rows: int | None = None) -> LearnerSpec:
@@ -69,6 +53,12 @@ def learner_spec(args: GRPOConfig, backward_chunk_rows: int | None = None) -> Le
     )
 
 
+def optimizer_steps(args: GRPOConfig) -> int:
+    """Optimizer steps in the run, which the learning-rate schedules span: max_steps x num_iterations x
+    num_mini_batches (derived from the optim and algo sections)."""
+    return args.max_steps * args.optimizer_steps_per_step()
+
+
 def part_settings(cls: type, args: GRPOConfig):
     """A part's settings object (a dataclass whose fields are config keys, which the config's section is assembled
     from) with the run's values: what the part is handed as it is, with no copy function per part."""
@@ -87,7 +77,9 @@ def critic_spec(args: GRPOConfig) -> CriticSpec:
         loss_type=args.loss_type,
         max_completion_length=args.max_completion_length,
         max_grad_norm=args.max_grad_norm,
-        optim=optim_spec(args, args.critic_learning_rate),
+        optim=part_settings(OptimizerSettings, args),
+        learning_rate=args.critic_learning_rate,
+        total_steps=optimizer_steps(args),
         value_model_name_or_path=args.value_model_name_or_path,
         trust_remote_code=args.trust_remote_code,
         lora=dataclasses.replace(args.lora) if args.lora.r > 0 else None,

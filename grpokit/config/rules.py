@@ -16,7 +16,7 @@ from grpokit.algos.algorithms import ALGORITHMS
 from grpokit.algos.loss_registry import LossSettings, get_loss, loss_types
 from grpokit.config.sections import FIELD_SECTION, ConfigError, check
 from grpokit.system.extensions import import_modules
-from grpokit.train.learning.optimizer_names import EIGHT_BIT_OPTIMIZERS
+from grpokit.train.learning.optimizer_settings import EIGHT_BIT_OPTIMIZERS
 
 if TYPE_CHECKING:
     from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module

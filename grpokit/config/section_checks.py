@@ -113,7 +113,6 @@ def run(r: RunConfig) -> None:
     )
     for sink in r.report_to:
         check(sink in REPORT_SINKS, f"report_to contains {sink!r}; valid sinks are {', '.join(REPORT_SINKS)}.")
-    r.check()  # the store's own settings (store/settings.py)
 
 
 def lora(lora: LoraSettings) -> None:

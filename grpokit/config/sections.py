@@ -31,7 +31,7 @@ from grpokit.config.running import (
 from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, ModelConfig, OptimConfig
 from grpokit.errors import ConfigError
 from grpokit.models.lora_settings import LoraSettings
-from grpokit.train.learning.optimizer_names import OPTIMIZERS
+from grpokit.train.learning.optimizer_settings import LR_SCHEDULES, OPTIMIZERS
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -70,7 +70,7 @@ CHOICES = {
     "off_policy_correction": OFF_POLICY_CORRECTIONS,
     "off_policy_is_mode": IMPORTANCE_WEIGHT_MODES,
     "kl_controller": KL_CONTROLLERS,
-    "lr_scheduler_type": ("constant", "linear", "cosine"),
+    "lr_scheduler_type": LR_SCHEDULES,
     "prompt_overflow": ("truncate", "drop", "error"),
     "backend": ("none", "ray"),
     "strategy": ("ddp", "fsdp"),
@@ -119,6 +119,17 @@ def field_docs(cls: type) -> dict[str, str]:
             if isinstance(prev, ast.AnnAssign) and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
                 docs[prev.target.id] = " ".join(str(node.value.value).split())
     return docs
+
+
+def part_checks(sections: dict) -> None:
+    """Run the ``check()`` of every part's settings class a section is assembled from (``OptimConfig`` from
+    ``OptimizerSettings`` ...) on that section: a part checks its own settings, and a new part's check runs with no
+    line here. ``sections``: {name: the section object}."""
+    for section in sections.values():
+        for part in type(section).__mro__:
+            own = vars(part).get("check")
+            if own is not None:
+                own(section)
 
 
 def check(ok: bool, message: str) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from grpokit.algos.loss_params import SapoParams, VespoParams
 from grpokit.rollout.vllm_settings import VLLMSettings
+from grpokit.train.learning.optimizer_settings import OptimizerSettings
 from grpokit.train.learning.terms_settings import LossTermsSettings
 
 
@@ -208,29 +209,9 @@ class GenerationConfig(VLLMSettings):  # vllm_*: the vllm engine's own settings
 
 
 @dataclass
-class OptimConfig:
-    learning_rate: float = 1e-6
-    """AdamW peak learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    adam_beta1: float = 0.9
-    """AdamW beta1."""
-    adam_beta2: float = 0.999
-    """AdamW beta2."""
-    adam_epsilon: float = 1e-8
-    """AdamW epsilon."""
+class OptimConfig(OptimizerSettings):  # the optimizer's own settings; the batch and step counts below
     max_grad_norm: float = 1.0
     """Gradient clipping norm; 0 = off."""
-    optimizer: str = "adamw_torch_fused"
-    """adamw_torch_fused = adamw_torch (torch's AdamW, fused on CPU and CUDA) | adamw_bnb_8bit = adamw_8bit
-    (bitsandbytes' AdamW8bit, CPU or CUDA, the qlora extra: both moments in 8 bits, a quarter of AdamW's state; its
-    updates differ by the moments' quantisation). TRL's `optim` sets it."""
-    lr_scheduler_type: str = "linear"
-    """constant | linear | cosine (after warmup)."""
-    warmup_ratio: float = 0.0
-    """Fraction of max_steps used for linear warmup."""
-    warmup_steps: int = 0
-    """Warmup steps (overrides warmup_ratio when > 0)."""
     per_device_train_batch_size: int = 8
     """Completions per micro-batch on each process."""
     backward_chunk_rows: int | None = None

@@ -23,7 +23,7 @@ from typing import Any
 
 from grpokit.config.trl_defaults import GRPOKIT_SINKS, INTEGRATIONS, TRL_DEFAULTS
 from grpokit.rollout.generation_options import _same, generate_only_keys
-from grpokit.train.learning.optimizer_names import OPTIMIZERS
+from grpokit.train.learning.optimizer_settings import OPTIMIZERS
 
 # Keys with a grpokit default that TRL writes as None: None keeps grpokit's default.
 NONE_KEEPS_DEFAULT = (

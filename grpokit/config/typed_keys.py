@@ -128,16 +128,7 @@ class TypedKeys:
     vllm_partial_rollout_tokens: int | None
     vllm_partial_rollout_timeout: float
     # optim
-    learning_rate: float
-    weight_decay: float
-    adam_beta1: float
-    adam_beta2: float
-    adam_epsilon: float
     max_grad_norm: float
-    optimizer: str
-    lr_scheduler_type: str
-    warmup_ratio: float
-    warmup_steps: int
     per_device_train_batch_size: int
     backward_chunk_rows: int | None
     gradient_accumulation_steps: int
@@ -145,6 +136,15 @@ class TypedKeys:
     max_steps: int
     num_train_epochs: float
     seed: int
+    learning_rate: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+    optimizer: str
+    lr_scheduler_type: str
+    warmup_ratio: float
+    warmup_steps: int
     # run
     output_dir: str
     report_to: list

@@ -11,7 +11,7 @@ import difflib
 from typing import TYPE_CHECKING
 
 from grpokit.config import rules, section_checks
-from grpokit.config.sections import CHOICES, ConfigError, check
+from grpokit.config.sections import CHOICES, SECTIONS, ConfigError, check, part_checks
 
 if TYPE_CHECKING:
     from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module
@@ -23,6 +23,7 @@ def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
     """Every check of the config, sections first where a cross-section rule needs their values sound."""
     rules.imports(cfg)
     _choices(cfg)
+    part_checks({name: getattr(cfg, name) for name in SECTIONS})  # each part's own settings check
     rules.algorithm(cfg, world_size)
     _algo(cfg.algo)
     rules.loss(cfg)
@@ -146,13 +147,11 @@ def sampling_options(g: GenerationConfig) -> dict:
 
 
 def _optim(o: OptimConfig) -> None:
-    check(o.learning_rate >= 0, f"learning_rate={o.learning_rate} must be >= 0.")
     check(
         o.max_steps >= 1 or o.max_steps == -1,
         f"max_steps={o.max_steps} must be >= 1, or -1 to train num_train_epochs.",
     )
     check(o.num_train_epochs > 0, f"num_train_epochs={o.num_train_epochs} must be > 0.")
-    check(o.adam_epsilon > 0, f"adam_epsilon={o.adam_epsilon} must be > 0.")
     check(
         o.per_device_train_batch_size >= 1,
         f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.",
@@ -165,14 +164,6 @@ def _optim(o: OptimConfig) -> None:
         o.gradient_accumulation_steps >= 1,
         f"gradient_accumulation_steps={o.gradient_accumulation_steps} must be >= 1.",
     )
-    check(0 <= o.warmup_ratio < 1, f"warmup_ratio={o.warmup_ratio} must be in [0, 1).")
-    check(o.warmup_steps >= 0, f"warmup_steps={o.warmup_steps} must be >= 0.")
     check(o.max_grad_norm >= 0, f"max_grad_norm={o.max_grad_norm} must be >= 0 (0 = no clipping).")
-    check(o.weight_decay >= 0, f"weight_decay={o.weight_decay} must be >= 0.")
-    for beta_name in ("adam_beta1", "adam_beta2"):
-        check(
-            0 <= getattr(o, beta_name) < 1,
-            f"{beta_name}={getattr(o, beta_name)} must be in [0, 1) (AdamW's moving-average rate, e.g. 0.9).",
-        )
     check(0 <= o.seed < 2**63, f"seed={o.seed} must be in [0, 2**63).")
     check(o.num_mini_batches >= 1, f"num_mini_batches={o.num_mini_batches} must be >= 1.")

@@ -127,13 +127,13 @@ def test_8bit_adamw_in_slices_equals_bitsandbytes_whole(monkeypatch):
 def test_an_8bit_optimizer_without_bitsandbytes_names_the_extra(monkeypatch):
     import sys
 
-    from grpokit.compose.learner import adamw
-    from grpokit.compose.specs import optim_spec
+    from grpokit.train.learning.optimizer import make_optimizer
+    from grpokit.train.learning.optimizer_settings import OptimizerSettings
 
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)
     monkeypatch.delitem(sys.modules, "grpokit.train.learning.adamw8bit", raising=False)
     with pytest.raises(ImportError, match=r"grpokit\[qlora\]"):
-        adamw([torch.nn.Parameter(torch.zeros(2))], optim_spec(GRPOConfig(optimizer="adamw_bnb_8bit")), CPU)
+        make_optimizer([torch.nn.Parameter(torch.zeros(2))], OptimizerSettings(optimizer="adamw_bnb_8bit"), CPU)
 
 
 def _rounded(model: torch.nn.Module) -> torch.nn.Module:

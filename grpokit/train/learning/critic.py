@@ -22,7 +22,8 @@ from grpokit.errors import ConfigError
 from grpokit.kernels import Kernels
 from grpokit.machine.hardware import autocast
 from grpokit.machine.precision import grad_scaler
-from grpokit.train.learning.optimizer import OptimSpec, fused_adamw
+from grpokit.train.learning.optimizer import make_optimizer, make_schedule
+from grpokit.train.learning.optimizer_settings import OptimizerSettings
 from grpokit.train.learning.policy_logprobs import Batch
 from grpokit.train.learning.value_model import ValueModel
 
@@ -34,8 +35,8 @@ class CriticSpec:
     The value loss: ``cliprange_value``, ``vf_coef``, aggregated by ``loss_type`` (``max_completion_length``:
     dr_grpo's constant); micro-batches of ``per_device_train_batch_size`` rows; gradients clipped to
     ``max_grad_norm`` (0: off). Built from ``value_model_name_or_path`` (None: a copy of the policy's trunk),
-    with LoRA adapters on its trunk when ``lora`` is given (the run trains LoRA), trained by AdamW and the
-    schedule of ``optim`` (its learning rate the critic's)."""
+    with LoRA adapters on its trunk when ``lora`` is given (the run trains LoRA), trained by the optimizer and
+    schedule ``optim`` names (the policy's: the 8-bit AdamW included) at its own ``learning_rate``."""
 
     per_device_train_batch_size: int
     cliprange_value: float
@@ -43,7 +44,9 @@ class CriticSpec:
     loss_type: str
     max_completion_length: int
     max_grad_norm: float
-    optim: OptimSpec
+    optim: OptimizerSettings
+    learning_rate: float | None  # the critic's own peak learning rate; None: optim's
+    total_steps: int  # optimizer steps of the run, which the schedule spans
     value_model_name_or_path: str | None
     trust_remote_code: bool
     lora: Any = None  # the lora section (peft's settings), or None
@@ -86,15 +89,9 @@ class Critic:
             model.requires_grad_(True)  # a trunk copied from a LoRA policy comes frozen
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = fused_adamw(
-            params,
-            device,
-            lr=spec.optim.learning_rate,
-            betas=spec.optim.betas,
-            eps=spec.optim.eps,
-            weight_decay=spec.optim.weight_decay,
-        )
-        return cls(model, optimizer, spec.optim.scheduler(optimizer), spec, autocast_dtype, kernels)
+        optimizer = make_optimizer(params, spec.optim, device, spec.learning_rate)
+        scheduler = make_schedule(optimizer, spec.optim, spec.total_steps)
+        return cls(model, optimizer, scheduler, spec, autocast_dtype, kernels)
 
     def values(self, batch: Batch) -> torch.Tensor:
         """[N, T] float32 values of the batch's completion tokens, 0 at padding, without gradient."""

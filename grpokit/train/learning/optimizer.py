@@ -1,32 +1,36 @@
-"""AdamW's settings and state, and learning-rate schedules: linear warmup, then constant, linear decay to 0, or
-cosine decay to 0."""
+"""The optimizer (AdamW, made from its settings, :mod:`optimizer_settings`) and its state, and learning-rate
+schedules: linear warmup, then constant, linear decay to 0, or cosine decay to 0."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from grpokit.train.learning.optimizer_settings import OptimizerSettings
 
-@dataclass(frozen=True)
-class OptimSpec:
-    """An AdamW and its schedule: peak ``learning_rate``, ``betas``, ``eps``, ``weight_decay``, ``optimizer``
-    (adamw_torch_fused | an 8-bit name), and ``lr_scheduler_type`` with ``warmup_steps`` over ``total_steps``
-    optimizer steps. Built once by the composition root (:func:`grpokit.compose.specs.optim_spec`)."""
 
-    learning_rate: float
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    optimizer: str
-    lr_scheduler_type: str
-    warmup_steps: int
-    total_steps: int
+def make_optimizer(
+    params: list, settings: OptimizerSettings, device: torch.device, learning_rate: float | None = None
+) -> torch.optim.Optimizer:
+    """The optimizer ``settings.optimizer`` names over ``params``, with ``settings.hyper(learning_rate)``: torch's
+    AdamW, fused (:func:`fused_adamw`), or bitsandbytes' AdamW8bit (:mod:`grpokit.train.learning.adamw8bit`). The
+    policy's and PPO's critic's (``learning_rate``: the critic's own)."""
+    hyper = settings.hyper(learning_rate)
+    if not settings.eight_bit:
+        return fused_adamw(params, device, **hyper)
+    try:
+        from grpokit.train.learning.adamw8bit import AdamW8bit
+    except ImportError:
+        raise ImportError(
+            f"optimizer: {settings.optimizer} needs bitsandbytes: pip install 'grpokit[qlora]'."
+        ) from None
+    return AdamW8bit(params, **hyper)
 
-    def scheduler(self, optimizer: torch.optim.Optimizer):
-        """The LR schedule of ``optimizer`` (:func:`make_scheduler`)."""
-        return make_scheduler(optimizer, self.lr_scheduler_type, self.warmup_steps, self.total_steps)
+
+def make_schedule(optimizer: torch.optim.Optimizer, settings: OptimizerSettings, total_steps: int):
+    """The learning-rate schedule ``settings`` names over ``total_steps`` optimizer steps (:func:`make_scheduler`)."""
+    return make_scheduler(optimizer, settings.lr_scheduler_type, settings.warmup(total_steps), total_steps)
 
 
 def lr_lambda(kind: str, warmup_steps: int, total_steps: int):

@@ -1,0 +1,94 @@
+"""Adding a setting touches its part's file only: a throwaway optimizer key (``adam_amsgrad``, AdamW's amsgrad) is
+added to the optimizer's settings class, and nothing else, in a copy of the package; it then reaches the optimizer from
+YAML, from ``key=value`` and from TRL's ``GRPOConfig``, and the part's own check refuses a bad value. The generated
+``typed_keys.py`` and docs/config.md are only for editors and readers (their tests would ask to regenerate them)."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import grpokit
+
+SETTINGS = Path("train/learning/optimizer_settings.py")
+FIELD = '''    warmup_steps: int = 0
+    """Warmup steps (overrides warmup_ratio when > 0)."""
+    adam_amsgrad: bool = False
+    """AdamW's amsgrad: the maximum of the second moments so far (a throwaway key of a test)."""
+'''
+CHECK = '''        if self.adam_amsgrad and self.eight_bit:
+            raise ConfigError("adam_amsgrad: true needs optimizer: adamw_torch_fused (the 8-bit AdamW has none).")
+        for name, ok, rule in ('''
+HYPER = "weight_decay=self.weight_decay, amsgrad=self.adam_amsgrad"
+
+# Run in the copy: build a trainer each way and print the optimizer's amsgrad.
+PROBE = """
+import sys
+from grpokit import GRPOConfig, GRPOTrainer
+from grpokit.config import ConfigError, load_config
+
+model, yaml_path = sys.argv[1], sys.argv[2]
+assert sys.modules["grpokit"].__file__.startswith(sys.argv[4]), "not the copy"
+data = [{"prompt": "w1 w2 w3"}] * 8
+reward = lambda completions, **kw: [0.0] * len(completions)
+common = dict(output_dir=sys.argv[3], num_generations=2, per_device_train_batch_size=4, max_steps=1,
+              max_completion_length=2, save_strategy="no", progress_bar=False, report_to=[])
+for name, args in (
+    ("yaml", load_config(yaml_path, {"output_dir": sys.argv[3]})),
+    ("override", load_config(None, ["adam_amsgrad=true", *(f"{k}={v}" for k, v in common.items() if k != "report_to")])),
+    ("trl", GRPOConfig(adam_amsgrad=True, **common)),
+):
+    trainer = GRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=data)
+    print(name, trainer.optimizer.defaults["amsgrad"])
+try:
+    GRPOConfig(adam_amsgrad=True, optimizer="adamw_8bit", **common)
+except ConfigError as exc:
+    print("refused", exc)
+"""
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_an_optimizer_key_needs_only_its_parts_file(tmp_path, tiny_model_dir):
+    package = tmp_path / "src" / "grpokit"
+    shutil.copytree(Path(grpokit.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    source = (package / SETTINGS).read_text()
+    for old, new in (
+        ('    warmup_steps: int = 0\n    """Warmup steps (overrides warmup_ratio when > 0)."""\n', FIELD),
+        ("        for name, ok, rule in (", CHECK),
+        ("weight_decay=self.weight_decay", HYPER),
+    ):
+        assert source.count(old) == 1, old  # the part's file still reads as this test expects
+        source = source.replace(old, new)
+    (package / SETTINGS).write_text(source)
+    changed = _differences(Path(grpokit.__file__).parent, package)
+    assert changed == [str(SETTINGS)]  # the one file
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "optim:\n  adam_amsgrad: true\n  per_device_train_batch_size: 4\n  max_steps: 1\n"
+        "algo:\n  num_generations: 2\ngeneration:\n  max_completion_length: 2\n"
+        "run:\n  save_strategy: 'no'\n  progress_bar: false\n  report_to: []\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(package.parent)}
+    probe = [sys.executable, "-c", PROBE, str(tiny_model_dir), str(config), str(tmp_path / "run"), str(package)]
+    out = subprocess.run(probe, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert [line for line in lines if not line.startswith("refused")] == ["yaml True", "override True", "trl True"]
+    assert "refused adam_amsgrad: true needs optimizer: adamw_torch_fused (the 8-bit AdamW has none)." in lines
+
+
+def _differences(a: Path, b: Path, prefix: str = "") -> list[str]:
+    """Files whose content differs between the trees ``a`` and ``b`` (relative paths), caches ignored."""
+    cmp = filecmp.dircmp(a, b, ignore=["__pycache__"])
+    found = [prefix + name for name in cmp.left_only + cmp.right_only]
+    found += [prefix + name for name in cmp.common_files if not filecmp.cmp(a / name, b / name, shallow=False)]
+    for sub in cmp.common_dirs:
+        found += _differences(a / sub, b / sub, f"{prefix}{sub}/")
+    return sorted(found)
