@@ -22,9 +22,9 @@ FIELD = '''    warmup_steps: int = 0
     adam_amsgrad: bool = False
     """AdamW's amsgrad: the maximum of the second moments so far (a throwaway key of a test)."""
 '''
-CHECK = '''        if self.adam_amsgrad and self.eight_bit:
+CHECK = """        if self.adam_amsgrad and self.eight_bit:
             raise ConfigError("adam_amsgrad: true needs optimizer: adamw_torch_fused (the 8-bit AdamW has none).")
-        for name, ok, rule in ('''
+        for name, ok, rule in ("""
 HYPER = "weight_decay=self.weight_decay, amsgrad=self.adam_amsgrad"
 
 # Run in the copy: build a trainer each way and print the optimizer's amsgrad.
@@ -39,9 +39,10 @@ data = [{"prompt": "w1 w2 w3"}] * 8
 reward = lambda completions, **kw: [0.0] * len(completions)
 common = dict(output_dir=sys.argv[3], num_generations=2, per_device_train_batch_size=4, max_steps=1,
               max_completion_length=2, save_strategy="no", progress_bar=False, report_to=[])
+overrides = ["adam_amsgrad=true", *(f"{k}={v}" for k, v in common.items() if k != "report_to")]
 for name, args in (
     ("yaml", load_config(yaml_path, {"output_dir": sys.argv[3]})),
-    ("override", load_config(None, ["adam_amsgrad=true", *(f"{k}={v}" for k, v in common.items() if k != "report_to")])),
+    ("override", load_config(None, overrides)),
     ("trl", GRPOConfig(adam_amsgrad=True, **common)),
 ):
     trainer = GRPOTrainer(model, reward_funcs=reward, args=args, train_dataset=data)
