@@ -6,6 +6,7 @@ from __future__ import annotations
 import yaml
 
 from grpokit.compose.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
+from grpokit.compose.rollouts import engine_kind
 from grpokit.config import GRPOConfig
 from grpokit.kernels.cpu_precision import run_compute
 from grpokit.machine.hardware import pick_device
@@ -86,7 +87,7 @@ def _sizes(cfg: GRPOConfig, world_size: int) -> str:
         cfg.mixed_precision,
         sample_rows=cfg.completions_per_step(),
         world_size=world_size,
-        own_sampler=cfg.engine == "hf",
+        own_sampler=engine_kind(cfg.engine).own_sampler,
     )
     lines += ["", "# compute precision (weights and optimizer state float32 under dtype auto)", *compute.notes]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from grpokit.compose.datasets import check_data, streaming_train_args
 from grpokit.compose.rewards import build_reward_runner
 from grpokit.compose.rollouts import engine_kind
 from grpokit.config import GRPOConfig
+from grpokit.config.rules import engine_settings
 from grpokit.data.readers import eval_set_name, eval_sets
 from grpokit.machine.hardware import pick_device
 from grpokit.train.rundir.folder import check_run_dir
@@ -60,19 +61,16 @@ def check_inputs(
     )
 
     args.validate(procs.world_size)
-    engine_kind(args.engine)  # a registered engine (rollout/engines.py), before a model loads
+    kind = engine_kind(args.engine)  # a registered engine (rollout/engines.py), before a model loads
     if rollout_func is not None:
         check_rollout_func(args, rollout_func, tools, environment_factory)
-    if args.engine == "vllm" and args.vllm_mode == "server":
-        from grpokit.rollout.vllm_server import check_server_environment
-
-        check_server_environment(procs.enabled, pick_device(args.device).type)
-    elif args.engine == "vllm":
-        from grpokit.rollout.vllm_engine import check_vllm_environment
+    if kind.check_environment is not None:
+        from grpokit.rollout.engines import EngineSite
 
         # with Ray the workers sample: on CUDA with rollout_worker_gpus, else on the CPU
-        workers = "cuda" if args.rollout_worker_gpus > 0 else "cpu"
-        check_vllm_environment(procs.enabled, workers if args.backend == "ray" else pick_device(args.device).type)
+        workers = ("cuda" if args.rollout_worker_gpus > 0 else "cpu") if args.backend == "ray" else None
+        site = EngineSite(procs.enabled, pick_device(args.device).type, workers)
+        kind.check_environment(engine_settings(args, args.engine), site)
     prompts = specs.prompt_builder(args)  # prompt_template, system_prompt, use_chat_template
     has_environment = environment_factory is not None or args.environment_factory is not None
     default_prompt = PLACEHOLDER_PROMPT if has_environment else None

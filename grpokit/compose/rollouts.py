@@ -38,7 +38,7 @@ def build_rollouts(
     parts = engine_parts(args, model, tokenizer, device, source, rollout_func, autocast_dtype, kernels)
     settings = engine_settings(args, name)
     # vLLM with Ray: the workers hold the engines; the learner keeps grpokit's (versions, evaluation)
-    in_workers = args.backend == "ray" and name == "vllm"
+    in_workers = args.backend == "ray" and kind.in_ray_workers
     engine = engine_kind("hf").build(parts, None) if in_workers else kind.build(parts, settings)
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray); TRL's kwargs
@@ -52,7 +52,7 @@ def build_rollouts(
         raw_prompts=engine.takes_raw_prompts,
         seeded=args.seed_per_group or procs.enabled,  # rollouts must not depend on the split over processes
         ahead=ahead > 0,
-        server=name == "vllm" and args.vllm_mode == "server",
+        server=kind.serves(settings),
     )
     entry = pick_sampler(situation)
     extras = {  # what a sampler may need besides the common parts, built only when it does (Ray: rank 0 starts them)
@@ -83,6 +83,7 @@ def build_rollouts(
         prompts_per_step=args.prompts_per_step(procs.world_size),
         sampling=sampling,
         tool_rollouts=tool_rollouts,
+        sync_check=engine if kind.checks_sync and not in_workers else None,
     )
     inputs = specs.update_inputs_spec(args, rollout_source.off_policy, kind.separate_weights)
     return scheduler, inputs

@@ -16,7 +16,7 @@ from grpokit.compose import arguments, datasets, specs
 from grpokit.compose import inputs as build_inputs
 from grpokit.compose.learner import build_learner
 from grpokit.compose.policy import build_policy, warn_if_too_big
-from grpokit.compose.rollouts import build_rollouts, build_step_sampling
+from grpokit.compose.rollouts import build_rollouts, build_step_sampling, engine_kind
 from grpokit.config import GRPOConfig
 from grpokit.eval.evaluator import Evaluator
 from grpokit.kernels import Kernels
@@ -217,7 +217,7 @@ def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer
         config.mixed_precision,
         sample_rows=config.completions_per_step(),
         world_size=procs.world_size,
-        own_sampler=config.engine == "hf",
+        own_sampler=engine_kind(config.engine).own_sampler,
     )
     dtype = compute.learning
     kernels = Kernels.select(device, dtype)  # this run's fast paths, chosen once

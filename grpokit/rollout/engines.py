@@ -73,6 +73,25 @@ class EngineEntry:
     settings: type | None = None
     separate_weights: bool = False
     internal: bool = False  # built by grpokit itself (tool rollouts, a rollout_func), not named by generation.engine
+    own_sampler: bool = False  # grpokit's own sampler on the policy's weights (its compute dtype is chosen for it)
+    in_ray_workers: bool = False  # with distributed.backend: ray the rollout workers hold it; the learner keeps an hf
+    checks_sync: bool = False  # has sync_gap_warning / sync_gap_stop: its log-probs against the learner's, each step
+    check_environment: Callable[[Any, EngineSite], None] | None = None  # before a model loads: one line if it can't
+    is_server: Callable[[Any], bool] | None = None  # samples from a running server, per its settings
+
+    def serves(self, settings: Any) -> bool:
+        """Whether this engine, with ``settings``, samples from a server (which pushes weights to it)."""
+        return self.is_server is not None and self.is_server(settings)
+
+
+@dataclass(frozen=True)
+class EngineSite:
+    """Where an engine would run, for its ``check_environment``: several learner processes (``distributed``), the
+    learner's device type, and with Ray the workers' device type (``workers``: None without Ray)."""
+
+    distributed: bool
+    learner_device: str
+    workers: str | None = None
 
 
 def _hf(parts: EngineParts, settings: None = None):
@@ -143,6 +162,19 @@ def _vllm(parts: EngineParts, settings: VLLMSettings):
     return VLLMRolloutEngine(parts.model, parts.eos_token_ids, parts.pad_token_id, spec, **common)
 
 
+def _vllm_environment(settings: VLLMSettings, site: EngineSite) -> None:
+    """vLLM can sample here: a server beside one learner process, or an installed vLLM on the workers' or the
+    learner's device."""
+    if settings.vllm_mode == "server":
+        from grpokit.rollout.vllm_server import check_server_environment
+
+        check_server_environment(site.distributed, site.learner_device)
+    else:
+        from grpokit.rollout.vllm_engine import check_vllm_environment
+
+        check_vllm_environment(site.distributed, site.workers or site.learner_device)
+
+
 def _device_type(device) -> str | None:
     return None if device is None else getattr(device, "type", str(device).split(":")[0])
 
@@ -168,8 +200,16 @@ def _rollout_func(parts: EngineParts, settings: None):
 ENGINES = Registry(
     "engine",
     {
-        "hf": EngineEntry(_hf),
-        "vllm": EngineEntry(_vllm, settings=VLLMSettings, separate_weights=True),
+        "hf": EngineEntry(_hf, own_sampler=True),
+        "vllm": EngineEntry(
+            _vllm,
+            settings=VLLMSettings,
+            separate_weights=True,
+            in_ray_workers=True,
+            checks_sync=True,
+            check_environment=_vllm_environment,
+            is_server=lambda settings: settings.vllm_mode == "server",
+        ),
         "transformers": EngineEntry(_transformers),
         "multi-turn": EngineEntry(_multi_turn, internal=True),
         # the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights

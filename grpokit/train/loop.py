@@ -118,15 +118,17 @@ class Loop:
         update = {BETA: beta, **update, **sampled.metrics}
         # record: the step's metrics, and on rank 0 its rollouts in the store and its line in metrics.jsonl
         metrics = step_record(run, step, sampled, advantages, update, clock, staleness)
+        sync = run.rollout_scheduler.sync_check  # an engine with its own copy of the weights checks it each step
         if procs.is_main:
             self.run_log.step(step, metrics.records, metrics.values)
             everyone = sampled.global_rewards  # every process's rewards
             tied = run.ties.step(step, everyone.names, everyone.per_func, everyone.combined)
-            gap = getattr(run.engine, "sync_gap_warning", lambda *a: None)(step, metrics.values)  # vLLM's weights
+            gap = sync.sync_gap_warning(step, metrics.values) if sync else None  # an engine's own weights
             for warning in (tied, gap):
                 if warning:
                     self.run_log.warn(warning)
-        getattr(run.engine, "sync_gap_stop", lambda *a: None)(step, metrics.values)  # every rank: the same mean gap
+        if sync:
+            sync.sync_gap_stop(step, metrics.values)  # every rank: the same mean gap
         return metrics.values
 
     def _learn(self, rollouts, rewards: torch.Tensor, beta: float, clock: PhaseClock) -> tuple[torch.Tensor, dict]:

@@ -31,7 +31,9 @@ class RolloutScheduler:
     sampling in this process (its policy version and random stream are checkpointed); ``prompts``: the training
     PromptSource, of which each step draws ``prompts_per_step`` (the global batch); ``procs``: the
     :class:`~grpokit.system.processes.SingleProcess` context (or a torchrun rank's); ``sampling``: the run's
-    SamplingParams; ``tool_rollouts``: the run's ToolRollouts (multi-turn tool rollouts), or None.
+    SamplingParams; ``tool_rollouts``: the run's ToolRollouts (multi-turn tool rollouts), or None; ``sync_check``:
+    the engine when its registry entry checks the sampler-learner log-prob gap after each step (``sync_gap_warning``,
+    ``sync_gap_stop``: vLLM's own copy of the weights), else None.
     """
 
     def __init__(
@@ -44,8 +46,10 @@ class RolloutScheduler:
         prompts_per_step: int,
         sampling: SamplingParams,
         tool_rollouts=None,
+        sync_check=None,
     ):
         self.source, self.engine, self.prompts, self.procs = source, engine, prompts, procs
+        self.sync_check = sync_check
         self.prompts_per_step, self.sampling, self.tool_rollouts = prompts_per_step, sampling, tool_rollouts
         self._resume_indices: list[int] | None = None  # a checkpoint's drawn batch, not yet sampled
 
