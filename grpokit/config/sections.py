@@ -32,6 +32,7 @@ from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, Mo
 from grpokit.errors import ConfigError
 from grpokit.models.lora_settings import LoraSettings
 from grpokit.train.learning.optimizer_settings import LR_SCHEDULES, OPTIMIZERS
+from grpokit.train.tracking_settings import REPORT_SINKS  # noqa: F401  (the config package's name for them)
 
 SECTIONS: dict[str, type] = {
     "model": ModelConfig,
@@ -79,7 +80,6 @@ CHOICES = {
     "tool_isolation": ("process", "thread"),
 }
 
-REPORT_SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio")
 
 # The keys of a dataset given as a mapping (data.train_dataset / eval_dataset): datasets.load_dataset's arguments.
 

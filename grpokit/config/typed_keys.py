@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from grpokit.config.running import AgentConfig, DistributedConfig, EvalConfig, RewardSettings, RunConfig
+    from grpokit.config.running import AgentConfig, DistributedConfig, EvalConfig, RunConfig
     from grpokit.config.training import AlgoConfig, DataConfig, GenerationConfig, ModelConfig, OptimConfig
     from grpokit.models.lora_settings import LoraSettings
+    from grpokit.rewards.settings import RewardSettings
 
 
 class TypedKeys:
@@ -47,44 +48,7 @@ class TypedKeys:
     prompt_overflow: str
     shuffle: bool
     # algo
-    algorithm: str
-    value_model_name_or_path: str | None
-    critic_learning_rate: float | None
-    vf_coef: float
-    cliprange_value: float
-    gamma: float
-    lam: float
-    kl_in_reward: bool
-    num_generations: int
-    beta: float
-    use_bias_correction_kl: bool
-    epsilon: float
-    epsilon_high: float | None
-    delta: float | None
-    loss_type: str
     imports: list
-    loss_params: dict
-    top_entropy_quantile: float
-    off_policy_mask_threshold: float | None
-    off_policy_correction: str
-    off_policy_is_mode: str
-    off_policy_is_min: float | None
-    off_policy_is_max: float | None
-    scale_rewards: str
-    multi_objective_aggregation: str
-    advantage_estimator: str
-    importance_sampling_level: str
-    num_iterations: int
-    mask_truncated_completions: bool
-    ref_model_sync_steps: int
-    ref_model_mixup_alpha: float
-    max_kl: float | None
-    max_kl_patience: int
-    kl_controller: str
-    target_kl: float | None
-    kl_horizon: float
-    dynamic_sampling: bool
-    max_sampling_rounds: int
     entropy_coef: float
     use_adaptive_entropy: bool
     entropy_target: float
@@ -98,20 +62,44 @@ class TypedKeys:
     vespo_lambda_neg: float
     sapo_temperature_pos: float
     sapo_temperature_neg: float
+    value_model_name_or_path: str | None
+    critic_learning_rate: float | None
+    vf_coef: float
+    cliprange_value: float
+    gamma: float
+    lam: float
+    kl_in_reward: bool
+    algorithm: str
+    num_generations: int
+    scale_rewards: str
+    multi_objective_aggregation: str
+    advantage_estimator: str
+    beta: float
+    use_bias_correction_kl: bool
+    epsilon: float
+    epsilon_high: float | None
+    delta: float | None
+    loss_type: str
+    loss_params: dict
+    top_entropy_quantile: float
+    off_policy_mask_threshold: float | None
+    importance_sampling_level: str
+    num_iterations: int
+    mask_truncated_completions: bool
+    off_policy_correction: str
+    off_policy_is_mode: str
+    off_policy_is_min: float | None
+    off_policy_is_max: float | None
+    ref_model_sync_steps: int
+    ref_model_mixup_alpha: float
+    max_kl: float | None
+    max_kl_patience: int
+    kl_controller: str
+    target_kl: float | None
+    kl_horizon: float
+    dynamic_sampling: bool
+    max_sampling_rounds: int
     # generation
-    max_completion_length: int
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    repetition_penalty: float
-    generation_kwargs: dict | None
-    engine: str
-    engine_params: dict
-    vllm_importance_sampling_correction: bool
-    vllm_importance_sampling_cap: float
-    vllm_importance_sampling_mode: str
-    vllm_importance_sampling_clip_min: float | None
     vllm_gpu_memory_utilization: float
     vllm_max_model_length: int | None
     vllm_enable_sleep_mode: bool | None
@@ -127,15 +115,20 @@ class TypedKeys:
     vllm_tensor_parallel_size: int
     vllm_partial_rollout_tokens: int | None
     vllm_partial_rollout_timeout: float
+    max_completion_length: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    generation_kwargs: dict | None
+    engine: str
+    engine_params: dict
+    vllm_importance_sampling_correction: bool
+    vllm_importance_sampling_cap: float
+    vllm_importance_sampling_mode: str
+    vllm_importance_sampling_clip_min: float | None
     # optim
-    max_grad_norm: float
-    per_device_train_batch_size: int
-    backward_chunk_rows: int | None
-    gradient_accumulation_steps: int
-    num_mini_batches: int
-    max_steps: int
-    num_train_epochs: float
-    seed: int
     learning_rate: float
     weight_decay: float
     adam_beta1: float
@@ -145,21 +138,29 @@ class TypedKeys:
     lr_scheduler_type: str
     warmup_ratio: float
     warmup_steps: int
+    max_grad_norm: float
+    per_device_train_batch_size: int
+    backward_chunk_rows: int | None
+    gradient_accumulation_steps: int
+    num_mini_batches: int
+    max_steps: int
+    num_train_epochs: float
+    seed: int
     # run
+    store_token_values: list
     output_dir: str
-    report_to: list
-    logging_steps: int
+    resume_from: str | None
+    overwrite: bool
     save_strategy: str
     save_steps: int
     save_total_limit: int | None
-    resume_from: str | None
-    overwrite: bool
-    max_nonfinite_steps: int
-    warn_tied_steps: int
+    report_to: list
+    logging_steps: int
     progress_bar: bool
     log_completions: bool
     num_completions_to_print: int | None
-    store_token_values: list
+    max_nonfinite_steps: int
+    warn_tied_steps: int
     # eval
     eval_strategy: str
     eval_steps: int

@@ -1,5 +1,5 @@
-"""Validation: one validator per section (the training sections here, the run-side ones in section_checks.py), then the
-cross-section rules (rules.py), in a fixed order.
+"""Validation: each part's own settings check (the ``check()`` of the settings classes the sections are assembled
+from), then the rules that span parts (rules.py), in a fixed order.
 
 Each check raises a :class:`ConfigError` whose message names the value, the rule and the fix; no model is
 touched. ``validate`` runs them all; the first failing check is the one reported.
@@ -10,38 +10,30 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from grpokit.config import rules, section_checks
+from grpokit.config import rules
 from grpokit.config.sections import CHOICES, SECTIONS, ConfigError, check, part_checks
 
 if TYPE_CHECKING:
     from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module
 
-    from grpokit.config.training import AlgoConfig, GenerationConfig, OptimConfig
+    from grpokit.config.training import GenerationConfig
 
 
 def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
-    """Every check of the config, sections first where a cross-section rule needs their values sound."""
+    """Every check of the config: each part's own settings check (``check()`` of the settings classes a section is
+    assembled from), then the rules that span parts, in a fixed order."""
     rules.imports(cfg)
     _choices(cfg)
     part_checks({name: getattr(cfg, name) for name in SECTIONS})  # each part's own settings check
     rules.algorithm(cfg, world_size)
-    _algo(cfg.algo)
     rules.loss(cfg)
     rules.engine_settings(cfg)  # its own check, before any model loads
     rules.kl_control_and_dynamic_sampling(cfg, world_size)
     _generation(cfg.generation)
-    _optim(cfg.optim)
     rules.batch_size(cfg, world_size)
-    section_checks.data(cfg.data)
-    section_checks.evaluation(cfg.eval)
-    section_checks.run(cfg.run)
-    section_checks.lora(cfg.lora)
     rules.lora_and_model(cfg)
-    section_checks.reward(cfg.reward)
     rules.reward_weights(cfg)
-    section_checks.distributed(cfg.distributed)
     rules.distributed(cfg, world_size)
-    section_checks.agent(cfg.agent)
     if cfg.agent.tools or cfg.agent.environment_factory:
         check_multi_turn(cfg)
 
@@ -63,61 +55,10 @@ def _choices(cfg: GRPOConfig) -> None:
             raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}.{hint}")
 
 
-def _algo(a: AlgoConfig) -> None:
-    check(a.epsilon > 0, f"epsilon={a.epsilon} must be > 0 (the clip range, e.g. 0.2).")
-    check(a.epsilon_high is None or a.epsilon_high > 0, f"epsilon_high={a.epsilon_high} must be > 0 or null.")
-    check(a.beta >= 0, f"beta={a.beta} must be >= 0 (0 disables the KL penalty).")
-    check(a.num_iterations >= 1, f"num_iterations={a.num_iterations} must be >= 1.")
-    check(0.0 <= a.ref_model_mixup_alpha <= 1.0, f"ref_model_mixup_alpha={a.ref_model_mixup_alpha} must be in [0, 1].")
-    check(a.ref_model_sync_steps >= 0, f"ref_model_sync_steps={a.ref_model_sync_steps} must be >= 0 (0 = never).")
-    check(a.max_kl is None or a.max_kl > 0, f"max_kl={a.max_kl} must be > 0 or null.")
-    check(a.max_kl_patience >= 1, f"max_kl_patience={a.max_kl_patience} must be >= 1.")
-    check(
-        a.delta is None or a.delta > 1,
-        f"delta={a.delta} must be > 1 or null (the cap on the unclipped ratio, above 1 + epsilon_high, e.g. 4).",
-    )
-    check(
-        0 <= a.top_entropy_quantile <= 1,
-        f"top_entropy_quantile={a.top_entropy_quantile} must be in [0, 1] (the fraction of tokens trained on, by "
-        "entropy; 1 = all, 0.2 in its paper).",
-    )
-    check(
-        a.off_policy_mask_threshold is None or a.off_policy_mask_threshold >= 0,
-        f"off_policy_mask_threshold={a.off_policy_mask_threshold} must be >= 0 or null (a mean log-ratio, e.g. 0.5).",
-    )
-    low, high = a.off_policy_is_min, a.off_policy_is_max
-    check(
-        (low is None or low >= 0) and (high is None or high > 0) and (low is None or high is None or low < high),
-        f"off_policy_is_min={low}, off_policy_is_max={high}: need 0 <= min < max (null: unbounded on that side).",
-    )
-    check(
-        a.multi_objective_aggregation in ("sum_then_normalize", "normalize_then_sum"),
-        f"multi_objective_aggregation={a.multi_objective_aggregation!r}: valid choices are sum_then_normalize, "
-        "normalize_then_sum.",
-    )
-    check(
-        a.multi_objective_aggregation == "sum_then_normalize" or a.advantage_estimator == "grpo",
-        f"multi_objective_aggregation: normalize_then_sum normalises over the batch itself (TRL's GDPO); it "
-        f"cannot be combined with advantage_estimator: {a.advantage_estimator}. Set advantage_estimator: grpo.",
-    )
-    check(
-        a.entropy_coef_min <= a.entropy_coef_max and a.entropy_coef_delta >= 0,
-        f"entropy_coef_min={a.entropy_coef_min}, entropy_coef_max={a.entropy_coef_max}, entropy_coef_delta="
-        f"{a.entropy_coef_delta}: the bounds must be in order (min <= max) and the step >= 0.",
-    )
-
-
 def _generation(g: GenerationConfig) -> None:
-    check(g.max_completion_length >= 1, f"max_completion_length={g.max_completion_length} must be >= 1.")
-    check(
-        g.temperature > 0,
-        f"temperature={g.temperature} must be > 0 (use a small value such as 0.1 for near-greedy sampling).",
-    )
-    check(0 < g.top_p <= 1, f"top_p={g.top_p} must be in (0, 1].")
-    check(g.top_k >= 0, f"top_k={g.top_k} must be >= 0 (0 = off).")
-    check(0 <= g.min_p < 1, f"min_p={g.min_p} must be in [0, 1) (0 = off).")
-    check(g.repetition_penalty > 0, f"repetition_penalty={g.repetition_penalty} must be > 0 (1 = off).")
-    sampling = sampling_options(g)  # generation_kwargs' keys, checked; their values in range too
+    """generation_kwargs' keys against the engine, and their values in range (the keys' own ranges: the sampling
+    settings' check)."""
+    sampling = sampling_options(g)
     for key in ("top_p", "top_k", "min_p", "repetition_penalty"):
         if g.generation_kwargs and key in g.generation_kwargs:
             value = sampling[key]
@@ -144,26 +85,3 @@ def sampling_options(g: GenerationConfig) -> dict:
         )
     except GenerationOptionError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _optim(o: OptimConfig) -> None:
-    check(
-        o.max_steps >= 1 or o.max_steps == -1,
-        f"max_steps={o.max_steps} must be >= 1, or -1 to train num_train_epochs.",
-    )
-    check(o.num_train_epochs > 0, f"num_train_epochs={o.num_train_epochs} must be > 0.")
-    check(
-        o.per_device_train_batch_size >= 1,
-        f"per_device_train_batch_size={o.per_device_train_batch_size} must be >= 1.",
-    )
-    check(
-        o.backward_chunk_rows is None or o.backward_chunk_rows >= 1,
-        f"backward_chunk_rows={o.backward_chunk_rows} must be >= 1, or null to choose it from the model's size.",
-    )
-    check(
-        o.gradient_accumulation_steps >= 1,
-        f"gradient_accumulation_steps={o.gradient_accumulation_steps} must be >= 1.",
-    )
-    check(o.max_grad_norm >= 0, f"max_grad_norm={o.max_grad_norm} must be >= 0 (0 = no clipping).")
-    check(0 <= o.seed < 2**63, f"seed={o.seed} must be in [0, 2**63).")
-    check(o.num_mini_batches >= 1, f"num_mini_batches={o.num_mini_batches} must be >= 1.")

@@ -7,21 +7,29 @@ Example::
     runner = RewardRunner(["accuracy", {"name": "format", "weight": 0.5}])
     result = runner.score(prompts, completions, {"answer": answers})
     result.combined, result.metrics()
-"""
 
-from grpokit.rewards.contract import MissingColumnError, RewardError
-from grpokit.rewards.pool import LocalRewardPool, RewardPool
-from grpokit.rewards.resolve import BUILTINS, get_reward, resolve_reward
-from grpokit.rewards.runner import RewardResult, RewardRunner
 
-__all__ = [
-    "BUILTINS",
-    "LocalRewardPool",
-    "MissingColumnError",
-    "RewardError",
-    "RewardPool",
-    "RewardResult",
-    "RewardRunner",
-    "get_reward",
-    "resolve_reward",
-]
+The names are imported on first use, so the package's settings (``grpokit.rewards.settings``) are read by the config
+without loading torch."""
+
+import importlib
+
+_WHERE = {
+    "BUILTINS": "resolve",
+    "LocalRewardPool": "pool",
+    "MissingColumnError": "contract",
+    "RewardError": "contract",
+    "RewardPool": "pool",
+    "RewardResult": "runner",
+    "RewardRunner": "runner",
+    "get_reward": "resolve",
+    "resolve_reward": "resolve",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'grpokit.rewards' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"grpokit.rewards.{_WHERE[name]}"), name)

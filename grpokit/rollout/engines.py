@@ -162,6 +162,10 @@ def _vllm(parts: EngineParts, settings: VLLMSettings):
     return VLLMRolloutEngine(parts.model, parts.eos_token_ids, parts.pad_token_id, spec, **common)
 
 
+def _vllm_server(settings: VLLMSettings) -> bool:
+    return settings.vllm_mode == "server"
+
+
 def _vllm_environment(settings: VLLMSettings, site: EngineSite) -> None:
     """vLLM can sample here: a server beside one learner process, or an installed vLLM on the workers' or the
     learner's device."""
@@ -208,7 +212,7 @@ ENGINES = Registry(
             in_ray_workers=True,
             checks_sync=True,
             check_environment=_vllm_environment,
-            is_server=lambda settings: settings.vllm_mode == "server",
+            is_server=_vllm_server,
         ),
         "transformers": EngineEntry(_transformers),
         "multi-turn": EngineEntry(_multi_turn, internal=True),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpokit.errors import require
+
 
 @dataclass
 class LossTermsSettings:
@@ -28,3 +30,10 @@ class LossTermsSettings:
     router_aux_loss_coef: float | None = None
     """Mixture-of-experts models: weight of the routers' load-balancing loss added to the objective; null = the model
     config's own router_aux_loss_coef (on for an MoE model that declares one, as in TRL)."""
+
+    def check(self) -> None:
+        require(
+            self.entropy_coef_min <= self.entropy_coef_max and self.entropy_coef_delta >= 0,
+            f"entropy_coef_min={self.entropy_coef_min}, entropy_coef_max={self.entropy_coef_max}, entropy_coef_delta="
+            f"{self.entropy_coef_delta}: the bounds must be in order (min <= max) and the step >= 0.",
+        )
