@@ -22,57 +22,165 @@ import signal
 import sys
 import time
 
-SHOWN = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/dev")
+SHOWN = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc")
+DEVICES = ("null", "zero", "random", "urandom")  # the minimal /dev: these, bound from the host, and an empty shm
+RDONLY, NOSUID, NODEV, NOEXEC, REMOUNT, BIND, REC, PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
+
+
+class Refused(Exception):
+    """The sandbox cannot be made safe here: the caller refuses the backend (the message says which step)."""
+
+
+def libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def call(result, what):
+    import ctypes
+
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def mount(source, target, fstype, flags, data=None):
+    encoded = [None if x is None else x.encode() for x in (source, target, fstype, data)]
+    call(libc().mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]), "mount " + target)
+
+
+def readonly(point, options):
+    flags = sum(
+        flag for option, flag in (("nosuid", NOSUID), ("nodev", NODEV), ("noexec", NOEXEC)) if option in options
+    )
+    mount("none", point, None, REMOUNT | BIND | RDONLY | flags)
 
 
 def private_view(keep):
     """The ``unshare`` backend (bwrap does this itself): in this process's new mount namespace, hide every top-level
-    folder but the system's under an empty tmpfs, show ``keep`` (the interpreter's prefix) again, make every mount
-    read-only, and work in a fresh tmpfs on /tmp."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    rdonly, nosuid, nodev, remount, bind, rec, private = 1, 2, 4, 32, 4096, 16384, 1 << 18
-
-    def mount(source, target, fstype, flags, data=None):
-        encoded = [None if x is None else x.encode() for x in (source, target, fstype, data)]
-        if libc.mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]) != 0:
-            raise OSError(ctypes.get_errno(), "mount " + target)
-
-    mount("none", "/", None, rec | private)
+    folder but the system's under an empty tmpfs, show ``keep`` (the interpreter's prefix) again, give it a minimal
+    /dev, make every mount but /proc read-only (/proc: see :func:`lock_view`), and work in a fresh tmpfs on /tmp."""
+    mount("none", "/", None, REC | PRIVATE)
     fds = [(path, os.open(path, os.O_PATH)) for path in keep]
+    devices = [(name, os.open("/dev/" + name, os.O_PATH)) for name in DEVICES]
     for name in os.listdir("/"):
         path = "/" + name
         if path not in SHOWN and os.path.isdir(path) and not os.path.islink(path):
-            mount("tmpfs", path, "tmpfs", nosuid | nodev, "size=1m,mode=755")
+            mount("tmpfs", path, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
     for path, fd in fds:
         os.makedirs(path, exist_ok=True)
-        mount(f"/proc/self/fd/{fd}", path, None, bind | rec)
+        mount(f"/proc/self/fd/{fd}", path, None, BIND | REC)
         os.close(fd)
+    for name, fd in devices:  # /dev is one of the empty tmpfs above: the host's (and its /dev/shm) are hidden
+        open("/dev/" + name, "w").close()
+        mount(f"/proc/self/fd/{fd}", "/dev/" + name, None, BIND)
+        os.close(fd)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "0"), ("stdout", "1"), ("stderr", "2")):
+        os.symlink(target if name == "fd" else "/proc/self/fd/" + target, "/dev/" + name)
+    os.mkdir("/dev/shm")
     with open("/proc/self/mountinfo") as f:
         points = [(line.split()[4], line.split()[5].split(",")) for line in f]
-    kept = {"nosuid": nosuid, "nodev": nodev, "noexec": 8}
     for point, options in points:
-        flags = sum(flag for option, flag in kept.items() if option in options)
-        # a mount that cannot change (locked, gone) stays as the host has it, hidden or read-only above
-        with contextlib.suppress(OSError):
-            mount("none", point, None, remount | bind | rdonly | flags)
-    mount("tmpfs", "/tmp", "tmpfs", nosuid | nodev, "size=64m,mode=1777")
+        if point != "/proc" and not point.startswith("/proc/"):
+            # a mount that cannot change (locked, gone) stays as the host has it, hidden or read-only above
+            with contextlib.suppress(OSError):
+                readonly(point, options)
+    mount("tmpfs", "/dev/shm", "tmpfs", NOSUID | NODEV | NOEXEC, "size=16m,mode=1777")
+    mount("tmpfs", "/tmp", "tmpfs", NOSUID | NODEV, "size=64m,mode=1777")
     os.chdir("/tmp")
 
 
+def limit_user_namespaces():
+    """Before :func:`lock_view` (this user namespace is the sandbox's own): let it hold one more user namespace,
+    the lock's, so the program cannot make another (where it would hold every capability again)."""
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("1")
+
+
+def lock_view(ids):
+    """The ``unshare`` backend as an ordinary user: the view above was built by this process as root of its own
+    user namespace, so the program could undo it (unmount the tmpfs layers, remount / read-write). Enter a further
+    user and mount namespace: every mount copied into a mount namespace of a less privileged user namespace is
+    locked by the kernel (MNT_LOCKED: not unmounted alone, its read-only and other flags fixed), whatever
+    capabilities the program holds there. ``ids``: the uid and gid the program then has (the invoking user's)."""
+    uid, gid = os.getuid(), os.getgid()
+    call(libc().unshare(CLONE_NEWUSER | CLONE_NEWNS), "a second user namespace")
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{ids['uid']} {uid} 1"),
+        ("gid_map", f"{ids['gid']} {gid} 1"),
+    ):
+        with open("/proc/self/" + name, "w") as f:
+            f.write(text)
+    with open("/proc/self/mountinfo") as f:
+        proc = [line.split()[5].split(",") for line in f if line.split()[4] == "/proc"]
+    readonly("/proc", proc[-1])
+
+
+def status_fields():
+    with open("/proc/self/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
 def drop_privileges(uid, processes):
+    """Every capability gone (bounding, ambient, inheritable, permitted, effective), no new privileges (a setuid
+    binary runs as its caller), not dumpable (the program cannot ptrace this harness); as root: the user ``uid``."""
+    import ctypes
+
+    lib = libc()
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        if lib.prctl(23, cap, 0, 0, 0) == 1:  # PR_CAPBSET_READ
+            call(lib.prctl(24, cap, 0, 0, 0), f"drop capability {cap} from the bounding set")  # PR_CAPBSET_DROP
+    call(lib.prctl(47, 4, 0, 0, 0), "clear the ambient capabilities")  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
     if uid is not None and os.getuid() == 0:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-        # a change of user clears the parent-death signal that bwrap (--die-with-parent) and unshare (--kill-child)
-        # set: set it again, so this namespace dies with them
-        import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: two 32-bit words each, all zero
+    call(lib.capset(ctypes.byref(Header(0x20080522, 0)), data), "clear the capabilities")  # _LINUX_CAPABILITY_VERSION_3
+    call(lib.prctl(38, 1, 0, 0, 0), "set no_new_privs")  # PR_SET_NO_NEW_PRIVS
+    call(lib.prctl(4, 0, 0, 0, 0), "make the harness not dumpable")  # PR_SET_DUMPABLE
+    # a change of user clears the parent-death signal that bwrap (--die-with-parent) and unshare (--kill-child)
+    # set: set it again, so this namespace dies with them
+    call(lib.prctl(1, signal.SIGKILL, 0, 0, 0), "set the parent-death signal")  # PR_SET_PDEATHSIG
+    fields = status_fields()
+    held = [
+        f"{key} {fields.get(key)}"
+        for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+        if int(fields.get(key, "1"), 16)
+    ]
+    if held or fields.get("NoNewPrivs") != "1":
+        raise Refused(
+            "capabilities left after dropping them: "
+            + ", ".join([*held, "NoNewPrivs " + str(fields.get("NoNewPrivs"))])
+        )
     if processes is not None:
         resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+
+
+def isolate(spec):
+    """Everything this harness does to the sandbox before any program runs; :class:`Refused` when a step fails."""
+    try:
+        if spec.get("lock") is not None:
+            limit_user_namespaces()
+        if spec.get("keep") is not None:
+            private_view(spec["keep"])
+        if spec.get("lock") is not None:
+            lock_view(spec["lock"])
+        if spec.get("harden"):
+            drop_privileges(spec.get("uid"), spec.get("processes"))
+        elif spec.get("processes") is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (spec["processes"], spec["processes"]))
+    except OSError as exc:
+        raise Refused(str(exc)) from exc
 
 
 def child(spec, test, token, result_w, out_w):
@@ -200,9 +308,12 @@ def main():
     spec = json.loads(sys.stdin.buffer.readline())
     LIFELINE = os.dup(0)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    if spec.get("keep") is not None:
-        private_view(spec["keep"])
-    drop_privileges(spec.get("uid"), spec.get("processes"))
+    try:
+        isolate(spec)
+    except Refused as exc:
+        sys.stdout.write(json.dumps({"refused": str(exc)}) + "\n")
+        sys.stdout.flush()
+        return
     if spec.get("command"):
         with open("program", "w") as f:
             f.write(spec["program"])

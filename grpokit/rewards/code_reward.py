@@ -26,14 +26,12 @@ import os
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from grpokit.rewards.contract import texts_of
 from grpokit.rewards.sandbox import Limits, Sandbox
 
 MODES = ("all", "fraction")
-HARNESS = Path(__file__).with_name("code_harness.py")
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _ALIASES = {"python": ("python", "py", "python3")}
 
@@ -143,20 +141,12 @@ class CodeReward:
             "test_seconds": self.test_seconds,
             "output_bytes": self.limits.output_bytes,
             "command": self.command,
-            "uid": self.sandbox.uid if self.sandbox.root and self.sandbox.backend != "none" else None,
-            "processes": self.sandbox.nproc_for_program(self.limits) if self.sandbox.backend != "none" else None,
-            "keep": [self.sandbox.prefix, *self.sandbox.readonly] if self.sandbox.backend == "unshare" else None,
         }
         # the label marks every process of this run (forks keep it): tests find leftovers by it
-        command = [self.sandbox.python, "-I", "-S", "{work}/harness.py", program_label(program)]
-        line = json.dumps(spec).encode() + b"\n"
-        done = self.sandbox.run(command, line, {"harness.py": HARNESS.read_text()}, self.limits, hold_stdin=True)
-        try:
-            results = json.loads(done.stdout.decode().strip().splitlines()[-1])["results"]
-            if len(results) == len(tests) and all(isinstance(r, str) for r in results):
-                return results
-        except (ValueError, IndexError, KeyError, TypeError):
-            pass
+        reply, done = self.sandbox.run_harness(spec, self.limits, label=program_label(program))
+        results = (reply or {}).get("results")
+        if isinstance(results, list) and len(results) == len(tests) and all(isinstance(r, str) for r in results):
+            return results
         why = "timed_out" if done.timed_out else "error:sandbox ended without results"
         return [why] * len(tests)
 

@@ -5,6 +5,9 @@ Every program runs with
 - no network (its own network namespace: only a loopback with nothing behind it);
 - a read-only view of the system (``/usr`` and the interpreter's prefix) and nothing else of the host: not
   ``/etc``, ``/home``, ``/root``, ``/tmp`` or the project; a private, empty work folder (``/box``), removed after;
+- a minimal ``/dev`` (null, zero, random, urandom from the host; an empty, private ``/dev/shm``): not the host's;
+- no capabilities (bounding, ambient, inheritable, permitted and effective sets all empty), ``no_new_privs`` (a
+  setuid binary runs as its caller) and a harness that cannot be ptraced; mounts it cannot undo;
 - its own PID namespace: it sees only its own processes, and when the sandbox ends the kernel kills them all
   (a daemon started with ``setsid`` included);
 - rlimits on CPU time, address space (memory), processes, file size and open files, as an unprivileged user
@@ -12,70 +15,57 @@ Every program runs with
 - a wall-clock limit, past which the whole process tree is killed, and a cap on the output read back.
 
 Backends, chosen by :func:`choose_backend`: ``bwrap`` (bubblewrap, where installed and working), else
-``unshare`` (util-linux: network, PID, mount, IPC and UTS namespaces; the harness then hides ``/tmp``, ``/home``,
-``/root``, ``/etc`` and ``/var`` under empty tmpfs and makes the rest read-only). Where neither works the ``code``
-reward refuses to run, with one line naming the fix (:class:`SandboxUnavailable`). ``none`` is the explicit,
-loudly warned opt-out: rlimits and the wall-clock kill of the process group only.
+``unshare`` (util-linux: network, PID, mount, IPC and UTS namespaces; the harness, ``code_harness.py``, then hides
+``/tmp``, ``/home``, ``/root``, ``/etc`` and ``/var`` under empty tmpfs, makes the rest read-only and, as an
+ordinary user, locks that view by entering a further user and mount namespace). Both are probed with the harness
+itself: a backend whose view cannot be locked or whose capabilities cannot be dropped is refused, never used.
+Where neither works the ``code`` reward refuses to run, with one line naming the fix (:class:`SandboxUnavailable`).
+``none`` is the explicit, loudly warned opt-out: rlimits and the wall-clock kill of the process group only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
+import json
 import os
-import resource
-import select
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from grpokit.rewards.contract import RewardError
+from grpokit.rewards.sandbox_process import (
+    BOX_PREFIX,
+    Completed,
+    Limits,
+    _alive,
+    _processes_of,
+    _run,
+    _set_limits,
+    sweep_work_folders,
+)
+
+__all__ = ["BOX_PREFIX", "Completed", "Limits", "Sandbox", "SandboxUnavailable", "_alive", "sweep_work_folders"]
 
 BACKENDS = ("auto", "bwrap", "unshare", "none")
 WORK = "/box"  # the private work folder, as the program sees it
 NOBODY = 65534
-_PR_SET_PDEATHSIG = 1
+HARNESS = Path(__file__).with_name("code_harness.py")  # runs inside the sandbox: isolates it, then the tests
+SHM_BYTES = 16 << 20  # the private /dev/shm's size
+TMP_BYTES = 64 << 20  # the private /tmp's size
 FIX = (
-    "install bubblewrap (apt-get install bubblewrap) or allow user namespaces (sysctl "
-    "kernel.unprivileged_userns_clone=1, or run as root), or set sandbox: none to run model-written code on this "
-    "machine without isolation (dangerous)"
+    "install bubblewrap (apt-get install bubblewrap) or allow user namespaces, nested ones included (sysctl "
+    "kernel.unprivileged_userns_clone=1 and user.max_user_namespaces > 0, or run as root), or set sandbox: none to "
+    "run model-written code on this machine without isolation (dangerous)"
 )
 
 
 class SandboxUnavailable(RewardError):
-    """No isolation works on this machine; the message names the fix."""
+    """No isolation works on this machine; the message names the fix (``why``: what failed, when known)."""
 
-
-@dataclass(frozen=True)
-class Limits:
-    """What one sandboxed run may use. ``wall_seconds`` covers the whole run (every test of a program)."""
-
-    wall_seconds: float = 30.0
-    cpu_seconds: float = 10.0
-    memory_mb: int = 1024
-    processes: int = 32
-    file_size_mb: int = 16
-    open_files: int = 64
-    output_bytes: int = 1 << 20
-
-
-@dataclass
-class Completed:
-    """How a sandboxed run ended: its output (capped), exit status, and whether it was killed at the wall-clock
-    limit (``timed_out``) or for printing more than ``output_bytes`` (``output_limited``)."""
-
-    stdout: bytes
-    stderr: bytes
-    exit_code: int | None
-    timed_out: bool = False
-    output_limited: bool = False
+    why = ""
 
 
 def _bwrap_root_args() -> list[str]:
@@ -93,17 +83,6 @@ def _interpreter() -> tuple[str, str]:
     """The plain interpreter (outside any virtualenv: programs see only the standard library) and its prefix."""
     python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     return python, os.path.realpath(sys.base_prefix)
-
-
-def _processes_of(uid: int) -> int:
-    """How many processes ``uid`` runs now: RLIMIT_NPROC counts them all, so the limit is this plus the sandbox's."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if entry.stat().st_uid == uid:
-                    count += 1
-    return count
 
 
 class Sandbox:
@@ -136,9 +115,13 @@ class Sandbox:
             unshare = (
                 ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
                 if self.root
-                else ["--unshare-all"]
+                # its own user namespace, in which the program cannot make another (bwrap >= 0.8)
+                else ["--unshare-all", "--unshare-user", "--disable-userns"]
             )
-            caps = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if self.root else []
+            # as root: what the harness needs to become nobody and empty the bounding set, which it then does
+            caps = ["--cap-drop", "ALL"] + [
+                a for c in ("SETUID", "SETGID", "SETPCAP") for a in ("--cap-add", f"CAP_{c}")
+            ]
             binds = _bwrap_root_args()
             for path in (self.prefix, *self.readonly):
                 if not path.startswith("/usr/"):
@@ -154,14 +137,14 @@ class Sandbox:
                 "--new-session",
                 "--hostname",
                 "sandbox",
-                *caps,
+                *(caps if self.root else []),
                 *binds,
                 "--proc",
                 "/proc",
-                "--dev",
+                "--dev",  # a fresh tmpfs: null, zero, full, random, urandom, tty, a private devpts and shm
                 "/dev",
-                "--tmpfs",
-                "/tmp",
+                *("--perms", "01777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"),
+                *("--size", str(TMP_BYTES), "--tmpfs", "/tmp"),
                 "--bind",
                 work,
                 WORK,
@@ -234,131 +217,38 @@ class Sandbox:
         the sandbox's allowance."""
         return _processes_of(self.uid) + limits.processes if self.root else None
 
+    def inside(self, limits: Limits) -> dict[str, Any]:
+        """What the harness does inside the sandbox before any test (its spec's isolation keys): ``keep``, the
+        folders the ``unshare`` view shows; ``lock``, the uid and gid the program has once that view is locked (an
+        ordinary user's ``unshare``); ``harden``, drop every capability and set no_new_privs; ``uid``, the user
+        to become (root); ``processes``, RLIMIT_NPROC then."""
+        sandboxed = self.backend != "none"
+        return {
+            "keep": [self.prefix, *self.readonly] if self.backend == "unshare" else None,
+            "lock": {"uid": os.getuid(), "gid": os.getgid()} if self.backend == "unshare" and not self.root else None,
+            "harden": sandboxed,
+            "uid": self.uid if self.root and sandboxed else None,
+            "processes": self.nproc_for_program(limits) if sandboxed else None,
+        }
 
-BOX_PREFIX = "grpokit-box-"
-
-
-def sweep_work_folders() -> list[str]:
-    """Remove the work folders of processes that are gone (a reward worker killed at its timeout cannot remove its
-    own); a folder is ``grpokit-box-<pid>-*`` in the temporary folder. Returns the folders removed."""
-    removed = []
-    root = tempfile.gettempdir()
-    for name in os.listdir(root):
-        pid = name[len(BOX_PREFIX) :].split("-", 1)[0]
-        if name.startswith(BOX_PREFIX) and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            removed.append(name)
-    return removed
-
-
-def _set_limits(limits: Limits, nproc: int | None) -> None:
-    """In the child before exec (inherited by everything in the sandbox). It also dies with the thread that started
-    it (PR_SET_PDEATHSIG): a reward worker killed at its timeout takes its sandboxes with it (bwrap's
-    ``--die-with-parent`` and unshare's ``--kill-child`` carry that on to the program)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    mb = 1 << 20
-    cpu = max(1, int(limits.cpu_seconds + 0.999))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if nproc is not None:
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-
-
-def _run(argv: list[str], stdin: bytes, limits: Limits, preexec, cwd: str, env: dict, hold_stdin: bool) -> Completed:
-    """Run ``argv`` in a new session; read its stdout and stderr (capped at ``output_bytes`` each) until it ends or
-    the wall-clock limit passes; then kill its whole process group, whatever happened."""
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-        preexec_fn=preexec,
-        close_fds=True,
-    )
-    deadline = time.monotonic() + limits.wall_seconds
-    timed_out = limited = False
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    out = {out_fd: bytearray(), err_fd: bytearray()}
-    try:
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.write(stdin)
-            proc.stdin.flush()
-        if not hold_stdin:
-            with contextlib.suppress(BrokenPipeError):
-                proc.stdin.close()
-        open_fds = set(out)
-        while open_fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select(list(open_fds), [], [], left)
-            for fd in ready:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    open_fds.discard(fd)
-                elif len(out[fd]) + len(chunk) > limits.output_bytes:
-                    limited = True
-                else:
-                    out[fd] += chunk
-            if limited:
-                break
-    finally:
-        _kill_tree(proc)
-    return Completed(
-        stdout=bytes(out[out_fd]),
-        stderr=bytes(out[err_fd]),
-        exit_code=None if timed_out or limited else proc.returncode,
-        timed_out=timed_out,
-        output_limited=limited,
-    )
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the sandbox's process group and reap it; then wait until the first process of its PID namespace has
-    exited, which the kernel lets happen only once every other process in the namespace is gone.
-
-    bwrap (``--as-pid-1``) and unshare (``--fork``) wait for that process themselves when it ends on its own; when
-    they are killed it gets SIGKILL (``--die-with-parent``, ``--kill-child``) and ends after them."""
-    inits = _children(proc.pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    proc.wait()
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        with contextlib.suppress(BrokenPipeError):
-            stream.close()
-    deadline = time.monotonic() + _REAP_SECONDS
-    while any(_alive(pid) for pid in inits) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-# How long a killed namespace may take to empty; the kernel does it at once, this only bounds a stuck machine.
-_REAP_SECONDS = 30.0
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and has not finished exiting (a zombie has)."""
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return status.rpartition(")")[2].split()[0] != "Z"
+    def run_harness(self, spec: dict[str, Any], limits: Limits, label: str = "") -> tuple[dict | None, Completed]:
+        """Run the harness on ``spec`` (its tests; the isolation keys are added here) and return its JSON reply (None
+        when it gave none) and how the run ended. :class:`SandboxUnavailable` when the harness refused to run any
+        test because this sandbox could not be isolated (a view not locked, a capability not dropped)."""
+        command = [self.python, "-I", "-S", "{work}/harness.py", *([label] if label else [])]
+        line = json.dumps({**spec, **self.inside(limits)}).encode() + b"\n"
+        done = self.run(command, line, {"harness.py": HARNESS.read_text()}, limits, hold_stdin=True)
+        try:
+            reply = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return None, done
+        if isinstance(reply, dict) and "refused" in reply:
+            error = SandboxUnavailable(
+                f"the {self.backend} sandbox cannot isolate programs here ({reply['refused']}): {FIX}"
+            )
+            error.why = f"cannot isolate programs: {reply['refused']}"
+            raise error
+        return (reply if isinstance(reply, dict) else None), done
 
 
 _PROBE = (
@@ -369,7 +259,8 @@ _PROBE = (
 
 @functools.cache
 def _works(backend: str, root: bool) -> str | None:
-    """None when ``backend`` runs a probe here with the network cut, else why not (cached per process)."""
+    """None when ``backend`` runs the harness here, isolated (its view locked, no capabilities) and with the network
+    cut, else why not (cached per process)."""
     if backend == "bwrap" and shutil.which("bwrap") is None:
         return "bwrap is not installed"
     if backend == "unshare" and shutil.which("unshare") is None:
@@ -378,12 +269,16 @@ def _works(backend: str, root: bool) -> str | None:
     probe.python, probe.prefix = _interpreter()
     probe.readonly, probe.root, probe.backend = (), root, backend
     probe.uid = NOBODY if root else os.getuid()
+    spec = {"program": _PROBE, "tests": [{"stdin": "", "stdout": "isolated"}], "test_seconds": 10.0}
     try:
-        done = probe.run([probe.python, "-I", "-S", "-c", _PROBE], b"", {}, Limits(wall_seconds=20))
+        reply, done = probe.run_harness({**spec, "output_bytes": 4096, "command": None}, Limits(wall_seconds=20))
     except OSError as exc:
         return str(exc)
-    if done.stdout.strip() != b"isolated":
-        return (done.stderr.decode(errors="replace").strip().splitlines() or ["it did not run"])[-1]
+    except SandboxUnavailable as exc:
+        return exc.why
+    if reply is None or reply.get("results") != ["passed"]:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        return (lines or [f"the probe did not pass: {reply}"])[-1]
     return None
 
 
