@@ -54,6 +54,7 @@ ALIASES = {
     "clip_range": "epsilon",
     "cliprange": "epsilon",
     "num_ppo_epochs": "num_iterations",
+    "teacher_model_server_url": "teacher_server_url",  # TRL's server_distillation
 }
 
 # The algorithms' option lists are defined in grpokit/algos/names.py, with the code that implements them; the

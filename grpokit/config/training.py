@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from grpokit.algos.loss_params import SapoParams, VespoParams
 from grpokit.rollout.vllm_settings import VLLMSettings
 from grpokit.train.learning.terms_settings import LossTermsSettings
+from grpokit.train.teacher.settings import DistillSettings
 
 
 @dataclass
@@ -71,7 +72,7 @@ class DataConfig:
 
 
 @dataclass
-class AlgoConfig(SapoParams, VespoParams, LossTermsSettings):  # the losses' params, the extra loss terms'
+class AlgoConfig(SapoParams, VespoParams, LossTermsSettings, DistillSettings):  # losses' params, extra terms, teacher
     algorithm: str = "grpo"
     """grpo (the GRPO family: advantage_estimator, scale_rewards) | ppo (a learned value model, GAE)."""
     # --- ppo only (TRL PPOConfig's names; the policy's clip range is epsilon, its passes num_iterations) ---

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from grpokit.config import rules, section_checks
 from grpokit.config.sections import CHOICES, ConfigError, check
+from grpokit.train.teacher.settings import DistillSettings
 
 if TYPE_CHECKING:
     from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module
@@ -104,6 +105,10 @@ def _algo(a: AlgoConfig) -> None:
         f"entropy_coef_min={a.entropy_coef_min}, entropy_coef_max={a.entropy_coef_max}, entropy_coef_delta="
         f"{a.entropy_coef_delta}: the bounds must be in order (min <= max) and the step >= 0.",
     )
+    try:  # the teacher's own settings (train/teacher/settings.py)
+        DistillSettings.check(a)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _generation(g: GenerationConfig) -> None:
