@@ -26,10 +26,10 @@ class DistillSettings:
     0 = the teacher only scores (distill/* metrics, stored log-probs), no learning signal from it."""
     distill_loss: str = "reverse_kl"
     """reverse_kl (the sampled token's log pi_student - log pi_teacher in its advantage; every loss and estimator) |
-    forward_kl_topk | jsd (full-distribution terms over the teacher's top distill_topk ids and a tail bucket: the math is
-    in grpokit/algos/distill.py, the learner does not add them yet, so they are refused)."""
+    forward_kl_topk | jsd (full-distribution terms over the teacher's top distill_topk ids and a tail bucket: the math
+    is in grpokit/algos/distill.py, the learner does not add them yet, so they are refused)."""
     distill_topk: int = 20
-    """forward_kl_topk, jsd: how many of the teacher's most likely ids get a bucket of their own (the rest: one tail)."""
+    """forward_kl_topk, jsd: how many of the teacher's most likely ids get a bucket each (the rest: one tail)."""
     teacher_temperature: float = 1.0
     """The temperature the teacher scores at (log softmax(logits / T)); the student's log-probs are at the sampling
     temperature, as the loss's. 1 = the teacher's own distribution."""
@@ -73,4 +73,6 @@ class DistillSettings:
             raise ValueError(f"teacher_server_timeout={self.teacher_server_timeout} must be > 0 seconds (e.g. 60).")
         url = self.teacher_server_url
         if url and not url.startswith(("http://", "https://")):
-            raise ValueError(f"teacher_server_url={url!r} must start with http:// or https://, e.g. http://127.0.0.1:8001")
+            raise ValueError(
+                f"teacher_server_url={url!r} must start with http:// or https://, e.g. http://127.0.0.1:8001"
+            )
