@@ -109,6 +109,11 @@ def _algo(a: AlgoConfig) -> None:
         DistillSettings.check(a)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    check(
+        not a.distilling or a.importance_sampling_level == "token",
+        "a teacher (on-policy distillation) gives each token its own advantage, which importance_sampling_level: "
+        "sequence (GSPO: one ratio per sequence) cannot take; set importance_sampling_level: token.",
+    )
 
 
 def _generation(g: GenerationConfig) -> None:

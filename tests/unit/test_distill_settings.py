@@ -30,6 +30,7 @@ def test_trl_server_name_is_accepted():
         ({"teacher_temperature": 0.0}, "teacher_temperature=0.0 must be > 0"),
         ({"teacher_dtype": "int8"}, "teacher_dtype='int8'"),
         ({"teacher_server_url": "127.0.0.1:8001"}, "must start with http://"),
+        ({"teacher_server_url": "http://x", "importance_sampling_level": "sequence"}, "set importance_sampling_level"),
         ({"teacher_server_timeout": 0}, "teacher_server_timeout=0.0 must be > 0"),
     ],
 )
