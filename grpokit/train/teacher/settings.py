@@ -72,6 +72,11 @@ class DistillSettings:
         if not self.teacher_server_timeout > 0:
             raise ValueError(f"teacher_server_timeout={self.teacher_server_timeout} must be > 0 seconds (e.g. 60).")
         url = self.teacher_server_url
+        if url and self.teacher_temperature != 1.0:
+            raise ValueError(
+                f"teacher_temperature={self.teacher_temperature} with teacher_server_url: a server's prompt log-probs "
+                "are at temperature 1 (vLLM #5592); use a local teacher or teacher_temperature: 1."
+            )
         if url and not url.startswith(("http://", "https://")):
             raise ValueError(
                 f"teacher_server_url={url!r} must start with http:// or https://, e.g. http://127.0.0.1:8001"
