@@ -24,6 +24,10 @@ def build_reward_runner(
     from grpokit.rewards import RewardRunner
 
     extra = list(extra or [])
+    if not reward_funcs and not extra and args.algo.distilling:  # `rewards: []` with a teacher: distillation alone
+        from grpokit.train.teacher.distiller import teacher_only
+
+        extra = [teacher_only]
     if (reward_funcs is None or (isinstance(reward_funcs, list) and not reward_funcs)) and not extra:
         raise ConfigError(
             "No reward source provided: pass reward_funcs=... or list them under `rewards:` in the config (e.g. "

@@ -17,6 +17,7 @@ from grpokit.compose import inputs as build_inputs
 from grpokit.compose.learner import build_learner
 from grpokit.compose.policy import build_policy, warn_if_too_big
 from grpokit.compose.rollouts import build_rollouts, build_step_sampling, engine_kind
+from grpokit.compose.teacher import build_distiller
 from grpokit.config import GRPOConfig
 from grpokit.eval.evaluator import Evaluator
 from grpokit.kernels import Kernels
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from grpokit.train.learning.learner import Learner, UpdateInputsSpec
     from grpokit.train.learning.reference import Reference
     from grpokit.train.rundir.folder import RunDirSpec
+    from grpokit.train.teacher.distiller import Distiller
     from grpokit.train.ties import TieWatch
 
 
@@ -80,6 +82,7 @@ class Learning:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     learner: Learner
+    distiller: Distiller | None  # on-policy distillation's teacher (compose/teacher.py); None without one
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     learner: Learner
+    distiller: Distiller | None
     # around the steps
     evaluator: Evaluator
     stop_rules: StopRules
@@ -288,6 +292,7 @@ def _learning(config: GRPOConfig, spec: LoopSpec, procs, policy: Policy, optimiz
         optimizer=optimizer,
         scheduler=lr_scheduler,
         learner=learner,
+        distiller=build_distiller(config, policy.model, policy.tokenizer, policy.device, procs),
     )
 
 

@@ -55,6 +55,7 @@ ALIASES = {
     "clip_range": "epsilon",
     "cliprange": "epsilon",
     "num_ppo_epochs": "num_iterations",
+    "teacher_model_server_url": "teacher_server_url",  # TRL's server_distillation
 }
 
 # The algorithms' option lists are defined in grpokit/algos/names.py, with the code that implements them; the
@@ -129,7 +130,12 @@ def part_checks(sections: dict) -> None:
         for part in type(section).__mro__:
             own = vars(part).get("check")
             if own is not None:
-                own(section)
+                try:
+                    own(section)
+                except ConfigError:
+                    raise
+                except ValueError as exc:  # a part's check may raise a plain ValueError naming the fix
+                    raise ConfigError(str(exc)) from None
 
 
 def check(ok: bool, message: str) -> None:

@@ -28,6 +28,7 @@ from grpokit.train.learning.reference_settings import ReferenceSettings
 from grpokit.train.learning.terms_settings import LossTermsSettings
 from grpokit.train.learning.update_settings import UpdateSettings
 from grpokit.train.loop_settings import LengthSettings
+from grpokit.train.teacher.settings import DistillSettings
 
 
 @dataclass
@@ -41,7 +42,8 @@ class DataConfig(PromptSettings):
 
 
 @dataclass
-class AlgoConfig(  # the losses' params, the extra loss terms', PPO's critic's ...
+class AlgoConfig(  # the losses' params, the extra loss terms', PPO's critic's, the teacher's ...
+    DistillSettings,
     DynamicSamplingSettings,
     KLControlSettings,
     ReferenceSettings,

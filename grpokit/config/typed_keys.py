@@ -99,6 +99,15 @@ class TypedKeys:
     kl_horizon: float
     dynamic_sampling: bool
     max_sampling_rounds: int
+    teacher_model_name_or_path: str | None
+    teacher_server_url: str | None
+    distill_coef: float
+    distill_loss: str
+    distill_topk: int
+    teacher_temperature: float
+    teacher_dtype: str
+    teacher_device: str | None
+    teacher_server_timeout: float
     # generation
     vllm_gpu_memory_utilization: float
     vllm_max_model_length: int | None

@@ -30,6 +30,7 @@ def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
     rules.engine_settings(cfg)  # its own check, before any model loads
     rules.kl_control_and_dynamic_sampling(cfg, world_size)
     _generation(cfg.generation)
+    _distillation(cfg.algo)
     rules.batch_size(cfg, world_size)
     rules.lora_and_model(cfg)
     rules.reward_weights(cfg)
@@ -53,6 +54,14 @@ def _choices(cfg: GRPOConfig) -> None:
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}.{hint}")
+
+
+def _distillation(a) -> None:
+    check(
+        not a.distilling or a.importance_sampling_level == "token",
+        "a teacher (on-policy distillation) gives each token its own advantage, which importance_sampling_level: "
+        "sequence (GSPO: one ratio per sequence) cannot take; set importance_sampling_level: token.",
+    )
 
 
 def _generation(g: GenerationConfig) -> None:

@@ -51,6 +51,7 @@ class RolloutRecord:
     conversation: dict[str, Any] | None = None
     token_versions: list[list[int]] | None = None
     per_token: dict[str, Any] | None = None
+    teacher_logprobs: bytes | None = None  # on-policy distillation: float32 per token (store/teacher_values.py)
 
     def __post_init__(self) -> None:
         self.rewards = {name: finite_or_none(value) for name, value in self.rewards.items()}

@@ -95,6 +95,16 @@ CREATE TABLE IF NOT EXISTS token_values (
     weight           BLOB,
     PRIMARY KEY (step, prompt_index, completion_index)
 );
+-- The teacher's log-prob of every sampled token of a completion trained on (on-policy distillation;
+-- grpokit/store/teacher_values.py): little-endian float32, one per token. Stores written before it existed get it
+-- when opened for writing; readers treat its absence as no teacher log-probs.
+CREATE TABLE IF NOT EXISTS teacher_logprobs (
+    step             INTEGER NOT NULL,
+    prompt_index     INTEGER NOT NULL,
+    completion_index INTEGER NOT NULL,
+    logprob          BLOB NOT NULL,
+    PRIMARY KEY (step, prompt_index, completion_index)
+);
 CREATE VIEW IF NOT EXISTS reward_values AS
     SELECT r.id AS rollout_id, r.step, r.prompt_index, r.completion_index,
            j.key AS name, j.value AS value

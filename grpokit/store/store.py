@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from grpokit.store import token_values
+from grpokit.store import teacher_values, token_values
 from grpokit.store.errors import StoreError
 from grpokit.store.record import RolloutRecord, finite_or_none
 from grpokit.store.sql_schema import SCHEMA, SCHEMA_VERSION
@@ -250,6 +250,7 @@ class RolloutStore:
                 self._conn.execute("INSERT INTO steps (step, written_at) VALUES (?, ?)", (step, time.time()))
                 self._conn.executemany(_INSERT_ROLLOUT, rows)
                 self._conn.executemany(token_values.INSERT, token_values.rows(step, rollouts))
+                self._conn.executemany(teacher_values.INSERT, teacher_values.rows(step, rollouts))
                 self._conn.executemany("INSERT INTO step_metrics (step, name, value) VALUES (?, ?, ?)", metric_rows)
         except sqlite3.IntegrityError as err:
             if self._has_step(step):
@@ -346,7 +347,15 @@ class RolloutStore:
         """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""
         try:
             with self._transaction():
-                for table in ("steps", "rollouts", "step_metrics", "evals", "eval_prompts", token_values.TABLE):
+                for table in (
+                    "steps",
+                    "rollouts",
+                    "step_metrics",
+                    "evals",
+                    "eval_prompts",
+                    token_values.TABLE,
+                    teacher_values.TABLE,
+                ):
                     self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
         except sqlite3.OperationalError as err:
             raise self._write_failed(f"the removal of the steps after step {step}", err) from None
@@ -432,6 +441,11 @@ class RolloutStore:
             rollout["token_versions"] = json.loads(rollout["token_versions"]) if rollout.get("token_versions") else None
             result.append(rollout)
         return result
+
+    def teacher_logprobs(self, step: int | None = None) -> dict[tuple[int, int, int], list[float]]:
+        """The teacher's stored log-probs (of ``step``) by (step, prompt_index, completion_index): ``teacher_values
+        .read``; {} for a store without them."""
+        return teacher_values.read(self._conn, step)
 
     def token_values(self, step: int | None = None) -> list[dict]:
         """The per-token values stored (of ``step``): ``token_values.read``; [] for a store without them."""

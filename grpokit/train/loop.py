@@ -159,6 +159,9 @@ class Loop:
             self.spec.algo,
         )
         loss_mask = loss_mask if found.loss_mask is None else found.loss_mask
+        distilled = {}  # on-policy distillation: the teacher's term in each token's advantage (train/teacher/)
+        if run.distiller is not None:
+            found, distilled = run.distiller.adjust(found, rollouts, old_logprobs, loss_mask)
         # DDP averages gradients over ranks, so dapo's per-rank denominator is the global token count / ranks.
         num_items = procs.sum(loss_mask.sum()).clamp(min=1.0) / procs.world_size
         clock.lap("logprobs")
@@ -174,7 +177,7 @@ class Loop:
             returns=found.returns,
             keep_token_values=bool(self.spec.token_values),
         )
-        update = procs.mean_metrics(update | found.metrics)
+        update = procs.mean_metrics(update | found.metrics) | distilled
         run.engine.sync_weights()  # the engine samples from the updated weights next step
         clock.lap("update")
         return found.per_sequence.float().cpu(), update

@@ -10,6 +10,7 @@ from grpokit.machine.peak_memory import step_memory
 from grpokit.store.record import rollout_records
 from grpokit.train.experience.rounds import renumber_repeats
 from grpokit.train.metrics import PhaseClock, step_metrics, token_staleness_sums
+from grpokit.train.teacher.record import attach_teacher_logprobs
 from grpokit.train.token_record import attach_token_values
 
 
@@ -49,6 +50,7 @@ def step_record(run, step: int, sampled, advantages: torch.Tensor, update: dict,
     stored = sampled.stored_advantages(advantages)  # every sampled group, the dropped ones without an advantage
     records = rollout_records(sampled.indices, rollouts, sampled.completions, sampled.reward, stored, source)
     attach_token_values(records, sampled, run.learner.take_token_values(), run.spec.token_values, run.tokenizer)
+    attach_teacher_logprobs(records, sampled, run.distiller)  # on-policy distillation's teacher, float32 per token
     if sampled.train_rows is not None:  # a prompt drawn again by a later round: its completions numbered on
         records = renumber_repeats(records, G)
     records = procs.gather_objects(records)  # every rank's, on rank 0

@@ -1,0 +1,40 @@
+"""The teacher's settings (grpokit/train/teacher/settings.py) through GRPOConfig: defaults, TRL's names, one-line
+refusals."""
+
+import pytest
+
+from grpokit.config import ConfigError, GRPOConfig
+
+
+def test_defaults_mean_no_teacher():
+    cfg = GRPOConfig()
+    assert cfg.teacher_model_name_or_path is None and cfg.teacher_server_url is None
+    assert cfg.distill_coef == 1.0 and cfg.teacher_temperature == 1.0
+    assert not cfg.algo.distilling
+
+
+def test_trl_server_name_is_accepted():
+    cfg = GRPOConfig(teacher_model_server_url="http://127.0.0.1:8001", rewards=[])
+    assert cfg.teacher_server_url == "http://127.0.0.1:8001" and cfg.algo.distilling
+    cfg = GRPOConfig(algo={"teacher_model_name_or_path": "some/teacher", "distill_coef": 0.5})
+    assert cfg.algo.teacher_model_name_or_path == "some/teacher" and cfg.distill_coef == 0.5
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"teacher_model_name_or_path": "a", "teacher_server_url": "http://x"}, "give the teacher one way"),
+        ({"distill_coef": -1.0}, "distill_coef=-1.0 must be >= 0"),
+        ({"distill_loss": "k3"}, "valid values are reverse_kl, forward_kl_topk, jsd"),
+        ({"distill_loss": "jsd"}, "not wired into the learner yet"),
+        ({"teacher_temperature": 0.0}, "teacher_temperature=0.0 must be > 0"),
+        ({"teacher_dtype": "int8"}, "teacher_dtype='int8'"),
+        ({"teacher_server_url": "127.0.0.1:8001"}, "must start with http://"),
+        ({"teacher_server_url": "http://x", "importance_sampling_level": "sequence"}, "set importance_sampling_level"),
+        ({"teacher_server_timeout": 0}, "teacher_server_timeout=0.0 must be > 0"),
+    ],
+)
+def test_bad_settings_get_one_line(given, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        GRPOConfig(**given)
+    assert "\n" not in str(info.value)
