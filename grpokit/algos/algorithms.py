@@ -85,6 +85,11 @@ class Algorithm:
             raise ValueError(f"num_generations={algo.num_generations} must be >= {self.min_generations}.")
 
 
+ALGORITHMS = Registry(
+    "algorithm", entry=lambda name, advantages, **fields: Algorithm(name, advantages=advantages, **fields)
+)
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -130,6 +135,7 @@ def _ppo_settings(algo: Any, world_size: int) -> None:
     )
 
 
+@ALGORITHMS.register("grpo", min_generations=2, uses_critic=False, validate=_grpo_settings)
 def _grpo_advantages(inputs: AdvantageInputs, algo: Any) -> AdvantageOutputs:
     """The GRPO family (``advantage_estimator``, ``scale_rewards``): one advantage per sequence from the rewards
     of its group, computed over every process's rows (complete groups) and sliced to this process's."""
@@ -140,6 +146,13 @@ def _grpo_advantages(inputs: AdvantageInputs, algo: Any) -> AdvantageOutputs:
     return AdvantageOutputs(advantages=mine, per_sequence=mine)
 
 
+@ALGORITHMS.register(
+    "ppo",
+    min_generations=1,
+    uses_critic=True,
+    needs_old_logprobs=lambda algo: algo.kl_in_reward and algo.beta > 0,
+    validate=_ppo_settings,
+)
 def _ppo_advantages(inputs: AdvantageInputs, algo: Any) -> AdvantageOutputs:
     """PPO with a learned value (``algos.gae.ppo_advantages``): the reward on the last token, the KL folded in
     with ``kl_in_reward``, GAE with ``gamma`` and ``lam``, whitened over the tokens. A completion without a
@@ -173,24 +186,6 @@ def _ppo_advantages(inputs: AdvantageInputs, algo: Any) -> AdvantageOutputs:
         metrics["kl"] = float(masked_mean(kl, mask))
     per_sequence = masked_mean(advantages, mask, dim=-1)  # [n, T] -> [n]
     return AdvantageOutputs(advantages, per_sequence, returns, None if not missing.any() else mask, metrics)
-
-
-ALGORITHMS = Registry(
-    "algorithm",
-    {
-        "grpo": Algorithm(
-            "grpo", min_generations=2, uses_critic=False, advantages=_grpo_advantages, validate=_grpo_settings
-        ),
-        "ppo": Algorithm(
-            "ppo",
-            min_generations=1,
-            uses_critic=True,
-            advantages=_ppo_advantages,
-            needs_old_logprobs=lambda algo: algo.kl_in_reward and algo.beta > 0,
-            validate=_ppo_settings,
-        ),
-    },
-)
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -88,46 +88,34 @@ class PolicyLossType:
         return 1 if self.batch_normalised else num_micro
 
 
-LOSSES = Registry("loss_type")
-
-
-def register_loss(
+def _loss_entry(
     name: str,
+    fn: PerTokenLoss,
     *,
     aggregation: str,
     weighs_sampling_itself: bool = False,
     check: Callable[[LossSettings], list[str]] | None = None,
     params: type | None = None,
     clipped: Callable[[Any, Any], Any] | None = None,
-) -> Callable[[PerTokenLoss], PerTokenLoss]:
-    """Decorator: register ``fn(terms, spec) -> (per_token, metrics)`` as ``loss_type: name``.
+) -> PolicyLossType:
+    """The entry of ``fn(terms, spec) -> (per_token, metrics)`` as ``loss_type: name``.
 
     ``aggregation``: how the per-token loss becomes one number (``names.AGGREGATIONS``: grpo = mean over sequences
     of each one's token mean, bnpo = token mean of the micro-batch, dapo = token sum / tokens of the generation batch,
     dr_grpo = token sum / (N * max_completion_length), luspo = mean over sequences of each one's token sum).
-    ``check``, ``params`` (the loss's own parameter dataclass), ``clipped``: see :class:`PolicyLossType`. Registering
-    a name twice with different functions is refused, unless it is the same function again (its module imported
-    anew). Returns ``fn`` unchanged.
-    """
+    ``check``, ``params`` (the loss's own parameter dataclass), ``clipped``: see :class:`PolicyLossType`."""
+    return PolicyLossType(name, fn, aggregation, weighs_sampling_itself, check or _no_advice, params, clipped)
+
+
+def _loss_fields(aggregation: str, **fields: Any) -> None:
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {', '.join(AGGREGATIONS)}")
 
-    def decorate(fn: PerTokenLoss) -> PerTokenLoss:
-        known = LOSSES.get(name)
-        if known is not None and _where(known.per_token) != _where(fn):
-            raise ValueError(
-                f"loss_type {name!r} is registered already (by {_where(known.per_token)}); choose another name."
-            )
-        LOSSES[name] = PolicyLossType(
-            name, fn, aggregation, weighs_sampling_itself, check or _no_advice, params, clipped
-        )
-        return fn
 
-    return decorate
-
-
-def _where(fn: Callable) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+LOSSES = Registry("loss_type", entry=_loss_entry, fields=_loss_fields)
+# ``@register_loss(name, aggregation=...)``: the registry's decorator (fields: :func:`_loss_entry`'s); registering a
+# name twice with different functions is refused, unless it is the same function again (its module imported anew).
+register_loss = LOSSES.register
 
 
 # The modules of the built-in losses, which register them when imported (on the first look-up, in this order).

@@ -131,14 +131,12 @@ class Correction:
 
 
 # The corrections by name (the config's ``off_policy_correction``).
-CORRECTIONS = Registry(
-    "off_policy_correction",
-    {
-        "behaviour": Correction(True, False, "ratio and clip against the sampling policy (plain PPO off-policy)"),
-        "decoupled_ppo": Correction(
-            False, True, "clip around the proximal policy, behaviour weight pi_prox / mu (AReaL's decoupled PPO)"
-        ),
-    },
+CORRECTIONS = Registry("off_policy_correction")
+CORRECTIONS.register("behaviour")(
+    Correction(True, False, "ratio and clip against the sampling policy (plain PPO off-policy)")
+)
+CORRECTIONS.register("decoupled_ppo")(
+    Correction(False, True, "clip around the proximal policy, behaviour weight pi_prox / mu (AReaL's decoupled PPO)")
 )
 
 

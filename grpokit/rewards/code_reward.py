@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpokit.rewards.contract import texts_of
+from grpokit.rewards.registry import BUILTINS
 from grpokit.rewards.sandbox import Limits, Sandbox
 
 MODES = ("all", "fraction")
@@ -87,6 +88,7 @@ def score_results(results: Sequence[str], mode: str) -> float:
     return passed / len(results) if results else 0.0
 
 
+@BUILTINS.register("code")
 class CodeReward:
     """The ``code`` built-in (module docstring). Limits: ``test_seconds`` per test, ``total_seconds`` per program
     (its tests together), ``memory_mb``, ``processes``, ``output_bytes`` per test; ``concurrency`` programs at once;

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpokit.rewards.contract import texts_of
+from grpokit.rewards.registry import BUILTINS
 
 # Tag contents may not open or close the same tag again, so "<think>a</think><think>b</think>"
 # is not a single well-formed think block.
@@ -16,6 +17,7 @@ LAYOUTS = {
 MODES = ("fullmatch", "search")
 
 
+@BUILTINS.register("format")
 class FormatReward:
     """1.0 when the completion matches ``pattern`` (compiled with re.DOTALL), else 0.0.
 

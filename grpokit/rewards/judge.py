@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from grpokit.rewards.contract import RewardError, is_conversational, text_of
+from grpokit.rewards.registry import BUILTINS
 
 OUTPUTS = ("sigmoid", "logit", "prob")
 TEXTS = ("prompt+completion", "completion")
@@ -51,6 +52,7 @@ def _accepts_attention_mask(model: torch.nn.Module) -> bool:
     return any(p.name == "attention_mask" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
+@BUILTINS.register("reward_model")
 class RewardModelReward:
     """Score each (prompt +) completion with a sequence-scoring model.
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpokit.rewards.contract import require_column, texts_of
+from grpokit.rewards.registry import BUILTINS
 
 UNITS = ("auto", "tokens", "chars")
 LENGTH_COLUMN = "completion_lengths"
@@ -41,6 +42,7 @@ def target_length_penalty(length: int, target_length: int) -> float:
     return max(-1.0, -abs(length - target_length) / target_length)
 
 
+@BUILTINS.register("length")
 class LengthReward:
     """Length penalty: DAPO overlong (``max_length`` + ``cache_length``) or ``target_length``."""
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpokit.rewards.contract import require_column, texts_of
+from grpokit.rewards.registry import BUILTINS
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _HASHES = re.compile(r"####\s*([^\n]*)")
@@ -131,6 +132,7 @@ def answers_match(prediction: str, reference: str) -> bool:
     return normalise(prediction) == normalise(reference) or _math_verify_equal(prediction, reference)
 
 
+@BUILTINS.register("accuracy")
 class AccuracyReward:
     """1.0 when the completion's final answer equals the reference, else 0.0.
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grpokit.rewards.contract import texts_of
+from grpokit.rewards.registry import BUILTINS
 
 METRICS = ("validity", "qed", "sa")
 
@@ -53,6 +54,7 @@ def parse_smiles(smiles: str):
     return molecule
 
 
+@BUILTINS.register("molecule")
 class MoleculeReward:
     """RDKit score of each completion read as one SMILES string (whitespace stripped)."""
 

@@ -48,6 +48,7 @@ from urllib.parse import urlsplit
 
 from grpokit.rewards.contract import text_of
 from grpokit.rewards.http_fetch import ACCEPT_ENCODING, RETRY_STATUS, RequestFailed, post_json
+from grpokit.rewards.registry import BUILTINS
 
 __all__ = ["FORMATS", "RETRY_STATUS", "RemoteReward", "RequestFailed"]
 
@@ -116,6 +117,7 @@ def _ssl_context(ca_bundle: str | None, client_cert: str | None, client_key: str
     return context
 
 
+@BUILTINS.register("remote")
 class RemoteReward:
     """A reward whose values come from HTTP servers (module docstring). ``url``: one URL or a list sharing the load;
     ``headers``: sent with every request (``${VAR}`` is read from the environment); ``label``: its name in the

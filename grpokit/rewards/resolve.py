@@ -29,29 +29,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from grpokit.rewards.code_reward import CodeReward
-from grpokit.rewards.format import FormatReward
-from grpokit.rewards.judge import RewardModelReward
-from grpokit.rewards.length import LengthReward
-from grpokit.rewards.math import AccuracyReward
-from grpokit.rewards.molecule import MoleculeReward
-from grpokit.rewards.remote import RemoteReward
+# the built-in rewards: their modules register them in BUILTINS (rewards/registry.py)
+import grpokit.rewards.code_reward
+import grpokit.rewards.format
+import grpokit.rewards.judge
+import grpokit.rewards.length
+import grpokit.rewards.math
+import grpokit.rewards.molecule
+import grpokit.rewards.remote  # noqa: F401
+from grpokit.rewards.registry import BUILTINS
 from grpokit.system.extensions import import_failure, module_file
 from grpokit.system.paths import expand_path
-from grpokit.system.registry import Registry
-
-BUILTINS = Registry(
-    "reward",
-    {
-        "accuracy": AccuracyReward,
-        "code": CodeReward,
-        "format": FormatReward,
-        "length": LengthReward,
-        "molecule": MoleculeReward,
-        "reward_model": RewardModelReward,
-        "remote": RemoteReward,
-    },
-)
 
 
 def _unknown(kind: str, name: str, known: list[str]) -> str:

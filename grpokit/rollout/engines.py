@@ -67,7 +67,7 @@ class EngineEntry:
     with defaults and a doc line each, an optional ``check()``), which the composition root fills from the config's
     keys of the same names and ``engine_params`` (None: it has none and gets None); ``separate_weights``: it samples
     from its own copy of the weights, so its log-probs are not the learner's. Adding an engine is a module with its
-    ``build`` (and settings class) and one line in :data:`ENGINES`."""
+    ``build`` (and settings class) under the registry's decorator, ``@ENGINES.register(name, settings=...)``."""
 
     build: Callable[[EngineParts, Any], Any]
     settings: type | None = None
@@ -94,6 +94,10 @@ class EngineSite:
     workers: str | None = None
 
 
+ENGINES = Registry("engine", entry=lambda name, build, **fields: EngineEntry(build, **fields))
+
+
+@ENGINES.register("hf", own_sampler=True)
 def _hf(parts: EngineParts, settings: None = None):
     from grpokit.rollout.engine import HFRolloutEngine
 
@@ -105,26 +109,6 @@ def _hf(parts: EngineParts, settings: None = None):
         seed=parts.seed,
         autocast_dtype=parts.autocast_dtype,
         kernels=parts.kernels,
-    )
-
-
-def _transformers(parts: EngineParts, settings: None = None):
-    from grpokit.errors import ConfigError
-    from grpokit.models.loading import is_hf_model
-    from grpokit.rollout.transformers_engine import TransformersRolloutEngine
-
-    if not is_hf_model(parts.model) or not hasattr(parts.model, "generate"):
-        raise ConfigError(
-            "generation.engine: transformers samples with transformers' generate, which a custom forward(input_ids) "
-            "module does not have; remove the generation_kwargs only generate honours and use generation.engine: hf."
-        )
-    return TransformersRolloutEngine(
-        parts.model,
-        parts.eos_token_ids,
-        parts.pad_token_id,
-        parts.device,
-        seed=parts.seed,
-        autocast_dtype=parts.autocast_dtype,
     )
 
 
@@ -179,10 +163,43 @@ def _vllm_environment(settings: VLLMSettings, site: EngineSite) -> None:
         check_vllm_environment(site.distributed, site.workers or site.learner_device)
 
 
+ENGINES.register(
+    "vllm",
+    settings=VLLMSettings,
+    separate_weights=True,
+    in_ray_workers=True,
+    checks_sync=True,
+    check_environment=_vllm_environment,
+    is_server=_vllm_server,
+)(_vllm)
+
+
+@ENGINES.register("transformers")
+def _transformers(parts: EngineParts, settings: None = None):
+    from grpokit.errors import ConfigError
+    from grpokit.models.loading import is_hf_model
+    from grpokit.rollout.transformers_engine import TransformersRolloutEngine
+
+    if not is_hf_model(parts.model) or not hasattr(parts.model, "generate"):
+        raise ConfigError(
+            "generation.engine: transformers samples with transformers' generate, which a custom forward(input_ids) "
+            "module does not have; remove the generation_kwargs only generate honours and use generation.engine: hf."
+        )
+    return TransformersRolloutEngine(
+        parts.model,
+        parts.eos_token_ids,
+        parts.pad_token_id,
+        parts.device,
+        seed=parts.seed,
+        autocast_dtype=parts.autocast_dtype,
+    )
+
+
 def _device_type(device) -> str | None:
     return None if device is None else getattr(device, "type", str(device).split(":")[0])
 
 
+@ENGINES.register("multi-turn", internal=True)
 def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):  # internal: tool_rollouts.py passes its MultiTurnSpec
     from grpokit.rollout.multiturn import MultiTurnEngine
 
@@ -195,31 +212,12 @@ def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):  # internal: tool_roll
     )
 
 
+# the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights
+@ENGINES.register("rollout_func", internal=True)
 def _rollout_func(parts: EngineParts, settings: None):
     from grpokit.rollout.rollout_func import RolloutFuncEngine
 
     return RolloutFuncEngine(parts.generate, parts.eos_token_ids, parts.pad_token_id, seed=parts.seed)
-
-
-ENGINES = Registry(
-    "engine",
-    {
-        "hf": EngineEntry(_hf, own_sampler=True),
-        "vllm": EngineEntry(
-            _vllm,
-            settings=VLLMSettings,
-            separate_weights=True,
-            in_ray_workers=True,
-            checks_sync=True,
-            check_environment=_vllm_environment,
-            is_server=_vllm_server,
-        ),
-        "transformers": EngineEntry(_transformers),
-        "multi-turn": EngineEntry(_multi_turn, internal=True),
-        # the function's log-probs weight nothing (TRL applies importance sampling only with vLLM): not separate_weights
-        "rollout_func": EngineEntry(_rollout_func, internal=True),
-    },
-)
 
 
 def get_engine(name: str) -> EngineEntry:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from grpokit.system.registry import Registry
 from grpokit.tools.json_schema import ToolError, check_arguments
 
 
@@ -235,7 +236,8 @@ class _Entry:
     detect: Callable[[str], bool] | None
 
 
-_REGISTRY: dict[str, _Entry] = {}
+# the tool-call formats by name: @TOOL_PARSERS.register(name, detect=...) on a parser (or register_tool_parser)
+TOOL_PARSERS = Registry("tool-call parser", entry=lambda name, parser, detect=None: _Entry(parser, detect))
 
 
 def register_tool_parser(
@@ -244,24 +246,24 @@ def register_tool_parser(
     """Add a tool-call format: ``parser(text) -> list[ToolCall]``, and ``detect(chat_template) ->
     bool`` saying whether a chat template writes calls this way (checked before the built-ins, the
     most recently registered first). An existing name is refused unless ``overwrite=True``."""
-    if name in _REGISTRY and not overwrite:
+    if name in TOOL_PARSERS and not overwrite:
         raise ToolError(f"a tool-call parser named {name!r} is registered already; pass overwrite=True to replace it")
     if not callable(parser):
         raise ToolError(f"the tool-call parser {name!r} must be a function text -> list[ToolCall], got {parser!r}")
-    _REGISTRY.pop(name, None)
-    _REGISTRY[name] = _Entry(parser, detect)
+    TOOL_PARSERS.pop(name, None)  # the most recently registered is detected first
+    TOOL_PARSERS.register(name, detect=detect, overwrite=True)(parser)
 
 
 def tool_parser_names() -> list[str]:
-    return list(_REGISTRY)
+    return list(TOOL_PARSERS)
 
 
 def get_tool_parser(name: str) -> ToolParser:
     """The parser registered as ``name``; a :class:`ToolError` listing the known names otherwise."""
-    entry = _REGISTRY.get(name)
+    entry = TOOL_PARSERS.get(name)
     if entry is None:
         raise ToolError(
-            f"unknown tool-call parser {name!r}; known: {', '.join(_REGISTRY)} "
+            f"unknown tool-call parser {name!r}; known: {', '.join(TOOL_PARSERS)} "
             "(grpokit.tools.register_tool_parser adds one)"
         )
     return entry.parser
@@ -275,7 +277,7 @@ def _template_text(source: Any) -> str:
     if not template:
         raise ToolError(
             "the tokenizer has no chat template, so its tool-call format is unknown; set tokenizer.chat_template "
-            f"or name the parser ({', '.join(_REGISTRY)})"
+            f"or name the parser ({', '.join(TOOL_PARSERS)})"
         )
     return template
 
@@ -284,13 +286,13 @@ def tool_parser_for(source: Any) -> str:
     """The name of the parser for the tool calls a tokenizer's chat template (or the template string
     ``source``) renders; a :class:`ToolError` naming the fix when no registered format matches."""
     template = _template_text(source)
-    for name in reversed(_REGISTRY):
-        detect = _REGISTRY[name].detect
+    for name in reversed(TOOL_PARSERS):
+        detect = TOOL_PARSERS[name].detect
         if detect is not None and detect(template):
             return name
     raise ToolError(
         "cannot tell the tool-call format from this chat template: it matches none of the known formats; name "
-        f"the parser ({', '.join(_REGISTRY)}) if one fits, or add one with "
+        f"the parser ({', '.join(TOOL_PARSERS)}) if one fits, or add one with "
         "grpokit.tools.register_tool_parser(name, parser, detect)"
     )
 
@@ -306,10 +308,10 @@ def _is_llama3(template: str) -> bool:
 
 # Registered in reverse order of precedence: detection tries the most recent first, so the XML form
 # (whose templates also contain <tool_call>) is recognised before Hermes.
-register_tool_parser("llama3", parse_llama3, _is_llama3)
-register_tool_parser("mistral", parse_mistral, lambda t: "[TOOL_CALLS]" in t)
-register_tool_parser("hermes", parse_hermes, lambda t: "<tool_call>" in t and "<arg_key>" not in t)
-register_tool_parser("qwen3_xml", parse_qwen3_xml, lambda t: "<tool_call>" in t and "<function=" in t)
+TOOL_PARSERS.register("llama3", detect=_is_llama3)(parse_llama3)
+TOOL_PARSERS.register("mistral", detect=lambda t: "[TOOL_CALLS]" in t)(parse_mistral)
+TOOL_PARSERS.register("hermes", detect=lambda t: "<tool_call>" in t and "<arg_key>" not in t)(parse_hermes)
+TOOL_PARSERS.register("qwen3_xml", detect=lambda t: "<tool_call>" in t and "<function=" in t)(parse_qwen3_xml)
 
 
 def _typed(value: str, spec: Mapping[str, Any]) -> Any:

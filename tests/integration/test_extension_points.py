@@ -26,7 +26,7 @@ def registries_restored():
     from grpokit.rollout.engines import ENGINES
 
     loss_types()  # the built-in losses registered first (their modules register them once)
-    from grpokit.rewards.resolve import BUILTINS
+    from grpokit.rewards.resolve import BUILTINS  # the built-in rewards registered first
 
     saved = [(table, dict(table)) for table in (LOSSES, ENGINES, ESTIMATORS, BUILTINS)]
     yield
@@ -58,13 +58,13 @@ def scaled_reinforce(terms, spec):
     return per_token, {"toy/scale": spec.params.toy_scale}
 
 
-register_loss("toy_scaled", aggregation="bnpo", params=ScaleParams, check=check)(scaled_reinforce)
+register_loss("toy_scaled", aggregation="bnpo", params=ScaleParams, check=check)(scaled_reinforce)  # LOSSES.register
 """
 
 # grpokit's own sampler, counting its calls.
 TOY_ENGINE = """
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.engines import ENGINES, EngineEntry
+from grpokit.rollout.engines import ENGINES
 
 CALLS = []
 
@@ -75,6 +75,7 @@ class CountingEngine(HFRolloutEngine):
         return super().generate(*args, **kwargs)
 
 
+@ENGINES.register("toy_counting")
 def build(parts, spec):
     assert spec is None  # it declared no settings, so it gets none
     return CountingEngine(
@@ -82,8 +83,6 @@ def build(parts, spec):
         autocast_dtype=parts.autocast_dtype, kernels=parts.kernels,
     )
 
-
-ENGINES["toy_counting"] = EngineEntry(build)
 """
 
 # grpokit's own sampler with one setting of its own: every toy_stride-th call counted. The settings class is the
@@ -91,7 +90,7 @@ ENGINES["toy_counting"] = EngineEntry(build)
 TOY_ENGINE_WITH_SETTING = """
 from dataclasses import dataclass
 from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.rollout.engines import ENGINES, EngineEntry
+from grpokit.rollout.engines import ENGINES
 SEEN = []
 @dataclass
 class StrideSettings:
@@ -100,37 +99,35 @@ class StrideSettings:
     def check(self):
         if self.toy_stride < 1:
             raise ValueError(f"toy_stride={self.toy_stride} must be >= 1.")
+@ENGINES.register("toy_strided", settings=StrideSettings)
 def build(parts, settings):
     SEEN.append(settings)
     return HFRolloutEngine(parts.model, parts.eos_token_ids, parts.pad_token_id, parts.device, seed=parts.seed)
-ENGINES["toy_strided"] = EngineEntry(build, settings=StrideSettings)
 """
 
-# A built-in reward: a class whose constructor takes its parameters, named in one registry line.
+# A built-in reward: a class whose constructor takes its parameters, named by the registry's decorator.
 TOY_REWARD = """
-from grpokit.rewards.resolve import BUILTINS
+from grpokit.rewards.registry import BUILTINS
+@BUILTINS.register("has_word")
 class HasWord:
     name = "has_word"
     def __init__(self, word: str):
         self.word = word
     def __call__(self, completions, **kwargs):
         return [float(self.word in c) for c in completions]
-BUILTINS["has_word"] = HasWord
 """
 
 # +1 above the group's mean reward, -1 below, 0 at it.
 TOY_ESTIMATOR = """
 import torch
 
-from grpokit.algos.estimators import register_estimator
+from grpokit.algos.estimators import ESTIMATORS
 
 
+@ESTIMATORS.register("toy_sign")
 def sign_advantages(rewards, num_generations, settings):
     groups = rewards.view(-1, num_generations)
     return torch.sign(groups - groups.mean(dim=1, keepdim=True)).reshape(-1)
-
-
-register_estimator("toy_sign", sign_advantages)
 """
 
 

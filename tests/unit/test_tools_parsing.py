@@ -237,8 +237,17 @@ def test_validate_calls_reports_unknown_tools_and_bad_arguments():
     ]
 
 
-def test_registry(monkeypatch):
-    monkeypatch.setattr(parsing, "_REGISTRY", dict(parsing._REGISTRY))
+@pytest.fixture
+def parsers_restored():
+    """The tool-call parsers as before the test, afterwards."""
+    before = dict(parsing.TOOL_PARSERS)
+    yield
+    parsing.TOOL_PARSERS.clear()
+    parsing.TOOL_PARSERS.update(before)
+
+
+@pytest.mark.usefixtures("parsers_restored")
+def test_registry():
 
     def parse_bang(text: str) -> list[ToolCall]:
         return [ToolCall(text[1:], {}, text, 0, len(text))] if text.startswith("!") else []

@@ -260,21 +260,18 @@ class SamplerEntry:
 
 
 # The samplers by name, in order of precedence: the first that applies samples the run (the composition root,
-# grpokit/compose/rollouts.py, asks :func:`pick_sampler`). Adding one is a class and one line here.
-SAMPLERS = Registry(
-    "sampler",
-    {
-        "ray": SamplerEntry(RaySampler, lambda s: s.ray, needs=("remote", "partial")),
-        "server_ahead": SamplerEntry(
-            ServerAheadSampler, lambda s: s.ahead and s.server, needs=("own_model", "partial_rollouts")
-        ),
-        "thread": SamplerEntry(ThreadSampler, lambda s: s.ahead, needs=("own_engine",)),  # a policy copy, ahead
-        "tools": SamplerEntry(ToolSampler, lambda s: s.tools, needs=("tools",)),  # groups seeded, decoded in one batch
-        "raw_prompts": SamplerEntry(RawPromptSampler, lambda s: s.raw_prompts, needs=("prompt_column",)),
-        "group_seeded": SamplerEntry(GroupSeededSampler, lambda s: s.seeded),
-        "engine": SamplerEntry(EngineSampler, lambda s: True),
-    },
+# grpokit/compose/rollouts.py, asks :func:`pick_sampler`). Adding one is a class and its registration here, in its
+# place of precedence.
+SAMPLERS = Registry("sampler", entry=lambda name, cls, **fields: SamplerEntry(cls, **fields))
+SAMPLERS.register("ray", applies=lambda s: s.ray, needs=("remote", "partial"))(RaySampler)
+SAMPLERS.register("server_ahead", applies=lambda s: s.ahead and s.server, needs=("own_model", "partial_rollouts"))(
+    ServerAheadSampler
 )
+SAMPLERS.register("thread", applies=lambda s: s.ahead, needs=("own_engine",))(ThreadSampler)  # a policy copy, ahead
+SAMPLERS.register("tools", applies=lambda s: s.tools, needs=("tools",))(ToolSampler)  # groups seeded, one batch
+SAMPLERS.register("raw_prompts", applies=lambda s: s.raw_prompts, needs=("prompt_column",))(RawPromptSampler)
+SAMPLERS.register("group_seeded", applies=lambda s: s.seeded)(GroupSeededSampler)
+SAMPLERS.register("engine", applies=lambda s: True)(EngineSampler)
 
 
 def pick_sampler(situation: Situation) -> SamplerEntry:
@@ -283,4 +280,6 @@ def pick_sampler(situation: Situation) -> SamplerEntry:
 
 
 # The sources by name: ahead with max_staleness >= 1 (async_rollouts: 1), else synchronous.
-SOURCES = Registry("source", {"sync": SyncRollouts, "ahead": AheadRollouts})
+SOURCES = Registry("source")
+SOURCES.register("sync")(SyncRollouts)
+SOURCES.register("ahead")(AheadRollouts)
