@@ -33,6 +33,12 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
+def reaches_this_machine(host: str | None) -> bool:
+    """A URL's ``host`` connects to this machine's loopback: a loopback address, or the unspecified ``0.0.0.0`` /
+    ``::`` (Linux connects those to the local host; TRL's default vllm_server_host is ``0.0.0.0``)."""
+    return is_loopback(host) or (host or "").strip("[]") in ("0.0.0.0", "::")
+
+
 def key_dir(environ: dict | None = None) -> Path:
     """The folder of the key files: ``$XDG_RUNTIME_DIR/grpokit/vllm-keys`` (a per-user tmpfs, emptied at logout)
     where that is an existing folder, else ``~/.cache/grpokit/vllm-keys``."""
@@ -96,9 +102,9 @@ def read_key(path: Path) -> str | None:
 
 
 def url_port(url: str) -> int | None:
-    """The port of ``url`` (its scheme's default when absent); None when it has no loopback host."""
+    """The port of ``url`` (its scheme's default when absent); None unless it reaches this machine's loopback."""
     parts = urlsplit(url)
-    if not is_loopback(parts.hostname):
+    if not reaches_this_machine(parts.hostname):
         return None
     return parts.port or (443 if parts.scheme == "https" else 80)
 

@@ -147,10 +147,10 @@ def rendezvous_address(server_url: str, route=route_source) -> str:
     127.0.0.1 for a loopback ``server_url``, else ``route(host, port)``; one line when there is none (vLLM's
     rendezvous is IPv4 only) or it would be every interface."""
     from grpokit.rollout.vllm_http import VLLMServerError
-    from grpokit.rollout.vllm_keys import is_loopback
+    from grpokit.rollout.vllm_keys import reaches_this_machine
 
     parts = urlsplit(server_url)
-    if is_loopback(parts.hostname):
+    if reaches_this_machine(parts.hostname):
         return "127.0.0.1"
     try:
         address = route(parts.hostname, parts.port or 80)

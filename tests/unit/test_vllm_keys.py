@@ -66,7 +66,8 @@ def test_a_trainer_finds_the_key_for_a_loopback_url_only(tmp_path):
     assert client_key("given", "http://127.0.0.1:8200", env) == ("given", "vllm_server_api_key")
     from_env = client_key(None, "http://127.0.0.1:8200", {**env, "VLLM_API_KEY": "from-env"})
     assert from_env == ("from-env", "VLLM_API_KEY")
-    for url in ("http://127.0.0.1:8200", "http://localhost:8200/", "http://[::1]:8200"):  # any loopback name
+    # any loopback name, and 0.0.0.0 (TRL's default vllm_server_host: Linux connects it to this machine)
+    for url in ("http://127.0.0.1:8200", "http://localhost:8200/", "http://[::1]:8200", "http://0.0.0.0:8200"):
         key, source = client_key(None, url, env)
         assert key == "filed" and str(key_path(8200, env)) in source, url
     key, source = client_key(None, "http://127.0.0.1:8201", env)  # another port: another server
@@ -176,7 +177,7 @@ def test_the_rendezvous_binds_the_address_that_faces_the_server():
     from grpokit.rollout.vllm_http import VLLMServerError
     from grpokit.rollout.vllm_server_weights import rendezvous_address, route_source
 
-    for url in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000"):
+    for url in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000", "http://0.0.0.0:8000"):
         assert rendezvous_address(url, route=None) == "127.0.0.1", url  # the route is not even asked
     asked = []
     found = rendezvous_address("http://gpu-box:9000", route=lambda h, p: asked.append((h, p)) or "10.2.3.4")
