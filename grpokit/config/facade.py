@@ -127,10 +127,12 @@ class GRPOConfig(TypedKeys):
         return new
 
     def to_dict(self) -> dict:
+        """The config by section; a secret (a field whose metadata says ``secret``: vllm_server_api_key) as None, so
+        that no key reaches config.yaml, the trackers, ``grpokit explain`` or a repr."""
         out = {}
         for section, cls in SECTIONS.items():
             values = dataclasses.asdict(getattr(self, section))
-            out[section] = {f.name: values[f.name] for f in section_fields(cls)}  # its own keys first
+            out[section] = {f.name: None if f.metadata.get("secret") else values[f.name] for f in section_fields(cls)}
         out["rewards"] = [r if isinstance(r, (str, dict)) else _callable_name(r) for r in self.rewards]
         return out
 

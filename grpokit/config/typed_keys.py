@@ -119,6 +119,7 @@ class TypedKeys:
     vllm_server_base_url: str | None
     vllm_server_host: str
     vllm_server_port: int
+    vllm_server_api_key: str | None
     vllm_server_timeout: float
     vllm_max_logprob_gap: float | None
     vllm_tensor_parallel_size: int

@@ -5,6 +5,10 @@ request waits longer than that for the server to answer (httpx's connect, read a
 that is unreachable, dies or hangs ends the run with :class:`VLLMServerError`, whose one line names the URL, the
 route and the timeout (TRL #6796: a weight sync that hung with no error). ``wait_ready`` polls ``/health`` until
 the server answers 200, for at most the same timeout (a server still loading its model).
+
+Every request carries the server's key (``Authorization: Bearer KEY``; ``vllm_server_api_key``, ``VLLM_API_KEY``
+or a loopback server's key file: :func:`grpokit.rollout.vllm_keys.client_key`); HTTP 401 ends the run in one line
+naming ``vllm_server_api_key`` and where the key sent came from, or that none was.
 """
 
 from __future__ import annotations
@@ -26,19 +30,31 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 class ServerClient:
-    """JSON requests to ``base_url`` (no trailing slash), each bounded by ``timeout`` seconds."""
+    """JSON requests to ``base_url`` (no trailing slash), each bounded by ``timeout`` seconds, with ``api_key`` (None:
+    none sent; ``key_source``: where it came from, or why there is none, for the 401 line)."""
 
-    def __init__(self, base_url: str, timeout: float):
+    def __init__(self, base_url: str, timeout: float, api_key: str | None = None, key_source: str = ""):
         import httpx
 
         self.url = base_url.rstrip("/")
         self.timeout = float(timeout)
+        self.key_source = key_source
+        self._has_key = api_key is not None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key is not None else {}
         # trust_env=False: a proxy from the environment must not stand between the learner and its server
-        self._http = httpx.Client(timeout=httpx.Timeout(self.timeout), trust_env=False)
+        self._http = httpx.Client(timeout=httpx.Timeout(self.timeout), headers=headers, trust_env=False)
 
     def error(self, route: str, what: str) -> VLLMServerError:
         return VLLMServerError(
             f"vLLM server {self.url}: {route} {what} (vllm_server_timeout={self.timeout:g} s); {SERVE_HINT}."
+        )
+
+    def unauthorized(self, route: str) -> VLLMServerError:
+        sent = "the key sent" if self._has_key else "no key was sent"
+        sent += f" ({self.key_source}) is not its key" if self._has_key else f" ({self.key_source})"
+        return VLLMServerError(
+            f"vLLM server {self.url}: {route} answered HTTP 401: {sent}; set vllm_server_api_key (or VLLM_API_KEY) "
+            "to the key the server was started with (docs/vllm.md, 'The server's key')."
         )
 
     def request(self, method: str, route: str, json: Any = None, params: dict | None = None) -> Any:
@@ -53,6 +69,8 @@ class ServerClient:
             ) from None
         except httpx.HTTPError as exc:  # refused, reset, closed mid-answer: not running, or died
             raise self.error(route, f"failed: {_one_line(type(exc).__name__ + ': ' + str(exc))}") from None
+        if response.status_code == 401:
+            raise self.unauthorized(route)
         if response.status_code != 200:
             raise self.error(route, f"answered HTTP {response.status_code}: {_one_line(response.text)}")
         if not response.content:

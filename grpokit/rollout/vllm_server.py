@@ -14,6 +14,8 @@
   and the sampling that needs it run under it (:meth:`VLLMServerEngine.generate_at`), whichever thread asks (the
   learner's, or the producer's when sampling ahead, :mod:`grpokit.train.experience.server_ahead`), and a version
   the server holds is never pushed again.
+* Every request carries the server's key (vllm_server_api_key, VLLM_API_KEY, or a loopback server's key file:
+  :mod:`grpokit.rollout.vllm_keys`); HTTP 401 ends the run in one line naming vllm_server_api_key.
 * Every request is bounded by vllm_server_timeout; a server that is unreachable, dies or hangs ends the run with
   one line naming the URL and the timeout (:class:`~grpokit.rollout.vllm_http.VLLMServerError`).
 * The check of the sync: as the colocated engine's (:mod:`grpokit.rollout.vllm_weights`), naming the server.
@@ -30,6 +32,7 @@ import torch
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.rollout.vllm_engine import group_requests, regroup_outputs, rollouts_from_vllm, vllm_sampling_kwargs
 from grpokit.rollout.vllm_http import ServerClient, VLLMServerError
+from grpokit.rollout.vllm_keys import client_key
 from grpokit.rollout.vllm_settings import DTYPE_NAMES, VLLMSpec
 from grpokit.rollout.vllm_weights import SyncGapCheck
 
@@ -112,7 +115,8 @@ class VLLMServerEngine:
         self._loaded_version: int | None = None  # the server starts from its own folder: pushed before sampling
         self._weights_lock = threading.Lock()  # one owner of the server's weights: a push and its sampling
         self.pushed: list[int] = []  # the versions pushed, in order
-        self.client = ServerClient(spec.server_url, spec.server_timeout)
+        key, source = client_key(spec.server_api_key, spec.server_url)
+        self.client = ServerClient(spec.server_url, spec.server_timeout, api_key=key, key_source=source)
         self.client.wait_ready()
         self.model_name = self.client.request("GET", "/v1/models")["data"][0]["id"]
         info = self._server_info()

@@ -17,6 +17,10 @@ the embeddings).
   (:class:`HTTPWeightSyncRoutes`: ``/init_weight_transfer_engine`` once, then ``/start_weight_update``,
   ``/update_weights`` beside the NCCL broadcast, ``/finish_weight_update`` on each push), then
   ``/reset_prefix_cache``. Every request is bounded by vllm_server_timeout; the broadcast itself is NCCL's.
+  The learner is rank 0: it hosts the rendezvous (vLLM's ``StatelessProcessGroup`` binds a TCP store on the
+  ``master_address`` it tells the server's workers), at :func:`rendezvous_address`, the learner's address that
+  faces the server: 127.0.0.1 for a loopback server, else the one the route to the server's host leaves from;
+  never vLLM's ``get_ip()`` (the machine's outward address for a server on loopback, 0.0.0.0 where it finds none).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import tempfile
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 
@@ -128,17 +134,51 @@ def policy_source(holder):
     return PolicySource()
 
 
+def route_source(host: str, port: int) -> str:
+    """The local IPv4 address this machine's route to ``host`` leaves from (a UDP socket's connect: nothing sent)."""
+    target = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(target)
+        return s.getsockname()[0]
+
+
+def rendezvous_address(server_url: str, route=route_source) -> str:
+    """The address the NCCL rendezvous binds and the server's workers are told to reach (module docstring):
+    127.0.0.1 for a loopback ``server_url``, else ``route(host, port)``; one line when there is none (vLLM's
+    rendezvous is IPv4 only) or it would be every interface."""
+    from grpokit.rollout.vllm_http import VLLMServerError
+    from grpokit.rollout.vllm_keys import reaches_this_machine
+
+    parts = urlsplit(server_url)
+    if reaches_this_machine(parts.hostname):
+        return "127.0.0.1"
+    try:
+        address = route(parts.hostname, parts.port or 80)
+    except OSError as exc:
+        address, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = f"the route gives {address}"
+    if address in (None, "", "0.0.0.0"):
+        raise VLLMServerError(
+            f"vLLM server {server_url}: no IPv4 address of this machine faces {parts.hostname} ({why}), so the NCCL "
+            "weight transfer has no address to bind for its workers to reach; give the server's IPv4 address in "
+            "vllm_server_base_url."
+        )
+    return address
+
+
 class NCCLPush:
     """Weights by vLLM's NCCL weight transfer (module docstring). Built once: the NCCL group with the server's
     workers (rank 0 here, the server's ``/get_world_size`` workers after it)."""
 
     def __init__(self, client, policy: torch.nn.Module):
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
-        from vllm.utils.network_utils import get_ip, get_open_port
+        from vllm.utils.network_utils import get_open_port
 
         self.client, self.model = client, policy
         workers = int(client.request("GET", "/get_world_size")["world_size"])
-        info = NCCLTrainerInitInfo(master_address=get_ip(), master_port=get_open_port(), world_size=workers + 1, rank=0)
+        address = rendezvous_address(client.url)
+        info = NCCLTrainerInitInfo(master_address=address, master_port=get_open_port(), world_size=workers + 1, rank=0)
         self.engine = NCCLTrainerWeightTransferEngine.trainer_init(
             info, client=HTTPWeightSyncRoutes(client), source=policy_source(self)
         )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -59,6 +59,9 @@ class VLLMSettings:
     """vllm_mode server: the server's address when vllm_server_base_url is null."""
     vllm_server_port: int = 8000
     """vllm_mode server: the server's port when vllm_server_base_url is null."""
+    vllm_server_api_key: str | None = field(default=None, metadata={"secret": True})
+    """vllm_mode server: the server's key, sent on every request; null = VLLM_API_KEY, else for a loopback URL the key
+    file `grpokit vllm-serve` wrote for its port (docs/vllm.md); never written to the run's config.yaml."""
     vllm_server_timeout: float = 240.0
     """vllm_mode server: seconds to wait for the server at the start, and the longest any one request (a sampling, a
     weight push) may take; past it the run ends with one line naming the URL."""
@@ -86,7 +89,9 @@ class VLLMSpec:
     ``enable_sleep_mode`` (None: on a GPU only), ``dtype`` (``vllm_dtype``), ``enforce_eager`` (None: on the CPU
     only), ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU),
     ``trust_remote_code``, ``tensor_parallel_size`` (``vllm_tensor_parallel_size``), ``mode`` (``colocate`` or
-    ``server``: then ``server_url`` and ``server_timeout``, seconds; :mod:`grpokit.rollout.vllm_server`) and
+    ``server``: then ``server_url``, ``server_api_key`` (``vllm_server_api_key``: None = VLLM_API_KEY or the key
+    file, :func:`~grpokit.rollout.vllm_keys.client_key`) and ``server_timeout``, seconds;
+    :mod:`grpokit.rollout.vllm_server`) and
     ``max_logprob_gap`` (the sync gap that stops the run; None: by dtype)."""
 
     source: str | None
@@ -103,6 +108,7 @@ class VLLMSpec:
     server_timeout: float
     max_logprob_gap: float | None
     tensor_parallel_size: int
+    server_api_key: str | None = field(repr=False)
 
 
 def installed_vllm() -> str | None:
@@ -231,4 +237,5 @@ def vllm_spec(settings: VLLMSettings, source: str | None, trust_remote_code: boo
         server_timeout=settings.vllm_server_timeout,
         max_logprob_gap=settings.vllm_max_logprob_gap,
         tensor_parallel_size=settings.vllm_tensor_parallel_size,
+        server_api_key=settings.vllm_server_api_key,
     )

@@ -80,6 +80,11 @@ NOT_RUNNABLE = {
     "grpokit vllm-serve MODEL --port 8000": (
         "a vLLM server (vLLM's package, .venv-vllm), until stopped: tests/real_vllm/test_server_vllm.py starts one"
     ),
+    "VLLM_API_KEY=$(cat vllm.key) grpokit vllm-serve MODEL --host 0.0.0.0 --port 8000": (
+        "a vLLM server for other machines, until stopped: tests/real_vllm/test_server_vllm.py starts one on loopback"
+    ),
+    "VLLM_API_KEY=$(cat vllm.key) grpokit train config.yaml engine=vllm vllm_mode=server "
+    "vllm_server_base_url=http://gpu-box:8000": "needs a vLLM server on another machine (gpu-box)",
     "grpokit train config.yaml engine=vllm vllm_mode=server vllm_server_port=8000": (
         "needs a running vLLM server: tests/real_vllm/test_server_vllm.py trains against one"
     ),

@@ -35,8 +35,8 @@ def test_nccl_push_drives_vllms_weight_transfer_routes(monkeypatch, vllm_model_d
     monkeypatch.setattr(nccl_engine, "packed_nccl_broadcast_producer", broadcast)
     monkeypatch.setattr(nccl_engine.NCCLTrainerWeightTransferEngine, "_post_send_sync", lambda self: None)
     policy = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
-    with FakeVLLM() as fake:
-        pusher = NCCLPush(ServerClient(fake.url, 30), policy)
+    with FakeVLLM(key="k") as fake:  # keyed as `grpokit vllm-serve` is
+        pusher = NCCLPush(ServerClient(fake.url, 30, api_key="k"), policy)
         pusher.push(0, policy)
         ahead = copy.deepcopy(policy)  # sampling ahead pushes a copy of the policy at the batch's version
         with torch.no_grad():
@@ -50,6 +50,9 @@ def test_nccl_push_drives_vllms_weight_transfer_routes(monkeypatch, vllm_model_d
     init = fake.calls[1][1]["init_info"]
     assert (init["rank_offset"], init["world_size"], init["packed"]) == (1, 2, True)  # rank 0 here, 1 worker
     assert (opened[0].world_size, opened[0].rank, opened[0].master_port) == (2, 0, init["master_port"])
+    # the rendezvous binds the address facing the server, told to its workers: loopback for a loopback server
+    assert opened[0].master_address == init["master_address"] == "127.0.0.1"
+    assert {header for _, header in fake.authorization} == {"Bearer k"}  # every route with the key
     update = fake.calls[3][1]["update_info"]
     names = [name for name, _ in vllm_weight_items(policy)]
     assert update["names"] == names and "lm_head.weight" not in names  # the tied head goes once, as the embeddings

@@ -5,7 +5,9 @@ a resume on a fresh server equal to the uninterrupted run, and a skipped weight 
 max_staleness 2 (the producer's thread drives the server) with partial rollouts after 4 of 8 tokens: every stored
 sample within the bound, each completion longer than 4 tokens in two pieces [[0, v], [4, min(v + 1, b - 1)]], the
 float32 gap after every push (heads and continuations), and kill -9 of the run twice, resumed, equal to the
-uninterrupted run.
+uninterrupted run. The server's key: a default ``grpokit vllm-serve`` answers 401 without its key on the dev routes
+and /v1, writes its key to a 0600 file that the keyless runs here find, a wrong key ends a run in one line, and
+``--host 0.0.0.0`` without a key does not start.
 
 One server at a time: the module's server is started once and restarted only after the test that kills it."""
 
@@ -17,9 +19,11 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,7 +90,18 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(vllm_model_dir, tmp_path_factory):
+def key_folder(tmp_path_factory):
+    """The servers' key files in a folder of this module's own (XDG_RUNTIME_DIR, read by the servers and by the
+    trainers, in this process and in the CLI's), and no VLLM_API_KEY: the trainers find the keys with no setting."""
+    with pytest.MonkeyPatch.context() as mp:
+        folder = tmp_path_factory.mktemp("runtime")
+        mp.setenv("XDG_RUNTIME_DIR", str(folder))
+        mp.delenv("VLLM_API_KEY", raising=False)
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def server(vllm_model_dir, tmp_path_factory, key_folder):
     s = Server(vllm_model_dir, tmp_path_factory.mktemp("vllm-server"))
     s.start()
     yield s
@@ -123,6 +138,64 @@ class KillAtStep:
 
 
 COMMON = dict(lr_scheduler_type="constant", save_steps=1, max_steps=3)
+
+
+# ---- the server's key -------------------------------------------------------------------------------------------
+def test_the_default_server_answers_401_without_its_key_on_every_route_but_health(server, key_folder):
+    import httpx
+
+    from grpokit.rollout.vllm_keys import key_path, read_key
+
+    port = int(server.url.rsplit(":", 1)[1])
+    path = key_path(port)
+    assert path.parent.parent.parent == key_folder  # the module's own XDG_RUNTIME_DIR
+    key = read_key(path)
+    assert key and stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert key.encode() not in Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()  # not in `ps`
+    rpc = {"method": "reload_weights", "kwargs": {"weights_path": "/nonexistent"}}
+    body = {"model": str(server.model_dir), "prompt": [5, 6], "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": key}):  # none, wrong, not Bearer
+        with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+            answers = {
+                route: http.post(route, json=payload).status_code
+                for route, payload in (
+                    ("/collective_rpc", rpc),
+                    ("/v1/completions", body),
+                    ("/reset_prefix_cache", None),
+                    ("/init_weight_transfer_engine", {"init_info": {}}),
+                    ("/update_weights", {"update_info": {}}),
+                )
+            }
+            answers["/server_info"] = http.get("/server_info").status_code
+            answers["/health"] = http.get("/health").status_code
+        print("without the key:", headers and "wrong or not Bearer", answers)
+        assert answers.pop("/health") == 200 and set(answers.values()) == {401}, answers
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        assert http.get("/server_info").status_code == 200 and http.get("/v1/models").status_code == 200
+
+
+def test_a_wrong_key_ends_the_run_in_one_line_naming_vllm_server_api_key(server, vllm_model_dir, tmp_path):
+    if not server.running():
+        server.start()
+    with pytest.raises(VLLMServerError) as refused:
+        trainer(vllm_model_dir, tmp_path / "wrong", server.url, vllm_server_api_key="not-its-key").train()
+    text = str(refused.value)
+    assert "\n" not in text and "answered HTTP 401: the key sent (vllm_server_api_key) is not its key" in text, text
+    assert text.startswith(f"vLLM server {server.url}: ") and "set vllm_server_api_key" in text
+
+
+def test_a_host_beyond_loopback_without_a_key_does_not_start(vllm_model_dir, key_folder):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "grpokit.cli", "vllm-serve", str(vllm_model_dir), "--host", "0.0.0.0", "--port",
+            str(port)]  # fmt: skip
+    proc = subprocess.run(argv, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr[-3000:]
+    assert proc.stderr.startswith("grpokit: error: grpokit vllm-serve --host 0.0.0.0 ") and "--api-key" in proc.stderr
+    assert not list(key_folder.rglob(f"*-{port}"))  # no key file either
+    with socket.socket() as s:  # nothing listens there
+        assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
 def test_training_keeps_the_server_in_sync_after_every_push(server, vllm_model_dir, tmp_path):
@@ -214,7 +287,8 @@ def cli(config, *extra: str) -> list[str]:
     return [sys.executable, "-m", "grpokit.cli", "train", str(config), *extra]
 
 
-CLI_ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+def cli_env() -> dict:
+    return dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +299,7 @@ def async_straight(server, vllm_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("async-straight")
     config = async_config(tmp, vllm_model_dir, server.url, "straight")
     # timeout: a bound for a run on a busy 2-core machine (~1 min)
-    done = subprocess.run(cli(config), env=CLI_ENV, capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(cli(config), env=cli_env(), capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-6000:]
     return tmp / "straight"
 
@@ -259,8 +333,9 @@ def test_kill_9_on_a_k2_server_run_then_resume_equals_the_uninterrupted_run(
 ):
     """The run is killed, not the server: each resume pushes its checkpoint's weights before its first new batch."""
     config, run = async_config(tmp_path, vllm_model_dir, server.url, "run"), tmp_path / "run"
-    history = kill_storm(cli(config, "resume_from=latest"), run, CLI_ENV, tmp_path, KILLS, KILL_SEED, start_timeout=600)
-    final = subprocess.run(cli(config, "resume_from=latest"), env=CLI_ENV, capture_output=True, text=True,
+    env = cli_env()
+    history = kill_storm(cli(config, "resume_from=latest"), run, env, tmp_path, KILLS, KILL_SEED, start_timeout=600)
+    final = subprocess.run(cli(config, "resume_from=latest"), env=env, capture_output=True, text=True,
                            timeout=900, check=False)  # fmt: skip
     assert final.returncode == 0, "\n".join(history) + "\n" + final.stderr[-6000:]
     assert stored(run) == stored(async_straight), "\n".join(history)

@@ -3,7 +3,9 @@ each answering as vLLM 0.32's do (shapes read from its source), and a record of 
 handler blocks until the server stops (a hung server); ``fail``: a route answering HTTP 500. ``overlaps``: each
 request that ran beside a weight push (a push while anything else ran, or a sampling while a push ran), with the
 routes in flight when it arrived; ``push_dwell_s``: how long a push takes (a wider window for such an overlap).
-``pushed_norms``: the sum of ``model.norm.weight`` in each pushed folder, in order (which weights arrived)."""
+``pushed_norms``: the sum of ``model.norm.weight`` in each pushed folder, in order (which weights arrived).
+``key``: the server's key, required as ``grpokit vllm-serve`` requires it (every route but ``/health``: HTTP 401
+without it); ``authorization``: the ``Authorization`` header of each call, in order."""
 
 from __future__ import annotations
 
@@ -18,8 +20,11 @@ PUSH_ROUTES = ("/collective_rpc", "/reset_prefix_cache", "/start_weight_update",
 
 
 class FakeVLLM:
-    def __init__(self, logprobs_mode="processed_logprobs", dtype="torch.float32", dev_mode=True, extension=None):
+    def __init__(self, logprobs_mode="processed_logprobs", dtype="torch.float32", dev_mode=True, extension=None,
+                 key=None):  # fmt: skip
         self.calls: list[tuple[str, dict | None]] = []
+        self.key = key
+        self.authorization: list[tuple[str, str | None]] = []
         self.folders_seen: list[tuple[str, list[str]]] = []  # (weights folder, its files at the reload)
         self.hang: set[str] = set()
         self.overlaps: list[tuple[str, list[str]]] = []
@@ -54,6 +59,11 @@ class FakeVLLM:
                 route = self.path.split("?")[0]
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
+                given = self.headers.get("Authorization")
+                with fake.lock:
+                    fake.authorization.append((route, given))
+                if fake.key is not None and route != "/health" and given != f"Bearer {fake.key}":
+                    return self._answer(401, {"error": "Unauthorized"})
                 with fake.lock:
                     fake.calls.append((route, body))
                     others = list(fake.in_flight)

@@ -18,6 +18,7 @@ from fake_vllm_server import FakeVLLM
 from shared_helpers import sampling_params
 
 from grpokit.rollout.vllm_http import ServerClient, VLLMServerError
+from grpokit.rollout.vllm_keys import key_path, write_key
 from grpokit.rollout.vllm_serve_cmd import vllm_serve_command
 from grpokit.rollout.vllm_server import VLLMServerEngine
 from grpokit.rollout.vllm_server_worker import EXTENSION
@@ -26,6 +27,13 @@ from grpokit.rollout.vllm_weights import SyncGapCheck, SyncGapError
 
 # A bound on the wall time of a failing request, far above its timeout (1-2 s): it fails the test only on a hang
 NO_HANG_S = 60
+
+
+@pytest.fixture(autouse=True)
+def own_keys(tmp_path, monkeypatch):
+    """No key from the environment, and key files in a folder of the test's own (XDG_RUNTIME_DIR)."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
 
 
 def free_port() -> int:
@@ -152,6 +160,58 @@ def test_the_gap_bound_follows_the_servers_dtype(policy):
     assert engine.gap.max_gap == 0.5 and engine.gap.path == f"vLLM server {fake.url}"
 
 
+# ---- the server's key ---------------------------------------------------------------------------------------------
+def test_the_key_goes_with_every_request_to_every_route(policy):
+    from grpokit.rollout.vllm_server_weights import HTTPWeightSyncRoutes
+
+    with FakeVLLM(key="k-1", extension=EXTENSION) as fake:
+        engine = engine_for(fake, policy, vllm_server_api_key="k-1")
+        engine.generate([[5]], 2, sampling_params(3), seeds=[1])
+        engine.sync_weights()
+        engine.generate([[6]], 2, sampling_params(3), seeds=[2])
+        nccl = HTTPWeightSyncRoutes(engine.client)  # the CUDA learner's routes, over the same client
+        nccl.init_weight_transfer_engine({"master_address": "127.0.0.1"})
+        nccl.start_weight_update()
+        nccl.update_weights({"names": []})
+        nccl.finish_weight_update()
+        nccl.shutdown_weight_transfer_engine()
+        engine.client.request("GET", "/get_world_size")
+    sent = {route for route, _ in fake.authorization}
+    assert sent >= {"/health", "/v1/models", "/server_info", "/collective_rpc", "/reset_prefix_cache",
+                    "/v1/completions", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+                    "/finish_weight_update", "/shutdown_weight_transfer_engine", "/get_world_size"}  # fmt: skip
+    assert {header for _, header in fake.authorization} == {"Bearer k-1"}
+    assert len(fake.calls) == len(fake.authorization)  # every request answered, none refused
+
+
+def test_a_missing_or_wrong_key_is_one_line_naming_vllm_server_api_key(policy, monkeypatch):
+    with FakeVLLM(key="right") as fake:
+        with pytest.raises(VLLMServerError) as missing:
+            engine_for(fake, policy)
+        with pytest.raises(VLLMServerError) as wrong:
+            engine_for(fake, policy, vllm_server_api_key="wrong")
+        monkeypatch.setenv("VLLM_API_KEY", "also-wrong")
+        with pytest.raises(VLLMServerError) as from_env:
+            engine_for(fake, policy)
+    text = one_line(missing.value)
+    assert text.startswith(f"vLLM server {fake.url}: /v1/models answered HTTP 401: no key was sent (no "), text
+    assert "set vllm_server_api_key (or VLLM_API_KEY)" in text
+    assert "the key sent (vllm_server_api_key) is not its key" in one_line(wrong.value)
+    assert "the key sent (VLLM_API_KEY) is not its key" in one_line(from_env.value)
+    assert all(route in ("/health", "/v1/models") for route, _ in fake.authorization)  # stopped at the first refusal
+
+
+def test_a_keyless_trainer_finds_a_loopback_servers_key_file(policy, tmp_path):
+    with FakeVLLM(key="filed-key") as fake:
+        port = int(fake.url.rsplit(":", 1)[1])
+        path = write_key(key_path(port), "filed-key")
+        assert path.parent.parent.parent == tmp_path  # the test's own XDG_RUNTIME_DIR
+        engine = engine_for(fake, policy)
+        engine.generate([[5]], 2, sampling_params(3), seeds=[1])
+    assert {header for _, header in fake.authorization} == {"Bearer filed-key"}
+    assert "/collective_rpc" in [route for route, _ in fake.calls]  # pushed and sampled: accepted
+
+
 # ---- the sync check ------------------------------------------------------------------------------------------------
 def test_the_sync_gap_stops_above_its_bound_naming_the_path():
     check = SyncGapCheck("vLLM server http://h:1", "float32", "float32")
@@ -172,6 +232,7 @@ def test_vllm_serve_adds_the_flags_grpokit_needs_unless_given():
     assert argv[:6] == [sys.executable, "-m", "grpokit.rollout.vllm_serve_cmd", "serve", "m", "--port"]
     flags = dict(zip(argv[7::2], argv[8::2]))
     assert flags == {
+        "--middleware": "grpokit.rollout.vllm_serve_auth.KeyedRoutes",  # the key on every route
         "--host": "127.0.0.1",
         "--logprobs-mode": "processed_logprobs",
         "--worker-extension-cls": EXTENSION,
@@ -192,6 +253,7 @@ def test_vllm_serve_without_vllm_is_one_line():
 
 # ---- a training run through the CLI ------------------------------------------------------------------------------
 def cli_train(tmp_path, model_dir, url: str, **overrides) -> subprocess.CompletedProcess:
+    tmp_path.mkdir(exist_ok=True)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}", "target": "w7"}) + "\n" for i in range(8)))
     reward = os.path.join(os.path.dirname(__file__), "..", "integration", "rewards_for_tests.py")
@@ -237,6 +299,22 @@ def test_log_probs_that_are_not_the_learners_stop_the_run_at_step_1(tmp_path, ti
     assert "vllm_max_logprob_gap=0.0001" in last
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines if "loss" in json.loads(line)] == [1]  # logged, then stopped
+
+
+def test_a_keyless_run_finds_the_key_file_and_a_wrong_key_ends_the_run_in_one_line(tmp_path, tiny_model_dir):
+    """Through the CLI against a keyed fake: the key from the loopback key file with no setting (the run reaches
+    step 1, where the fake's log-probs stop it), and a wrong key in the config (one line at the first request)."""
+    with FakeVLLM(key="the-servers-key") as fake:
+        write_key(key_path(int(fake.url.rsplit(":", 1)[1])), "the-servers-key")
+        filed = cli_train(tmp_path / "filed", tiny_model_dir, fake.url)
+        wrong = cli_train(tmp_path / "wrong", tiny_model_dir, fake.url, vllm_server_api_key="not-the-key")
+    last = filed.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"grpokit: error: step 1: vLLM server {fake.url} samples with other weights"), last
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr[-3000:]
+    last = wrong.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"grpokit: error: vLLM server {fake.url}: /v1/models answered HTTP 401: the key sent "
+                           "(vllm_server_api_key) is not its key; set vllm_server_api_key"), last  # fmt: skip
+    assert "not-the-key" not in wrong.stderr
 
 
 def test_a_push_folder_left_by_a_killed_learner_is_removed_by_the_next_engine(tmp_path):
