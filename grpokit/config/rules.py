@@ -180,6 +180,7 @@ def batch_size(cfg: GRPOConfig, world_size: int) -> None:
 
 def lora_and_model(cfg: GRPOConfig) -> None:
     a, lora, model = cfg.algo, cfg.lora, cfg.model
+    model.check()  # freeze_vision_tower, freeze_projector (models/vision_settings.py)
     check(
         lora.r == 0 or a.ref_model_sync_steps == 0,
         f"ref_model_sync_steps={a.ref_model_sync_steps} cannot be used with LoRA: the reference is the base model "

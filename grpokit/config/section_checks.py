@@ -27,6 +27,7 @@ def data(d: DataConfig) -> None:
         dataset(name, getattr(d, name))
     if d.prompt_template is not None:
         prompt_template(d.prompt_template)
+    d.check()  # image_column (data/image_settings.py)
 
 
 def dataset(name: str, value: object) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from grpokit.algos.loss_params import SapoParams, VespoParams
+from grpokit.data.image_settings import ImageDataSettings
+from grpokit.models.vision_settings import VisionModelSettings
 from grpokit.rollout.vllm_settings import VLLMSettings
 from grpokit.train.learning.terms_settings import LossTermsSettings
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(VisionModelSettings):  # freeze_vision_tower, freeze_projector: grpokit.models.vision
     model_name_or_path: str | None = None
     """Local folder or hub id of a causal LM (the `model` argument of GRPOTrainer overrides it)."""
     tokenizer_name_or_path: str | None = None
@@ -43,7 +45,7 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(ImageDataSettings):  # image_column: grpokit.data.images
     train_dataset: str | dict | None = None
     """A JSONL / JSON / Parquet / CSV file, a datasets folder (save_to_disk), `builtin:arithmetic`, or what
     datasets.load_dataset loads: a mapping {path, name, split, data_files, data_dir, revision} (path: a hub id such as

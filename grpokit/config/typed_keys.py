@@ -36,6 +36,8 @@ class TypedKeys:
     gradient_checkpointing: bool
     load_in_4bit: bool
     ref_model_dtype: str
+    freeze_vision_tower: bool
+    freeze_projector: bool
     # data
     train_dataset: str | dict | None
     eval_dataset: str | dict | None
@@ -46,6 +48,7 @@ class TypedKeys:
     max_prompt_length: int | None
     prompt_overflow: str
     shuffle: bool
+    image_column: str | None
     # algo
     algorithm: str
     value_model_name_or_path: str | None
