@@ -29,11 +29,13 @@ def build_rollouts(
     run's ToolSpec, or None; ``rollout_func``: the trainer's ``_generate`` when GRPOTrainer was given a rollout_func
     (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
+    from grpokit.compose.vision_paths import check_image_paths
     from grpokit.train.experience.rollout_scheduler import RolloutScheduler
     from grpokit.train.experience.sources import Situation, pick_sampler
     from grpokit.train.experience.tool_rollouts import ToolRollouts
 
     name = args.engine if rollout_func is None else "rollout_func"
+    check_image_paths(args, name, prompts, procs, tools, rollout_func)  # no path drops a prompt's images
     kind = engine_kind(name)
     parts = engine_parts(args, model, tokenizer, device, source, rollout_func, autocast_dtype, kernels)
     settings = engine_settings(args, name)

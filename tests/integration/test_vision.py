@@ -121,3 +121,58 @@ def test_cli_trains_a_vlm_from_a_yaml_config_with_image_files(vlm_dir, tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len([s for s in steps if "loss" in s or "train_loss" in s or "reward" in s]) >= 2, steps
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"generation.engine": "transformers"}, "generation.engine: transformers does not take images"),
+        ({"max_staleness": 1}, "sampling ahead"),
+    ],
+)
+def test_sampling_paths_without_images_are_refused_in_one_line(vlm_dir, tmp_path, overrides, reason):
+    from grpokit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        train(vlm_dir, tmp_path, **overrides)
+    message = str(refused.value)
+    assert "\n" not in message and reason in message, message
+
+
+def test_a_rollout_func_is_refused_with_images(vlm_dir, tmp_path):
+    from grpokit.errors import ConfigError
+    from grpokit.models.vision import load_processor
+
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8, max_steps=1)
+    with pytest.raises(ConfigError, match="a rollout_func samples outside grpokit and would not get the images"):
+        GRPOTrainer(
+            model=str(vlm_dir), reward_funcs=colour_reward, args=args, train_dataset=rows() * 2,
+            processing_class=load_processor(str(vlm_dir)), rollout_func=lambda prompts, trainer: {},
+        )  # fmt: skip
+
+
+def test_vllm_ray_and_torchrun_are_refused_with_images():
+    """Paths that cannot be started here (vLLM is not installed, no Ray cluster, one process): the check itself."""
+    from types import SimpleNamespace
+
+    from grpokit.compose.vision_paths import check_image_paths
+    from grpokit.errors import ConfigError
+    from grpokit.models.vision_inputs import VisionPrompt
+
+    prompts = SimpleNamespace(ids=[VisionPrompt([1, 2], {}, {}, ["h"])])
+    text = SimpleNamespace(ids=[[1, 2]])
+
+    def args(backend="none", ahead=0):
+        return SimpleNamespace(backend=backend, distributed=SimpleNamespace(staleness_bound=lambda: ahead))
+
+    one = SimpleNamespace(world_size=1)
+    cases = [
+        (args(), "vllm", one, "does not pass images to vLLM's multi_modal_data"),
+        (args(backend="ray"), "hf", one, "ray's rollout workers do not take images"),
+        (args(), "hf", SimpleNamespace(world_size=2), "torchrun (2 processes) is not supported with images"),
+    ]
+    for a, engine, procs, reason in cases:
+        with pytest.raises(ConfigError, match=reason.replace("(", r"\(").replace(")", r"\)")):
+            check_image_paths(a, engine, prompts, procs, None, None)
+        check_image_paths(a, engine, text, procs, None, None)  # text prompts: every path as before
+    check_image_paths(args(), "hf", prompts, one, None, None)  # the supported path
