@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from grpokit.compose import specs
+from grpokit.compose.vision_paths import check_image_paths
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.config.rules import engine_settings
 
@@ -29,7 +30,6 @@ def build_rollouts(
     run's ToolSpec, or None; ``rollout_func``: the trainer's ``_generate`` when GRPOTrainer was given a rollout_func
     (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
-    from grpokit.compose.vision_paths import check_image_paths
     from grpokit.train.experience.rollout_scheduler import RolloutScheduler
     from grpokit.train.experience.sources import Situation, pick_sampler
     from grpokit.train.experience.tool_rollouts import ToolRollouts
