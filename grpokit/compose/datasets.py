@@ -61,6 +61,7 @@ def prompt_source_kwargs(args: GRPOConfig) -> dict:
         max_prompt_length=args.max_prompt_length,
         overflow=args.prompt_overflow,
         template_kwargs=args.chat_template_kwargs,  # TRL's
+        image_column=args.image_column,  # vision-language models (data/images.py)
     )
 
 

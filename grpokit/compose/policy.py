@@ -12,6 +12,7 @@ from grpokit.config import ConfigError, GRPOConfig
 from grpokit.machine.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.machine.precision import choose_precision, enable_tf32, low_precision_weights_warning
 from grpokit.models.loading import is_hf_model, load_model, load_tokenizer, lora_config
+from grpokit.models.vision import freeze, is_processor, is_vision_model, language_model_linears, register_processor
 
 
 def warn_if_too_big(args: GRPOConfig, path: str) -> None:
@@ -61,11 +62,15 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
             "load_in_4bit quantises the model while loading it: give its path or hub id (model.model_name_or_path), "
             "not a loaded module."
         )
+    if is_processor(tokenizer):  # TRL's processing_class=processor: its tokenizer, the processor registered with it
+        register_processor(tokenizer.tokenizer, tokenizer)
+        tokenizer = tokenizer.tokenizer
     if isinstance(model, str):
         name = model
         model = load_model(name, dtype, fsdp_load_device(args) or device, args.trust_remote_code, args.load_in_4bit)
         if tokenizer is None:
-            tokenizer = load_tokenizer(args.tokenizer_name_or_path or name, args.trust_remote_code)
+            source = args.tokenizer_name_or_path or name
+            tokenizer = load_tokenizer(source, args.trust_remote_code, vision=is_vision_model(model))
     elif isinstance(model, torch.nn.Module):
         model = model.to(device=device, dtype=dtype if args.dtype != "auto" else None)
     else:
@@ -76,11 +81,16 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
         tokenizer = load_tokenizer(args.tokenizer_name_or_path, args.trust_remote_code)
     loaded_from = getattr(getattr(model, "config", None), "_name_or_path", None)
     if tokenizer is None and is_hf_model(model) and loaded_from:  # as TRL: the tokenizer the model was loaded with
-        tokenizer = load_tokenizer(loaded_from, args.trust_remote_code)
+        tokenizer = load_tokenizer(loaded_from, args.trust_remote_code, vision=is_vision_model(model))
     if tokenizer is None:
         raise ConfigError(
             "no tokenizer: pass tokenizer=... (an HF tokenizer or any object with encode/decode and eos_token_id)."
         )
+    if is_vision_model(model):
+        try:
+            freeze(model, args)  # freeze_vision_tower, freeze_projector
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     use_lora = args.lora.r > 0
     if use_lora:
         torch.manual_seed(args.seed)  # the adapters' random init (lora_A) follows the seed, not whatever ran before
@@ -117,7 +127,11 @@ def apply_lora(model: torch.nn.Module, args: GRPOConfig, peft_config: Any = None
         )
     if args.load_in_4bit:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing)
-    return get_peft_model(model, lora_config(args.lora) if peft_config is None else _causal_lm(peft_config))
+    if peft_config is None:
+        peft_config = lora_config(args.lora)
+        if is_vision_model(model) and args.lora.target_modules == "all-linear":  # the language model's, not the tower's
+            peft_config.target_modules = language_model_linears(model)
+    return get_peft_model(model, _causal_lm(peft_config))
 
 
 def lora_settings(peft_config: Any) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from grpokit.compose import specs
+from grpokit.compose.vision_paths import check_image_paths
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.config.rules import engine_settings
 
@@ -34,6 +35,7 @@ def build_rollouts(
     from grpokit.train.experience.tool_rollouts import ToolRollouts
 
     name = args.engine if rollout_func is None else "rollout_func"
+    check_image_paths(args, name, prompts, procs, tools, rollout_func)  # no path drops a prompt's images
     kind = engine_kind(name)
     parts = engine_parts(args, model, tokenizer, device, source, rollout_func, autocast_dtype, kernels)
     settings = engine_settings(args, name)

@@ -17,8 +17,10 @@ from grpokit.algos.settings import (
     PolicyLossSettings,
     SamplerCorrectionSettings,
 )
+from grpokit.data.image_settings import ImageDataSettings
 from grpokit.data.settings import PromptSettings
 from grpokit.models.settings import ModelSettings
+from grpokit.models.vision_settings import VisionModelSettings
 from grpokit.rollout.sampling_settings import EngineSettings, SamplingSettings
 from grpokit.rollout.vllm_settings import VLLMSettings
 from grpokit.train.experience.settings import DynamicSamplingSettings
@@ -32,12 +34,12 @@ from grpokit.train.teacher.settings import DistillSettings
 
 
 @dataclass
-class ModelConfig(ModelSettings):
+class ModelConfig(VisionModelSettings, ModelSettings):
     pass
 
 
 @dataclass
-class DataConfig(PromptSettings):
+class DataConfig(ImageDataSettings, PromptSettings):
     pass
 
 

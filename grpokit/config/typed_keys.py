@@ -37,6 +37,8 @@ class TypedKeys:
     gradient_checkpointing: bool
     load_in_4bit: bool
     ref_model_dtype: str
+    freeze_vision_tower: bool
+    freeze_projector: bool
     # data
     train_dataset: str | dict | None
     eval_dataset: str | dict | None
@@ -47,6 +49,7 @@ class TypedKeys:
     max_prompt_length: int | None
     prompt_overflow: str
     shuffle: bool
+    image_column: str | None
     # algo
     imports: list
     entropy_coef: float

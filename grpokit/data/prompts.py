@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from grpokit.data.images import ImagePrompts
 from grpokit.data.prompt_builder import PromptBuilder
 from grpokit.data.sources import DataError, read_source
 from grpokit.models.loading import decode, encode_prompt
@@ -164,7 +165,8 @@ class PromptSource:
     draws the same next batch.
 
     Prompts longer than ``max_prompt_length`` tokens are truncated from the left (keeping the end,
-    which holds the question) or dropped, per ``overflow``; both are counted.
+    which holds the question) or dropped, per ``overflow``; both are counted. A prompt with images
+    (:class:`grpokit.data.images.ImagePrompts`) is dropped, never cut through its image tokens.
     """
 
     def __init__(
@@ -177,6 +179,7 @@ class PromptSource:
         seed: int = 0,
         shuffle: bool = True,
         template_kwargs: dict | None = None,
+        image_column: str | None = None,
     ):
         self.rows, self.seed, self.shuffle = rows, seed, shuffle
         self.texts: list[str] = []
@@ -184,16 +187,21 @@ class PromptSource:
         self.num_truncated = 0
         self.num_dropped = 0
         keep = []
+        images = ImagePrompts.for_rows(rows, tokenizer, image_column, template_kwargs)  # None: no image anywhere
         for i, row in enumerate(rows):
-            text, chat = render_prompt(tokenizer, row[prompt_column], **(template_kwargs or {}))
-            ids = encode_prompt(tokenizer, text, chat)
+            encoded = None if images is None else images.encode(row, row[prompt_column], f"prompt {i}")
+            if encoded is not None:  # token ids with the image tokens, and the pixel inputs (a VisionPrompt)
+                text, ids = encoded
+            else:
+                text, chat = render_prompt(tokenizer, row[prompt_column], **(template_kwargs or {}))
+                ids = encode_prompt(tokenizer, text, chat)
             if max_prompt_length is not None and len(ids) > max_prompt_length:
                 if overflow == "error":
                     raise DataError(
                         f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}; raise "
                         "max_prompt_length or set prompt_overflow: truncate or drop."
                     )
-                if overflow == "drop":
+                if overflow == "drop" or encoded is not None:  # a prompt is never cut through its images
                     self.num_dropped += 1
                     self.texts.append(text)
                     self.ids.append(ids)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.models.loading import is_hf_model, logits_of
+from grpokit.models.vision import decoder_of
 
 
 def plain_head(
@@ -33,7 +34,7 @@ def plain_head(
 
 def _check_plain_head(model: torch.nn.Module, base: torch.nn.Module):
     head = base.get_output_embeddings()
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    decoder = decoder_of(base)  # a vision-language model's takes its pixel inputs too
     if type(head) is not torch.nn.Linear or decoder is None or decoder is base:
         return None
     ids = (torch.arange(1, 5, device=head.weight.device) % head.weight.size(0))[None]  # [1, 4]

@@ -52,9 +52,18 @@ def logits_of(output: Any) -> torch.Tensor:
     )
 
 
-def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
-    """A HF tokenizer with a pad token (EOS is used as pad when the tokenizer has none)."""
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False, vision: bool = False):
+    """A HF tokenizer with a pad token (EOS is used as pad when the tokenizer has none). ``vision``: the tokenizer of
+    the folder's processor, registered with it (:func:`grpokit.models.vision.register_processor`)."""
     from transformers import AutoTokenizer
+
+    if vision:
+        from grpokit.models.vision import load_processor, register_processor
+
+        processor = load_processor(model_source(name_or_path), trust_remote_code)
+        ensure_pad_token(processor.tokenizer)
+        register_processor(processor.tokenizer, processor)
+        return processor.tokenizer
 
     tokenizer = _from_pretrained(
         AutoTokenizer, expand_path(name_or_path), "tokenizer", trust_remote_code=trust_remote_code
@@ -88,23 +97,23 @@ def load_model(
     ``load_in_4bit``: the Linear layers' weights (not the LM head) quantised to 4-bit NF4 with double
     quantisation, computing in ``dtype`` (QLoRA, Dettmers et al. 2023), through bitsandbytes, on CUDA or CPU.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpokit.models.vision import is_vision_config, vision_model_class
 
     source = model_source(name_or_path)
+    config = _from_pretrained(AutoConfig, source, "model", trust_remote_code=trust_remote_code)
+    # a vision-language model: AutoModelForImageTextToText (grpokit.models.vision)
+    auto_class = vision_model_class(config) if is_vision_config(config) else AutoModelForCausalLM
     if device.type == "meta":  # the architecture only, no weights read (FSDP's other ranks: distributed/fsdp.py)
-        from transformers import AutoConfig
-
-        config = _from_pretrained(AutoConfig, source, "model config", trust_remote_code=trust_remote_code)
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+            return auto_class.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     if not load_in_4bit:
-        model = _from_pretrained(
-            AutoModelForCausalLM, source, "model", dtype=dtype, trust_remote_code=trust_remote_code
-        )
+        model = _from_pretrained(auto_class, source, "model", dtype=dtype, trust_remote_code=trust_remote_code)
         return model.to(device)
     # quantised weights cannot be moved with .to(): they are placed on the device while loading
     model = _from_pretrained(
-        AutoModelForCausalLM,
+        auto_class,
         source,
         "model",
         dtype=dtype,

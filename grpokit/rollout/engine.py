@@ -22,6 +22,7 @@ forward passes.
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from typing import Protocol
 
@@ -31,6 +32,14 @@ from grpokit.kernels import Kernels
 from grpokit.machine.hardware import autocast
 from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import is_hf_model, logits_of
+from grpokit.models.vision_inputs import (
+    batch_inputs,
+    has_images,
+    keep,
+    next_positions,
+    placeholder_ids,
+    prompt_positions,
+)
 from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.next_token import sample_next
 from grpokit.rollout.types import Rollouts, SamplingParams
@@ -135,7 +144,7 @@ class HFRolloutEngine(SharedWeightsEngine):
         width = max(int(lengths.max()), 1)
         completion_mask = (torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]).float()  # [N, T]
         return Rollouts(
-            prompt_ids=[list(p) for p in prompt_ids],
+            prompt_ids=[keep(p) for p in prompt_ids],  # a VisionPrompt keeps its images
             completion_ids=tokens[:, :width].cpu(),
             completion_mask=completion_mask.cpu(),
             logprobs=(logprobs[:, :width] * completion_mask).cpu(),
@@ -148,6 +157,10 @@ class HFRolloutEngine(SharedWeightsEngine):
         """tokens [N, T], logprobs [N, T], lengths [N], stopped [N] for the prompts' groups."""
         if is_hf_model(self.model):
             return self._generate_cached(prompt_ids, G, params)
+        if has_images(prompt_ids):
+            raise ValueError(
+                "prompts with images need a Hugging Face vision-language model; this model is a custom one."
+            )
         parts = [self._generate_plain(p, G, params) for p in prompt_ids]
         return tuple(torch.cat(x) for x in zip(*parts))
 
@@ -155,8 +168,15 @@ class HFRolloutEngine(SharedWeightsEngine):
         """Shared-prefix decoding for HF models; returns tokens [N, T], logprobs [N, T], lengths [N], stopped [N].
         With ``decoder`` (a fused decoder), the decoding steps run through it instead of the model's forward."""
         ids, mask = left_pad(prompt_ids, self.pad_token_id, self.device)  # [B, P]
-        position = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1)
+        # a vision-language model's prompts bring their pixel inputs; its positions may be M-RoPE's [3, B, P]
+        extra = batch_inputs(prompt_ids, ids.size(1), self.device) if has_images(prompt_ids) else {}
+        position = prompt_positions(self.model, ids, mask, extra)  # [B, P] or [3, B, P]
+        if extra:  # image placeholders are never sampled: the model's forward would take them for image slots
+            suppress = tuple(sorted({*params.suppress_tokens, *placeholder_ids(self.model)}))
+            params = dataclasses.replace(params, suppress_tokens=suppress)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True, logits_to_keep=1, **extra
+        )
         N, P, T = ids.size(0) * G, ids.size(1), params.max_completion_length
         cache = output_cache(out)
         cache.batch_repeat_interleave(G)  # [B, ...] -> [N, ...]: one prefill per group
@@ -166,7 +186,7 @@ class HFRolloutEngine(SharedWeightsEngine):
         mask = torch.cat([mask, mask.new_ones(ids.size(0), T)], dim=1).repeat_interleave(G, dim=0)  # [N, P+T]
         if decoder is not None or self._prepared_step_mask():
             mask = mask.bool()[:, None, None, :]  # [N, 1, 1, P+T]
-        position = position[:, -1:].repeat_interleave(G, dim=0) + 1  # [N, 1]
+        position = next_positions(position, 1).repeat_interleave(G, dim=0)  # [N, 1]
 
         tokens = torch.full((N, T), self.pad_token_id, dtype=torch.long, device=self.device)
         logprobs = torch.zeros((N, T), dtype=torch.float32, device=self.device)

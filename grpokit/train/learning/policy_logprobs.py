@@ -32,6 +32,13 @@ from grpokit.algos import entropy_from_logits, selective_logprobs
 from grpokit.kernels import Kernels
 from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import activation_checkpointing, is_hf_model, logits_of
+from grpokit.models.vision_inputs import (
+    batch_inputs,
+    has_images,
+    next_positions,
+    prompt_positions,
+    with_positions,
+)
 from grpokit.rollout.engine import left_pad
 from grpokit.rollout.types import Rollouts
 
@@ -50,6 +57,7 @@ class Batch:
     prompt_mask: torch.Tensor | None = None  # [B, P]
     input_ids: torch.Tensor | None = None  # [N, L] prompt + completion, right-padded (custom layout)
     gather_index: torch.Tensor | None = None  # [N, T] logit positions of completion tokens (custom layout)
+    prompts: list | None = None  # B prompts (VisionPrompt: their pixel inputs) when some have images; shared
 
     def rows(self, index: slice) -> Batch:
         pick = lambda x: None if x is None else x[index]
@@ -61,6 +69,7 @@ class Batch:
             self.prompt_mask,
             pick(self.input_ids),
             pick(self.gather_index),
+            self.prompts,
         )
 
     def __len__(self) -> int:
@@ -73,7 +82,10 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
     group_index = rollouts.group_index.to(device)  # [N]
     if is_hf_model(model):
         prompt_ids, prompt_mask = left_pad(rollouts.prompt_ids, pad_token_id, device)  # [B, P]
-        return Batch(completion_ids, completion_mask, group_index, prompt_ids, prompt_mask)
+        prompts = list(rollouts.prompt_ids) if has_images(rollouts.prompt_ids) else None
+        return Batch(completion_ids, completion_mask, group_index, prompt_ids, prompt_mask, prompts=prompts)
+    if has_images(rollouts.prompt_ids):
+        raise ValueError("prompts with images need a Hugging Face vision-language model; this model is a custom one.")
     rows = [rollouts.prompt_ids[g] for g in group_index.tolist()]
     T = completion_ids.size(1)
     width = max(len(p) for p in rows) + T
@@ -132,6 +144,13 @@ def completion_features(
     groups, inverse = torch.unique(batch.group_index, return_inverse=True)  # [g], [n]
     prompt_ids, prompt_mask = _trim_left(batch.prompt_ids[groups], batch.prompt_mask[groups])  # [g, P]
     prompt_position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [g, P]
+    extra = {}  # a vision-language model's pixel inputs, and its M-RoPE positions [3, g, P]
+    if batch.prompts is not None:
+        chosen = [batch.prompts[g] for g in groups.tolist()]
+        extra = batch_inputs(chosen, prompt_ids.size(1), ids.device)
+        prompt_position = prompt_positions(model, prompt_ids, prompt_mask, extra)
+    if extra and not shares_prefix(model):  # each row with its prompt's images: the vision tower runs n times
+        return _full_forward_with_images(model, head, batch, width, kernels, chosen, prompt_ids, prompt_mask, extra)
     if not shares_prefix(model):
         mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
         features, _ = _run(
@@ -154,13 +173,14 @@ def completion_features(
         attention_mask=prompt_mask,
         position_ids=prompt_position,
         use_cache=True,
+        **extra,  # the vision tower runs once per prompt; its G completions read the prompt's cache
     )
     first = first[inverse]  # [n, 1, D]: the prompt's last position predicts completion token 0
     if width == 1:
         return first
     cache.batch_select_indices(inverse)  # [g, ...] -> [n, ...]
     mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, : width - 1].long()], dim=1)  # [n, P+w-1]
-    position = prompt_position[inverse, -1:] + torch.arange(1, width, device=ids.device)  # [n, w-1]
+    position = next_positions(prompt_position, width - 1)[inverse]  # [n, w-1]
     rest, _ = _run(
         model,
         head,
@@ -173,6 +193,28 @@ def completion_features(
         use_cache=True,
     )  # completion token t predicts token t+1
     return torch.cat([first, rest], dim=1)  # [n, w, D]
+
+
+def _full_forward_with_images(model, head, batch, width, kernels, chosen, prompt_ids, prompt_mask, extra):
+    """Features [n, w, D] of a full forward over [prompt | completion] per row, each with its prompt's images (the
+    model's own forward over repeated inputs: under DDP, FSDP or activation checkpointing)."""
+    _, inverse = torch.unique(batch.group_index, return_inverse=True)  # [n]
+    rows = [chosen[i] for i in inverse.tolist()]
+    inputs = batch_inputs(rows, prompt_ids.size(1), prompt_ids.device, right=width)
+    position = prompt_positions(model, prompt_ids, prompt_mask, extra)[..., inverse, :]  # [n, P] or [3, n, P]
+    mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
+    features, _ = _run(
+        model,
+        head,
+        width + 1,
+        kernels,
+        input_ids=torch.cat([prompt_ids[inverse], batch.completion_ids[:, :width]], dim=1),
+        attention_mask=mask,
+        position_ids=with_positions(position, next_positions(position, width)),
+        use_cache=False,
+        **inputs,
+    )
+    return features[:, :-1]  # [n, w, D]
 
 
 def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

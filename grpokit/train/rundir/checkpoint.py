@@ -357,6 +357,11 @@ def _write_model(folder: Path, model, tokenizer, state: dict | None, merged: boo
             save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     if hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(folder)
+    from grpokit.models.vision import processor_of
+
+    processor = processor_of(tokenizer)  # a vision-language model's: its image processor too, so the folder loads
+    if processor is not None:
+        processor.image_processor.save_pretrained(folder)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:

@@ -1,0 +1,39 @@
+"""Which sampling paths take prompts with images: grpokit's own sampler (``generation.engine: hf``) in one process,
+synchronous. Every other path is refused in one line before anything samples, so none drops a prompt's images."""
+
+from __future__ import annotations
+
+from grpokit.errors import ConfigError
+
+FIX = "prompts with images are sampled by grpokit's own sampler in one process only (docs/vision.md)"
+
+
+def check_image_paths(args, engine: str, prompts, procs, tools, rollout_func, eval_sets: dict | None = None) -> None:
+    """A ConfigError naming the first sampling path that cannot take the run's images; nothing when no prompt of the
+    train or eval sets has one."""
+    from grpokit.models.vision_inputs import has_images
+
+    sources = [prompts, *[s for s, _ in (eval_sets or {}).values()]]
+    if not any(has_images(s.ids) for s in sources):
+        return
+    refusals = [
+        (rollout_func is not None, "a rollout_func samples outside grpokit and would not get the images"),
+        (tools is not None, "tool rollouts (tools / environment_factory) do not carry images yet"),
+        (
+            engine == "vllm",
+            "generation.engine: vllm does not pass images to vLLM's multi_modal_data yet; set generation.engine: hf",
+        ),
+        (engine not in ("hf", "vllm"), f"generation.engine: {engine} does not take images; set generation.engine: hf"),
+        (args.backend == "ray", "distributed.backend: ray's rollout workers do not take images; set backend: none"),
+        (
+            procs.world_size > 1,
+            f"torchrun ({procs.world_size} processes) is not supported with images; run one process",
+        ),
+        (
+            args.distributed.staleness_bound() > 0,
+            "sampling ahead (async_rollouts / max_staleness >= 1) does not take images yet; set max_staleness: 0",
+        ),
+    ]
+    for refused, reason in refusals:
+        if refused:
+            raise ConfigError(f"{FIX}: {reason}.")
