@@ -213,10 +213,12 @@ NOT_RUNNABLE = {
     'pip install -e ".[wandb]"': "installs packages (network)",
     "pip install torch --index-url https://download.pytorch.org/whl/cu128": "installs torch's CUDA build (network)",
     "wandb login": "needs a W&B account (network)",
-    "ray start --head --port 6379 --dashboard-host 0.0.0.0": "starts a multi-node Ray cluster's head",
-    "ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
-    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": (
-        "needs a Ray cluster's head node"
+    "ray get-auth-token --generate": "writes a Ray cluster's token to ~/.ray/auth_token (the user's own HOME)",
+    "RAY_AUTH_MODE=token ray start --head --port 6379": "starts a multi-node Ray cluster's head",
+    "RAY_AUTH_MODE=token ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
+    "ssh -N -f -L 8265:127.0.0.1:8265 HEAD_IP": "an SSH tunnel to a Ray cluster's head node",
+    "RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 --working-dir . -- grpokit train config.yaml": (
+        "needs a Ray cluster's head node (through the tunnel above)"
     ),
 }
 
