@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import socket
 import subprocess
@@ -72,8 +71,14 @@ def measure(name: str, code: str, n: int, hold: float) -> dict:
                 closed += 1
             s.close()
         status = answer.split(b"\r\n", 1)[0].decode(errors="replace")
-        return {"server": name, "connections": n, "threads": peak, "health": status, "health_s": round(seconds, 3),
-                f"closed_after_{hold:g}s": closed}
+        return {
+            "server": name,
+            "connections": n,
+            "threads": peak,
+            "health": status,
+            "health_s": round(seconds, 3),
+            f"closed_after_{hold:g}s": closed,
+        }
     finally:
         proc.kill()
         proc.wait()
@@ -86,10 +91,8 @@ def main() -> None:
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * args.connections)), hard))
-    env_note = os.environ.get("PYTHONPATH", "")
     for name, code in (("grpokit serve-rewards (http.server)", GRPOKIT), ("uvicorn 0.54 + h11, bare app", UVICORN)):
         print(json.dumps(measure(name, code, args.connections, args.hold)), flush=True)
-    del env_note
 
 
 if __name__ == "__main__":
