@@ -146,7 +146,13 @@ def _parser():
     p.add_argument("rewards", nargs="+", help="a YAML config or rewards list, or reward specs")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need a token)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
-    p.add_argument("--token", default=None, help="shared token required on every request (or $GRPOKIT_REWARD_TOKEN)")
+    p.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="file holding the shared token required on every request (or set $GRPOKIT_REWARD_TOKEN)",
+    )
+    p.add_argument("--token", default=None, help=argparse.SUPPRESS)  # refused: the command line is public (ps)
     p.add_argument("--timeout", type=float, default=None, help="seconds per reward per batch (default: the config's)")
     p.add_argument("--max-body", type=int, default=64 << 20, help="bytes of a request body (default 64 MiB; 413 over)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting their turn (default 16; 503 over)")
@@ -341,9 +347,13 @@ def cmd_serve_rewards(args) -> int:
     import os
 
     from grpokit.compose.rewards import served_reward_runner
-    from grpokit.rewards.serve import TOKEN_ENV, ServeOptions, check_binding, run_server
+    from grpokit.rewards.contract import RewardError
+    from grpokit.rewards.serve import ServeOptions, check_binding, run_server
+    from grpokit.rewards.serve_token import ON_COMMAND_LINE, served_token
 
-    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.token is not None:
+        raise RewardError(ON_COMMAND_LINE)
+    token = served_token(args.token_file, os.environ)
     options = ServeOptions(
         args.max_body, args.max_queue, args.request_timeout, args.certfile, args.keyfile, args.client_ca
     )

@@ -21,7 +21,8 @@ refused before it is read), 503 with ``Retry-After`` when ``max_queue`` requests
 server's own fault (with its traceback in the log). A client's mistake leaves no traceback in the log.
 
 It binds to 127.0.0.1 unless told otherwise; bound to any other address it needs a shared token
-(``--token``, or ``GRPOKIT_REWARD_TOKEN``), checked on every request (``Authorization: Bearer TOKEN``). One batch is
+(``$GRPOKIT_REWARD_TOKEN`` or ``--token-file``, never ``--token``: grpokit/rewards/serve_token.py), checked on
+every request (``Authorization: Bearer TOKEN``). One batch is
 scored at a time (the workers hold one call each); requests wait their turn, first come first served. With
 ``certfile`` and ``keyfile`` it speaks HTTPS (and with ``client_ca``, requires client certificates signed by it).
 SIGTERM or Ctrl-C stops accepting, lets the requests in progress finish, ends the workers and exits (143 / 130).
@@ -46,11 +47,11 @@ from urllib.parse import urlsplit
 from grpokit.rewards.contract import RewardError
 from grpokit.rewards.serve_queue import ServerMetrics, TurnQueue
 from grpokit.rewards.serve_requests import BadRequest, grpokit_request, openrlhf_request, parse_body
+from grpokit.rewards.serve_token import TOKEN_ENV
 
 if TYPE_CHECKING:
     from grpokit.rewards.runner import RewardRunner
 
-TOKEN_ENV = "GRPOKIT_REWARD_TOKEN"  # read by the CLI
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_BODY = 64 << 20
 # path -> (route, methods); the route names the metrics' label (unknown paths count as "other")
@@ -292,8 +293,8 @@ def stop(server: RewardServer) -> None:
 def check_binding(host: str, token: str | None) -> None:
     if host not in LOOPBACK and not token:
         raise RewardError(
-            f"serve-rewards bound to {host} needs a shared token: pass --token TOKEN or set {TOKEN_ENV} (clients send "
-            "it as headers: {Authorization: Bearer TOKEN}); or bind to 127.0.0.1"
+            f"serve-rewards bound to {host} needs a shared token: set {TOKEN_ENV} or pass --token-file FILE "
+            "(clients send it as headers: {Authorization: Bearer TOKEN}); or bind to 127.0.0.1"
         )
 
 

@@ -8,8 +8,9 @@ the run folder, so they work on a finished run on read-only storage; `report` wr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
-import hashlib
+import os
 import sys
 import tempfile
 import webbrowser
@@ -150,21 +151,32 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def fallback_report_path(run: Path) -> Path:
-    """Where the report of ``run`` goes when its folder cannot be written: the temporary folder, named after the
-    run (and a hash of its full path, so two runs of the same name do not overwrite each other's)."""
-    digest = hashlib.sha1(str(run.resolve()).encode()).hexdigest()[:8]
-    return Path(tempfile.gettempdir()) / f"grpokit-report-{run.resolve().name}-{digest}.html"
+def write_fallback_report(run: Path, page: str) -> Path:
+    """Write the report of ``run`` when its folder cannot be written: a new file in the temporary folder, made by
+    ``tempfile.mkstemp`` (a name nobody can guess and claim first, readable by its owner only), named after the run;
+    returns its path. An OSError leaves no file behind."""
+    fd, name = tempfile.mkstemp(prefix=f"grpokit-report-{_safe_name(run.resolve().name)}-", suffix=".html")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(page)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+    return Path(name)
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60] or "run"
 
 
 def _fall_back(run: Path, refused: Path, page: str, exc: OSError) -> Path:
-    fallback = fallback_report_path(run)
     cause = exc.strerror or str(exc)
     try:
-        write_page(fallback, page)
+        fallback = write_fallback_report(run, page)
     except OSError as again:
         raise StoreError(
-            f"cannot write {refused} ({cause}) nor {fallback} ({again.strerror or again}); "
+            f"cannot write {refused} ({cause}) nor a report in {tempfile.gettempdir()} ({again.strerror or again}); "
             "choose a writable place with --output FILE"
         ) from again
     print(

@@ -18,7 +18,7 @@ from grpokit.store.groups import group_fractions, success_threshold
 from grpokit.store.heldout import eval_prompts, solved
 from grpokit.store.report import METRICS_FILENAME
 from grpokit.store.store import RolloutStore, StoreError, resolve_store_path
-from grpokit.store.summary import eval_label, is_count
+from grpokit.store.summary import eval_label, is_count, section
 
 
 @dataclass
@@ -58,9 +58,13 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
     try:
         with RolloutStore(store_path, readonly=True) as store:
             run.metrics, run.evals, run.last_step = store.metrics(), store.evals(), store.last_step()
-            _, rows = store.query("SELECT step, written_at FROM steps ORDER BY step")
+            _, rows = store.query(
+                "SELECT step, written_at FROM steps WHERE typeof(step) = 'integer' "
+                "AND typeof(written_at) IN ('real', 'integer') ORDER BY step"
+            )
             run.prompts = eval_prompts(store)
             run.derived = group_fractions(store, success_threshold(path))
+            run.notes += store.problems()
     except (StoreError, sqlite3.DatabaseError) as exc:
         run.problem = f"{path}: its store cannot be read: {exc}"
         return run
@@ -96,7 +100,7 @@ def _state_notes(path: Path, run: RunData) -> list[str]:
     """A run still being written (a live trainer holds its lock), or one that ended before its max_steps."""
     from grpokit.system.run_lock import lock_holder
 
-    max_steps = (run.config.get("optim") or {}).get("max_steps")
+    max_steps = section(run.config, "optim").get("max_steps")
     holder = lock_holder(path)
     if holder is not None:
         of = f" of {max_steps}" if max_steps else ""
@@ -143,11 +147,15 @@ def final_evaluation(runs: list[RunData]) -> list[tuple[str, list[tuple[int, flo
         values: dict[str, tuple[int, float]] = {}
         for row in run.evals:
             for name, value in row.items():
-                if name not in ("step", "dataset") and not is_count(name) and math.isfinite(value):
+                if name not in ("step", "dataset") and not is_count(name) and _finite(value):
                     values[eval_label(name, row["dataset"])] = (row["step"], value)
         last.append(values)
     names = sorted(set().union(*last))
     return [(name, [values.get(name) for values in last]) for name in names]
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def solved_difference(a: RunData, b: RunData) -> dict[str, tuple[list[dict], list[dict]] | str]:

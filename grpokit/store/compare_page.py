@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import time
-from html import escape
 
 from grpokit.store.compare import RunData, config_difference, final_evaluation, length_note, solved_difference
 from grpokit.store.directions import change_class
+from grpokit.store.html_text import number
+from grpokit.store.html_text import text as escape
 from grpokit.store.page import STYLE
 from grpokit.store.panels import collect_series, thin
 from grpokit.store.svg import PALETTE, line_chart
@@ -34,7 +35,7 @@ MAX_PROMPTS = 50  # held-out prompts listed per direction (the counts cover all)
 
 
 def _value(value) -> str:
-    return "-" if value is None else escape(json.dumps(value) if not isinstance(value, str) else value)
+    return "-" if value is None else escape(json.dumps(value, default=str) if not isinstance(value, str) else value)
 
 
 def compare_lines(runs: list[RunData], left_out: list[RunData]) -> list[str]:
@@ -81,7 +82,7 @@ def _solved_lines(a: RunData, b: RunData) -> list[str]:
 
 def compare_page(runs: list[RunData], left_out: list[RunData]) -> str:
     """The compare page (self-contained, no script)."""
-    lines = "".join(f"<li>{escape(run.name)}: {escape(str(run.path))} ({run.last_step} steps)</li>" for run in runs)
+    lines = "".join(f"<li>{escape(run.name)}: {escape(run.path)} ({escape(run.last_step)} steps)</li>" for run in runs)
     notes = [f"{r.name}: {n}" for r in runs for n in r.notes] + [f"left out: {r.problem}" for r in left_out]
     note = length_note(runs)
     notes += [note] if note else []
@@ -127,8 +128,8 @@ def _final_html(runs: list[RunData]) -> str:
             step, v = value
             delta = ""
             if i and base is not None:
-                delta = f' <span class="{change_class(name, v - base)}">{v - base:+.4g}</span>'
-            cells.append(f'<td>{v:.4g} <span class="at">(step {step})</span>{delta}</td>')
+                delta = f' <span class="{change_class(name, v - base)}">{number(v - base, "+.4g")}</span>'
+            cells.append(f'<td>{number(v)} <span class="at">(step {escape(step)})</span>{delta}</td>')
         rows.append(f"<tr><td>{escape(name)}</td>{''.join(cells)}</tr>")
     if not rows:
         return "<h2>Final evaluation</h2><p>No evaluation logged.</p>"
@@ -148,8 +149,8 @@ def _solved_html(a: RunData, b: RunData) -> str:
             continue
         for winner, entries in ((a.name, result[0]), (b.name, result[1])):
             items = "".join(
-                f"<tr><td>#{e['prompt_index']} <code>{escape(e['prompt'][:120])}</code></td>"
-                f"<td>{e['a'][0]}/{e['a'][1]}</td><td>{e['b'][0]}/{e['b'][1]}</td></tr>"
+                f"<tr><td>#{escape(e['prompt_index'])} <code>{escape(str(e['prompt'] or '')[:120])}</code></td>"
+                f"<td>{escape(e['a'][0])}/{escape(e['a'][1])}</td><td>{escape(e['b'][0])}/{escape(e['b'][1])}</td></tr>"
                 for e in entries[:MAX_PROMPTS]
             )
             more = f'<p class="meta">and {len(entries) - MAX_PROMPTS} more</p>' if len(entries) > MAX_PROMPTS else ""

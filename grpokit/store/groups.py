@@ -11,11 +11,11 @@ evenly spaced ones up to :data:`MAX_STEPS`) and of groups per step (:data:`MAX_G
 from __future__ import annotations
 
 import math
-from html import escape
 from pathlib import Path
 
 import yaml
 
+from grpokit.store.html_text import text
 from grpokit.store.samples import completion_html, fmt
 from grpokit.store.store import RolloutStore
 
@@ -43,7 +43,7 @@ def group_steps(with_rollouts: list[int], chosen: list[int] | None = None, most:
 
 def zero_variance(rewards: list[float | None]) -> bool:
     """A group whose combined rewards all tie (those present; none present counts as a tie): its advantages are 0."""
-    present = [r for r in rewards if r is not None]
+    present = [r for r in rewards if isinstance(r, (int, float))]
     return not present or max(present) == min(present)
 
 
@@ -93,34 +93,34 @@ def _step_html(store: RolloutStore, step: int) -> str:
     flagged = sum(zero_variance([r["reward"] for r in g]) for g in groups)
     shown = f"{len(groups)} of {total} groups shown" if total > len(groups) else f"{total} groups"
     head = (
-        f'<h3>Groups of step {step}</h3><p class="meta">{shown}; {flagged} with zero reward variance '
+        f'<h3>Groups of step {text(step)}</h3><p class="meta">{shown}; {flagged} with zero reward variance '
         "(every total ties: advantage 0, nothing learned from them)</p>"
     )
     body = "\n".join(_group_html(step, g) for g in groups)
-    return f'<div class="group-step" data-step="{step}" id="step-{step}">{head}{body}</div>'
+    return f'<div class="group-step" data-step="{text(step)}" id="step-{text(step)}">{head}{body}</div>'
 
 
 def _group_html(step: int, group: list[dict]) -> str:
     first = group[0]
     flat = zero_variance([r["reward"] for r in group])
     flag = ' <span class="flag">zero variance</span>' if flat else ""
-    names = sorted({name for r in group for name in r["rewards"]})
-    header = "".join(f"<th>#{r['completion_index']}</th>" for r in group)
+    names = sorted({str(name) for r in group for name in r["rewards"]})
+    header = "".join(f"<th>#{text(r['completion_index'])}</th>" for r in group)
     rows = [("completion", [completion_html(_cut(r)) for r in group])]
-    rows += [(escape(name), [fmt(r["rewards"].get(name)) for r in group]) for name in names]
+    rows += [(text(name), [fmt(r["rewards"].get(name)) for r in group]) for name in names]
     rows += [
         ("total", [fmt(r["reward"]) for r in group]),
         ("advantage", [_advantage(r["advantage"]) for r in group]),
-        ("length", [str(r["completion_tokens"]) for r in group]),
-        ("finish", [escape(r["finish_reason"]) + _error(r) for r in group]),
+        ("length", [fmt(r["completion_tokens"]) for r in group]),
+        ("finish", [text(r["finish_reason"]) + _error(r) for r in group]),
     ]
     body = "".join(
         f'<tr><th scope="row">{label}</th>{"".join(f"<td>{cell}</td>" for cell in cells)}</tr>' for label, cells in rows
     )
     return (
-        f'<div class="group{" flat" if flat else ""}"><div class="group-head">step {step} · prompt '
-        f"{first['prompt_index']} · {len(group)} completions{flag}</div>"
-        f'<pre class="prompt">{escape(_cut_text(first["prompt"]))}</pre>'
+        f'<div class="group{" flat" if flat else ""}"><div class="group-head">step {text(step)} · prompt '
+        f"{text(first['prompt_index'])} · {len(group)} completions{flag}</div>"
+        f'<pre class="prompt">{text(_cut_text(first["prompt"]))}</pre>'
         f'<div class="scroll"><table class="side"><tr><th></th>{header}</tr>{body}</table></div></div>'
     )
 
@@ -128,16 +128,19 @@ def _group_html(step: int, group: list[dict]) -> str:
 def _advantage(value: float | None) -> str:
     if value is None:
         return '<span class="at">not trained</span>'
+    if not isinstance(value, (int, float)):
+        return fmt(value)
     kind = "pos" if value > 0 else "neg" if value < 0 else ""
     return f'<span class="{kind}">{fmt(value)}</span>'
 
 
 def _error(rollout: dict) -> str:
-    return f'<div class="error">{escape(_cut_text(rollout["error"]))}</div>' if rollout["error"] else ""
+    return f'<div class="error">{text(_cut_text(rollout["error"]))}</div>' if rollout["error"] else ""
 
 
-def _cut_text(text: str) -> str:
-    return text if len(text) <= MAX_CHARS else f"{text[:MAX_CHARS]}… ({len(text) - MAX_CHARS} more characters)"
+def _cut_text(value: str) -> str:
+    value = str(value)
+    return value if len(value) <= MAX_CHARS else f"{value[:MAX_CHARS]}… ({len(value) - MAX_CHARS} more characters)"
 
 
 def _cut(rollout: dict) -> dict:
@@ -165,7 +168,7 @@ def group_fractions(store: RolloutStore, threshold: float) -> list[dict]:
     (``groups/all_correct_fraction``) and whose none does (``groups/all_wrong_fraction``): both learn nothing."""
     _, rows = store.query(
         "WITH g AS (SELECT step, prompt_index, min(reward) AS lo, max(reward) AS hi FROM rollouts "
-        "WHERE reward IS NOT NULL GROUP BY step, prompt_index) "
+        "WHERE typeof(reward) IN ('real', 'integer') AND typeof(step) = 'integer' GROUP BY step, prompt_index) "
         f"SELECT step, avg(lo >= {threshold!r}), avg(hi < {threshold!r}) FROM g GROUP BY step ORDER BY step"
     )
     return [{"step": s, "groups/all_correct_fraction": ok, "groups/all_wrong_fraction": bad} for s, ok, bad in rows]

@@ -9,8 +9,7 @@ first; *kept*: solved at the first and the last; *forgotten*: solved at some eva
 
 from __future__ import annotations
 
-from html import escape
-
+from grpokit.store.html_text import text
 from grpokit.store.store import RolloutStore
 
 CATEGORIES = ("learned", "forgotten", "never solved", "kept")
@@ -33,12 +32,8 @@ def category(results: list[tuple[int, int]]) -> str:
 def eval_prompts(store: RolloutStore) -> dict[str, dict]:
     """{dataset: {"steps": [eval steps], "prompts": {prompt_index: {"prompt", "results": {step: (correct,
     samples)}}}}}; {} for a store without per-prompt results (written before they were kept)."""
-    _, tables = store.query("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'eval_prompts'")
-    if not tables:
-        return {}
-    _, rows = store.query(
-        "SELECT dataset, step, prompt_index, prompt, correct, samples FROM eval_prompts ORDER BY dataset, step"
-    )
+    columns = ("dataset", "step", "prompt_index", "prompt", "correct", "samples")
+    rows = store.typed("eval_prompts", columns, "dataset, step")  # [] without the table
     out: dict[str, dict] = {}
     for dataset, step, index, prompt, correct, samples in rows:
         data = out.setdefault(dataset, {"steps": [], "prompts": {}})
@@ -70,7 +65,7 @@ def heldout_html(per_dataset: dict[str, dict]) -> str:
         steps = _spaced(data["steps"])
         counts = ", ".join(f"{len(groups[c])} {c}" for c in CATEGORIES)
         parts.append(
-            f"<h3>{escape(dataset)}: {len(data['prompts'])} prompts, {len(data['steps'])} evaluations</h3>"
+            f"<h3>{text(dataset)}: {len(data['prompts'])} prompts, {len(data['steps'])} evaluations</h3>"
             f'<p class="meta">{counts} (solved: at least half the samples correct)</p>'
         )
         for name in CATEGORIES:
@@ -88,13 +83,13 @@ def _spaced(steps: list[int]) -> list[int]:
 
 
 def _table(name: str, indices: list[int], data: dict, steps: list[int]) -> str:
-    head = "".join(f"<th>{s}</th>" for s in steps)
+    head = "".join(f"<th>{text(s)}</th>" for s in steps)
     rows = []
     for index in indices[:MAX_ROWS]:
         entry = data["prompts"][index]
         cells = "".join(_cell(entry["results"].get(s)) for s in steps)
-        prompt = escape(entry["prompt"][:120])
-        rows.append(f'<tr><td class="p">#{index} <code>{prompt}</code></td>{cells}</tr>')
+        prompt = text(str(entry["prompt"] or "")[:120])
+        rows.append(f'<tr><td class="p">#{text(index)} <code>{prompt}</code></td>{cells}</tr>')
     more = f'<p class="meta">and {len(indices) - MAX_ROWS} more</p>' if len(indices) > MAX_ROWS else ""
     return (
         f'<div class="heldout" data-category="{name}"><h4>{name}: {len(indices)}</h4>'
@@ -107,5 +102,6 @@ def _cell(result: tuple[int, int] | None) -> str:
     if result is None:
         return "<td></td>"
     correct, samples = result
-    shade = round(4 * correct / samples) if samples else 0  # 0..4: none .. all correct
-    return f'<td class="s{shade}">{correct}/{samples}</td>'
+    counted = all(isinstance(n, int) for n in result) and samples
+    shade = round(4 * correct / samples) if counted else 0  # 0..4: none .. all correct
+    return f'<td class="s{shade}">{text(correct)}/{text(samples)}</td>'

@@ -9,10 +9,9 @@ view (store/tokens.py; ``?token=NAME``). It fetches nothing and reads only the p
 
 from __future__ import annotations
 
-import json
 import time
-from html import escape
 
+from grpokit.store.html_text import script_json, text
 from grpokit.store.tokens import TOKEN_SCRIPT
 
 STYLE = """
@@ -108,13 +107,21 @@ SCRIPT = (
 
 
 def page(
-    title: str, run_id: str, summary_section: str, charts: str, data: dict, summary: dict, views: list[str]
+    title: str,
+    run_id: str,
+    summary_section: str,
+    charts: str,
+    data: dict,
+    summary: dict,
+    views: list[str],
+    problems: list[str] = (),
 ) -> str:
-    """The whole page: ``summary_section`` first, then the Curves view (``charts``, SVG) and the other ``views``
-    (sections of class "view"); ``data`` ({panel: {series: points}}) and ``summary`` are embedded as JSON."""
-    # "</" inside a script element would end it early; "<\\/" is the same JSON string.
-    data_json = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
-    summary_json = json.dumps(summary).replace("</", "<\\/")
+    """The whole page: ``problems`` (lines naming a store's values of the wrong type) and ``summary_section`` first,
+    then the Curves view (``charts``, SVG) and the other ``views`` (sections of class "view"); ``data`` ({panel:
+    {series: points}}) and ``summary`` are embedded as JSON that no value can end early (html_text.script_json)."""
+    data_json = script_json(data, separators=(",", ":"))
+    summary_json = script_json(summary)
+    warnings = "".join(f'<p class="error">{text(line)}</p>' for line in problems)
     curves = (
         '<section id="curves" class="view"><h2>Curves</h2>'
         '<input id="panel-filter" type="search" placeholder="filter panels (e.g. reward, clip, eval)" hidden>'
@@ -122,13 +129,14 @@ def page(
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<title>grpokit report: {escape(title)}</title>
+<title>grpokit report: {text(title)}</title>
 <style>{STYLE}</style>
 <script type="application/json" id="grpokit-data">{data_json}</script>
 <script type="application/json" id="grpokit-summary">{summary_json}</script>
 </head><body>
-<h1>grpokit report: {escape(title)}</h1>
-<p class="meta">run {escape(run_id)} · generated {time.strftime("%Y-%m-%d %H:%M:%S")}</p>
+<h1>grpokit report: {text(title)}</h1>
+<p class="meta">run {text(run_id)} · generated {time.strftime("%Y-%m-%d %H:%M:%S")}</p>
+{warnings}
 {summary_section}
 <nav class="tabs"></nav>
 {curves}

@@ -27,6 +27,7 @@ from grpokit.store.svg import line_chart
 from grpokit.store.tokens import tokens_html
 
 REPORT_FILENAME = "report.html"
+_WRITTEN_AT = "SELECT min(written_at), max(written_at) FROM steps WHERE typeof(written_at) IN ('real', 'integer')"
 METRICS_FILENAME = "metrics.jsonl"
 
 
@@ -55,6 +56,7 @@ def report_page(run_dir: str | Path, steps: list[int] | None = None) -> str:
     metrics, evals, run_id, written_at, views = [], [], run_dir.name, None, []
     samples_section = samples_html([])
     derived: list[dict] = []
+    problems: list[str] = []
     if store_path.is_file():
         with RolloutStore(store_path, readonly=True) as store:
             run_id = store.run_id
@@ -65,7 +67,8 @@ def report_page(run_dir: str | Path, steps: list[int] | None = None) -> str:
             views.append(heldout_html(eval_prompts(store)))
             views.append(tokens_html(store, steps))
             samples_section = samples_html(best_and_worst(store, _sample_steps(with_rollouts, steps)))
-            written_at = tuple(store.query("SELECT min(written_at), max(written_at) FROM steps")[1][0])
+            written_at = tuple(store.query(_WRITTEN_AT)[1][0])
+            problems = store.problems()
     if not any(len(row) > 1 for row in metrics):
         metrics = _read_metrics_jsonl(run_dir / METRICS_FILENAME)
     series, kinds = collect_series(metrics + derived, evals)
@@ -75,7 +78,8 @@ def report_page(run_dir: str | Path, steps: list[int] | None = None) -> str:
     data = {
         chart: {name: [list(p) for p in points] for name, points in lines.items()} for chart, lines in curves.items()
     }
-    return page(run_dir.name, run_id, summary_html(summary), charts, data, summary, [*views, samples_section])
+    views.append(samples_section)
+    return page(run_dir.name, run_id, summary_html(summary), charts, data, summary, views, problems)
 
 
 def _sample_steps(with_rollouts: list[int], steps: list[int] | None) -> list[int]:
@@ -111,6 +115,6 @@ def _read_metrics_jsonl(path: Path) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError:  # blank, or the last line torn by a kill mid-write
             continue
-        if isinstance(row, dict) and "step" in row:
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
             rows.append(row)
     return rows

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from html import escape
 
+from grpokit.store.html_text import number, text
 from grpokit.store.store import RolloutStore
 
 
 def fmt(value) -> str:
-    return "-" if value is None else f"{value:.4g}"
+    """A stored number for the page: 4 significant digits, "-" for None, a value of another type escaped."""
+    return number(value)
 
 
 def best_and_worst(store: RolloutStore, steps: list[int]) -> list[dict]:
@@ -30,7 +31,7 @@ def samples_html(samples: list[dict]) -> str:
 
 def _sample_section(sample: dict) -> str:
     return (
-        f"<h3>Step {sample['step']}</h3>\n"
+        f"<h3>Step {text(sample['step'])}</h3>\n"
         + rollout_html(sample["best"], "best")
         + "\n"
         + rollout_html(sample["worst"], "worst")
@@ -38,19 +39,19 @@ def _sample_section(sample: dict) -> str:
 
 
 def rollout_html(rollout: dict, kind: str) -> str:
-    rewards = ", ".join(f"{escape(name)} {fmt(v)}" for name, v in sorted(rollout["rewards"].items()))
-    error = f'<div class="error">error: {escape(rollout["error"])}</div>' if rollout["error"] is not None else ""
+    rewards = ", ".join(f"{text(name)} {fmt(v)}" for name, v in sorted(rollout["rewards"].items(), key=str))
+    error = f'<div class="error">error: {text(rollout["error"])}</div>' if rollout["error"] is not None else ""
     # log_extra columns (the code reward's per-test results: code_tests), as `grpokit inspect` shows them
     extra = "".join(
-        f'<div class="extra">{escape(column)}: {escape(json.dumps(value, default=str))}</div>'
-        for column, value in sorted((rollout.get("extra") or {}).items())
+        f'<div class="extra">{text(column)}: {text(json.dumps(value, default=str))}</div>'
+        for column, value in sorted((rollout.get("extra") or {}).items(), key=str)
     )
     return (
         f'<div class="sample {kind}"><b>{kind}</b>: reward {fmt(rollout["reward"])} '
         f"({rewards}) · advantage {fmt(rollout['advantage'])} · "
-        f"{rollout['completion_tokens']} tokens · {escape(rollout['finish_reason'])} · "
-        f"prompt {rollout['prompt_index']} #{rollout['completion_index']}"
-        f'<pre class="prompt">{escape(rollout["prompt"])}</pre>'
+        f"{fmt(rollout['completion_tokens'])} tokens · {text(rollout['finish_reason'])} · "
+        f"prompt {text(rollout['prompt_index'])} #{text(rollout['completion_index'])}"
+        f'<pre class="prompt">{text(rollout["prompt"])}</pre>'
         f"{completion_html(rollout)}{extra}{error}</div>"
     )
 
@@ -59,18 +60,18 @@ def completion_html(rollout: dict) -> str:
     """The completion; a multi-turn rollout as its conversation (each turn, each tool call and its result)."""
     conversation = rollout.get("conversation")
     if not conversation:
-        return f'<pre class="completion">{escape(rollout["completion"])}</pre>'
+        return f'<pre class="completion">{text(rollout["completion"])}</pre>'
     parts = []
     for turn in conversation["turns"]:
         if turn["role"] == "tool":
             arguments = json.dumps(turn.get("arguments") or {}, ensure_ascii=False)
             head = f"tool {turn.get('name')}({arguments}) -> {turn.get('status')}"
             if "duration" in turn:
-                head += f", {turn['duration']:.3g} s"
+                head += f", {number(turn['duration'], '.3g')} s"
             error = f"\nerror: {turn['error']}" if turn.get("error") else ""
-            parts.append(f'<pre class="tool">{escape(head)}\n{escape(turn["text"])}{escape(error)}</pre>')
+            parts.append(f'<pre class="tool">{text(head)}\n{text(turn["text"])}{text(error)}</pre>')
         else:
-            parts.append(f'<pre class="completion">{escape(turn["text"])}</pre>')
+            parts.append(f'<pre class="completion">{text(turn["text"])}</pre>')
     rounds = conversation["tool_rounds"]
     ended = f"ended: {conversation['stop_reason']} after {rounds} tool round{'s' * (rounds != 1)}"
-    return "".join(parts) + f'<div class="meta">{escape(ended)}</div>'
+    return "".join(parts) + f'<div class="meta">{text(ended)}</div>'

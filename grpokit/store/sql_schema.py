@@ -21,6 +21,11 @@ per-step numbers `grpokit inspect` prints, which keeps ad-hoc `grpokit inspect R
 
 SCHEMA_VERSION = 1
 
+# Tables are STRICT (SQLite >= 3.37): a value of another type than the column's is refused on write, so a store
+# this grpokit creates holds no text where a number belongs. Stores created before keep their tables as they are
+# (CREATE TABLE IF NOT EXISTS leaves them) and are read as before; their readers replace a value of the wrong type
+# (a store edited by hand) with None and say so (store/typed_rows.py).
+
 # `steps` marks a step as written: its primary key is what refuses a second write of a step, and
 # because the marker is inserted in the same transaction as the step's rows, a step is either
 # entirely present or absent after a crash.
@@ -28,11 +33,11 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
-);
+) STRICT;
 CREATE TABLE IF NOT EXISTS steps (
     step       INTEGER PRIMARY KEY,
     written_at REAL NOT NULL
-);
+) STRICT;
 CREATE TABLE IF NOT EXISTS rollouts (
     id                INTEGER PRIMARY KEY,
     run_id            TEXT NOT NULL,
@@ -53,20 +58,20 @@ CREATE TABLE IF NOT EXISTS rollouts (
     conversation      TEXT,
     token_versions    TEXT,
     UNIQUE (step, prompt_index, completion_index)
-);
+) STRICT;
 CREATE TABLE IF NOT EXISTS step_metrics (
     step  INTEGER NOT NULL,
     name  TEXT NOT NULL,
     value REAL,
     PRIMARY KEY (step, name)
-);
+) STRICT;
 CREATE TABLE IF NOT EXISTS evals (
     step    INTEGER NOT NULL,
     dataset TEXT NOT NULL,
     name    TEXT NOT NULL,
     value   REAL,
     PRIMARY KEY (step, dataset, name)
-);
+) STRICT;
 -- Each held-out prompt's result in an evaluation: `correct` of its `samples` completions reached the success
 -- threshold (the report's held-out view: prompts learned, never solved, forgotten). Stores written before it
 -- existed get it when opened for writing; readers treat its absence as no per-prompt results.
@@ -79,7 +84,7 @@ CREATE TABLE IF NOT EXISTS eval_prompts (
     samples      INTEGER NOT NULL,
     mean_reward  REAL,
     PRIMARY KEY (step, dataset, prompt_index)
-);
+) STRICT;
 -- Per-token values of a completion, kept only when run.store_token_values asks (grpokit/store/token_values.py):
 -- `tokens` the completion's tokens, each decoded on its own (JSON list); each value column one float16
 -- (little-endian) per token, null when not kept. Stores written before it existed get it when opened for writing;
@@ -94,7 +99,7 @@ CREATE TABLE IF NOT EXISTS token_values (
     entropy          BLOB,
     weight           BLOB,
     PRIMARY KEY (step, prompt_index, completion_index)
-);
+) STRICT;
 -- The teacher's log-prob of every sampled token of a completion trained on (on-policy distillation;
 -- grpokit/store/teacher_values.py): little-endian float32, one per token. Stores written before it existed get it
 -- when opened for writing; readers treat its absence as no teacher log-probs.
@@ -104,7 +109,7 @@ CREATE TABLE IF NOT EXISTS teacher_logprobs (
     completion_index INTEGER NOT NULL,
     logprob          BLOB NOT NULL,
     PRIMARY KEY (step, prompt_index, completion_index)
-);
+) STRICT;
 CREATE VIEW IF NOT EXISTS reward_values AS
     SELECT r.id AS rollout_id, r.step, r.prompt_index, r.completion_index,
            j.key AS name, j.value AS value
@@ -117,3 +122,9 @@ CREATE VIEW IF NOT EXISTS step_summary AS
            sum(error IS NOT NULL) AS errors
     FROM rollouts GROUP BY step;
 """
+
+
+def schema_sql(sqlite_version: tuple[int, int, int]) -> str:
+    """:data:`SCHEMA` for an SQLite of ``sqlite_version``: without STRICT before 3.37, which does not know it (the
+    readers check the types then: store/typed_rows.py)."""
+    return SCHEMA if sqlite_version >= (3, 37, 0) else SCHEMA.replace(") STRICT;", ");")

@@ -30,10 +30,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from grpokit.store import teacher_values, token_values
+from grpokit.store import teacher_values, token_values, typed_rows
 from grpokit.store.errors import StoreError
 from grpokit.store.record import RolloutRecord, finite_or_none
-from grpokit.store.sql_schema import SCHEMA, SCHEMA_VERSION
+from grpokit.store.sql_schema import SCHEMA_VERSION, schema_sql
 
 STORE_FILENAME = "rollouts.sqlite"
 _FILE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
@@ -121,6 +121,7 @@ class RolloutStore:
         self._query_conn: sqlite3.Connection | None = None
         self._read_uri: str | None = None  # how a read-only connection opens the file (see _read_only_uri)
         self._copy: str | None = None  # the temporary folder of a private copy, removed by close()
+        self._problems = typed_rows.Problems()  # values of the wrong type the readers replaced
         self._conn = self._connect_readonly() if readonly else self._connect_writable(run_id)
         try:
             self._check_schema_version()
@@ -139,7 +140,7 @@ class RolloutStore:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA busy_timeout=10000")
-            self._conn.executescript(SCHEMA)
+            self._conn.executescript(schema_sql(sqlite3.sqlite_version_info))
             present = self._table_columns()
             for column in _ADDED_COLUMNS:  # a store written before the column existed
                 if column not in present:
@@ -209,7 +210,7 @@ class RolloutStore:
 
     def _meta(self, key: str) -> str | None:
         row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else row[0]
+        return row[0] if row is not None and isinstance(row[0], str) else None
 
     def _check_schema_version(self) -> None:
         try:
@@ -364,11 +365,13 @@ class RolloutStore:
 
     def last_step(self) -> int:
         """The highest written step, 0 for an empty store."""
-        return self._conn.execute("SELECT coalesce(max(step), 0) FROM steps").fetchone()[0]
+        sql = "SELECT coalesce(max(step), 0) FROM steps WHERE typeof(step) = 'integer'"
+        return self._conn.execute(sql).fetchone()[0]
 
     def steps(self) -> list[int]:
         """Every written step, ascending."""
-        return [row[0] for row in self._conn.execute("SELECT step FROM steps ORDER BY step")]
+        sql = "SELECT step FROM steps WHERE typeof(step) = 'integer' ORDER BY step"
+        return [row[0] for row in self._conn.execute(sql)]
 
     def summary(self) -> list[dict]:
         """One dict per written step: step, n, mean_reward, mean_length, errors."""
@@ -377,21 +380,26 @@ class RolloutStore:
             "FROM steps LEFT JOIN step_summary USING (step) ORDER BY steps.step"
         )
         keys = ("step", "n", "mean_reward", "mean_length", "errors")
-        return [dict(zip(keys, row)) for row in self._conn.execute(sql)]
+        out = []
+        for row in self._conn.execute(sql):  # the view's numbers, or None where a rebuilt store gives others
+            kept = [v if typed_rows.number_or_none(v) else None for v in row]
+            if isinstance(kept[0], int) and isinstance(kept[1], int):
+                out.append(dict(zip(keys, kept)))
+        return out
 
     def metrics(self) -> list[dict]:
         """One dict per written step: {"step": s, name: value, ...}; a stored null reads as NaN."""
         by_step = {step: {"step": step} for step in self.steps()}
-        for step, name, value in self._conn.execute("SELECT step, name, value FROM step_metrics ORDER BY step, name"):
-            by_step[step][name] = _nan_if_null(value)
+        for step, name, value in self.typed("step_metrics", ("step", "name", "value"), "step, name"):
+            if step in by_step:
+                by_step[step][name] = _nan_if_null(value)
         return list(by_step.values())
 
     def evals(self) -> list[dict]:
         """One dict per (step, dataset): {"step": s, "dataset": d, name: value, ...}."""
         by_key: dict[tuple[int, str], dict] = {}
-        for step, dataset, name, value in self._conn.execute(
-            "SELECT step, dataset, name, value FROM evals ORDER BY step, dataset, name"
-        ):
+        columns = ("step", "dataset", "name", "value")
+        for step, dataset, name, value in self.typed("evals", columns, "step, dataset, name"):
             row = by_key.setdefault((step, dataset), {"step": step, "dataset": dataset})
             row[name] = _nan_if_null(value)
         return list(by_key.values())
@@ -432,15 +440,41 @@ class RolloutStore:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(int(limit))
-        result = []
-        for row in self._conn.execute(sql, params):
-            rollout = dict(zip(columns, row))
-            rollout["rewards"] = json.loads(rollout["rewards"])
-            rollout["extra"] = json.loads(rollout["extra"]) if rollout.get("extra") else None
-            rollout["conversation"] = json.loads(rollout["conversation"]) if rollout.get("conversation") else None
-            rollout["token_versions"] = json.loads(rollout["token_versions"]) if rollout.get("token_versions") else None
-            result.append(rollout)
-        return result
+        found = (self._rollout(columns, row) for row in self._conn.execute(sql, params))
+        return [rollout for rollout in found if rollout is not None]
+
+    def _rollout(self, columns: list[str], row: tuple) -> dict | None:
+        """A stored row as a rollout dict, each value of its declared type or None (typed_rows)."""
+        found = self._problems
+        row = typed_rows.clean("rollouts", columns, row, found)
+        if row is None:
+            return None
+        rollout = dict(zip(columns, row))
+        rollout["rewards"] = typed_rows.rewards_of(rollout["rewards"], found)
+        rollout["extra"] = typed_rows.load_json(rollout.get("extra"), "rollouts", "extra", found, dict)
+        rollout["conversation"] = typed_rows.conversation_of(rollout.get("conversation"), found)
+        rollout["token_versions"] = typed_rows.load_json(
+            rollout.get("token_versions"), "rollouts", "token_versions", found, list
+        )
+        for text in ("prompt", "completion", "finish_reason"):  # NOT NULL text: "" when a tampered store had other
+            rollout[text] = "" if rollout[text] is None else rollout[text]
+        return rollout
+
+    def typed(self, table: str, columns: tuple[str, ...], order: str) -> list[tuple]:
+        """``columns`` of every row of ``table`` ordered by ``order``, each value of its declared type or None, rows
+        whose identifying columns are not left out (typed_rows.clean); [] when the store has no such table."""
+        if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone():
+            return []
+        sql = f"SELECT {', '.join(columns)} FROM {table} ORDER BY {order}"
+        rows = (typed_rows.clean(table, columns, row, self._problems) for row in self._conn.execute(sql))
+        return [row for row in rows if row is not None]
+
+    def problems(self) -> list[str]:
+        """One line per table and column holding values of the wrong type (a store edited by hand, or rebuilt
+        without STRICT tables), counted over the whole store, and the values of the wrong shape read so far."""
+        present = [row[0] for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        counted = typed_rows.wrong_types(self._conn, [t for t in typed_rows.DECLARED if t in present])
+        return typed_rows.problem_lines(counted, self._problems)
 
     def teacher_logprobs(self, step: int | None = None) -> dict[tuple[int, int, int], list[float]]:
         """The teacher's stored log-probs (of ``step``) by (step, prompt_index, completion_index): ``teacher_values

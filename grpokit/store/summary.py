@@ -8,12 +8,12 @@ be looked up under the same name everywhere else.
 from __future__ import annotations
 
 import math
-from html import escape
 from pathlib import Path
 
 import yaml
 
 from grpokit.store.directions import change_class, direction
+from grpokit.store.html_text import number, text
 
 # The config keys that name the algorithm variant (one name, one formula: docs/architecture.md).
 ALGORITHM_KEYS = ("algorithm", "advantage_estimator", "loss_type", "scale_rewards", "importance_sampling_level", "beta")
@@ -31,7 +31,7 @@ def run_summary(run_dir: Path, metrics: list[dict], evals: list[dict], written_a
     (eval rows, or metric rows' ``eval/`` names) and the training ``reward``; ``written_at``: the store's
     first and last step timestamps (None without a store). Unknown values are None."""
     config = _read_config(run_dir / "config.yaml")
-    algo = config.get("algo") or {}
+    algo = section(config, "algo")
     steps = [
         row["step"]
         for row in metrics
@@ -63,10 +63,10 @@ def run_summary(run_dir: Path, metrics: list[dict], evals: list[dict], written_a
         (s0, v0), (s1, v1) = points[0], points[-1]
         changes.append({"name": name, "first_step": s0, "first": v0, "last_step": s1, "last": v1, "change": v1 - v0})
     return {
-        "model": (config.get("model") or {}).get("model_name_or_path"),
+        "model": section(config, "model").get("model_name_or_path"),
         "algorithm": {key: algo[key] for key in ALGORITHM_KEYS if key in algo},
         "steps": max(steps) if steps else 0,
-        "max_steps": (config.get("optim") or {}).get("max_steps"),
+        "max_steps": section(config, "optim").get("max_steps"),
         "wall_seconds": wall,
         "counts": counts,
         "changes": changes,
@@ -87,26 +87,32 @@ def summary_html(summary: dict) -> str:
         ("steps", f"{summary['steps']}{of}"),
         ("wall time", _duration(summary["wall_seconds"])),
     ]
-    facts += [(name, f"{value:g}") for name, value in summary["counts"].items()]
+    facts += [(name, number(value, "g")) for name, value in summary["counts"].items()]
     # the metrics with a good direction first; the others (entropy, lengths, loss ...) folded below them
     key = [c for c in summary["changes"] if direction(c["name"]) and not c["first"] == c["last"] == 0]
     other = [c for c in summary["changes"] if c not in key]
     table = _changes_table(key or other) if summary["changes"] else "<p>No eval or reward values logged yet.</p>"
     if key and other:
         table += f"<details><summary>{len(other)} other metrics</summary>{_changes_table(other)}</details>"
-    dl = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in facts)
+    dl = "".join(f"<dt>{text(k)}</dt><dd>{text(v)}</dd>" for k, v in facts)
     return f'<section class="summary"><h2>Summary</h2><dl>{dl}</dl>{table}</section>'
 
 
 def _changes_table(changes: list[dict]) -> str:
     rows = "".join(
-        f"<tr><td>{escape(c['name'])}</td>"
-        f'<td>{_num(c["first"])} <span class="at">(step {c["first_step"]})</span></td>'
-        f'<td>{_num(c["last"])} <span class="at">(step {c["last_step"]})</span></td>'
-        f'<td class="{change_class(c["name"], c["change"])}">{c["change"]:+.4g}</td></tr>'
+        f"<tr><td>{text(c['name'])}</td>"
+        f'<td>{number(c["first"])} <span class="at">(step {text(c["first_step"])})</span></td>'
+        f'<td>{number(c["last"])} <span class="at">(step {text(c["last_step"])})</span></td>'
+        f'<td class="{change_class(c["name"], c["change"])}">{number(c["change"], "+.4g")}</td></tr>'
         for c in changes
     )
     return f'<table class="changes"><tr><th>metric</th><th>first</th><th>last</th><th>change</th></tr>{rows}</table>'
+
+
+def section(config: dict, name: str) -> dict:
+    """``config[name]`` when it is a mapping, else {} (a config.yaml from elsewhere can hold anything)."""
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def _read_config(path: Path) -> dict:
@@ -119,10 +125,6 @@ def _read_config(path: Path) -> dict:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _num(value: float) -> str:
-    return f"{value:.4g}"
 
 
 def _duration(seconds: float | None) -> str:

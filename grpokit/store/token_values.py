@@ -82,12 +82,30 @@ def read(conn: sqlite3.Connection, step: int | None = None) -> list[dict[str, An
         params = (step,)
     out = []
     for row in conn.execute(sql + " ORDER BY step, prompt_index, completion_index", params):
-        item = dict(zip(_COLUMNS, row))
-        item["tokens"] = json.loads(item["tokens"])
-        for name in TOKEN_VALUES:
-            item[name] = decode(item[name])
-        out.append(item)
+        item = _typed(dict(zip(_COLUMNS, row)))
+        if item is not None:
+            out.append(item)
     return out
+
+
+def _typed(item: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored row with its tokens decoded and each kept value one float per token (NaN where a blob is short);
+    None for a row a hand-edited store left without integer keys or a JSON list of token texts."""
+    try:
+        tokens = json.loads(item["tokens"]) if isinstance(item["tokens"], str) else None
+    except (json.JSONDecodeError, RecursionError):
+        tokens = None
+    keys = (item["step"], item["prompt_index"], item["completion_index"])
+    if not isinstance(tokens, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in keys):
+        return None
+    item["tokens"] = [t if isinstance(t, str) else str(t) for t in tokens]
+    for name in TOKEN_VALUES:
+        blob = item[name]
+        values = decode(blob[: len(blob) // 2 * 2]) if isinstance(blob, bytes) else None
+        if values is not None and len(values) < len(tokens):
+            values += [math.nan] * (len(tokens) - len(values))
+        item[name] = values
+    return item
 
 
 def kept_names(conn: sqlite3.Connection) -> list[str]:

@@ -12,8 +12,8 @@ a few steps (:data:`PER_STEP`, :data:`MAX_TOKENS`, :data:`MAX_STEPS`) so a long 
 from __future__ import annotations
 
 import math
-from html import escape
 
+from grpokit.store.html_text import text
 from grpokit.store.samples import fmt
 from grpokit.store.store import RolloutStore
 from grpokit.store.token_values import TOKEN_VALUES
@@ -87,7 +87,7 @@ def colour(name: str, value: float | None, scale: float) -> str:
 def token_steps(store: RolloutStore, chosen: list[int] | None = None) -> list[int]:
     """The steps the view shows: ``chosen`` (those with per-token values), else the first, middle and last with them
     (a store with per-token values only)."""
-    _, rows = store.query("SELECT DISTINCT step FROM token_values ORDER BY step")
+    _, rows = store.query("SELECT DISTINCT step FROM token_values WHERE typeof(step) = 'integer' ORDER BY step")
     steps = [s for (s,) in rows]
     if chosen:
         return sorted(set(chosen) & set(steps))[:MAX_STEPS]
@@ -108,16 +108,15 @@ def tokens_html(store: RolloutStore, steps: list[int] | None = None) -> str:
     scales = _scales([c for _, chosen in picked for c in chosen])
     default = next(name for name in DEFAULT_ORDER if name in names)
     options = "".join(
-        f'<option value="{n}"{" selected" if n == default else ""}>{n}: {escape(TOKEN_VALUES[n])}</option>'
-        for n in names
+        f'<option value="{n}"{" selected" if n == default else ""}>{n}: {text(TOKEN_VALUES[n])}</option>' for n in names
     )
     legends = "".join(
-        f'<p class="meta token-legend" data-value="{n}"{"" if n == default else " hidden"}>{n}: {escape(LEGEND[n])}</p>'
+        f'<p class="meta token-legend" data-value="{n}"{"" if n == default else " hidden"}>{n}: {text(LEGEND[n])}</p>'
         for n in names
     )
     intro = (
         f'<p class="meta">Each completion\'s tokens coloured by a per-token value (<b>{default}</b>, '
-        f"{escape(TOKEN_VALUES[default])}, unless another is chosen); "
+        f"{text(TOKEN_VALUES[default])}, unless another is chosen); "
         "hover a token for all its values. The best and worst rewarded completions of each step shown, and those "
         "with the largest gap and the least weight.</p>"
         f'<div class="controls" id="token-controls" hidden>Colour by <select id="token-value" hidden>{options}'
@@ -127,7 +126,7 @@ def tokens_html(store: RolloutStore, steps: list[int] | None = None) -> str:
         f"<h3>Step {step}</h3>{''.join(_completion_html(c, names, default, scales) for c in chosen)}"
         for step, chosen in picked
     )
-    data = f'data-values="{",".join(names)}" data-scales="{escape(_scales_json(scales))}"'
+    data = f'data-values="{",".join(names)}" data-scales="{text(_scales_json(scales))}"'
     return f'<section id="tokens" class="view" {data}><h2>Tokens</h2>{intro}{body}</section>'
 
 
@@ -142,9 +141,9 @@ def _chosen(store: RolloutStore, step: int, names: list[str]) -> list[dict]:
     if rewarded:
         picks += [max(rewarded, key=lambda i: i["reward"]), min(rewarded, key=lambda i: i["reward"])]
     if "gap" in names:
-        picks.append(max(items, key=lambda i: max((abs(v) for v in i["gap"] if not math.isnan(v)), default=0.0)))
+        picks.append(max(items, key=lambda i: max((abs(v) for v in i["gap"] or () if not math.isnan(v)), default=0.0)))
     if "weight" in names:
-        picks.append(min(items, key=lambda i: sum(i["weight"]) / max(len(i["weight"]), 1)))
+        picks.append(min(items, key=lambda i: sum(i["weight"] or ()) / max(len(i["weight"] or ()), 1)))
     seen, out = set(), []
     for item in picks or items[:1]:
         key = (item["prompt_index"], item["completion_index"])
@@ -174,22 +173,27 @@ def _completion_html(item: dict, names: list[str], default: str, scales: dict[st
     shown = range(min(n, MAX_TOKENS))
     spans = []
     for t in shown:
-        values = [item[name][t] for name in names]
+        values = [_at(item[name], t) for name in names]
         title = " · ".join(f"{name} {_short(v)}" for name, v in zip(names, values))
         data = ",".join("" if math.isnan(v) else _short(v) for v in values)
-        background = colour(default, item[default][t], scales[default])
+        background = colour(default, values[names.index(default)], scales[default])
         spans.append(
             f'<span class="tok" style="background:{background}" title="{title}" data-v="{data}">'
-            f"{escape(item['tokens'][t])}</span>"
+            f"{text(item['tokens'][t])}</span>"
         )
     more = f'<span class="at"> … {n - MAX_TOKENS} more tokens</span>' if n > MAX_TOKENS else ""
     head = (
-        f"step {item['step']} · prompt {item['prompt_index']} · #{item['completion_index']} · reward "
+        f"step {text(item['step'])} · prompt {text(item['prompt_index'])} · #{text(item['completion_index'])} · reward "
         f"{fmt(item.get('reward'))} · advantage {fmt(item.get('advantage'))} · {n} tokens"
     )
-    prompt = f'<pre class="prompt">{escape(item.get("prompt", "")[-400:])}</pre>' if item.get("prompt") else ""
+    prompt = f'<pre class="prompt">{text(str(item["prompt"])[-400:])}</pre>' if item.get("prompt") else ""
     tokens = f'<div class="toks">{"".join(spans)}{more}</div>'
     return f'<div class="sample tokens-of"><div class="group-head">{head}</div>{prompt}{tokens}</div>'
+
+
+def _at(values: list[float] | None, t: int) -> float:
+    """Token ``t``'s value; NaN where the completion has none (a value kept for other completions only)."""
+    return values[t] if values is not None and t < len(values) else math.nan
 
 
 def _short(value: float) -> str:

@@ -37,8 +37,10 @@ TIMEOUT = 300
 NOT_RUNNABLE = {
     "grpokit serve-rewards config.yaml": "a server, until stopped: tests/integration/test_remote_rewards.py serves one",
     "grpokit serve-rewards accuracy my_rewards.py:brevity": "a server, until stopped: test_remote_rewards.py",
-    "grpokit serve-rewards config.yaml --host 0.0.0.0 --port 8443 --token $GRPOKIT_REWARD_TOKEN --certfile server.pem "
-    "--keyfile server.key": "a TLS server on every address, until stopped: tests/unit/test_serve_rewards_tls.py",
+    "grpokit serve-rewards config.yaml --host 0.0.0.0 --port 8443 --token-file ~/.grpokit/reward_token "
+    "--certfile server.pem --keyfile server.key": (
+        "a TLS server on every address, until stopped: tests/unit/test_serve_rewards_tls.py"
+    ),
     "grpokit serve-rewards config.yaml --certfile server.pem --keyfile server.key --client-ca ca.pem": (
         "a mutual-TLS server, until stopped: tests/unit/test_serve_rewards_tls.py makes the certificates and serves one"
     ),
@@ -47,7 +49,7 @@ NOT_RUNNABLE = {
     "python bench/soak.py --steps 2000 --max-staleness 2 --ray": "the soak on a local Ray cluster: ~7 min",
     "python bench/serve_rewards_load.py --clients 3 --batches 20 --batch 64 --concurrency 2 --batch-size 32 "
     "--max-queue 16": "the benchmark: 4 processes, ~30 s; tests/unit/test_serve_rewards_requests.py tests the queue",
-    "grpokit serve-rewards config.yaml --host 0.0.0.0 --port 8000 --token $GRPOKIT_REWARD_TOKEN": (
+    "grpokit serve-rewards config.yaml --host 0.0.0.0 --port 8000 --token-file ~/.grpokit/reward_token": (
         "a server on every address, until stopped: test_remote_rewards.py checks the token"
     ),
     "python examples/code/run.py": "~6 min; tests/integration/test_examples_code.py runs it shortened",
@@ -218,10 +220,12 @@ NOT_RUNNABLE = {
     'pip install -e ".[wandb]"': "installs packages (network)",
     "pip install torch --index-url https://download.pytorch.org/whl/cu128": "installs torch's CUDA build (network)",
     "wandb login": "needs a W&B account (network)",
-    "ray start --head --port 6379 --dashboard-host 0.0.0.0": "starts a multi-node Ray cluster's head",
-    "ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
-    "ray job submit --address http://HEAD_IP:8265 --working-dir . -- grpokit train config.yaml": (
-        "needs a Ray cluster's head node"
+    "ray get-auth-token --generate": "writes a Ray cluster's token to ~/.ray/auth_token (the user's own HOME)",
+    "RAY_AUTH_MODE=token ray start --head --port 6379": "starts a multi-node Ray cluster's head",
+    "RAY_AUTH_MODE=token ray start --address HEAD_IP:6379": "joins a Ray cluster on another node",
+    "ssh -N -f -L 8265:127.0.0.1:8265 HEAD_IP": "an SSH tunnel to a Ray cluster's head node",
+    "RAY_AUTH_MODE=token ray job submit --address http://127.0.0.1:8265 --working-dir . -- grpokit train config.yaml": (
+        "needs a Ray cluster's head node (through the tunnel above)"
     ),
 }
 

@@ -57,8 +57,8 @@ def _rollouts(run: Path) -> list[dict]:
 class ServeRewards:
     """`grpokit serve-rewards` in a subprocess on a free loopback port; its first stdout line gives the URL."""
 
-    def __init__(self, *args: str):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1")
+    def __init__(self, *args: str, env: dict | None = None):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), OMP_NUM_THREADS="1", **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grpokit.cli", "serve-rewards", *args, "--port", "0"],
             stdout=subprocess.PIPE,
@@ -260,8 +260,10 @@ def test_a_served_reward_killed_mid_run_gives_errors_then_no_crash(tmp_path):
 
 def test_a_token_is_required_off_loopback_and_checked_on_every_request(tmp_path):
     assert main(["serve-rewards", TARGET_REWARD, "--host", "0.0.0.0"]) == 2
-    server = ServeRewards(TARGET_REWARD, "--token", "s3cret")
+    server = ServeRewards(TARGET_REWARD, env={"GRPOKIT_REWARD_TOKEN": "s3cret"})
     try:
+        cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()
+        assert b"s3cret" not in cmdline  # the token is not on the command line, where `ps` shows it
         bad = {"url": server.url + "/score", "retries": 0, "headers": {"Authorization": "Bearer wrong"}}
         good = {"url": server.url + "/score", "retries": 0, "headers": {"Authorization": "Bearer ${GRPOKIT_T}"}}
         os.environ["GRPOKIT_T"] = "s3cret"
