@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpokit.errors import require
+
+def require(ok: bool, message: str) -> None:
+    """A ValueError naming the fix unless ``ok`` (the config reports it as a ConfigError; algos/ imports nothing of
+    grpokit's outside it)."""
+    if not ok:
+        raise ValueError(message)
 
 
 @dataclass
