@@ -105,8 +105,8 @@ def main() -> None:
 
 def vllm_engine(model, eos: list[int], pad: int, folder: str, dtype):
     """grpokit's vLLM engine on the model's folder, computing in ``dtype`` (None: float32, the weights')."""
-    from grpokit.rollout.vllm_engine import VLLMRolloutEngine
-    from grpokit.rollout.vllm_settings import VLLMSettings, vllm_spec
+    from grpokit.rollout.vllm.engine import VLLMRolloutEngine
+    from grpokit.rollout.vllm.settings import VLLMSettings, vllm_spec
 
     # a run's defaults on a CPU (1 GiB of KV cache, eager), without sleep mode, as the engine derives its spec
     settings = VLLMSettings(vllm_max_model_length=256, vllm_enable_sleep_mode=False)

@@ -12,8 +12,8 @@ def is_user_error(exc: BaseException) -> bool:
     from grpokit.data.prompts import DataError
     from grpokit.rewards.contract import RewardError
     from grpokit.rollout.partial import PartialRolloutTimeout
-    from grpokit.rollout.vllm_http import VLLMServerError
-    from grpokit.rollout.vllm_weights import SyncGapError
+    from grpokit.rollout.vllm.http import VLLMServerError
+    from grpokit.rollout.vllm.weights import SyncGapError
     from grpokit.store.store import StoreError
     from grpokit.system.run_lock import RunFolderError
     from grpokit.train.rundir.checkpoint import CheckpointError

@@ -31,7 +31,7 @@ def build_rollouts(
     (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
     from grpokit.train.experience.rollout_scheduler import RolloutScheduler
-    from grpokit.train.experience.sources import Situation, pick_sampler
+    from grpokit.train.experience.sources import pick_sampler
     from grpokit.train.experience.tool_rollouts import ToolRollouts
 
     name = args.engine if rollout_func is None else "rollout_func"
@@ -48,15 +48,7 @@ def build_rollouts(
         None if tools is None else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)
     )
     ahead = args.distributed.staleness_bound()  # K: steps sampled ahead
-    situation = Situation(
-        ray=args.backend == "ray",
-        tools=tool_rollouts is not None,
-        raw_prompts=engine.takes_raw_prompts,
-        seeded=args.seed_per_group or procs.enabled,  # rollouts must not depend on the split over processes
-        ahead=ahead > 0,
-        server=kind.serves(settings),
-    )
-    entry = pick_sampler(situation)
+    entry = pick_sampler(_situation(args, procs, engine, kind.serves(settings), tool_rollouts is not None, ahead))
     extras = {  # what a sampler may need besides the common parts, built only when it does (Ray: rank 0 starts them)
         "remote": lambda: _start_ray(args, parts, settings if in_workers else None) if procs.is_main else None,
         "partial": lambda: in_workers and _partial(settings) is not None,
@@ -89,6 +81,20 @@ def build_rollouts(
     )
     inputs = specs.update_inputs_spec(args, rollout_source.off_policy, kind.separate_weights)
     return scheduler, inputs
+
+
+def _situation(args: GRPOConfig, procs, engine, server: bool, tools: bool, ahead: int):
+    """What the sampler is picked for (``train.experience.sources.Situation``)."""
+    from grpokit.train.experience.sources import Situation
+
+    return Situation(
+        ray=args.backend == "ray",
+        tools=tools,
+        raw_prompts=engine.takes_raw_prompts,
+        seeded=args.seed_per_group or procs.enabled,  # rollouts must not depend on the split over processes
+        ahead=ahead > 0,
+        server=server,
+    )
 
 
 def _rollout_source(args: GRPOConfig, sampler, procs, ahead: int):
@@ -167,7 +173,7 @@ def _start_ray(args: GRPOConfig, parts, vllm_settings=None):
     from grpokit.distributed.placement import learner_gpu_ids
     from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
     from grpokit.distributed.ray_vllm import worker_vllm_options
-    from grpokit.rollout.vllm_settings import vllm_spec
+    from grpokit.rollout.vllm.settings import vllm_spec
 
     learner_gpus = learner_gpu_ids(parts.device)  # never given to a rollout or reward actor
     connect(args.address, args.ray_num_cpus, learner_gpus)

@@ -22,7 +22,7 @@ from grpokit.data.settings import PromptSettings
 from grpokit.models.settings import ModelSettings
 from grpokit.models.vision_settings import VisionModelSettings
 from grpokit.rollout.sampling_settings import EngineSettings, SamplingSettings
-from grpokit.rollout.vllm_settings import VLLMSettings
+from grpokit.rollout.vllm.settings import VLLMSettings
 from grpokit.train.experience.settings import DynamicSamplingSettings
 from grpokit.train.learning.critic_settings import CriticSettings
 from grpokit.train.learning.optimizer_settings import OptimizerSettings

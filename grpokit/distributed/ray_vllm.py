@@ -1,7 +1,7 @@
 """vLLM in a Ray rollout worker (``distributed.backend: ray`` with ``generation.engine: vllm``).
 
 Each worker (a Ray actor, its own process) holds one ``vllm.LLM`` in that process: the same engine as one learner
-process (:class:`grpokit.rollout.vllm_engine.VLLMRolloutEngine`, ``distributed_executor_backend=
+process (:class:`grpokit.rollout.vllm.engine.VLLMRolloutEngine`, ``distributed_executor_backend=
 "external_launcher"`` over a one-process world on a free port of its own), so vLLM's model is reachable for the
 in-place reload. vLLM's own Ray executor is not used: vLLM 0.32 refuses it on the CPU platform, and it would start
 further actors from inside this one.
@@ -11,7 +11,7 @@ further actors from inside this one.
 - Weights: by version from the object store into the worker's CPU copy of the policy, strictly
   (:func:`grpokit.distributed.ray_rollout.load_published`: the names must be exactly the copy's), then, before the
   next sampling, from the copy into vLLM by ``collective_rpc("reload_weights", ...)`` as the in-process engine does
-  (:func:`grpokit.rollout.vllm_weights.push_weights`). The copy costs one more model in CPU memory per worker.
+  (:func:`grpokit.rollout.vllm.weights.push_weights`). The copy costs one more model in CPU memory per worker.
 - A worker that dies is replaced by a new actor (a new engine, built from the model folder) and its chunk re-run with
   the same group seeds; vLLM seeds each request, so the chunk's rollouts are the ones the dead worker would have
   returned.
@@ -25,7 +25,7 @@ import torch
 def worker_vllm_engine(model, eos_token_ids, pad_token_id, device, autocast_dtype, *, spec, seed: int, threads: int):
     """The worker's engine: ``threads`` torch threads set first, then a VLLMRolloutEngine over ``model`` (the
     worker's CPU copy) on ``device``'s type (vLLM's CUDA build on a GPU worker, its CPU build on a CPU one)."""
-    from grpokit.rollout.vllm_engine import VLLMRolloutEngine
+    from grpokit.rollout.vllm.engine import VLLMRolloutEngine
 
     torch.set_num_threads(max(1, threads))
     return VLLMRolloutEngine(

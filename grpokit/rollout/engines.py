@@ -6,10 +6,10 @@ Every engine implements :class:`grpokit.rollout.engine.RolloutEngine` (``generat
 run has tools or environments, wraps it in the multi-turn engine; nothing else names an engine.
 
 - ``hf``: :class:`~grpokit.rollout.engine.HFRolloutEngine`, grpokit's own sampler on the policy's own weights.
-- ``vllm``: :class:`~grpokit.rollout.vllm_engine.VLLMRolloutEngine`, a colocated vLLM with its own copy of the
+- ``vllm``: :class:`~grpokit.rollout.vllm.engine.VLLMRolloutEngine`, a colocated vLLM with its own copy of the
   weights (``separate_weights``: its log-probs differ from the learner's, so they weight tokens); with
-  ``vllm_mode: server`` :class:`~grpokit.rollout.vllm_server.VLLMServerEngine`, a running ``vllm serve``; under
-  torchrun one per rank: :class:`~grpokit.rollout.vllm_colocate.ColocatedVLLMEngine`.
+  ``vllm_mode: server`` :class:`~grpokit.rollout.vllm.server.VLLMServerEngine`, a running ``vllm serve``; under
+  torchrun one per rank: :class:`~grpokit.rollout.vllm.colocate.ColocatedVLLMEngine`.
 - ``transformers``: :class:`~grpokit.rollout.transformers_engine.TransformersRolloutEngine`, transformers' own
   ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...).
 - ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.rollout.vllm_settings import VLLMSettings, vllm_spec  # beside the functions that read them
+from grpokit.rollout.vllm.settings import VLLMSettings, vllm_spec  # beside the functions that read them
 from grpokit.system.registry import Registry
 
 
@@ -115,7 +115,7 @@ def _hf(parts: EngineParts, settings: None = None):
 def _vllm(parts: EngineParts, settings: VLLMSettings):
     from grpokit.errors import ConfigError
     from grpokit.models.loading import is_hf_model
-    from grpokit.rollout.vllm_engine import VLLMRolloutEngine
+    from grpokit.rollout.vllm.engine import VLLMRolloutEngine
     from grpokit.system.processes import under_torchrun
 
     if not is_hf_model(parts.model):
@@ -125,14 +125,14 @@ def _vllm(parts: EngineParts, settings: VLLMSettings):
         )
     spec = vllm_spec(settings, parts.source, parts.trust_remote_code, parts.max_length)
     if spec.mode == "server":
-        from grpokit.rollout.vllm_server import VLLMServerEngine
+        from grpokit.rollout.vllm.server import VLLMServerEngine
 
         return VLLMServerEngine(parts.model, parts.eos_token_ids, parts.pad_token_id, spec, seed=parts.seed)
     common = dict(seed=parts.seed, learner_dtype=parts.autocast_dtype, device_type=_device_type(parts.device))
     if under_torchrun():  # every rank its own engine (TRL's colocate mode), built and closed collectively
         import torch.distributed as dist
 
-        from grpokit.rollout.vllm_colocate import ColocatedVLLMEngine
+        from grpokit.rollout.vllm.colocate import ColocatedVLLMEngine
 
         return ColocatedVLLMEngine(
             parts.model,
@@ -154,11 +154,11 @@ def _vllm_environment(settings: VLLMSettings, site: EngineSite) -> None:
     """vLLM can sample here: a server beside one learner process, or an installed vLLM on the workers' or the
     learner's device."""
     if settings.vllm_mode == "server":
-        from grpokit.rollout.vllm_server import check_server_environment
+        from grpokit.rollout.vllm.server import check_server_environment
 
         check_server_environment(site.distributed, site.learner_device)
     else:
-        from grpokit.rollout.vllm_engine import check_vllm_environment
+        from grpokit.rollout.vllm.engine import check_vllm_environment
 
         check_vllm_environment(site.distributed, site.workers or site.learner_device)
 

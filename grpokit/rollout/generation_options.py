@@ -54,7 +54,7 @@ PINNED_GENERATION_KWARGS = {
     "num_beams": None,  # 1: sampling, no beam search
     "num_return_sequences": None,  # 1: TRL repeats each prompt num_generations times itself
 }
-# The sampler keys vLLM's SamplingParams takes with the same meaning (grpokit.rollout.vllm_engine).
+# The sampler keys vLLM's SamplingParams takes with the same meaning (grpokit.rollout.vllm.engine).
 VLLM_GENERATION_KWARGS = ("top_p", "top_k", "min_p", "repetition_penalty", "min_new_tokens", "do_sample")
 
 

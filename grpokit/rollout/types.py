@@ -113,7 +113,7 @@ class Rollouts:
     # keys, grpokit.rollout.rollout_func): {name: N values, one per completion}; None: none
     columns: dict[str, list] | None = None
     # [N, T] long, the policy version that sampled each token (a partial rollout continued on newer weights,
-    # grpokit.rollout.vllm_partial; 0 on padding); None: every token by policy_version, the oldest of them
+    # grpokit.rollout.vllm.partial; 0 on padding); None: every token by policy_version, the oldest of them
     token_versions: torch.Tensor | None = None
 
     @property

@@ -2,7 +2,7 @@
 
 A completion sampled by one policy (every engine's, and a partial rollout that no weight update reached) is stored
 as NULL in ``rollouts.token_versions``: its tokens are all by ``rollouts.policy_version``. A partial rollout whose
-generation continued on newer weights (:mod:`grpokit.rollout.vllm_partial`) is stored as JSON runs
+generation continued on newer weights (:mod:`grpokit.rollout.vllm.partial`) is stored as JSON runs
 ``[[first_token, version], ...]``: token ``first_token`` and the ones after it, up to the next run, were sampled by
 ``version``. ``[[0, 3], [5, 4]]`` on 8 tokens: tokens 0-4 by version 3, tokens 5-7 by version 4. Stores written
 before the column existed read as NULL everywhere, which means the same thing (no migration).

@@ -61,5 +61,5 @@ def test_the_cli_asks_for_huge_pages_unless_the_environment_says():
     cli = [sys.executable, "-m", "grpokit", "env"]
     assert _huge_pages_line(cli).startswith("- huge pages: asked for tensors >= 2 MB (THP_MEM_ALLOC_ENABLE=1;")
     assert "not asked" in _huge_pages_line(cli, THP_MEM_ALLOC_ENABLE="0")
-    library = "from grpokit.commands.env import format_report, report; print(format_report(report()))"
+    library = "from grpokit.commands.env_report import format_report, report; print(format_report(report()))"
     assert "not asked" in _huge_pages_line([sys.executable, "-c", library])

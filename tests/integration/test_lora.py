@@ -78,7 +78,7 @@ def test_lora_trains_adapters_reference_is_base_and_saves(tmp_path, tiny_model_d
     torch.testing.assert_close(logprobs_of(merged, trainer, rollouts), policy, atol=1e-4, rtol=1e-4)
 
     # `grpokit eval RUN` evaluates the trained adapter (loaded onto its base), not fresh zero adapters on the base
-    from grpokit.cli import eval_inputs
+    from grpokit.commands.eval import eval_inputs
 
     cfg, evaluated = eval_inputs(tmp_path / "run", [])
     assert cfg.model_name_or_path == str(final) and cfg.lora.r == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from shared_helpers import WORDS
 
-from grpokit.rollout.vllm_settings import installed_vllm
+from grpokit.rollout.vllm.settings import installed_vllm
 
 os.environ.setdefault("VLLM_CPU_CI_ENV", "1")  # vLLM's CPU build: no compiling, no warm-up (as make test-vllm)
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

@@ -13,7 +13,7 @@ from real_vllm_helpers import GAP_FP32, SETTINGS, TARGET_REWARD, prompts
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.rollout.types import SamplingParams
-from grpokit.rollout.vllm_partial import WeightUpdate, generate_partial
+from grpokit.rollout.vllm.partial import WeightUpdate, generate_partial
 from grpokit.store import RolloutRecord, RolloutStore
 from grpokit.store.record import completion_runs
 from grpokit.store.versions import expand_runs

@@ -15,15 +15,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from fake_vllm_server import FakeVLLM
 
-from grpokit.rollout.vllm_http import ServerClient
-from grpokit.rollout.vllm_weights import vllm_weight_items
+from grpokit.rollout.vllm.http import ServerClient
+from grpokit.rollout.vllm.weights import vllm_weight_items
 
 
 def test_nccl_push_drives_vllms_weight_transfer_routes(monkeypatch, vllm_model_dir):
     from transformers import AutoModelForCausalLM
     from vllm.distributed.weight_transfer import nccl_engine
 
-    from grpokit.rollout.vllm_server_weights import NCCLPush
+    from grpokit.rollout.vllm.server_weights import NCCLPush
 
     opened, sent = [], []
     monkeypatch.setattr(nccl_engine, "open_trainer_endpoint", lambda info: opened.append(info) or "group")

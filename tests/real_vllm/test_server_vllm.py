@@ -33,8 +33,8 @@ from safetensors.torch import load_file
 from shared_helpers import kill_storm, logged_steps, stored
 
 from grpokit import GRPOConfig, GRPOTrainer
-from grpokit.rollout.vllm_http import VLLMServerError
-from grpokit.rollout.vllm_weights import SyncGapError
+from grpokit.rollout.vllm.http import VLLMServerError
+from grpokit.rollout.vllm.weights import SyncGapError
 from grpokit.store import RolloutStore
 
 COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "sampling_is/logprob_abs_diff")
@@ -144,7 +144,7 @@ COMMON = dict(lr_scheduler_type="constant", save_steps=1, max_steps=3)
 def test_the_default_server_answers_401_without_its_key_on_every_route_but_health(server, key_folder):
     import httpx
 
-    from grpokit.rollout.vllm_keys import key_path, read_key
+    from grpokit.rollout.vllm.keys import key_path, read_key
 
     port = int(server.url.rsplit(":", 1)[1])
     path = key_path(port)
@@ -239,7 +239,7 @@ def test_a_killed_server_ends_the_run_and_a_resume_continues_exactly(server, vll
 
 def test_a_skipped_weight_push_stops_the_run_naming_the_server(server, vllm_model_dir, tmp_path, monkeypatch):
     """The server keeps its own weights after the first push: step 2 samples from the step-0 policy."""
-    from grpokit.rollout import vllm_server_weights
+    from grpokit.rollout.vllm import server_weights as vllm_server_weights
 
     pushes = []
     real = vllm_server_weights.SharedMemoryPush.push

@@ -127,7 +127,7 @@ def test_trainer_lora_keeps_the_base_and_the_sync(tmp_path, vllm_model_dir):
 def test_a_broken_sync_is_warned_in_the_run(tmp_path, vllm_model_dir, monkeypatch, capfd):
     """The tied head left stale (its re-pack skipped, as before this fix): from step 2 the gap is above the
     float32 limit, and the run says so once."""
-    from grpokit.rollout import vllm_weights
+    from grpokit.rollout.vllm import weights as vllm_weights
 
     monkeypatch.setattr(vllm_weights, "repack_tied_head", lambda model: 0)
     # the stop's bound raised above the gap: the warning alone (the stop: test_server_vllm.py, test_engine_vllm.py)

@@ -88,11 +88,11 @@ def test_help_shows_the_positionals_help():
 
 
 QUIET = """
-from grpokit.cli import _quiet_model_loading
+from grpokit.commands.running import quiet_model_loading
 from huggingface_hub.utils import are_progress_bars_disabled
 from transformers.utils import logging
 before = logging.is_progress_bar_enabled(), are_progress_bars_disabled()
-_quiet_model_loading()
+quiet_model_loading()
 print(before, (logging.is_progress_bar_enabled(), are_progress_bars_disabled()))
 """
 

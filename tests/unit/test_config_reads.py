@@ -32,10 +32,9 @@ ROOT = Path(grpokit.__file__).parent
 EXEMPT = {
     "config/": "the facade itself: its sections, loading, validation, rules and reference",
     "compose/": "the composition root: each part's typed, frozen spec and every part, built from the user's config",
-    "cli.py": "the command line is a user of the facade, as a script is: it loads the YAML and the overrides, sets "
-    "what its command says (eval: the final model, the eval folder) and hands the object to GRPOTrainer",
-    "commands/explain.py": "`grpokit explain` prints the resolved config and the sizes it implies: the whole config is "
-    "its subject",
+    "commands/": "the command line is a user of the facade, as a script is: it loads the YAML and the overrides, sets "
+    "what its command says (eval: the final model, the eval folder) and hands the object to GRPOTrainer; `grpokit "
+    "explain` prints the resolved config and the sizes it implies: the whole config is its subject",
     "doctor/": "`grpokit doctor` checks a whole setup before a run (prompt lengths, the model's files): the config is "
     "its subject, as explain's",
     "compose/memory.py": "the memory estimate of a config and of its what-if variants (cfg.replace(...): a smaller "

@@ -317,7 +317,7 @@ def test_memory_warning_names_the_settings_that_fit(config_dir, monkeypatch):
 
 
 def test_explain_says_whether_the_run_fits(config_dir, monkeypatch):
-    import grpokit.commands.explain as explain_module
+    import grpokit.commands.explanation as explain_module
 
     for module in (memory, explain_module):
         monkeypatch.setattr(module, "available_bytes", lambda device: 2**40)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpokit.commands.report import write_fallback_report
 from grpokit.store import RolloutRecord, RolloutStore
-from grpokit.store.cli import write_fallback_report
 from grpokit.store.compare import RunData
 from grpokit.store.compare_page import compare_page
 from grpokit.store.groups import _group_html

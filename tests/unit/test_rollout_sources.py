@@ -15,7 +15,7 @@ from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.rollout_func import RolloutFuncEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 from grpokit.rollout.types import Rollouts
-from grpokit.rollout.vllm_engine import VLLMRolloutEngine
+from grpokit.rollout.vllm.engine import VLLMRolloutEngine
 from grpokit.system.processes import SingleProcess
 from grpokit.train.experience import rollout_scheduler as scheduler_module
 from grpokit.train.experience.rollout_scheduler import RolloutScheduler

@@ -1,15 +1,13 @@
 """What users see of a store: `grpokit inspect`, the HTML report and its SVG charts, the CLI."""
 
-import argparse
 import json
 import re
 from html import escape
 
 import pytest
 
-from grpokit.cli import main
+from grpokit.cli import build_parser, main
 from grpokit.store import RolloutRecord, RolloutStore, StoreError, inspect_run, write_report
-from grpokit.store.cli import register
 from grpokit.store.svg import line_chart, nice_ticks
 
 XSS = "<script>alert('x')</script> & [bold]not markup[/bold]"
@@ -279,9 +277,7 @@ def test_line_chart():
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="grpokit")
-    register(p.add_subparsers(dest="command", required=True))
-    return p
+    return build_parser()
 
 
 def test_cli_inspect(run, capsys):

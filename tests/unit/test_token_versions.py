@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 import torch
 
-from grpokit.rollout.vllm_partial import _Piece, pieces_to_rollouts, sample_requests
+from grpokit.rollout.vllm.partial import _Piece, pieces_to_rollouts, sample_requests
 from grpokit.store import RolloutRecord, RolloutStore
 from grpokit.store.integrity import step_digest
 from grpokit.store.record import completion_runs

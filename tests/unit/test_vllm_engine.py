@@ -18,11 +18,11 @@ from grpokit.algos import policy_loss, truncated_importance_weights
 from grpokit.cli import main
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.rollout.next_token import sample_next
-from grpokit.rollout.vllm_engine import (
+from grpokit.rollout.vllm.engine import (
     rollouts_from_vllm,
     vllm_sampling_kwargs,
 )
-from grpokit.rollout.vllm_weights import vllm_weight_items
+from grpokit.rollout.vllm.weights import vllm_weight_items
 from grpokit.testing import TinyGPT, build_tiny_causal_lm, build_word_tokenizer
 
 BAD = Path(__file__).resolve().parents[1] / "data" / "bad_inputs"
@@ -170,7 +170,7 @@ def in_corpus(monkeypatch):
 
 
 def test_vllm_cuda_build_without_cuda_exits_2_and_says_so(in_corpus, monkeypatch, tmp_path, capsys):
-    from grpokit.rollout import vllm_engine
+    from grpokit.rollout.vllm import engine as vllm_engine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "cuda")  # vLLM's CUDA build installed
@@ -221,7 +221,7 @@ def test_vllm_missing_through_the_installed_command(tmp_path):
 
 def test_vllm_refuses_custom_modules(monkeypatch, tmp_path):
     from grpokit import GRPOTrainer
-    from grpokit.rollout import vllm_engine
+    from grpokit.rollout.vllm import engine as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "check_vllm_environment", lambda *a, **k: "cuda")  # as on a CUDA machine
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(10)])

@@ -1,4 +1,4 @@
-"""The vLLM server's key (grpokit/rollout/vllm_keys.py, vllm_serve_auth.py, vllm_serve_cmd.py): the key file (0600
+"""The vLLM server's key (grpokit/rollout/vllm/keys.py, vllm_serve_auth.py, vllm_serve.py): the key file (0600
 in a 0700 folder, written whole, found by a trainer for a loopback URL only), the ASGI middleware that requires the
 key on every route but /health, ``grpokit vllm-serve``'s key handling (made when none is given, taken out of the
 command line, a non-loopback host refused without one), and the NCCL rendezvous address. The client's side against
@@ -15,10 +15,10 @@ import sys
 
 import pytest
 
+from grpokit.commands.vllm_serve import MIDDLEWARE, server_key, take_api_key
 from grpokit.errors import ConfigError
-from grpokit.rollout.vllm_keys import client_key, is_loopback, key_dir, key_path, read_key, write_key
-from grpokit.rollout.vllm_serve_auth import KeyedRoutes
-from grpokit.rollout.vllm_serve_cmd import MIDDLEWARE, server_key, take_api_key
+from grpokit.rollout.vllm.keys import client_key, is_loopback, key_dir, key_path, read_key, write_key
+from grpokit.rollout.vllm.serve_auth import KeyedRoutes
 
 
 def mode(path) -> int:
@@ -169,13 +169,13 @@ def test_a_host_other_than_loopback_without_a_key_is_refused_naming_api_key():
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert proc.stderr.startswith("grpokit: error: grpokit vllm-serve --host 0.0.0.0") and "--api-key" in proc.stderr
-    assert MIDDLEWARE == "grpokit.rollout.vllm_serve_auth.KeyedRoutes"
+    assert MIDDLEWARE == "grpokit.rollout.vllm.serve_auth.KeyedRoutes"
 
 
 # ---- the NCCL rendezvous -------------------------------------------------------------------------------------------
 def test_the_rendezvous_binds_the_address_that_faces_the_server():
-    from grpokit.rollout.vllm_http import VLLMServerError
-    from grpokit.rollout.vllm_server_weights import rendezvous_address, route_source
+    from grpokit.rollout.vllm.http import VLLMServerError
+    from grpokit.rollout.vllm.server_weights import rendezvous_address, route_source
 
     for url in ("http://127.0.0.1:8000", "http://localhost:8000", "http://[::1]:8000", "http://0.0.0.0:8000"):
         assert rendezvous_address(url, route=None) == "127.0.0.1", url  # the route is not even asked

@@ -9,7 +9,7 @@ import torch
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.distributed.ray_vllm import sync_gap
 from grpokit.rollout.types import Rollouts
-from grpokit.rollout.vllm_colocate import StreamMeter
+from grpokit.rollout.vllm.colocate import StreamMeter
 
 
 def test_stream_meter_counts_copies_alive_at_once_not_the_policys_own_tensors():

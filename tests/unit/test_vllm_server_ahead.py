@@ -19,7 +19,7 @@ from shared_helpers import sampling_params
 from test_vllm_server_client import engine_for
 
 from grpokit.rewards.contract import RewardState
-from grpokit.rollout.vllm_weights import SyncGapError
+from grpokit.rollout.vllm.weights import SyncGapError
 from grpokit.system.processes import SingleProcess
 from grpokit.train.experience.server_ahead import GAP_METRIC, ServerAheadSampler
 from grpokit.train.experience.sources import AheadRollouts, Situation, pick_sampler

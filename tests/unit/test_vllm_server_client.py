@@ -17,13 +17,13 @@ import yaml
 from fake_vllm_server import FakeVLLM
 from shared_helpers import sampling_params
 
-from grpokit.rollout.vllm_http import ServerClient, VLLMServerError
-from grpokit.rollout.vllm_keys import key_path, write_key
-from grpokit.rollout.vllm_serve_cmd import vllm_serve_command
-from grpokit.rollout.vllm_server import VLLMServerEngine
-from grpokit.rollout.vllm_server_worker import EXTENSION
-from grpokit.rollout.vllm_settings import VLLMSettings, vllm_spec
-from grpokit.rollout.vllm_weights import SyncGapCheck, SyncGapError
+from grpokit.commands.vllm_serve import vllm_serve_command
+from grpokit.rollout.vllm.http import ServerClient, VLLMServerError
+from grpokit.rollout.vllm.keys import key_path, write_key
+from grpokit.rollout.vllm.server import VLLMServerEngine
+from grpokit.rollout.vllm.server_worker import EXTENSION
+from grpokit.rollout.vllm.settings import VLLMSettings, vllm_spec
+from grpokit.rollout.vllm.weights import SyncGapCheck, SyncGapError
 
 # A bound on the wall time of a failing request, far above its timeout (1-2 s): it fails the test only on a hang
 NO_HANG_S = 60
@@ -162,7 +162,7 @@ def test_the_gap_bound_follows_the_servers_dtype(policy):
 
 # ---- the server's key ---------------------------------------------------------------------------------------------
 def test_the_key_goes_with_every_request_to_every_route(policy):
-    from grpokit.rollout.vllm_server_weights import HTTPWeightSyncRoutes
+    from grpokit.rollout.vllm.server_weights import HTTPWeightSyncRoutes
 
     with FakeVLLM(key="k-1", extension=EXTENSION) as fake:
         engine = engine_for(fake, policy, vllm_server_api_key="k-1")
@@ -229,10 +229,10 @@ def test_the_sync_gap_stops_above_its_bound_naming_the_path():
 # ---- grpokit vllm-serve ----------------------------------------------------------------------------------------
 def test_vllm_serve_adds_the_flags_grpokit_needs_unless_given():
     argv, env = vllm_serve_command("m", ["--port", "9001"], "cpu")
-    assert argv[:6] == [sys.executable, "-m", "grpokit.rollout.vllm_serve_cmd", "serve", "m", "--port"]
+    assert argv[:6] == [sys.executable, "-m", "grpokit.commands.vllm_serve", "serve", "m", "--port"]
     flags = dict(zip(argv[7::2], argv[8::2]))
     assert flags == {
-        "--middleware": "grpokit.rollout.vllm_serve_auth.KeyedRoutes",  # the key on every route
+        "--middleware": "grpokit.rollout.vllm.serve_auth.KeyedRoutes",  # the key on every route
         "--host": "127.0.0.1",
         "--logprobs-mode": "processed_logprobs",
         "--worker-extension-cls": EXTENSION,
@@ -323,7 +323,7 @@ def test_a_push_folder_left_by_a_killed_learner_is_removed_by_the_next_engine(tm
     import subprocess
     import sys
 
-    from grpokit.rollout.vllm_server_weights import PREFIX, sweep_dead_pushes
+    from grpokit.rollout.vllm.server_weights import PREFIX, sweep_dead_pushes
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # its pid is now free: a learner that was killed

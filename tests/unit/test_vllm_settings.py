@@ -1,5 +1,5 @@
-"""vLLM's settings and weight sync without vLLM: the pure functions of rollout/vllm_settings.py and
-rollout/vllm_weights.py (the real engine runs in tests/real_vllm, `make test-vllm`)."""
+"""vLLM's settings and weight sync without vLLM: the pure functions of rollout/vllm/settings.py and
+rollout/vllm/weights.py (the real engine runs in tests/real_vllm, `make test-vllm`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import torch
 from shared_helpers import sampling_params
 
 from grpokit.config import ConfigError
-from grpokit.rollout.vllm_engine import (
+from grpokit.rollout.vllm.engine import (
     VLLMRolloutEngine,
     group_requests,
     regroup_outputs,
     rollouts_from_vllm,
     vllm_sampling_kwargs,
 )
-from grpokit.rollout.vllm_settings import (
+from grpokit.rollout.vllm.settings import (
     GIB,
     VLLMSettings,
     VLLMSpec,
@@ -28,7 +28,7 @@ from grpokit.rollout.vllm_settings import (
     vllm_sleep_mode,
     vllm_spec,
 )
-from grpokit.rollout.vllm_weights import push_weights, repack_tied_head, sync_gap_limit, sync_gap_warning
+from grpokit.rollout.vllm.weights import push_weights, repack_tied_head, sync_gap_limit, sync_gap_warning
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
 
@@ -80,7 +80,7 @@ def test_the_engine_asks_for_bf16_on_a_mocked_gpu_for_a_float32_learner(monkeypa
     built = {}
     fake_vllm = SimpleNamespace(LLM=lambda **kwargs: built.update(kwargs) or SimpleNamespace(sleep=lambda level: None))
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm)
-    from grpokit.rollout import vllm_engine
+    from grpokit.rollout.vllm import engine as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: "cuda")
     monkeypatch.setattr(VLLMRolloutEngine, "_live", None)  # no earlier engine to close; this fake one is not kept
@@ -215,7 +215,7 @@ def test_lora_syncs_leave_a_bf16_base_bitwise_unchanged_after_100_syncs():
 def test_merged_weights_of_a_lora_model_match_merge_and_unload_under_the_plain_names():
     import copy
 
-    from grpokit.rollout.vllm_weights import vllm_weight_items
+    from grpokit.rollout.vllm.weights import vllm_weight_items
 
     lora = _lora_model(torch.float32)
     plain = sorted(n for n, _ in copy.deepcopy(lora).merge_and_unload().named_parameters())
@@ -240,7 +240,7 @@ def test_sync_gap_warns_above_what_a_correct_sync_gives():
 
 
 def test_the_engine_warns_once_per_run():
-    from grpokit.rollout.vllm_weights import SyncGapCheck
+    from grpokit.rollout.vllm.weights import SyncGapCheck
 
     engine = object.__new__(VLLMRolloutEngine)
     engine.gap = SyncGapCheck("colocated vLLM", "float32", "float32")

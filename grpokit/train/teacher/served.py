@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.rollout.vllm_http import VLLMServerError
+from grpokit.rollout.vllm.http import VLLMServerError
 
 
 class TeacherServerError(VLLMServerError):

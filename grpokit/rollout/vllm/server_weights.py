@@ -1,13 +1,13 @@
 """The learner's weights into a running ``vllm serve`` (``vllm_mode: server``), after each update.
 
-Both paths send :func:`~grpokit.rollout.vllm_weights.vllm_weight_items`: the plain HF model's names, a LoRA
+Both paths send :func:`~grpokit.rollout.vllm.weights.vllm_weight_items`: the plain HF model's names, a LoRA
 policy's adapted weights merged out of place (``W + delta``; the base is never written), a tied head once (as
 the embeddings).
 
 - :class:`SharedMemoryPush` (a learner on the CPU; the server on the same machine): the weights are written as
   safetensors to a fresh folder under /dev/shm for each version, the dev-mode route ``/collective_rpc`` runs
   ``grpokit_reload_weights`` (a server started by ``grpokit vllm-serve``: reload, then the tied head re-packed;
-  :mod:`grpokit.rollout.vllm_server_worker`) or vLLM's own ``reload_weights`` (any other server) with
+  :mod:`grpokit.rollout.vllm.server_worker`) or vLLM's own ``reload_weights`` (any other server) with
   ``weights_path`` = the folder, the folder is removed, and ``/reset_prefix_cache`` drops the KV computed by the
   old weights. ``/collective_rpc`` takes only string arguments, hence a folder rather than tensors. A folder is
   named with the learner's pid; one left by a learner killed mid-push (kill -9: a model's size of RAM) is removed
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import torch
 
-from grpokit.rollout.vllm_weights import vllm_weight_items
+from grpokit.rollout.vllm.weights import vllm_weight_items
 
 SHM = "/dev/shm"
 PREFIX = "grpokit-weights-p"  # + pid, "-v", version, "-", mkdtemp's suffix
@@ -146,8 +146,8 @@ def rendezvous_address(server_url: str, route=route_source) -> str:
     """The address the NCCL rendezvous binds and the server's workers are told to reach (module docstring):
     127.0.0.1 for a loopback ``server_url``, else ``route(host, port)``; one line when there is none (vLLM's
     rendezvous is IPv4 only) or it would be every interface."""
-    from grpokit.rollout.vllm_http import VLLMServerError
-    from grpokit.rollout.vllm_keys import reaches_this_machine
+    from grpokit.rollout.vllm.http import VLLMServerError
+    from grpokit.rollout.vllm.keys import reaches_this_machine
 
     parts = urlsplit(server_url)
     if reaches_this_machine(parts.hostname):

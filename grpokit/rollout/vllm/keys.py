@@ -1,6 +1,6 @@
 """The API key of a vLLM server started by ``grpokit vllm-serve``, and where a trainer finds it.
 
-The server requires the key on every route but ``/health`` (:mod:`grpokit.rollout.vllm_serve_auth`). Without one
+The server requires the key on every route but ``/health`` (:mod:`grpokit.rollout.vllm.serve_auth`). Without one
 given (``--api-key`` or ``VLLM_API_KEY``), ``grpokit vllm-serve`` makes one (:func:`new_key`); on a loopback
 address it writes the key, given or made, to :func:`key_path` (``$XDG_RUNTIME_DIR/grpokit/vllm-keys/loopback-PORT``,
 else ``~/.cache/grpokit/vllm-keys/loopback-PORT``): a file of mode 0600 in a folder of mode 0700, written whole

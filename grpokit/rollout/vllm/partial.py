@@ -8,7 +8,7 @@ then ``llm_engine.step()`` until no request is left; vLLM 0.32's own loop). Betw
 
 1. ``llm_engine.reset_prefix_cache(reset_running_requests=True)``: every running request is preempted (its KV
    blocks freed) and kept in vLLM's queue with its tokens so far;
-2. the weights go in by vLLM's reload path (:func:`~grpokit.rollout.vllm_weights.push_weights`);
+2. the weights go in by vLLM's reload path (:func:`~grpokit.rollout.vllm.weights.push_weights`);
 3. the next ``step()`` recomputes each request's prompt + completion so far with the new weights (a prefill)
    and samples on.
 
@@ -110,13 +110,13 @@ def generate_partial(
     seeds: list[int] | None = None,
     updates: Updates | None = None,
 ) -> Rollouts:
-    """G samples per prompt from ``engine`` (a :class:`~grpokit.rollout.vllm_engine.VLLMRolloutEngine`), its vLLM
+    """G samples per prompt from ``engine`` (a :class:`~grpokit.rollout.vllm.engine.VLLMRolloutEngine`), its vLLM
     driven step by step; after each step ``updates(steps)`` may hand over new weights, loaded before the next step
     (module docstring). ``seeds``: one per prompt, drawn from ``engine.generator`` when None."""
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from grpokit.rollout.vllm_engine import vllm_sampling_kwargs
+    from grpokit.rollout.vllm.engine import vllm_sampling_kwargs
 
     if seeds is None:
         seeds = torch.randint(0, 2**62, (len(prompt_ids),), generator=engine.generator).tolist()
@@ -163,7 +163,7 @@ def _take(piece: _Piece, output, version: int) -> None:
 def load_between_steps(engine, update: WeightUpdate) -> None:
     """Pause the running requests (preempted, kept: their KV is recomputed on the next step), load ``update``'s
     weights by vLLM's reload path, and record the version vLLM now holds."""
-    from grpokit.rollout.vllm_weights import push_weights
+    from grpokit.rollout.vllm.weights import push_weights
 
     if not engine.llm.llm_engine.reset_prefix_cache(reset_running_requests=True):
         raise RuntimeError("vLLM could not pause its running requests (reset_prefix_cache) for new weights")

@@ -12,7 +12,7 @@ engine's seed does not decide the rollouts).
 
 * **Weights**: after every update every rank loads the learner's weights into its engine at once
   (:meth:`ColocatedVLLMEngine.sync_weights`, collective), through the same reload path as one process
-  (:func:`grpokit.rollout.vllm_weights.push_weights`). DDP: each rank's whole policy, tensor to tensor. FSDP2: the
+  (:func:`grpokit.rollout.vllm.weights.push_weights`). DDP: each rank's whole policy, tensor to tensor. FSDP2: the
   parameters stream one at a time (each all-gathered with ``full_tensor`` when vLLM's loader asks for it and dropped
   after), so no rank ever holds the whole model; vLLM's layerwise reload buffers the pieces of one of its fused
   layers (q, k, v of ``qkv_proj``) until the layer is complete, which bounds the peak (measured:
@@ -34,8 +34,8 @@ import weakref
 
 import torch
 
-from grpokit.rollout.vllm_engine import VLLMRolloutEngine
-from grpokit.rollout.vllm_weights import push_weights, vllm_weight_items
+from grpokit.rollout.vllm.engine import VLLMRolloutEngine
+from grpokit.rollout.vllm.weights import push_weights, vllm_weight_items
 
 
 class StreamMeter:

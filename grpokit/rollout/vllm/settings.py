@@ -90,8 +90,8 @@ class VLLMSpec:
     only), ``kv_cache_gib`` (None: ``gpu_memory_utilization`` decides on a GPU, 1 GiB on the CPU),
     ``trust_remote_code``, ``tensor_parallel_size`` (``vllm_tensor_parallel_size``), ``mode`` (``colocate`` or
     ``server``: then ``server_url``, ``server_api_key`` (``vllm_server_api_key``: None = VLLM_API_KEY or the key
-    file, :func:`~grpokit.rollout.vllm_keys.client_key`) and ``server_timeout``, seconds;
-    :mod:`grpokit.rollout.vllm_server`) and
+    file, :func:`~grpokit.rollout.vllm.keys.client_key`) and ``server_timeout``, seconds;
+    :mod:`grpokit.rollout.vllm.server`) and
     ``max_logprob_gap`` (the sync gap that stops the run; None: by dtype)."""
 
     source: str | None

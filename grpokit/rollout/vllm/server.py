@@ -6,19 +6,19 @@
   from, or the run is refused with the flag to add; ``grpokit vllm-serve`` sets both).
 * Sampling: one ``/v1/completions`` request per prompt (token ids in, ``n`` = G, the group's seed, the sampled
   token's log-prob, token ids out), sent concurrently; the answers become :class:`Rollouts` through the colocated
-  engine's own conversion (:func:`~grpokit.rollout.vllm_engine.rollouts_from_vllm`). Greedy with G > 1: G requests
+  engine's own conversion (:func:`~grpokit.rollout.vllm.engine.rollouts_from_vllm`). Greedy with G > 1: G requests
   of n = 1, as the colocated engine.
 * Weights: before sampling, when the policy's version changed since the last push, the learner's weights go to the
-  server (:mod:`grpokit.rollout.vllm_server_weights`: shared memory + ``/collective_rpc`` from a CPU learner,
+  server (:mod:`grpokit.rollout.vllm.server_weights`: shared memory + ``/collective_rpc`` from a CPU learner,
   vLLM's NCCL weight transfer from a CUDA one). The server holds one set of weights, so one lock owns them: a push
   and the sampling that needs it run under it (:meth:`VLLMServerEngine.generate_at`), whichever thread asks (the
   learner's, or the producer's when sampling ahead, :mod:`grpokit.train.experience.server_ahead`), and a version
   the server holds is never pushed again.
 * Every request carries the server's key (vllm_server_api_key, VLLM_API_KEY, or a loopback server's key file:
-  :mod:`grpokit.rollout.vllm_keys`); HTTP 401 ends the run in one line naming vllm_server_api_key.
+  :mod:`grpokit.rollout.vllm.keys`); HTTP 401 ends the run in one line naming vllm_server_api_key.
 * Every request is bounded by vllm_server_timeout; a server that is unreachable, dies or hangs ends the run with
-  one line naming the URL and the timeout (:class:`~grpokit.rollout.vllm_http.VLLMServerError`).
-* The check of the sync: as the colocated engine's (:mod:`grpokit.rollout.vllm_weights`), naming the server.
+  one line naming the URL and the timeout (:class:`~grpokit.rollout.vllm.http.VLLMServerError`).
+* The check of the sync: as the colocated engine's (:mod:`grpokit.rollout.vllm.weights`), naming the server.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from types import SimpleNamespace
 import torch
 
 from grpokit.rollout.types import Rollouts, SamplingParams
-from grpokit.rollout.vllm_engine import group_requests, regroup_outputs, rollouts_from_vllm, vllm_sampling_kwargs
-from grpokit.rollout.vllm_http import ServerClient, VLLMServerError
-from grpokit.rollout.vllm_keys import client_key
-from grpokit.rollout.vllm_settings import DTYPE_NAMES, VLLMSpec
-from grpokit.rollout.vllm_weights import SyncGapCheck
+from grpokit.rollout.vllm.engine import group_requests, regroup_outputs, rollouts_from_vllm, vllm_sampling_kwargs
+from grpokit.rollout.vllm.http import ServerClient, VLLMServerError
+from grpokit.rollout.vllm.keys import client_key
+from grpokit.rollout.vllm.settings import DTYPE_NAMES, VLLMSpec
+from grpokit.rollout.vllm.weights import SyncGapCheck
 
 MAX_CONCURRENT_REQUESTS = 64
 
@@ -43,7 +43,7 @@ def check_server_environment(distributed: bool, learner_device: str) -> None:
     """Raise ConfigError unless this learner can use a vLLM server: one learner process (it pushes the weights), and
     on CUDA the vllm package (vLLM's NCCL weight transfer runs on both sides)."""
     from grpokit.errors import ConfigError
-    from grpokit.rollout.vllm_settings import installed_vllm
+    from grpokit.rollout.vllm.settings import installed_vllm
 
     if distributed:
         raise ConfigError(
@@ -93,7 +93,7 @@ def server_settings(info: dict) -> tuple[str, str]:
 
 
 def uses_extension(info: dict) -> bool:
-    from grpokit.rollout.vllm_server_worker import EXTENSION
+    from grpokit.rollout.vllm.server_worker import EXTENSION
 
     parallel = (info.get("vllm_config") or {}).get("parallel_config") or {}
     return parallel.get("worker_extension_cls") == EXTENSION
@@ -143,7 +143,7 @@ class VLLMServerEngine:
             ) from None
 
     def _pusher(self, info: dict):
-        from grpokit.rollout.vllm_server_weights import NCCLPush, SharedMemoryPush
+        from grpokit.rollout.vllm.server_weights import NCCLPush, SharedMemoryPush
 
         if next(self.policy.parameters()).device.type == "cuda":
             return NCCLPush(self.client, self.policy)
