@@ -24,8 +24,8 @@ from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.types import SamplingParams
 from grpokit.testing import build_tiny_causal_lm
+from grpokit.testing.tools import qwen_style_tokenizer
 from grpokit.tools import ConversationTokens, ToolCall, ToolExecutor
-from grpokit.tools.testing import qwen_style_tokenizer
 
 
 def echo(text: str) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # seconds per part on one GPU; their sum (420 s) plus start-up stays under 8 minutes
 TIMEOUTS = {"precision": 60, "collectives": 60, "train_hf": 120, "train_vllm": 90, "vllm": 90}
-VLLM_MODULE = "grpokit.rollout.vllm.gpu_check"  # added by the vLLM work: run(device, dry_run) -> dict
+VLLM_MODULE = "grpokit.testing.vllm_gpu_check"  # added by the vLLM work: run(device, dry_run) -> dict
 
 
 def part_precision(dry_run: bool) -> dict:
@@ -155,7 +155,7 @@ def part_train(engine: str, dry_run: bool) -> dict:
 
 def vllm_checks(dry_run: bool) -> dict:
     """vLLM's part of the check (sleep/wake cycles, log-prob gap, bf16 vs fp32 tokens/s, LoRA sync drift), owned by
-    the vLLM work: ``grpokit.rollout.vllm.gpu_check.run(device=..., dry_run=...) -> dict``. Missing where vLLM is
+    the vLLM work: ``grpokit.testing.vllm_gpu_check.run(device=..., dry_run=...) -> dict``. Missing where vLLM is
     not installed, skipped where that module is absent, each with the reason."""
     import importlib
     import importlib.util

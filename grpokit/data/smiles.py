@@ -95,7 +95,7 @@ def canonical_smiles(smiles: str) -> str | None:
     """RDKit's canonical SMILES, or None when the string is not a valid molecule."""
     from rdkit import Chem
 
-    from grpokit.rewards.molecule import parse_smiles
+    from grpokit.system.molecules import parse_smiles
 
     molecule = parse_smiles(smiles)
     return None if molecule is None else Chem.MolToSmiles(molecule)
@@ -115,7 +115,8 @@ def molecule_metrics(generated: Sequence[str], training_set: set[str]) -> dict[s
     from rdkit import Chem
     from rdkit.Chem import QED
 
-    from grpokit.rewards.molecule import _sascorer, parse_smiles
+    from grpokit.system.molecules import parse_smiles
+    from grpokit.system.molecules import sascorer as _sascorer
 
     molecules = [m for m in map(parse_smiles, generated) if m is not None]
     unique = {Chem.MolToSmiles(m) for m in molecules}

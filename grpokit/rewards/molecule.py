@@ -9,13 +9,12 @@ An invalid or empty SMILES gets ``invalid_value`` whatever the metric.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from grpokit.rewards.contract import texts_of
 from grpokit.rewards.registry import BUILTINS
+from grpokit.system.molecules import parse_smiles, sascorer
 
 METRICS = ("validity", "qed", "sa")
 
@@ -25,33 +24,6 @@ def _require_rdkit() -> None:
         import rdkit  # noqa: F401
     except ImportError as exc:
         raise ImportError("the molecule reward needs RDKit: pip install grpokit[chem]") from exc
-
-
-def _sascorer():
-    from rdkit.Chem import RDConfig
-
-    contrib = os.path.join(RDConfig.RDContribDir, "SA_Score")
-    if contrib not in sys.path:
-        sys.path.append(contrib)
-    import sascorer
-
-    return sascorer
-
-
-def parse_smiles(smiles: str):
-    """The RDKit molecule for a SMILES string, or None when invalid or empty."""
-    from rdkit import Chem
-    from rdkit.rdBase import BlockLogs
-
-    smiles = smiles.strip()
-    if not smiles:
-        return None
-    # Invalid SMILES are the common case early in training: keep RDKit's parse errors off stderr.
-    with BlockLogs():
-        molecule = Chem.MolFromSmiles(smiles)
-    if molecule is None or molecule.GetNumAtoms() == 0:
-        return None
-    return molecule
 
 
 @BUILTINS.register("molecule")
@@ -78,7 +50,7 @@ class MoleculeReward:
             from rdkit.Chem import QED
 
             return float(QED.qed(molecule))
-        return (10.0 - _sascorer().calculateScore(molecule)) / 9.0
+        return (10.0 - sascorer().calculateScore(molecule)) / 9.0
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[float]:
         return [self.score(smiles) for smiles in texts_of(completions)]

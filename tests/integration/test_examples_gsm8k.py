@@ -32,7 +32,7 @@ def script(name: str):
 def tiny_qwen(tmp_path_factory):
     """A random-init 2-layer Qwen2 with a byte-level tokenizer and Qwen2.5's chat template (no hub)."""
     from grpokit.testing import build_tiny_causal_lm
-    from grpokit.tools.testing import qwen_style_tokenizer
+    from grpokit.testing.tools import qwen_style_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-qwen")
     build_tiny_causal_lm(path, qwen_style_tokenizer(), arch="qwen2", hidden_size=32, num_layers=2, num_heads=2)

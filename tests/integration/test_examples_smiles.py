@@ -39,7 +39,7 @@ def test_molecule_metrics_by_hand():
     from rdkit import Chem
     from rdkit.Chem import QED
 
-    from grpokit.rewards.molecule import _sascorer
+    from grpokit.system.molecules import sascorer as _sascorer
 
     generated = ["CCO", "OCC", "C1CC", "", "c1ccccc1"]
     metrics = molecule_metrics(generated, canonical_set(["CCO", "not a molecule"]))

@@ -2,7 +2,7 @@
 and the CLI config's agent section; the loss over the model's own tokens only; rewards given the conversations
 and the environments; the store, `grpokit inspect` and the report showing turns; exact resume.
 
-Two tiny models make tool rounds really happen: a scripted custom module (grpokit.tools.testing.scripted_chat_lm)
+Two tiny models make tool rounds really happen: a scripted custom module (grpokit.testing.tools.scripted_chat_lm)
 that writes a well-formed Qwen-style call, then an answer with two free digits (so the rollouts of a group
 differ), and a random tiny Llama (the KV-cache engine and the fused decoder) whose turns a stand-in parser
 (tools_for_tests.every_other_turn) reads as calls.
@@ -18,7 +18,7 @@ import pytest
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore
-from grpokit.tools.testing import qwen_style_tokenizer, scripted_chat_lm
+from grpokit.testing.tools import qwen_style_tokenizer, scripted_chat_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,9 +1,9 @@
-"""The vLLM part of scripts/gpu_check.py (grpokit.rollout.vllm.gpu_check.run) in its dry-run form, on vLLM's CPU
+"""The vLLM part of scripts/gpu_check.py (grpokit.testing.vllm_gpu_check.run) in its dry-run form, on vLLM's CPU
 build: every check runs and its figures say what they should (the sleep/wake check is the GPU's alone)."""
 
 from __future__ import annotations
 
-from grpokit.rollout.vllm.gpu_check import run
+from grpokit.testing.vllm_gpu_check import run
 
 
 def test_vllm_gpu_check_dry_run_on_the_cpu():

@@ -16,8 +16,8 @@ from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.multiturn import MultiTurnEngine, rollout_generators
 from grpokit.rollout.next_token import sample_next
 from grpokit.testing import build_tiny_causal_lm
+from grpokit.testing.tools import qwen_style_tokenizer
 from grpokit.tools import ConversationTokens, ToolCall, ToolExecutor, ToolLoop
-from grpokit.tools.testing import qwen_style_tokenizer
 from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
 CPU = torch.device("cpu")

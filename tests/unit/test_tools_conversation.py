@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from grpokit.testing.tools import QWEN_STYLE_TEMPLATE, byte_tokenizer, qwen_style_tokenizer
 from grpokit.tools.conversation import (
     ConversationTokens,
     TokenConversation,
@@ -14,7 +15,6 @@ from grpokit.tools.conversation import (
     tool_suffix_ids,
 )
 from grpokit.tools.json_schema import ToolError, tool_schemas
-from grpokit.tools.testing import QWEN_STYLE_TEMPLATE, byte_tokenizer, qwen_style_tokenizer
 
 
 @pytest.fixture(scope="module")

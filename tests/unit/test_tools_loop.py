@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from grpokit.testing.tools import qwen_style_tokenizer
 from grpokit.tools.conversation import ConversationTokens, render_ids
 from grpokit.tools.environment import EnvironmentPool
 from grpokit.tools.executor import ToolExecutor
 from grpokit.tools.loop import ToolLoop
-from grpokit.tools.testing import qwen_style_tokenizer
 
 END = "<|im_end|>"
 
