@@ -145,6 +145,25 @@ class SamplerCorrectionSettings:
     vllm_importance_sampling_clip_min: float | None = None
     """engine vllm: lower bound of the importance weight (a floor in *_truncate, a cut in *_mask); null = none."""
 
+    def check(self) -> None:
+        require(
+            self.vllm_importance_sampling_cap >= 1,
+            f"vllm_importance_sampling_cap={self.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at "
+            "it; 1 never up-weights a token).",
+        )
+        modes = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+        require(
+            self.vllm_importance_sampling_mode in modes,
+            f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r}: valid choices are "
+            f"{', '.join(modes)}.",
+        )
+        low = self.vllm_importance_sampling_clip_min
+        require(
+            low is None or 0 <= low <= self.vllm_importance_sampling_cap,
+            f"vllm_importance_sampling_clip_min={low} must be in [0, vllm_importance_sampling_cap="
+            f"{self.vllm_importance_sampling_cap}] (or null for no lower bound).",
+        )
+
 
 @dataclass
 class KLControlSettings:

@@ -7,7 +7,7 @@ import warnings
 
 from grpokit.compose import specs
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.config.trl_keys import accelerator_settings
+from grpokit.config.trl_forms import accelerator_settings
 from grpokit.data.readers import DataReader, eval_set_name
 
 

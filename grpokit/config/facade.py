@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+import grpokit.config.trl_forms as trl_forms
 import grpokit.config.trl_keys as trl_keys
 from grpokit.config import validation
 from grpokit.config.coerce import coerce
@@ -44,7 +45,7 @@ class GRPOConfig(TypedKeys):
         # keyword arguments by TRL's names are TRL's form: with num_iterations, the step counts count optimizer steps
         unused = self._init(rewards, kwargs, frozenset(k for k in kwargs if k in trl_keys.TRL_DEFAULTS))
         if unused:
-            warnings.warn(trl_keys.unused_message(unused), UserWarning, stacklevel=2)
+            warnings.warn(trl_forms.unused_message(unused), UserWarning, stacklevel=2)
 
     @classmethod
     def from_grpokit(cls, rewards: list | None = None, **kwargs: Any) -> GRPOConfig:
@@ -54,7 +55,7 @@ class GRPOConfig(TypedKeys):
         new = object.__new__(cls)
         unused = new._init(rewards, kwargs, frozenset())
         if unused:
-            warnings.warn(trl_keys.unused_message(unused), UserWarning, stacklevel=2)
+            warnings.warn(trl_forms.unused_message(unused), UserWarning, stacklevel=2)
         return new
 
     def _init(self, rewards: list | None, kwargs: dict, trl_keywords: frozenset) -> dict:
@@ -78,7 +79,7 @@ class GRPOConfig(TypedKeys):
         if section is None:
             if name in trl_keys.TRL_DEFAULTS and "trl_settings" in self.__dict__:
                 value = self.__dict__["trl_settings"].get(name, trl_keys.TRL_DEFAULTS[name])
-                return trl_keys.read_form(name, value)
+                return trl_forms.read_form(name, value)
             raise AttributeError(unknown_key_message(name))
         return getattr(object.__getattribute__(self, section), ALIASES.get(name, name))
 
@@ -123,7 +124,7 @@ class GRPOConfig(TypedKeys):
         before = self.unused_trl_settings
         fresh = {k: v for k, v in unused.items() if k not in before or v != before[k]}
         if fresh:
-            warnings.warn(trl_keys.unused_message(fresh), UserWarning, stacklevel=2)
+            warnings.warn(trl_forms.unused_message(fresh), UserWarning, stacklevel=2)
         return new
 
     def to_dict(self) -> dict:

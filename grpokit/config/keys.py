@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+import grpokit.config.trl_forms as trl_forms
 import grpokit.config.trl_keys as trl_keys
 from grpokit.config.sections import ALIASES, FIELD_SECTION, SECTIONS, ConfigError
 
@@ -12,7 +13,7 @@ from grpokit.config.sections import ALIASES, FIELD_SECTION, SECTIONS, ConfigErro
 def from_trl(given: dict, context: dict, trl_keywords: frozenset = frozenset()) -> tuple[dict, dict, dict]:
     try:
         return trl_keys.from_trl(given, context, set(FIELD_SECTION), trl_keywords)
-    except trl_keys.TRLValueError as exc:
+    except trl_forms.TRLValueError as exc:
         raise ConfigError(str(exc)) from None
 
 

@@ -11,12 +11,11 @@ import difflib
 import warnings
 from typing import TYPE_CHECKING
 
-import grpokit.config.trl_keys as trl_keys
+import grpokit.config.trl_forms as trl_forms
 from grpokit.algos.algorithms import ALGORITHMS
 from grpokit.algos.loss_registry import LossSettings, get_loss, loss_types
 from grpokit.config.sections import FIELD_SECTION, ConfigError, check
 from grpokit.system.extensions import import_modules
-from grpokit.train.learning.optimizer_settings import EIGHT_BIT_OPTIMIZERS
 
 if TYPE_CHECKING:
     from typing import Any as GRPOConfig  # the facade (config/facade.py), which imports this module
@@ -202,8 +201,8 @@ def lora_and_model(cfg: GRPOConfig) -> None:
         )
     if lora.r > 0:
         try:
-            trl_keys.lora_head_check(cfg.use_liger_kernel, lora.target_modules)
-        except trl_keys.TRLValueError as exc:
+            trl_forms.lora_head_check(cfg.use_liger_kernel, lora.target_modules)
+        except trl_forms.TRLValueError as exc:
             raise ConfigError(str(exc)) from None
 
 
@@ -215,168 +214,3 @@ def reward_weights(cfg: GRPOConfig) -> None:
             f"reward_weights has {len(weights)} values but there are {len(cfg.rewards)} reward functions; give "
             "one weight per function.",
         )
-
-
-def distributed(cfg: GRPOConfig, world_size: int) -> None:
-    d = cfg.distributed
-    check(
-        d.num_reward_workers == 0 or cfg.reward.reward_workers == 0,
-        f"num_reward_workers={d.num_reward_workers} (Ray actors) and reward_workers="
-        f"{cfg.reward.reward_workers} (worker processes of the learner) are two places to run the rewards; set "
-        "one of them to 0.",
-    )
-    if cfg.generation.engine == "vllm":
-        vllm(cfg)
-    if cfg.generation.vllm_partial_rollout_tokens is not None:
-        partial_rollouts(cfg, world_size)
-    server = cfg.generation.engine == "vllm" and cfg.generation.vllm_mode == "server"
-    check(
-        d.staleness_bound() == 0 or d.backend == "ray" or cfg.generation.engine == "hf" or server,
-        f"max_staleness={d.staleness_bound()} without Ray samples ahead on a background thread with a copy of the "
-        f"policy, which the hf engine and a vLLM server support (not generation.engine: {cfg.generation.engine} "
-        "in this process); set engine: hf, vllm_mode: server, backend: ray, or max_staleness: 0.",
-    )
-    check(
-        not (server and d.backend == "ray"),
-        "vllm_mode: server samples from the server, driven by the learner, so backend: ray would start rollout "
-        "workers that never sample; set backend: none (max_staleness >= 1 samples ahead from the server without "
-        "Ray), or vllm_mode: colocate for a vLLM in each Ray rollout worker.",
-    )
-    check(
-        d.scoring_threads == 1
-        or (cfg.reward.reward_isolation is False and cfg.reward.reward_workers == 0 and d.num_reward_workers == 0),
-        f"scoring_threads={d.scoring_threads} scores several batches at once, which reward worker processes cannot "
-        "take; set reward_isolation: false (rewards on threads), reward_workers: 0 and num_reward_workers: 0, or "
-        "scoring_threads: 1.",
-    )
-    check(
-        d.staleness_bound() == 0 or not (cfg.agent.tools or cfg.agent.environment_factory),
-        "max_staleness >= 1 samples ahead, which multi-turn tool rollouts do not; set max_staleness: 0.",
-    )
-    check(
-        cfg.generation.engine != "transformers" or d.backend != "ray",
-        "generation.engine: transformers (transformers' generate, for generation_kwargs grpokit's sampler cannot "
-        "honour) runs in the learner's processes, not in Ray rollout workers; set backend: none (torchrun is fine), "
-        "or remove those generation_kwargs.",
-    )
-    check(
-        d.strategy != "fsdp" or cfg.lora.r == 0,
-        "strategy: fsdp shards full fine-tuning; LoRA trains small adapters (lora.r > 0), which "
-        "need no sharding: set strategy: ddp, or lora.r: 0 to fine-tune every weight with FSDP.",
-    )
-    check(
-        d.strategy != "fsdp"
-        or (cfg.optim.optimizer not in EIGHT_BIT_OPTIMIZERS and cfg.model.ref_model_dtype == "auto"),
-        "strategy: fsdp shards the weights and AdamW's state already; the 8-bit optimizer and ref_model_dtype: "
-        "bfloat16 are for one process's memory: set optimizer: adamw_torch_fused and ref_model_dtype: auto, or "
-        "strategy: ddp.",
-    )
-
-
-def vllm(cfg: GRPOConfig) -> None:
-    """Settings engine: vllm cannot run with (the package and device checks are the trainer's, at start)."""
-    g = cfg.generation
-    fix = "or set generation.engine: hf"
-    check(
-        cfg.model.device in ("auto", "cpu") or cfg.model.device.startswith("cuda"),
-        f"generation.engine: vllm runs on CUDA or, with vLLM's CPU build, the CPU, but model.device="
-        f"{cfg.model.device!r}; set device: auto, cuda or cpu, {fix}.",
-    )
-    check(
-        not cfg.model.load_in_4bit,
-        f"generation.engine: vllm cannot load the learner's 4-bit (QLoRA) weights; set load_in_4bit: false, {fix}.",
-    )
-    check(g.temperature <= 2.0, f"temperature={g.temperature}: vLLM samples at temperatures up to 2; lower it, {fix}.")
-    check(
-        g.vllm_tensor_parallel_size == 1,
-        f"vllm_tensor_parallel_size={g.vllm_tensor_parallel_size}: grpokit runs one vLLM engine per torchrun rank "
-        "(tensor-parallel groups are not implemented: never run on vLLM's CPU build or on GPUs); set "
-        "vllm_tensor_parallel_size: 1.",
-    )
-    check(
-        not (cfg.distributed.strategy == "fsdp" and g.vllm_enable_sleep_mode),
-        "vllm_enable_sleep_mode: true with strategy: fsdp: each wake reloads the weights, gathered from every rank's "
-        "shards, while evaluation samples on rank 0 alone; set vllm_enable_sleep_mode: false (or null).",
-    )
-    check(
-        0 < g.vllm_gpu_memory_utilization <= 1,
-        f"vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the GPU's "
-        "memory, e.g. 0.3).",
-    )
-    check(
-        g.vllm_max_model_length is None or g.vllm_max_model_length > g.max_completion_length,
-        f"vllm_max_model_length={g.vllm_max_model_length} leaves no room for a prompt: it must exceed "
-        f"max_completion_length={g.max_completion_length} (or be null).",
-    )
-    check(
-        g.vllm_server_timeout > 0,
-        f"vllm_server_timeout={g.vllm_server_timeout} must be > 0 (seconds the server may take to answer, e.g. 240).",
-    )
-    check(
-        g.vllm_max_logprob_gap is None or g.vllm_max_logprob_gap > 0,
-        f"vllm_max_logprob_gap={g.vllm_max_logprob_gap} must be > 0 (nats per sampled token, e.g. 1e-3), or null.",
-    )
-    check(
-        g.vllm_server_base_url is None or g.vllm_server_base_url.startswith(("http://", "https://")),
-        f"vllm_server_base_url={g.vllm_server_base_url!r} must start with http:// or https://, e.g. "
-        "http://127.0.0.1:8000.",
-    )
-    check(
-        g.vllm_kv_cache_gib is None or g.vllm_kv_cache_gib > 0,
-        f"vllm_kv_cache_gib={g.vllm_kv_cache_gib} must be > 0 (GiB of KV cache, e.g. 1), or null.",
-    )
-    check(
-        g.vllm_importance_sampling_cap >= 1,
-        f"vllm_importance_sampling_cap={g.vllm_importance_sampling_cap} must be >= 1 (weights are truncated at it; "
-        "1 never up-weights a token).",
-    )
-    modes = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-    check(
-        g.vllm_importance_sampling_mode in modes,
-        f"vllm_importance_sampling_mode={g.vllm_importance_sampling_mode!r}: valid choices are {', '.join(modes)}.",
-    )
-    low = g.vllm_importance_sampling_clip_min
-    check(
-        low is None or 0 <= low <= g.vllm_importance_sampling_cap,
-        f"vllm_importance_sampling_clip_min={low} must be in [0, vllm_importance_sampling_cap="
-        f"{g.vllm_importance_sampling_cap}] (or null for no lower bound).",
-    )
-    check(
-        cfg.algo.loss_type != "vespo" or g.vllm_importance_sampling_mode.startswith("token"),
-        f"loss_type: vespo weighs each token by the sampler itself and needs vllm_importance_sampling_mode "
-        f"token_truncate or token_mask, not {g.vllm_importance_sampling_mode} (as TRL).",
-    )
-
-
-def partial_rollouts(cfg: GRPOConfig, world_size: int) -> None:
-    """``vllm_partial_rollout_tokens`` S: vLLM Ray rollout workers (rollout/partial.py) or a vLLM server
-    (train/experience/server_partial.py) sampling ahead, for one learner process."""
-    g, d, S = cfg.generation, cfg.distributed, cfg.generation.vllm_partial_rollout_tokens
-    where = "continues completions on newer weights in vLLM Ray rollout workers or a vLLM server"
-    check(
-        g.engine == "vllm" and (g.vllm_mode == "server" or (d.backend == "ray" and g.vllm_mode == "colocate")),
-        f"vllm_partial_rollout_tokens={S} {where}, not with generation.engine: {g.engine}, distributed.backend: "
-        f"{d.backend}, vllm_mode: {g.vllm_mode}; set engine: vllm with backend: ray and vllm_mode: colocate, or "
-        "engine: vllm with vllm_mode: server, or vllm_partial_rollout_tokens: null.",
-    )
-    check(
-        d.staleness_bound() >= 1,
-        f"vllm_partial_rollout_tokens={S} switches a batch to the next policy version, but max_staleness: 0 samples "
-        "each batch with the newest weights (nothing to switch to); set max_staleness >= 1, or "
-        "vllm_partial_rollout_tokens: null.",
-    )
-    check(
-        0 < S < g.max_completion_length,
-        f"vllm_partial_rollout_tokens={S} must be in [1, max_completion_length={g.max_completion_length}) (the tokens "
-        "sampled by the admitted version before the switch), or null.",
-    )
-    check(
-        world_size == 1,
-        f"vllm_partial_rollout_tokens={S} runs with one learner process; under torchrun ({world_size} processes) "
-        "it has not been tested; run one process (Ray rollout workers still share the sampling), or "
-        "vllm_partial_rollout_tokens: null.",
-    )
-    check(
-        g.vllm_partial_rollout_timeout > 0,
-        f"vllm_partial_rollout_timeout={g.vllm_partial_rollout_timeout} must be > 0 (seconds, e.g. 1800).",
-    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from grpokit.config import rules
+from grpokit.config import placement, rules
 from grpokit.config.sections import CHOICES, SECTIONS, ConfigError, check, part_checks
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
     rules.batch_size(cfg, world_size)
     rules.lora_and_model(cfg)
     rules.reward_weights(cfg)
-    rules.distributed(cfg, world_size)
+    placement.distributed(cfg, world_size)
     if cfg.agent.tools or cfg.agent.environment_factory:
         check_multi_turn(cfg)
 

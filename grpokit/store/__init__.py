@@ -1,15 +1,10 @@
 """The rollout store of a run (RUN/rollouts.sqlite), `grpokit inspect` and the HTML report."""
 
+from grpokit.store.errors import QueryError
 from grpokit.store.inspect import inspect_run
 from grpokit.store.record import RolloutRecord, rollout_records
 from grpokit.store.report import write_report
-from grpokit.store.store import (
-    STORE_FILENAME,
-    DuplicateStepError,
-    QueryError,
-    RolloutStore,
-    StoreError,
-)
+from grpokit.store.store import STORE_FILENAME, DuplicateStepError, RolloutStore, StoreError
 
 __all__ = [
     "STORE_FILENAME",

@@ -3,3 +3,7 @@
 
 class StoreError(Exception):
     """A rollout store cannot be opened, written or queried as asked."""
+
+
+class QueryError(StoreError):
+    """An ad-hoc SQL query is not a single read-only SELECT, or SQLite rejects it."""

@@ -17,14 +17,11 @@ of both in a temporary folder, so no committed step is left out.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import sqlite3
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +29,8 @@ from pathlib import Path
 
 from grpokit.store import teacher_values, token_values, typed_rows
 from grpokit.store.errors import StoreError
+from grpokit.store.query import reading_only, run_query
+from grpokit.store.read_only import read_only_uri
 from grpokit.store.record import RolloutRecord, finite_or_none
 from grpokit.store.sql_schema import SCHEMA_VERSION, schema_sql
 
@@ -63,17 +62,10 @@ _ADDED_COLUMNS = ("extra", "conversation", "token_versions")
 _INSERT_ROLLOUT = (
     f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
 )
-_LEADING_COMMENTS = re.compile(r"^(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*", re.DOTALL)
-# What a read-only query may do: read tables and views, call functions, recurse in a CTE.
-_QUERY_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 
 
 class DuplicateStepError(StoreError):
     """A step (or a step's eval of a dataset) is written a second time."""
-
-
-class QueryError(StoreError):
-    """An ad-hoc SQL query is not a single read-only SELECT, or SQLite rejects it."""
 
 
 def resolve_store_path(path: str | Path) -> Path:
@@ -82,25 +74,6 @@ def resolve_store_path(path: str | Path) -> Path:
     if path.suffix in _FILE_SUFFIXES and not path.is_dir():
         return path
     return path / STORE_FILENAME
-
-
-# SQLite's errors for a WAL store whose -shm file (the readers' shared index) cannot be made or used: read-only
-# storage (CANTOPEN, READONLY_CANTINIT) or a full disk (IOERR_SHMSIZE and its kin).
-_NO_SHARED_MEMORY = {
-    "SQLITE_CANTOPEN",
-    "SQLITE_READONLY_CANTINIT",
-    "SQLITE_IOERR_SHMOPEN",
-    "SQLITE_IOERR_SHMSIZE",
-    "SQLITE_IOERR_SHMMAP",
-}
-
-
-def _no_shared_memory(err: sqlite3.OperationalError) -> bool:
-    """SQLite could not set up the store's -shm file (:data:`_NO_SHARED_MEMORY`)."""
-    name = getattr(err, "sqlite_errorname", None)  # Python >= 3.11
-    if name is not None:
-        return name in _NO_SHARED_MEMORY
-    return str(err) in ("unable to open database file", "disk I/O error")
 
 
 def _nan_if_null(value: float | None) -> float:
@@ -158,41 +131,11 @@ class RolloutStore:
                 "a step yet (its metrics.jsonl, if any, still gives `grpokit report`)"
             )
         if self._read_uri is None:
-            self._read_uri = self._read_only_uri()
+            self._read_uri, self._copy = read_only_uri(self.path)
         conn = sqlite3.connect(self._read_uri, uri=True, isolation_level=None)
         # A reader waits for the trainer's commit instead of failing with "database is locked".
         conn.execute("PRAGMA busy_timeout=10000")
         return conn
-
-    def _read_only_uri(self) -> str:
-        """The URI a read-only connection opens: the file with ``mode=ro``; where that cannot open a WAL store
-        (read-only storage or a full disk: no ``-shm`` file and no way to create one), the file as ``immutable``,
-        or a private copy when its ``-wal`` file holds steps not in the main file yet (module docstring)."""
-        uri = f"{self.path.resolve().as_uri()}?mode=ro"
-        try:
-            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10)) as conn:
-                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return uri
-        except sqlite3.OperationalError as err:
-            if not _no_shared_memory(err):
-                raise StoreError(f"{self.path} cannot be read ({err})") from err
-        except sqlite3.DatabaseError as err:
-            raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err
-        wal = self.path.with_name(self.path.name + "-wal")
-        if not (wal.is_file() and wal.stat().st_size > 0):
-            return f"{self.path.resolve().as_uri()}?immutable=1"
-        self._copy = tempfile.mkdtemp(prefix="grpokit-store-")
-        copy = Path(self._copy) / self.path.name
-        try:
-            shutil.copyfile(self.path, copy)
-            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
-        except OSError as err:
-            raise StoreError(
-                f"{self.path} is on read-only storage and its last steps are still in {wal.name}, which SQLite "
-                f"can only read from a copy; copying it to {self._copy} failed ({err.strerror}); set TMPDIR to a "
-                "folder with room, or copy the run folder to writable storage"
-            ) from err
-        return f"{copy.as_uri()}?mode=ro"
 
     def _table_columns(self) -> list[str]:
         return [row[1] for row in self._conn.execute("PRAGMA table_info(rollouts)")]
@@ -490,32 +433,11 @@ class RolloutStore:
         return token_values.kept_names(self._conn)
 
     def query(self, sql: str) -> tuple[list[str], list[tuple]]:
-        """Run one read-only SELECT (or WITH ... SELECT) query; returns (columns, rows).
-
-        The query runs on its own read-only connection whose authorizer refuses anything but
-        reading, so neither a write nor a PRAGMA can get through a crafted statement.
-        """
-        body = _LEADING_COMMENTS.sub("", sql)
-        first_word = body.split(None, 1)[0].lower() if body.strip() else ""
-        if first_word not in ("select", "with"):
-            raise QueryError("only a single SELECT (or WITH ... SELECT) query is allowed")
+        """Run one read-only SELECT (or WITH ... SELECT) query; returns (columns, rows): :func:`store.query.run_query`,
+        on its own read-only connection whose authorizer refuses anything but reading."""
         if self._query_conn is None:
-            self._query_conn = self._connect_readonly()
-            self._query_conn.set_authorizer(
-                lambda action, *_: sqlite3.SQLITE_OK if action in _QUERY_ACTIONS else sqlite3.SQLITE_DENY
-            )
-        try:
-            cursor = self._query_conn.execute(sql)
-            rows = cursor.fetchall()
-        except sqlite3.ProgrammingError as err:
-            raise QueryError(f"only a single SELECT query is allowed ({err})") from err
-        except sqlite3.DatabaseError as err:
-            if "not authorized" in str(err):
-                raise QueryError(
-                    "only read-only queries are allowed (the query tried to write or change a setting)"
-                ) from err
-            raise QueryError(f"query failed: {err}") from err
-        return [d[0] for d in cursor.description], rows
+            self._query_conn = reading_only(self._connect_readonly())
+        return run_query(self._query_conn, sql)
 
     # ----------------------------------------------------------------- lifetime
 

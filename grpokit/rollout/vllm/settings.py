@@ -21,6 +21,8 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from grpokit.errors import require
+
 if TYPE_CHECKING:
     import torch
 
@@ -78,6 +80,39 @@ class VLLMSettings:
     vllm_partial_rollout_timeout: float = 1800.0
     """vllm_partial_rollout_tokens: seconds a partial rollout may wait for the weights it continues on (about one
     learner step, evaluation and checkpoint included); past it the run ends with one line."""
+
+    def check(self) -> None:
+        """The engine's own settings in range (what they cannot run with beside other parts: the config's rules)."""
+        require(
+            self.vllm_tensor_parallel_size == 1,
+            f"vllm_tensor_parallel_size={self.vllm_tensor_parallel_size}: grpokit runs one vLLM engine per torchrun "
+            "rank (tensor-parallel groups are not implemented: never run on vLLM's CPU build or on GPUs); set "
+            "vllm_tensor_parallel_size: 1.",
+        )
+        require(
+            0 < self.vllm_gpu_memory_utilization <= 1,
+            f"vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1] (a fraction of the "
+            "GPU's memory, e.g. 0.3).",
+        )
+        require(
+            self.vllm_server_timeout > 0,
+            f"vllm_server_timeout={self.vllm_server_timeout} must be > 0 (seconds the server may take to answer, "
+            "e.g. 240).",
+        )
+        require(
+            self.vllm_max_logprob_gap is None or self.vllm_max_logprob_gap > 0,
+            f"vllm_max_logprob_gap={self.vllm_max_logprob_gap} must be > 0 (nats per sampled token, e.g. 1e-3), "
+            "or null.",
+        )
+        require(
+            self.vllm_server_base_url is None or self.vllm_server_base_url.startswith(("http://", "https://")),
+            f"vllm_server_base_url={self.vllm_server_base_url!r} must start with http:// or https://, e.g. "
+            "http://127.0.0.1:8000.",
+        )
+        require(
+            self.vllm_kv_cache_gib is None or self.vllm_kv_cache_gib > 0,
+            f"vllm_kv_cache_gib={self.vllm_kv_cache_gib} must be > 0 (GiB of KV cache, e.g. 1), or null.",
+        )
 
 
 @dataclass(frozen=True)
