@@ -115,13 +115,14 @@ def _step_list(text: str) -> list[int]:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    page = report_page(args.run, args.steps)
     path = Path(args.output) if args.output is not None else Path(args.run) / REPORT_FILENAME
+    page = report_page(args.run, args.steps, path.parent)
     try:
         write_page(path, page)
     except OSError as exc:
         if args.output is not None or storage_errno(exc) not in _FALL_BACK_ON:
             raise
+        page = report_page(args.run, args.steps, fallback_report_path(Path(args.run)).parent)  # its images' links
         path = _fall_back(Path(args.run), path, page, exc)
     write_stdout(f"wrote {path}\n")
     if args.open:
