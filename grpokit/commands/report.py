@@ -55,13 +55,14 @@ def _step_list(text: str) -> list[int]:
 def run_report(args: argparse.Namespace) -> int:
     from grpokit.store.report import REPORT_FILENAME, report_page, write_page
 
-    page = report_page(args.run, args.steps)
     path = Path(args.output) if args.output is not None else Path(args.run) / REPORT_FILENAME
+    page = report_page(args.run, args.steps, path.parent)  # its images linked from where the page lies
     try:
         write_page(path, page)
     except OSError as exc:
         if args.output is not None or storage_errno(exc) not in _FALL_BACK_ON:
             raise
+        page = report_page(args.run, args.steps, Path(tempfile.gettempdir()))  # the fallback's images' links
         path = _fall_back(Path(args.run), path, page, exc)
     write_stdout(f"wrote {path}\n")
     if args.open:

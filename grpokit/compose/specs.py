@@ -151,6 +151,8 @@ def run_dir_spec(args: GRPOConfig) -> RunDirSpec:
         run_name=args.run_name,  # TRL's key, the W&B run's name
         log_completions=args.log_completions,
         num_completions_to_print=args.num_completions_to_print,
+        log_multimodal=args.log_multimodal,
+        max_image_bytes=args.run.max_image_bytes(),
     )
 
 

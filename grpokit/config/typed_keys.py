@@ -161,6 +161,8 @@ class TypedKeys:
     seed: int
     # run
     store_token_values: list
+    log_multimodal: bool
+    store_images_max_mb: float | None
     output_dir: str
     resume_from: str | None
     overwrite: bool
@@ -324,7 +326,6 @@ class TypedKeys:
     vllm_group_port: int
     sync_ref_model: bool
     vllm_importance_sampling_clip_max: float
-    log_multimodal: bool
     log_unique_prompts: bool
     log_completions_hub_repo: Any
     use_transformers_continuous_batching: bool

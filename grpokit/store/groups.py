@@ -5,7 +5,9 @@ variance: GRPO learns nothing from it) is flagged.
 The page embeds a bounded number of steps (the first, middle and last with rollouts, the steps asked for, and
 evenly spaced ones up to :data:`MAX_STEPS`) and of groups per step (:data:`MAX_GROUPS`), and cuts long completions
 (:data:`MAX_CHARS`), and stops adding steps at :data:`BUDGET` characters, so a long run's page stays small;
-`grpokit report RUN --steps N,M` embeds other steps.
+`grpokit report RUN --steps N,M` embeds other steps. A prompt with images shows each one beside it: an ``<img>`` of
+its stored file (``RUN/images/<sha256>.png``, store/images.py) by a path relative to the page, so the page works from
+``file://`` and the images are not copied into it.
 """
 
 from __future__ import annotations
@@ -56,10 +58,11 @@ def step_groups(store: RolloutStore, step: int, most: int = MAX_GROUPS) -> tuple
     return [groups[p] for p in sorted(groups)[:most]], len(groups)
 
 
-def groups_html(store: RolloutStore, steps: list[int], budget: int = BUDGET) -> str:
+def groups_html(store: RolloutStore, steps: list[int], budget: int = BUDGET, images_url: str = "images") -> str:
     """The Groups section: a picker (filled by the page's script) and one block per embedded step. Steps are rendered
     first, last, middle, then the others in order, until the blocks reach ``budget`` characters (long completions
-    and large groups): the steps past it are named, not embedded."""
+    and large groups): the steps past it are named, not embedded. ``images_url``: the run's images folder relative
+    to the page."""
     if not steps:
         return '<section id="groups" class="view"><h2>Groups</h2><p>No rollouts stored.</p></section>'
     blocks: dict[int, str] = {}
@@ -67,7 +70,7 @@ def groups_html(store: RolloutStore, steps: list[int], budget: int = BUDGET) -> 
     for step in _by_priority(steps):
         if size >= budget:
             break
-        blocks[step] = _step_html(store, step)
+        blocks[step] = _step_html(store, step, images_url)
         size += len(blocks[step])
     listed = ", ".join(str(s) for s in sorted(blocks))
     left = sorted(set(steps) - set(blocks))
@@ -88,19 +91,36 @@ def _by_priority(steps: list[int]) -> list[int]:
     return first + [s for s in steps if s not in first]
 
 
-def _step_html(store: RolloutStore, step: int) -> str:
+def _step_html(store: RolloutStore, step: int, images_url: str = "images") -> str:
     groups, total = step_groups(store, step)
+    known = store.images(sorted({sha for g in groups for sha in g[0].get("images") or ()}))
     flagged = sum(zero_variance([r["reward"] for r in g]) for g in groups)
     shown = f"{len(groups)} of {total} groups shown" if total > len(groups) else f"{total} groups"
     head = (
         f'<h3>Groups of step {text(step)}</h3><p class="meta">{shown}; {flagged} with zero reward variance '
         "(every total ties: advantage 0, nothing learned from them)</p>"
     )
-    body = "\n".join(_group_html(step, g) for g in groups)
+    body = "\n".join(_group_html(step, g, thumbnails(g[0].get("images"), known, images_url)) for g in groups)
     return f'<div class="group-step" data-step="{text(step)}" id="step-{text(step)}">{head}{body}</div>'
 
 
-def _group_html(step: int, group: list[dict]) -> str:
+def thumbnails(hashes: list[str] | None, known: dict[str, dict], images_url: str) -> str:
+    """A prompt's images as thumbnails (``known``: ``RolloutStore.images``), each titled with its sha256 and size; an
+    image the store did not keep (log_multimodal false, past store_images_max_mb, or its file gone) as its hash."""
+    cells = []
+    for n, sha in enumerate(hashes or (), 1):
+        row = known.get(sha)
+        size = f", {row['bytes']} bytes, {row['width']}x{row['height']} px" if row else ""
+        title = f"image {n}: sha256 {sha}{size}"
+        if row is not None and row["path"] is not None and row["path"].is_file():
+            src = f"{images_url}/{sha}.png"
+            cells.append(f'<img src="{text(src)}" alt="{text(title)}" title="{text(title)}" loading="lazy">')
+        else:
+            cells.append(f'<span class="at" title="{text(title)}">image {n} not stored ({text(sha[:12])})</span>')
+    return f'<div class="thumbs">{"".join(cells)}</div>' if cells else ""
+
+
+def _group_html(step: int, group: list[dict], thumbs: str = "") -> str:
     first = group[0]
     flat = zero_variance([r["reward"] for r in group])
     flag = ' <span class="flag">zero variance</span>' if flat else ""
@@ -120,7 +140,7 @@ def _group_html(step: int, group: list[dict]) -> str:
     return (
         f'<div class="group{" flat" if flat else ""}"><div class="group-head">step {text(step)} · prompt '
         f"{text(first['prompt_index'])} · {len(group)} completions{flag}</div>"
-        f'<pre class="prompt">{text(_cut_text(first["prompt"]))}</pre>'
+        f'{thumbs}<pre class="prompt">{text(_cut_text(first["prompt"]))}</pre>'
         f'<div class="scroll"><table class="side"><tr><th></th>{header}</tr>{body}</table></div></div>'
     )
 

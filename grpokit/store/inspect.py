@@ -2,7 +2,8 @@
 
 Without options: one line per step (n, mean reward, mean length, errors). With --step, --top,
 --bottom, --prompt or --errors: the matching completions (a multi-turn rollout as its conversation: the
-model's turns and each tool call's result). With --sql: any read-only query.
+model's turns and each tool call's result, and each image of its prompt: its sha256, size and file). With --sql: any
+read-only query.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def inspect_run(
             order_by_reward=order,
             limit=top if top is not None else bottom,
         )
+        _describe_images(store, rollouts)
     if as_json:
         return _to_json(rollouts)
     return _render_rollouts(rollouts)
@@ -105,6 +107,8 @@ def _render_rollouts(rollouts: list[dict]) -> str:
         # Text(), not str: a completion containing "[bold]" must print as written, not as markup.
         body = Text()
         body.append(_shorten(r["prompt"], _MAX_PROMPT_CHARS), style="dim")
+        for n, image in enumerate(r.get("images") or (), 1):
+            body.append(_image_line(n, image), style="magenta")
         body.append("\n")
         if r.get("conversation"):
             _append_conversation(body, r["conversation"])
@@ -116,6 +120,30 @@ def _render_rollouts(rollouts: list[dict]) -> str:
             body.append(f"\nerror: {r['error']}", style="red")
         panels.append(Panel(body, title=Text(title), title_align="left"))
     return _print(Group(*panels))
+
+
+def _describe_images(store: RolloutStore, rollouts: list[dict]) -> None:
+    """Each rollout's ``images`` (hashes) as dicts: sha256, bytes, width, height, file (the PNG's path, None when
+    it was not kept: log_multimodal false or past store_images_max_mb), what the store says of them."""
+    known = store.images(sorted({sha for r in rollouts for sha in r.get("images") or ()}))
+    for r in rollouts:
+        if r.get("images"):
+            r["images"] = [_image(sha, known.get(sha)) for sha in r["images"]]
+
+
+def _image(sha: str, row: dict | None) -> dict:
+    if row is None:
+        return {"sha256": sha, "bytes": None, "width": None, "height": None, "file": None}
+    file = None if row["path"] is None else str(row["path"])
+    return {"sha256": sha, "bytes": row["bytes"], "width": row["width"], "height": row["height"], "file": file}
+
+
+def _image_line(n: int, image: dict) -> str:
+    if image["bytes"] is None:
+        return f"\nimage {n}: sha256 {image['sha256']} · not stored (log_multimodal: false)"
+    size = f"{image['bytes']} bytes · {image['width']}x{image['height']} px"
+    kept = "" if image["file"] else " · not stored (past store_images_max_mb)"  # kept: RUN/images/<sha256>.png
+    return f"\nimage {n}: sha256 {image['sha256']} · {size}{kept}"
 
 
 def _append_conversation(body: Text, conversation: dict) -> None:

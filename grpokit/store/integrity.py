@@ -1,8 +1,9 @@
 """What a checkpoint knows about the store, and the check a resume makes against it.
 
 Each written step has a digest: SHA-256 over its rollout rows (every column but the row id, in insertion order) and
-its metric rows (by name), and its per-token values when it has any (``token_values``: a step without them digests
-as in a store written before they existed), read back from the database, so the digest is of what SQLite holds.
+its metric rows (by name), and its per-token values and the rows of the images it first showed when it has any
+(``token_values``, ``images``: a step without them digests as in a store written before they existed; so does a null
+in the rollouts' last added columns), read back from the database, so the digest is of what SQLite holds.
 The digests are chained (``chain_k = SHA-256(chain_{k-1} + digest_k)``, ``chain_0 = ""``); a checkpoint of step N
 records chain_N, and a resume from it recomputes chain_N from the file: a store that is missing, empty, truncated,
 not SQLite, damaged inside (SQLite's ``quick_check``), short of a step, or changed in any stored value is refused
@@ -15,7 +16,7 @@ import hashlib
 import sqlite3
 from pathlib import Path
 
-from grpokit.store import token_values
+from grpokit.store import images, token_values
 from grpokit.store.errors import StoreError
 
 EMPTY_CHAIN = ""
@@ -26,15 +27,24 @@ def step_digest(conn: sqlite3.Connection, step: int) -> str:
     columns = [row[1] for row in conn.execute("PRAGMA table_info(rollouts)") if row[1] != "id"]
     rollouts = conn.execute(f"SELECT {', '.join(columns)} FROM rollouts WHERE step = ? ORDER BY id", (step,))
     metrics = conn.execute("SELECT name, value FROM step_metrics WHERE step = ? ORDER BY name", (step,))
-    rows = rollouts.fetchall()
-    if columns[-1] == "token_versions":  # the last column added: NULL digests as a store written before it
-        rows = [row[:-1] if row[-1] is None else row for row in rows]
+    rows = [_trimmed(row, columns) for row in rollouts.fetchall()]
     digest = hashlib.sha256(repr(rows).encode())
     digest.update(repr(metrics.fetchall()).encode())
-    per_token = token_values.step_rows(conn, step)
-    if per_token:  # a step without per-token values digests as in a store written before they existed
-        digest.update(repr(per_token).encode())
+    for extra in (token_values.step_rows(conn, step), images.step_rows(conn, step)):
+        if extra:  # a step without them digests as in a store written before they existed
+            digest.update(repr(extra).encode())
     return digest.hexdigest()
+
+
+# The rollouts' columns added last, in order: a NULL at the end of a row digests as a store written before it.
+_LATE_COLUMNS = ("token_versions", "images")
+
+
+def _trimmed(row: tuple, columns: list[str]) -> tuple:
+    n = len(row)
+    while n and columns[n - 1] in _LATE_COLUMNS and row[n - 1] is None:
+        n -= 1
+    return row[:n]
 
 
 def next_chain(chain: str, digest: str) -> str:

@@ -47,6 +47,8 @@ nav.tabs button, .controls button { margin: 0 4px 4px 0; padding: 4px 10px; bord
   background: #f6f6f6; border-radius: 4px; cursor: pointer; } nav.tabs button.on, .controls button.on
   { background: #4e79a7; color: #fff; border-color: #4e79a7; } .controls { margin: 8px 0; }
 .hide { display: none !important; }
+.thumbs img { max-height: 96px; max-width: 192px; border: 1px solid #ddd; margin: 4px 6px 0 0;
+  image-rendering: pixelated; vertical-align: top; }
 .toks { font: 13px/1.9 ui-monospace, monospace; white-space: pre-wrap; word-break: break-word; margin: 6px 0; }
 span.tok { border: 1px solid #ddd; border-radius: 2px; padding: 1px 1px; margin-right: 1px; }
 """

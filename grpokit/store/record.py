@@ -32,7 +32,8 @@ class RolloutRecord:
     None for a single-turn completion; ``token_versions`` the runs of its tokens' policy versions
     (:mod:`grpokit.store.versions`), None when every token is by ``policy_version``; ``per_token`` its per-token
     values (:mod:`grpokit.store.token_values`: ``tokens``, a list of each token's text, and a float16 blob per kept
-    value), None when none are kept.
+    value), None when none are kept; ``images`` the sha256 of each image of its prompt (None: a text prompt), and
+    ``image_sources`` those images (PIL), for the store to write the ones it does not have (not a column).
     """
 
     prompt_index: int
@@ -52,6 +53,8 @@ class RolloutRecord:
     token_versions: list[list[int]] | None = None
     per_token: dict[str, Any] | None = None
     teacher_logprobs: bytes | None = None  # on-policy distillation: float32 per token (store/teacher_values.py)
+    images: list[str] | None = None
+    image_sources: list | None = None
 
     def __post_init__(self) -> None:
         self.rewards = {name: finite_or_none(value) for name, value in self.rewards.items()}
@@ -93,6 +96,15 @@ def completion_runs(rollouts: Any, n: int) -> list[list[int]] | None:
     return version_runs(rollouts.token_versions[n, :length].tolist(), rollouts.policy_version)
 
 
+def prompt_images(prompt: Any) -> dict[str, Any]:
+    """A record's ``images`` and ``image_sources`` for a prompt's token ids (a ``VisionPrompt`` carries its images'
+    hashes and images; a text prompt has none)."""
+    hashes = getattr(prompt, "image_hashes", None)
+    if not hashes:
+        return {}
+    return {"images": list(hashes), "image_sources": list(getattr(prompt, "images", None) or [])}
+
+
 def rollout_records(
     indices: Sequence[int], rollouts: Any, completions: Sequence[str], reward: Any, advantages: Any, source: Any
 ) -> list[RolloutRecord]:
@@ -125,6 +137,7 @@ def rollout_records(
                 extra={column: values[n] for column, values in reward.extra.items()} or None,
                 conversation=None if rollouts.conversations is None else conversation_record(rollouts.conversations[n]),
                 token_versions=completion_runs(rollouts, n),
+                **prompt_images(source.ids[i]),
             )
         )
     return records

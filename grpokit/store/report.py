@@ -3,7 +3,8 @@ steps, wall time, first and last eval values, their change coloured where a dire
 logged metric family (store/panels.py), each group's completions side by side (store/groups.py), the held-out
 prompts learned, forgotten or never solved (store/heldout.py), and the best and worst completions.
 
-The page needs no network and reads without JavaScript: charts are inline SVG, styles inline CSS, and a small
+The page needs no network (a vision-language run's thumbnails are its RUN/images files, linked by a path relative to
+the page) and reads without JavaScript: charts are inline SVG, styles inline CSS, and a small
 inline script (store/page.py) adds tabs and filters. The curves' numbers and the summary are also embedded as
 JSON (`<script type="application/json">` elements `grpokit-data` and `grpokit-summary`) so they can be read back
 without parsing the page. Series are labelled with the metric names as logged.
@@ -15,9 +16,11 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from urllib.parse import quote
 
 from grpokit.store.groups import group_fractions, group_steps, groups_html, success_threshold
 from grpokit.store.heldout import eval_prompts, heldout_html
+from grpokit.store.images import FOLDER
 from grpokit.store.page import page
 from grpokit.store.panels import collect_series, panels, thin
 from grpokit.store.samples import best_and_worst, samples_html
@@ -41,12 +44,24 @@ def write_report(run_dir: str | Path, steps: list[int] | None = None, output: st
     report whole.
     """
     path = Path(output) if output is not None else Path(run_dir) / REPORT_FILENAME
-    write_page(path, report_page(run_dir, steps))
+    write_page(path, report_page(run_dir, steps, path.parent))
     return path
 
 
-def report_page(run_dir: str | Path, steps: list[int] | None = None) -> str:
-    """The report of the run in ``run_dir`` as one HTML page (see :func:`write_report`); reads only."""
+def images_url(run_dir: Path, page_dir: Path | None) -> str:
+    """The URL of the run's images folder from a page in ``page_dir`` (None: the run folder): relative, so the page
+    and its run folder can move together; a file:// URL where no relative path exists (another drive)."""
+    folder = (Path(run_dir) / FOLDER).resolve()
+    try:
+        relative = os.path.relpath(folder, Path(page_dir or run_dir).resolve())
+    except ValueError:
+        return folder.as_uri()
+    return quote(Path(relative).as_posix())
+
+
+def report_page(run_dir: str | Path, steps: list[int] | None = None, page_dir: str | Path | None = None) -> str:
+    """The report of the run in ``run_dir`` as one HTML page (see :func:`write_report`; ``page_dir``: the folder it
+    goes to, by default the run folder: its images are linked from there); reads only."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise StoreError(f"no run folder at {run_dir}")
@@ -63,7 +78,8 @@ def report_page(run_dir: str | Path, steps: list[int] | None = None) -> str:
             metrics, evals = store.metrics(), store.evals()
             with_rollouts = [row["step"] for row in store.summary() if row["n"]]
             derived = group_fractions(store, success_threshold(run_dir))
-            views.append(groups_html(store, group_steps(with_rollouts, steps)))
+            url = images_url(run_dir, page_dir)
+            views.append(groups_html(store, group_steps(with_rollouts, steps), images_url=url))
             views.append(heldout_html(eval_prompts(store)))
             views.append(tokens_html(store, steps))
             samples_section = samples_html(best_and_worst(store, _sample_steps(with_rollouts, steps)))

@@ -8,7 +8,9 @@ the step did not train on (dynamic sampling dropped its group, whose rewards all
 multi-turn rollout's turns (JSON: stop_reason, tool_rounds, turns with role, text, tool calls, tool name,
 arguments, status, error, token span, start and duration; null for a single-turn completion). `token_versions`
 holds a partial rollout's per-token policy versions as runs `[[first_token, version], ...]` (null: every token by
-`policy_version`; grpokit/store/versions.py). Stores written
+`policy_version`; grpokit/store/versions.py). `images` lists the sha256 of each image of the completion's prompt
+(JSON, null for a prompt without images); the `images` table describes each one once (grpokit/store/images.py). Stores
+written
 before these columns existed get them when opened for writing, and are read without them. The
 `reward_values` view unpacks `rewards` to one row per (rollout, reward function) and `step_summary` gives the
 per-step numbers `grpokit inspect` prints, which keeps ad-hoc `grpokit inspect RUN --sql "..."` queries short:
@@ -17,6 +19,7 @@ per-step numbers `grpokit inspect` prints, which keeps ad-hoc `grpokit inspect R
     SELECT step, json_extract(rewards, '$.accuracy') FROM rollouts WHERE error IS NOT NULL
     SELECT json_extract(extra, '$.judge_reason') FROM rollouts
     SELECT step, json_extract(conversation, '$.tool_rounds') FROM rollouts
+    SELECT r.step, i.sha256, i.bytes FROM rollouts r, json_each(r.images) j JOIN images i ON i.sha256 = j.value
 """
 
 SCHEMA_VERSION = 1
@@ -57,6 +60,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     extra             TEXT,
     conversation      TEXT,
     token_versions    TEXT,
+    images            TEXT,
     UNIQUE (step, prompt_index, completion_index)
 ) STRICT;
 CREATE TABLE IF NOT EXISTS step_metrics (
@@ -109,6 +113,16 @@ CREATE TABLE IF NOT EXISTS teacher_logprobs (
     completion_index INTEGER NOT NULL,
     logprob          BLOB NOT NULL,
     PRIMARY KEY (step, prompt_index, completion_index)
+) STRICT;
+-- Each distinct image the prompts showed, once (grpokit/store/images.py): `stored` 1 when RUN/images/<sha256>.png
+-- holds it, 0 when it passed run.store_images_max_mb; `step` the first step that showed it (rolled back with it).
+CREATE TABLE IF NOT EXISTS images (
+    sha256 TEXT PRIMARY KEY,
+    step   INTEGER NOT NULL,
+    bytes  INTEGER NOT NULL,
+    width  INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    stored INTEGER NOT NULL
 ) STRICT;
 CREATE VIEW IF NOT EXISTS reward_values AS
     SELECT r.id AS rollout_id, r.step, r.prompt_index, r.completion_index,

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from grpokit.store import teacher_values, token_values, typed_rows
+from grpokit.store import images, teacher_values, token_values, typed_rows
 from grpokit.store.errors import StoreError
 from grpokit.store.query import reading_only, run_query
 from grpokit.store.read_only import read_only_uri
@@ -55,10 +55,11 @@ _ROLLOUT_COLUMNS = (
     "extra",
     "conversation",
     "token_versions",
+    "images",
 )
 # Columns added after the first stores were written: ALTERed into a store opened for writing, left out of reads
 # of a store without them.
-_ADDED_COLUMNS = ("extra", "conversation", "token_versions")
+_ADDED_COLUMNS = ("extra", "conversation", "token_versions", "images")
 _INSERT_ROLLOUT = (
     f"INSERT INTO rollouts ({', '.join(_ROLLOUT_COLUMNS)}) VALUES ({', '.join('?' for _ in _ROLLOUT_COLUMNS)})"
 )
@@ -86,11 +87,22 @@ class RolloutStore:
     `path` is the run folder (the store is `path/rollouts.sqlite`) or the SQLite file itself.
     `run_id` labels the rows this instance writes; by default the id recorded when the store was
     created, which is the run folder's name. `readonly=True` opens an existing store for reading.
+    `log_multimodal` and `max_image_bytes`: which of the prompts' images go to the folder `images/` beside the
+    file (grpokit/store/images.py).
     """
 
-    def __init__(self, path: str | Path, run_id: str | None = None, readonly: bool = False):
+    def __init__(
+        self,
+        path: str | Path,
+        run_id: str | None = None,
+        readonly: bool = False,
+        log_multimodal: bool = True,
+        max_image_bytes: int | None = None,
+    ):
         self.path = resolve_store_path(path)
         self.readonly = readonly
+        self.image_files = images.ImageFiles(self.path.parent / images.FOLDER)
+        self._images = images.ImageWriter(self.image_files, log_multimodal, max_image_bytes)
         self._query_conn: sqlite3.Connection | None = None
         self._read_uri: str | None = None  # how a read-only connection opens the file (see _read_only_uri)
         self._copy: str | None = None  # the temporary folder of a private copy, removed by close()
@@ -190,7 +202,12 @@ class RolloutStore:
         rows = [self._rollout_row(step, i, r) for i, r in enumerate(rollouts)]
         metric_rows = [(step, name, finite_or_none(value)) for name, value in metrics.items()]
         try:
+            image_rows = self._images.rows(self._conn, step, rollouts)  # their files written first, durably
+        except OSError as err:
+            raise StoreError(f"cannot write the images of step {step} to {self.image_files.folder}: {err}") from None
+        try:
             with self._transaction():
+                self._conn.executemany(images.INSERT, image_rows)
                 self._conn.execute("INSERT INTO steps (step, written_at) VALUES (?, ?)", (step, time.time()))
                 self._conn.executemany(_INSERT_ROLLOUT, rows)
                 self._conn.executemany(token_values.INSERT, token_values.rows(step, rollouts))
@@ -257,6 +274,7 @@ class RolloutStore:
             None if rollout.extra is None else json.dumps(rollout.extra, default=str, ensure_ascii=False),
             None if rollout.conversation is None else json.dumps(rollout.conversation, default=str, ensure_ascii=False),
             None if rollout.token_versions is None else json.dumps(rollout.token_versions),
+            None if rollout.images is None else json.dumps(rollout.images),
         )
 
     def _has_step(self, step: int) -> bool:
@@ -299,10 +317,12 @@ class RolloutStore:
                     "eval_prompts",
                     token_values.TABLE,
                     teacher_values.TABLE,
+                    images.TABLE,
                 ):
                     self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
         except sqlite3.OperationalError as err:
             raise self._write_failed(f"the removal of the steps after step {step}", err) from None
+        self.image_files.clean(images.written(self._conn))  # a kill's temporary files, the images of steps gone
 
     # ----------------------------------------------------------------- reading
 
@@ -396,9 +416,8 @@ class RolloutStore:
         rollout["rewards"] = typed_rows.rewards_of(rollout["rewards"], found)
         rollout["extra"] = typed_rows.load_json(rollout.get("extra"), "rollouts", "extra", found, dict)
         rollout["conversation"] = typed_rows.conversation_of(rollout.get("conversation"), found)
-        rollout["token_versions"] = typed_rows.load_json(
-            rollout.get("token_versions"), "rollouts", "token_versions", found, list
-        )
+        for column in ("token_versions", "images"):
+            rollout[column] = typed_rows.load_json(rollout.get(column), "rollouts", column, found, list)
         for text in ("prompt", "completion", "finish_reason"):  # NOT NULL text: "" when a tampered store had other
             rollout[text] = "" if rollout[text] is None else rollout[text]
         return rollout
@@ -423,6 +442,14 @@ class RolloutStore:
         """The teacher's stored log-probs (of ``step``) by (step, prompt_index, completion_index): ``teacher_values
         .read``; {} for a store without them."""
         return teacher_values.read(self._conn, step)
+
+    def images(self, hashes: list[str]) -> dict[str, dict]:
+        """What the store holds of the images ``hashes`` (``images.info``: bytes, width, height, step, stored, and
+        ``path``, the file when it was written); an image without a row is not there."""
+        found = images.info(self._conn, hashes)
+        for sha, row in found.items():
+            row["path"] = self.image_files.path(sha) if row["stored"] else None
+        return found
 
     def token_values(self, step: int | None = None) -> list[dict]:
         """The per-token values stored (of ``step``): ``token_values.read``; [] for a store without them."""

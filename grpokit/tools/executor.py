@@ -33,6 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from grpokit.errors import ConfigError
 from grpokit.rewards.contract import TIMED_OUT, Outcome, TimedCall
 from grpokit.rewards.workers import RewardProcess, process_context, run_calls
 from grpokit.tools.environment import EnvironmentSession
@@ -90,10 +91,33 @@ def _invoke(fn: Callable, arguments: dict[str, Any]) -> dict[str, Any]:
         value = fn(**arguments)
         if inspect.isawaitable(value):
             value = asyncio.run(_await(value))
+        if shows_images(value):  # never its str(): the model would read a repr, the image dropped
+            return {"images": True, "started": started, "ended": time.monotonic()}
         content = value if isinstance(value, str) else str(value)
     except BaseException as exc:  # SystemExit from a tool is the tool's error too
         error, trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
     return {"content": content, "error": error, "traceback": trace, "started": started, "ended": time.monotonic()}
+
+
+IMAGE_PARTS = ("image", "image_url", "input_image")
+
+
+def shows_images(value: Any) -> bool:
+    """Whether a tool's return value holds images: a PIL image, or content parts (TRL's multimodal tool response,
+    ``[{"type": "image", "image": ...}, {"type": "text", ...}]``) with an image among them."""
+    parts = value if isinstance(value, (list, tuple)) else [value]
+    return any(
+        type(part).__module__.startswith("PIL.") or (isinstance(part, dict) and part.get("type") in IMAGE_PARTS)
+        for part in parts
+    )
+
+
+def images_refused(name: str | None) -> ConfigError:
+    """The one line that ends a run whose tool returned an image (docs/vision.md, "Tools that return images")."""
+    return ConfigError(
+        f"tool {name!r} returned an image; grpokit's tool rollouts cannot show a tool's image to the model yet "
+        "(docs/vision.md, 'Tools that return images'): return text (a description, or a file path a reward reads)."
+    )
 
 
 class _ToolTable:
@@ -219,6 +243,8 @@ class ToolExecutor:
         """A ToolResult from a reward-worker Outcome whose output is :func:`_invoke`'s dict."""
         if outcome.error is None:
             ran = outcome.output
+            if ran.get("images"):
+                raise images_refused(call.name)
             timing = {"started": ran["started"], "ended": ran["ended"], "worker": ran.get("worker")}
             if ran["error"] is None:
                 return ToolResult(call, ran["content"], **timing)

@@ -54,6 +54,8 @@ class RunDirSpec:
     config: dict = field(default_factory=dict)
     run_name: str | None = None
     notes: tuple[str, ...] = ()  # comment lines at the top of config.yaml (how the compute dtype was chosen)
+    log_multimodal: bool = True  # the store keeps the prompts' images (store/images.py), up to max_image_bytes
+    max_image_bytes: int | None = None
 
     def resuming(self, resume_from: str) -> RunDirSpec:
         """This spec resuming from ``resume_from`` (GRPOTrainer.train's ``resume_from_checkpoint``), in the
@@ -152,7 +154,10 @@ def open_run_dir(spec: RunDirSpec, start: int, folder: RunFolder | None = None, 
     run_dir.mkdir(parents=True, exist_ok=True)
     notes = "".join(f"# {line}\n" for line in spec.notes)
     _write_atomic(config_file, notes + yaml.safe_dump(spec.config, sort_keys=False))
-    store = RolloutStore(run_dir / "rollouts.sqlite", run_id=run_dir.name)
+    store = RolloutStore(
+        run_dir / "rollouts.sqlite", run_id=run_dir.name, log_multimodal=spec.log_multimodal,
+        max_image_bytes=spec.max_image_bytes,
+    )  # fmt: skip
     store.rollback_after(start if start else -1)  # steps after the checkpoint are redone exactly once
     _truncate_metrics(run_dir / "metrics.jsonl", start)
     if point is not None and point.chain is not None:
