@@ -4,9 +4,9 @@ it names exists.
 Read from the source by AST (no module of grpokit is imported, so no torch): a path (``grpokit/...``, ``tests/...``,
 ``docs/...``, ``scripts/...``, a glob allowed) must exist; a CamelCase name must be a class of grpokit (``My...``
 names a reader's own class in an example); ``module.name`` (``rollout.engines.ENGINES``, ``grpokit.`` optional)
-must be a module of grpokit and a name defined at its top level, ``Class.name`` a class and a name in its body (or
-its grpokit bases'), ``REGISTRY.name`` a module-level object and a name of its class; ``section.key`` a config key
-of that section; ``name()`` a function or class of grpokit.
+must be a module of grpokit and a name defined at its top level; ``Class.name`` a class and a name in its body, its
+grpokit bases' or one its methods set on ``self``; ``REGISTRY.name`` a module-level object and a name of its class;
+``section.key`` a config key of that section; ``name()`` a function or class of grpokit.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ class Source:
         for node in self.classes.get(cls, []):
             for item in node.body:
                 names.update(_bound(item))
+            for item in ast.walk(node):  # attributes its methods set: self.name = ...
+                if isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store) and _is_self(item.value):
+                    names.add(item.attr)
             for base in node.bases:
                 base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
                 if base_name in self.classes and base_name not in seen:
@@ -138,6 +141,10 @@ def _bound(node: ast.AST) -> list[str]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return [(alias.asname or alias.name).split(".")[0] for alias in node.names]
     return []
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def _builtin_names(cls: str) -> set[str]:
@@ -215,7 +222,7 @@ def test_the_check_catches_what_does_not_exist():
     true = (
         "grpokit/rollout/vllm/settings.py, grpokit/train/*settings*.py, `grpokit/commands/`, `VLLMSettings`, "
         "`grpokit.compose.specs.part_settings`, `rollout.engines.ENGINES`, `EngineEntry.own_sampler`, "
-        "`ENGINES.register`, `generation.engine`, `optim.learning_rate`, `part_checks()`, `@ENGINES.register("
-        '"mine", settings=MySettings)`, `my_check(settings)`'
+        "`ENGINES.register`, `generation.engine`, `optim.learning_rate`, `part_checks()`, `VisionPrompt.image_hashes`, "
+        '`@ENGINES.register("mine", settings=MySettings)`, `my_check(settings)`, `data.prompt_column`'
     )
     assert missing(true, source) == []
