@@ -98,7 +98,7 @@ def build_meta_model(name_or_path: str, trust_remote_code: bool = False) -> torc
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
-# bitsandbytes' NF4 with double quantisation, as ``modeling.four_bit_config`` asks for it
+# bitsandbytes' NF4 with double quantisation, as ``models.loading.four_bit_config`` asks for it
 NF4_BLOCK = 64  # values per absmax
 NF4_NESTED_BLOCK = 256  # absmax values per float32 second-level absmax
 

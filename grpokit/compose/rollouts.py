@@ -1,4 +1,5 @@
-"""Building the rollouts: the engine, the sampler and the source (``train.sampling``), and how each step samples."""
+"""Building the rollouts: the engine, the sampler and the source (:mod:`grpokit.train.experience`), and how each step
+samples."""
 
 from __future__ import annotations
 
@@ -205,8 +206,8 @@ def _partial(vllm_settings) -> tuple[int, float] | None:
 
 
 def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int, reward_state=None):
-    """How each step samples (``train.sampling.rounds``): one round, or with ``dynamic_sampling`` rounds until
-    the batch holds informative groups; ``score``: the scoring of a round; ``reward_state(step)``: the rewards'
+    """How each step samples (:mod:`grpokit.train.experience.rounds`): one round, or with ``dynamic_sampling`` rounds
+    until the batch holds informative groups; ``score``: the scoring of a round; ``reward_state(step)``: the rewards'
     trainer_state, taken when a batch sampled ahead is drawn."""
     from grpokit.train.experience.rounds import DynamicRounds, SingleRound
 

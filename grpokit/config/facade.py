@@ -1,7 +1,7 @@
 """The user-facing config object: GRPOConfig, the flat facade over the sections.
 
 Defaults follow TRL's GRPOConfig where the concept exists there, except ``beta = 0.04`` and
-``use_bias_correction_kl = False`` (plain k3, the formula of docs/architecture.md; TRL 1.16: True).
+``use_bias_correction_kl = False`` (plain k3, the formula of docs/algorithms.md; TRL 1.16: True).
 Every error is raised before any model is loaded, as a :class:`ConfigError` naming the problem
 and the fix. The facade is for users, YAML and TRL scripts; inside grpokit only the config package and
 the composition root (the grpokit/compose/ package) read it

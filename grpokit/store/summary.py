@@ -15,7 +15,7 @@ import yaml
 from grpokit.store.directions import change_class, direction
 from grpokit.store.html_text import number, text
 
-# The config keys that name the algorithm variant (one name, one formula: docs/architecture.md).
+# The config keys that name the algorithm variant (one name, one formula: docs/algorithms.md).
 ALGORITHM_KEYS = ("algorithm", "advantage_estimator", "loss_type", "scale_rewards", "importance_sampling_level", "beta")
 
 

@@ -1,7 +1,7 @@
 """The training loop: a built :class:`~grpokit.compose.Run`, stepped to ``max_steps``.
 
 Each step reads top to bottom (:meth:`Loop._train_step`, :meth:`Loop._after_step`): sample and score
-(``sampling/``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``), record (store and
+(``experience/``), learn (reference log-probs, the algorithm's advantages, ``Learner.update``), record (store and
 metrics.jsonl, rank 0), checkpoint, evaluate (``evaluation.py``). Every torchrun rank runs it; rank 0 alone owns the
 run folder. It never reads the config: what it needs is in the Run and its :class:`~grpokit.train.loop_spec.LoopSpec`.
 """

@@ -124,7 +124,7 @@ def test_grpokit_imports_follow_the_layers():
 
 
 # The loop and everything in train/ run a built Run: they never import the builders, the config or the wrapper.
-TRAIN_MAY_NOT_IMPORT = ("build", "config", "trl")
+TRAIN_MAY_NOT_IMPORT = ("compose", "config", "trl")
 
 
 def train_imports_above(package_dir: Path) -> list[str]:

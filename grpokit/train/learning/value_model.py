@@ -3,7 +3,7 @@
 ``values[:, t]`` is read at the position whose logits give the policy's ``logprobs[:, t]`` (the last
 prompt token for t = 0, completion token t-1 after that): the value of the state before token t is
 emitted, as in verl's critic and TRL's former PPOTrainer. The trunk runs through the same code as the
-policy's log-prob passes (``train/logprobs.completion_features``: prompts once per group with a shared
+policy's log-prob passes (``train/learning/policy_logprobs.completion_features``: prompts once per group with a shared
 KV cache, or the full [prompt | completion] forward under DDP/FSDP or activation checkpointing), so a
 ``Batch`` built for the policy serves the critic too. Hugging Face models only (the Batch's HF layout).
 
