@@ -98,7 +98,7 @@ def test_a_forced_avx2_only_cpu_is_reported_with_its_choices(capsys, monkeypatch
 
 @pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="describes CPU training")
 def test_native_bf16_cpu_choices(capsys, monkeypatch, rates):
-    from grpokit.commands import env
+    from grpokit.commands import env_report as env
     from grpokit.machine import cpu_caps
 
     flags = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_bf16"})

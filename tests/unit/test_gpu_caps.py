@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpokit.cli import main
-from grpokit.commands import env
+from grpokit.commands import env_report as env
 from grpokit.machine import gpu_caps
 from grpokit.machine.gpu_caps import GpuCaps, GpuDevice, gpu_lines, gpu_warnings
 

@@ -51,10 +51,10 @@ class RunDirSpec:
     progress_bar: bool
     log_completions: bool
     num_completions_to_print: int | None
+    log_multimodal: bool  # the store keeps the prompts' images (store/images.py), up to max_image_bytes
     config: dict = field(default_factory=dict)
     run_name: str | None = None
     notes: tuple[str, ...] = ()  # comment lines at the top of config.yaml (how the compute dtype was chosen)
-    log_multimodal: bool = True  # the store keeps the prompts' images (store/images.py), up to max_image_bytes
     max_image_bytes: int | None = None
 
     def resuming(self, resume_from: str) -> RunDirSpec:
