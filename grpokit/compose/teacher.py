@@ -42,3 +42,11 @@ def local_teacher(args: GRPOConfig, model: torch.nn.Module, tokenizer: Any, devi
     teacher = load_model(name, teacher_dtype(algo.teacher_dtype, where), where, args.trust_remote_code)
     width = shared_width(output_width(model), output_width(teacher), len(tokenizer), name)
     return LocalTeacher(teacher, width, algo.teacher_temperature, args.per_device_train_batch_size)
+
+
+def teacher_alone(rewards) -> bool:
+    """Whether ``rewards`` (the run's RewardRunner) is distillation alone's: only the built-in ``teacher_only`` reward
+    (``rewards: []`` with a teacher), whose groups all tie by design."""
+    from grpokit.train.teacher.distiller import teacher_only
+
+    return len(rewards.functions) == 1 and rewards.functions[0] is teacher_only
