@@ -16,6 +16,7 @@ from grpokit.compose import arguments, datasets, specs
 from grpokit.compose import inputs as build_inputs
 from grpokit.compose.learner import build_learner
 from grpokit.compose.policy import build_policy, warn_if_too_big
+from grpokit.compose.rewards import eval_reward_runner
 from grpokit.compose.rollouts import build_rollouts, build_step_sampling, engine_kind
 from grpokit.compose.teacher import build_distiller, teacher_alone
 from grpokit.config import GRPOConfig
@@ -312,7 +313,7 @@ def _around_the_steps(
         specs.eval_spec(config),
         engine=scheduler.engine,
         tokenizer=policy.tokenizer,
-        reward_runner=checked.rewards,
+        reward_runner=eval_reward_runner(config, checked.rewards),
         params=scheduler.sampling,
         tools=scheduler.tool_rollouts,
     )

@@ -245,6 +245,8 @@ class Loop:
             self.writing = False
         self.run.rollout_scheduler.close()  # first: its scoring threads may be calling the rewards
         self.run.rewards.close()
+        if self.run.evaluator.reward_runner is not self.run.rewards:  # eval_rewards: evaluation's own
+            self.run.evaluator.reward_runner.close()
 
     # ---- evaluation and checkpoints --------------------------------------------------------
     @property
