@@ -23,9 +23,11 @@ def build_distiller(args: GRPOConfig, model: torch.nn.Module, tokenizer: Any, de
         from grpokit.train.teacher.served import ServedTeacher
 
         teacher = ServedTeacher(algo.teacher_server_url, algo.teacher_temperature, algo.teacher_server_timeout)
+        name = f"{teacher.url} {teacher.model} T=1"
     else:
         teacher = local_teacher(args, model, tokenizer, device)
-    return Distiller(teacher, algo.distill_coef, procs, tokenizer.pad_token_id)
+        name = f"{algo.teacher_model_name_or_path} T={algo.teacher_temperature:g}"
+    return Distiller(teacher, algo.distill_coef, procs, tokenizer.pad_token_id, name)
 
 
 def local_teacher(args: GRPOConfig, model: torch.nn.Module, tokenizer: Any, device: torch.device):

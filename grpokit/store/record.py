@@ -52,6 +52,7 @@ class RolloutRecord:
     token_versions: list[list[int]] | None = None
     per_token: dict[str, Any] | None = None
     teacher_logprobs: bytes | None = None  # on-policy distillation: float32 per token (store/teacher_values.py)
+    teacher_tokens_key: str | None = None  # the teacher and the tokens it scored (train/teacher/replay.py)
 
     def __post_init__(self) -> None:
         self.rewards = {name: finite_or_none(value) for name, value in self.rewards.items()}

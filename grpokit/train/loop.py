@@ -66,6 +66,8 @@ class Loop:
         found = resume_point(self.run_dir_spec, check=main)  # checked: the checkpoint, on rank 0 the store and metrics
         if found is not None:  # loaded before the run folder is written: a misfit changes nothing there
             self.resume(found.path, verified=True)
+            if main and self.run.distiller is not None:  # the teacher's stored values of the steps done again
+                self.run.distiller.replay_from(self.run_dir_spec.output_dir, self.step)
         self.run_dir = Path(self.run_dir_spec.output_dir)
         if main:  # rank 0's writers: store, trackers, report
             self.run_log = open_run_dir(self.run_dir_spec, self.step, self.run_folder, found)

@@ -17,6 +17,7 @@ import torch
 
 from grpokit.algos.distill import distill_advantages, masked_token_mean, sampled_reverse_kl
 from grpokit.algos.masked import masked_mean
+from grpokit.train.teacher.replay import row_keys, stored_after
 
 REVERSE_KL, TEACHER_LOGPROB, SECONDS = "distill/reverse_kl", "distill/teacher_logprob_mean", "distill/seconds"
 
@@ -29,20 +30,45 @@ def teacher_only(completions, **kwargs) -> list[float]:
 
 class Distiller:
     """``teacher``: a :class:`~grpokit.train.teacher.local.LocalTeacher` or a served one (``logprobs(rollouts,
-    pad_token_id)`` -> [N, T]); ``coef``: lambda; ``procs``: the run's processes (the metrics' global means)."""
+    pad_token_id)`` -> [N, T]); ``coef``: lambda; ``procs``: the run's processes (the metrics' global means);
+    ``name``: the teacher's name in the stored tokens keys (:mod:`.replay`). ``calls`` counts the steps the teacher
+    scored, ``replayed`` those that reused stored values."""
 
-    def __init__(self, teacher, coef: float, procs, pad_token_id: int):
+    def __init__(self, teacher, coef: float, procs, pad_token_id: int, name: str = "teacher"):
         self.teacher, self.coef, self.procs, self.pad_token_id = teacher, coef, procs, pad_token_id
-        self._kept: torch.Tensor | None = None
+        self.name = name
+        self._kept: tuple[torch.Tensor, list[str]] | None = None
+        self.replay: dict[str, list[float]] = {}
+        self.calls = self.replayed = 0
+
+    def replay_from(self, run_dir, step: int) -> None:
+        """Resuming at ``step``: keep the run folder's stored teacher log-probs of the steps after it, to be reused
+        for the same tokens (:mod:`.replay`)."""
+        self.replay = stored_after(run_dir, step)
+
+    def _teacher_logprobs(self, rollouts, keys: list[str]) -> torch.Tensor:
+        """[n, T] float32 on the CPU: the stored values when every row's tokens have them, else the teacher's."""
+        stored = [self.replay.get(key) for key in keys] if self.replay else None
+        if stored and all(values is not None for values in stored):
+            out = torch.zeros(rollouts.completion_ids.shape, dtype=torch.float32)
+            for i, values in enumerate(stored):
+                out[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            for key in keys:
+                self.replay.pop(key, None)
+            self.replayed += 1
+            return out
+        self.calls += 1
+        return self.teacher.logprobs(rollouts, self.pad_token_id)
 
     def adjust(self, found, rollouts, student_logprobs: torch.Tensor | None, loss_mask: torch.Tensor):
         """(``found`` with its advantages per token and the teacher's term added, the step's distill/* metrics).
         ``found``: the algorithm's AdvantageOutputs for ``rollouts``; ``student_logprobs`` [n, T] (None: the
         sampler's, ``rollouts.logprobs``); ``loss_mask`` [n, T]."""
         t0 = time.perf_counter()
-        teacher = self.teacher.logprobs(rollouts, self.pad_token_id)  # [n, T], CPU float32
+        keys = row_keys(self.name, rollouts)
+        teacher = self._teacher_logprobs(rollouts, keys)  # [n, T], CPU float32
         seconds = time.perf_counter() - t0
-        self._kept = teacher
+        self._kept = (teacher, keys)
         device = loss_mask.device
         teacher = teacher.to(device)
         student = (rollouts.logprobs if student_logprobs is None else student_logprobs).to(device).float()
@@ -66,7 +92,8 @@ class Distiller:
         )
         return found, metrics
 
-    def take_teacher_logprobs(self) -> torch.Tensor | None:
-        """[n, T] the teacher's log-probs of the last :meth:`adjust` (then forgotten); None when none were taken."""
+    def take_teacher_logprobs(self) -> tuple[torch.Tensor, list[str]] | None:
+        """([n, T] the teacher's log-probs of the last :meth:`adjust`, each row's tokens key), then forgotten; None
+        when none were taken."""
         kept, self._kept = self._kept, None
         return kept
