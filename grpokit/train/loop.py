@@ -140,6 +140,8 @@ class Loop:
         run, procs, learner = self.run, self.run.procs, self.run.learner
         inputs = update_inputs(run.update_inputs_spec, rollouts, run.device)
         loss_mask, old_logprobs = inputs.loss_mask, inputs.old_logprobs
+        if run.distiller is not None:  # a served teacher's request runs beside the passes below
+            run.distiller.start(rollouts)
         batch = build_batch(run.model, rollouts, run.tokenizer.pad_token_id, run.device)
         ref_logprobs = learner.reference_logprobs(batch)
         if old_logprobs is None and run.algorithm.needs_old_logprobs(self.spec.algo):
@@ -247,6 +249,8 @@ class Loop:
             self.writing = False
         self.run.rollout_scheduler.close()  # first: its scoring threads may be calling the rewards
         self.run.rewards.close()
+        if self.run.distiller is not None:
+            self.run.distiller.close()
         if self.run.evaluator.reward_runner is not self.run.rewards:  # eval_rewards: evaluation's own
             self.run.evaluator.reward_runner.close()
 

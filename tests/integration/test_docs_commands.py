@@ -117,6 +117,9 @@ NOT_RUNNABLE = {
     "python examples/distill/run.py": "needs teacher.py's teacher, then three 30-step runs (~1 min)",
     "python examples/distill/run.py learning_rate=3e-4": "needs teacher.py's teacher, then three runs (~1-2 min)",
     "python examples/distill/run.py learning_rate=1e-3": "needs teacher.py's teacher, then three runs (~1-2 min)",
+    "python bench/teacher_overlap.py --delay 0.2 --steps 12": (
+        "needs examples/distill's cached models; tests/integration/test_distill_served.py checks the overlap"
+    ),
     "grpokit train examples/arithmetic/config.yaml output_dir=runs/grpo": (
         "the demo's warm start (~90 s to build) and 100 steps (~2 min); tests/integration/test_demo.py runs the demo"
     ),
