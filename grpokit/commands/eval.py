@@ -38,6 +38,7 @@ def run_eval(args) -> int:
             metrics = trainer.evaluation_metrics()  # grpokit's names, as metrics.jsonl has them
         finally:
             trainer.rewards.close()  # the reward worker processes
+            trainer.run.evaluator.reward_runner.close()  # eval_rewards' (the same runner without them)
     from grpokit.system.io_errors import write_stdout
 
     write_stdout(json.dumps(metrics, indent=2) + "\n")

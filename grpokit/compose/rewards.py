@@ -80,6 +80,13 @@ def build_reward_runner(
         raise ConfigError(f"rewards: {exc}") from exc
 
 
+def eval_reward_runner(args: GRPOConfig, training):
+    """The rewards evaluation scores with: ``eval_rewards`` (each weight 1) when set, else ``training`` (the run's)."""
+    if args.eval_rewards is None:
+        return training
+    return build_reward_runner(list(args.eval_rewards), args.replace(reward_weights=None), ray_workers=False)
+
+
 def served_rewards(targets: list[str]) -> tuple[list, dict[str, Any]]:
     """The rewards list and the reward settings (``reward_*``) of a YAML config (or a YAML list of rewards), or reward
     specs given as they are: what ``grpokit serve-rewards`` serves."""

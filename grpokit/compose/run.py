@@ -16,8 +16,9 @@ from grpokit.compose import arguments, datasets, specs
 from grpokit.compose import inputs as build_inputs
 from grpokit.compose.learner import build_learner
 from grpokit.compose.policy import build_policy, warn_if_too_big
+from grpokit.compose.rewards import eval_reward_runner
 from grpokit.compose.rollouts import build_rollouts, build_step_sampling, engine_kind
-from grpokit.compose.teacher import build_distiller
+from grpokit.compose.teacher import build_distiller, teacher_alone
 from grpokit.config import GRPOConfig
 from grpokit.eval.evaluator import Evaluator
 from grpokit.kernels import Kernels
@@ -312,13 +313,15 @@ def _around_the_steps(
         specs.eval_spec(config),
         engine=scheduler.engine,
         tokenizer=policy.tokenizer,
-        reward_runner=checked.rewards,
+        reward_runner=eval_reward_runner(config, checked.rewards),
         params=scheduler.sampling,
         tools=scheduler.tool_rollouts,
     )
     stop_rules = StopRules(specs.stop_spec(config))  # non-finite steps, KL over max_kl
-    # a warning when every group ties for warn_tied_steps steps (a group-relative advantage learns nothing)
-    ties = specs.tie_watch(config, group_relative=not learning.algorithm.uses_critic)
+    # a warning when every group ties for warn_tied_steps steps (a group-relative advantage learns nothing); not with
+    # the teacher alone (`rewards: []`): there every group ties by design and the teacher's term teaches
+    watched = not learning.algorithm.uses_critic and not teacher_alone(checked.rewards)
+    ties = specs.tie_watch(config, group_relative=watched)
     runner = CallbackRunner(
         callbacks,
         specs.callback_spec(config),

@@ -23,9 +23,11 @@ def build_distiller(args: GRPOConfig, model: torch.nn.Module, tokenizer: Any, de
         from grpokit.train.teacher.served import ServedTeacher
 
         teacher = ServedTeacher(algo.teacher_server_url, algo.teacher_temperature, algo.teacher_server_timeout)
+        name = f"{teacher.url} {teacher.model} T=1"
     else:
         teacher = local_teacher(args, model, tokenizer, device)
-    return Distiller(teacher, algo.distill_coef, procs, tokenizer.pad_token_id)
+        name = f"{algo.teacher_model_name_or_path} T={algo.teacher_temperature:g}"
+    return Distiller(teacher, algo.distill_coef, procs, tokenizer.pad_token_id, name)
 
 
 def local_teacher(args: GRPOConfig, model: torch.nn.Module, tokenizer: Any, device: torch.device):
@@ -42,3 +44,11 @@ def local_teacher(args: GRPOConfig, model: torch.nn.Module, tokenizer: Any, devi
     teacher = load_model(name, teacher_dtype(algo.teacher_dtype, where), where, args.trust_remote_code)
     width = shared_width(output_width(model), output_width(teacher), len(tokenizer), name)
     return LocalTeacher(teacher, width, algo.teacher_temperature, args.per_device_train_batch_size)
+
+
+def teacher_alone(rewards) -> bool:
+    """Whether ``rewards`` (the run's RewardRunner) is distillation alone's: only the built-in ``teacher_only`` reward
+    (``rewards: []`` with a teacher), whose groups all tie by design."""
+    from grpokit.train.teacher.distiller import teacher_only
+
+    return len(rewards.functions) == 1 and rewards.functions[0] is teacher_only

@@ -184,6 +184,7 @@ class TypedKeys:
     eval_temperature: float | None
     max_eval_prompts: int | None
     success_threshold: float
+    eval_rewards: list | None
     # lora
     r: int
     alpha: int

@@ -28,8 +28,15 @@ class EvalSettings:
     """Evaluate on at most this many prompts."""
     success_threshold: float = 1.0
     """A sample counts as correct for pass@k when its combined reward >= this."""
+    eval_rewards: list | None = None
+    """The rewards evaluation scores with (a list as `rewards:`, each weight 1); null = the training rewards.
+    Distillation alone (`rewards: []` with a teacher) needs it for a held-out pass@k."""
 
     def check(self) -> None:
+        require(
+            self.eval_rewards is None or len(self.eval_rewards) > 0,
+            "eval_rewards: [] scores nothing; list the rewards to evaluate with, or null (= the training rewards).",
+        )
         require(self.eval_steps >= 0, f"eval_steps={self.eval_steps} must be >= 0 (0 = off).")
         require(self.num_generations_eval >= 1, f"num_generations_eval={self.num_generations_eval} must be >= 1.")
         require(

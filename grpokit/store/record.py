@@ -53,6 +53,7 @@ class RolloutRecord:
     token_versions: list[list[int]] | None = None
     per_token: dict[str, Any] | None = None
     teacher_logprobs: bytes | None = None  # on-policy distillation: float32 per token (store/teacher_values.py)
+    teacher_tokens_key: str | None = None  # the teacher and the tokens it scored (train/teacher/replay.py)
     images: list[str] | None = None
     image_sources: list | None = None
 

@@ -106,12 +106,14 @@ CREATE TABLE IF NOT EXISTS token_values (
 ) STRICT;
 -- The teacher's log-prob of every sampled token of a completion trained on (on-policy distillation;
 -- grpokit/store/teacher_values.py): little-endian float32, one per token. Stores written before it existed get it
--- when opened for writing; readers treat its absence as no teacher log-probs.
+-- when opened for writing; readers treat its absence as no teacher log-probs. `tokens_key` names the teacher and
+-- the scored tokens (prompt and completion ids), so a resumed run reuses the values of the same tokens (null: older).
 CREATE TABLE IF NOT EXISTS teacher_logprobs (
     step             INTEGER NOT NULL,
     prompt_index     INTEGER NOT NULL,
     completion_index INTEGER NOT NULL,
     logprob          BLOB NOT NULL,
+    tokens_key       TEXT,
     PRIMARY KEY (step, prompt_index, completion_index)
 ) STRICT;
 -- Each distinct image the prompts showed, once (grpokit/store/images.py): `stored` 1 when RUN/images/<sha256>.png

@@ -130,6 +130,9 @@ class RolloutStore:
             for column in _ADDED_COLUMNS:  # a store written before the column existed
                 if column not in present:
                     self._conn.execute(f"ALTER TABLE rollouts ADD COLUMN {column} TEXT")
+            teacher = {row[1] for row in self._conn.execute(f"PRAGMA table_info({teacher_values.TABLE})")}
+            if teacher_values.KEY_COLUMN not in teacher:  # a teacher table written before the column existed
+                self._conn.execute(f"ALTER TABLE {teacher_values.TABLE} ADD COLUMN {teacher_values.KEY_COLUMN} TEXT")
             self._init_meta(run_id or self.path.resolve().parent.name)
         except sqlite3.DatabaseError as err:
             self._conn.close()
@@ -437,6 +440,11 @@ class RolloutStore:
         present = [row[0] for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         counted = typed_rows.wrong_types(self._conn, [t for t in typed_rows.DECLARED if t in present])
         return typed_rows.problem_lines(counted, self._problems)
+
+    def teacher_logprobs_by_tokens(self, after: int) -> dict[str, list[float]]:
+        """The teacher's stored log-probs of the steps after ``after`` by the key of the tokens they score
+        (``teacher_values.by_tokens_key``): what a run resumed at ``after`` reuses instead of asking the teacher."""
+        return teacher_values.by_tokens_key(self._conn, after)
 
     def teacher_logprobs(self, step: int | None = None) -> dict[tuple[int, int, int], list[float]]:
         """The teacher's stored log-probs (of ``step``) by (step, prompt_index, completion_index): ``teacher_values

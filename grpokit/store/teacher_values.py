@@ -13,7 +13,8 @@ import sqlite3
 import struct
 
 TABLE = "teacher_logprobs"
-INSERT = f"INSERT INTO {TABLE} (step, prompt_index, completion_index, logprob) VALUES (?, ?, ?, ?)"
+INSERT = f"INSERT INTO {TABLE} (step, prompt_index, completion_index, logprob, tokens_key) VALUES (?, ?, ?, ?, ?)"
+KEY_COLUMN = "tokens_key"  # added to tables written before it (RolloutStore opened for writing)
 
 
 def encode(values: list[float]) -> bytes:
@@ -28,7 +29,7 @@ def decode(blob: bytes) -> list[float]:
 def rows(step: int, records: list) -> list[tuple]:
     """The table's rows of ``step``'s records (``RolloutRecord``s) that carry teacher log-probs."""
     return [
-        (step, r.prompt_index, r.completion_index, r.teacher_logprobs)
+        (step, r.prompt_index, r.completion_index, r.teacher_logprobs, getattr(r, "teacher_tokens_key", None))
         for r in records
         if getattr(r, "teacher_logprobs", None) is not None
     ]
@@ -45,3 +46,13 @@ def read(conn: sqlite3.Connection, step: int | None = None) -> dict[tuple[int, i
     if step is not None:
         sql += " WHERE step = ?"
     return {(s, p, c): decode(blob) for s, p, c, blob in conn.execute(sql + " ORDER BY 1, 2, 3", params)}
+
+
+def by_tokens_key(conn: sqlite3.Connection, after: int) -> dict[str, list[float]]:
+    """{tokens_key: the teacher's log-probs} of the steps after ``after`` (the values a resumed run may reuse for the
+    same tokens, :mod:`grpokit.train.teacher.replay`); {} for a store without the table or the column."""
+    columns = {row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
+    if KEY_COLUMN not in columns:
+        return {}
+    sql = f"SELECT {KEY_COLUMN}, logprob FROM {TABLE} WHERE step > ? AND {KEY_COLUMN} IS NOT NULL"
+    return {key: decode(blob) for key, blob in conn.execute(sql, (after,))}

@@ -66,6 +66,8 @@ class Loop:
         found = resume_point(self.run_dir_spec, check=main)  # checked: the checkpoint, on rank 0 the store and metrics
         if found is not None:  # loaded before the run folder is written: a misfit changes nothing there
             self.resume(found.path, verified=True)
+            if main and self.run.distiller is not None:  # the teacher's stored values of the steps done again
+                self.run.distiller.replay_from(self.run_dir_spec.output_dir, self.step)
         self.run_dir = Path(self.run_dir_spec.output_dir)
         if main:  # rank 0's writers: store, trackers, report
             self.run_log = open_run_dir(self.run_dir_spec, self.step, self.run_folder, found)
@@ -138,6 +140,8 @@ class Loop:
         run, procs, learner = self.run, self.run.procs, self.run.learner
         inputs = update_inputs(run.update_inputs_spec, rollouts, run.device)
         loss_mask, old_logprobs = inputs.loss_mask, inputs.old_logprobs
+        if run.distiller is not None:  # a served teacher's request runs beside the passes below
+            run.distiller.start(rollouts)
         batch = build_batch(run.model, rollouts, run.tokenizer.pad_token_id, run.device)
         ref_logprobs = learner.reference_logprobs(batch)
         if old_logprobs is None and run.algorithm.needs_old_logprobs(self.spec.algo):
@@ -245,6 +249,10 @@ class Loop:
             self.writing = False
         self.run.rollout_scheduler.close()  # first: its scoring threads may be calling the rewards
         self.run.rewards.close()
+        if self.run.distiller is not None:
+            self.run.distiller.close()
+        if self.run.evaluator.reward_runner is not self.run.rewards:  # eval_rewards: evaluation's own
+            self.run.evaluator.reward_runner.close()
 
     # ---- evaluation and checkpoints --------------------------------------------------------
     @property

@@ -65,3 +65,29 @@ def test_kill_9_then_resume_equals_the_straight_run(tmp_path, tiny_model_dir):
     assert len(ta) == STEPS * 8 and ta.keys() == tb.keys()
     for key in ta:
         assert ta[key] == pytest.approx(tb[key], abs=1e-6), key
+
+
+def test_a_resume_reuses_the_stored_teacher_logprobs(tmp_path, tiny_model_dir, monkeypatch):
+    """A finished 6-step run resumed from its step-3 checkpoint does steps 4-6 again: the sampler draws the same tokens,
+    so their teacher log-probs come from the store (no teacher call at all), and the steps equal the first run's."""
+    from grpokit.train.teacher.distiller import Distiller
+    from grpokit.train.teacher.local import LocalTeacher
+
+    padded_teacher(tmp_path / "teacher", tiny_model_dir)
+    path = run_config(tmp_path, tiny_model_dir, tmp_path / "teacher", "run")
+    calls, steps = [], []
+    scored, adjust = LocalTeacher.logprobs, Distiller.adjust
+    monkeypatch.setattr(LocalTeacher, "logprobs", lambda self, *a: calls.append(1) or scored(self, *a))
+    monkeypatch.setattr(Distiller, "adjust", lambda self, *a: steps.append(1) or adjust(self, *a))
+    assert main(["train", path, "save_steps=3"]) == 0
+    assert len(calls) == STEPS  # one teacher call a step
+    first, (_, stored_first) = metrics(tmp_path / "run"), stored(tmp_path / "run")
+    calls.clear(), steps.clear()
+    assert main(["train", path, "save_steps=3", f"resume_from={tmp_path / 'run' / 'checkpoints' / 'step-3'}"]) == 0
+    assert len(steps) == 3 and calls == []  # steps 4-6 done again, every row's tokens with stored teacher log-probs
+    again, (_, stored_again) = metrics(tmp_path / "run"), stored(tmp_path / "run")
+    assert [m["step"] for m in again] == list(range(1, STEPS + 1))
+    for x, y in zip(first, again):
+        for key in COMPARED:
+            assert x[key] == pytest.approx(y[key], abs=1e-6), (x["step"], key)
+    assert stored_again == stored_first

@@ -1,13 +1,12 @@
-"""A served teacher (grpokit/train/teacher/served.py) against a teacher server written here: a tiny HTTP server
-answering vLLM's /v1/completions with prompt log-probs from a local model. Local and served teachers give the same
-per-token log-probs (1e-5, float32); a teacher server that is gone or hangs ends the run in one line naming it."""
+"""A served teacher (grpokit/train/teacher/served.py) against the teacher server of grpokit/testing/teacher_server.py:
+a tiny HTTP server answering vLLM's /v1/completions with prompt log-probs from a local model. Local and served
+teachers give the same per-token log-probs (1e-5, float32); a teacher server that is gone or hangs ends the run in one
+line naming it; the request is in flight during the step's reference pass."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from test_distill import metrics, padded_teacher
 
 from grpokit.cli import main
 from grpokit.rollout.types import Rollouts
+from grpokit.testing.teacher_server import serve_teacher
 from grpokit.train.teacher.local import LocalTeacher
 from grpokit.train.teacher.served import ServedTeacher, TeacherServerError
 
@@ -23,41 +23,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def serve(model, width: int, hang: threading.Event | None = None):
-    """A teacher server on a free loopback port: vLLM's prompt log-probs of each given sequence, float32, full
-    forward (no shared prompt cache: another computation than the local teacher's). ``hang``: while set, requests
-    to /v1/completions wait for it to clear. Returns (server, url)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def _send(self, payload: dict) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            self._send({"data": [{"id": "teacher"}]})
-
-        def do_POST(self):
-            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            while hang is not None and hang.is_set():
-                threading.Event().wait(0.05)
-            choices = []
-            for i, ids in enumerate(request["prompt"]):
-                with torch.no_grad():
-                    logits = model(torch.tensor([ids])).logits[0, :-1, :width].float()
-                picked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
-                entries = [None] + [{str(t): {"logprob": float(x), "rank": 1}} for t, x in zip(ids[1:], picked)]
-                choices.append({"index": i, "text": "", "prompt_logprobs": entries})
-            self._send({"choices": choices})
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
+    """The teacher server of grpokit.testing on a free loopback port; returns (server, url)."""
+    return serve_teacher(model, width, hang=hang)
 
 
 @pytest.fixture()
@@ -113,3 +80,48 @@ def test_a_teacher_server_that_hangs_is_bounded(teacher):
     finally:
         hang.clear()
         server.shutdown()
+
+
+def test_the_served_teacher_is_asked_while_the_reference_pass_runs(tmp_path, tiny_model_dir, monkeypatch):
+    """Events, not time: each step's reference pass starts only once the teacher's request has reached the server
+    (the server holds the answer until that pass is done), so the request is in flight during the pass."""
+    from grpokit.train.learning.learner import Learner
+
+    class Arrivals:  # counts the scoring requests that reached the server
+        def __init__(self):
+            self.count, self.changed = 0, threading.Condition()
+
+        def set(self):
+            with self.changed:
+                self.count += 1
+                self.changed.notify_all()
+
+        def reached(self, n: int) -> bool:
+            with self.changed:
+                return self.changed.wait_for(lambda: self.count >= n, timeout=20)
+
+    model, tokenizer = padded_teacher(tmp_path / "teacher", tiny_model_dir)
+    arrivals, release = Arrivals(), threading.Event()
+    server, url = serve_teacher(model.eval(), len(tokenizer), arrived=arrivals, release=release)
+    reference, seen = Learner.reference_logprobs, []
+
+    def after_the_request(self, batch):
+        # reference pass k starts after the k-th request arrived; False: it came only after the pass (sequential)
+        seen.append(arrivals.reached(len(seen) + 1))
+        try:
+            return reference(self, batch)
+        finally:
+            release.set()  # the server answers now (a later request passes straight through)
+
+    monkeypatch.setattr(Learner, "reference_logprobs", after_the_request)
+    try:
+        path = tiny_run_config(
+            tmp_path, tiny_model_dir, max_steps=2, name="overlap", algo={"beta": 0.04, "teacher_server_url": url}
+        )
+        assert main(["train", str(path)]) == 0
+    finally:
+        release.set()
+        server.shutdown()
+    assert seen == [True, True]
+    steps = metrics(tmp_path / "overlap")
+    assert all(m["distill/request_seconds"] > 0 and m["distill/seconds"] >= 0 for m in steps)

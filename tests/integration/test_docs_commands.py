@@ -114,6 +114,19 @@ NOT_RUNNABLE = {
     "python bench/profile_step.py --layers 4": "a 152k-vocabulary model under the profiler: ~3 min, ~5 GB",
     "python bench/head_slices.py": "a 152k-vocabulary head, 16 passes: ~2 min",
     "python bench/vs_trl.py --quick --configs grpokit,grpokit_ppo": "the benchmark, grpokit's GRPO and PPO: ~5 min",
+    "python examples/distill/teacher.py": (
+        "the demo's warm start (~3.5 min here) and 100 GRPO steps; tests/integration/test_examples_distill.py builds a "
+        "smaller one with the same code"
+    ),
+    "grpokit train examples/distill/config.yaml": (
+        "needs teacher.py's teacher; tests/integration/test_examples_distill.py runs this command on a smaller one"
+    ),
+    "python examples/distill/run.py": "needs teacher.py's teacher, then three 30-step runs (~1 min)",
+    "python examples/distill/run.py learning_rate=3e-4": "needs teacher.py's teacher, then three runs (~1-2 min)",
+    "python examples/distill/run.py learning_rate=1e-3": "needs teacher.py's teacher, then three runs (~1-2 min)",
+    "python bench/teacher_overlap.py --delay 0.2 --steps 12": (
+        "needs examples/distill's cached models; tests/integration/test_distill_served.py checks the overlap"
+    ),
     "grpokit train examples/arithmetic/config.yaml output_dir=runs/grpo": (
         "the demo's warm start (~90 s to build) and 100 steps (~2 min); tests/integration/test_demo.py runs the demo"
     ),

@@ -38,3 +38,11 @@ def test_bad_settings_get_one_line(given, message):
     with pytest.raises(ConfigError, match=message) as info:
         GRPOConfig(**given)
     assert "\n" not in str(info.value)
+
+
+def test_empty_eval_rewards_are_refused_in_one_line():
+    """eval_rewards: [] would score nothing (null means the training rewards)."""
+    from grpokit.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"eval_rewards: \[\] scores nothing; list the rewards to evaluate with"):
+        load_config(None, {"model_name_or_path": "m", "train_dataset": "builtin:arithmetic", "eval_rewards": []})
