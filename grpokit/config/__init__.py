@@ -1,9 +1,12 @@
-"""Configuration: section dataclasses, the GRPOConfig facade, YAML loading, CLI overrides, validation.
+"""Configuration: the GRPOConfig facade over sections assembled from the parts' own settings classes, YAML loading,
+CLI overrides, validation.
 
-The modules, one concern each: ``training`` and ``running`` (the sections, a docstring line per field),
-``schema`` (sections by name, aliases, allowed values), ``keys`` (key forms and TRL's keys to fields),
-``coerce`` (values to field types), ``facade`` (GRPOConfig), ``validation`` and ``rules`` (per-section
-checks, then cross-section rules), ``loading`` (YAML and overrides), ``reference`` (docs/config.md).
+The modules, one concern each: ``training`` and ``running`` (the sections, each assembled from the settings classes
+beside the parts: every field's default, type and doc line is there), ``sections`` (sections by name, aliases, allowed
+values, and ``part_checks``, which runs each settings class's own ``check()``), ``keys`` (key forms and TRL's keys to
+fields), ``trl_keys`` and ``trl_forms`` (TRL's names and value forms), ``coerce`` (values to field types), ``facade``
+(GRPOConfig), ``validation`` (the order of the checks), ``rules`` and ``placement`` (the rules that span parts),
+``loading`` (YAML and overrides), ``reference`` (docs/config.md and typed_keys.py).
 """
 
 from grpokit.config.facade import GRPOConfig
