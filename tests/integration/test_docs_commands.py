@@ -280,6 +280,9 @@ TOOLS_SHORT = [
     "max_steps=1",
     "output_dir=runs/tools",
 ]
+VISION_BUILD = ["--data-dir", "data", "--cache-dir", "home/.cache/grpokit", "--train", "24", "--eval", "12"]
+VISION_BUILD += ["--warm-clean-steps", "2", "--warm-sloppy-steps", "1", "--warm-batch-size", "8"]
+VISION_SHORT = ["max_steps=1", "max_eval_prompts=6", "train_dataset=data/train.jsonl", "eval_dataset=data/eval.jsonl"]
 # A documented command's start (the longest one that matches) -> arguments appended to it.
 APPENDED = {
     # the README's quickstart, on a tiny stand-in for the demo's model (see demo_policy): 2 steps, then 1 more
@@ -294,6 +297,15 @@ APPENDED = {
     "python examples/molecules/run.py": MOLECULES_SHORT,
     "python examples/fill_in/run.py": FILL_IN_SHORT,
     "python examples/tools/run.py": TOOLS_SHORT,
+    # examples/vision: a tiny warm start into the HOME the config's ~ names, 24 + 12 pictures in data/, one step each
+    "python examples/vision/build.py": VISION_BUILD,
+    "OMP_NUM_THREADS=1 grpokit train examples/vision/config.yaml": VISION_SHORT,
+    "OMP_NUM_THREADS=1 grpokit train examples/vision/config.yaml train_dataset=examples/vision/data/train_blank.jsonl "
+    "eval_dataset=examples/vision/data/eval_blank.jsonl output_dir=runs/vision-blank": [
+        *VISION_SHORT[:2],
+        "train_dataset=data/train_blank.jsonl",
+        "eval_dataset=data/eval_blank.jsonl",
+    ],
     # GSM8K from the hub -> the stand-in the test generates (make_gsm8k_standin); the stand-in block's own
     # command reads the stand-in it wrote, and runs as documented
     "python examples/gsm8k/prepare.py": ["--source", "gsm8k-standin"],
