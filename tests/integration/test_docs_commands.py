@@ -157,6 +157,9 @@ NOT_RUNNABLE = {
         "three 494M-parameter runs of 4 steps: ~30 min, ~16 GB"
     ),
     "python bench/decode_matmuls.py": "one decoding step's matmuls at 0.5B, 5 backends x 6: ~1 min, ~10 GB",
+    "OMP_NUM_THREADS=1 python bench/vision_vs_trl.py": (
+        "TRL and grpokit on a tiny VLM with 224 px pictures, 2 rounds: ~2 min; its 28 px form runs shortened here"
+    ),
     "python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_trim_1gib": (
         "4 steps of a 494M-parameter model: ~10 min, ~15 GB"
     ),
@@ -300,6 +303,7 @@ APPENDED = {
     # examples/vision: a tiny warm start into the HOME the config's ~ names, 24 + 12 pictures in data/, one step each
     "python examples/vision/build.py": VISION_BUILD,
     "OMP_NUM_THREADS=1 grpokit train examples/vision/config.yaml": VISION_SHORT,
+    "OMP_NUM_THREADS=1 python bench/vision_vs_trl.py --image-side 28": ["--steps=1", "--rounds=1", "--tokens=4"],
     "OMP_NUM_THREADS=1 grpokit train examples/vision/config.yaml train_dataset=examples/vision/data/train_blank.jsonl "
     "eval_dataset=examples/vision/data/eval_blank.jsonl output_dir=runs/vision-blank": [
         *VISION_SHORT[:2],
