@@ -172,6 +172,9 @@ NOT_RUNNABLE = {
         "three 494M-parameter runs of 4 steps: ~30 min, ~16 GB"
     ),
     "python bench/decode_matmuls.py": "one decoding step's matmuls at 0.5B, 5 backends x 6: ~1 min, ~10 GB",
+    "OMP_NUM_THREADS=1 python bench/vision_vs_trl.py": (
+        "TRL and grpokit on a tiny VLM with 224 px pictures, 2 rounds: ~2 min; its 28 px form runs shortened here"
+    ),
     "python bench/heap_steps.py --shape qwen0.5b --steps 4 --config grpokit_trim_1gib": (
         "4 steps of a 494M-parameter model: ~10 min, ~15 GB"
     ),
@@ -297,6 +300,9 @@ TOOLS_SHORT = [
     "max_steps=1",
     "output_dir=runs/tools",
 ]
+VISION_BUILD = ["--data-dir", "data", "--cache-dir", "home/.cache/grpokit", "--train", "24", "--eval", "12"]
+VISION_BUILD += ["--warm-clean-steps", "2", "--warm-sloppy-steps", "1", "--warm-batch-size", "8"]
+VISION_SHORT = ["max_steps=1", "max_eval_prompts=6", "train_dataset=data/train.jsonl", "eval_dataset=data/eval.jsonl"]
 # A documented command's start (the longest one that matches) -> arguments appended to it.
 APPENDED = {
     # the README's quickstart, on a tiny stand-in for the demo's model (see demo_policy): 2 steps, then 1 more
@@ -311,6 +317,16 @@ APPENDED = {
     "python examples/molecules/run.py": MOLECULES_SHORT,
     "python examples/fill_in/run.py": FILL_IN_SHORT,
     "python examples/tools/run.py": TOOLS_SHORT,
+    # examples/vision: a tiny warm start into the HOME the config's ~ names, 24 + 12 pictures in data/, one step each
+    "python examples/vision/build.py": VISION_BUILD,
+    "OMP_NUM_THREADS=1 grpokit train examples/vision/config.yaml": VISION_SHORT,
+    "OMP_NUM_THREADS=1 python bench/vision_vs_trl.py --image-side 28": ["--steps=1", "--rounds=1", "--tokens=4"],
+    "OMP_NUM_THREADS=1 grpokit train examples/vision/config.yaml train_dataset=examples/vision/data/train_blank.jsonl "
+    "eval_dataset=examples/vision/data/eval_blank.jsonl output_dir=runs/vision-blank": [
+        *VISION_SHORT[:2],
+        "train_dataset=data/train_blank.jsonl",
+        "eval_dataset=data/eval_blank.jsonl",
+    ],
     # GSM8K from the hub -> the stand-in the test generates (make_gsm8k_standin); the stand-in block's own
     # command reads the stand-in it wrote, and runs as documented
     "python examples/gsm8k/prepare.py": ["--source", "gsm8k-standin"],
