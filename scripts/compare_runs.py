@@ -28,7 +28,7 @@ def metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if not TIMING.search(k)} for line in lines if line.strip()]
 
 
-def tables(run: Path) -> dict[str, list[tuple]]:
+def tables(run: Path) -> dict[str, list[dict]]:
     path = run / "rollouts.sqlite"
     if not path.exists():
         return {}
@@ -44,7 +44,8 @@ def tables(run: Path) -> dict[str, list[tuple]]:
             key = keep.index(KEY_COLUMNS[name]) if KEY_COLUMNS.get(name) in keep else None
             if key is not None:  # a key/value table: a row named by a clock or a timing is left out
                 rows = [row for row in rows if not (row[key] in CLOCK_COLUMNS or TIMING.search(str(row[key])))]
-            out[name] = [tuple(_untimed(v) for v in row) for row in rows]
+            # by column name, NULLs left out: a column one side lacks reads as NULL (added later), as a table does
+            out[name] = [{c: _untimed(v) for c, v in zip(keep, row) if v is not None} for row in rows]
         return out
 
 
