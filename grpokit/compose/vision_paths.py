@@ -20,10 +20,10 @@ def check_image_paths(args, engine: str, prompts, procs, tools, rollout_func, ev
         (rollout_func is not None, "a rollout_func samples outside grpokit and would not get the images"),
         (tools is not None, "tool rollouts (tools / environment_factory) do not carry images yet"),
         (
-            engine == "vllm",
-            "generation.engine: vllm does not pass images to vLLM's multi_modal_data yet; set generation.engine: hf",
+            not _engine_takes_images(engine),
+            f"generation.engine: {engine} does not take images (vLLM: not passed to its multi_modal_data yet); set "
+            "generation.engine: hf",
         ),
-        (engine not in ("hf", "vllm"), f"generation.engine: {engine} does not take images; set generation.engine: hf"),
         (args.backend == "ray", "distributed.backend: ray's rollout workers do not take images; set backend: none"),
         (
             procs.world_size > 1,
@@ -37,3 +37,11 @@ def check_image_paths(args, engine: str, prompts, procs, tools, rollout_func, ev
     for refused, reason in refusals:
         if refused:
             raise ConfigError(f"{FIX}: {reason}.")
+
+
+def _engine_takes_images(engine: str) -> bool:
+    """The engine's registry entry says it samples prompts with images (``EngineEntry.takes_images``)."""
+    from grpokit.rollout.engines import ENGINES
+
+    entry = ENGINES.get(engine)
+    return entry is not None and entry.takes_images

@@ -74,6 +74,7 @@ class EngineEntry:
     separate_weights: bool = False
     internal: bool = False  # built by grpokit itself (tool rollouts, a rollout_func), not named by generation.engine
     own_sampler: bool = False  # grpokit's own sampler on the policy's weights (its compute dtype is chosen for it)
+    takes_images: bool = False  # samples prompts with images (a VLM's processor inputs: docs/vision.md)
     in_ray_workers: bool = False  # with distributed.backend: ray the rollout workers hold it; the learner keeps an hf
     checks_sync: bool = False  # has sync_gap_warning / sync_gap_stop: its log-probs against the learner's, each step
     check_environment: Callable[[Any, EngineSite], None] | None = None  # before a model loads: one line if it can't
@@ -97,7 +98,7 @@ class EngineSite:
 ENGINES = Registry("engine", entry=lambda name, build, **fields: EngineEntry(build, **fields))
 
 
-@ENGINES.register("hf", own_sampler=True)
+@ENGINES.register("hf", own_sampler=True, takes_images=True)
 def _hf(parts: EngineParts, settings: None = None):
     from grpokit.rollout.engine import HFRolloutEngine
 

@@ -167,7 +167,8 @@ def test_vllm_ray_and_torchrun_are_refused_with_images():
 
     one = SimpleNamespace(world_size=1)
     cases = [
-        (args(), "vllm", one, "does not pass images to vLLM's multi_modal_data"),
+        (args(), "vllm", one, "generation.engine: vllm does not take images (vLLM: not passed to its multi_modal_data"),
+        (args(), "transformers", one, "generation.engine: transformers does not take images"),
         (args(backend="ray"), "hf", one, "ray's rollout workers do not take images"),
         (args(), "hf", SimpleNamespace(world_size=2), "torchrun (2 processes) is not supported with images"),
     ]
