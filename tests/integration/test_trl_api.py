@@ -4,36 +4,25 @@ TrainerState, ``should_training_stop``, ``peft_config``, ``optimizers``, ``num_t
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
 import torch
-from shared_helpers import WORDS
+from shared_helpers import TRL_STYLE, tiny_args, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [{"prompt": " ".join(WORDS[i : i + 3]), "target": "w7"} for i in range(8)]
+PROMPTS = word_prompts(8, 3)
 
 
 def has_target(prompts, completions, target, **kwargs):
     return [float(t in c.split()) for c, t in zip(completions, target)]
 
 
-def config(run, **overrides):
-    values = dict(
-        output_dir=str(run),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=4,
-        max_steps=2,
-        learning_rate=1e-3,
-        disable_tqdm=True,
-        report_to="none",
-        logging_steps=1,
-    )
-    return GRPOConfig(**{**values, **overrides})
+config = functools.partial(tiny_args, **TRL_STYLE)
 
 
 class Recorder:
