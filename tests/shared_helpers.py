@@ -17,10 +17,33 @@ REWARD_FILE = os.path.join(os.path.dirname(__file__), "integration", "rewards_fo
 TARGET_REWARD = f"{REWARD_FILE}:target_fraction"
 
 
-def word_prompts(count: int = 30, length: int = 5, target: str | None = "w7") -> list[dict]:
+def cli_env(*path, **extra: str) -> dict:
+    """The environment of a ``grpokit`` subprocess: this process's, offline, no tokenizer threads; the folders
+    ``path`` first on its PYTHONPATH; ``extra`` variables added."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join([*map(str, path), os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+def grpokit_cli(*args, env: dict | None = None, cwd=None, timeout: float = 600):
+    """``grpokit ARGS`` in a subprocess (``python -m grpokit.cli``, the installed command's path), in ``cwd``, with
+    ``env`` (default :func:`cli_env`); stdout and stderr captured as text, the exit code left to the caller."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "grpokit.cli", *map(str, args)]
+    return subprocess.run(
+        command, env=env or cli_env(), cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def word_prompts(count: int = 30, length: int = 5, target: str | None = "w7", chat: bool = False) -> list[dict]:
     """The prompt set the tiny runs train on: ``count`` prompts of ``length`` consecutive words (w0 w1 w2 ..., then
-    w1 w2 w3 ...), each with a ``target`` column naming the word the target reward asks for (none if ``None``)."""
-    rows = [{"prompt": " ".join(WORDS[i : i + length])} for i in range(count)]
+    w1 w2 w3 ...), each with a ``target`` column naming the word the target reward asks for (none if ``None``);
+    ``chat``: each prompt a conversation of one user message."""
+    texts = [" ".join(WORDS[i : i + length]) for i in range(count)]
+    rows = [{"prompt": [{"role": "user", "content": t}] if chat else t} for t in texts]
     return rows if target is None else [{**row, "target": target} for row in rows]
 
 
@@ -104,6 +127,24 @@ def sampling_params(max_completion_length: int, temperature: float = 1.0, **over
     from grpokit.rollout.types import SamplingParams
 
     return dataclasses.replace(SamplingParams.plain(max_completion_length, temperature), **overrides)
+
+
+def sampled_batch(n: int, max_completion_length: int, seed: int = 0, num_layers: int = 1):
+    """What the learner tests update on: a tiny Llama (hidden 32, 2 heads, ``num_layers``, 30 words), ``n``
+    completions of each of the prompts [5, 6, 7] and [8, 9] sampled on the CPU (HFRolloutEngine, ``seed``), and their
+    learner batch. Returns (model, rollouts, batch)."""
+    import torch
+
+    from grpokit.rollout.engine import HFRolloutEngine
+    from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
+    from grpokit.train.learning.policy_logprobs import build_batch
+
+    cpu = torch.device("cpu")
+    tokenizer = build_word_tokenizer(WORDS[:30])
+    model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=num_layers, num_heads=2)
+    engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, cpu, seed=seed)
+    rollouts = engine.generate([[5, 6, 7], [8, 9]], n, sampling_params(max_completion_length))
+    return model, rollouts, build_batch(model, rollouts, tokenizer.pad_token_id, cpu)
 
 
 def save_tiny_moe(path, tokenizer, router_aux_loss_coef: float, seed: int = 0, **config):
