@@ -7,7 +7,7 @@ import functools
 import json
 
 import pytest
-from shared_helpers import WORDS, tiny_args
+from shared_helpers import WORDS, tiny_args, tiny_run_config
 
 from grpokit import GRPOTrainer
 from grpokit.cli import main
@@ -54,22 +54,10 @@ def test_long_prompts_are_counted_in_the_metrics(tmp_path, tiny_model_dir, overf
 
 
 def write_cli_run(tmp_path, model_dir, rows, **data) -> str:
-    path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "model": {"model_name_or_path": str(model_dir)},
-                "data": {"train_dataset": str(path), **data},
-                "algo": {"num_generations": 2},
-                "optim": {"per_device_train_batch_size": 4, "max_steps": 1},
-                "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False},
-                "rewards": [f"{__file__}:word_count"],
-            }
-        )
+    reward = f"{__file__}:word_count"
+    return str(
+        tiny_run_config(tmp_path, model_dir, max_steps=1, num_generations=2, rewards=[reward], prompts=rows, data=data)
     )
-    return str(config)
 
 
 def test_prompt_overflow_error_exits_2_naming_the_prompt(tmp_path, tiny_model_dir, capsys):
