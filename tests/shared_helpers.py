@@ -1,4 +1,6 @@
-"""What tests share besides fixtures: the tiny vocabulary, the chat template, the reward file the runs score with.
+"""What tests share besides fixtures: the tiny vocabulary, the chat template, the reward file the runs score with,
+and the one builder of a small run (``tiny_args`` from Python, ``tiny_run_config`` as YAML) with its one prompt set
+(``word_prompts``): a test writes down only what differs from the tiny run (docs/testing.md).
 
 A module with a name of its own (not ``conftest``), so that ``from shared_helpers import ...`` finds this file
 whichever subset of the tree pytest collects (tests/real_vllm has a conftest.py of its own).
