@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from shared_helpers import tiny_args
+from shared_helpers import RAY_WORKERS, tiny_args
 
 from grpokit import GRPOTrainer
 from grpokit.algos.kl_control import adaptive_kl_coef
@@ -180,7 +180,7 @@ def test_dynamic_sampling_with_ray_rollout_workers(tiny_model_dir, tmp_path):
     """Sync Ray sampling: each round goes to the workers (seeds per group numbered on across rounds)."""
     pytest.importorskip("ray", reason="needs the ray extra")
     run = tmp_path / "run"
-    train(tiny_model_dir, run, max_steps=2, backend="ray", num_rollout_workers=2, rollout_worker_cpus=0.5)
+    train(tiny_model_dir, run, max_steps=2, **RAY_WORKERS)
     logged = metrics(run)
     assert any(m[SAMPLING_ROUNDS] > 1 for m in logged)
     for r in stored(run):
