@@ -9,6 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
+import shared_helpers
 from shared_helpers import CHAT_TEMPLATE, WORDS
 
 
@@ -26,8 +27,8 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture()
 def word_prompts():
-    """30 prompts of five words each; the `target` column names the word the reward asks for."""
-    return [{"prompt": " ".join(WORDS[i : i + 5]), "target": "w7"} for i in range(30)]
+    """30 prompts of five words each; the `target` column names the word the reward asks for (a fresh list)."""
+    return shared_helpers.word_prompts()
 
 
 @pytest.fixture(scope="module")

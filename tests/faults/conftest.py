@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD, WORDS, tiny_run_config
+from shared_helpers import cli_env, tiny_run_config, word_prompts
+from shared_helpers import grpokit_cli as grpokit
 
 HOOKS = Path(__file__).with_name("hooks")
 
@@ -41,22 +39,6 @@ def write_config(tmp_path: Path, model_dir: Path, max_steps: int = 2, **run) -> 
         reward={"reward_timeout": 600},  # the gate holds the first call while a test acts
     )
     return path.rename(tmp_path / "config.yaml")
-
-
-def cli_env(**extra: str) -> dict:
-    return dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
-
-
-def grpokit(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`grpokit ARGS` in a subprocess (stdout and stderr captured as text)."""
-    return subprocess.run(
-        [sys.executable, "-m", "grpokit.cli", *map(str, args)],
-        env=env or cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def grpokit_lines(stderr: str) -> list[str]:
@@ -107,21 +89,16 @@ def finished_run(tmp_path_factory, tiny_model_dir) -> Path:
     """A finished two-step run of the tiny model (store, metrics, report, checkpoint, final model), with an eval
     set so `grpokit eval RUN` has something to do. Module-wide: tests copy it before changing anything."""
     root = tmp_path_factory.mktemp("finished")
-    data = root / "train.jsonl"
-    rows = [{"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"} for i in range(8)]
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = {
-        "model": {"model_name_or_path": str(tiny_model_dir)},
-        "data": {"train_dataset": str(data), "eval_dataset": str(data)},
-        "algo": {"num_generations": 2, "beta": 0.04},
-        "generation": {"max_completion_length": 4},
-        "optim": {"learning_rate": 1e-3, "per_device_train_batch_size": 4, "max_steps": 2},
-        "eval": {"eval_strategy": "no", "max_eval_prompts": 2, "num_generations_eval": 2, "pass_at_k": [1]},
-        "run": {"output_dir": str(root / "run"), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 1},
-        "rewards": [TARGET_REWARD],
-    }
-    path = root / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = tiny_run_config(
+        root,
+        tiny_model_dir,
+        max_steps=2,
+        num_generations=2,
+        prompts=word_prompts(8, 4),
+        data={"eval_dataset": str(root / "train.jsonl")},
+        eval={"eval_strategy": "no", "max_eval_prompts": 2, "num_generations_eval": 2, "pass_at_k": [1]},
+        run={"save_steps": 1},
+    )
     proc = grpokit("train", path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "run"

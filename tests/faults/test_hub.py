@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD
+from shared_helpers import tiny_run_config
 
 from .conftest import one_line
 
@@ -25,22 +24,8 @@ BOUND_SECONDS = 120  # imports and start-up included; the retries alone took min
 
 
 def config(tmp_path: Path, model: str) -> Path:
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"prompt": "w1 w2", "target": "w7"}\n' * 4)
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model_name_or_path": model},
-                "data": {"train_dataset": str(data)},
-                "algo": {"num_generations": 2},
-                "optim": {"per_device_train_batch_size": 4, "max_steps": 1},
-                "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"]},
-                "rewards": [TARGET_REWARD],
-            }
-        )
-    )
-    return path
+    prompts = [{"prompt": "w1 w2", "target": "w7"}] * 4
+    return tiny_run_config(tmp_path, model, max_steps=1, num_generations=2, prompts=prompts)
 
 
 def hub_env(endpoint: str | None, offline: bool, home: Path) -> dict:

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD
+from shared_helpers import tiny_run_config
 
 from .conftest import hooked_env
 
@@ -37,23 +36,8 @@ def entry_point(name: str) -> list[str]:
 @pytest.fixture()
 def config(tmp_path, tiny_model_dir) -> Path:
     """A training config on the tiny model (its run never gets far: the signal comes while importing)."""
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"prompt": "w1 w2 w3", "target": "w7"}\n' * 4)
-    path = tmp_path / "config.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model_name_or_path": str(tiny_model_dir)},
-                "data": {"train_dataset": str(data)},
-                "algo": {"num_generations": 2},
-                "generation": {"max_completion_length": 4},
-                "optim": {"per_device_train_batch_size": 4, "max_steps": 1},
-                "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"]},
-                "rewards": [TARGET_REWARD],
-            }
-        )
-    )
-    return path
+    prompts = [{"prompt": "w1 w2 w3", "target": "w7"}] * 4
+    return tiny_run_config(tmp_path, tiny_model_dir, max_steps=1, num_generations=2, prompts=prompts)
 
 
 def assert_stopped(proc: subprocess.CompletedProcess, signame: str) -> None:

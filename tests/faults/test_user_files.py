@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD
+from shared_helpers import TARGET_REWARD, tiny_run_config
 
 from .conftest import cli_env, one_line
 
@@ -37,21 +36,18 @@ TOOL = '''def multiply(a: int, b: int) -> int:
 def write_config(
     folder: Path, model_dir: Path, rewards: list, agent: dict | None = None, algo: dict | None = None
 ) -> Path:
-    data = folder / "train.jsonl"
-    data.write_text('{"prompt": [{"role": "user", "content": "w1 w2"}], "target": "w7"}\n' * 4)
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 2, **(algo or {})},
-        "generation": {"max_completion_length": 4},
-        "optim": {"per_device_train_batch_size": 4, "max_steps": 1},
-        "run": {"output_dir": str(folder / "run"), "progress_bar": False, "report_to": ["jsonl"]},
-        "rewards": rewards,
-        "agent": agent or {},
-    }
-    path = folder / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    prompts = [{"prompt": [{"role": "user", "content": "w1 w2"}], "target": "w7"}] * 4
+    path = tiny_run_config(
+        folder,
+        model_dir,
+        max_steps=1,
+        num_generations=2,
+        rewards=rewards,
+        prompts=prompts,
+        algo=algo or {},
+        agent=agent or {},
+    )
+    return path.rename(folder / "config.yaml")
 
 
 @pytest.mark.parametrize(

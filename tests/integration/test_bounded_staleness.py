@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from shared_helpers import TARGET_REWARD, WORDS, tiny_run_config
-from test_signals import subprocess_env
+from shared_helpers import TARGET_REWARD, cli_env, signal_after_step, tiny_args, tiny_run_config, word_prompts
 
 G, PROMPTS_PER_STEP, STEPS = 4, 2, 6
 
@@ -35,7 +34,7 @@ def write_config(tmp_path: Path, model_dir: Path, **run) -> Path:
 def train(config: Path, *overrides: str) -> subprocess.CompletedProcess:
     done = subprocess.run(
         [sys.executable, "-m", "grpokit.cli", "train", str(config), *overrides],
-        env=subprocess_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=600,  # generous: two busy cores shared with other runs
@@ -85,7 +84,7 @@ def test_every_stored_sample_obeys_the_bound(tmp_path, tiny_model_dir, k):
     done = subprocess.run(
         [sys.executable, "-m", "grpokit.cli", "inspect", str(run), "--sql",
          "SELECT count(*) AS n FROM rollouts WHERE policy_version = 0"],
-        env=subprocess_env(), capture_output=True, text=True, timeout=300,
+        env=cli_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert str(G * PROMPTS_PER_STEP * min(k + 1, STEPS)) in done.stdout
@@ -113,22 +112,20 @@ def test_decoupled_ppo_with_sequence_mis_trains_and_logs_its_weights(tmp_path, t
 def test_a_run_stopped_with_batches_queued_resumes_to_the_same_numbers(tmp_path, tiny_model_dir):
     """K = 2: a SIGTERM after step 3 checkpoints with steps 4 and 5 queued (sampled by versions 1 and 2); the resumed
     run trains on them and ends with the numbers and weights of a straight run."""
-    import os
     import signal
 
     import torch
     from safetensors.torch import load_file
 
-    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit import GRPOTrainer
     from grpokit.store import RolloutStore
 
-    prompts = [{"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"} for i in range(20)]
+    prompts = word_prompts(20, 4)
 
     def trainer(run: Path, **more) -> GRPOTrainer:
-        args = GRPOConfig(
-            output_dir=str(run), num_generations=G, per_device_train_batch_size=G * PROMPTS_PER_STEP,
-            max_steps=STEPS, max_completion_length=4, learning_rate=5e-3, beta=0.04, save_steps=0,
-            progress_bar=False, report_to=["jsonl"], max_staleness=2, off_policy_correction="decoupled_ppo", **more,
+        args = tiny_args(
+            run, num_generations=G, prompts_per_step=PROMPTS_PER_STEP, max_steps=STEPS, learning_rate=5e-3,
+            beta=0.04, save_steps=0, max_staleness=2, off_policy_correction="decoupled_ppo", **more,
         )  # fmt: skip
         return GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=prompts)
 
@@ -141,14 +138,7 @@ def test_a_run_stopped_with_batches_queued_resumes_to_the_same_numbers(tmp_path,
 
     run = tmp_path / "run"
     first = trainer(run)
-    after_step = first.loop._after_step
-
-    def sigterm_after_step_3(step_metrics):
-        after_step(step_metrics)
-        if first.step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)  # handled: stop after this step with a checkpoint
-
-    first.loop._after_step = sigterm_after_step_3
+    signal_after_step(first, 3, signal.SIGTERM)
     first.train()
     assert first.step == 3
     queue = torch.load(run / "checkpoints" / "step-3" / "states.pt", weights_only=True)["pending_rollouts"]["queue"]

@@ -4,32 +4,26 @@ lines are longer than that."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD
+from shared_helpers import tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_piped_train_log_keeps_one_line_per_event(tmp_path, tiny_model_dir, word_prompts):
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in word_prompts[:8]))
-    config = {
-        "model": {"model_name_or_path": str(tiny_model_dir)},
-        "data": {"train_dataset": str(data), "eval_dataset": str(data)},
-        "algo": {"num_generations": 4},
-        "generation": {"max_completion_length": 4},
-        "optim": {"per_device_train_batch_size": 8, "max_steps": 1},
-        "run": {"output_dir": str(tmp_path / "run"), "report_to": ["console"], "save_steps": 0},
-        "eval": {"eval_steps": 1, "num_generations_eval": 2, "pass_at_k": [1, 2]},
-        "rewards": [TARGET_REWARD],
-    }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    tiny_run_config(
+        tmp_path,
+        tiny_model_dir,
+        max_steps=1,
+        prompts=word_prompts[:8],
+        data={"eval_dataset": str(tmp_path / "train.jsonl")},
+        run={"report_to": ["console"], "progress_bar": True, "save_steps": 0},
+        eval={"eval_steps": 1, "num_generations_eval": 2, "pass_at_k": [1, 2]},
+    ).rename(tmp_path / "config.yaml")
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "HF_HUB_DISABLE_PROGRESS_BARS")}
     env["OMP_NUM_THREADS"] = "1"
     result = subprocess.run(

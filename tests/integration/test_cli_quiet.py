@@ -5,7 +5,6 @@ transformers has it: tests/unit/test_hf_cache.py)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -13,8 +12,7 @@ import sys
 import warnings
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD
+from shared_helpers import tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,18 +20,10 @@ NOISE = ("gemm_4bit_forward", "kernels-community", "is deprecated", "FutureWarni
 
 
 def test_a_cli_run_prints_no_third_party_noise(tmp_path, tiny_model_dir, word_prompts):
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in word_prompts[:8]))
-    config = {
-        "model": {"model_name_or_path": str(tiny_model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4},
-        "generation": {"max_completion_length": 4},
-        "optim": {"per_device_train_batch_size": 8, "max_steps": 1},
-        "run": {"output_dir": str(tmp_path / "run"), "report_to": ["console"], "save_steps": 0},
-        "rewards": [TARGET_REWARD],
-    }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    console = {"report_to": ["console"], "progress_bar": True, "save_steps": 0}
+    tiny_run_config(tmp_path, tiny_model_dir, max_steps=1, prompts=word_prompts[:8], run=console).rename(
+        tmp_path / "config.yaml"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"} | {"OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "grpokit", "train", "config.yaml"],

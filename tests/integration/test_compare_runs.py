@@ -8,9 +8,9 @@ import json
 import re
 
 import pytest
-from shared_helpers import TARGET_REWARD
+from shared_helpers import TARGET_REWARD, tiny_args
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.cli import main
 from grpokit.store.compare import load_run, solved_difference
 
@@ -18,20 +18,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def train(tmp_path, name, tiny_model_dir, word_prompts, **settings):
-    args = GRPOConfig(
-        output_dir=str(tmp_path / name),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=2,
-        max_completion_length=4,
-        progress_bar=False,
-        report_to=["jsonl"],
-        eval_steps=2,
-        num_generations_eval=4,
-        pass_at_k=[1, 4],
-        success_threshold=0.2,
-        **settings,
-    )
+    evaluation = dict(eval_steps=2, num_generations_eval=4, pass_at_k=[1, 4], success_threshold=0.2)
+    args = tiny_args(tmp_path / name, **evaluation, **settings)
     GRPOTrainer(
         str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=word_prompts, eval_dataset=word_prompts[:6]
     ).train()

@@ -10,8 +10,7 @@ import subprocess
 import sys
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD
+from shared_helpers import tiny_run_config, word_prompts
 
 from grpokit.kernels.cpu_precision import cache_key, cache_path
 from grpokit.kernels.cpu_probe import LEARN_ROWS, candidates, matmul_shapes
@@ -31,18 +30,14 @@ def test_train_records_the_measured_choice(tmp_path):
     sampling = {path: RATES[1][path] for path in key["sampling"]}
     entry = {"key": key, "rates": {"learning": learning, "sampling": sampling}}
     write_atomic(cache_path(key, tmp_path / "cache"), json.dumps(entry))
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1}", "target": "w7"}) + "\n" for i in range(8)))
-    config = {
-        "model": {"model_name_or_path": str(tmp_path / "model")},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4},
-        "generation": {"max_completion_length": 3},
-        "optim": {"per_device_train_batch_size": 8, "max_steps": 1},
-        "run": {"output_dir": str(tmp_path / "run"), "report_to": ["jsonl"], "save_steps": 0},
-        "rewards": [TARGET_REWARD],
-    }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    tiny_run_config(
+        tmp_path,
+        tmp_path / "model",
+        max_steps=1,
+        prompts=word_prompts(8, 2),
+        generation={"max_completion_length": 3},
+        run={"progress_bar": True, "save_steps": 0},
+    ).rename(tmp_path / "config.yaml")
     env = {**os.environ, "GRPOKIT_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     for forced in ("GRPOKIT_CPU_CAPS", "GRPOKIT_CPU_PRECISION", "ONEDNN_MAX_CPU_ISA"):
         env.pop(forced, None)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_signals import assert_run_consistent, subprocess_env, write_run_config
+from shared_helpers import cli_env
+from test_signals import assert_run_consistent, write_run_config
 
 from grpokit.train.rundir.checkpoint import list_checkpoints
 
@@ -56,7 +57,7 @@ def assert_consistent_after_kill(run: Path, context: str) -> None:
 def start(config: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "grpokit.cli", "train", str(config), "resume_from=latest"],
-        env=subprocess_env(),
+        env=cli_env(),
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )

@@ -3,37 +3,22 @@ step is logged with its rollouts, and the run stops with a message after max_non
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from shared_helpers import WORDS
+from shared_helpers import tiny_args, tiny_run_config, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore
 from grpokit.train.rundir.checkpoint import list_checkpoints
 
-PROMPTS = [{"prompt": " ".join(WORDS[i : i + 4])} for i in range(16)]
-
-
-def args(run: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(run),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=5,
-        max_completion_length=4,
-        learning_rate=1e-2,
-        beta=0.0,
-        max_nonfinite_steps=2,
-        save_steps=0,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
-    return GRPOConfig(**(values | overrides))
+PROMPTS = word_prompts(16, 4, target=None)
+args = functools.partial(tiny_args, max_steps=5, learning_rate=1e-2, beta=0.0, max_nonfinite_steps=2, save_steps=0)
 
 
 def one_per_word(prompts, completions, **columns):
@@ -111,17 +96,14 @@ def test_isolated_nonfinite_steps_are_skipped_without_stopping(tmp_path, tiny_mo
 def write_cli_config(tmp_path: Path, model_dir, reward_body: str, **algo) -> Path:
     reward_file = tmp_path / "rewards.py"
     reward_file.write_text(f"def reward(prompts, completions, **columns):\n    return {reward_body}\n")
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"model: {{model_name_or_path: {model_dir}}}\ndata: {{train_dataset: {data}}}\n"
-        f"algo: {json.dumps({'num_generations': 4, 'beta': 0.0, **algo})}\ngeneration: {{max_completion_length: 4}}\n"
-        "optim: {per_device_train_batch_size: 8, max_steps: 5}\n"
-        f"run: {{output_dir: {tmp_path / 'run'}, max_nonfinite_steps: 3, progress_bar: false, report_to: [jsonl]}}\n"
-        f"rewards: ['{reward_file}:reward']\n"
+    return tiny_run_config(
+        tmp_path,
+        model_dir,
+        max_steps=5,
+        rewards=[f"{reward_file}:reward"],
+        algo={"beta": 0.0, **algo},
+        run={"max_nonfinite_steps": 3},
     )
-    return config
 
 
 def test_huge_rewards_overflow_the_gradient_and_the_cli_exits_1(tmp_path, tiny_model_dir, capsys):

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import yaml
-from shared_helpers import TARGET_REWARD
+from shared_helpers import tiny_run_config
 
 # REINFORCE with a baseline-free advantage and the token mean of the micro-batch: l = -A logp. Its metric shows
 # in metrics.jsonl that the run trained with it; `calls` counts its micro-batches.
@@ -30,18 +30,17 @@ MY_LOSS = textwrap.dedent(
 @pytest.mark.slow
 def test_a_registered_loss_trains_through_the_cli(tmp_path, tiny_model_dir, word_prompts):
     (tmp_path / "my_loss.py").write_text(MY_LOSS)
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in word_prompts))
-    config = {
-        "model": {"model_name_or_path": str(tiny_model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4, "beta": 0.0, "loss_type": "reinforce", "imports": ["my_loss.py"]},
-        "generation": {"max_completion_length": 5},
-        "optim": {"learning_rate": 1e-3, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
-        "run": {"output_dir": "run", "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
-        "rewards": [TARGET_REWARD],
-    }
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    path = tiny_run_config(
+        tmp_path,
+        tiny_model_dir,
+        max_steps=2,  # given again on the command line below
+        prompts_per_step=1,
+        prompts=word_prompts,
+        algo={"beta": 0.0, "loss_type": "reinforce", "imports": ["my_loss.py"]},
+        generation={"max_completion_length": 5},
+        optim={"gradient_accumulation_steps": 2},
+        run={"save_steps": 0},
+    ).rename(tmp_path / "config.yaml")
     done = subprocess.run(
         [sys.executable, "-m", "grpokit", "train", "config.yaml", "max_steps=2"],
         cwd=tmp_path,
@@ -58,6 +57,7 @@ def test_a_registered_loss_trains_through_the_cli(tmp_path, tiny_model_dir, word
         assert "clip_ratio/region_mean" not in m  # the clipped surrogate's metric: not this loss
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["algo"]["loss_type"] == "reinforce"
     # the same config without the module: one line naming the unknown loss and where a loss is registered
+    config = yaml.safe_load(path.read_text())
     config["algo"]["imports"] = []
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
     bad = subprocess.run(

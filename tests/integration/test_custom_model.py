@@ -3,6 +3,7 @@ tokenizer (encode / decode / eos_token_id / pad_token_id), trained end to end wi
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import sys
@@ -11,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_model
-from shared_helpers import sampling_params
+from shared_helpers import sampling_params, tiny_args
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
 
@@ -64,23 +65,19 @@ def a_fraction(prompts, completions, **columns):
     return [c.count("a") / max(1, len(c)) for c in completions]
 
 
-def args_for(tmp_path, **overrides) -> GRPOConfig:
-    base = {
-        "num_generations": 8,
-        "per_device_train_batch_size": 16,
-        "max_completion_length": 8,
-        "beta": 0.04,
-        "learning_rate": 1e-2,
-        "lr_scheduler_type": "constant",
-        "max_steps": 4,
-        "seed": 0,
-        "ref_model_sync_steps": 2,
-        "output_dir": str(tmp_path / "run"),
-        "save_steps": 0,
-        "report_to": ["jsonl"],
-        "progress_bar": False,
-    }
-    return GRPOConfig(**{**base, **overrides})
+# 8 completions of each of 2 prompts a step, 4 steps at a constant learning rate, the reference synced every 2
+args_for = functools.partial(
+    tiny_args,
+    num_generations=8,
+    max_completion_length=8,
+    beta=0.04,
+    learning_rate=1e-2,
+    lr_scheduler_type="constant",
+    max_steps=4,
+    seed=0,
+    ref_model_sync_steps=2,
+    save_steps=0,
+)
 
 
 def first_token_prob(model, tokenizer, prompt: str, char: str) -> float:
@@ -98,7 +95,7 @@ def test_nanogpt_module_and_plain_tokenizer_train_end_to_end(tmp_path, monkeypat
     rows = [{"prompt": p} for p in ("x>", "yz>", "abc>", "zzz>")]
     before = first_token_prob(model, tokenizer, "x>", "a")
     trainer = GRPOTrainer(
-        model=model, tokenizer=tokenizer, reward_funcs=a_fraction, args=args_for(tmp_path), train_dataset=rows
+        model=model, tokenizer=tokenizer, reward_funcs=a_fraction, args=args_for(tmp_path / "run"), train_dataset=rows
     )
     assert trainer.reference.model is not None and trainer.reference.model is not trainer.model  # a frozen copy
     reference_before = [p.clone() for p in trainer.reference.model.parameters()]
@@ -127,7 +124,7 @@ def test_plain_tokenizer_without_pad_uses_eos(tmp_path):
         model=nano_gpt(len(tokenizer.vocab)),
         tokenizer=tokenizer,
         reward_funcs=a_fraction,
-        args=args_for(tmp_path, max_steps=1, per_device_train_batch_size=8, ref_model_sync_steps=0),
+        args=args_for(tmp_path / "run", max_steps=1, per_device_train_batch_size=8, ref_model_sync_steps=0),
         train_dataset=[{"prompt": "ab>"}],
     )
     assert tokenizer.pad_token_id == tokenizer.eos_token_id == 0

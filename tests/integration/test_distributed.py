@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from shared_helpers import TARGET_REWARD, sampling_params
+from shared_helpers import TARGET_REWARD, sampling_params, tiny_run_config
 
 from grpokit import GRPOConfig
 from grpokit.cli import main
@@ -24,22 +23,20 @@ from grpokit.system.processes import RewardBatch, SingleProcess
 
 
 def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict], name: str, **optim) -> Path:
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in prompts))
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4, "beta": 0.04, "scale_rewards": "batch"},
-        "generation": {"max_completion_length": 6},
-        "optim": {"learning_rate": 1e-3, "max_steps": 3, "lr_scheduler_type": "constant", **optim},
-        "run": {"output_dir": str(tmp_path / name), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
-        "distributed": {"seed_per_group": True},
+    return tiny_run_config(
+        tmp_path,
+        model_dir,
+        max_steps=3,
         # a target length in characters varies within every group, so advantages, losses and updates are not zero
-        "rewards": [TARGET_REWARD, {"name": "length", "target_length": 20, "unit": "chars"}],
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+        rewards=[TARGET_REWARD, {"name": "length", "target_length": 20, "unit": "chars"}],
+        name=name,
+        prompts=prompts,
+        algo={"scale_rewards": "batch"},
+        generation={"max_completion_length": 6},
+        optim={"lr_scheduler_type": "constant", **optim},
+        run={"save_steps": 0},
+        distributed={"seed_per_group": True},
+    )
 
 
 def read_metrics(run: Path) -> list[dict]:

@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-import yaml
 
 from grpokit.cli import main
 
@@ -31,25 +30,20 @@ def wants_answer(prompts, completions, answer, **kwargs):
 
 
 def write_config(tmp_path, model, reward="distinct_words", chat=False, **more):
-    from shared_helpers import WORDS
+    from shared_helpers import tiny_run_config, word_prompts
 
-    texts = [" ".join(WORDS[i : i + 4]) for i in range(12)]
-    prompts = [[{"role": "user", "content": t}] for t in texts] if chat else texts
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     (tmp_path / "rewards.py").write_text(REWARDS)
-    config = {
-        "model": {"model_name_or_path": str(model)},
-        "data": {"train_dataset": str(tmp_path / "train.jsonl")},
-        "algo": {"num_generations": 4, "beta": 0.0},
-        "generation": {"max_completion_length": 6},
-        "optim": {"per_device_train_batch_size": 8, "max_steps": 10},
-        "run": {"output_dir": str(tmp_path / "run"), "report_to": []},
-        "rewards": [f"{tmp_path / 'rewards.py'}:{reward}"],
+    return tiny_run_config(
+        tmp_path,
+        model,
+        max_steps=10,
+        rewards=[f"{tmp_path / 'rewards.py'}:{reward}"],
+        prompts=word_prompts(12, 4, target=None, chat=chat),
+        algo={"beta": 0.0},
+        generation={"max_completion_length": 6},
+        run={"report_to": [], "progress_bar": True},
         **more,
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    )
 
 
 def doctor(config, capsys, *extra):

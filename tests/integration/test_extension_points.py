@@ -4,12 +4,13 @@ API on a tiny model, with no other edit to grpokit."""
 
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
 from pathlib import Path
 
 import pytest
-from shared_helpers import TARGET_REWARD
+from shared_helpers import TARGET_REWARD, tiny_args
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.config import ConfigError
@@ -131,22 +132,14 @@ def sign_advantages(rewards, num_generations, settings):
 """
 
 
+# each extension trains one step of the tiny run, with no checkpoint
+one_step_args = functools.partial(tiny_args, max_steps=1, max_completion_length=5, save_strategy="no")
+
+
 def one_step(tmp_path: Path, model_dir: Path, prompts: list, module: str, source: str, **settings) -> Path:
     (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
     run = tmp_path / "run"
-    args = GRPOConfig(
-        output_dir=str(run),
-        imports=[str(tmp_path / f"{module}.py")],
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=1,
-        max_completion_length=5,
-        learning_rate=1e-3,
-        save_strategy="no",
-        progress_bar=False,
-        report_to=["jsonl"],
-        **settings,
-    )
+    args = one_step_args(run, imports=[str(tmp_path / f"{module}.py")], learning_rate=1e-3, **settings)
     GRPOTrainer(str(model_dir), TARGET_REWARD, args=args, train_dataset=prompts).train()
     return run
 
@@ -218,18 +211,7 @@ def test_an_engine_with_one_setting(tmp_path, tiny_model_dir, word_prompts):
 def test_a_builtin_reward(tmp_path, tiny_model_dir, word_prompts):
     (tmp_path / "toy_reward.py").write_text(textwrap.dedent(TOY_REWARD))
     run = tmp_path / "run"
-    args = GRPOConfig(
-        output_dir=str(run),
-        imports=[str(tmp_path / "toy_reward.py")],
-        rewards=[{"name": "has_word", "word": "w7"}],
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=1,
-        max_completion_length=5,
-        save_strategy="no",
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
+    args = one_step_args(run, imports=[str(tmp_path / "toy_reward.py")], rewards=[{"name": "has_word", "word": "w7"}])
     GRPOTrainer(str(tiny_model_dir), args=args, train_dataset=word_prompts).train()
     with RolloutStore(run, readonly=True) as store:
         rows = store.rollouts()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from shared_helpers import tiny_args
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.config import ConfigError
@@ -21,22 +22,11 @@ def target_reward(prompts, completions, target, **columns):
 
 
 def lora_args(tmp_path, **overrides) -> GRPOConfig:
-    base = {
-        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]},
-        "num_generations": 4,
-        "per_device_train_batch_size": 8,
-        "max_completion_length": 6,
-        "beta": 0.1,
-        "learning_rate": 5e-2,
-        "lr_scheduler_type": "constant",
-        "max_steps": 2,
-        "seed": 0,
-        "output_dir": str(tmp_path / "run"),
-        "save_steps": 0,
-        "report_to": ["jsonl"],
-        "progress_bar": False,
-    }
-    return GRPOConfig(**{**base, **overrides})
+    lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    run = dict(
+        max_completion_length=6, beta=0.1, learning_rate=5e-2, lr_scheduler_type="constant", seed=0, save_steps=0
+    )
+    return tiny_args(tmp_path / "run", **({"lora": lora} | run | overrides))
 
 
 def logprobs_of(model, trainer, rollouts):

@@ -3,6 +3,7 @@ adapters that do not match the run's lora settings are a clear error (exit 2 thr
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from shared_helpers import TARGET_REWARD
+from shared_helpers import PROMPTS, TARGET_REWARD, tiny_args
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
@@ -21,30 +22,23 @@ peft = pytest.importorskip("peft")
 # Per-step numbers that must agree between a straight run and a resumed one (as in test_resume.py).
 COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "learning_rate", "completion_logprob_mean")
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
-PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
-def config(run: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        lora=LORA,
-        output_dir=str(run),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=4,
-        max_completion_length=5,
-        learning_rate=5e-2,
-        lr_scheduler_type="constant",
-        beta=0.1,
-        algo={"num_iterations": 2},  # grpokit's form: max_steps counts generation batches
-        save_steps=2,
-        seed=0,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
-    return GRPOConfig(**(values | overrides))
+config = functools.partial(
+    tiny_args,
+    lora=LORA,
+    max_steps=4,
+    max_completion_length=5,
+    learning_rate=5e-2,
+    lr_scheduler_type="constant",
+    beta=0.1,
+    algo={"num_iterations": 2},  # grpokit's form: max_steps counts generation batches
+    save_steps=2,
+    seed=0,
+)
 
 
 def train(model_dir, args: GRPOConfig) -> GRPOTrainer:

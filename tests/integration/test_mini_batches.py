@@ -2,37 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from shared_helpers import TARGET_REWARD
+from shared_helpers import PROMPTS, TARGET_REWARD, tiny_args
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.store import RolloutStore
 from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
-PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
-
-
-def config(run: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(run),
-        num_generations=2,
-        per_device_train_batch_size=4,
-        max_steps=2,
-        max_completion_length=5,
-        learning_rate=5e-3,
-        lr_scheduler_type="constant",
-        beta=0.04,
-        dtype="float32",
-        save_steps=1,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
-    return GRPOConfig(**(values | overrides))
+config = functools.partial(
+    tiny_args,
+    num_generations=2,
+    max_completion_length=5,
+    learning_rate=5e-3,
+    lr_scheduler_type="constant",
+    beta=0.04,
+    dtype="float32",
+    save_steps=1,
+)
 
 
 def trainer(model_dir, args: GRPOConfig) -> GRPOTrainer:

@@ -3,6 +3,7 @@ prompt works, the critic learns and is checkpointed, and a resumed run equals an
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -10,44 +11,36 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from safetensors.torch import load_file
-from shared_helpers import TARGET_REWARD
+from shared_helpers import PROMPTS, TARGET_REWARD, tiny_args, tiny_run_config
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.algos.kl_control import adaptive_kl_coef
 from grpokit.cli import main
 from grpokit.train.rundir.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
 # logged by every PPO step, besides the GRPO family's
 PPO_METRICS = ("value_loss", "value_clip_frac", "explained_variance", "critic/grad_norm", "time/critic")
 # per-step numbers that must agree between a straight PPO run and a resumed one
 COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "value_loss", "value_clip_frac", "explained_variance")
 
 
-def config(run: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(run),
-        algorithm="ppo",
-        num_generations=2,
-        per_device_train_batch_size=4,
-        num_mini_batches=2,
-        num_ppo_epochs=2,
-        max_steps=4,
-        max_completion_length=4,
-        learning_rate=5e-3,
-        lr_scheduler_type="constant",  # the same learning rates in a run cut in two (resume)
-        beta=0.04,
-        kl_in_reward=True,
-        vf_coef=0.5,
-        save_steps=1,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
-    return GRPOConfig(**(values | overrides))
+config = functools.partial(
+    tiny_args,
+    algorithm="ppo",
+    num_generations=2,
+    num_mini_batches=2,
+    num_ppo_epochs=2,
+    max_steps=4,
+    learning_rate=5e-3,
+    lr_scheduler_type="constant",  # the same learning rates in a run cut in two (resume)
+    beta=0.04,
+    kl_in_reward=True,
+    vf_coef=0.5,
+    save_steps=1,
+)
 
 
 def metrics(run: Path) -> list[dict]:
@@ -55,22 +48,9 @@ def metrics(run: Path) -> list[dict]:
 
 
 def test_cli_trains_ppo_with_one_sample_per_prompt(tmp_path, tiny_model_dir):
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
     run = tmp_path / "run"
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model_name_or_path": str(tiny_model_dir)},
-                "data": {"train_dataset": str(data)},
-                "algo": {"num_generations": 1, "beta": 0.04},
-                "generation": {"max_completion_length": 4},
-                "optim": {"learning_rate": 5e-3, "per_device_train_batch_size": 4, "max_steps": 3},
-                "run": {"output_dir": str(run), "progress_bar": False, "report_to": ["jsonl"]},
-                "rewards": [TARGET_REWARD],
-            }
-        )
+    config = tiny_run_config(
+        tmp_path, tiny_model_dir, max_steps=3, num_generations=1, prompts_per_step=4, optim={"learning_rate": 5e-3}
     )
     assert main(["train", str(config), "algo.algorithm=ppo"]) == 0
     steps = [m for m in metrics(run) if "loss" in m]

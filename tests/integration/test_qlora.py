@@ -4,14 +4,16 @@ and 2 + resume + 2 steps equal 4 straight steps."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from shared_helpers import WORDS, tiny_args, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.models.loading import load_model
 from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch
 
@@ -20,8 +22,7 @@ pytest.importorskip("bitsandbytes")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
-WORDS = [f"w{i}" for i in range(40)]
-PROMPTS = [{"prompt": " ".join(WORDS[i : i + 5])} for i in range(30)]
+PROMPTS = word_prompts(target=None)
 LOW = {f"w{i}" for i in range(10)}
 # the head is untied (bitsandbytes leaves the LM head unquantised): its adapter is what learns fast on a random model
 LORA = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj", "down_proj", "lm_head"]}
@@ -45,24 +46,19 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def qlora_args(run: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        lora=LORA,
-        load_in_4bit=True,
-        num_generations=8,
-        per_device_train_batch_size=16,
-        max_completion_length=6,
-        beta=0.0,
-        learning_rate=5e-2,
-        lr_scheduler_type="constant",
-        max_steps=8,
-        save_steps=0,
-        seed=0,
-        output_dir=str(run),
-        report_to=["jsonl"],
-        progress_bar=False,
-    )
-    return GRPOConfig(**(values | overrides))
+qlora_args = functools.partial(
+    tiny_args,
+    lora=LORA,
+    load_in_4bit=True,
+    num_generations=8,
+    max_completion_length=6,
+    beta=0.0,
+    learning_rate=5e-2,
+    lr_scheduler_type="constant",
+    max_steps=8,
+    save_steps=0,
+    seed=0,
+)
 
 
 def metrics(run: Path) -> list[dict]:

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from shared_helpers import WORDS
+from shared_helpers import RAY_WORKERS, TARGET_REWARD, WORDS, sampling_params, tiny_args, tiny_run_config
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore
 from grpokit.testing import TinyGPT, build_word_tokenizer
@@ -53,25 +52,19 @@ def assert_each_rollout_once(rows: list[dict], steps: int, per_step: int) -> Non
 
 @pytest.mark.slow
 def test_cli_with_two_rollout_workers_raises_the_reward(tmp_path, tiny_model_dir, word_prompts):
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in word_prompts))
-    config = {
-        "model": {"model_name_or_path": str(tiny_model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4, "beta": 0.0},
-        "generation": {"max_completion_length": 8},
-        "optim": {
-            "learning_rate": 1e-2,
-            "per_device_train_batch_size": 16,
-            "max_steps": 16,
-            "lr_scheduler_type": "constant",
-        },
-        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
-        "distributed": {"backend": "ray", "num_rollout_workers": 2, "rollout_worker_cpus": 0.5},
-        "rewards": [LENGTH_REWARD],
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = tiny_run_config(
+        tmp_path,
+        tiny_model_dir,
+        max_steps=16,
+        prompts_per_step=4,
+        rewards=[LENGTH_REWARD],
+        prompts=word_prompts,
+        algo={"beta": 0.0},
+        generation={"max_completion_length": 8},
+        optim={"learning_rate": 1e-2, "lr_scheduler_type": "constant"},
+        run={"save_steps": 0},
+        distributed=RAY_WORKERS,
+    )
     assert main(["train", str(path)]) == 0
 
     metrics = read_metrics(tmp_path / "run")
@@ -114,26 +107,8 @@ def custom_run(tmp_path: Path, **overrides):
     def reward(prompts, completions, **columns):
         return [float(len(c)) / 20 for c in completions]
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        **(
-            dict(
-                max_steps=3,
-                max_completion_length=5,
-                learning_rate=1e-3,
-                beta=0.0,
-                progress_bar=False,
-                report_to=["jsonl"],
-                save_steps=0,
-                backend="ray",
-                num_rollout_workers=2,
-                rollout_worker_cpus=0.5,
-            )
-            | overrides
-        ),
-    )
+    settings = dict(max_steps=3, max_completion_length=5, learning_rate=1e-3, beta=0.0, save_steps=0)
+    args = tiny_args(tmp_path / "run", **(settings | RAY_WORKERS | overrides))
     return GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=prompts, tokenizer=tokenizer), flag
 
 
@@ -181,24 +156,8 @@ def test_ray_workers_sample_two_steps_ahead_with_max_staleness_2(tmp_path):
 
 
 def test_ppo_trains_its_critic_on_rollouts_from_ray_workers(tmp_path, tiny_model_dir, word_prompts):
-    from shared_helpers import TARGET_REWARD
-
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        algorithm="ppo",
-        num_generations=2,
-        per_device_train_batch_size=4,
-        max_steps=2,
-        max_completion_length=4,
-        beta=0.04,
-        kl_in_reward=True,
-        progress_bar=False,
-        report_to=["jsonl"],
-        save_steps=0,
-        backend="ray",
-        num_rollout_workers=1,
-        rollout_worker_cpus=0.5,
-    )
+    ppo = dict(algorithm="ppo", num_generations=2, beta=0.04, kl_in_reward=True, save_steps=0)
+    args = tiny_args(tmp_path / "run", **ppo, **(RAY_WORKERS | dict(num_rollout_workers=1)))
     trainer = GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=word_prompts)
     head = trainer.learner.critic.model.head.weight.detach().clone()
     trainer.train()
@@ -213,8 +172,6 @@ def test_partial_rollouts_over_two_workers_equal_one_worker():
     first S tokens (version 0) and its continuation (version 1, launched when version 1 is published) run on that
     chunk's worker. What a chunk samples is a function of its groups' seeds and the two versions alone, so two workers
     return, row for row, the tokens, behaviour log-probs and per-token versions of one."""
-    from shared_helpers import sampling_params
-
     from grpokit.distributed.ray_rollout import RayRolloutEngine
 
     tokenizer = build_word_tokenizer(WORDS)

@@ -4,23 +4,21 @@ rollouts, so a run stopped by SIGTERM and resumed equals one that ran straight t
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from shared_helpers import TARGET_REWARD
+from shared_helpers import PROMPTS, RAY_WORKERS, TARGET_REWARD, signal_after_step, tiny_args
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.store import RolloutStore
 from grpokit.train.rundir.checkpoint import list_checkpoints
 
 ray = pytest.importorskip("ray", reason="Ray tests need the ray extra: pip install 'grpokit[ray]'")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
 COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "reward", "policy_staleness", "completion_logprob_mean")
 
 
@@ -34,27 +32,10 @@ def local_cluster():
 
 
 def trainer(model_dir: Path, run: Path, **overrides) -> GRPOTrainer:
-    args = GRPOConfig(
-        **(
-            dict(
-                output_dir=str(run),
-                num_generations=4,
-                per_device_train_batch_size=8,
-                max_steps=4,
-                max_completion_length=5,
-                learning_rate=5e-3,
-                beta=0.04,
-                save_steps=0,
-                progress_bar=False,
-                report_to=["jsonl"],
-                backend="ray",
-                num_rollout_workers=1,  # one worker starts (imports, loads the model) in half the time of two
-                rollout_worker_cpus=0.5,
-                async_rollouts=True,
-            )
-            | overrides
-        )
-    )
+    settings = dict(max_steps=4, max_completion_length=5, learning_rate=5e-3, beta=0.04, save_steps=0)
+    # one worker starts (imports, loads the model) in half the time of two
+    ray = RAY_WORKERS | dict(num_rollout_workers=1, async_rollouts=True)
+    args = tiny_args(run, **(settings | ray | overrides))
     return GRPOTrainer(str(model_dir), TARGET_REWARD, args=args, train_dataset=PROMPTS)
 
 
@@ -76,14 +57,7 @@ def test_async_run_stopped_by_sigterm_and_resumed_equals_a_straight_run(tiny_mod
 
     run = tmp_path / "run"
     first = trainer(tiny_model_dir, run)
-    after_step = first.loop._after_step
-
-    def sigterm_after_step_2(step_metrics):
-        after_step(step_metrics)
-        if first.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)  # handled: stop after this step with a checkpoint
-
-    first.loop._after_step = sigterm_after_step_2
+    signal_after_step(first, 2, signal.SIGTERM)
     first.train()
     assert first.interrupted_by == signal.SIGTERM and first.step == 2
     assert [p.name for p in list_checkpoints(run)] == ["step-2"]

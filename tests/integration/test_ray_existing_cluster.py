@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -10,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from shared_helpers import RAY_WORKERS, tiny_run_config
 
 from grpokit.store import RolloutStore
 
@@ -22,21 +21,19 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict]) -> Path:
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in prompts))
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4, "beta": 0.0},
-        "generation": {"max_completion_length": 8},
-        "optim": {"learning_rate": 1e-2, "per_device_train_batch_size": 8, "max_steps": 2},
-        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"], "save_steps": 0},
-        "distributed": {"backend": "ray", "address": "auto", "num_rollout_workers": 2, "rollout_worker_cpus": 0.5},
-        "rewards": [{"name": "length", "target_length": 40, "unit": "chars"}],
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    path = tiny_run_config(
+        tmp_path,
+        model_dir,
+        max_steps=2,
+        rewards=[{"name": "length", "target_length": 40, "unit": "chars"}],
+        prompts=prompts,
+        algo={"beta": 0.0},
+        generation={"max_completion_length": 8},
+        optim={"learning_rate": 1e-2},
+        run={"save_steps": 0},
+        distributed=RAY_WORKERS | {"address": "auto"},
+    )
+    return path.rename(tmp_path / "config.yaml")
 
 
 def train(config: Path, env: dict) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from shared_helpers import REWARD_FILE, TARGET_REWARD, WORDS
+from shared_helpers import REWARD_FILE, TARGET_REWARD, tiny_run_config
 
 from grpokit.cli import main
 from grpokit.rewards import RewardError, RewardRunner
@@ -25,24 +25,16 @@ LENGTH_REWARD = f"{REWARD_FILE}:target_fraction"
 
 
 def write_config(tmp_path: Path, model_dir: Path, rewards: list, name: str = "run", **settings) -> Path:
-    data = tmp_path / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    return tiny_run_config(
+        tmp_path,
+        model_dir,
+        max_steps=3,
+        rewards=rewards,
+        name=name,
+        algo={"beta": 0.0},
+        eval={"eval_steps": 0},
+        reward=settings,
     )
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4, "beta": 0.0},
-        "generation": {"max_completion_length": 4},
-        "optim": {"per_device_train_batch_size": 8, "max_steps": 3},
-        "run": {"output_dir": str(tmp_path / name), "progress_bar": False, "report_to": ["jsonl"]},
-        "eval": {"eval_steps": 0},
-        "reward": settings,
-        "rewards": rewards,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def _metrics(run: Path) -> list[dict]:

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from shared_helpers import TARGET_REWARD
+from shared_helpers import TARGET_REWARD, tiny_args, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,22 +23,9 @@ TAG = "<img src=x onerror=alert(1)>"
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_model_dir):
     """A 2-step run of the tiny model with an evaluation at step 2 (per-prompt results: the Held-out view)."""
-    from shared_helpers import WORDS
-
-    prompts = [{"prompt": " ".join(WORDS[i : i + 5]), "target": "w7"} for i in range(12)]
+    prompts = word_prompts(12)
     out = tmp_path_factory.mktemp("tampered") / "run"
-    args = GRPOConfig(
-        output_dir=str(out),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=2,
-        max_completion_length=4,
-        progress_bar=False,
-        report_to=["jsonl"],
-        eval_steps=2,
-        num_generations_eval=2,
-        pass_at_k=[1],
-    )
+    args = tiny_args(out, eval_steps=2, num_generations_eval=2, pass_at_k=[1])
     GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=prompts, eval_dataset=prompts[:4]).train()
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from shared_helpers import TARGET_REWARD
+from shared_helpers import PROMPTS, TARGET_REWARD, signal_after_step, tiny_args
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
@@ -22,21 +23,15 @@ from grpokit.train.rundir.manifest import read_manifest, write_manifest
 COMPARED = ("loss", "policy_loss", "kl", "grad_norm", "entropy", "reward", "learning_rate", "completion_logprob_mean")
 
 
-def config(run: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(run),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=6,
-        max_completion_length=5,
-        learning_rate=5e-3,
-        beta=0.04,
-        algo={"num_iterations": 2},  # grpokit's form: max_steps counts generation batches
-        save_steps=1,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
-    return GRPOConfig(**(values | overrides))
+config = functools.partial(
+    tiny_args,
+    max_steps=6,
+    max_completion_length=5,
+    learning_rate=5e-3,
+    beta=0.04,
+    algo={"num_iterations": 2},  # grpokit's form: max_steps counts generation batches
+    save_steps=1,
+)
 
 
 def trainer(model_dir, prompts, args: GRPOConfig) -> GRPOTrainer:
@@ -63,9 +58,6 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert wa.keys() == wb.keys()
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], atol=1e-6, rtol=0)
-
-
-PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
 
 
 @pytest.fixture(scope="module")
@@ -100,14 +92,7 @@ def test_interrupted_at_step_three_then_resumed_equals_six(straight_runs, tiny_m
     run = tmp_path / "run"
     args = config(run, lr_scheduler_type="linear", ref_model_sync_steps=2)
     first = trainer(tiny_model_dir, prompts, args)
-    after_step = first.loop._after_step
-
-    def interrupt_after_step_3(step_metrics):
-        after_step(step_metrics)
-        if first.step == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # the trainer's handler turns this into a stop after the step
-
-    first.loop._after_step = interrupt_after_step_3
+    signal_after_step(first, 3, signal.SIGINT)  # the trainer's handler turns it into a stop after the step
     handler_before = signal.getsignal(signal.SIGINT)
     first.train()
     assert first.interrupted_by == signal.SIGINT and first.step == 3

@@ -12,35 +12,21 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from shared_helpers import REWARD_FILE, TARGET_REWARD, WORDS
+from shared_helpers import REWARD_FILE, TARGET_REWARD, tiny_args, tiny_run_config, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore
 from grpokit.store.inspect import inspect_run
 
 
-def args(tmp_path: Path, **overrides) -> GRPOConfig:
-    settings = dict(
-        output_dir=str(tmp_path / "run"),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=2,
-        max_completion_length=4,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
-    return GRPOConfig(**{**settings, **overrides})
-
-
 def chat_prompts() -> list[dict]:
-    return [{"prompt": [{"role": "user", "content": " ".join(WORDS[i : i + 3])}], "target": "w7"} for i in range(8)]
+    return word_prompts(8, 3, chat=True)
 
 
 def test_keywords_log_metric_and_log_extra_in_a_conversational_run(tmp_path, tiny_model_dir):
     trainer = GRPOTrainer(
-        str(tiny_model_dir), f"{REWARD_FILE}:recording", args=args(tmp_path), train_dataset=chat_prompts()
+        str(tiny_model_dir), f"{REWARD_FILE}:recording", args=tiny_args(tmp_path / "run"), train_dataset=chat_prompts()
     )
     trainer.train()
     run = tmp_path / "run"
@@ -57,23 +43,9 @@ def test_keywords_log_metric_and_log_extra_in_a_conversational_run(tmp_path, tin
 
 
 def write_config(tmp_path: Path, model_dir: Path, rewards: list, **reward_settings) -> Path:
-    data = tmp_path / "train.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"}) + "\n" for i in range(20))
+    return tiny_run_config(
+        tmp_path, model_dir, max_steps=2, rewards=rewards, algo={"beta": 0.0}, reward=reward_settings
     )
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4, "beta": 0.0},
-        "generation": {"max_completion_length": 4},
-        "optim": {"per_device_train_batch_size": 8, "max_steps": 2},
-        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"]},
-        "reward": reward_settings,
-        "rewards": rewards,
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def test_a_reward_that_always_raises_stops_the_run_at_step_1(tmp_path, tiny_model_dir, capsys):
@@ -204,7 +176,7 @@ def test_the_same_keywords_types_and_alignment_as_trl(tmp_path, tiny_model_dir):
     GRPOTrainer(
         str(tiny_model_dir),
         recorder("grpokit"),
-        args=args(tmp_path, num_generations=2, per_device_train_batch_size=4, max_steps=1, reward_isolation=False),
+        args=tiny_args(tmp_path / "run", num_generations=2, max_steps=1, reward_isolation=False),
         train_dataset=rows,
     ).train()
     theirs, ours = _shape(calls["trl"][0]), _shape(calls["grpokit"][0])

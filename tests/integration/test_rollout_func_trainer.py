@@ -4,32 +4,22 @@ the wrong number of completions, the settings it cannot run with)."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from shared_helpers import WORDS
+from shared_helpers import TRL_STYLE, tiny_args, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [{"prompt": " ".join(WORDS[i : i + 3]), "target": "w7"} for i in range(8)]
+PROMPTS = word_prompts(8, 3)
 G = 4
 
 
-def config(run, **overrides):
-    values = dict(
-        output_dir=str(run),
-        num_generations=G,
-        per_device_train_batch_size=8,  # 2 prompts a step
-        max_completion_length=6,
-        max_steps=2,
-        learning_rate=1e-3,
-        disable_tqdm=True,
-        report_to="none",
-        logging_steps=1,
-    )
-    return GRPOConfig(**{**values, **overrides})
+config = functools.partial(tiny_args, **TRL_STYLE, num_generations=G, max_completion_length=6)  # 2 prompts a step
 
 
 class Environment:

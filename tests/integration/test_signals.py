@@ -7,7 +7,6 @@ folder is consistent (integrity of the store, every step once, every checkpoint 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from shared_helpers import tiny_run_config
+from shared_helpers import cli_env, tiny_run_config
 
 from grpokit.cli import main
 from grpokit.train.rundir.checkpoint import list_checkpoints
@@ -36,10 +35,6 @@ def write_run_config(tmp_path: Path, model_dir: Path, max_steps: int) -> Path:
         run={"save_steps": 1, "save_total_limit": 2},
     )
     return path.rename(tmp_path / "config.yaml")
-
-
-def subprocess_env() -> dict:
-    return dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
 
 def assert_run_consistent(run: Path, last_step: int) -> None:
@@ -100,7 +95,7 @@ def run_driver(tmp_path, config, target, call, signals, *overrides):
     driver.write_text(DRIVER)
     proc = subprocess.run(
         [sys.executable, str(driver), target, str(call), signals, str(config), *overrides],
-        env=subprocess_env(),
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -157,7 +152,7 @@ def test_signal_while_a_slow_reward_runs(tmp_path, tiny_model_dir):
     config = write_run_config(tmp_path, tiny_model_dir, max_steps=3)
     reward = Path(__file__).with_name("rewards_signal.py")
     spec = json.dumps([{"name": f"{reward}:slow_target_fraction", "at": 2, "signal": "SIGTERM"}])
-    env = dict(subprocess_env(), GRPOKIT_TEST_CALLS=str(tmp_path / "calls"))
+    env = dict(cli_env(), GRPOKIT_TEST_CALLS=str(tmp_path / "calls"))
     script = (
         "import os, sys; os.environ['GRPOKIT_TEST_TRAINER_PID'] = str(os.getpid()); "
         "from grpokit.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import yaml
-from shared_helpers import WORDS
+from shared_helpers import tiny_run_config, word_prompts
 
 from grpokit.cli import main
 
@@ -17,27 +14,14 @@ def test_a_run_where_every_group_ties_warns_once(tmp_path, tiny_model_dir, capsy
     the reward and its one value, and is not repeated on step 3 of the same streak."""
     rewards = tmp_path / "constant.py"
     rewards.write_text("def constant(completions, **kw):\n    return [0.5 for _ in completions]\n")
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i : i + 4])}) + "\n" for i in range(8)))
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model_name_or_path": str(tiny_model_dir)},
-                "data": {"train_dataset": str(data)},
-                "algo": {"num_generations": 2},
-                "generation": {"max_completion_length": 4},
-                "optim": {"per_device_train_batch_size": 4, "max_steps": 3},
-                "run": {
-                    "output_dir": str(tmp_path / "run"),
-                    "progress_bar": False,
-                    "report_to": ["jsonl"],
-                    "save_strategy": "no",
-                    "warn_tied_steps": 2,
-                },
-                "rewards": [f"{rewards}:constant"],
-            }
-        )
+    config = tiny_run_config(
+        tmp_path,
+        tiny_model_dir,
+        max_steps=3,
+        num_generations=2,
+        rewards=[f"{rewards}:constant"],
+        prompts=word_prompts(8, 4, target=None),
+        run={"save_strategy": "no", "warn_tied_steps": 2},
     )
     assert main(["train", str(config)]) == 0
     err = capsys.readouterr().err

@@ -10,10 +10,12 @@ differ), and a random tiny Llama (the KV-cache engine and the fused decoder) who
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
 import pytest
+from shared_helpers import tiny_args
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.cli import main
@@ -54,20 +56,9 @@ def chat_rows(n: int = 8) -> list[dict]:
     return [{"prompt": [{"role": "user", "content": f"What is 6 times {7 + i}?"}], "factor": 7 + i} for i in range(n)]
 
 
-def settings(run: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(run),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=2,
-        max_completion_length=160,
-        learning_rate=1e-2,
-        save_strategy="no",
-        progress_bar=False,
-        report_to=["jsonl"],
-        reward_timeout=60.0,
-    )
-    return GRPOConfig(**(values | overrides))
+settings = functools.partial(
+    tiny_args, max_completion_length=160, learning_rate=1e-2, save_strategy="no", reward_timeout=60.0
+)
 
 
 def metrics(run: Path) -> list[dict]:
@@ -160,12 +151,8 @@ def test_trains_with_a_tool_through_the_api(tmp_path, capsys):
     assert 'class="tool"' in (run / "report.html").read_text()
 
 
-class Calculator:
-    """An environment: multiply is its tool; get_reward says whether the rollout used it on the row's numbers."""
-
-    def reset(self, factor: int, **row) -> str:
-        self.factor, self.calls = factor, []
-        return " Use the calculator."
+class Multiplies:
+    """The tool of this module's environments (their methods are their tools): multiply, each call kept in calls."""
 
     def multiply(self, a: int, b: int) -> int:
         """Multiply two integers.
@@ -176,6 +163,14 @@ class Calculator:
         """
         self.calls.append((a, b))
         return a * b
+
+
+class Calculator(Multiplies):
+    """An environment: multiply is its tool; get_reward says whether the rollout used it on the row's numbers."""
+
+    def reset(self, factor: int, **row) -> str:
+        self.factor, self.calls = factor, []
+        return " Use the calculator."
 
     def get_reward(self) -> float:
         return float(len(self.calls) == 1)
@@ -230,23 +225,13 @@ def test_environment_instances_reach_the_rewards(tmp_path):
 RESETS: list[dict] = []  # what every GuessTheProduct.reset() was called with
 
 
-class GuessTheProduct:
+class GuessTheProduct(Multiplies):
     """An environment that owns the data (no train_dataset): reset() gives each rollout its prompt."""
 
     def reset(self, **row) -> str:
         RESETS.append(row)
         self.calls = []
         return "What is 6 times 7?"
-
-    def multiply(self, a: int, b: int) -> int:
-        """Multiply two integers.
-
-        Args:
-            a: The first factor.
-            b: The second factor.
-        """
-        self.calls.append((a, b))
-        return a * b
 
     def get_reward(self) -> float:
         return float(self.calls == [(6, 7)])

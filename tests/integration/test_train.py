@@ -6,37 +6,22 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from shared_helpers import TARGET_REWARD, WORDS
+from shared_helpers import TARGET_REWARD, tiny_args, tiny_run_config, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.cli import main
 from grpokit.store import RolloutStore
 
+# this module's run, besides tiny_run_config's: 4 steps of completions of 6 tokens, 2 micro-batches a step
+OWN = {
+    "generation": {"max_completion_length": 6},
+    "optim": {"learning_rate": 5e-3, "gradient_accumulation_steps": 2, "lr_scheduler_type": "constant"},
+}
+
 
 def write_config(tmp_path: Path, model_dir: Path, prompts: list[dict], **sections) -> Path:
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in prompts))
-    config = {
-        "model": {"model_name_or_path": str(model_dir)},
-        "data": {"train_dataset": str(data)},
-        "algo": {"num_generations": 4, "beta": 0.04},
-        "generation": {"max_completion_length": 6},
-        "optim": {
-            "learning_rate": 5e-3,
-            "per_device_train_batch_size": 8,
-            "gradient_accumulation_steps": 2,
-            "max_steps": 4,
-            "lr_scheduler_type": "constant",
-        },
-        "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False, "report_to": ["jsonl"]},
-        "rewards": [TARGET_REWARD],
-    }
-    for section, values in sections.items():
-        config.setdefault(section, {}).update(values)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    merged = {name: OWN.get(name, {}) | sections.get(name, {}) for name in OWN.keys() | sections.keys()}
+    return tiny_run_config(tmp_path, model_dir, max_steps=4, prompts=prompts, **merged)
 
 
 def read_metrics(run: Path) -> list[dict]:
@@ -61,14 +46,9 @@ def test_cli_learns_a_learnable_reward(tmp_path, tiny_model_dir, word_prompts):
 
 
 def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts):
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=2,
+    args = tiny_args(
+        tmp_path / "run",
         max_completion_length=5,
-        progress_bar=False,
-        report_to=["jsonl"],
         logging_steps=1,  # an entry per step (TRL's default is 10)
         eval_steps=2,
         num_generations_eval=4,
@@ -135,16 +115,8 @@ def test_python_api_trains_and_evaluates(tmp_path, tiny_model_dir, word_prompts)
 
 
 def test_chat_prompts(tmp_path, tiny_model_dir):
-    prompts = [{"prompt": [{"role": "user", "content": " ".join(WORDS[i : i + 3])}], "target": "w7"} for i in range(8)]
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=1,
-        max_completion_length=4,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
+    prompts = word_prompts(8, 3, chat=True)
+    args = tiny_args(tmp_path / "run", max_steps=1)
     trainer = GRPOTrainer(str(tiny_model_dir), TARGET_REWARD, args=args, train_dataset=prompts)
     trainer.train()
     from grpokit.store import RolloutStore

@@ -4,14 +4,16 @@ and a resumed run equals a straight one."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from shared_helpers import RAY_WORKERS, tiny_args
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.algos.kl_control import adaptive_kl_coef
 from grpokit.algos.names import BETA, KL, SAMPLING_GROUPS_TRAINED, SAMPLING_PROMPTS, SAMPLING_ROUNDS, SAMPLING_SHORT
 from grpokit.store import RolloutStore
@@ -32,26 +34,22 @@ def always_one(completions, **kwargs):
     return [1.0] * len(completions)
 
 
-def config(run: Path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(run),
-        num_generations=G,
-        per_device_train_batch_size=G * PROMPTS_PER_STEP,
-        max_steps=4,
-        max_completion_length=5,
-        learning_rate=5e-3,
-        lr_scheduler_type="constant",
-        beta=0.04,
-        kl_controller="adaptive",
-        target_kl=TARGET_KL,
-        kl_horizon=HORIZON,
-        dynamic_sampling=True,
-        max_sampling_rounds=4,
-        save_steps=1,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
-    return GRPOConfig(**(values | overrides))
+config = functools.partial(
+    tiny_args,
+    num_generations=G,
+    prompts_per_step=PROMPTS_PER_STEP,
+    max_steps=4,
+    max_completion_length=5,
+    learning_rate=5e-3,
+    lr_scheduler_type="constant",
+    beta=0.04,
+    kl_controller="adaptive",
+    target_kl=TARGET_KL,
+    kl_horizon=HORIZON,
+    dynamic_sampling=True,
+    max_sampling_rounds=4,
+    save_steps=1,
+)
 
 
 def train(model_dir, run: Path, reward=tie_or_varied, **overrides) -> None:
@@ -182,7 +180,7 @@ def test_dynamic_sampling_with_ray_rollout_workers(tiny_model_dir, tmp_path):
     """Sync Ray sampling: each round goes to the workers (seeds per group numbered on across rounds)."""
     pytest.importorskip("ray", reason="needs the ray extra")
     run = tmp_path / "run"
-    train(tiny_model_dir, run, max_steps=2, backend="ray", num_rollout_workers=2, rollout_worker_cpus=0.5)
+    train(tiny_model_dir, run, max_steps=2, **RAY_WORKERS)
     logged = metrics(run)
     assert any(m[SAMPLING_ROUNDS] > 1 for m in logged)
     for r in stored(run):

@@ -5,18 +5,24 @@ the run trains (its weights move), and each logs what shows its loss and mask at
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
 import pytest
 import torch
+from shared_helpers import tiny_args, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 G = 4
-ROWS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5))} for i in range(16)]
+ROWS = word_prompts(16, target=None)
+# one step: G completions of one prompt, in two micro-batches
+one_step = functools.partial(
+    tiny_args, num_generations=G, prompts_per_step=1, gradient_accumulation_steps=2, max_steps=1
+)
 
 
 def varied(completions, **kwargs):
@@ -45,20 +51,7 @@ def varied(completions, **kwargs):
     ids=["cispo+entropy", "sapo+off_policy", "luspo", "vespo"],
 )
 def test_loss_type_trains(tiny_model_dir, tmp_path, settings, shows):
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        num_generations=G,
-        per_device_train_batch_size=G,
-        gradient_accumulation_steps=2,
-        max_steps=1,
-        max_completion_length=5,
-        learning_rate=5e-3,
-        beta=0.0,
-        save_steps=0,
-        progress_bar=False,
-        report_to=["jsonl"],
-        **settings,
-    )
+    args = one_step(tmp_path / "run", max_completion_length=5, learning_rate=5e-3, beta=0.0, save_steps=0, **settings)
     trainer = GRPOTrainer(str(tiny_model_dir), varied, args=args, train_dataset=ROWS)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()

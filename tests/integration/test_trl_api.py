@@ -4,36 +4,25 @@ TrainerState, ``should_training_stop``, ``peft_config``, ``optimizers``, ``num_t
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
 import torch
-from shared_helpers import WORDS
+from shared_helpers import TRL_STYLE, tiny_args, word_prompts
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [{"prompt": " ".join(WORDS[i : i + 3]), "target": "w7"} for i in range(8)]
+PROMPTS = word_prompts(8, 3)
 
 
 def has_target(prompts, completions, target, **kwargs):
     return [float(t in c.split()) for c, t in zip(completions, target)]
 
 
-def config(run, **overrides):
-    values = dict(
-        output_dir=str(run),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=4,
-        max_steps=2,
-        learning_rate=1e-3,
-        disable_tqdm=True,
-        report_to="none",
-        logging_steps=1,
-    )
-    return GRPOConfig(**{**values, **overrides})
+config = functools.partial(tiny_args, **TRL_STYLE)
 
 
 class Recorder:
@@ -297,25 +286,13 @@ def test_cli_takes_trl_keys(tmp_path, tiny_model_dir):
 def test_reward_processing_classes_reach_a_sequence_classifier(tmp_path, tiny_model_dir):
     # An nn.Module reward scored as TRL scores it: logits[:, 0] of prompt + completion, tokenized by its processing
     # class.
-    from transformers import AutoModelForSequenceClassification, LlamaConfig
-
     from grpokit.config import ConfigError
     from grpokit.models.loading import load_tokenizer
     from grpokit.store import RolloutStore
+    from grpokit.testing import build_tiny_reward_model
 
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    torch.manual_seed(0)
-    judge = AutoModelForSequenceClassification.from_config(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=64,
-            num_labels=1,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    judge, _ = build_tiny_reward_model(None, tokenizer)  # one layer, hidden 32, num_labels 1, seed 0
     with pytest.raises(ConfigError, match="reward_processing_classes"):
         GRPOTrainer(str(tiny_model_dir), judge, args=config(tmp_path / "none", max_steps=1), train_dataset=PROMPTS)
     run = tmp_path / "run"

@@ -5,18 +5,18 @@ sequence-level ratio under a loss that sums tokens."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
 import torch
+from shared_helpers import PROMPTS, save_tiny_moe, tiny_args
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.algos.multi_objective import batch_normalized, normalize_then_sum
 from grpokit.store import RolloutStore
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
-
-PROMPTS = [{"prompt": " ".join(f"w{j}" for j in range(i, i + 5)), "target": "w7"} for i in range(30)]
 
 
 def has_target(completions, target, **kw):
@@ -27,22 +27,15 @@ def length_reward(completions, **kw):
     return [len(c.split()) / 5.0 for c in completions]
 
 
-def config(run, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(run),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=6,
-        learning_rate=1e-2,
-        max_steps=2,
-        logging_steps=1,
-        save_steps=0,
-        report_to=["jsonl"],
-        progress_bar=False,
-        seed=0,
-        beta=0.0,  # TRL's default: the logged policy_loss is then the whole policy term
-    )
-    return GRPOConfig(**(values | overrides))
+config = functools.partial(
+    tiny_args,
+    max_completion_length=6,
+    learning_rate=1e-2,
+    logging_steps=1,
+    save_steps=0,
+    seed=0,
+    beta=0.0,  # TRL's default: the logged policy_loss is then the whole policy term
+)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
@@ -123,29 +116,7 @@ def test_adaptive_entropy_moves_once_per_optimizer_step(tmp_path, tiny_model_dir
 
 
 def _tiny_moe(path, tokenizer, coef):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=32,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        router_aux_loss_coef=coef,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    Qwen3MoeForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_moe(path, tokenizer, router_aux_loss_coef=coef, bos_token_id=tokenizer.bos_token_id)
 
 
 def test_moe_router_loss_is_logged_and_trains(tmp_path):

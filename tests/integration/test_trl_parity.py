@@ -28,7 +28,7 @@ from dataclasses import fields
 
 import pytest
 import torch
-from shared_helpers import loss_spec, sampling_params
+from shared_helpers import loss_spec, sampling_params, save_tiny_moe
 
 from grpokit.algos import LossSpec, get_loss, high_entropy_mask, policy_loss
 from grpokit.models.loading import load_model
@@ -268,25 +268,11 @@ class _Capture(torch.optim.Optimizer):
         self.grads = [p.grad.clone() for group in self.param_groups for p in group["params"]]
 
 
-@pytest.mark.parametrize("masks", [False, True], ids=["", "masks"])
-@pytest.mark.parametrize("case", ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
-def test_accumulated_update_equals_trl(both, case, masks):
-    # Learner.update over 2 micro-batches of 6 rows against TRL's _compute_loss in train mode on the same
-    # two halves with 2 accumulation steps: the summed gradients (grpokit divides by the micro-batch count,
-    # except a batch-normalised loss (dapo's aggregation), normalised by the whole batch's tokens; TRL the same
-    # through its normalizers). With masks: the off-policy mask and the high-entropy mask of each micro-batch.
-    from grpokit.compose.specs import learner_spec
-    from grpokit.config import GRPOConfig
-    from grpokit.train.learning.learner import Learner
-
-    trainer, theirs, ours, batch, inputs = both
-    loss_type, level, settings = CASES[case]
-    mask = batch.completion_mask.float()
-    old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=3)
-    set_trl_loss(trainer, loss_type, level, False, settings)
-    mask_settings = {"off_policy_mask_threshold": 0.05, "top_entropy_quantile": 0.5} if masks else {}
-    for key, value in mask_settings.items():
-        setattr(trainer, key, value)
+def trl_two_accumulation_steps(trainer, theirs, inputs, mask, terms, sync=None) -> None:
+    """TRL's _compute_loss in train mode on rows 0-5, then 6-11 (two accumulation steps, ``terms``: old, ref and
+    advantages), each backward, the gradients summed in ``theirs``; ``sync(last)`` before each (the accelerator's
+    sync_gradients)."""
+    old, ref, advantages = terms
     trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = 2
     theirs.zero_grad(set_to_none=True)
     theirs.train()
@@ -298,32 +284,60 @@ def test_accumulated_update_equals_trl(both, case, masks):
                 "ref_per_token_logps": ref[rows],
                 "num_items_in_batch": mask.sum(),
             }
+            if sync is not None:
+                sync(rows.start == 6)
             trainer._compute_loss(theirs, part).backward()
     finally:
         theirs.eval()
-        trainer.off_policy_mask_threshold, trainer.top_entropy_quantile = None, 1.0
 
-    cfg = GRPOConfig(
-        num_generations=G,
-        per_device_train_batch_size=6,
-        gradient_accumulation_steps=2,
-        beta=BETA,
-        loss_type=loss_type,
-        importance_sampling_level=level,
-        epsilon=0.2,
-        **({"epsilon_high": 0.28} | settings),
-        max_completion_length=T,
-        temperature=TEMPERATURE,
-        max_grad_norm=0.0,
-        **mask_settings,
+
+def two_micro_batches(loss_type, level, settings, **more):
+    """grpokit's config of the same update: micro-batches of 6 rows, 2 of them a step, TRL's clip (0.2, 0.28 high
+    unless ``settings`` says), no gradient clipping; ``more`` added."""
+    from grpokit.config import GRPOConfig
+
+    loss = dict(
+        loss_type=loss_type, importance_sampling_level=level, epsilon=0.2, **({"epsilon_high": 0.28} | settings)
     )
+    sampling = dict(max_completion_length=T, temperature=TEMPERATURE, max_grad_norm=0.0)
+    batches = dict(num_generations=G, per_device_train_batch_size=6, gradient_accumulation_steps=2)
+    return GRPOConfig(**batches, beta=BETA, **loss, **sampling, **more)
+
+
+def captured_update(ours, cfg):
+    """A Learner on ``ours`` whose optimizer only keeps the gradients it is asked to step with."""
+    from grpokit.compose.specs import learner_spec
+    from grpokit.train.learning.learner import Learner
+
     optimizer = _Capture(ours.parameters())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     ours.zero_grad(set_to_none=True)
+    return Learner(ours, None, optimizer, scheduler, learner_spec(cfg)), optimizer
+
+
+@pytest.mark.parametrize("masks", [False, True], ids=["", "masks"])
+@pytest.mark.parametrize("case", ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
+def test_accumulated_update_equals_trl(both, case, masks):
+    # Learner.update over 2 micro-batches of 6 rows against TRL's _compute_loss in train mode on the same
+    # two halves with 2 accumulation steps: the summed gradients (grpokit divides by the micro-batch count,
+    # except a batch-normalised loss (dapo's aggregation), normalised by the whole batch's tokens; TRL the same
+    # through its normalizers). With masks: the off-policy mask and the high-entropy mask of each micro-batch.
+    trainer, theirs, ours, batch, inputs = both
+    loss_type, level, settings = CASES[case]
+    mask = batch.completion_mask.float()
+    old, ref, advantages = loss_terms(trainer, theirs, inputs, mask, seed=3)
+    set_trl_loss(trainer, loss_type, level, False, settings)
+    mask_settings = {"off_policy_mask_threshold": 0.05, "top_entropy_quantile": 0.5} if masks else {}
+    for key, value in mask_settings.items():
+        setattr(trainer, key, value)
     try:
-        Learner(ours, None, optimizer, scheduler, learner_spec(cfg)).update(
-            batch, advantages, batch.completion_mask, ref, old_logprobs=old
-        )
+        trl_two_accumulation_steps(trainer, theirs, inputs, mask, (old, ref, advantages))
+    finally:
+        trainer.off_policy_mask_threshold, trainer.top_entropy_quantile = None, 1.0
+
+    learner, optimizer = captured_update(ours, two_micro_batches(loss_type, level, settings, **mask_settings))
+    try:
+        learner.update(batch, advantages, batch.completion_mask, ref, old_logprobs=old)
     finally:
         ours.eval()
     assert_same_gradients(ours, optimizer.grads, theirs)
@@ -336,10 +350,6 @@ def test_entropy_bonus_update_equals_trl(both, case, adaptive):
     # steps against Learner.update over two micro-batches: the same gradients (so the same L_policy - c x H per
     # micro-batch / accumulation steps, whatever the loss type's normalisation), and the adaptive coefficient
     # moved once, by the same rule, from the same window entropy.
-    from grpokit.compose.specs import learner_spec
-    from grpokit.config import GRPOConfig
-    from grpokit.train.learning.learner import Learner
-
     trainer, theirs, ours, batch, inputs = both
     loss_type, level, settings = CASES[case]
     mask = batch.completion_mask.float()
@@ -349,47 +359,16 @@ def test_entropy_bonus_update_equals_trl(both, case, adaptive):
     trainer._last_world_entropy, trainer._entropy_window_stats = 0.0, None  # adaptive: the bonus applies this step
     trainer.args.entropy_target, trainer.args.entropy_coef_delta = 100.0, 0.05  # under the target: up by 0.05
     trainer.args.entropy_coef_min, trainer.args.entropy_coef_max = 0.0, 1.0
-    trainer.current_gradient_accumulation_steps = trainer.args.steps_per_generation = 2
     state = trainer.accelerator.gradient_state
-    theirs.zero_grad(set_to_none=True)
-    theirs.train()
-    try:
-        for rows in (slice(0, 6), slice(6, 12)):
-            part = {k: v[rows] for k, v in inputs.items()} | {
-                "advantages": advantages[rows],
-                "old_per_token_logps": old[rows],
-                "ref_per_token_logps": ref[rows],
-                "num_items_in_batch": mask.sum(),
-            }
-            state._set_sync_gradients(rows.start == 6)  # the optimizer step ends with the second micro-batch
-            trainer._compute_loss(theirs, part).backward()
+    try:  # the optimizer step ends with the second micro-batch
+        trl_two_accumulation_steps(trainer, theirs, inputs, mask, (old, ref, advantages), state._set_sync_gradients)
     finally:
         state._set_sync_gradients(True)
-        theirs.eval()
         trl_coef = trainer.entropy_coef
         trainer.entropy_coef, trainer.use_adaptive_entropy, trainer._entropy_bonus_enabled = 0.0, False, False
 
-    cfg = GRPOConfig(
-        num_generations=G,
-        per_device_train_batch_size=6,
-        gradient_accumulation_steps=2,
-        beta=BETA,
-        loss_type=loss_type,
-        importance_sampling_level=level,
-        epsilon=0.2,
-        **({"epsilon_high": 0.28} | settings),
-        max_completion_length=T,
-        temperature=TEMPERATURE,
-        max_grad_norm=0.0,
-        entropy_coef=0.3,
-        use_adaptive_entropy=adaptive,
-        entropy_target=100.0,
-        entropy_coef_delta=0.05,
-    )
-    optimizer = _Capture(ours.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    ours.zero_grad(set_to_none=True)
-    learner = Learner(ours, None, optimizer, scheduler, learner_spec(cfg))
+    entropy = dict(entropy_coef=0.3, use_adaptive_entropy=adaptive, entropy_target=100.0, entropy_coef_delta=0.05)
+    learner, optimizer = captured_update(ours, two_micro_batches(loss_type, level, settings, **entropy))
     learner.terms.entropy.last_entropy = 0.0  # as TRL's _last_world_entropy above
     try:
         learner.update(batch, advantages, batch.completion_mask, ref, old_logprobs=old)
@@ -404,7 +383,6 @@ def test_router_loss_equals_trl(both, tmp_path):
     # TRL's _get_per_token_logps_and_entropies(compute_aux_loss=True) on the same batch: the same load-balancing
     # loss and log-probs; and both libraries read the coefficient from the model's config (aux_loss_enabled).
     from datasets import Dataset
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
     from grpokit.kernels import Kernels
@@ -413,25 +391,7 @@ def test_router_loss_equals_trl(both, tmp_path):
 
     _, _, _, batch, inputs = both
     tokenizer = build_word_tokenizer([f"w{i}" for i in range(60)])  # the fixture's ids
-    torch.manual_seed(1)
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=32,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        router_aux_loss_coef=0.02,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-    )
-    Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "moe")
-    tokenizer.save_pretrained(tmp_path / "moe")
+    save_tiny_moe(tmp_path / "moe", tokenizer, router_aux_loss_coef=0.02, seed=1)
     trainer = GRPOTrainer(
         model=str(tmp_path / "moe"),
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),

@@ -7,18 +7,19 @@ and evaluation."""
 
 from __future__ import annotations
 
+import functools
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
-from shared_helpers import WORDS
+from shared_helpers import TRL_STYLE, WORDS, tiny_args, word_prompts
 
 from grpokit import GRPOConfig, GRPOTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [{"prompt": " ".join(WORDS[i : i + 3]), "target": "w7"} for i in range(8)]
+PROMPTS = word_prompts(8, 3)
 
 
 def has_target(prompts, completions, target, log_metric, **kwargs):
@@ -26,21 +27,7 @@ def has_target(prompts, completions, target, log_metric, **kwargs):
     return [float(t in c.split()) for c, t in zip(completions, target)]
 
 
-def config(run, **overrides):
-    values = dict(
-        output_dir=str(run),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=4,
-        max_steps=2,
-        learning_rate=1e-3,
-        disable_tqdm=True,
-        report_to="none",
-        logging_steps=1,
-        num_generations_eval=2,
-        pass_at_k=[1, 2],
-    )
-    return GRPOConfig(**{**values, **overrides})
+config = functools.partial(tiny_args, **TRL_STYLE, num_generations_eval=2, pass_at_k=[1, 2])
 
 
 class Recorder:

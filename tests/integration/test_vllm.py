@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from shared_helpers import TARGET_REWARD, WORDS, sampling_params
+from shared_helpers import TARGET_REWARD, WORDS, sampling_params, tiny_args, word_prompts
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
@@ -33,27 +33,13 @@ def model_dir(tmp_path_factory):
 
 
 def args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path / "run"),
-        engine="vllm",
-        device="cuda",
-        dtype="float32",
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_steps=2,
-        max_completion_length=8,
-        learning_rate=1e-2,
-        beta=0.04,
-        vllm_gpu_memory_utilization=0.2,
-        progress_bar=False,
-        report_to=["jsonl"],
-        save_steps=0,
-    )
-    return GRPOConfig(**(values | overrides))
+    vllm = dict(engine="vllm", device="cuda", dtype="float32", vllm_gpu_memory_utilization=0.2)
+    run = dict(max_completion_length=8, learning_rate=1e-2, beta=0.04, save_steps=0)
+    return tiny_args(tmp_path / "run", **(vllm | run | overrides))
 
 
 def prompts():
-    return [{"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"} for i in range(20)]
+    return word_prompts(20, 4)
 
 
 def test_vllm_rollouts_match_the_learner_and_follow_weight_updates(tmp_path, model_dir):

@@ -8,16 +8,13 @@ import copy
 
 import pytest
 import torch
-from shared_helpers import sampling_params
+from shared_helpers import sampled_batch, tiny_args
 
 from grpokit.algos.loss_registry import loss_types
 from grpokit.compose.memory import backward_chunk_rows, pass_sizes
 from grpokit.compose.specs import learner_spec
 from grpokit.config import ConfigError, GRPOConfig
-from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.learning.learner import Learner
-from grpokit.train.learning.policy_logprobs import build_batch
 from grpokit.train.learning.reference import Reference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,12 +23,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def sampled():
-    tokenizer = build_word_tokenizer([f"w{i}" for i in range(30)])
-    model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=2, num_heads=2)
-    rollouts = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=5).generate(
-        [[5, 6, 7], [8, 9]], 4, sampling_params(max_completion_length=7)
-    )
-    return model, rollouts, build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
+    return sampled_batch(4, max_completion_length=7, seed=5, num_layers=2)
 
 
 class RecordingSGD(torch.optim.SGD):
@@ -43,15 +35,8 @@ class RecordingSGD(torch.optim.SGD):
 
 
 def update(model, batch, rollouts, chunk_rows, **settings):
-    cfg = GRPOConfig(
-        num_generations=4,
-        per_device_train_batch_size=4,
-        max_completion_length=7,
-        beta=0.05,
-        epsilon=0.05,
-        backward_chunk_rows=chunk_rows,
-        **settings,
-    )
+    settings = dict(beta=0.05, epsilon=0.05, backward_chunk_rows=chunk_rows) | settings
+    cfg = tiny_args(num_generations=4, prompts_per_step=1, max_completion_length=7, **settings)
     policy = copy.deepcopy(model)
     optimizer = RecordingSGD(policy.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)

@@ -6,13 +6,11 @@ The corpus lives in tests/data/bad_inputs/ (manifest.yaml maps each case to its 
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from shared_helpers import cli_env, grpokit_cli
 
 from grpokit.cli import main
 from grpokit.compose import policy as setup
@@ -74,15 +72,8 @@ def test_bad_input_fails_fast_with_its_message(name, in_corpus, tmp_path, capsys
 def test_bad_input_through_the_installed_command(name, tmp_path):
     """The real entry point: exit status 2, the message on stderr, no traceback."""
     case = MANIFEST[name]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BAD), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpokit.cli", "train", case["config"], f"output_dir={tmp_path / 'run'}"],
-        cwd=BAD,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    proc = grpokit_cli(
+        "train", case["config"], f"output_dir={tmp_path / 'run'}", env=cli_env(BAD), cwd=BAD, timeout=120
     )
     assert proc.returncode == 2, proc.stderr
     assert case["expect"] in proc.stderr

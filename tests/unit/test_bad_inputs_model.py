@@ -3,12 +3,13 @@ than max_prompt_length, chat prompts for a tokenizer without a chat template."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
-from shared_helpers import WORDS
+from shared_helpers import WORDS, tiny_args, tiny_run_config
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 from grpokit.cli import main
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 
@@ -17,18 +18,7 @@ def word_count(prompts, completions, **columns):
     return [float(len(c.split())) for c in completions]
 
 
-def args(tmp_path, **overrides) -> GRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path / "run"),
-        num_generations=2,
-        per_device_train_batch_size=4,
-        max_steps=1,
-        max_completion_length=3,
-        beta=0.0,
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
-    return GRPOConfig(**(values | overrides))
+args = functools.partial(tiny_args, num_generations=2, max_steps=1, max_completion_length=3, beta=0.0)
 
 
 def metrics(tmp_path) -> dict:
@@ -42,7 +32,7 @@ def test_a_tokenizer_without_pad_token_pads_with_eos(tmp_path):
     build_tiny_causal_lm(model_dir, tokenizer, hidden_size=16, num_layers=1, num_heads=2)
     # prompts of different lengths, so a step's batch really is padded
     prompts = [{"prompt": " ".join(WORDS[: 2 + i % 3])} for i in range(4)]
-    trainer = GRPOTrainer(str(model_dir), word_count, args=args(tmp_path), train_dataset=prompts)
+    trainer = GRPOTrainer(str(model_dir), word_count, args=args(tmp_path / "run"), train_dataset=prompts)
     assert trainer.tokenizer.pad_token_id == trainer.tokenizer.eos_token_id
     trainer.train()
     assert metrics(tmp_path)["nonfinite"] == 0.0
@@ -55,7 +45,7 @@ def test_long_prompts_are_counted_in_the_metrics(tmp_path, tiny_model_dir, overf
     GRPOTrainer(
         str(tiny_model_dir),
         word_count,
-        args=args(tmp_path, max_prompt_length=3, prompt_overflow=overflow),
+        args=args(tmp_path / "run", max_prompt_length=3, prompt_overflow=overflow),
         train_dataset=prompts,
     ).train()
     logged = metrics(tmp_path)
@@ -64,22 +54,10 @@ def test_long_prompts_are_counted_in_the_metrics(tmp_path, tiny_model_dir, overf
 
 
 def write_cli_run(tmp_path, model_dir, rows, **data) -> str:
-    path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "model": {"model_name_or_path": str(model_dir)},
-                "data": {"train_dataset": str(path), **data},
-                "algo": {"num_generations": 2},
-                "optim": {"per_device_train_batch_size": 4, "max_steps": 1},
-                "run": {"output_dir": str(tmp_path / "run"), "progress_bar": False},
-                "rewards": [f"{__file__}:word_count"],
-            }
-        )
+    reward = f"{__file__}:word_count"
+    return str(
+        tiny_run_config(tmp_path, model_dir, max_steps=1, num_generations=2, rewards=[reward], prompts=rows, data=data)
     )
-    return str(config)
 
 
 def test_prompt_overflow_error_exits_2_naming_the_prompt(tmp_path, tiny_model_dir, capsys):

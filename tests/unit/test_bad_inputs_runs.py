@@ -7,16 +7,12 @@ The cases are in tests/data/bad_inputs/run_folders.yaml; each runs against a cop
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from shared_helpers import TARGET_REWARD, WORDS
+from shared_helpers import WORDS, cli_env, grpokit_cli, tiny_run_config, word_prompts
 
 from grpokit.cli import main
 from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
@@ -29,28 +25,16 @@ CASES = yaml.safe_load((BAD / "run_folders.yaml").read_text())
 def finished_run(tmp_path_factory, tiny_model_dir):
     """A finished 2-step run (checkpoints step-1 and step-2, final/) and a tiny model of another size."""
     root = tmp_path_factory.mktemp("finished")
-    data = root / "train.jsonl"
-    rows = [{"prompt": " ".join(WORDS[i : i + 4]), "target": "w7"} for i in range(12)]
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = root / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "model": {"model_name_or_path": str(tiny_model_dir)},
-                "data": {"train_dataset": str(data), "eval_dataset": str(data)},
-                "algo": {"num_generations": 4, "beta": 0.0},
-                "generation": {"max_completion_length": 3},
-                "optim": {"per_device_train_batch_size": 8, "max_steps": 2},
-                "run": {
-                    "output_dir": str(root / "run"),
-                    "save_steps": 1,
-                    "progress_bar": False,
-                    "report_to": ["jsonl"],
-                },
-                "eval": {"eval_steps": 0},
-                "rewards": [TARGET_REWARD],
-            }
-        )
+    config = tiny_run_config(
+        root,
+        tiny_model_dir,
+        max_steps=2,
+        prompts=word_prompts(12, 4),
+        data={"eval_dataset": str(root / "train.jsonl")},
+        algo={"beta": 0.0},
+        generation={"max_completion_length": 3},
+        run={"save_steps": 1},
+        eval={"eval_steps": 0},
     )
     assert main(["train", str(config)]) == 0
     other = root / "model2"
@@ -134,23 +118,8 @@ def test_report_of_a_half_written_run_skips_the_torn_metrics_line(finished_run, 
 
 def test_reward_error_through_the_installed_command(finished_run, tmp_path):
     """The issue's case on the real entry point: a reward returning one value is one line and exit 2."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BAD), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpokit.cli",
-            "train",
-            str(finished_run[0] / "config.yaml"),
-            f"output_dir={tmp_path / 'new'}",
-            "rewards=[bad_input_rewards:one_value]",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    overrides = [f"output_dir={tmp_path / 'new'}", "rewards=[bad_input_rewards:one_value]"]
+    proc = grpokit_cli("train", finished_run[0] / "config.yaml", *overrides, env=cli_env(BAD), timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error" in line] == [

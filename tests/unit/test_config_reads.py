@@ -22,6 +22,8 @@ import ast
 import textwrap
 from pathlib import Path
 
+from shared_helpers import tiny_args
+
 import grpokit
 import grpokit.config.trl_keys as trl_keys
 from grpokit.config import ALIASES, FIELD_SECTION, SECTIONS, GRPOConfig
@@ -98,6 +100,13 @@ class _Scope:
         return key in CONVENTIONAL or (key.startswith("self.") and key[5:] in CONVENTIONAL)
 
 
+def _pairs(target: ast.expr, value: ast.expr):
+    """The (target, value) pairs an assignment of ``value`` to ``target`` binds: a tuple unpacked pairwise."""
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
+        return zip(target.elts, value.elts)
+    return [(target, value)]
+
+
 def _class_attrs(tree: ast.Module) -> tuple[set[str], set[str]]:
     """(``self.x`` keys assigned a GRPOConfig somewhere in a class, ``self.x`` keys assigned from a parameter
     annotated with another type)."""
@@ -110,20 +119,14 @@ def _class_attrs(tree: ast.Module) -> tuple[set[str], set[str]]:
         for node in ast.walk(fn):
             if not isinstance(node, ast.Assign):
                 continue
-            for target in node.targets:
-                pairs = (
-                    zip(target.elts, node.value.elts)
-                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
-                    else [(target, node.value)]
-                )
-                for t, v in pairs:
-                    key = _key(t)
-                    if key is None or not key.startswith("self."):
-                        continue
-                    if scope.is_facade(v):
-                        bound.add(key)
-                    elif isinstance(v, ast.Name) and v.id in scope.safe:
-                        safe.add(key)
+            for t, v in (pair for target in node.targets for pair in _pairs(target, node.value)):
+                key = _key(t)
+                if key is None or not key.startswith("self."):
+                    continue
+                if scope.is_facade(v):
+                    bound.add(key)
+                elif isinstance(v, ast.Name) and v.id in scope.safe:
+                    safe.add(key)
     return bound, safe - bound
 
 
@@ -153,12 +156,7 @@ def facade_reads(source: str) -> list[str]:
         if isinstance(node, ast.Assign):
             visit(node.value, scope)
             for target in node.targets:
-                pairs = (
-                    zip(target.elts, node.value.elts)
-                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
-                    else [(target, node.value)]
-                )
-                for t, v in pairs:
+                for t, v in _pairs(target, node.value):
                     key = _key(t)
                     if key is not None and not key.startswith("self."):
                         if scope.is_facade(v):
@@ -303,16 +301,7 @@ def test_a_two_step_run_reads_the_facade_only_from_the_config_and_the_build(tmp_
             readers.setdefault(Path(caller).relative_to(ROOT).as_posix(), set()).add(name)
         return plain(self, name)
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "run"),
-        num_generations=2,
-        per_device_train_batch_size=4,
-        max_steps=2,
-        max_completion_length=3,
-        save_strategy="no",
-        progress_bar=False,
-        report_to=["jsonl"],
-    )
+    args = tiny_args(tmp_path / "run", num_generations=2, max_completion_length=3, save_strategy="no")
     monkeypatch.setattr(GRPOConfig, "__getattribute__", recording)
     reward = lambda completions, **kw: [float(len(c)) for c in completions]
     trainer = GRPOTrainer(str(tmp_path / "model"), reward, args=args, train_dataset=rows)

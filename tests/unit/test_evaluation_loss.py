@@ -7,31 +7,22 @@ import copy
 
 import pytest
 import torch
-from shared_helpers import sampling_params
+from shared_helpers import sampled_batch, tiny_args
 
 from grpokit.compose.specs import learner_spec
-from grpokit.config import GRPOConfig
-from grpokit.rollout.engine import HFRolloutEngine
-from grpokit.testing import build_tiny_causal_lm, build_word_tokenizer
 from grpokit.train.learning.learner import Learner
-from grpokit.train.learning.policy_logprobs import build_batch, completion_logprobs
+from grpokit.train.learning.policy_logprobs import completion_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def sampled():
-    tokenizer = build_word_tokenizer([f"w{i}" for i in range(30)])
-    model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=1, num_heads=2)
-    rollouts = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, CPU, seed=3).generate(
-        [[5, 6, 7], [8, 9]], 2, sampling_params(max_completion_length=6)
-    )
-    return model, rollouts, build_batch(model, rollouts, tokenizer.pad_token_id, CPU)
+    return sampled_batch(2, max_completion_length=6, seed=3)
 
 
 def learner(model, **settings) -> Learner:
-    cfg = GRPOConfig(num_generations=2, per_device_train_batch_size=2, max_completion_length=6, **settings)
+    cfg = tiny_args(num_generations=2, prompts_per_step=1, max_completion_length=6, **settings)
     policy = copy.deepcopy(model)
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import pytest
 import torch
+from shared_helpers import tiny_args
 from transformers import LlamaConfig
 
 from grpokit import GRPOConfig, GRPOTrainer
@@ -32,6 +34,10 @@ def config_dir(tmp_path):
         tie_word_embeddings=True,
     ).save_pretrained(tmp_path)
     return tmp_path
+
+
+# the trainers whose tensors the estimate is checked against: one step of the tiny run, no checkpoint
+one_step = functools.partial(tiny_args, max_steps=1, beta=0.04, save_steps=0)
 
 
 def _cfg(path, **overrides) -> GRPOConfig:
@@ -138,20 +144,7 @@ def test_qlora_weights_match_a_trainers_tensors(word_prompts, tmp_path):
 
     model_dir = tmp_path / "model"
     build_tiny_causal_lm(model_dir, hidden_size=64, num_layers=2, num_heads=2, tie_word_embeddings=False)
-    args = GRPOConfig(
-        model_name_or_path=str(model_dir),
-        lora={"r": 4},
-        load_in_4bit=True,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=4,
-        beta=0.04,
-        max_steps=1,
-        output_dir=str(tmp_path / "run"),
-        report_to=["jsonl"],
-        progress_bar=False,
-        save_steps=0,
-    )
+    args = one_step(tmp_path / "run", model_name_or_path=str(model_dir), lora={"r": 4}, load_in_4bit=True)
     estimate = estimate_memory(args, build_meta_model(str(model_dir)))
     reward = lambda prompts, completions, **k: [float(len(c)) for c in completions]
     trainer = GRPOTrainer(reward_funcs=reward, args=args, train_dataset=word_prompts)
@@ -187,19 +180,8 @@ def nbytes(tensors) -> int:
 
 def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_path):
     # weights, reference, gradients and AdamW state are exactly what a trainer holds after a step
-    args = GRPOConfig(
-        model_name_or_path=str(tiny_model_dir),
-        num_generations=4,
-        per_device_train_batch_size=8,
-        gradient_accumulation_steps=1,
-        max_completion_length=4,
-        max_prompt_length=8,
-        beta=0.04,
-        max_steps=1,
-        output_dir=str(tmp_path / "run"),
-        report_to=["jsonl"],
-        progress_bar=False,
-        save_steps=0,
+    args = one_step(
+        tmp_path / "run", model_name_or_path=str(tiny_model_dir), gradient_accumulation_steps=1, max_prompt_length=8
     )
     estimate = estimate_memory(args, build_meta_model(args.model_name_or_path))
     trainer = trained_one_step(args, word_prompts)
@@ -239,19 +221,8 @@ def test_8bit_adamw_and_bf16_reference_match_a_trainers_tensors(word_prompts, tm
 
     model_dir = tmp_path / "model"
     build_tiny_causal_lm(model_dir, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
-    args = GRPOConfig(
-        model_name_or_path=str(model_dir),
-        optimizer="adamw_8bit",
-        ref_model_dtype="bfloat16",
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_completion_length=4,
-        beta=0.04,
-        max_steps=1,
-        output_dir=str(tmp_path / "run"),
-        report_to=["jsonl"],
-        progress_bar=False,
-        save_steps=0,
+    args = one_step(
+        tmp_path / "run", model_name_or_path=str(model_dir), optimizer="adamw_8bit", ref_model_dtype="bfloat16"
     )
     estimate = estimate_memory(args, build_meta_model(args.model_name_or_path))
     trainer = trained_one_step(args, word_prompts)

@@ -9,10 +9,9 @@ import copy
 
 import pytest
 import torch
-from shared_helpers import sampling_params
+from shared_helpers import sampling_params, tiny_args
 
 from grpokit.compose.specs import learner_spec
-from grpokit.config import GRPOConfig
 from grpokit.kernels import plain_head as plain_head_module
 from grpokit.kernels.fused_head import fused_head_logprobs
 from grpokit.kernels.linear_storage import store_linears_in
@@ -238,14 +237,8 @@ def _update(autocast_dtype, seed=0):
     with torch.no_grad():
         for p in reference.model.parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    cfg = GRPOConfig(
-        beta=0.04,
-        num_generations=4,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_completion_length=16,
-        learning_rate=1e-3,
-    )
+    optim = dict(gradient_accumulation_steps=2, learning_rate=1e-3)
+    cfg = tiny_args(num_generations=4, prompts_per_step=1, max_completion_length=16, beta=0.04, **optim)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     learner = Learner(model, reference, optimizer, scheduler, learner_spec(cfg), autocast_dtype=autocast_dtype)

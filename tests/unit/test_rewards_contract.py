@@ -222,21 +222,10 @@ def test_contract_error_in_a_worker_stops_the_run():
 
 def test_sequence_classifier_module_is_scored_as_trl_does(tmp_path):
     pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    from grpokit.testing import build_word_tokenizer
+    from grpokit.testing import build_tiny_reward_model, build_word_tokenizer
 
     tokenizer = build_word_tokenizer(["a", "b", "c"])
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = LlamaForSequenceClassification(config).eval()
+    model = build_tiny_reward_model(None, tokenizer, hidden_size=16)[0].eval()  # a LlamaForSequenceClassification
     result = RewardRunner([model], processing_classes=[tokenizer]).score(["a b", "a"], ["c", "b c"])
     # TRL: tokenize prompt + completion without special tokens, right padding, logits[:, 0]
     import torch

@@ -5,8 +5,9 @@ loads (the model path does not exist), except an unknown environment, which only
 from __future__ import annotations
 
 import pytest
+from shared_helpers import tiny_args
 
-from grpokit import GRPOConfig, GRPOTrainer
+from grpokit import GRPOTrainer
 
 
 def length(completions, **kwargs):
@@ -18,7 +19,7 @@ ROWS = [{"prompt": f"p{i}"} for i in range(8)]
 
 @pytest.fixture
 def args(tmp_path):
-    return GRPOConfig(output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8, max_steps=1)
+    return tiny_args(tmp_path / "run", max_steps=1)
 
 
 def test_no_reward_source(tmp_path, args):

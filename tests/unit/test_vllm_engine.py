@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from shared_helpers import loss_spec, sampling_params
+from shared_helpers import loss_spec, sampled_batch, sampling_params, tiny_args
 
 from grpokit.algos import policy_loss, truncated_importance_weights
 from grpokit.cli import main
@@ -193,28 +193,10 @@ def test_vllm_not_installed_exits_2_and_says_how_to_install(in_corpus, monkeypat
     importlib.util.find_spec("vllm") is not None, reason="checks the message given where vllm is not installed"
 )
 def test_vllm_missing_through_the_installed_command(tmp_path):
-    import os
-    import subprocess
-    import sys
+    from shared_helpers import cli_env, grpokit_cli
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BAD), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpokit.cli",
-            "train",
-            "valid.yaml",
-            "generation.engine=vllm",
-            f"output_dir={tmp_path / 'run'}",
-        ],
-        cwd=BAD,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    overrides = ["generation.engine=vllm", f"output_dir={tmp_path / 'run'}"]
+    proc = grpokit_cli("train", "valid.yaml", *overrides, env=cli_env(BAD), cwd=BAD, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "vllm needs the vllm package, which is not installed" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -249,26 +231,11 @@ def test_learner_weights_the_update_by_the_sampler_log_probs():
     equal to the learner's give weights 1 and the plain update; log-probs 0.2 lower everywhere give every
     token the weight exp(0.2) = 1.221403, which scales the on-policy policy loss and the gradient by it."""
     from grpokit.compose.specs import learner_spec
-    from grpokit.rollout.engine import HFRolloutEngine
     from grpokit.train.learning.learner import Learner
-    from grpokit.train.learning.policy_logprobs import build_batch
 
-    cpu = torch.device("cpu")
-    tokenizer = build_word_tokenizer([f"w{i}" for i in range(30)])
-    model, _ = build_tiny_causal_lm(tokenizer=tokenizer, hidden_size=32, num_layers=1, num_heads=2)
-    rollouts = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, cpu).generate(
-        [[5, 6, 7], [8, 9]], 2, sampling_params(max_completion_length=6)
-    )
-    batch = build_batch(model, rollouts, tokenizer.pad_token_id, cpu)
+    model, rollouts, batch = sampled_batch(2, max_completion_length=6)
     advantages = torch.tensor([1.0, 0.5, 0.25, -0.5])  # not summing to 0, so the on-policy loss is not 0
-    cfg = GRPOConfig(
-        beta=0.0,
-        num_generations=2,
-        per_device_train_batch_size=4,
-        max_completion_length=6,
-        max_grad_norm=0.0,
-        learning_rate=0.0,
-    )
+    cfg = tiny_args(num_generations=2, max_completion_length=6, beta=0.0, max_grad_norm=0.0, learning_rate=0.0)
 
     def update(sampling_logprobs):
         policy = copy.deepcopy(model)
