@@ -12,7 +12,7 @@ Example::
 The names are imported on first use, so the package's settings (``grpokit.rewards.settings``) are read by the config
 without loading torch."""
 
-import importlib
+from grpokit.system.lazy import lazy_names
 
 _WHERE = {
     "BUILTINS": "resolve",
@@ -29,7 +29,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'grpokit.rewards' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"grpokit.rewards.{_WHERE[name]}"), name)
+__getattr__ = lazy_names(__name__, _WHERE)

@@ -5,7 +5,7 @@ generates rollouts with them, grpokit.train.experience.tool_rollouts trains on t
 The names are imported on first use, so the package's settings (``grpokit.tools.settings``) are read by the config
 without loading torch."""
 
-import importlib
+from grpokit.system.lazy import lazy_names
 
 _WHERE = {
     "ConversationTokens": "conversation",
@@ -43,7 +43,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'grpokit.tools' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"grpokit.tools.{_WHERE[name]}"), name)
+__getattr__ = lazy_names(__name__, _WHERE)
