@@ -5,9 +5,9 @@ load, into ``$TRL_SUITE_FIXTURES`` (``../shared/trl_suite/conftest.py`` redirect
     python scripts/build_vlm_fixtures.py [OUT_DIR] [--only NAME ...] [--force]
 
 OUT_DIR defaults to ``$TRL_SUITE_FIXTURES`` or ``$TMPDIR/trl_suite_fixtures`` (as run.sh). A model folder that
-already holds a ``config.json`` is kept unless ``--force``. Models: see vlm_fixture_families.py; datasets:
-``zen-image`` and ``zen-multi-image`` (vlm_fixture_datasets.py). The text stand-ins (``zen``, the causal LMs, the
-reward model) are the suite's own build_fixtures.py, which run.sh runs.
+already holds a stand-in built by these sources (its stamp) is kept unless ``--force``. Models: see
+vlm_fixture_families.py; datasets: ``zen-image`` and ``zen-multi-image`` (vlm_fixture_datasets.py). The text
+stand-ins (``zen``, the causal LMs, the reward model) are the suite's own build_fixtures.py, which run.sh runs.
 """
 
 from __future__ import annotations
@@ -32,6 +32,15 @@ MODELS = {
     "tiny-Qwen3_5ForConditionalGeneration-NoThink": lambda: qwen3_5("dense"),
     "tiny-Qwen3_5MoeForConditionalGeneration-3.6": lambda: qwen3_5("moe"),
 }
+
+
+def recipe_stamp() -> str:
+    """A hash of this builder's sources: a stand-in built by another version of them is rebuilt."""
+    import hashlib
+
+    here = Path(__file__).resolve().parent
+    sources = [here / f for f in ("build_vlm_fixtures.py", "vlm_fixture_families.py", "vlm_fixture_tokenizers.py")]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
 
 
 def default_out() -> Path:
@@ -62,7 +71,8 @@ def smoke_test(model, processor) -> tuple[int, ...]:
 
 def build_model(name: str, out: Path, force: bool = False) -> Path:
     folder = out / "models" / name
-    if (folder / "config.json").exists() and not force:
+    stamp = folder / "build_vlm_fixtures.stamp"
+    if (folder / "config.json").exists() and stamp.exists() and stamp.read_text() == recipe_stamp() and not force:
         print(f"kept  {name} ({folder})")
         return folder
     torch.manual_seed(0)
@@ -77,6 +87,7 @@ def build_model(name: str, out: Path, force: bool = False) -> Path:
     model.save_pretrained(folder)
     if generation_config is not None:
         generation_config.save_pretrained(folder)
+    stamp.write_text(recipe_stamp())
     print(f"built {name}: {type(model).__name__}, {type(processor).__name__}, vocab {len(processor.tokenizer)}, "
           f"smoke logits {shape}")  # fmt: skip
     return folder

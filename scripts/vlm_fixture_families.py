@@ -126,7 +126,8 @@ def qwen3_5(kind: str):
 
 
 def gemma3():
-    """gemma-3-4b-it with TRL's sizes: SigLIP at 224 px, 256 image tokens (the projector's pooling is identity)."""
+    """gemma-3-4b-it with TRL's sizes: SigLIP at 224 px, 256 image tokens (the projector's pooling is identity),
+    no SigLIP pooling head (gemma-3-4b's vision_use_head is false: the head would never get a gradient)."""
     import transformers as T
 
     special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
@@ -138,7 +139,7 @@ def gemma3():
     text = dict(SMALL_TEXT, intermediate_size=32, layer_types=None, vocab_size=len(tok), pad_token_id=pad,
                 eos_token_id=eos, bos_token_id=bos)  # fmt: skip
     vision = {"model_type": "siglip_vision_model", "num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4,
-              "intermediate_size": 32, "image_size": 224, "patch_size": 14}  # fmt: skip
+              "intermediate_size": 32, "image_size": 224, "patch_size": 14, "vision_use_head": False}  # fmt: skip
     config = T.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=256, boi_token_index=eoi,
                             eoi_token_index=img, image_token_index=boi)  # fmt: skip
     config.boi_token_index, config.eoi_token_index, config.image_token_index = ids(

@@ -59,7 +59,8 @@ def test_vlm_cases_widen_the_selection_by_name():
     ]
     assert trl_suite.selection([]) == trl_suite.APPLICABLE
     assert trl_suite.selection(vlm) == (
-        f"({trl_suite.APPLICABLE}) or (test_train_vlm and Gemma3ForConditionalGeneration) or "
-        "(test_train_vlm and Qwen3_5ForConditionalGeneration and NoThink) or test_train_vlm_log_multimodal_false"
+        f"({trl_suite.APPLICABLE}) or test_train_vlm[trl-internal-testing/tiny-Gemma3ForConditionalGeneration] or "
+        "test_train_vlm[trl-internal-testing/tiny-Qwen3_5ForConditionalGeneration-NoThink] or "
+        "test_train_vlm_log_multimodal_false"
     )
     assert all(n.startswith("TestGRPOTrainerVLM::") for n in trl_suite.expected_names(trl_suite.EXPECTED_VLM))
