@@ -6,8 +6,11 @@ and fails when a case named in ``tests/trl_suite_expected_pass.txt`` does not pa
 itself passes on this machine, less the named exceptions of docs/from_trl.md ("TRL's own test file").
 
     python scripts/trl_suite.py                 # the suite beside the clone, the venv's python
+    python scripts/trl_suite.py --vlm           # and the VLM cases of tests/trl_suite_expected_pass_vlm.txt
     python scripts/trl_suite.py --junit X.xml   # only check an earlier run's junit file
 
+``--vlm`` (or TRL_SUITE_VLM=1) first builds the VLM stand-ins (scripts/build_vlm_fixtures.py, into run.sh's
+fixtures folder), runs the cases of the VLM list beside the applicable set and expects them to pass as well.
 Exits 0 with a note when ``../shared/trl_suite`` is not there (a clone outside CI). Env: TRL_SUITE (the suite's
 folder), PY (the python run.sh uses; default this one).
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = ROOT / "tests" / "trl_suite_expected_pass.txt"
+EXPECTED_VLM = ROOT / "tests" / "trl_suite_expected_pass_vlm.txt"
 APPLICABLE = "not vlm and not VLM and not vllm and not liger"
 
 
@@ -57,11 +61,29 @@ def check(expected: list[str], found: dict[str, tuple[str, str]]) -> list[str]:
     ]
 
 
-def run_suite(suite: Path, python: str) -> Path:
-    """Run the applicable set against grpokit; the junit file it wrote."""
+def keyword(name: str) -> str:
+    """The -k term that selects one listed case: its name with its parameters (pytest's -k takes ``[``, ``/``, ``-``
+    in a name and matches it as a substring, so ``test_train_vlm[...Gemma3...]`` is that case alone)."""
+    return name.split("::")[-1]
+
+
+def selection(vlm: list[str]) -> str:
+    """run.sh's -k: the applicable set, or it and the listed VLM cases."""
+    return APPLICABLE if not vlm else f"({APPLICABLE}) or " + " or ".join(dict.fromkeys(map(keyword, vlm)))
+
+
+def build_vlm_fixtures(python: str, env: dict) -> None:
+    """The VLM stand-ins, into run.sh's fixtures folder (its default: $TMPDIR/trl_suite_fixtures)."""
+    subprocess.run([python, str(ROOT / "scripts" / "build_vlm_fixtures.py")], cwd=ROOT, env=env, check=True)
+
+
+def run_suite(suite: Path, python: str, vlm: list[str] = ()) -> Path:
+    """Run the applicable set (and the listed VLM cases) against grpokit; the junit file it wrote."""
     results = Path(tempfile.mkdtemp(prefix="trl_suite_results."))
-    env = dict(os.environ, PY=python, RESULTS_DIR=str(results))
-    subprocess.run([str(suite / "run.sh"), "grpokit", "-k", APPLICABLE], cwd=ROOT, env=env, check=False)
+    env = dict(os.environ, PY=python, RESULTS_DIR=str(results), TRL_SUITE=str(suite))
+    if vlm:
+        build_vlm_fixtures(python, env)
+    subprocess.run([str(suite / "run.sh"), "grpokit", "-k", selection(vlm)], cwd=ROOT, env=env, check=False)
     files = sorted(results.glob("grpokit-*.xml"))
     if not files:
         sys.exit(f"trl_suite: {suite / 'run.sh'} wrote no junit file under {results}; see its output above.")
@@ -71,22 +93,24 @@ def run_suite(suite: Path, python: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--junit", type=Path, help="check this junit file instead of running the suite")
+    parser.add_argument("--vlm", action="store_true", help="also the VLM cases (tests/trl_suite_expected_pass_vlm.txt)")
     args = parser.parse_args(argv)
+    vlm = expected_names(EXPECTED_VLM) if args.vlm or os.environ.get("TRL_SUITE_VLM") == "1" else []
     junit = args.junit
     if junit is None:
         suite = Path(os.environ.get("TRL_SUITE", ROOT.parent / "shared" / "trl_suite"))
         if not (suite / "run.sh").exists():
             print(f"trl_suite: {suite} is not beside the clone; TRL's GRPOTrainer suite not run.")
             return 0
-        junit = run_suite(suite, os.environ.get("PY", sys.executable))
-    expected = expected_names()
+        junit = run_suite(suite, os.environ.get("PY", sys.executable), vlm)
+    expected = expected_names() + vlm
     found = outcomes(junit)
     failed = check(expected, found)
     passed = sum(status == "passed" for status, _ in found.values())
     extra = sorted(n for n, (status, _) in found.items() if status == "passed" and n not in set(expected))
     print(
         f"trl_suite: {passed} of {len(found)} cases passed ({junit}); {len(expected) - len(failed)} of the "
-        f"{len(expected)} expected ({EXPECTED.relative_to(ROOT)})."
+        f"{len(expected)} expected ({EXPECTED.relative_to(ROOT)}{' and the VLM list' if vlm else ''})."
     )
     if extra:
         print(f"trl_suite: {len(extra)} passing cases are not in the expected list (TRL fails them here, or new).")

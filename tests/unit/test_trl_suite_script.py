@@ -49,3 +49,18 @@ def test_the_project_list_is_unique_and_named_as_run_sh_reports():
     names = trl_suite.expected_names()
     assert len(names) == len(set(names)) and len(names) >= 100
     assert all("::" in n and n.split("::")[0].startswith("Test") for n in names)
+
+
+def test_vlm_cases_widen_the_selection_by_name():
+    vlm = [
+        "TestGRPOTrainerVLM::test_train_vlm[trl-internal-testing/tiny-Gemma3ForConditionalGeneration]",
+        "TestGRPOTrainerVLM::test_train_vlm[trl-internal-testing/tiny-Qwen3_5ForConditionalGeneration-NoThink]",
+        "TestGRPOTrainerVLM::test_train_vlm_log_multimodal_false",
+    ]
+    assert trl_suite.selection([]) == trl_suite.APPLICABLE
+    assert trl_suite.selection(vlm) == (
+        f"({trl_suite.APPLICABLE}) or test_train_vlm[trl-internal-testing/tiny-Gemma3ForConditionalGeneration] or "
+        "test_train_vlm[trl-internal-testing/tiny-Qwen3_5ForConditionalGeneration-NoThink] or "
+        "test_train_vlm_log_multimodal_false"
+    )
+    assert all(n.startswith("TestGRPOTrainerVLM::") for n in trl_suite.expected_names(trl_suite.EXPECTED_VLM))
