@@ -18,6 +18,7 @@ with the batch, and its continuation on the next version is launched when that v
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -289,7 +290,8 @@ class RayRolloutEngine:
             chunk, worker = refs.pop(ready[0])
             try:
                 results[chunk], gap = ray.get(ready[0])
-            except (RayActorError, ActorDiedError, ActorUnavailableError):
+            except (RayActorError, ActorDiedError, ActorUnavailableError) as error:
+                warnings.warn(f"grpokit: rollout worker {worker} died and is replaced, its chunk re-run: {why(error)}")
                 ray.kill(self.workers[worker], no_restart=True)
                 self.workers[worker] = self._spawn()
                 self.restarts += 1
@@ -323,6 +325,12 @@ class RayRolloutEngine:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+
+
+def why(error: BaseException) -> str:
+    """The last line of a dead actor's error (its cause, under Ray's own traceback)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(error).__name__
 
 
 def load_published(model: torch.nn.Module, state: dict[str, torch.Tensor], device: torch.device) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -257,3 +258,50 @@ def test_learner_weights_the_update_by_the_sampler_log_probs():
     assert shifted["sampling_is/logprob_abs_diff"] == pytest.approx(0.2, abs=1e-4)
     assert shifted["policy_loss"] == pytest.approx(1.221403 * plain["policy_loss"], rel=1e-4)
     assert shifted["grad_norm"] == pytest.approx(1.221403 * plain["grad_norm"], rel=1e-4)
+
+
+class _TakenOnce:
+    """An ``LLM`` stand-in whose first start finds its rendezvous port taken, as a second Ray worker's can."""
+
+    ports: list[str] = []
+
+    def __init__(self, model, load_format, **kwargs):
+        type(self).ports.append(os.environ["MASTER_PORT"])
+        if len(type(self).ports) == 1:
+            raise RuntimeError("The server socket has failed to listen: EADDRINUSE, address already in use")
+
+
+def test_a_taken_port_of_our_own_is_replaced_and_the_engine_started_again(monkeypatch):
+    from grpokit.rollout.vllm.engine import single_process_env, start_llm
+
+    monkeypatch.setenv("MASTER_PORT", "0")  # recorded, so the port chosen here is removed afterwards
+    monkeypatch.delenv("MASTER_PORT")
+    _TakenOnce.ports = []
+    single_process_env()
+    start_llm(_TakenOnce, "m", "auto", {}, single_process_env)
+    assert len(_TakenOnce.ports) == 2 and _TakenOnce.ports[0] != _TakenOnce.ports[1]
+
+
+def test_a_users_own_port_is_never_changed(monkeypatch):
+    from grpokit.rollout.vllm.engine import single_process_env, start_llm
+
+    monkeypatch.setenv("MASTER_PORT", "29512")
+    _TakenOnce.ports = []
+    single_process_env()
+    with pytest.raises(RuntimeError, match="EADDRINUSE"):
+        start_llm(_TakenOnce, "m", "auto", {}, single_process_env)
+    assert _TakenOnce.ports == ["29512"]
+
+
+def test_other_start_errors_are_not_retried(monkeypatch):
+    from grpokit.rollout.vllm.engine import start_llm
+
+    calls = []
+
+    def broken(**kwargs):
+        calls.append(kwargs)
+        raise ValueError("no such architecture")
+
+    with pytest.raises(ValueError, match="architecture"):
+        start_llm(broken, "m", "auto", {}, lambda: None)
+    assert len(calls) == 1

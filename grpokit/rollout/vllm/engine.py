@@ -40,7 +40,7 @@ import os
 import socket
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -229,7 +229,7 @@ class VLLMRolloutEngine:
         previous = VLLMRolloutEngine._live() if VLLMRolloutEngine._live is not None else None
         if previous is not None:  # an earlier trainer's engine: its groups would be torn down under this one's
             previous.close()
-        self.llm = LLM(model=source, load_format=load_format, **self.llm_kwargs)
+        self.llm = start_llm(LLM, source, load_format, self.llm_kwargs, self._prepare_launch)
         VLLMRolloutEngine._live = weakref.ref(self)
         self._sleep()
 
@@ -311,6 +311,31 @@ def shutdown_llm(llm) -> None:
     """Shut a colocated ``vllm.LLM`` down now (its engine core, once: the finalizer is detached), not when the
     garbage collector gets to it."""
     llm.llm_engine.engine_core.shutdown()
+
+
+PORT_TRIES = 3
+
+
+def start_llm(llm_class, source: str, load_format: str, kwargs: dict, prepare: Callable[[], None]):
+    """``llm_class(model=source, ...)``; when the free port :func:`single_process_env` chose was taken before vLLM
+    bound it (another process, e.g. a second Ray worker starting at the same moment), again on a fresh port."""
+    for attempt in range(PORT_TRIES):
+        try:
+            return llm_class(model=source, load_format=load_format, **kwargs)
+        except Exception as error:  # torch.distributed's DistNetworkError, or vLLM's wrapper of it
+            if attempt == PORT_TRIES - 1 or not port_taken(error) or os.environ.get("MASTER_PORT") not in _OWN_PORT:
+                raise
+            prepare()  # our own port was taken: choose another
+    raise AssertionError("unreachable")
+
+
+def port_taken(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is a listening socket's EADDRINUSE."""
+    while error is not None:
+        if "EADDRINUSE" in str(error) or "address already in use" in str(error).lower():
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 _OWN_PORT: list[str] = []  # the MASTER_PORT single_process_env chose (a user's own is kept)
