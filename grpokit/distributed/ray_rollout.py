@@ -291,7 +291,8 @@ class RayRolloutEngine:
             try:
                 results[chunk], gap = ray.get(ready[0])
             except (RayActorError, ActorDiedError, ActorUnavailableError) as error:
-                warnings.warn(f"grpokit: rollout worker {worker} died and is replaced, its chunk re-run: {why(error)}")
+                message = f"grpokit: rollout worker {worker} died and is replaced, its chunk re-run: {why(error)}"
+                warnings.warn(message, stacklevel=2)
                 ray.kill(self.workers[worker], no_restart=True)
                 self.workers[worker] = self._spawn()
                 self.restarts += 1

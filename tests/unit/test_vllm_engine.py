@@ -8,6 +8,7 @@ import copy
 import importlib.util
 import math
 import os
+import typing
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -263,7 +264,7 @@ def test_learner_weights_the_update_by_the_sampler_log_probs():
 class _TakenOnce:
     """An ``LLM`` stand-in whose first start finds its rendezvous port taken, as a second Ray worker's can."""
 
-    ports: list[str] = []
+    ports: typing.ClassVar[list[str]] = []
 
     def __init__(self, model, load_format, **kwargs):
         type(self).ports.append(os.environ["MASTER_PORT"])
