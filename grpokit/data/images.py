@@ -108,7 +108,11 @@ def encode(processor, prompt: str | list, images: list, template_kwargs: dict | 
     text = processor.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, chat_template=template, **(template_kwargs or {})
     )
-    encoded = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
+    # as transformers' processor.apply_chat_template(tokenize=True) (TRL's encoding): the tokenizer's special tokens
+    # (LLaVA-NeXT's BOS) unless the template already wrote the BOS (Gemma 3's)
+    bos = getattr(processor.tokenizer, "bos_token", None)
+    add_special = not (bos is not None and text.startswith(bos))
+    encoded = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=add_special)
     return text, VisionPrompt.from_processor(dict(encoded), images)
 
 

@@ -30,6 +30,7 @@ import torch
 
 from grpokit.kernels import Kernels
 from grpokit.machine.hardware import autocast
+from grpokit.models.cache_rows import repeat_rows, select_rows
 from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import is_hf_model, logits_of
 from grpokit.models.vision_inputs import (
@@ -179,7 +180,7 @@ class HFRolloutEngine(SharedWeightsEngine):
         )
         N, P, T = ids.size(0) * G, ids.size(1), params.max_completion_length
         cache = output_cache(out)
-        cache.batch_repeat_interleave(G)  # [B, ...] -> [N, ...]: one prefill per group
+        repeat_rows(cache, G)  # [B, ...] -> [N, ...]: one prefill per group
         self.kernels.preallocate(cache, P + T)
         logits = out.logits[:, -1].repeat_interleave(G, dim=0)  # [N, V]
         # the attention mask of every step is a prefix of one [N, P+T] mask, built once
@@ -210,7 +211,7 @@ class HFRolloutEngine(SharedWeightsEngine):
                 if keep.numel() == 0:
                     break
                 active, token, mask, position = active[keep], token[keep], mask[keep], position[keep]
-                cache.batch_select_indices(keep)
+                select_rows(cache, keep)
             if t == T - 1:
                 break
             if decoder is not None:

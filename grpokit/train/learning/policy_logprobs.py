@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from grpokit.algos import entropy_from_logits, selective_logprobs
 from grpokit.kernels import Kernels
+from grpokit.models.cache_rows import select_rows
 from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import activation_checkpointing, is_hf_model, logits_of
 from grpokit.models.vision_inputs import (
@@ -178,7 +179,7 @@ def completion_features(
     first = first[inverse]  # [n, 1, D]: the prompt's last position predicts completion token 0
     if width == 1:
         return first
-    cache.batch_select_indices(inverse)  # [g, ...] -> [n, ...]
+    select_rows(cache, inverse)  # [g, ...] -> [n, ...]
     mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, : width - 1].long()], dim=1)  # [n, P+w-1]
     position = next_positions(prompt_position, width - 1)[inverse]  # [n, w-1]
     rest, _ = _run(
