@@ -35,6 +35,7 @@ class VisionPrompt(list):
     def from_processor(cls, encoded: dict[str, Any], images: list) -> VisionPrompt:
         ids = encoded.pop("input_ids")[0].tolist()
         encoded.pop("attention_mask", None)
+        encoded.pop("labels", None)  # PaliGemma's processor adds training labels: a target, not a model input
         sequence, pixels = {}, {}
         for key, value in encoded.items():
             if not isinstance(value, torch.Tensor):

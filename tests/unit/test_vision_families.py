@@ -34,7 +34,7 @@ FAMILIES = {
     "llava_next": families.llava_next,
     "qwen3_5": lambda: families.qwen3_5("dense"),
     "qwen3_5_moe": lambda: families.qwen3_5("moe"),
-    **BUILDERS,
+    **{name: build for name, build in BUILDERS.items() if name != "paligemma"},
 }
 
 
@@ -111,3 +111,18 @@ def test_grpokit_logprobs_equal_the_models_own_forward(family):
     finally:
         model.activation_checkpointing_disable()
     assert float(((full - expected) * mask).abs().max()) < TOLERANCE, "full forward"
+
+
+def test_paligemma_is_refused_in_one_line_loaded_or_by_path(tmp_path):
+    """PaliGemma's prompt is a bidirectional prefix (token_type_ids 0) and its completion a causal suffix (1), from
+    1-based positions: grpokit's sampler and learner do not reproduce that yet, so it is refused, not trained wrong."""
+    from grpokit import GRPOConfig, GRPOTrainer
+    from grpokit.models.vision import vision_model_class
+
+    model, processor, _ = BUILDERS["paligemma"]()
+    with pytest.raises(ValueError, match="model type 'paligemma' is not supported yet: PaliGemma's prompt attends"):
+        vision_model_class(model.config)  # by path: before any weight is read
+    args = GRPOConfig(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2, report_to="none")
+    with pytest.raises(ValueError, match=r"^model type 'paligemma' is not supported yet: .*; use another family\.$"):
+        GRPOTrainer(model=model, reward_funcs=lambda completions, **k: [0.0] * len(completions), args=args,
+                    train_dataset=rows(), processing_class=processor)  # fmt: skip

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.rollout.vllm.prompts import vllm_prompt
 from grpokit.rollout.vllm.settings import (
     DTYPE_NAMES,
     VLLMSpec,
@@ -255,7 +256,7 @@ class VLLMRolloutEngine:
         ]
         self._wake()
         try:
-            outputs = self.llm.generate([{"prompt_token_ids": p} for p, _, _ in requests], settings, use_tqdm=False)
+            outputs = self.llm.generate([vllm_prompt(p) for p, _, _ in requests], settings, use_tqdm=False)
         finally:
             self._sleep()
         outputs = regroup_outputs(outputs, num_generations, params.greedy)
