@@ -18,7 +18,6 @@ LONG_MODULES = {
     "store/store.py": "RolloutStore: the SQLite store's one class (writes, reads, resume truncation)",
     "train/learning/learner.py": "Learner: the policy update (micro-batches, chunks, KL control) in one class",
     "train/rundir/checkpoint.py": "what a checkpoint writes and reads back, save and load side by side",
-    "rollout/multiturn.py": "the multi-turn engine: its decoding loop and tool calls share state",
 }
 # Functions over 80 lines, and why:
 LONG_FUNCTIONS = {
