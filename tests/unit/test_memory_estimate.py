@@ -365,3 +365,13 @@ def test_the_estimate_is_a_function_of_its_typed_inputs(config_dir):
     # a teacher of 1000 bf16 values adds 2000 B to the floor, and nothing else
     taught = memory_estimate(replace(inputs, teacher_parameters=1000, teacher_bytes=2))
     assert taught.teacher == 2000 and taught.peak == memory_estimate(inputs).peak + 2000
+
+
+def test_explain_lists_a_local_teacher(config_dir):
+    import grpokit.commands.explanation as explain_module
+
+    plain = explain_module.explain(_cfg(config_dir))
+    assert "teacher" not in plain.split("# derived sizes")[1].split("# compute precision")[0]
+    text = explain_module.explain(_cfg(config_dir, teacher_model_name_or_path=str(config_dir)))  # itself: 6288 x 4 B
+    assert "= weights + reference + teacher + AdamW" in text
+    assert "\n  teacher (distillation): 0.0 MiB\n" in text  # 25152 B, printed in MiB to one decimal
