@@ -1,7 +1,7 @@
 """`grpokit explain`'s memory estimate against the peak resident memory of real runs.
 
 On the model of bench/vs_trl.py (built locally, no download), each setting trains 3 steps in its own
-process (peak memory is per process), and prints the estimate of its tensors (grpokit/compose/memory.py),
+process (peak memory is per process), and prints the estimate of its tensors (grpokit/memory/estimate.py),
 the measured peak RSS, and the difference: what the process adds (runtime, allocator).
 
     python bench/memory_estimate.py        # LoRA row: peft, QLoRA row: bitsandbytes (pip install 'grpokit[qlora]')
@@ -79,7 +79,8 @@ def worker(workdir: Path, setting: list) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
         return worker(Path(sys.argv[2]), json.loads(sys.argv[3]))
-    from grpokit.compose.memory import build_meta_model, estimate_memory
+    from grpokit.compose.memory import estimate_memory
+    from grpokit.memory.shape import build_meta_model
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

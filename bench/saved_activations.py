@@ -9,7 +9,7 @@ turned to its plain version), e.g.::
 
     python bench/saved_activations.py --layers 2 --variants new,no_lean_norm,no_small_attention
 
-These are the saved activations of the memory ledger (the estimate of ``grpokit.compose.memory``),
+These are the saved activations of the memory ledger (the estimate of ``grpokit.memory.estimate``),
 counted exactly instead of estimated.
 """
 

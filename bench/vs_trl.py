@@ -517,7 +517,9 @@ def sample_phases(trainer, marks: list, records: list, heap: HeapPeaks | None = 
 def memory_parts(cfg, workdir: Path) -> dict:
     """grpokit.compose.memory's estimate of this run's parts, bytes (the floor's and those above it), for its prompts of
     PROMPT_TOKENS (the config leaves max_prompt_length at TRL's 512, which the estimate would take as the length)."""
-    from grpokit.compose.memory import PROCESS_OVERHEAD, build_meta_model, estimate_memory
+    from grpokit.compose.memory import estimate_memory
+    from grpokit.memory.fit import PROCESS_OVERHEAD
+    from grpokit.memory.shape import build_meta_model
 
     m = estimate_memory(cfg.replace(max_prompt_length=PROMPT_TOKENS), build_meta_model(str(workdir / "model")))
     return {

@@ -18,13 +18,13 @@ import sys
 
 import torch
 
-from grpokit.compose.memory import available_bytes
 from grpokit.kernels import Kernels
 from grpokit.kernels.allocator import HUGE_PAGES_ENV, huge_pages_in_use, system_huge_pages
 from grpokit.kernels.cpu_precision import env_lines, forced_choice
 from grpokit.machine.cpu_caps import ENV, cpu_caps, describe
 from grpokit.machine.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
 from grpokit.machine.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
+from grpokit.memory.fit import available_bytes
 from grpokit.version import __version__
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import yaml
 
-from grpokit.compose.memory import available_bytes, build_meta_model, estimate_memory, fit_warning, process_bytes
+from grpokit.compose.memory import estimate_memory, fit_warning
 from grpokit.compose.rollouts import engine_kind
 from grpokit.config import GRPOConfig
 from grpokit.kernels.cpu_precision import run_compute
 from grpokit.machine.hardware import pick_device
+from grpokit.memory.fit import available_bytes, process_bytes
+from grpokit.memory.shape import build_meta_model
 from grpokit.train.learning.optimizer_settings import EIGHT_BIT_OPTIMIZERS
 
 
@@ -48,6 +50,7 @@ def _sizes(cfg: GRPOConfig, world_size: int) -> str:
     parts = [
         ("weights", m.weights),
         ("reference", m.reference),
+        *([("teacher (distillation)", m.teacher)] if m.teacher else []),
         ("gradients", m.gradients),
         ("AdamW moments" + (" (8-bit)" if cfg.optimizer in EIGHT_BIT_OPTIMIZERS else ""), m.adamw),
         ("one micro-batch", m.micro_batch),
@@ -58,8 +61,9 @@ def _sizes(cfg: GRPOConfig, world_size: int) -> str:
         + (f" ({m.trainable:,} trainable: LoRA)" if cfg.lora.r > 0 else "")
     )
     lines.append(
-        f"memory estimate (tensors): {_size(m.peak)} at the peak = weights + reference + AdamW"
-        " + max(gradients + max(micro-batch, optimizer step), generation); see grpokit/compose/memory.py"
+        f"memory estimate (tensors): {_size(m.peak)} at the peak = weights + reference"
+        + (" + teacher" if m.teacher else "")
+        + " + AdamW + max(gradients + max(micro-batch, optimizer step), generation); see grpokit/memory/estimate.py"
     )
     lines += [f"  {name + ':':<24}{_size(value)}" for name, value in parts]
     lines.append(

@@ -1,240 +1,79 @@
-"""How much memory a training process needs, from the model's config alone (for ``grpokit explain``).
-
-The model is built on the meta device (no weights read; with LoRA, peft wraps a copy there to count
-the adapters), and each part is what grpokit itself allocates, in bytes, per process:
-
-    weights      P x b                    P parameters in the weights' dtype (b bytes); 4-bit (QLoRA): the
-                                          Linear weights but the LM head in NF4 with their quantisation
-                                          constants (:func:`nf4_bytes`), the rest float32 (peft's k-bit
-                                          preparation upcasts it)
-    reference    beta > 0 without LoRA: a frozen copy; under bf16 autocast its Linear layers are
-                 kept in bf16 (``kernels/linear_storage.py``), with ``ref_model_dtype: bfloat16`` all of
-                 it (P x 2); with LoRA: none (adapters disabled)
-    gradients    P_t x b                  P_t trainable parameters (all, or LoRA's adapters; float32 under 4-bit)
-    AdamW        2 x P_t x b              two moments; 8-bit (bitsandbytes' AdamW8bit): 2 x (1 + 4 / 256) B per
-                                          value of a parameter of >= 4096 values (8-bit codes and a float32 scale
-                                          per block of 256), 2 x 4 B per value of the smaller ones
-    optimizer    8-bit AdamW on CPU: 5 x 4 B x the largest 8-bit parameter or slice of one (the step dequantises
-    step         both moments of a slice of at most 2**22 values to float32 and adds its scaled gradient, a square
-                 root and the denominator, ``train/learning/adamw8bit.py``); the fused AdamW: none
-    micro-batch  one micro-batch of the update:
-                 saved activations  tokens x layers x a, per token and layer a = 33 h + 7 i (+ 6 heads c)
-                                    bytes under bf16 autocast, 39 h + 14 i (+ 4 heads c) in one dtype,
-                                    8 i less through the lean float32 MLP (h hidden, i MLP width; the
-                                    heads x c term, c the context, while the plain CPU attention keeps
-                                    its probabilities); tokens = completions x T
-                                    + their groups' prompts once (shared prefix). The constants are
-                                    fitted to the saved tensors of two Qwen2 shapes (h 512, i 1408 and
-                                    h 768, i 768); at 256-token completions the estimate was 10 % low.
-                                    At Qwen2.5-0.5B's shape in float32 it was 21 % low until the lean
-                                    RMSNorms and the grouped-query SDPA (K/V unrepeated); with them it is
-                                    1 % low (docs/performance.md).
-                                    With activation checkpointing: layer inputs plus one layer.
-                 logits kept for the backward (up to 64 MiB, else recomputed) and the head's chunks
-                 autocast's cast of every Linear weight, saved for the backward (2 B each; 4-bit layers
-                 save their 4-bit weight and dequantise it again in the backward)
-    generation   KV cache: completions x (prompt + T) x layers x 2 x kv_heads x head_dim (float32 under
-                 autocast) and, for Llama-family models, the fused decoder's copy of the Linear weights
-                 (none with a 4-bit base: its layers decode through the HF forward)
-
-    peak = weights + reference + AdamW + max(gradients + max(micro-batch, optimizer step), generation)
-
-That is the tensors' share. The process adds its runtime (Python, PyTorch and their libraries:
-~0.25 GB resident on CPU) and allocator overhead (gradients in flight during the backward, freed
-blocks kept for reuse). ``python bench/memory_estimate.py`` compares the estimate with the peak
-resident memory of real runs.
-"""
+"""The memory estimate of a config (grpokit/memory/estimate.py gives the terms): its typed inputs built from the
+config in one place (:func:`memory_inputs`), and what the config's what-if variants need (``cfg.replace(...)``: a
+smaller micro-batch, LoRA, ...) for `grpokit explain`, the root's fit warning and the update's rows per pass."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+import functools
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from grpokit.config import GRPOConfig
-from grpokit.kernels.attention import PROBS_BUDGET
 from grpokit.kernels.cpu_precision import run_compute
-from grpokit.kernels.fused_decoder import SUPPORTED as FUSED_DECODER_TYPES
-from grpokit.kernels.fused_head import CHUNK_ELEMENTS, SAVED_LOGITS_BYTES
 from grpokit.kernels.lean_mlp import MODEL_TYPES as LEAN_MLP_TYPES
-from grpokit.kernels.linear_storage import untied_linears
 from grpokit.machine.hardware import pick_device, pick_dtype
-from grpokit.models.loading import lora_config, model_config
+from grpokit.memory.estimate import MemoryEstimate, MemoryInputs, memory_estimate
+from grpokit.memory.fit import available_bytes, process_bytes
+from grpokit.memory.shape import build_meta_model, model_shape, trainable_sizes
 from grpokit.models.lora_targets import adapts_any
 from grpokit.train.learning.optimizer_settings import EIGHT_BIT_OPTIMIZERS
 
 
-@dataclass
-class MemoryEstimate:
-    parameters: int
-    trainable: int
-    weights: int
-    reference: int
-    gradients: int
-    adamw: int
-    micro_batch: int
-    generation: int
-    backward_chunk_rows: int  # rows per forward and backward pass of the update (:func:`backward_chunk_rows`)
-    optimizer_step: int = 0
-    # the micro-batch's and generation's parts by name (saved activations, kept logits, the head's chunks, autocast's
-    # weight casts; KV cache, the fused decoder's weight copy), for reports that list what is above the weights
-    parts: dict = field(default_factory=dict)
-
-    @property
-    def peak(self) -> int:
-        learner = self.gradients + max(self.micro_batch, self.optimizer_step)
-        return self.weights + self.reference + self.adamw + max(learner, self.generation)
-
-
-def build_meta_model(name_or_path: str, trust_remote_code: bool = False) -> torch.nn.Module:
-    """A HF causal LM's architecture (local folder or hub id) on the meta device: shapes, no weights."""
-    from transformers import AutoModelForCausalLM
-
-    config = model_config(name_or_path, trust_remote_code)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-
-
-# bitsandbytes' NF4 with double quantisation, as ``models.loading.four_bit_config`` asks for it
-NF4_BLOCK = 64  # values per absmax
-NF4_NESTED_BLOCK = 256  # absmax values per float32 second-level absmax
-
-
-def nf4_bytes(n: int) -> int:
-    """Bytes of one weight of ``n`` values in NF4 with double quantisation (QLoRA, Dettmers et al. 2023), as
-    bitsandbytes holds it: the 4-bit codes (n / 2), one 8-bit absmax per block of 64 values, one float32 absmax
-    per 256 blocks, and per weight its two code books (256 and 16 float32) and a float32 offset. For a large
-    weight that is 4 + 8 / 64 + 32 / (64 x 256) = 4.127 bits per value."""
-    blocks = -(-n // NF4_BLOCK)
-    return -(-n // 2) + blocks + 4 * -(-blocks // NF4_NESTED_BLOCK) + (256 + 16 + 1) * 4
-
-
-def four_bit_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    """The Linear layers ``load_in_4bit`` quantises: all but the LM head (transformers leaves it unquantised)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
-
-
-def trainable_sizes(model: torch.nn.Module, cfg: GRPOConfig) -> list[int]:
-    """The size of each parameter training updates: every one of ``model`` (a meta-device model), or the LoRA
-    adapters training would add to it (counted on a copy; ``model`` is left as it is)."""
-    if cfg.lora.r == 0:
-        return [p.numel() for p in model.parameters()]
-    from peft import get_peft_model
-
-    wrapped = get_peft_model(copy.deepcopy(model), lora_config(cfg.lora))
-    return [p.numel() for p in wrapped.parameters() if p.requires_grad]
-
-
-# bitsandbytes' AdamW8bit: parameters of at least this many values get 8-bit moments, with a float32 scale per block
-EIGHT_BIT_MIN_SIZE = 4096
-EIGHT_BIT_BLOCK = 256
-EIGHT_BIT_SLICE = 2**22  # values per slice of the CPU step (train/learning/adamw8bit.py, which imports bitsandbytes)
-
-
-def adamw_bytes(sizes: list[int], b: int, eight_bit: bool) -> int:
-    """Bytes of AdamW's two moments for parameters of ``sizes`` values in ``b``-byte floats, or in bitsandbytes'
-    AdamW8bit (``eight_bit``; the module docstring)."""
-    if not eight_bit:
-        return 2 * sum(sizes) * b
-    small = sum(n for n in sizes if n < EIGHT_BIT_MIN_SIZE)
-    big = [n for n in sizes if n >= EIGHT_BIT_MIN_SIZE]
-    return 2 * small * 4 + 2 * sum(n + 4 * -(-n // EIGHT_BIT_BLOCK) for n in big)
-
-
-def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device | None = None) -> MemoryEstimate:
-    """Bytes of each part (module docstring) for training ``model`` (meta-device, from :func:`build_meta_model`;
-    LoRA is added here) under ``cfg`` on ``device`` (default: the one training would pick here)."""
+def memory_inputs(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device | None = None) -> MemoryInputs:
+    """The estimate's inputs for training ``model`` (meta-device, from :func:`build_meta_model`; LoRA is counted on a
+    copy) under ``cfg`` on ``device`` (default: the one training would pick here)."""
     device = device or pick_device(cfg.device)
     chosen = run_compute(cfg.dtype, device, model, cfg.mixed_precision, sample_rows=cfg.completions_per_step())
-    mixed = chosen.learning is not None
-    b = torch.finfo(pick_dtype(cfg.dtype, device)).bits // 8
-    compute = 2 if mixed or b == 2 else 4  # bytes per element of matmul inputs and outputs
-    sampling = 2 if chosen.sampling is not None or b == 2 else 4  # the fused decoder's weight copies (a CPU may
-    # sample in another dtype than it learns in: grpokit/kernels/cpu_precision.py)
-    config = model.config
-    params = sum(p.numel() for p in model.parameters())
-    untied = sum(p.numel() for m in untied_linears(model) for p in m.parameters(recurse=False))
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # a tied head included
-    quantised = [m.weight.numel() for m in four_bit_linears(model)] if cfg.load_in_4bit else []
-    # QLoRA: NF4 Linear weights, the rest and the adapters float32
-    weights = sum(map(nf4_bytes, quantised)) + (params - sum(quantised)) * 4 if cfg.load_in_4bit else params * b
-    trainable_bytes = 4 if cfg.load_in_4bit else b
-    reference = 0
-    if cfg.beta > 0 and cfg.lora.r == 0:
-        in_bf16 = untied if mixed and not cfg.ref_model_sync_steps else 0
-        in_bf16 = params if cfg.ref_model_dtype == "bfloat16" else in_bf16
-        reference = in_bf16 * 2 + (params - in_bf16) * b
-    sizes = trainable_sizes(model, cfg)
-    trainable = sum(sizes)
-    eight_bit = cfg.optimizer in EIGHT_BIT_OPTIMIZERS
-    largest_8bit = min(max((n for n in sizes if n >= EIGHT_BIT_MIN_SIZE), default=0), EIGHT_BIT_SLICE)
-
-    h, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or h // heads
-    T, P, G = cfg.max_completion_length, cfg.max_prompt_length or 0, cfg.num_generations
-    context = P + T
-    rows = cfg.completions_per_step()  # a step's completions (one process's), sampled together
-    kv_cache = rows * context * layers * 2 * kv_heads * head_dim * (4 if mixed or sampling == 2 else b)
-    fused = getattr(config, "model_type", None) in FUSED_DECODER_TYPES and not cfg.load_in_4bit
-
-    def saved_activations(rows: int) -> int:
-        """What a forward pass over ``rows`` completions keeps for its backward."""
-        per_token = activation_bytes_per_token(cfg, config, device, compute, rows)
-        if cfg.gradient_checkpointing:  # full rows (no shared prefix): each layer's input, plus one layer recomputed
-            return rows * context * (layers * h * b + per_token)
-        return (rows * T + -(-rows // G) * P) * layers * per_token  # each group's prompt once (shared prefix)
-
-    per_device = cfg.per_device_train_batch_size
-    mb = min(cfg.backward_chunk_rows or per_device, per_device)  # rows per forward and backward pass
-    activations = saved_activations(mb)
-    logits = mb * T * config.vocab_size * compute
-    kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
-    # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's
-    # adapters besides
-    casts = (linear - sum(quantised) + (trainable if cfg.lora.r > 0 else 0)) * 2 if mixed else 0
-    head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * config.vocab_size) * 4  # two float32 chunks of logits at a time
-    micro_batch = activations + kept_logits + head_chunks + casts
-
-    return MemoryEstimate(
-        parameters=params,
-        trainable=trainable,
-        weights=weights,
-        reference=reference,
-        gradients=trainable * trainable_bytes,
-        adamw=adamw_bytes(sizes, trainable_bytes, eight_bit),
-        micro_batch=micro_batch,
-        generation=kv_cache + (linear * sampling if fused else 0),
-        optimizer_step=5 * 4 * largest_8bit if eight_bit and device.type == "cpu" else 0,
-        backward_chunk_rows=mb,
-        parts={
-            "activations": activations,
-            "kept_logits": kept_logits,
-            "head_chunks": head_chunks,
-            "weight_casts": casts,
-            "kv_cache": kv_cache,
-            "decoder_weights": linear * compute if fused else 0,
-        },
+    teacher_parameters, teacher_bytes = local_teacher_size(cfg, device)
+    return MemoryInputs(
+        shape=model_shape(model),
+        trainable=trainable_sizes(model, cfg.lora),
+        device_type=device.type,
+        weight_bytes=torch.finfo(pick_dtype(cfg.dtype, device)).bits // 8,
+        completion_tokens=cfg.max_completion_length,
+        prompt_tokens=cfg.max_prompt_length or 0,
+        num_generations=cfg.num_generations,
+        step_rows=cfg.completions_per_step(),
+        micro_batch=cfg.per_device_train_batch_size,
+        backward_chunk_rows=cfg.backward_chunk_rows,
+        mixed=chosen.learning is not None,
+        sampling_bf16=chosen.sampling is not None,
+        lean_mlp=lean_mlp_applies(cfg, model.config),
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        load_in_4bit=cfg.load_in_4bit,
+        lora=cfg.lora.r > 0,
+        reference=cfg.beta > 0 and cfg.lora.r == 0,
+        reference_synced=bool(cfg.ref_model_sync_steps),
+        reference_bf16=cfg.ref_model_dtype == "bfloat16",
+        eight_bit_adamw=cfg.optimizer in EIGHT_BIT_OPTIMIZERS,
+        teacher_parameters=teacher_parameters,
+        teacher_bytes=teacher_bytes,
     )
 
 
-def activation_bytes_per_token(cfg: GRPOConfig, config, device: torch.device, compute: int, rows: int) -> int:
-    """Bytes one token saves for the backward in one decoder layer (the module docstring's a): 33 h + 7 i under
-    bf16 autocast, 39 h + 14 i in one dtype, 8 i less where the lean MLP keeps gate and up only
-    (:func:`lean_mlp_applies`), plus the attention probabilities grpokit's plain CPU attention keeps for small
-    calls of ``rows`` rows (SDPA keeps none)."""
-    h, i = config.hidden_size, getattr(config, "intermediate_size", None) or 4 * config.hidden_size
-    heads = config.num_attention_heads
-    T, context = cfg.max_completion_length, (cfg.max_prompt_length or 0) + cfg.max_completion_length
-    plain = device.type == "cpu" and not cfg.gradient_checkpointing and rows * heads * T * context * 4 <= PROBS_BUDGET
-    probs = heads * context * (6 if compute == 2 else 4) * plain
-    if compute == 2:
-        return 33 * h + 7 * i + probs
-    return 39 * h + (6 if lean_mlp_applies(cfg, config) else 14) * i + probs
+def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device | None = None) -> MemoryEstimate:
+    """The estimate (grpokit/memory/estimate.py) of training ``model`` under ``cfg`` on ``device``."""
+    return memory_estimate(memory_inputs(cfg, model, device))
+
+
+def local_teacher_size(cfg: GRPOConfig, device: torch.device) -> tuple[int, int]:
+    """(parameters, bytes per value) of the run's local distillation teacher when it sits on ``device`` (no
+    ``teacher_device`` of its own, or that same device); (0, 0) without one there."""
+    name = cfg.teacher_model_name_or_path
+    if not name or (cfg.teacher_device is not None and pick_device(cfg.teacher_device) != device):
+        return 0, 0
+    from grpokit.train.teacher.local import teacher_dtype
+
+    return _parameters(name, cfg.trust_remote_code), torch.finfo(teacher_dtype(cfg.teacher_dtype, device)).bits // 8
+
+
+@functools.lru_cache(maxsize=8)
+def _parameters(name_or_path: str, trust_remote_code: bool) -> int:
+    """The parameters of the causal LM ``name_or_path`` (its architecture on the meta device; read once)."""
+    return sum(p.numel() for p in build_meta_model(name_or_path, trust_remote_code).parameters())
 
 
 def lean_mlp_applies(cfg: GRPOConfig, config) -> bool:
@@ -310,34 +149,15 @@ def update_chunk_rows(
         return mb
     if prompt_tokens is not None:
         cfg = cfg.replace(max_prompt_length=prompt_tokens)
+    with warnings.catch_warnings():  # the config's warnings were given when it was built
+        warnings.simplefilter("ignore")
+        inputs = memory_inputs(cfg, meta, device)
 
     def fits(rows: int) -> bool:
-        with warnings.catch_warnings():  # the config's warnings were given when it was built
-            warnings.simplefilter("ignore")
-            estimate = estimate_memory(cfg.replace(backward_chunk_rows=rows), meta, device)
+        estimate = memory_estimate(dataclasses.replace(inputs, backward_chunk_rows=rows))
         return process_bytes(estimate, device) <= free
 
     return backward_chunk_rows(cfg, fits)
-
-
-# What a CPU training process holds beyond its tensors (runtime, allocator): 0.5-0.8 GiB in bench/memory_estimate.py;
-# the warning counts the low end, so it errs toward staying quiet.
-PROCESS_OVERHEAD = 2**29
-
-
-def available_bytes(device: torch.device) -> int | None:
-    """Memory free for a new process on ``device``: the GPU's free memory, or the host's MemAvailable (Linux); else
-    None."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 def memory_warning(cfg: GRPOConfig, name_or_path: str, device: torch.device, processes: int = 1) -> str | None:
@@ -374,11 +194,6 @@ def fit_warning(
         f"this run needs about {needed / 2**30:.1f} GiB of {device.type} memory (`grpokit explain` shows the parts) "
         f"but {free / 2**30:.1f} GiB is free: it may run out of memory. {advice}"
     )
-
-
-def process_bytes(estimate: MemoryEstimate, device: torch.device) -> int:
-    """One training process's need: the tensors' peak, plus the process itself on CPU (:data:`PROCESS_OVERHEAD`)."""
-    return estimate.peak + (PROCESS_OVERHEAD if device.type == "cpu" else 0)
 
 
 def fitting_settings(

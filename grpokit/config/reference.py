@@ -35,34 +35,55 @@ def config_reference() -> str:
 
 
 def typed_keys_source() -> str:
-    """The source of ``config/typed_keys.py``: every key GRPOConfig answers, annotated with its type, so that editors
-    and type checkers see ``cfg.learning_rate: float`` (GRPOConfig reads them from its sections at run time)."""
+    """The source of ``config/typed_keys.py``: every key of GRPOConfig's sections, annotated with its type, so that
+    editors and type checkers see ``cfg.learning_rate: float`` (GRPOConfig reads them from its sections at run time);
+    the TRL-only keys in its base class, :func:`trl_typed_keys_source`."""
     lines = [
-        '"""Every key of ``GRPOConfig`` with its type, for editors and type checkers: generated from the config\'s',
-        "sections by ``python scripts/gen_config_reference.py`` (a test checks it is current); do not edit by hand.",
-        'Annotations only: at run time GRPOConfig reads each key from its section (``cfg.algo.beta``)."""',
+        '"""Every key of ``GRPOConfig``\'s sections with its type, for editors and type checkers: generated from the',
+        "config's sections by ``python scripts/gen_config_reference.py`` (a test checks it is current); do not edit by",
+        "hand. Annotations only: at run time GRPOConfig reads each key from its section (``cfg.algo.beta``); the",
+        'TRL-only keys are in typed_trl_keys.py."""',
         "",
         "from __future__ import annotations",
         "",
         "from typing import TYPE_CHECKING, Any",
         "",
+        "from grpokit.config.typed_trl_keys import TypedTrlKeys",
+        "",
         "if TYPE_CHECKING:",
         *_imports(SECTIONS.values()),
         "",
         "",
-        "class TypedKeys:",
-        '    """The sections, then each section\'s keys, then the TRL-only keys (TRL\'s GRPOConfig names)."""',
+        "class TypedKeys(TypedTrlKeys):",
+        '    """The sections, then each section\'s keys (the TRL-only keys: the base class)."""',
         "",
     ]
     for section, cls in SECTIONS.items():
         lines.append(f"    {section}: {cls.__name__}")
-    seen = set()
     for section, cls in SECTIONS.items():
         lines.append(f"    # {section}")
-        for f in section_fields(cls):
-            seen.add(f.name)
-            lines.append(f"    {f.name}: {f.type}")
-    lines.append("    # TRL-only keys, accepted as TRL's GRPOConfig takes them")
+        lines += [f"    {f.name}: {f.type}" for f in section_fields(cls)]
+    return "\n".join(lines) + "\n"
+
+
+def trl_typed_keys_source() -> str:
+    """The source of ``config/typed_trl_keys.py``: TRL's GRPOConfig keys that no section holds, typed from TRL's
+    defaults (accepted as TRL takes them)."""
+    lines = [
+        '"""The TRL-only keys of ``GRPOConfig`` with their types, for editors and type checkers: generated from TRL\'s',
+        "defaults by ``python scripts/gen_config_reference.py`` (a test checks it is current); do not edit by hand.",
+        'The sections\' keys are in typed_keys.py."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from typing import Any",
+        "",
+        "",
+        "class TypedTrlKeys:",
+        '    """The TRL-only keys, accepted as TRL\'s GRPOConfig takes them."""',
+        "",
+    ]
+    seen = {f.name for cls in SECTIONS.values() for f in section_fields(cls)}
     for name, default in trl_defaults.TRL_DEFAULTS.items():
         if name not in seen and name.isidentifier():
             kind = type(default).__name__ if isinstance(default, (bool, int, float, str)) else "Any"

@@ -1,10 +1,13 @@
-"""Every key of ``GRPOConfig`` with its type, for editors and type checkers: generated from the config's
-sections by ``python scripts/gen_config_reference.py`` (a test checks it is current); do not edit by hand.
-Annotations only: at run time GRPOConfig reads each key from its section (``cfg.algo.beta``)."""
+"""Every key of ``GRPOConfig``'s sections with its type, for editors and type checkers: generated from the
+config's sections by ``python scripts/gen_config_reference.py`` (a test checks it is current); do not edit by
+hand. Annotations only: at run time GRPOConfig reads each key from its section (``cfg.algo.beta``); the
+TRL-only keys are in typed_trl_keys.py."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from grpokit.config.typed_trl_keys import TypedTrlKeys
 
 if TYPE_CHECKING:
     from grpokit.config.running import AgentConfig, DistributedConfig, EvalConfig, RunConfig
@@ -13,8 +16,8 @@ if TYPE_CHECKING:
     from grpokit.rewards.settings import RewardSettings
 
 
-class TypedKeys:
-    """The sections, then each section's keys, then the TRL-only keys (TRL's GRPOConfig names)."""
+class TypedKeys(TypedTrlKeys):
+    """The sections, then each section's keys (the TRL-only keys: the base class)."""
 
     model: ModelConfig
     data: DataConfig
@@ -218,117 +221,3 @@ class TypedKeys:
     tool_timeout: float
     tool_workers: int
     tool_isolation: str
-    # TRL-only keys, accepted as TRL's GRPOConfig takes them
-    lr_scheduler_kwargs: Any
-    optim: str
-    optim_args: Any
-    optim_target_modules: Any
-    average_tokens_across_devices: bool
-    label_smoothing_factor: float
-    bf16: Any
-    fp16: bool
-    bf16_full_eval: bool
-    fp16_full_eval: bool
-    tf32: Any
-    activation_checkpointing: Any
-    activation_checkpointing_kwargs: Any
-    gradient_checkpointing_kwargs: Any
-    torch_compile: bool
-    torch_compile_backend: Any
-    torch_compile_mode: Any
-    use_liger_kernel: bool
-    liger_kernel_config: Any
-    use_cache: bool
-    neftune_noise_alpha: Any
-    torch_empty_cache_steps: Any
-    auto_find_batch_size: bool
-    logging_strategy: str
-    logging_first_step: bool
-    log_on_each_node: bool
-    logging_nan_inf_filter: bool
-    include_num_input_tokens_seen: str
-    log_level: str
-    log_level_replica: str
-    disable_tqdm: Any
-    run_name: Any
-    project: str
-    trackio_space_id: Any
-    trackio_bucket_id: Any
-    trackio_static_space_id: Any
-    eval_delay: int
-    per_device_eval_batch_size: int
-    prediction_loss_only: bool
-    eval_on_start: bool
-    eval_do_concat_batches: bool
-    eval_use_gather_object: bool
-    eval_accumulation_steps: Any
-    include_for_metrics: Any
-    batch_eval_metrics: bool
-    save_only_model: bool
-    save_on_each_node: bool
-    enable_jit_checkpoint: bool
-    push_to_hub: bool
-    hub_token: Any
-    hub_private_repo: Any
-    hub_model_id: Any
-    hub_strategy: str
-    hub_always_push: bool
-    hub_revision: Any
-    load_best_model_at_end: bool
-    metric_for_best_model: Any
-    greater_is_better: Any
-    ignore_data_skip: bool
-    restore_callback_states_from_checkpoint: bool
-    full_determinism: bool
-    data_seed: Any
-    use_cpu: bool
-    accelerator_config: Any
-    parallelism_config: Any
-    dataloader_drop_last: bool
-    dataloader_num_workers: int
-    dataloader_pin_memory: bool
-    dataloader_persistent_workers: bool
-    dataloader_prefetch_factor: Any
-    dataloader_multiprocessing_context: Any
-    dataloader_in_order: bool
-    remove_unused_columns: bool
-    label_names: Any
-    train_sampling_strategy: str
-    length_column_name: str
-    ddp_find_unused_parameters: Any
-    ddp_bucket_cap_mb: Any
-    ddp_broadcast_buffers: Any
-    ddp_static_graph: Any
-    ddp_backend: Any
-    ddp_timeout: int
-    fsdp: Any
-    fsdp_config: Any
-    deepspeed: Any
-    debug: str
-    skip_memory_metrics: bool
-    do_train: bool
-    do_eval: bool
-    do_predict: bool
-    resume_from_checkpoint: Any
-    local_rank: int
-    model_init_kwargs: Any
-    disable_dropout: bool
-    cast_lm_head_to_fp32: bool
-    ds3_gather_for_generation: bool
-    shuffle_dataset: bool
-    pad_to_multiple_of: str
-    generation_batch_size: Any
-    steps_per_generation: Any
-    chat_template_kwargs: Any
-    cache_implementation: Any
-    use_vllm: bool
-    vllm_model_impl: str
-    vllm_structured_outputs_regex: Any
-    vllm_group_port: int
-    sync_ref_model: bool
-    vllm_importance_sampling_clip_max: float
-    log_unique_prompts: bool
-    log_completions_hub_repo: Any
-    use_transformers_continuous_batching: bool
-    transformers_continuous_batching_config: Any
-    use_transformers_paged: bool

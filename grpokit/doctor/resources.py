@@ -1,4 +1,4 @@
-"""Doctor's resource check: the memory estimate (grpokit/compose/memory.py, as `grpokit explain`) against what the
+"""Doctor's resource check: the memory estimate (grpokit/memory/, as `grpokit explain`) against what the
 device has free, and the time of the measured mini-step (the doctor's groups: sampled, scored, their log-probs
 computed) scaled to the configured step."""
 
@@ -11,7 +11,9 @@ UPDATE_PER_FORWARD = 3.0
 
 
 def memory_check(run) -> Check:
-    from grpokit.compose.memory import available_bytes, build_meta_model, estimate_memory, process_bytes
+    from grpokit.compose.memory import estimate_memory
+    from grpokit.memory.fit import available_bytes, process_bytes
+    from grpokit.memory.shape import build_meta_model
 
     cfg = run.config
     try:

@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from grpokit.system.workers import TIMED_OUT
+
 RewardFn = Callable[..., Any]
-TIMED_OUT = "timed out"
 # Keywords holding live objects of the trainer's process (TRL's ``environments``): never sent to a worker
 # process; a function that names one runs on a thread of the trainer (:func:`reads_live_objects`).
 LIVE_KEYWORDS = ("environments",)
@@ -241,7 +242,7 @@ class TimedCall:
 
     Python cannot kill a thread, so an abandoned call keeps running in the background until it
     returns (a call that holds the GIL stalls this process meanwhile); being a daemon thread it
-    never blocks interpreter exit. Worker processes (:mod:`grpokit.rewards.workers`) are killed instead.
+    never blocks interpreter exit. Worker processes (:mod:`grpokit.system.workers`) are killed instead.
     """
 
     def __init__(self, fn: RewardFn, payload: Mapping[str, Any], n: int):
@@ -298,3 +299,8 @@ def check_output(name: str, output: Any, n: int) -> tuple[list[float | None], li
 def _short(value: Any, limit: int = 200) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def failed_outcome(message: str) -> Outcome:
+    """The Outcome of a call a worker process could not answer (:class:`grpokit.system.workers.WorkerProcess`)."""
+    return Outcome(error=message)

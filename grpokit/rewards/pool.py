@@ -17,8 +17,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from grpokit.rewards.contract import LIVE_KEYWORDS, Outcome, TimedCall, reads_live_objects
-from grpokit.rewards.workers import RewardProcess, process_context, run_calls
+from grpokit.rewards.contract import LIVE_KEYWORDS, Outcome, TimedCall, failed_outcome, reads_live_objects, run_call
+from grpokit.system.workers import WorkerProcess, process_context, run_calls
 
 # [F][chunk] (rows, Outcome): what every function gave on each chunk of the batch it ran on
 Outcomes = list[list[tuple[slice, Outcome]]]
@@ -66,7 +66,7 @@ class LocalRewardPool:
     ):
         self.functions = functions
         # [F]: a function's worker processes (one per chunk), or None to run it on a thread here
-        self.processes: list[list[RewardProcess] | None] = [None] * len(functions)
+        self.processes: list[list[WorkerProcess] | None] = [None] * len(functions)
         flags = [isolate] * len(functions) if isinstance(isolate, bool) else list(isolate)
         if len(flags) != len(functions):
             raise ValueError(f"got {len(flags)} isolation flags for {len(functions)} reward functions")
@@ -85,7 +85,7 @@ class LocalRewardPool:
                     stacklevel=4,  # the caller of RewardRunner(...)
                 )
                 continue
-            self.processes[f] = [RewardProcess(fn, context) for _ in range(count)]
+            self.processes[f] = [reward_process(fn, context) for _ in range(count)]
 
     def run(self, n: int, group_size: int, payload: Callable[[slice], dict[str, Any]], timeout: float) -> Outcomes:
         deadline = time.monotonic() + timeout
@@ -113,7 +113,12 @@ class LocalRewardPool:
                 proc.close()
 
 
-def _kill_all(processes: list[list[RewardProcess] | None]) -> None:
+def _kill_all(processes: list[list[WorkerProcess] | None]) -> None:
     for group in processes:
         for proc in group or ():
             proc.kill()
+
+
+def reward_process(fn: Callable, context) -> WorkerProcess:
+    """A killable worker process holding reward function ``fn``: each call an Outcome (:func:`run_call`)."""
+    return WorkerProcess(fn, context, run_call, failed_outcome, label="reward worker process", name="grpokit-reward")

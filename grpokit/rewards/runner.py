@@ -1,7 +1,7 @@
 """Score a batch of completions with several reward functions and combine them.
 
 Where a function runs is the pool's business (:mod:`grpokit.rewards.pool`). By default
-(``isolate=True``) in its own worker process (:mod:`grpokit.rewards.workers`), which is killed at the
+(``isolate=True``) in its own worker process (:mod:`grpokit.system.workers`), which is killed at the
 function's timeout whatever the function does; ``isolate=None`` isolates the functions named by a string
 (built-ins, ``module:function``, ``file.py:function``) and runs the function objects given to it on threads here,
 as TRL runs them, so what they change in their module or closure is seen by the caller (GRPOTrainer's default,

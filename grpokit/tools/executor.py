@@ -1,7 +1,7 @@
 """Running tool calls isolated, with a timeout, the turns of different rollouts concurrently.
 
 Plain tools (functions) run in worker processes, on grpokit's killable reward-worker machinery
-(:mod:`grpokit.rewards.workers`, used as it is): each worker is forked with the table of tools, so
+(:mod:`grpokit.system.workers`, with the reward contract's call): each worker is forked with the table of tools, so
 lambdas and closures work, dies with the trainer and ignores Ctrl-C; a call past its timeout gets
 its worker SIGKILLed (whatever it does, GIL held or not) and a new one is forked for the next call.
 A tool that raises gives its exception as the result; a worker that dies (a segfault, ``os._exit``)
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpokit.errors import ConfigError
-from grpokit.rewards.contract import TIMED_OUT, Outcome, TimedCall
-from grpokit.rewards.workers import RewardProcess, process_context, run_calls
+from grpokit.rewards.contract import Outcome, TimedCall, failed_outcome, run_call
+from grpokit.system.workers import TIMED_OUT, WorkerProcess, process_context, run_calls
 from grpokit.tools.environment import EnvironmentSession
 from grpokit.tools.json_schema import ToolError, tool_schemas
 from grpokit.tools.parsing import ToolCall, validate_calls
@@ -130,15 +130,21 @@ class _ToolTable:
         return {**_invoke(self.tools[tool], arguments), "worker": os.getpid()}
 
 
-def _kill(processes: list[RewardProcess]) -> None:
+def _tool_process(table, context) -> WorkerProcess:
+    """A killable worker process holding the table of tools: each call an Outcome of the reward contract's
+    :func:`run_call`, whose output is :func:`_invoke`'s dict."""
+    return WorkerProcess(table, context, run_call, failed_outcome, label="tool worker process", name="grpokit-tool")
+
+
+def _kill(processes: list[WorkerProcess]) -> None:
     """Kill and reap every worker (no call may be running: a finalizer's job)."""
     for proc in processes:
         proc.kill()
 
 
-def _signal_kill(processes: list[RewardProcess]) -> None:
-    """SIGKILL every worker without touching its RewardProcess, which the thread running a call on it
-    owns: that thread sees the pipe close and reaps it (a RewardProcess is not thread-safe)."""
+def _signal_kill(processes: list[WorkerProcess]) -> None:
+    """SIGKILL every worker without touching its WorkerProcess, which the thread running a call on it
+    owns: that thread sees the pipe close and reaps it (a WorkerProcess is not thread-safe)."""
     for proc in processes:
         process = proc._process  # read once: its owner may replace it meanwhile
         if process is not None and process.pid is not None:
@@ -167,8 +173,8 @@ class ToolExecutor:
         self.tools: dict[str, Callable] = {s["function"]["name"]: fn for s, fn in zip(self.schemas, tools)}
         self.timeout = float(timeout)
         self._closed = False
-        self._processes: list[RewardProcess] = []
-        self._idle: queue.SimpleQueue[RewardProcess] = queue.SimpleQueue()
+        self._processes: list[WorkerProcess] = []
+        self._idle: queue.SimpleQueue[WorkerProcess] = queue.SimpleQueue()
         if self.tools and isolation == "process":
             table = _ToolTable(self.tools)
             context, why = process_context(table)
@@ -179,7 +185,7 @@ class ToolExecutor:
                     stacklevel=2,
                 )
             else:
-                self._processes = [RewardProcess(table, context) for _ in range(max_workers)]
+                self._processes = [_tool_process(table, context) for _ in range(max_workers)]
                 for proc in self._processes:
                     self._idle.put(proc)
         self._finalizer = weakref.finalize(self, _kill, self._processes)
@@ -259,7 +265,7 @@ class ToolExecutor:
         # the exit code is not reported: the pipe's EOF can come before the process is reaped
         return _failed(call, "crashed", f"{call.name} crashed: its process died", started=started, ended=ended)
 
-    def _run_in_process(self, call: ToolCall, proc: RewardProcess) -> ToolResult:
+    def _run_in_process(self, call: ToolCall, proc: WorkerProcess) -> ToolResult:
         started = time.monotonic()
         (outcome,) = run_calls([(proc, {"tool": call.name, "arguments": call.arguments}, 1)], self.timeout)
         if self._closed and outcome.error is not None:

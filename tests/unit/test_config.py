@@ -56,13 +56,20 @@ def test_docs_config_reference_is_current():
 def test_typed_keys_are_current_and_cover_every_key():
     """GRPOConfig's keys, typed for editors (config/typed_keys.py), are generated from the sections."""
     from grpokit.config import FIELD_SECTION, SECTIONS
-    from grpokit.config.reference import typed_keys_source
+    from grpokit.config.reference import trl_typed_keys_source, typed_keys_source
     from grpokit.config.typed_keys import TypedKeys
+    from grpokit.config.typed_trl_keys import TypedTrlKeys
 
-    source = (Path(__file__).resolve().parents[2] / "grpokit" / "config" / "typed_keys.py").read_text()
-    assert source == typed_keys_source(), "config/typed_keys.py is stale: run python scripts/gen_config_reference.py"
+    config = Path(__file__).resolve().parents[2] / "grpokit" / "config"
+    for name, source in (("typed_keys.py", typed_keys_source()), ("typed_trl_keys.py", trl_typed_keys_source())):
+        stale = f"config/{name} is stale: run python scripts/gen_config_reference.py"
+        assert (config / name).read_text() == source, stale
+        assert len(source.splitlines()) <= 300, f"config/{name} is over 300 lines"
     annotated = set(TypedKeys.__annotations__)
     assert set(FIELD_SECTION) <= annotated and set(SECTIONS) <= annotated
+    trl_only = set(TypedTrlKeys.__annotations__)
+    assert "use_vllm" in trl_only and annotated & trl_only == {"optim"}  # TRL's optimizer name, and our section:
+    assert TypedKeys.__annotations__["optim"] == "OptimConfig"  # cfg.optim is the section, as type checkers see it
     assert issubclass(GRPOConfig, TypedKeys) and GRPOConfig().learning_rate == 1e-6  # annotations only: read through
 
 

@@ -1,4 +1,5 @@
-"""grpokit.compose.memory: the estimate's parts by hand, and its exact parts against a real trainer's tensors."""
+"""grpokit.memory (the estimate, grpokit/memory/estimate.py) and grpokit.compose.memory (its inputs from a config):
+the estimate's parts by hand, and its exact parts against a real trainer's tensors."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from transformers import LlamaConfig
 
 from grpokit import GRPOConfig, GRPOTrainer
 from grpokit.compose import memory
-from grpokit.compose.memory import build_meta_model, estimate_memory
+from grpokit.compose.memory import estimate_memory
 from grpokit.kernels.cpu_precision import RunCompute
+from grpokit.memory.estimate import adamw_bytes, nf4_bytes
+from grpokit.memory.shape import build_meta_model
 
 CPU = torch.device("cpu")
 
@@ -122,9 +125,9 @@ def test_qlora_weights_by_hand(config_dir, monkeypatch):
     # 256 + 8 + 4 + 1092 = 1360.
     # Per layer 2 x 1228 + 2 x 1162 + 3 x 1360 = 8860, two layers 17720; the rest (embedding = tied head 1600, norms 80)
     # float32: 1680 x 4 = 6720.
-    assert memory.nf4_bytes(256) == 1228 and memory.nf4_bytes(128) == 1162 and memory.nf4_bytes(512) == 1360
+    assert nf4_bytes(256) == 1228 and nf4_bytes(128) == 1162 and nf4_bytes(512) == 1360
     # a 4096 x 4096 weight: 8388608 + 262144 + 4 x 1024 + 1092 = 8655940 B, 4.127 bits per value
-    assert memory.nf4_bytes(4096 * 4096) == 8655940
+    assert nf4_bytes(4096 * 4096) == 8655940
     qlora = _cfg(config_dir, lora={"r": 2}, load_in_4bit=True)
     m = estimate_memory(qlora, build_meta_model(str(config_dir)), CPU)
     assert m.weights == 17720 + 6720 == 24440
@@ -195,8 +198,8 @@ def test_exact_parts_match_a_trainers_tensors(tiny_model_dir, word_prompts, tmp_
 def test_8bit_adamw_and_bf16_reference_by_hand(config_dir):
     # parameters of 8192 and 4096 values get 8-bit moments and a float32 scale per 256 values, the 100-value one float32
     # moments: 2 x 100 x 4 + 2 x ((8192 + 4 x 32) + (4096 + 4 x 16)) = 800 + 24960 = 25760 (float32 AdamW: 99104)
-    assert memory.adamw_bytes([8192, 4096, 100], 4, eight_bit=True) == 25760
-    assert memory.adamw_bytes([8192, 4096, 100], 4, eight_bit=False) == 2 * 12388 * 4 == 99104
+    assert adamw_bytes([8192, 4096, 100], 4, eight_bit=True) == 25760
+    assert adamw_bytes([8192, 4096, 100], 4, eight_bit=False) == 2 * 12388 * 4 == 99104
     model = build_meta_model(str(config_dir))
     m = estimate_memory(_cfg(config_dir, optimizer="adamw_8bit", ref_model_dtype="bfloat16"), model, CPU)
     assert m.adamw == 2 * 6288 * 4  # every parameter of this model is under 4096 values: float32 moments
@@ -323,3 +326,52 @@ def test_available_bytes_reads_this_host():
     psutil = pytest.importorskip("psutil")
     # the same kernel figure (MemAvailable), read a moment apart
     assert memory.available_bytes(CPU) == pytest.approx(psutil.virtual_memory().available, rel=0.05)
+
+
+def test_a_local_teacher_on_the_students_device_is_held_by_hand(config_dir):
+    # a teacher Llama of vocabulary 100, hidden 32, MLP 64, 1 layer, 2 heads (head_dim 16), 1 KV head, tied embeddings:
+    #   embedding 100 x 32 = 3200; q 32 x 32 = 1024, k 16 x 32 = 512, v 512, o 1024, gate, up, down 2048 each = 9216;
+    #   2 norms x 32 = 64; final norm 32: 3200 + 9216 + 64 + 32 = 12512 parameters
+    LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    ).save_pretrained(config_dir / "teacher")
+    model = build_meta_model(str(config_dir))
+    alone = estimate_memory(_cfg(config_dir), model, CPU)
+    assert alone.teacher == 0
+    taught = _cfg(config_dir, teacher_model_name_or_path=str(config_dir / "teacher"))
+    m = estimate_memory(taught, model, CPU)  # teacher_dtype auto: float32 on a CPU, 12512 x 4 B
+    assert m.teacher == 12512 * 4 == 50048 and m.peak == alone.peak + 50048
+    in_bf16 = estimate_memory(taught.replace(teacher_dtype="bfloat16"), model, CPU)
+    assert in_bf16.teacher == 12512 * 2 and in_bf16.weights == alone.weights  # the student's parts are unchanged
+    # a teacher on a device of its own is not in this process's ledger
+    assert memory.local_teacher_size(taught.replace(teacher_device="cpu"), torch.device("cuda")) == (0, 0)
+    assert memory.local_teacher_size(taught.replace(teacher_device="cpu"), CPU) == (12512, 4)
+
+
+def test_the_estimate_is_a_function_of_its_typed_inputs(config_dir):
+    from dataclasses import replace
+
+    from grpokit.memory.estimate import memory_estimate
+
+    inputs = memory.memory_inputs(_cfg(config_dir), build_meta_model(str(config_dir)), CPU)
+    assert inputs.shape.parameters == 6288 and inputs.shape.untied_linear == 4608 and inputs.weight_bytes == 4
+    assert memory_estimate(inputs) == memory_estimate(inputs)  # the same inputs, the same estimate
+    # a teacher of 1000 bf16 values adds 2000 B to the floor, and nothing else
+    taught = memory_estimate(replace(inputs, teacher_parameters=1000, teacher_bytes=2))
+    assert taught.teacher == 2000 and taught.peak == memory_estimate(inputs).peak + 2000
+
+
+def test_explain_lists_a_local_teacher(config_dir):
+    import grpokit.commands.explanation as explain_module
+
+    plain = explain_module.explain(_cfg(config_dir))
+    assert "teacher" not in plain.split("# derived sizes")[1].split("# compute precision")[0]
+    text = explain_module.explain(_cfg(config_dir, teacher_model_name_or_path=str(config_dir)))  # itself: 6288 x 4 B
+    assert "= weights + reference + teacher + AdamW" in text
+    assert "\n  teacher (distillation): 0.0 MiB\n" in text  # 25152 B, printed in MiB to one decimal

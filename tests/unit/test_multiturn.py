@@ -373,11 +373,11 @@ def test_per_row_generators_make_each_draw_independent_of_the_batch():
 
 def test_rows_of_different_lengths_are_right_aligned_in_one_block():
     from grpokit.kernels.kv_cache import PreallocatedLayer
-    from grpokit.rollout.multiturn import _build
+    from grpokit.rollout.multiturn_rows import build_block
 
     # two rows, one layer, 1 head of dim 1: row 0 holds keys 1, 2; row 1 holds 3, 4, 5, 6 (values = -keys)
     rows = [torch.tensor([[[1.0], [2.0]]]), torch.tensor([[[3.0], [4.0], [5.0], [6.0]]])]
-    block = _build([[(k, -k)] for k in rows], room=2)
+    block = build_block([[(k, -k)] for k in rows], room=2)
     layer = block.cache.layers[0]
     assert isinstance(layer, PreallocatedLayer) and block.length == 4
     assert layer.keys[:, 0, :, 0].tolist() == [[0, 0, 1, 2], [3, 4, 5, 6]]  # zeros before row 0's start
@@ -386,7 +386,7 @@ def test_rows_of_different_lengths_are_right_aligned_in_one_block():
     # a token appended to both rows goes to column 4; rebuilding with row 1 first, then a new row of 5
     layer.update(torch.tensor([[[[7.0]]], [[[8.0]]]]), torch.zeros(2, 1, 1, 1))
     block.mask[:, 4], block.length, block.position = True, 5, block.position + 1
-    merged = _build([[(torch.arange(5.0).view(1, 5, 1), torch.zeros(1, 5, 1))]], room=1, base=block, base_rows=[1])
+    merged = build_block([[(torch.arange(5.0).view(1, 5, 1), torch.zeros(1, 5, 1))]], room=1, base=block, base_rows=[1])
     assert merged.cache.layers[0].keys[:, 0, :, 0].tolist() == [[3, 4, 5, 6, 8], [0, 1, 2, 3, 4]]
     assert merged.mask.tolist() == [[True] * 5 + [False]] * 2 and merged.position.tolist() == [5, 5]
     assert block.row(0)[0][0][0, :, 0].tolist() == [1, 2, 7]  # a row's own filled columns

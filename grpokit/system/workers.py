@@ -1,10 +1,13 @@
-"""Reward functions in worker processes that can be killed, so no function can hang a run.
+"""Functions in worker processes that can be killed, so no call can hang a run (reward functions,
+grpokit/rewards/pool.py; tools, grpokit/tools/executor.py).
 
 A thread cannot be stopped, and a function that holds the GIL (a catastrophic regex, C code)
 stalls the whole process, its timeout thread and its signal handlers included. A
-:class:`RewardProcess` holds one reward function in a child process and runs one call at a time;
+:class:`WorkerProcess` holds one function in a child process and runs one call at a time through the
+``call`` its user gives (``call(fn, payload, n)`` returns the result, catching the function's errors);
 the trainer waits on the pipes with a deadline (:func:`run_calls`) and kills a child that is past
-it, or that is still running when the trainer is interrupted. A new child replaces it at the next call.
+it, or that is still running when the trainer is interrupted. A new child replaces it at the next call. A call
+that cannot be answered (the child died, timed out, or its result cannot be sent back) gets ``failed(message)``.
 
 On Linux the child is forked: it inherits the function, so lambdas, closures and functions of a
 script without a ``__main__`` guard work, and it starts in milliseconds. It dies with the trainer
@@ -27,9 +30,8 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import wait
 from typing import Any
 
-from grpokit.rewards.contract import TIMED_OUT, Outcome, run_call
-
 _PR_SET_PDEATHSIG = 1
+TIMED_OUT = "timed out"  # how a call past its deadline's message begins
 
 
 def process_context(fn: Callable) -> tuple[Any, str | None]:
@@ -45,8 +47,8 @@ def process_context(fn: Callable) -> tuple[Any, str | None]:
     return multiprocessing.get_context("spawn"), None
 
 
-def _serve(conn, fn: Callable, parent: int) -> None:
-    """The child's loop: receive (payload, n), run the call, send the Outcome; None or EOF ends it."""
+def _serve(conn, fn: Callable, call: Callable, failed: Callable[[str], Any], parent: int) -> None:
+    """The child's loop: receive (payload, n), run ``call(fn, payload, n)``, send its result; None or EOF ends it."""
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the trainer died before the line above
@@ -65,18 +67,28 @@ def _serve(conn, fn: Callable, parent: int) -> None:
         if task is None:
             return
         payload, n = task
-        outcome = run_call(fn, payload, n)
+        result = call(fn, payload, n)
         try:
-            conn.send(outcome)
+            conn.send(result)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            conn.send(Outcome(error=f"its output or log cannot be sent back from the worker process: {exc}"))
+            conn.send(failed(f"its output or log cannot be sent back from the worker process: {exc}"))
 
 
-class RewardProcess:
-    """One child process holding one reward function (started now, restarted when needed)."""
+class WorkerProcess:
+    """One child process holding ``fn`` (started now, restarted when needed), running ``call(fn, payload, n)``;
+    ``failed(message)`` is the result of a call it cannot answer, ``label`` names it in that message and ``name``
+    is the process's. ``call`` and ``failed`` are module-level functions (a spawned child unpickles them)."""
 
-    def __init__(self, fn: Callable, context: Any):
-        self.fn = fn
+    def __init__(
+        self,
+        fn: Callable,
+        context: Any,
+        call: Callable[[Callable, Mapping[str, Any], int], Any],
+        failed: Callable[[str], Any],
+        label: str = "worker process",
+        name: str = "grpokit-worker",
+    ):
+        self.fn, self.call, self.failed, self.label, self.name = fn, call, failed, label, name
         self._context = context
         self._process = None
         self._conn = None
@@ -85,7 +97,7 @@ class RewardProcess:
     def start(self) -> None:
         parent_end, child_end = self._context.Pipe()
         self._process = self._context.Process(
-            target=_serve, args=(child_end, self.fn, os.getpid()), name="grpokit-reward", daemon=True
+            target=_serve, args=(child_end, self.fn, self.call, self.failed, os.getpid()), name=self.name, daemon=True
         )
         self._process.start()
         child_end.close()
@@ -120,7 +132,7 @@ class RewardProcess:
         self.kill()
 
 
-def _died(proc: RewardProcess) -> Outcome:
+def _died(proc: WorkerProcess) -> Any:
     """The outcome of a call whose process closed its pipe: it is ending, so it is reaped (a second at most) to
     say how it ended."""
     code = None
@@ -128,7 +140,7 @@ def _died(proc: RewardProcess) -> Outcome:
         proc._process.join(_REAP_SECONDS)
         code = proc._process.exitcode
     proc.kill()
-    return Outcome(error=f"the reward worker process {how_it_ended(code)}")
+    return proc.failed(f"the {proc.label} {how_it_ended(code)}")
 
 
 # How long a worker whose pipe closed may take to end before it is killed: it is exiting already.
@@ -143,7 +155,7 @@ _SIGNAL_CAUSES = {
 
 
 def how_it_ended(exitcode: int | None) -> str:
-    """``multiprocessing``'s ``exitcode`` of a reward worker as words: the exit status or the signal, and the
+    """``multiprocessing``'s ``exitcode`` of a worker as words: the exit status or the signal, and the
     likely cause (a worker only ends by itself through ``os._exit``, or the C code it runs)."""
     if exitcode is None:
         return "closed its pipe and did not exit (it was killed)"
@@ -156,18 +168,18 @@ def how_it_ended(exitcode: int | None) -> str:
         return f"was killed by {name}" + (f" ({cause})" if cause else "")
     return (
         f"exited with status {exitcode} while scoring (os._exit() in the reward function or the code it calls: "
-        "a reward function must return its values)"
+        "a function a worker runs must return its values)"
     )
 
 
 def run_calls(
-    calls: list[tuple[RewardProcess, Mapping[str, Any], int]], timeout: float, deadline: float | None = None
-) -> list[Outcome]:
+    calls: list[tuple[WorkerProcess, Mapping[str, Any], int]], timeout: float, deadline: float | None = None
+) -> list[Any]:
     """Run each (process, payload, n) at once and wait until all answered or ``timeout`` seconds
     passed (``deadline``: a ``time.monotonic()`` to use instead). A process past it is killed and
     its call times out; an exception while waiting (KeyboardInterrupt) kills every busy process."""
     deadline = time.monotonic() + timeout if deadline is None else deadline
-    outcomes: list[Outcome | None] = [None] * len(calls)
+    outcomes: list[Any] = [None] * len(calls)
     pending: dict[Any, int] = {}
     try:
         for i, (proc, payload, n) in enumerate(calls):
@@ -192,5 +204,5 @@ def run_calls(
         raise
     for i in pending.values():
         calls[i][0].kill()
-        outcomes[i] = Outcome(error=f"{TIMED_OUT} after {timeout:g} s (its worker process was killed)")
+        outcomes[i] = calls[i][0].failed(f"{TIMED_OUT} after {timeout:g} s (its worker process was killed)")
     return outcomes
