@@ -61,7 +61,7 @@ def build_rollouts(
             params=sampling,
             seed=args.seed,
             prompt_column=args.prompt_column,
-            tools=tool_rollouts,
+            tool_rollouts=tool_rollouts,
             partial_rollouts=_partial(settings),  # a server's: (S, timeout) or None
             workers_continue_partial=in_workers and _partial(settings) is not None,
             # built only when the sampler asks (Ray: rank 0 starts the workers)
@@ -91,7 +91,7 @@ def _situation(args: GRPOConfig, procs, engine, server: bool, tools: bool, ahead
 
     return Situation(
         ray=args.backend == "ray",
-        tools=tools,
+        tool_rollouts=tools,
         raw_prompts=engine.takes_raw_prompts,
         seeded=args.seed_per_group or procs.enabled,  # rollouts must not depend on the split over processes
         ahead=ahead > 0,

@@ -14,12 +14,12 @@ from grpokit.rollout.types import SamplingParams
 
 @dataclass(frozen=True)
 class Situation:
-    """What decides a run's sampler: Ray rollout workers (``ray``), tool rollouts (``tools``), an engine that takes
-    the raw prompts (``raw_prompts``: a rollout_func), rollouts that must not depend on the split over processes
+    """What decides a run's sampler: Ray rollout workers (``ray``), tool rollouts (``tool_rollouts``), an engine that
+    takes the raw prompts (``raw_prompts``: a rollout_func), rollouts that must not depend on the split over processes
     (``seeded``: seed_per_group, or several processes), sampling ahead in this process (``ahead``: max_staleness >= 1
     without Ray), a vLLM server as the engine (``server``)."""
 
-    tools: bool
+    tool_rollouts: bool
     ray: bool = False
     raw_prompts: bool = False
     seeded: bool = False
@@ -35,7 +35,7 @@ class SamplerEntry:
 
     cls: type
     ray: bool | None = None
-    tools: bool | None = None
+    tool_rollouts: bool | None = None
     raw_prompts: bool | None = None
     seeded: bool | None = None
     ahead: bool | None = None
@@ -66,10 +66,10 @@ def pick_sampler(situation: Situation, entries: dict[str, SamplerEntry]) -> Samp
 @dataclass(frozen=True)
 class SamplerInputs:
     """What a sampler is built from: the common parts (``engine``, ``prompts``, ``procs``, ``model``,
-    ``num_generations``, ``params``, ``seed``; :meth:`common`), the facts only some take (``prompt_column``; the
-    run's ``tools``, its ToolRollouts or None; ``partial_rollouts``: a vLLM server's (S tokens, timeout) or None;
-    ``workers_continue_partial``: Ray workers continue partial rollouts), and three parts built only when a sampler
-    asks (a Ray start on rank 0, copies of the policy): ``remote()``, ``own_engine()``, ``own_model()``."""
+    ``num_generations``, ``params``, ``seed``; :meth:`common`), the facts only some take (``prompt_column``;
+    ``tool_rollouts``: the run's ToolRollouts or None; ``partial_rollouts``: a vLLM server's (S tokens, timeout) or
+    None; ``workers_continue_partial``: Ray workers continue partial rollouts), and three parts built only when
+    a sampler asks (a Ray start on rank 0, copies of the policy): ``remote()``, ``own_engine()``, ``own_model()``."""
 
     engine: Any
     prompts: Any
@@ -79,7 +79,7 @@ class SamplerInputs:
     params: SamplingParams
     seed: int
     prompt_column: str
-    tools: Any = None
+    tool_rollouts: Any = None
     partial_rollouts: tuple[int, float] | None = None
     workers_continue_partial: bool = False
     remote: Callable[[], Any] = lambda: None

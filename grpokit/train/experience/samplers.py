@@ -94,7 +94,7 @@ class ToolSampler(EngineSampler):
 
     @classmethod
     def from_inputs(cls, inputs: SamplerInputs) -> ToolSampler:
-        return cls(tools=inputs.tools, **inputs.common())
+        return cls(tools=inputs.tool_rollouts, **inputs.common())
 
     def __init__(self, *, tools, **parts: Any) -> None:
         super().__init__(**parts)

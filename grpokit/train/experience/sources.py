@@ -237,9 +237,9 @@ SAMPLERS = Registry("sampler", entry=lambda name, cls, **fields: SamplerEntry(cl
 SAMPLERS.register("ray", ray=True)(RaySampler)
 SAMPLERS.register("server_ahead", ray=False, ahead=True, server=True)(ServerAheadSampler)
 SAMPLERS.register("thread", ray=False, ahead=True, server=False)(ThreadSampler)  # a policy copy, ahead
-SAMPLERS.register("tools", ray=False, ahead=False, tools=True)(ToolSampler)  # groups seeded, one batch
-SAMPLERS.register("raw_prompts", ray=False, ahead=False, tools=False, raw_prompts=True)(RawPromptSampler)
-NOT_SPECIAL = {"ray": False, "ahead": False, "tools": False, "raw_prompts": False}
+SAMPLERS.register("tools", ray=False, ahead=False, tool_rollouts=True)(ToolSampler)  # groups seeded, one batch
+SAMPLERS.register("raw_prompts", ray=False, ahead=False, tool_rollouts=False, raw_prompts=True)(RawPromptSampler)
+NOT_SPECIAL = {"ray": False, "ahead": False, "tool_rollouts": False, "raw_prompts": False}
 SAMPLERS.register("group_seeded", seeded=True, **NOT_SPECIAL)(GroupSeededSampler)
 SAMPLERS.register("engine", seeded=False, **NOT_SPECIAL)(EngineSampler)
 
