@@ -22,15 +22,17 @@ def register(sub) -> None:
 def run_train(args) -> int:
     import os
 
-    from grpokit.compose.specs import run_dir_spec
+    from grpokit.compose.specs import part_settings
     from grpokit.config import load_config
     from grpokit.system.processes import under_torchrun
-    from grpokit.train.rundir.folder import check_run_dir
+    from grpokit.train.rundir.folder import RunDirSpec, check_run_dir
     from grpokit.trl.trainer import GRPOTrainer
 
     cfg = load_config(args.config, command_overrides(args.overrides))
     if os.environ.get("RANK", "0") == "0":  # rank 0 owns the run folder (GRPOTrainer checks it again in train())
-        check_run_dir(run_dir_spec(cfg))  # a folder holding another run is refused before the model loads
+        check_run_dir(
+            part_settings(RunDirSpec, cfg, config=cfg.to_dict())
+        )  # a folder holding another run is refused before the model loads
     keep_freed_memory_on_cpu(cfg.device)
     finished = distributed = False
     try:

@@ -16,7 +16,7 @@ from grpokit.config import GRPOConfig
 from grpokit.config.rules import engine_settings
 from grpokit.data.readers import eval_set_name, eval_sets
 from grpokit.machine.hardware import pick_device
-from grpokit.train.rundir.folder import check_run_dir
+from grpokit.train.rundir.folder import RunDirSpec, check_run_dir
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def check_inputs(
     eval_source = eval_dataset if eval_dataset is not None else args.eval_dataset
     evals = eval_sets(eval_source, args.prompt_column, prompts, default_prompt)
     if procs.is_main:
-        check_run_dir(specs.run_dir_spec(args), existing=False)
+        check_run_dir(specs.part_settings(RunDirSpec, args, config=args.to_dict()), existing=False)
     tool_spec = resolve_tools(args.agent, tools, environment_factory, check_settings=args.check_multi_turn)
     if tool_spec is not None:
         check_tool_prompts(train_rows, args.prompt_column)

@@ -3,6 +3,8 @@ algorithm that has one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from grpokit.algos.algorithms import get_algorithm
@@ -52,12 +54,7 @@ def build_learner(
 
     critic = None
     if get_algorithm(args.algorithm).uses_critic:
-        from grpokit.train.learning.critic import Critic
-
-        dtype = pick_dtype(args.dtype, device)
-        critic = Critic.build(
-            model, specs.critic_spec(args), device=device, dtype=dtype, autocast_dtype=autocast_dtype, kernels=kernels
-        )
+        critic = build_critic(model, args, device, autocast_dtype, kernels)
     reference = Reference(model, use_adapters=use_lora) if args.beta > 0 else None
     trained = procs.wrap(model, device, args.strategy, compute_dtype=autocast_dtype)
     if is_sharded(trained) and reference is not None and reference.model is not None:
@@ -78,3 +75,19 @@ def build_learner(
         procs=procs,
     )
     return reference, optimizer, scheduler, learner
+
+
+def build_critic(model, args: GRPOConfig, device, autocast_dtype, kernels):
+    """PPO's critic (``train.learning.critic.Critic``) from the policy ``model``: its settings filled from the
+    config, with the policy's optimizer settings, the run's optimizer steps and the lora section (None: no LoRA)."""
+    from grpokit.train.learning.critic import Critic, CriticSpec
+
+    spec = specs.part_settings(
+        CriticSpec,
+        args,
+        optim=specs.part_settings(OptimizerSettings, args),
+        total_steps=specs.optimizer_steps(args),
+        lora=dataclasses.replace(args.lora) if args.lora.r > 0 else None,
+    )
+    dtype = pick_dtype(args.dtype, device)
+    return Critic.build(model, spec, device=device, dtype=dtype, autocast_dtype=autocast_dtype, kernels=kernels)

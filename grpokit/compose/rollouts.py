@@ -32,6 +32,7 @@ def build_rollouts(
     (it calls the function and checks its output), else None.
     Returns (scheduler, UpdateInputsSpec: how the learner takes the source's rollouts)."""
     from grpokit.train.experience.rollout_scheduler import RolloutScheduler
+    from grpokit.train.experience.sampler_entry import SamplerInputs
     from grpokit.train.experience.sources import pick_sampler
     from grpokit.train.experience.tool_rollouts import ToolRollouts
 
@@ -50,24 +51,24 @@ def build_rollouts(
     )
     ahead = args.distributed.staleness_bound()  # K: steps sampled ahead
     entry = pick_sampler(_situation(args, procs, engine, kind.serves(settings), tool_rollouts is not None, ahead))
-    extras = {  # what a sampler may need besides the common parts, built only when it does (Ray: rank 0 starts them)
-        "remote": lambda: _start_ray(args, parts, settings if in_workers else None) if procs.is_main else None,
-        "partial": lambda: in_workers and _partial(settings) is not None,
-        "partial_rollouts": lambda: _partial(settings),  # a server's: (S, timeout) or None
-        "tools": lambda: tool_rollouts,
-        "prompt_column": lambda: args.prompt_column,
-        "own_engine": lambda: _own_engine(kind, parts, procs, rollout_func),
-        "own_model": lambda: _own_model(model),
-    }
-    sampler = entry.cls(
-        engine=engine,
-        prompts=prompts,
-        procs=procs,
-        model=model,
-        num_generations=args.num_generations,
-        params=sampling,
-        seed=args.seed,
-        **{name: extras[name]() for name in entry.needs},
+    sampler = entry.cls.from_inputs(
+        SamplerInputs(
+            engine=engine,
+            prompts=prompts,
+            procs=procs,
+            model=model,
+            num_generations=args.num_generations,
+            params=sampling,
+            seed=args.seed,
+            prompt_column=args.prompt_column,
+            tool_rollouts=tool_rollouts,
+            partial_rollouts=_partial(settings),  # a server's: (S, timeout) or None
+            workers_continue_partial=in_workers and _partial(settings) is not None,
+            # built only when the sampler asks (Ray: rank 0 starts the workers)
+            remote=lambda: _start_ray(args, parts, settings if in_workers else None) if procs.is_main else None,
+            own_engine=lambda: _own_engine(kind, parts, procs, rollout_func),
+            own_model=lambda: _own_model(model),
+        )
     )
     rollout_source = _rollout_source(args, sampler, procs, ahead)
     scheduler = RolloutScheduler(
@@ -86,11 +87,11 @@ def build_rollouts(
 
 def _situation(args: GRPOConfig, procs, engine, server: bool, tools: bool, ahead: int):
     """What the sampler is picked for (``train.experience.sources.Situation``)."""
-    from grpokit.train.experience.sources import Situation
+    from grpokit.train.experience.sampler_entry import Situation
 
     return Situation(
         ray=args.backend == "ray",
-        tools=tools,
+        tool_rollouts=tools,
         raw_prompts=engine.takes_raw_prompts,
         seeded=args.seed_per_group or procs.enabled,  # rollouts must not depend on the split over processes
         ahead=ahead > 0,
@@ -101,11 +102,12 @@ def _situation(args: GRPOConfig, procs, engine, server: bool, tools: bool, ahead
 def _rollout_source(args: GRPOConfig, sampler, procs, ahead: int):
     """The source over ``sampler``: up to ``ahead`` steps sampled ahead (scored on the producers' side too, unless
     the scoring's gathers need every rank), or synchronous when ``ahead`` is 0."""
-    from grpokit.train.experience.sources import SOURCES
+    from grpokit.train.experience.sources import pick_source
 
-    if not ahead:
-        return SOURCES["sync"](sampler)
-    return SOURCES["ahead"](
+    source = pick_source(ahead > 0)
+    if not source.off_policy:
+        return source(sampler)
+    return source(
         sampler,
         last_step=args.max_steps,
         max_staleness=ahead,

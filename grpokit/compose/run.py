@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpokit.algos.algorithms import get_algorithm
+from grpokit.algos.settings import KLControlSettings
 from grpokit.compose import arguments, datasets, specs
 from grpokit.compose import inputs as build_inputs
 from grpokit.compose.learner import build_learner
@@ -20,15 +21,23 @@ from grpokit.compose.rewards import eval_reward_runner
 from grpokit.compose.rollouts import build_rollouts, build_step_sampling, engine_kind
 from grpokit.compose.teacher import build_distiller, teacher_alone
 from grpokit.config import GRPOConfig
+from grpokit.data.settings import PromptSettings
 from grpokit.eval.evaluator import Evaluator
+from grpokit.eval.settings import EvalSettings
 from grpokit.kernels import Kernels
 from grpokit.kernels.cpu_precision import run_compute
 from grpokit.models.loading import ensure_pad_token
 from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.experience.scoring import Scorer
+from grpokit.train.learning.reference_settings import ReferenceSettings
+from grpokit.train.learning.update_settings import UpdateSettings
+from grpokit.train.loop_settings import StopSettings
 from grpokit.train.loop_spec import LoopSpec
 from grpokit.train.rundir.checkpoint import RunState
+from grpokit.train.rundir.folder import RunDirSpec
+from grpokit.train.rundir.settings import CheckpointSettings
 from grpokit.train.stopping import StopRules
+from grpokit.train.tracking_settings import TrackingSettings
 
 if TYPE_CHECKING:
     from grpokit.algos.algorithms import Algorithm
@@ -40,7 +49,6 @@ if TYPE_CHECKING:
     from grpokit.train.experience.rounds import SingleRound
     from grpokit.train.learning.learner import Learner, UpdateInputsSpec
     from grpokit.train.learning.reference import Reference
-    from grpokit.train.rundir.folder import RunDirSpec
     from grpokit.train.teacher.distiller import Distiller
     from grpokit.train.ties import TieWatch
 
@@ -310,21 +318,26 @@ def _around_the_steps(
     """The run around the steps: evaluation, stop rules, the tie watch, callbacks, and what a checkpoint saves."""
     scheduler = rollouts.rollout_scheduler
     evaluator = Evaluator(
-        specs.eval_spec(config),
+        specs.part_settings(EvalSettings, config),
+        specs.part_settings(PromptSettings, config),
         engine=scheduler.engine,
         tokenizer=policy.tokenizer,
         reward_runner=eval_reward_runner(config, checked.rewards),
         params=scheduler.sampling,
         tools=scheduler.tool_rollouts,
     )
-    stop_rules = StopRules(specs.stop_spec(config))  # non-finite steps, KL over max_kl
+    # non-finite steps, KL over max_kl
+    stop_rules = StopRules(specs.part_settings(StopSettings, config), specs.part_settings(KLControlSettings, config))
     # a warning when every group ties for warn_tied_steps steps (a group-relative advantage learns nothing); not with
     # the teacher alone (`rewards: []`): there every group ties by design and the teacher's term teaches
     watched = not learning.algorithm.uses_critic and not teacher_alone(checked.rewards)
     ties = specs.tie_watch(config, group_relative=watched)
     runner = CallbackRunner(
         callbacks,
-        specs.callback_spec(config),
+        tracking=specs.part_settings(TrackingSettings, config),
+        evaluation=specs.part_settings(EvalSettings, config),
+        checkpoints=specs.part_settings(CheckpointSettings, config),
+        batch=specs.part_settings(UpdateSettings, config),
         args=config,  # passed to the callbacks' events, as transformers passes its TrainingArguments
         max_steps=spec.max_steps,
         steps_per_epoch=checked.steps_per_epoch,
@@ -335,7 +348,8 @@ def _around_the_steps(
         lr_scheduler=learning.scheduler,
     )
     run_state = RunState(
-        specs.checkpoint_spec(config),
+        specs.part_settings(CheckpointSettings, config),
+        specs.part_settings(ReferenceSettings, config),
         model=policy.model,
         learner=learning.learner,
         data=policy.train_source,
@@ -350,6 +364,6 @@ def _around_the_steps(
         ties=ties,
         callbacks=runner,
         run_state=run_state,
-        run_dir_spec=dataclasses.replace(specs.run_dir_spec(config), notes=policy.precision_notes),
+        run_dir_spec=specs.part_settings(RunDirSpec, config, config=config.to_dict(), notes=policy.precision_notes),
         data_reader=datasets.data_reader(config, policy.tokenizer, checked.rewards),
     )

@@ -1,4 +1,6 @@
-"""The composition root's reading of the config: each part's own settings, as a typed, frozen spec.
+"""The composition root's reading of the config: :func:`part_settings` fills a part's settings class from it, and
+three functions derive the values that come from several parts (the learner's, how rollouts become its inputs, and
+the loop's world-size-dependent ones).
 
 The flat :class:`~grpokit.config.GRPOConfig` is for users, YAML and TRL scripts. Inside grpokit only the
 config package and the composition root (this module and the rest of :mod:`grpokit.compose`, which builds the parts)
@@ -12,20 +14,13 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from grpokit.train.learning.learner import LearnerSpec, UpdateInputsSpec
-from grpokit.train.learning.optimizer_settings import OptimizerSettings
 from grpokit.train.learning.terms_settings import LossTermsSettings
 
 if TYPE_CHECKING:
     from grpokit.config import GRPOConfig
     from grpokit.data.prompt_builder import PromptBuilder
-    from grpokit.eval.evaluator import EvalSpec
     from grpokit.rollout.types import SamplingParams
-    from grpokit.train.callbacks import CallbackSpec
-    from grpokit.train.learning.critic import CriticSpec
     from grpokit.train.loop_spec import LoopSpec
-    from grpokit.train.rundir.checkpoint import CheckpointSpec
-    from grpokit.train.rundir.folder import RunDirSpec
-    from grpokit.train.stopping import StopSpec
     from grpokit.train.ties import TieWatch
 
 
@@ -59,31 +54,30 @@ def optimizer_steps(args: GRPOConfig) -> int:
     return args.max_steps * args.optimizer_steps_per_step()
 
 
-def part_settings(cls: type, args: GRPOConfig):
-    """A part's settings object (a dataclass whose fields are config keys, which the config's section is assembled
-    from) with the run's values: what the part is handed as it is, with no copy function per part."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+def part_settings(cls: type, args: GRPOConfig, **derived):
+    """The one way a part's settings reach it: ``cls`` (its settings class, or a spec whose fields are config keys)
+    with the run's values, each field the config key of its name, but those given in ``derived`` (values the root
+    works out from several parts, or that are no key, such as the resolved config); adding a key to a part's
+    settings needs no line here. A field with a default that is no config key keeps its default; one without is an
+    AttributeError naming it."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in derived:
+            values[f.name] = derived[f.name]
+        elif f.init and (_is_key(f.name) or _no_default(f)):
+            values[f.name] = getattr(args, f.name)
+    return cls(**values)
 
 
-def critic_spec(args: GRPOConfig) -> CriticSpec:
-    """PPO's critic (:class:`grpokit.train.learning.critic.Critic`): its value loss, model and AdamW (its own learning
-    rate, default the policy's, on the policy's schedule)."""
-    from grpokit.train.learning.critic import CriticSpec
+def _is_key(name: str) -> bool:
+    from grpokit.config.sections import FIELD_SECTION
+    from grpokit.config.trl_keys import TRL_DEFAULTS
 
-    return CriticSpec(
-        per_device_train_batch_size=args.per_device_train_batch_size,
-        cliprange_value=args.cliprange_value,
-        vf_coef=args.vf_coef,
-        loss_type=args.loss_type,
-        max_completion_length=args.max_completion_length,
-        max_grad_norm=args.max_grad_norm,
-        optim=part_settings(OptimizerSettings, args),
-        learning_rate=args.critic_learning_rate,
-        total_steps=optimizer_steps(args),
-        value_model_name_or_path=args.value_model_name_or_path,
-        trust_remote_code=args.trust_remote_code,
-        lora=dataclasses.replace(args.lora) if args.lora.r > 0 else None,
-    )
+    return name in FIELD_SECTION or name in TRL_DEFAULTS
+
+
+def _no_default(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def update_inputs_spec(args: GRPOConfig, off_policy: bool, separate_sampler: bool) -> UpdateInputsSpec:
@@ -109,12 +103,6 @@ def sampling_params(args: GRPOConfig) -> SamplingParams:
     return SamplingParams(args.max_completion_length, args.temperature, **args.sampling_options())
 
 
-def stop_spec(args: GRPOConfig) -> StopSpec:
-    from grpokit.train.stopping import StopSpec
-
-    return StopSpec(args.max_nonfinite_steps, args.max_kl, args.max_kl_patience)
-
-
 def tie_watch(args: GRPOConfig, group_relative: bool) -> TieWatch:
     """The watch behind the warning when every group ties for ``warn_tied_steps`` steps in a row."""
     from grpokit.train.ties import TieWatch
@@ -127,59 +115,6 @@ def prompt_builder(args: GRPOConfig) -> PromptBuilder:
     from grpokit.data.prompt_builder import PromptBuilder
 
     return PromptBuilder(args.prompt_column, args.prompt_template, args.system_prompt, args.use_chat_template)
-
-
-def checkpoint_spec(args: GRPOConfig) -> CheckpointSpec:
-    from grpokit.train.rundir.checkpoint import CheckpointSpec
-
-    return CheckpointSpec(save_reference=bool(args.ref_model_sync_steps), save_total_limit=args.save_total_limit)
-
-
-def run_dir_spec(args: GRPOConfig) -> RunDirSpec:
-    """The run folder's settings, with the resolved config it writes as config.yaml."""
-    from grpokit.train.rundir.folder import RunDirSpec
-
-    return RunDirSpec(
-        output_dir=args.output_dir,
-        config=args.to_dict(),
-        resume_from=args.resume_from,
-        overwrite=args.overwrite,
-        report_to=tuple(args.report_to),
-        max_steps=args.max_steps,
-        logging_steps=args.logging_steps,
-        progress_bar=args.progress_bar,
-        run_name=args.run_name,  # TRL's key, the W&B run's name
-        log_completions=args.log_completions,
-        num_completions_to_print=args.num_completions_to_print,
-        log_multimodal=args.log_multimodal,
-        max_image_bytes=args.run.max_image_bytes(),
-    )
-
-
-def callback_spec(args: GRPOConfig) -> CallbackSpec:
-    from grpokit.train.callbacks import CallbackSpec
-
-    return CallbackSpec(
-        logging_steps=args.logging_steps,
-        eval_strategy=args.eval_strategy,
-        eval_steps=args.eval_steps,
-        save_strategy=args.save_strategy,
-        save_steps=args.save_steps,
-        per_device_train_batch_size=args.per_device_train_batch_size,
-    )
-
-
-def eval_spec(args: GRPOConfig) -> EvalSpec:
-    from grpokit.eval.evaluator import EvalSpec
-
-    return EvalSpec(
-        num_generations_eval=args.num_generations_eval,
-        pass_at_k=tuple(args.pass_at_k),
-        temperature=args.eval_temperature or args.temperature,
-        success_threshold=args.success_threshold,
-        prompt_column=args.prompt_column,
-        max_eval_prompts=args.max_eval_prompts,
-    )
 
 
 def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:

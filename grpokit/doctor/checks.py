@@ -40,7 +40,7 @@ def _checks(run, groups: int) -> list:
         skipped = "the rollout_func engine samples through the trainer: run a step to see its rollouts"
         return [*checks, Check("sampling checks", SKIP, skipped), resources.memory_check(run)]
     sample = samples.sample_groups(run, groups)
-    column, G = run.evaluator.spec.prompt_column, sample.rollouts.num_generations
+    column, G = run.evaluator.prompt_column, sample.rollouts.num_generations
     texts = [samples.decode(run.tokenizer, ids[: int(n)].tolist()) for ids, n in zip(
         sample.rollouts.completion_ids[::G], sample.rollouts.completion_lengths[::G])]  # fmt: skip
     chats = [

@@ -59,7 +59,7 @@ def eos_pad_check(run) -> Check:
 def template_check(run, rows: list[dict]) -> Check:
     """The chat template renders the chat prompts, with the generation prompt (its text differs from the rendering
     without it)."""
-    column = run.evaluator.spec.prompt_column
+    column = run.evaluator.prompt_column
     chats = [row[column] for row in rows if isinstance(row[column], list)]
     if not chats:
         return Check("chat template", SKIP, "plain-text prompts: no chat template is applied")

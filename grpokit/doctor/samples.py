@@ -119,7 +119,7 @@ def reward_checks(run, sample: Sample) -> list[Check]:
 
     r, G = sample.rollouts, sample.rollouts.num_generations
     prompts, texts, columns, ids = reward_arguments(
-        run.train_rows, sample.indices, r, run.tokenizer, run.evaluator.spec.prompt_column
+        run.train_rows, sample.indices, r, run.tokenizer, run.evaluator.prompt_column
     )
     started = time.perf_counter()
     try:

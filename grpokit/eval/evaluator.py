@@ -7,6 +7,7 @@ import functools
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,6 +15,10 @@ from grpokit.algos import pass_at_k
 from grpokit.data.prompts import reward_arguments
 from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.types import SamplingParams
+
+if TYPE_CHECKING:
+    from grpokit.data.settings import PromptSettings
+    from grpokit.eval.settings import EvalSettings
 
 
 @dataclass
@@ -147,31 +152,33 @@ def concat_results(results: list[RewardResult]) -> RewardResult:
     )
 
 
-@dataclass(frozen=True)
-class EvalSpec:
-    """A run's evaluation settings: ``num_generations_eval`` samples per prompt, the ``pass_at_k`` values,
-    ``temperature`` (eval_temperature, else the sampling temperature), ``success_threshold``, the dataset's
-    ``prompt_column`` and ``max_eval_prompts`` (None: all)."""
-
-    num_generations_eval: int
-    pass_at_k: tuple
-    temperature: float
-    success_threshold: float
-    prompt_column: str
-    max_eval_prompts: int | None
-
-
 class Evaluator:
     """A run's evaluation: :func:`evaluate` of an eval set (a PromptSource and its rows) with the run's engine,
-    rewards and settings (an :class:`EvalSpec`); ``params``: the run's SamplingParams (every sampling option but the
-    temperature as in training); ``tools``: the run's ``ToolRollouts`` (multi-turn tool rollouts), or None."""
+    rewards and settings (``settings``; ``prompts``: the dataset's ``prompt_column``); ``params``: the run's
+    SamplingParams (every sampling option as in training, the temperature eval_temperature when set); ``tools``: the
+    run's ``ToolRollouts`` (multi-turn tool rollouts), or None."""
 
-    def __init__(self, spec: EvalSpec, *, engine, tokenizer, reward_runner, params: SamplingParams, tools=None):
-        self.spec, self.engine, self.tokenizer = spec, engine, tokenizer
+    def __init__(
+        self,
+        settings: EvalSettings,
+        prompts: PromptSettings,
+        *,
+        engine,
+        tokenizer,
+        reward_runner,
+        params: SamplingParams,
+        tools=None,
+    ):
+        self.settings, self.prompt_column, self.engine, self.tokenizer = (
+            settings,
+            prompts.prompt_column,
+            engine,
+            tokenizer,
+        )
         self.reward_runner, self.params, self.tools = reward_runner, params, tools
 
     def __call__(self, source, rows: list[dict], trainer_state=None) -> Evaluation:
-        spec = self.spec
+        settings = self.settings
         return evaluate(
             self.engine,
             self.tokenizer,
@@ -179,12 +186,12 @@ class Evaluator:
             rows,
             self.reward_runner,
             trainer_state=trainer_state,
-            num_samples=spec.num_generations_eval,
-            ks=list(spec.pass_at_k),
-            params=dataclasses.replace(self.params, temperature=spec.temperature),
-            success_threshold=spec.success_threshold,
-            prompt_column=spec.prompt_column,
-            max_prompts=spec.max_eval_prompts,
+            num_samples=settings.num_generations_eval,
+            ks=list(settings.pass_at_k),
+            params=dataclasses.replace(self.params, temperature=settings.eval_temperature or self.params.temperature),
+            success_threshold=settings.success_threshold,
+            prompt_column=self.prompt_column,
+            max_prompts=settings.max_eval_prompts,
             tools=self.tools,
         )
 

@@ -11,34 +11,31 @@ checkpoint, as in transformers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-
-@dataclass(frozen=True)
-class CallbackSpec:
-    """When the run logs, evaluates and saves (``logging_steps``; ``eval_strategy`` / ``eval_steps``;
-    ``save_strategy`` / ``save_steps``), and ``per_device_train_batch_size`` for the TrainerState."""
-
-    logging_steps: int
-    eval_strategy: str
-    eval_steps: int
-    save_strategy: str
-    save_steps: int
-    per_device_train_batch_size: int
+if TYPE_CHECKING:
+    from grpokit.eval.settings import EvalSettings
+    from grpokit.train.learning.update_settings import UpdateSettings
+    from grpokit.train.rundir.settings import CheckpointSettings
+    from grpokit.train.tracking_settings import TrackingSettings
 
 
 class CallbackRunner:
     """The run's callbacks, ``state`` (global_step, max_steps, epoch, log_history ...) and ``control``.
 
-    ``spec``: its :class:`CallbackSpec`. ``args``: the user's config object, passed unread to every event as
-    transformers passes its TrainingArguments."""
+    When the run logs (``tracking.logging_steps``), evaluates (``evaluation.eval_strategy`` / ``eval_steps``) and
+    saves (``checkpoints.save_strategy`` / ``save_steps``); ``batch.per_device_train_batch_size`` for the
+    TrainerState. ``args``: the user's config object, passed unread to every event as transformers passes its
+    TrainingArguments."""
 
     def __init__(
         self,
         callbacks: list | None,
-        spec: CallbackSpec,
         *,
+        tracking: TrackingSettings,
+        evaluation: EvalSettings,
+        checkpoints: CheckpointSettings,
+        batch: UpdateSettings,
         args: Any,
         max_steps: int,
         steps_per_epoch: int,
@@ -50,15 +47,15 @@ class CallbackRunner:
         self.callbacks = []
         for cb in callbacks or []:
             self.add(cb)
-        self.spec, self.args = spec, args
+        self.evaluation, self.checkpoints, self.args = evaluation, checkpoints, args
         self.objects = objects  # model, processing_class, optimizer, lr_scheduler: passed to every event
         self.steps_per_epoch = steps_per_epoch
         self.state = TrainerState(
             max_steps=max_steps,
-            logging_steps=spec.logging_steps,
-            eval_steps=spec.eval_steps,
-            save_steps=spec.save_steps,
-            train_batch_size=spec.per_device_train_batch_size,
+            logging_steps=tracking.logging_steps,
+            eval_steps=evaluation.eval_steps,
+            save_steps=checkpoints.save_steps,
+            train_batch_size=batch.per_device_train_batch_size,
             num_train_epochs=-(-max_steps // steps_per_epoch),
             is_local_process_zero=is_main,
             is_world_process_zero=is_main,
@@ -76,10 +73,10 @@ class CallbackRunner:
     def every(self, kind: str) -> int:
         """Steps between evaluations (``kind="eval"``) or checkpoints (``"save"``) of the run's ``eval_strategy`` /
         ``save_strategy`` (steps: eval_steps / save_steps; epoch: the steps per epoch); 0: never (no)."""
-        spec = self.spec
-        strategy, every = (
-            (spec.eval_strategy, spec.eval_steps) if kind == "eval" else (spec.save_strategy, spec.save_steps)
-        )
+        if kind == "eval":
+            strategy, every = self.evaluation.eval_strategy, self.evaluation.eval_steps
+        else:
+            strategy, every = self.checkpoints.save_strategy, self.checkpoints.save_steps
         if strategy == "epoch":
             every = self.steps_per_epoch
         return every if strategy != "no" and every > 0 else 0

@@ -3,40 +3,34 @@ gradient (their updates were skipped), or a mean KL above ``max_kl`` for ``max_k
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-
-@dataclass(frozen=True)
-class StopSpec:
-    """The stop rules' settings: ``max_nonfinite_steps``; ``max_kl`` (None: no KL rule) and ``max_kl_patience``."""
-
-    max_nonfinite_steps: int
-    max_kl: float | None
-    max_kl_patience: int
+if TYPE_CHECKING:
+    from grpokit.algos.settings import KLControlSettings
+    from grpokit.train.loop_settings import StopSettings
 
 
 class StopRules:
     """``check(metrics)`` after each step: the reason to stop, or None. ``counters`` (consecutive bad steps) go
-    into checkpoints, so a resumed run counts on."""
+    into checkpoints, so a resumed run counts on. ``stop``: ``max_nonfinite_steps``; ``kl``: ``max_kl`` (None: no KL
+    rule) and ``max_kl_patience``."""
 
-    def __init__(self, spec: StopSpec):
-        self.spec = spec
+    def __init__(self, stop: StopSettings, kl: KLControlSettings):
+        self.stop, self.kl = stop, kl
         self.counters = {"kl_over": 0, "nonfinite": 0}
 
     def check(self, metrics: dict) -> str | None:
-        spec, counters, reason = self.spec, self.counters, None
+        stop, kl, counters, reason = self.stop, self.kl, self.counters, None
         counters["nonfinite"] = counters["nonfinite"] + 1 if metrics.get("nonfinite") else 0
-        if counters["nonfinite"] >= spec.max_nonfinite_steps:
+        if counters["nonfinite"] >= stop.max_nonfinite_steps:
             reason = (
-                f"{spec.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (updates skipped); "
+                f"{stop.max_nonfinite_steps} steps in a row had a non-finite loss or gradient (updates skipped); "
                 "lower learning_rate, check the reward functions for inf/NaN, or raise max_nonfinite_steps."
             )
-        if spec.max_kl is not None and metrics.get("kl", 0.0) > spec.max_kl:
+        if kl.max_kl is not None and metrics.get("kl", 0.0) > kl.max_kl:
             counters["kl_over"] += 1
-            if counters["kl_over"] >= spec.max_kl_patience:
-                reason = (
-                    f"mean KL {metrics['kl']:.4f} exceeded max_kl={spec.max_kl} for {spec.max_kl_patience} step(s)."
-                )
+            if counters["kl_over"] >= kl.max_kl_patience:
+                reason = f"mean KL {metrics['kl']:.4f} exceeded max_kl={kl.max_kl} for {kl.max_kl_patience} step(s)."
         else:
             counters["kl_over"] = 0
         return reason

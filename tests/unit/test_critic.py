@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpokit.algos.value import value_loss
-from grpokit.compose.specs import critic_spec
+from grpokit.compose.learner import build_critic
 from grpokit.config import GRPOConfig
 from grpokit.models.loading import load_model
 from grpokit.rollout.types import Rollouts
@@ -44,7 +44,7 @@ def build(tiny_model_dir, micro_batch: int, loss_type: str) -> Critic:
     )
     torch.manual_seed(0)  # the head's init
     policy = load_model(str(tiny_model_dir), torch.float32, CPU)
-    return Critic.build(policy, critic_spec(cfg), device=CPU, dtype=torch.float32, autocast_dtype=None, kernels=None)
+    return build_critic(policy, cfg, CPU, autocast_dtype=None, kernels=None)  # dtype auto: float32 on a CPU
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])

@@ -230,3 +230,24 @@ def test_the_scheduler_dispatches_without_mode_branches():
             names |= {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
             strings = [n for n in ast.walk(node.test) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
             assert not (names & modes) and not strings, ast.unparse(node.test)
+
+
+def test_every_situation_has_exactly_one_sampler_and_an_overlap_is_refused():
+    import itertools
+
+    import pytest
+
+    from grpokit.train.experience.sampler_entry import SamplerEntry, Situation, pick_sampler
+    from grpokit.train.experience.samplers import EngineSampler
+
+    flags = ("tool_rollouts", "ray", "raw_prompts", "seeded", "ahead", "server")
+    for values in itertools.product([False, True], repeat=len(flags)):
+        situation = Situation(**dict(zip(flags, values)))
+        assert sum(entry.applies(situation) for entry in SAMPLERS.values()) == 1, situation
+    # the precedence the flags encode: Ray over everything, tools over a seeded run, a server ahead over a thread
+    assert SAMPLERS["ray"].applies(Situation(tool_rollouts=False, ray=True, seeded=True, ahead=True))
+    assert SAMPLERS["tools"].applies(Situation(tool_rollouts=True, seeded=True))
+    assert SAMPLERS["server_ahead"].applies(Situation(tool_rollouts=False, ahead=True, server=True))
+    overlapping = {**SAMPLERS, "mine": SamplerEntry(EngineSampler, seeded=True)}  # group_seeded serves it too
+    with pytest.raises(ValueError, match=r"'group_seeded' .* and 'mine' .*exactly one must"):
+        pick_sampler(Situation(tool_rollouts=False, seeded=True), overlapping)

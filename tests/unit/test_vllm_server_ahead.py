@@ -189,6 +189,6 @@ def test_the_sync_check_reads_the_samplers_gap_when_sampling_ahead(policy):
 
 
 def test_a_server_engine_sampling_ahead_gets_the_server_sampler():
-    assert pick_sampler(Situation(tools=False, ahead=True, server=True)).cls is ServerAheadSampler
-    assert pick_sampler(Situation(tools=False, ahead=True)).cls.__name__ == "ThreadSampler"
-    assert pick_sampler(Situation(tools=False, server=True)).cls.__name__ == "EngineSampler"  # synchronous
+    assert pick_sampler(Situation(tool_rollouts=False, ahead=True, server=True)).cls is ServerAheadSampler
+    assert pick_sampler(Situation(tool_rollouts=False, ahead=True)).cls.__name__ == "ThreadSampler"
+    assert pick_sampler(Situation(tool_rollouts=False, server=True)).cls.__name__ == "EngineSampler"  # synchronous

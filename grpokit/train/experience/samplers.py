@@ -12,15 +12,19 @@
 - :class:`~grpokit.train.experience.server_ahead.ServerAheadSampler`: a vLLM server driven from the producer's thread
   (bounded staleness with ``vllm_mode: server``).
 
-Which one samples a run is picked by :data:`grpokit.train.experience.sources.SAMPLERS`.
+Each is built by its ``from_inputs(SamplerInputs)``; which one samples a run is picked by
+:data:`grpokit.train.experience.sources.SAMPLERS` from the situations each entry serves.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from grpokit.rollout.seeding import generate_per_group, group_seed, split_rollouts
 from grpokit.rollout.types import Rollouts, SamplingParams
+
+if TYPE_CHECKING:
+    from grpokit.train.experience.sampler_entry import SamplerInputs
 
 
 class Sampler(Protocol):
@@ -37,6 +41,11 @@ class Sampler(Protocol):
 class EngineSampler:
     """This rank's groups sampled by the run's ``engine`` in one call, from its random stream. ``prompts``: the
     training PromptSource; ``model``: the policy (FSDP: sampled sharded, ranks in lockstep)."""
+
+    @classmethod
+    def from_inputs(cls, inputs: SamplerInputs) -> EngineSampler:
+        """The sampler built from the run's :class:`SamplerInputs` (here: the common parts)."""
+        return cls(**inputs.common())
 
     def __init__(
         self, *, engine, prompts, procs, model, num_generations: int, params: SamplingParams, seed: int
@@ -83,6 +92,10 @@ class ToolSampler(EngineSampler):
     """Multi-turn tool rollouts of the prompts' dataset rows (``tools``: the run's ToolRollouts), groups seeded on
     their own and decoded in one batch; its metrics are the last batch's tool calls."""
 
+    @classmethod
+    def from_inputs(cls, inputs: SamplerInputs) -> ToolSampler:
+        return cls(tools=inputs.tool_rollouts, **inputs.common())
+
     def __init__(self, *, tools, **parts: Any) -> None:
         super().__init__(**parts)
         self.tools = tools
@@ -107,6 +120,10 @@ class RawPromptSampler(EngineSampler):
     """This rank's groups sampled by an engine that takes the raw prompts (``takes_raw_prompts``): each row's
     ``prompt_column`` as the dataset holds it (a string or chat messages), as TRL hands them to a rollout_func."""
 
+    @classmethod
+    def from_inputs(cls, inputs: SamplerInputs) -> RawPromptSampler:
+        return cls(prompt_column=inputs.prompt_column, **inputs.common())
+
     def __init__(self, *, prompt_column: str, **parts: Any) -> None:
         super().__init__(**parts)
         self.prompt_column = prompt_column
@@ -120,6 +137,10 @@ class RaySampler(EngineSampler):
     """Ray rollout workers sample the whole global batch (``remote``: rank 0's RayRolloutEngine, None on the other
     ranks), groups seeded on their own; rank 0 scatters each rank's share. Before sampling, the current weights
     (``engine.policy_version``) are published to the workers unless they have them."""
+
+    @classmethod
+    def from_inputs(cls, inputs: SamplerInputs) -> RaySampler:
+        return cls(remote=inputs.remote(), partial=inputs.workers_continue_partial, **inputs.common())
 
     def __init__(self, *, remote, partial: bool = False, **parts: Any) -> None:
         """``partial``: the workers continue partial rollouts on newer weights (:mod:`grpokit.rollout.partial`),
@@ -198,6 +219,10 @@ class ThreadSampler(EngineSampler):
     ``copy.deepcopy(model)``) and samples the whole batch in one call, its random stream seeded from (seed, step):
     the rollouts are a function of (seed, step, weights), whenever the thread runs. The learner's weights are never
     read while it trains. Memory: one more model, and up to K + 1 weight copies in the queue."""
+
+    @classmethod
+    def from_inputs(cls, inputs: SamplerInputs) -> ThreadSampler:
+        return cls(own_engine=inputs.own_engine(), **inputs.common())
 
     def __init__(self, *, own_engine, **parts: Any) -> None:
         super().__init__(**parts)

@@ -23,13 +23,16 @@ with partial rollouts).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from grpokit.rollout.types import Rollouts
 from grpokit.train.experience.samplers import EngineSampler
 from grpokit.train.experience.server_partial import VersionCopies
+
+if TYPE_CHECKING:
+    from grpokit.train.experience.sampler_entry import SamplerInputs
 
 GAP_METRIC = "vllm_server_sync_gap_max"
 CONTINUED_GAP_METRIC = "vllm_server_sync_gap_continued_max"
@@ -38,6 +41,10 @@ CONTINUED_GAP_METRIC = "vllm_server_sync_gap_continued_max"
 class ServerAheadSampler(EngineSampler):
     """Batches sampled ahead by a vLLM server (module docstring). ``own_model``: a copy of the policy, loaded with
     each new version on the producer's thread (the learner's weights are never read while it trains)."""
+
+    @classmethod
+    def from_inputs(cls, inputs: SamplerInputs) -> ServerAheadSampler:
+        return cls(own_model=inputs.own_model(), partial_rollouts=inputs.partial_rollouts, **inputs.common())
 
     def __init__(
         self, *, own_model: torch.nn.Module, partial_rollouts: tuple[int, float] | None = None, **parts: Any

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from grpokit.rollout.types import Rollouts
 from grpokit.system.registry import Registry
+from grpokit.train.experience.sampler_entry import SamplerEntry, Situation
+from grpokit.train.experience.sampler_entry import pick_sampler as pick_entry
 from grpokit.train.experience.samplers import (
     EngineSampler,
     GroupSeededSampler,
@@ -229,57 +230,35 @@ class AheadRollouts(SyncRollouts):
         super().close()
 
 
-@dataclass(frozen=True)
-class Situation:
-    """What decides a run's sampler: Ray rollout workers (``ray``), tool rollouts (``tools``), an engine that takes
-    the raw prompts (``raw_prompts``: a rollout_func), rollouts that must not depend on the split over processes
-    (``seeded``: seed_per_group, or several processes), sampling ahead in this process (``ahead``: max_staleness >= 1
-    without Ray), a vLLM server as the engine (``server``)."""
-
-    tools: bool
-    ray: bool = False
-    raw_prompts: bool = False
-    seeded: bool = False
-    ahead: bool = False
-    server: bool = False
-
-
-@dataclass(frozen=True)
-class SamplerEntry:
-    """A sampler kind: ``cls`` is built with the common parts (engine, prompts, procs, model, num_generations,
-    params, seed) and the extras it ``needs`` (``remote``: the Ray workers; ``partial``: whether they continue partial
-    rollouts; ``partial_rollouts``: a server's (S, timeout), or None; ``tools``: the ToolRollouts;
-    ``prompt_column``; ``own_engine``: an engine on a copy of the policy;
-    ``own_model``: a copy of the policy),
-    which the composition root supplies by name; ``applies(situation)``: whether it samples a run in that
-    :class:`Situation`."""
-
-    cls: type
-    applies: Callable[[Situation], bool]
-    needs: tuple[str, ...] = ()
-
-
-# The samplers by name, in order of precedence: the first that applies samples the run (the composition root,
-# grpokit/compose/rollouts.py, asks :func:`pick_sampler`). Adding one is a class and its registration here, in its
-# place of precedence.
+# The samplers by name, each with the situations it serves (sampler_entry.SamplerEntry's flags, exclusive: the
+# composition root, grpokit/compose/rollouts.py, asks pick_sampler for the one that serves the run). Adding one is a
+# class with ``from_inputs`` and its registration here, with flags no other entry's overlap.
 SAMPLERS = Registry("sampler", entry=lambda name, cls, **fields: SamplerEntry(cls, **fields))
-SAMPLERS.register("ray", applies=lambda s: s.ray, needs=("remote", "partial"))(RaySampler)
-SAMPLERS.register("server_ahead", applies=lambda s: s.ahead and s.server, needs=("own_model", "partial_rollouts"))(
-    ServerAheadSampler
-)
-SAMPLERS.register("thread", applies=lambda s: s.ahead, needs=("own_engine",))(ThreadSampler)  # a policy copy, ahead
-SAMPLERS.register("tools", applies=lambda s: s.tools, needs=("tools",))(ToolSampler)  # groups seeded, one batch
-SAMPLERS.register("raw_prompts", applies=lambda s: s.raw_prompts, needs=("prompt_column",))(RawPromptSampler)
-SAMPLERS.register("group_seeded", applies=lambda s: s.seeded)(GroupSeededSampler)
-SAMPLERS.register("engine", applies=lambda s: True)(EngineSampler)
+SAMPLERS.register("ray", ray=True)(RaySampler)
+SAMPLERS.register("server_ahead", ray=False, ahead=True, server=True)(ServerAheadSampler)
+SAMPLERS.register("thread", ray=False, ahead=True, server=False)(ThreadSampler)  # a policy copy, ahead
+SAMPLERS.register("tools", ray=False, ahead=False, tool_rollouts=True)(ToolSampler)  # groups seeded, one batch
+SAMPLERS.register("raw_prompts", ray=False, ahead=False, tool_rollouts=False, raw_prompts=True)(RawPromptSampler)
+NOT_SPECIAL = {"ray": False, "ahead": False, "tool_rollouts": False, "raw_prompts": False}
+SAMPLERS.register("group_seeded", seeded=True, **NOT_SPECIAL)(GroupSeededSampler)
+SAMPLERS.register("engine", seeded=False, **NOT_SPECIAL)(EngineSampler)
 
 
 def pick_sampler(situation: Situation) -> SamplerEntry:
-    """The first sampler of :data:`SAMPLERS` that applies to ``situation``."""
-    return next(entry for entry in SAMPLERS.values() if entry.applies(situation))
+    """The one sampler of :data:`SAMPLERS` that serves ``situation`` (a ValueError naming them when none or two do)."""
+    return pick_entry(situation, SAMPLERS)
 
 
 # The sources by name: ahead with max_staleness >= 1 (async_rollouts: 1), else synchronous.
 SOURCES = Registry("source")
 SOURCES.register("sync")(SyncRollouts)
 SOURCES.register("ahead")(AheadRollouts)
+
+
+def pick_source(ahead: bool) -> type:
+    """The one source of :data:`SOURCES` whose ``off_policy`` is ``ahead`` (the run samples ahead: max_staleness >=
+    1); a ValueError when none or two are."""
+    names = [name for name, cls in SOURCES.items() if cls.off_policy == ahead]
+    if len(names) != 1:
+        raise ValueError(f"rollout sources with off_policy={ahead}: {names or 'none'}; exactly one must be.")
+    return SOURCES[names[0]]

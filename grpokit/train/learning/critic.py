@@ -30,13 +30,16 @@ from grpokit.train.learning.value_model import ValueModel
 
 @dataclass(frozen=True)
 class CriticSpec:
-    """The critic's own settings, built once by the composition root (:func:`grpokit.compose.specs.critic_spec`).
+    """The critic's own settings, each field the config key of its name (filled by
+    ``grpokit.compose.specs.part_settings``; ``CriticSettings``, ``UpdateSettings`` ... own them) but three the
+    composition root derives: ``optim`` (the policy's optimizer settings, the 8-bit AdamW included), ``total_steps``
+    (the run's optimizer steps, which the schedule spans) and ``lora``.
 
     The value loss: ``cliprange_value``, ``vf_coef``, aggregated by ``loss_type`` (``max_completion_length``:
     dr_grpo's constant); micro-batches of ``per_device_train_batch_size`` rows; gradients clipped to
     ``max_grad_norm`` (0: off). Built from ``value_model_name_or_path`` (None: a copy of the policy's trunk),
-    with LoRA adapters on its trunk when ``lora`` is given (the run trains LoRA), trained by the optimizer and
-    schedule ``optim`` names (the policy's: the 8-bit AdamW included) at its own ``learning_rate``."""
+    with LoRA adapters on its trunk when ``lora`` is given (the run trains LoRA), trained by ``optim``'s optimizer
+    and schedule at ``critic_learning_rate`` (None: optim's)."""
 
     per_device_train_batch_size: int
     cliprange_value: float
@@ -44,11 +47,11 @@ class CriticSpec:
     loss_type: str
     max_completion_length: int
     max_grad_norm: float
-    optim: OptimizerSettings
-    learning_rate: float | None  # the critic's own peak learning rate; None: optim's
-    total_steps: int  # optimizer steps of the run, which the schedule spans
+    critic_learning_rate: float | None
     value_model_name_or_path: str | None
     trust_remote_code: bool
+    optim: OptimizerSettings
+    total_steps: int
     lora: Any = None  # the lora section (peft's settings), or None
 
 
@@ -89,7 +92,7 @@ class Critic:
             model.requires_grad_(True)  # a trunk copied from a LoRA policy comes frozen
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = make_optimizer(params, spec.optim, device, spec.learning_rate)
+        optimizer = make_optimizer(params, spec.optim, device, spec.critic_learning_rate)
         scheduler = make_schedule(optimizer, spec.optim, spec.total_steps)
         return cls(model, optimizer, scheduler, spec, autocast_dtype, kernels)
 

@@ -20,8 +20,8 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -30,6 +30,10 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from grpokit.system.processes import is_sharded
 from grpokit.train.rundir.manifest import ManifestError, verify_folder, write_manifest
 from grpokit.version import __version__
+
+if TYPE_CHECKING:
+    from grpokit.train.learning.reference_settings import ReferenceSettings
+    from grpokit.train.rundir.settings import CheckpointSettings
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # safetensors metadata of a model.safetensors that holds the trainable parameters only (names as in named_parameters)
@@ -200,15 +204,6 @@ def _errno_text(code: int) -> str:
     return f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
 
 
-@dataclass(frozen=True)
-class CheckpointSpec:
-    """What a run's checkpoints keep: ``save_reference`` (the reference's weights: it is resynced, so they are no
-    longer the starting ones) and ``save_total_limit`` (step checkpoints kept; None: all)."""
-
-    save_total_limit: int | None
-    save_reference: bool = False
-
-
 class RunState:
     """Everything a checkpoint saves and a resume restores: the policy weights (``model``, unwrapped), the
     ``learner``'s optimizer, LR scheduler and resynced reference weights, the data position (``data``, the
@@ -216,12 +211,24 @@ class RunState:
     step), the stop rules' counters, the learner's KL controller (beta), and the RNG streams (torch's and the
     sampling engine's generator), and of the transformers ``TrainerState`` (``trainer_state``, a callable returning
     the run's ``trainer.state``) what TRL's checkpoints restore: ``log_history`` and ``num_input_tokens_seen``.
+    ``spec``: save_total_limit; ``resync``: a resynced reference's weights are saved too.
     ``saved_step``: the newest checkpoint on disk (0: none). ``is_main``: rank 0, which writes (under FSDP the other
     ranks join in to gather)."""
 
     def __init__(
-        self, spec: CheckpointSpec, *, model, learner, data, rollouts, stop_rules, is_main: bool, trainer_state=None
+        self,
+        spec: CheckpointSettings,
+        resync: ReferenceSettings,
+        *,
+        model,
+        learner,
+        data,
+        rollouts,
+        stop_rules,
+        is_main: bool,
+        trainer_state=None,
     ):
+        self.save_reference = resync.ref_model_sync_steps > 0  # resynced: no longer the starting weights
         self.spec, self.model, self.data, self.rollouts, self.stop_rules = spec, model, data, rollouts, stop_rules
         self.trainer_state = trainer_state
         self.optimizer, self.scheduler, self.reference = learner.optimizer, learner.scheduler, learner.reference
@@ -258,7 +265,7 @@ class RunState:
             self.scheduler,
             state,
             rng,
-            reference_model=reference if self.spec.save_reference else None,  # unsynced: the starting weights
+            reference_model=reference if self.save_reference else None,  # unsynced: the starting weights
             save_total_limit=self.spec.save_total_limit,
             pending_rollouts=pending,
             critic=self.critic,

@@ -16,6 +16,7 @@ import yaml
 from grpokit.errors import ConfigError
 from grpokit.store import RolloutStore
 from grpokit.store.integrity import EMPTY_CHAIN, next_chain
+from grpokit.store.settings import StoreSettings
 from grpokit.system.run_lock import RunFolderError, RunLock, check_unlocked
 from grpokit.train.rundir import checkpoint, overwrite
 from grpokit.train.rundir.resume import ResumePoint, check_run_files, find_checkpoint
@@ -36,26 +37,33 @@ RESUME_FREE_KEYS = {
 
 @dataclass(frozen=True)
 class RunDirSpec:
-    """What the run folder's code takes from the config: the folder (``output_dir``), whether to resume
-    (``resume_from``: latest | a checkpoint folder | None) or ``overwrite``, the resolved ``config`` (its
-    ``to_dict()``: written as config.yaml, compared with an existing run's, given to the trackers), the trackers'
-    settings (``report_to``, ``max_steps``, ``logging_steps``, ``progress_bar``, ``run_name``) and the completions
-    table (``log_completions``, ``num_completions_to_print``)."""
+    """What the run folder's code takes from the config, each field the config key of its name (filled by
+    ``grpokit.compose.specs.part_settings``): the folder (``output_dir``), whether to resume (``resume_from``:
+    latest | a checkpoint folder | None) or ``overwrite``, the trackers' settings (``report_to``, ``max_steps``,
+    ``logging_steps``, ``progress_bar``, ``run_name``), the completions table (``log_completions``,
+    ``num_completions_to_print``) and the store's images (``log_multimodal``, ``store_images_max_mb``); and two
+    that are no key: the resolved ``config`` (its ``to_dict()``: written as config.yaml, compared with an existing
+    run's, given to the trackers) and the ``notes`` atop config.yaml (how the compute dtype was chosen)."""
 
     output_dir: str
     resume_from: str | None
     overwrite: bool
-    report_to: tuple
+    report_to: list
     max_steps: int
     logging_steps: int
     progress_bar: bool
     log_completions: bool
     num_completions_to_print: int | None
     log_multimodal: bool  # the store keeps the prompts' images (store/images.py), up to max_image_bytes
+    run_name: str | None  # TRL's key, the W&B run's name
+    store_images_max_mb: float | None
     config: dict = field(default_factory=dict)
-    run_name: str | None = None
-    notes: tuple[str, ...] = ()  # comment lines at the top of config.yaml (how the compute dtype was chosen)
-    max_image_bytes: int | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def max_image_bytes(self) -> int | None:
+        """``store_images_max_mb`` in bytes (None: no cap), as the store's settings count it."""
+        return StoreSettings(store_images_max_mb=self.store_images_max_mb).max_image_bytes()
 
     def resuming(self, resume_from: str) -> RunDirSpec:
         """This spec resuming from ``resume_from`` (GRPOTrainer.train's ``resume_from_checkpoint``), in the
