@@ -88,12 +88,12 @@ class MemoryInputs:
     num_generations: int  # G, completions per prompt (a group's prompt is run once)
     step_rows: int  # a step's completions on this process, sampled together
     micro_batch: int  # completions per micro-batch of the update
-    backward_chunk_rows: int | None = None  # rows per forward and backward pass; None: the whole micro-batch
+    backward_chunk_rows: int | None  # rows per forward and backward pass; None: the whole micro-batch
+    gradient_checkpointing: bool
+    load_in_4bit: bool
     mixed: bool = False  # the update runs under bf16 autocast
     sampling_bf16: bool = False  # the sampler runs in bf16 (a CPU may sample in another dtype than it learns in)
     lean_mlp: bool = False  # the learner's float32 passes run the lean MLP (kernels/lean_mlp.py)
-    gradient_checkpointing: bool = False
-    load_in_4bit: bool = False
     lora: bool = False  # LoRA adapters train (the reference is the base with adapters off)
     reference: bool = False  # a frozen reference copy is held (beta > 0 without LoRA)
     reference_synced: bool = False  # ref_model_sync_steps: the copy stays in the weights' dtype under autocast
