@@ -110,6 +110,7 @@ class TypedKeys:
     teacher_temperature: float
     teacher_dtype: str
     teacher_device: str | None
+    teacher_server_api_key: str | None
     teacher_server_timeout: float
     # generation
     vllm_gpu_memory_utilization: float
