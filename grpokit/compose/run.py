@@ -18,7 +18,7 @@ from grpokit.compose.learner import build_learner
 from grpokit.compose.policy import build_policy, warn_if_too_big
 from grpokit.compose.rewards import eval_reward_runner
 from grpokit.compose.rollouts import build_rollouts, build_step_sampling, engine_kind
-from grpokit.compose.teacher import build_distiller, fold_teacher_model, teacher_alone
+from grpokit.compose.teacher import build_distiller, fold_teacher_model, teacher_ahead, teacher_alone
 from grpokit.config import GRPOConfig
 from grpokit.eval.evaluator import Evaluator
 from grpokit.kernels import Kernels
@@ -188,6 +188,7 @@ def build_run(
     policy = _policy(config, spec, procs, checked, model, tokenizer, peft_config)
     rollouts = _rollouts(config, spec, procs, checked, policy, None if rollout_func is None else generate)
     learning = _learning(config, spec, procs, policy, optimizers, teacher_model)
+    teacher_ahead(rollouts.rollout_scheduler, learning.distiller)
     return Run(
         config=config,
         spec=spec,

@@ -95,6 +95,13 @@ def local_teacher(args: GRPOConfig, model: torch.nn.Module, tokenizer: Any, devi
     return LocalTeacher(teacher, width, algo.teacher_temperature, args.per_device_train_batch_size)
 
 
+def teacher_ahead(scheduler, distiller) -> None:
+    """Sampling ahead (max_staleness >= 1, one process): each batch's teacher request starts when the producer has
+    collected its rollouts, so a served teacher scores step t + 1's batch while step t trains."""
+    if distiller is not None and getattr(scheduler.source, "on_collected", False) is None:
+        scheduler.source.on_collected = distiller.ahead
+
+
 def teacher_alone(rewards) -> bool:
     """Whether ``rewards`` (the run's RewardRunner) is distillation alone's: only the built-in ``teacher_only`` reward
     (``rewards: []`` with a teacher), whose groups all tie by design."""
