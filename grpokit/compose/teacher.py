@@ -66,6 +66,12 @@ def build_distiller(
         name = f"{teacher.url} {teacher.model} T=1"
     else:
         loaded = teacher_model if isinstance(teacher_model, torch.nn.Module) else None
+        student = {id(p) for p in model.parameters()}
+        if loaded is not None and any(id(p) in student for p in loaded.parameters()):
+            raise ConfigError(
+                "teacher_model shares its weights with the model being trained (freezing the teacher would freeze the "
+                "student); pass a separate copy, e.g. copy.deepcopy(model) or the teacher loaded again."
+            )
         teacher = local_teacher(args, model, tokenizer, device, loaded)
         name = f"{algo.teacher_model_name_or_path} T={algo.teacher_temperature:g}"
     return Distiller(teacher, algo.distill_coef, procs, tokenizer.pad_token_id, name)

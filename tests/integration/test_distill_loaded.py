@@ -88,6 +88,13 @@ def test_wrong_teachers_are_refused_in_one_line(tmp_path, tiny_model_dir):
     with pytest.raises(ConfigError) as refused:
         trainer(tiny_model_dir, tmp_path / "c", teacher_model=model, teacher_server_url="http://127.0.0.1:9")
     assert "teacher_model is given and the config has a teacher too" in one_line(refused)
+    from transformers import AutoModelForCausalLM
+
+    student = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with pytest.raises(ConfigError) as refused:  # the student itself as its teacher
+        GRPOTrainer(student, [], args=GRPOConfig(output_dir=str(tmp_path / "d"), device="cpu"), teacher_model=student,
+                    train_dataset=[{"prompt": "w1 w2"}] * 4)  # fmt: skip
+    assert "teacher_model shares its weights with the model being trained" in one_line(refused)
 
 
 def test_a_loaded_teacher_with_another_tokenizer_is_refused(tmp_path, tiny_model_dir):
