@@ -3,7 +3,8 @@ loopback port with its own key file: a tiny Llama with the student's tokenizer a
 ``teacher_server_url`` (the student samples with grpokit's own sampler) gets, for every sampled token, the log-prob
 the teacher model itself gives it in float32 (a plain transformers forward here, to GAP_FP32), stores those values,
 logs the distill/* metrics; a resume from step 1 redoes step 2 with the stored teacher log-probs and no scoring
-request. A wrong key is refused in one line naming teacher_server_api_key."""
+request; the same with max_staleness 1 (each batch's request sent from the producer's thread, one step ahead). A wrong
+key is refused in one line naming teacher_server_api_key."""
 
 from __future__ import annotations
 
@@ -76,9 +77,11 @@ def test_a_wrong_key_is_refused_in_one_line(teacher_server):
     assert "the key sent (teacher_server_api_key) is not its key" in text and "set teacher_server_api_key" in text
 
 
+@pytest.mark.parametrize("ahead", [0, 1], ids=["in-step", "one-step-ahead"])
 def test_a_real_vllm_teacher_scores_as_the_model_itself_and_a_resume_replays_it(
-    teacher_server, teacher_dir, vllm_model_dir, tmp_path, monkeypatch
+    teacher_server, teacher_dir, vllm_model_dir, tmp_path, monkeypatch, ahead
 ):
+    """``ahead`` 1: max_staleness 1, the teacher asked for each batch on the producer's thread."""
     from transformers import AutoModelForCausalLM
 
     from grpokit.train.teacher.distiller import Distiller
@@ -93,8 +96,10 @@ def test_a_real_vllm_teacher_scores_as_the_model_itself_and_a_resume_replays_it(
 
     monkeypatch.setattr(ServedTeacher, "logprobs", recording)
     run = tmp_path / "run"
-    trainer(vllm_model_dir, run, teacher_server.url).train()  # the key: the server's key file, found by its port
+    first_run = trainer(vllm_model_dir, run, teacher_server.url, max_staleness=ahead)  # the key: its port's key file
+    first_run.train()
     assert len(received) == 2  # one scoring request a step
+    assert first_run.run.distiller.ahead_requests == 2 * ahead  # ahead: both sent from the producer's thread
     model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32).eval()
     for rollouts, values in received:
         mask = rollouts.completion_mask.bool()
@@ -112,7 +117,8 @@ def test_a_real_vllm_teacher_scores_as_the_model_itself_and_a_resume_replays_it(
     assert sorted(v for values in kept.values() for v in values) == pytest.approx(sent, abs=0)  # stored as received
 
     received.clear(), steps.clear()
-    trainer(vllm_model_dir, run, teacher_server.url).train(resume_from_checkpoint=str(run / "checkpoints" / "step-1"))
+    resumed = trainer(vllm_model_dir, run, teacher_server.url, max_staleness=ahead)
+    resumed.train(resume_from_checkpoint=str(run / "checkpoints" / "step-1"))
     assert steps == [1] and received == []  # step 2 done again with the store's teacher log-probs, no request
     again = metrics(run)
     assert [m["step"] for m in again] == [1, 2]
