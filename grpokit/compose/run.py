@@ -19,7 +19,7 @@ from grpokit.compose.learner import build_learner
 from grpokit.compose.policy import build_policy, warn_if_too_big
 from grpokit.compose.rewards import eval_reward_runner
 from grpokit.compose.rollouts import build_rollouts, build_step_sampling, engine_kind
-from grpokit.compose.teacher import build_distiller, teacher_alone
+from grpokit.compose.teacher import build_distiller, fold_teacher_model, teacher_ahead, teacher_alone
 from grpokit.config import GRPOConfig
 from grpokit.data.settings import PromptSettings
 from grpokit.eval.evaluator import Evaluator
@@ -172,11 +172,13 @@ def build_run(
     environment_factory: Any = None,
     rollout_func: Any = None,
     generate: Any = None,
+    teacher_model: Any = None,
 ) -> Run:
     """Check the inputs (everything that can be checked before a model loads), then build the policy, its prompts,
     its rollouts and its learner, and the run around the steps. Arguments as ``GRPOTrainer``'s; ``rollout_func``: TRL's
     (checked here), and ``generate`` the closure it runs through (``fn(prompts) -> RolloutFuncOutput``), or None."""
     config, tokenizer = arguments.trainer_arguments(config, peft_config, processing_class, tokenizer)
+    config = fold_teacher_model(config, teacher_model)  # a loaded teacher: its name in the config, the module below
     procs = arguments.run_processes()  # rank and world size under torchrun; one process otherwise
     checked = build_inputs.check_inputs(
         config,
@@ -193,7 +195,8 @@ def build_run(
     spec = specs.loop_spec(config, procs.world_size)
     policy = _policy(config, spec, procs, checked, model, tokenizer, peft_config)
     rollouts = _rollouts(config, spec, procs, checked, policy, None if rollout_func is None else generate)
-    learning = _learning(config, spec, procs, policy, optimizers)
+    learning = _learning(config, spec, procs, policy, optimizers, teacher_model)
+    teacher_ahead(rollouts.rollout_scheduler, learning.distiller)
     return Run(
         config=config,
         spec=spec,
@@ -282,7 +285,7 @@ def _rollouts(config: GRPOConfig, spec: LoopSpec, procs, checked, policy: Policy
     return Rollouts(rollout_scheduler=scheduler, update_inputs_spec=inputs_spec, step_sampling=step_sampling)
 
 
-def _learning(config: GRPOConfig, spec: LoopSpec, procs, policy: Policy, optimizers: tuple) -> Learning:
+def _learning(config: GRPOConfig, spec: LoopSpec, procs, policy: Policy, optimizers: tuple, teacher) -> Learning:
     """The algorithm (what the steps ask for advantages), the reference, optimizer, LR schedule and learner."""
     reference, optimizer, lr_scheduler, learner = build_learner(
         policy.model,
@@ -301,7 +304,7 @@ def _learning(config: GRPOConfig, spec: LoopSpec, procs, policy: Policy, optimiz
         optimizer=optimizer,
         scheduler=lr_scheduler,
         learner=learner,
-        distiller=build_distiller(config, policy.model, policy.tokenizer, policy.device, procs),
+        distiller=build_distiller(config, policy.model, policy.tokenizer, policy.device, procs, teacher),
     )
 
 

@@ -113,6 +113,7 @@ class TypedKeys(TypedTrlKeys):
     teacher_temperature: float
     teacher_dtype: str
     teacher_device: str | None
+    teacher_server_api_key: str | None
     teacher_server_timeout: float
     # generation
     vllm_gpu_memory_utilization: float

@@ -4,7 +4,9 @@
 Each given sequence gets a full float32 forward of its own (no shared prompt cache: another computation than the
 local teacher's). ``delay``: seconds each scoring request waits before answering (a slow teacher); ``hang``: while
 it is set, requests wait for it to clear; ``arrived``: its ``set()`` is called when a scoring request arrives;
-``release``: when given, a request waits until it is set (tests order events with these instead of timing them).
+``release``: when given, a request waits until it is set (tests order events with these instead of timing them);
+``key``: when given, a request without ``Authorization: Bearer KEY`` gets HTTP 401 (as a default ``grpokit
+vllm-serve``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 
-def serve_teacher(model, width: int, delay: float = 0.0, hang=None, arrived=None, release=None, batched=False):
+def serve_teacher(
+    model, width: int, delay: float = 0.0, hang=None, arrived=None, release=None, batched=False, key=None
+):
     """Start the server for ``model`` scored on its first ``width`` ids; returns (server, url). Stop it with
     ``server.shutdown()``. ``batched``: one right-padded forward for all of a request's sequences (fast, for a
     benchmark; batching changes float32 rounding slightly), else one forward each."""
@@ -25,19 +29,28 @@ def serve_teacher(model, width: int, delay: float = 0.0, hang=None, arrived=None
         def log_message(self, *args):
             pass
 
-        def _send(self, payload: dict) -> None:
+        def _send(self, payload: dict, status: int = 200) -> None:
             body = json.dumps(payload).encode()
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
+        def _refused(self) -> bool:
+            if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+                return False
+            self._send({"error": "Unauthorized"}, 401)
+            return True
+
         def do_GET(self):
-            self._send({"data": [{"id": "teacher"}]})
+            if not self._refused():
+                self._send({"data": [{"id": "teacher"}]})
 
         def do_POST(self):
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self._refused():
+                return
             if arrived is not None:
                 arrived.set()
             if release is not None:

@@ -32,10 +32,10 @@ class GRPOTrainer(TokenMasks, RunAttributes):
     TRL's arguments work as in TRL: ``processing_class`` (``tokenizer`` is the same), ``peft_config`` (a peft
     ``LoraConfig``), ``reward_processing_classes``, ``callbacks`` (transformers ``TrainerCallback``s),
     ``optimizers=(optimizer, lr_scheduler)`` (either may be None: grpokit's AdamW / schedule), ``tools`` and
-    ``environment_factory`` (multi-turn tool rollouts, docs/tools.md), ``eval_dataset`` (a dict of datasets is
-    evaluated set by set) and ``rollout_func`` (``fn(prompts, trainer) -> dict``: generates the completions; it
-    receives each prompt ``num_generations`` times, adjacent). ``trainer.state`` is a transformers
-    ``TrainerState``. What ``log_history``, the callbacks and ``evaluate()`` see is named as in TRL
+    ``environment_factory`` (multi-turn tool rollouts, docs/tools.md), ``eval_dataset`` (a dict of datasets is evaluated
+    set by set), ``rollout_func`` (``fn(prompts, trainer) -> dict``: generates the completions; it receives each prompt
+    ``num_generations`` times, adjacent) and ``teacher_model`` (GKD's: a distillation teacher). ``trainer.state`` is a
+    transformers ``TrainerState``. What ``log_history``, the callbacks and ``evaluate()`` see is named as in TRL
     (``train/metrics.py``'s ``TRL_NAMES``); metrics.jsonl, the store and the console keep grpokit's names.
     """
 
@@ -55,6 +55,7 @@ class GRPOTrainer(TokenMasks, RunAttributes):
         tools: list | None = None,
         environment_factory: Any = None,
         rollout_func: Any = None,
+        teacher_model: Any = None,
     ):
         self.rollout_func = rollout_func  # TRL's: called by _generate, which the rollout_func engine calls
         self.run = build_run(
@@ -73,6 +74,7 @@ class GRPOTrainer(TokenMasks, RunAttributes):
             environment_factory=environment_factory,
             rollout_func=rollout_func,
             generate=self._generate,  # the closure TRL's rollout_func(prompts, trainer) runs through
+            teacher_model=teacher_model,
         )
         self.args = self.run.config  # the user's GRPOConfig (max_steps resolved), as TRL's trainer.args
         self.eval_dataset = eval_dataset if eval_dataset is not None else self.run.spec.eval_dataset

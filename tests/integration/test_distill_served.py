@@ -125,3 +125,27 @@ def test_the_served_teacher_is_asked_while_the_reference_pass_runs(tmp_path, tin
     assert seen == [True, True]
     steps = metrics(tmp_path / "overlap")
     assert all(m["distill/request_seconds"] > 0 and m["distill/seconds"] >= 0 for m in steps)
+
+
+def test_the_served_teacher_sends_the_servers_key(teacher, tmp_path, monkeypatch):
+    """A server that wants a key (as a default `grpokit vllm-serve`): the key file of a loopback port is found, a key
+    given wins, and a wrong one is refused in one line naming teacher_server_api_key."""
+    from grpokit.rollout.vllm.keys import key_path, url_port, write_key
+
+    model, tokenizer, _ = teacher
+    server, url = serve_teacher(model, len(tokenizer), key="right-key")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    rollouts = Rollouts([[1, 4]], torch.tensor([[5, 6]]), torch.ones(1, 2), torch.zeros(1, 2), ["stop"], 1)
+    try:
+        with pytest.raises(TeacherServerError) as refused:  # no key anywhere
+            ServedTeacher(url, 1.0, 30.0)
+        assert f"teacher server {url}: /v1/models answered HTTP 401: no key was sent" in str(refused.value)
+        write_key(key_path(url_port(url)), "right-key")
+        assert (ServedTeacher(url, 1.0, 30.0).logprobs(rollouts, tokenizer.pad_token_id) < 0).all()  # the key file
+        with pytest.raises(TeacherServerError) as refused:
+            ServedTeacher(url, 1.0, 30.0, api_key="wrong")
+        text = str(refused.value)
+        assert "\n" not in text and "the key sent (teacher_server_api_key) is not its key" in text, text
+    finally:
+        server.shutdown()

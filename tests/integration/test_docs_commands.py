@@ -127,6 +127,9 @@ NOT_RUNNABLE = {
     "python bench/teacher_overlap.py --delay 0.2 --steps 12": (
         "needs examples/distill's cached models; tests/integration/test_distill_served.py checks the overlap"
     ),
+    "python bench/teacher_overlap.py --delay 0.2 --steps 12 --max-staleness 1": (
+        "needs examples/distill's cached models; tests/integration/test_distill_ahead.py checks the teacher ahead"
+    ),
     "grpokit train examples/arithmetic/config.yaml output_dir=runs/grpo": (
         "the demo's warm start (~90 s to build) and 100 steps (~2 min); tests/integration/test_demo.py runs the demo"
     ),

@@ -46,3 +46,11 @@ def test_empty_eval_rewards_are_refused_in_one_line():
 
     with pytest.raises(ConfigError, match=r"eval_rewards: \[\] scores nothing; list the rewards to evaluate with"):
         load_config(None, {"model_name_or_path": "m", "train_dataset": "builtin:arithmetic", "eval_rewards": []})
+
+
+def test_the_teacher_servers_key_is_never_in_the_saved_config():
+    """teacher_server_api_key is a secret as vllm_server_api_key: kept on the config, null in to_dict / YAML / repr."""
+    args = GRPOConfig(teacher_server_url="http://127.0.0.1:8001", teacher_server_api_key="hush-teacher")
+    assert args.teacher_server_api_key == "hush-teacher" and args.replace(max_steps=3).teacher_server_api_key
+    assert args.to_dict()["algo"]["teacher_server_api_key"] is None
+    assert "hush-teacher" not in args.to_yaml() + repr(args)

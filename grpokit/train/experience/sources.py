@@ -138,6 +138,9 @@ class AheadRollouts(SyncRollouts):
         # a checkpoint's admitted steps: step -> (batch, reward state, collected rollouts), admitted again first
         self._restored: dict[int, tuple[list[int], Any, Rollouts | None]] = {}
         self._admitted = 0  # the last step admitted
+        # called on the producer's thread with each batch's collected rollouts, before they are scored, in one process
+        # (score_ahead): a served teacher's request for them starts there (grpokit/train/teacher/distiller.py)
+        self.on_collected: Callable[[Rollouts], None] | None = None
 
     def next_scored(self, step: int, draw: Draw, score, reward_state, clock) -> Any:
         """Step ``step``'s Trajectory: the batch admitted K steps ago, collected (and scored) on the producer's
@@ -170,6 +173,8 @@ class AheadRollouts(SyncRollouts):
                 return None if handle is None else self.sampler.collect(handle)
 
         def scored(rollouts):  # their Trajectory; None: scored in the step
+            if self.on_collected is not None and self.score_ahead and rollouts is not None:
+                self.on_collected(rollouts)
             return score(step, batch, rollouts, trainer_state=state) if self.score_ahead else None
 
         self._batches[step] = (batch, state)

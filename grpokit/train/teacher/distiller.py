@@ -13,6 +13,7 @@ reference pass, so the wait can be shorter).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -47,16 +48,41 @@ class Distiller:
         # a served teacher's request runs on this thread while the learner computes (:meth:`start`)
         self.concurrent = getattr(teacher, "where", "local") == "server"
         self._pool: ThreadPoolExecutor | None = None  # made by the first start(), stopped by close()
-        self._pending: tuple | None = None  # (rollouts, keys, future of (log-probs, request seconds))
+        self._pending: tuple | None = None  # (rollouts, keys, [(future of (log-probs, seconds), its row)] per row)
+        self._ahead: dict[str, tuple] = {}  # tokens key -> (future, row): requests of batches sampled ahead
+        self._lock = threading.Lock()  # ahead() runs on the producer's thread
+        self.ahead_requests = 0  # batches whose request began on the producer's thread
+
+    def _submit(self, rollouts, keys: list[str]):
+        with self._lock:
+            self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="teacher")
+            return self._pool.submit(self._timed, rollouts, keys)
+
+    def ahead(self, rollouts) -> None:
+        """A served teacher, one step ahead: the request for a batch sampled ahead (max_staleness >= 1) begins as soon
+        as the producer has collected it, while the learner still trains an earlier step; :meth:`start` then finds
+        every row's request begun and sends none."""
+        if not self.concurrent:
+            return
+        keys = row_keys(self.name, rollouts)
+        future = self._submit(rollouts, keys)
+        with self._lock:
+            self._ahead.update({key: (future, row) for row, key in enumerate(keys)})
+            self.ahead_requests += 1
 
     def start(self, rollouts) -> None:
         """A served teacher: its request for ``rollouts`` begins now, on a thread, so that it overlaps the learner's
-        passes before the advantages (reference, old log-probs, values); :meth:`adjust` waits for it. A local
-        teacher scores in :meth:`adjust`, in the learner's forward schedule beside the reference."""
+        passes before the advantages (reference, old log-probs, values); :meth:`adjust` waits for it. Rows whose
+        request began ahead (:meth:`ahead`) are not asked again. A local teacher scores in :meth:`adjust`, in the
+        learner's forward schedule beside the reference."""
         if self.concurrent:
-            self._pool = self._pool or ThreadPoolExecutor(1, thread_name_prefix="teacher")
             keys = row_keys(self.name, rollouts)
-            self._pending = (rollouts, keys, self._pool.submit(self._timed, rollouts, keys))
+            with self._lock:
+                found = [self._ahead.get(key) for key in keys]
+            if not all(found):
+                future = self._submit(rollouts, keys)
+                found = [(future, row) for row in range(len(keys))]
+            self._pending = (rollouts, keys, found)
 
     def _timed(self, rollouts, keys: list[str]) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
@@ -67,14 +93,28 @@ class Distiller:
         request's when :meth:`start` was given these rollouts, else scored now."""
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] is rollouts:
-            teacher, seconds = pending[2].result()  # a failed request raises here, in the learner's thread
-            return teacher, pending[1], seconds
+            return self._gathered(rollouts, *pending[1:])
         keys = row_keys(self.name, rollouts)
         teacher, seconds = self._timed(rollouts, keys)
         return teacher, keys, seconds
 
+    def _gathered(self, rollouts, keys: list[str], found: list[tuple]) -> tuple[torch.Tensor, list[str], float]:
+        """:meth:`_scored` of begun requests: each row's values taken from its request's answer (a failed request
+        raises here, in the learner's thread); the seconds are those of the requests used."""
+        futures = {id(future): future for future, _ in found}
+        answers = {key: future.result() for key, future in futures.items()}
+        out = torch.zeros(rollouts.completion_ids.shape, dtype=torch.float32)
+        for i, (future, row) in enumerate(found):
+            values = answers[id(future)][0][row]
+            width = min(out.size(1), values.size(0))
+            out[i, :width] = values[:width]
+        with self._lock:  # the requests used are done with: their rows (trained or filtered out) are forgotten
+            self._ahead = {k: v for k, v in self._ahead.items() if id(v[0]) not in futures}
+        return out, keys, sum(seconds for _, seconds in answers.values())
+
     def close(self) -> None:
         """Stop the request thread (a pending request is awaited)."""
+        self._ahead = {}
         pool, self._pool, self._pending = self._pool, None, None
         if pool is not None:
             pool.shutdown(wait=True)
@@ -86,16 +126,17 @@ class Distiller:
 
     def _teacher_logprobs(self, rollouts, keys: list[str]) -> torch.Tensor:
         """[n, T] float32 on the CPU: the stored values when every row's tokens have them, else the teacher's."""
-        stored = [self.replay.get(key) for key in keys] if self.replay else None
-        if stored and all(values is not None for values in stored):
-            out = torch.zeros(rollouts.completion_ids.shape, dtype=torch.float32)
-            for i, values in enumerate(stored):
-                out[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
-            for key in keys:
-                self.replay.pop(key, None)
-            self.replayed += 1
-            return out
-        self.calls += 1
+        with self._lock:  # the producer's thread (ahead) and the learner's both come here
+            stored = [self.replay.get(key) for key in keys] if self.replay else None
+            if stored and all(values is not None for values in stored):
+                out = torch.zeros(rollouts.completion_ids.shape, dtype=torch.float32)
+                for i, values in enumerate(stored):
+                    out[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+                for key in keys:
+                    self.replay.pop(key, None)
+                self.replayed += 1
+                return out
+            self.calls += 1
         return self.teacher.logprobs(rollouts, self.pad_token_id)
 
     def adjust(self, found, rollouts, student_logprobs: torch.Tensor | None, loss_mask: torch.Tensor):

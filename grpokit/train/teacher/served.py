@@ -13,8 +13,11 @@ Entry j of a choice's ``prompt_logprobs`` holds the log-prob of the sequence's t
 teacher scores at temperature 1: vLLM's prompt log-probs ignore the request's temperature (vLLM #5592), so another
 ``teacher_temperature`` is refused with a served teacher rather than silently not applied.
 
-Every request is bounded by ``teacher_server_timeout`` (connect, read, write); a server that is gone, dies or hangs
-ends the run with one :class:`TeacherServerError` line naming the URL.
+Every request carries the server's key (``teacher_server_api_key``, else ``VLLM_API_KEY``, else for a loopback URL
+the key file a ``grpokit vllm-serve`` wrote for its port: :func:`grpokit.rollout.vllm.keys.client_key`); HTTP 401
+ends the run in one line naming ``teacher_server_api_key``. Every request is bounded by ``teacher_server_timeout``
+(connect, read, write); a server that is gone, dies or hangs ends the run with one :class:`TeacherServerError` line
+naming the URL.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ class TeacherServerError(VLLMServerError):
 class ServedTeacher:
     """The teacher at ``url``, each request bounded by ``timeout`` seconds."""
 
-    def __init__(self, url: str, temperature: float, timeout: float):
+    def __init__(self, url: str, temperature: float, timeout: float, api_key: str | None = None):
         import httpx
+
+        from grpokit.rollout.vllm.keys import client_key
 
         if temperature != 1.0:
             raise TeacherServerError(
@@ -40,8 +45,13 @@ class ServedTeacher:
                 "temperature 1 (vLLM #5592); use a local teacher (teacher_model_name_or_path) or teacher_temperature 1."
             )
         self.url, self.timeout, self.where = url.rstrip("/"), float(timeout), "server"
+        key, self.key_source = client_key(api_key, self.url)
+        self._has_key = key is not None
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
         # trust_env=False: no proxy from the environment between the learner and its teacher; no redirects followed
-        self._http = httpx.Client(timeout=httpx.Timeout(self.timeout), trust_env=False, follow_redirects=False)
+        self._http = httpx.Client(
+            timeout=httpx.Timeout(self.timeout), headers=headers, trust_env=False, follow_redirects=False
+        )
         models = self._request("GET", "/v1/models").get("data") or []
         if not models or "id" not in models[0]:
             raise self._error("/v1/models", "named no model")
@@ -53,6 +63,14 @@ class ServedTeacher:
             "`grpokit vllm-serve TEACHER` or fix teacher_server_url."
         )
 
+    def _unauthorized(self, route: str) -> TeacherServerError:
+        source = self.key_source.replace("vllm_server_api_key", "teacher_server_api_key")
+        sent = f"the key sent ({source}) is not its key" if self._has_key else f"no key was sent ({source})"
+        return TeacherServerError(
+            f"teacher server {self.url}: {route} answered HTTP 401: {sent}; set teacher_server_api_key (or "
+            "VLLM_API_KEY) to the key the teacher server was started with (docs/distillation.md)."
+        )
+
     def _request(self, method: str, route: str, json=None) -> dict:
         import httpx
 
@@ -62,6 +80,8 @@ class ServedTeacher:
             raise self._error(route, f"did not answer within {self.timeout:g} s: the server hangs") from None
         except httpx.HTTPError as exc:  # refused, reset, closed mid-answer: not running, or died
             raise self._error(route, f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+        if response.status_code == 401:
+            raise self._unauthorized(route)
         if response.status_code != 200:
             raise self._error(route, f"answered HTTP {response.status_code}: {' '.join(response.text.split())[:200]}")
         try:

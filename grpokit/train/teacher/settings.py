@@ -4,7 +4,7 @@ docs/distillation.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DISTILL_LOSSES = ("reverse_kl", "forward_kl_topk", "jsd")  # grpokit.algos.distill's, named without torch
 TEACHER_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -38,6 +38,9 @@ class DistillSettings:
     float16."""
     teacher_device: str | None = None
     """A local teacher's device, e.g. cuda:1 (a larger teacher beside the student); null = the student's."""
+    teacher_server_api_key: str | None = field(default=None, metadata={"secret": True})
+    """teacher_server_url: the teacher server's key, sent on every request; null = VLLM_API_KEY, else for a loopback
+    URL the key file `grpokit vllm-serve` wrote for its port (docs/vllm.md); never written to the run's config.yaml."""
     teacher_server_timeout: float = 60.0
     """teacher_server_url: the longest one scoring request may take, in seconds; past it (or when the server is gone)
     the run ends with one line naming the URL."""
