@@ -20,6 +20,7 @@ from grpokit.memory.fit import available_bytes, process_bytes
 from grpokit.memory.shape import build_meta_model, model_shape, trainable_sizes
 from grpokit.models.lora_targets import adapts_any
 from grpokit.train.learning.optimizer_settings import EIGHT_BIT_OPTIMIZERS
+from grpokit.train.teacher.settings import built_in_memory
 
 
 def memory_inputs(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device | None = None) -> MemoryInputs:
@@ -61,9 +62,10 @@ def estimate_memory(cfg: GRPOConfig, model: torch.nn.Module, device: torch.devic
 
 def local_teacher_size(cfg: GRPOConfig, device: torch.device) -> tuple[int, int]:
     """(parameters, bytes per value) of the run's local distillation teacher when it sits on ``device`` (no
-    ``teacher_device`` of its own, or that same device); (0, 0) without one there."""
+    ``teacher_device`` of its own, or that same device); (0, 0) without one there, and for a module built in
+    memory and passed as ``teacher_model``: it is in memory before the run is built, so free memory excludes it."""
     name = cfg.teacher_model_name_or_path
-    if not name or (cfg.teacher_device is not None and pick_device(cfg.teacher_device) != device):
+    if not name or built_in_memory(name) or (cfg.teacher_device is not None and pick_device(cfg.teacher_device) != device):
         return 0, 0
     from grpokit.train.teacher.local import teacher_dtype
 

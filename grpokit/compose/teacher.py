@@ -11,6 +11,7 @@ import torch
 
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.machine.hardware import pick_device
+from grpokit.train.teacher.settings import IN_MEMORY
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -19,7 +20,7 @@ def loaded_name(teacher: torch.nn.Module) -> str:
     """A loaded teacher's name in the config and the stored tokens keys: the folder or hub id it was loaded from, else
     ``<Class passed as teacher_model>``."""
     loaded_from = getattr(getattr(teacher, "config", None), "_name_or_path", None)
-    return str(loaded_from) if loaded_from else f"<{type(teacher).__name__} passed as teacher_model>"
+    return str(loaded_from) if loaded_from else f"<{type(teacher).__name__}{IN_MEMORY}"
 
 
 def fold_teacher_model(args: GRPOConfig, teacher_model: Any) -> GRPOConfig:

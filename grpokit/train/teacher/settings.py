@@ -6,6 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+IN_MEMORY = " passed as teacher_model>"  # a teacher module built in memory: "<Class passed as teacher_model>"
+
+
+def built_in_memory(name: str | None) -> bool:
+    """Whether ``teacher_model_name_or_path`` names a teacher module built in memory (no folder to read)."""
+    return bool(name) and name.startswith("<") and name.endswith(IN_MEMORY)
+
+
 DISTILL_LOSSES = ("reverse_kl", "forward_kl_topk", "jsd")  # grpokit.algos.distill's, named without torch
 TEACHER_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
