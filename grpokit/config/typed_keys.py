@@ -50,6 +50,10 @@ class TypedKeys:
     prompt_overflow: str
     shuffle: bool
     image_column: str | None
+    curriculum: str
+    history_window: int
+    learnability_prior: float
+    learnability_floor: float
     # algo
     imports: list
     entropy_coef: float

@@ -1,0 +1,136 @@
+"""Curricula: which prompts a step draws, from each prompt's history in the rollout store.
+
+A curriculum is a function ``(stats, settings) -> weights`` registered under a name (the key ``curriculum``):
+``stats`` (:class:`PromptStats`) holds, for every usable prompt, its recent pass rate (NaN for a prompt never
+sampled, or one whose text changed since: its hash differs) and its samples in the window; ``settings`` the data
+section (:class:`grpokit.data.curriculum_settings.CurriculumSettings` and any fields a plugin reads). It returns one
+positive weight per prompt, or None for the source's own seeded order (``uniform``). A step's batch is drawn without
+replacement in proportion to the weights, with a generator seeded by (the run's seed, the number of batches drawn
+before), so what a step draws is fixed by the seed and the history stored so far: a resumed run, whose store is
+rolled back to its checkpoint and whose checkpoint holds that count, draws what the uninterrupted run drew.
+
+    @register_curriculum("hardest_first")
+    def hardest_first(stats, settings):
+        return np.where(np.isnan(stats.pass_rate), 1.0, 1.01 - stats.pass_rate)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from grpokit.store.prompt_history import prompt_hash
+from grpokit.system.registry import Registry
+
+CURRICULA = Registry("curriculum")
+register_curriculum = CURRICULA.register
+_STREAM = 61  # a third word of the generator's seed, so its draws differ from the shuffled order's
+
+
+@dataclass(frozen=True)
+class PromptStats:
+    """Every usable prompt's history: ``indices`` [P] their dataset rows, ``pass_rate`` [P] (NaN: never sampled),
+    ``samples`` [P] completions in their window (0: never sampled)."""
+
+    indices: np.ndarray
+    pass_rate: np.ndarray
+    samples: np.ndarray
+
+
+@register_curriculum("uniform")
+def uniform(stats: PromptStats, settings: Any) -> None:
+    """The source's own order: the dataset's, shuffled per epoch with ``shuffle`` (grpokit before curricula)."""
+    return None
+
+
+def learnability_weights(pass_rate: np.ndarray, prior: float, floor: float) -> np.ndarray:
+    """max(p (1 - p), floor) of each prompt's pass rate p, ``prior`` for a NaN one. p = 0.5: 0.25; p = 0.9: 0.09;
+    p = 1 or 0: the floor."""
+    p = np.where(np.isnan(pass_rate), prior, pass_rate)
+    return np.maximum(p * (1.0 - p), floor)
+
+
+@register_curriculum("learnability")
+def learnability(stats: PromptStats, settings: Any) -> np.ndarray:
+    """Prompts in proportion to p(1 - p) of their recent pass rate: the variance of a pass/fail reward, so the ones
+    whose groups are most likely to differ (a nonzero advantage) weigh most; see :func:`learnability_weights`."""
+    return learnability_weights(stats.pass_rate, settings.learnability_prior, settings.learnability_floor)
+
+
+def curriculum_names() -> list[str]:
+    """The registered curricula, built-ins first."""
+    return list(CURRICULA)
+
+
+class Curriculum:
+    """A run's curriculum: ``choose(source, n)`` draws a batch of ``source``'s usable prompts by the registered
+    function ``name``, reading the history with ``history()`` (bound by the trainer to the store's prompt_history on
+    rank 0; until then none is known). ``draws`` (the batches drawn so far) is its checkpoint state."""
+
+    def __init__(self, name: str, settings: Any, seed: int):
+        self.name, self.settings, self.seed = name, settings, seed
+        self.weigh = CURRICULA.entry(name, curriculum_names())
+        self.history: Callable[[], list[dict]] = list
+        self.draws = 0
+        self._metrics: dict[str, float] = {}
+
+    @property
+    def ordered(self) -> bool:
+        """Whether it keeps the source's own order (``uniform``): then the store is not read at all."""
+        return self.weigh is uniform
+
+    def stats(self, source: Any) -> PromptStats:
+        """The history of ``source``'s usable prompts (a row whose hash differs from the prompt's text: unseen)."""
+        known = {row["prompt_index"]: row for row in self.history()}
+        indices = np.asarray(source.usable)
+        rate, samples = np.full(len(indices), np.nan), np.zeros(len(indices), dtype=np.int64)
+        for k, i in enumerate(indices.tolist()):
+            row = known.get(i)
+            if row is not None and row["prompt_hash"] == prompt_hash(source.texts[i]):
+                rate[k], samples[k] = row["pass_rate"], row["recent_samples"]
+        return PromptStats(indices, rate, samples)
+
+    def choose(self, source: Any, batch_size: int) -> list[int] | None:
+        """``batch_size`` distinct prompt indices drawn by the weights; None for the source's own order."""
+        if self.ordered:
+            return None
+        stats = self.stats(source)
+        weights = np.asarray(self.weigh(stats, self.settings), dtype=np.float64)
+        if weights.shape != stats.indices.shape or not np.all(np.isfinite(weights)) or np.any(weights <= 0):
+            raise ValueError(
+                f"curriculum {self.name!r} gave weights of shape {weights.shape} (min {weights.min():.3g}) for "
+                f"{len(stats.indices)} prompts; it must give one finite weight > 0 per prompt."
+            )
+        rng = np.random.default_rng([self.seed, self.draws, _STREAM])
+        self.draws += 1
+        picked = rng.choice(len(weights), size=batch_size, replace=False, p=weights / weights.sum())
+        self._metrics = batch_metrics(stats, weights, picked)
+        return [int(stats.indices[k]) for k in picked]
+
+    def metrics(self) -> dict[str, float]:
+        """``curriculum/*`` of the last batch drawn ({} for uniform)."""
+        return dict(self._metrics)
+
+    def state_dict(self) -> dict:
+        return {"curriculum_draws": self.draws}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.draws = int(state.get("curriculum_draws", 0))
+
+
+def batch_metrics(stats: PromptStats, weights: np.ndarray, picked: np.ndarray) -> dict[str, float]:
+    """What a draw saw: prompts never sampled, solved (pass rate 1) and unsolved (0) in their window, and the mean
+    known pass rate of the batch (NaN when none of it was sampled before)."""
+    seen = ~np.isnan(stats.pass_rate)
+    batch = stats.pass_rate[picked]
+    known = batch[~np.isnan(batch)]
+    return {
+        "curriculum/unseen_prompts": float((~seen).sum()),
+        "curriculum/solved_prompts": float((stats.pass_rate[seen] == 1.0).sum()),
+        "curriculum/unsolved_prompts": float((stats.pass_rate[seen] == 0.0).sum()),
+        "curriculum/batch_pass_rate": float(known.mean()) if known.size else float("nan"),
+        "curriculum/batch_weight_share": float(weights[picked].sum() / weights.sum()),
+    }
