@@ -75,6 +75,8 @@ class Curriculum:
         self.weigh = CURRICULA.entry(name, curriculum_names())
         self.history: Callable[[], list[dict]] = list
         self.draws = 0
+        self._seen_samples = -1  # the history's total samples at the last draw: it grows with every step stored
+        self._drawn: list[int] = []  # prompts drawn since the history last grew (dynamic sampling's rounds)
         self._metrics: dict[str, float] = {}
 
     @property
@@ -84,7 +86,11 @@ class Curriculum:
 
     def stats(self, source: Any) -> PromptStats:
         """The history of ``source``'s usable prompts (a row whose hash differs from the prompt's text: unseen)."""
-        known = {row["prompt_index"]: row for row in self.history()}
+        rows = self.history()
+        samples_now = sum(row["samples"] for row in rows)
+        if samples_now != self._seen_samples:  # a step was stored since the last draw: every prompt may come again
+            self._seen_samples, self._drawn = samples_now, []
+        known = {row["prompt_index"]: row for row in rows}
         indices = np.asarray(source.usable)
         rate, samples = np.full(len(indices), np.nan), np.zeros(len(indices), dtype=np.int64)
         for k, i in enumerate(indices.tolist()):
@@ -104,21 +110,35 @@ class Curriculum:
                 f"curriculum {self.name!r} gave weights of shape {weights.shape} (min {weights.min():.3g}) for "
                 f"{len(stats.indices)} prompts; it must give one finite weight > 0 per prompt."
             )
+        weights = other_prompts(weights, stats.indices, self._drawn, batch_size)
         rng = np.random.default_rng([self.seed, self.draws, _STREAM])
         self.draws += 1
         picked = rng.choice(len(weights), size=batch_size, replace=False, p=weights / weights.sum())
         self._metrics = batch_metrics(stats, weights, picked)
-        return [int(stats.indices[k]) for k in picked]
+        chosen = [int(stats.indices[k]) for k in picked]
+        self._drawn += chosen
+        return chosen
 
     def metrics(self) -> dict[str, float]:
         """``curriculum/*`` of the last batch drawn ({} for uniform)."""
         return dict(self._metrics)
 
     def state_dict(self) -> dict:
-        return {"curriculum_draws": self.draws}
+        return {"curriculum_draws": self.draws, "curriculum_drawn": [self._seen_samples, list(self._drawn)]}
 
     def load_state_dict(self, state: dict) -> None:
         self.draws = int(state.get("curriculum_draws", 0))
+        seen, drawn = state.get("curriculum_drawn", [-1, []])
+        self._seen_samples, self._drawn = int(seen), [int(i) for i in drawn]
+
+
+def other_prompts(weights: np.ndarray, indices: np.ndarray, drawn: list[int], batch_size: int) -> np.ndarray:
+    """``weights`` with the prompts ``drawn`` since the history last grew set to 0 (a further round of the same step
+    draws other prompts), unless fewer than ``batch_size`` would be left: then all of them again."""
+    if not drawn:
+        return weights
+    left = np.where(np.isin(indices, drawn), 0.0, weights)
+    return left if np.count_nonzero(left) >= batch_size else weights
 
 
 def batch_metrics(stats: PromptStats, weights: np.ndarray, picked: np.ndarray) -> dict[str, float]:

@@ -22,7 +22,13 @@ def source(n: int = 6):
 
 def history(rates: dict[int, float]) -> list[dict]:
     return [
-        {"prompt_index": i, "prompt_hash": prompt_hash(f"prompt {i}"), "pass_rate": p, "recent_samples": 8}
+        {
+            "prompt_index": i,
+            "prompt_hash": prompt_hash(f"prompt {i}"),
+            "pass_rate": p,
+            "recent_samples": 8,
+            "samples": 8,
+        }
         for i, p in rates.items()
     ]
 
@@ -47,7 +53,9 @@ def test_learnability_draws_follow_the_weights():
 
 def test_a_changed_prompt_text_counts_as_unseen():
     curriculum = Curriculum("learnability", SETTINGS, seed=0)
-    curriculum.history = lambda: [{"prompt_index": 0, "prompt_hash": "edited", "pass_rate": 1.0, "recent_samples": 4}]
+    curriculum.history = lambda: [
+        {"prompt_index": 0, "prompt_hash": "edited", "pass_rate": 1.0, "recent_samples": 4, "samples": 4}
+    ]
     stats = curriculum.stats(source(2))
     assert np.isnan(stats.pass_rate).all() and stats.samples.tolist() == [0, 0]
 
@@ -56,11 +64,13 @@ def test_same_seed_draws_and_history_give_the_same_batch_and_a_resume_continues(
     rates = {0: 0.5, 1: 0.25, 2: 1.0}
     straight = Curriculum("learnability", SETTINGS, seed=7)
     straight.history = lambda: history(rates)
-    batches = [straight.choose(source(), 3) for _ in range(4)]
+    batches = [straight.choose(source(), 3) for _ in range(2)]
+    state = straight.state_dict()  # a checkpoint after 2 draws
+    batches += [straight.choose(source(), 3) for _ in range(2)]
     assert all(len(set(b)) == 3 for b in batches) and len({tuple(b) for b in batches}) > 1
     resumed = Curriculum("learnability", SETTINGS, seed=7)
     resumed.history = lambda: history(rates)
-    resumed.load_state_dict({"epoch": 0, "position": 0, "curriculum_draws": 2})  # a checkpoint after 2 draws
+    resumed.load_state_dict({"epoch": 0, "position": 0, **state})
     assert [resumed.choose(source(), 3) for _ in range(2)] == batches[2:]
     other = Curriculum("learnability", SETTINGS, seed=8)
     other.history = lambda: history(rates)
@@ -118,3 +128,21 @@ def test_zero_variance_counts_by_hand():
     assert zero_variance_counts(rewards, 2, torch.tensor([2, 3])) == (3, 2, 0)  # the spread group only
     # continuous rewards with the same mean 0.5: (0.5, 0.5) ties, (0.2, 0.8) does not; the variance decides
     assert zero_variance_counts(torch.tensor([0.5, 0.5, 0.2, 0.8]), 2) == (2, 1, 1)
+
+
+def test_a_further_round_before_the_history_grows_draws_other_prompts():
+    rows = history({0: 0.5, 1: 0.5})
+    curriculum = Curriculum("learnability", SETTINGS, seed=1)
+    curriculum.history = lambda: rows
+    first, second = curriculum.choose(source(), 3), curriculum.choose(source(), 3)
+    assert sorted(first + second) == list(range(6))  # dynamic sampling's second round: the 3 prompts not drawn yet
+    state = curriculum.state_dict()
+    third = curriculum.choose(source(), 3)  # none left: all 6 may come again
+    assert len(set(third)) == 3
+    resumed = Curriculum("learnability", SETTINGS, seed=1)
+    resumed.history = lambda: rows
+    resumed.load_state_dict(state)
+    assert resumed.choose(source(), 3) == third
+    rows.append({"prompt_index": 5, "prompt_hash": prompt_hash("prompt 5"), "pass_rate": 0.0, "recent_samples": 8})
+    rows[-1]["samples"] = 8  # a step was stored: the prompts of the last draws may come again
+    assert len(curriculum.choose(source(), 6)) == 6
