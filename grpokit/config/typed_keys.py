@@ -54,6 +54,11 @@ class TypedKeys:
     history_window: int
     learnability_prior: float
     learnability_floor: float
+    pool_easy_above: float
+    pool_hard_below: float
+    pool_weights: list
+    retire_after: int | None
+    retire_revisit: float
     # algo
     imports: list
     entropy_coef: float

@@ -4,7 +4,9 @@ A curriculum is a function ``(stats, settings) -> weights`` registered under a n
 ``stats`` (:class:`PromptStats`) holds, for every usable prompt, its recent pass rate (NaN for a prompt never
 sampled, or one whose text changed since: its hash differs) and its samples in the window; ``settings`` the data
 section (:class:`grpokit.data.curriculum_settings.CurriculumSettings` and any fields a plugin reads). It returns one
-positive weight per prompt, or None for the source's own seeded order (``uniform``). A step's batch is drawn without
+positive weight per prompt (or weights and a dict of its own ``curriculum/*`` metrics), or None for the source's own
+seeded order (``uniform``). With ``retire_after`` K, a prompt solved in K visits in a row (every completion passed)
+weighs ``retire_revisit`` times its weight until a visit fails. A step's batch is drawn without
 replacement in proportion to the weights, with a generator seeded by (the run's seed, the number of batches drawn
 before), so what a step draws is fixed by the seed and the history stored so far: a resumed run, whose store is
 rolled back to its checkpoint and whose checkpoint holds that count, draws what the uninterrupted run drew.
@@ -33,11 +35,12 @@ _STREAM = 61  # a third word of the generator's seed, so its draws differ from t
 @dataclass(frozen=True)
 class PromptStats:
     """Every usable prompt's history: ``indices`` [P] their dataset rows, ``pass_rate`` [P] (NaN: never sampled),
-    ``samples`` [P] completions in their window (0: never sampled)."""
+    ``samples`` [P] completions in their window (0: never sampled), ``streak`` [P] visits in a row solved."""
 
     indices: np.ndarray
     pass_rate: np.ndarray
     samples: np.ndarray
+    streak: np.ndarray
 
 
 @register_curriculum("uniform")
@@ -58,6 +61,34 @@ def learnability(stats: PromptStats, settings: Any) -> np.ndarray:
     """Prompts in proportion to p(1 - p) of their recent pass rate: the variance of a pass/fail reward, so the ones
     whose groups are most likely to differ (a nonzero advantage) weigh most; see :func:`learnability_weights`."""
     return learnability_weights(stats.pass_rate, settings.learnability_prior, settings.learnability_floor)
+
+
+POOLS = ("easy", "normal", "hard")
+
+
+def pool_of(pass_rate: np.ndarray, easy_above: float, hard_below: float) -> np.ndarray:
+    """Each prompt's pool, 0 easy (p >= ``easy_above``), 1 normal, 2 hard (p <= ``hard_below``); never sampled
+    (NaN): normal."""
+    pool = np.ones(len(pass_rate), dtype=np.int64)
+    seen = ~np.isnan(pass_rate)
+    pool[seen & (np.nan_to_num(pass_rate) >= easy_above)] = 0
+    pool[seen & (np.nan_to_num(pass_rate) <= hard_below)] = 2
+    return pool
+
+
+@register_curriculum("pools")
+def pools(stats: PromptStats, settings: Any) -> tuple[np.ndarray, dict[str, float]]:
+    """Easy / normal / hard pools by pass rate (:func:`pool_of`), each drawn with its share of ``pool_weights``: a
+    prompt weighs its pool's weight / the pool's size (an empty pool's share goes to the others in proportion)."""
+    pool = pool_of(stats.pass_rate, settings.pool_easy_above, settings.pool_hard_below)
+    sizes = np.bincount(pool, minlength=3)  # [3]
+    weights = np.asarray(settings.pool_weights, dtype=np.float64)[pool] / sizes[pool]
+    return weights, {f"curriculum/pool_{name}": float(n) for name, n in zip(POOLS, sizes)}
+
+
+def retired(streak: np.ndarray, retire_after: int | None) -> np.ndarray:
+    """Bool [P]: prompts solved in ``retire_after`` visits in a row (none when it is None)."""
+    return np.zeros(len(streak), dtype=bool) if retire_after is None else streak >= retire_after
 
 
 def curriculum_names() -> list[str]:
@@ -93,28 +124,35 @@ class Curriculum:
         known = {row["prompt_index"]: row for row in rows}
         indices = np.asarray(source.usable)
         rate, samples = np.full(len(indices), np.nan), np.zeros(len(indices), dtype=np.int64)
+        streak = np.zeros(len(indices), dtype=np.int64)
         for k, i in enumerate(indices.tolist()):
             row = known.get(i)
             if row is not None and row["prompt_hash"] == prompt_hash(source.texts[i]):
-                rate[k], samples[k] = row["pass_rate"], row["recent_samples"]
-        return PromptStats(indices, rate, samples)
+                rate[k], samples[k], streak[k] = row["pass_rate"], row["recent_samples"], row.get("solved_streak", 0)
+        return PromptStats(indices, rate, samples, streak)
 
     def choose(self, source: Any, batch_size: int) -> list[int] | None:
         """``batch_size`` distinct prompt indices drawn by the weights; None for the source's own order."""
         if self.ordered:
             return None
         stats = self.stats(source)
-        weights = np.asarray(self.weigh(stats, self.settings), dtype=np.float64)
+        weights, extra = self.weigh(stats, self.settings), {}
+        if isinstance(weights, tuple):  # (weights, its own curriculum/* metrics)
+            weights, extra = weights
+        weights = np.asarray(weights, dtype=np.float64)
         if weights.shape != stats.indices.shape or not np.all(np.isfinite(weights)) or np.any(weights <= 0):
             raise ValueError(
                 f"curriculum {self.name!r} gave weights of shape {weights.shape} (min {weights.min():.3g}) for "
                 f"{len(stats.indices)} prompts; it must give one finite weight > 0 per prompt."
             )
+        gone = retired(stats.streak, getattr(self.settings, "retire_after", None))
+        weights = np.where(gone, weights * getattr(self.settings, "retire_revisit", 1.0), weights)
         weights = other_prompts(weights, stats.indices, self._drawn, batch_size)
         rng = np.random.default_rng([self.seed, self.draws, _STREAM])
         self.draws += 1
         picked = rng.choice(len(weights), size=batch_size, replace=False, p=weights / weights.sum())
-        self._metrics = batch_metrics(stats, weights, picked)
+        self._metrics = {**batch_metrics(stats, weights, picked), "curriculum/retired_prompts": float(gone.sum())}
+        self._metrics.update(extra)
         chosen = [int(stats.indices[k]) for k in picked]
         self._drawn += chosen
         return chosen

@@ -18,8 +18,21 @@ COLUMNS = (
     "steps_sampled",
     "first_step",
     "last_step",
+    "solved_streak",
     "prompt_hash",
 )
+# The table's columns and their headers (--json gives every column by its name): short, so 100 columns hold them.
+SHOWN = {
+    "prompt_index": "prompt",
+    "pass_rate": "pass rate",
+    "mean_reward": "mean",
+    "reward_var": "variance",
+    "samples": "samples",
+    "steps_sampled": "steps",
+    "first_step": "first",
+    "last_step": "last",
+    "solved_streak": "streak",
+}
 SORTS = ("prompt", "pass_rate", "last_step", "samples")
 
 
@@ -44,4 +57,7 @@ def prompts_text(store: RolloutStore, title: str, as_json: bool, render: Callabl
             "no prompt history in this store: no step written yet, or a run from before grpokit kept it (a resume "
             "with `grpokit train CONFIG resume_from=latest` builds it from the stored rollouts)\n"
         )
-    return render(list(COLUMNS), rows, as_json, title)
+    if as_json:
+        return render(list(COLUMNS), rows, as_json, title)
+    shown = [{header: row[name] for name, header in SHOWN.items()} for row in rows]
+    return render(list(SHOWN.values()), shown, as_json, title)

@@ -5,7 +5,8 @@ its rendered text (a resumed run on edited data shows up as another hash). The r
 how many completions in all, its first and last step, and over its ``window`` most recent completions (the meta keys
 ``prompt_history.window``, default 16, and ``prompt_history.threshold``, the success threshold, default 1.0): the
 rewards themselves (``recent``, JSON, oldest first, null for a reward that failed), the pass rate (the fraction with
-reward >= threshold; a failed reward does not pass), their mean and (population) variance, failed rewards left out.
+reward >= threshold; a failed reward does not pass), their mean and (population) variance, failed rewards left out;
+and ``solved_streak``, the visits (steps that drew it) in a row, up to the last, in which every completion passed.
 
 :func:`update` runs inside :meth:`RolloutStore.write_step`'s transaction, after the step's rollouts are inserted, so
 the table and the rollouts are never out of step, even after SIGKILL. The table is a function of the ``rollouts``
@@ -38,7 +39,8 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     recent_samples INTEGER NOT NULL,
     pass_rate      REAL NOT NULL,
     mean_reward    REAL,
-    reward_var     REAL
+    reward_var     REAL,
+    solved_streak  INTEGER NOT NULL
 ) STRICT;
 """
 COLUMNS = (
@@ -53,6 +55,7 @@ COLUMNS = (
     "pass_rate",
     "mean_reward",
     "reward_var",
+    "solved_streak",
 )
 _UPSERT = f"INSERT OR REPLACE INTO {TABLE} ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 
@@ -124,13 +127,15 @@ def update(conn: sqlite3.Connection, step: int) -> None:
         by_prompt.setdefault(index, (text, []))[1].append(reward)
     for index, (text, rewards) in by_prompt.items():
         old = conn.execute(
-            f"SELECT steps_sampled, samples, first_step, recent FROM {TABLE} WHERE prompt_index = ?", (index,)
+            f"SELECT steps_sampled, samples, first_step, recent, solved_streak FROM {TABLE} WHERE prompt_index = ?",
+            (index,),
         ).fetchone()
-        steps, samples, first, recent = old if old is not None else (0, 0, step, "[]")
+        steps, samples, first, recent, streak = old if old is not None else (0, 0, step, "[]", 0)
         recent = (json.loads(recent) + rewards)[-window:]
         pass_rate, mean, var = window_stats(recent, threshold)
+        solved = all(r is not None and r >= threshold for r in rewards)  # this visit: every completion passed
         row = (index, prompt_hash(text), steps + 1, samples + len(rewards), first, step, json.dumps(recent))
-        conn.execute(_UPSERT, (*row, len(recent), pass_rate, mean, var))
+        conn.execute(_UPSERT, (*row, len(recent), pass_rate, mean, var, streak + 1 if solved else 0))
 
 
 def rebuild(conn: sqlite3.Connection) -> None:

@@ -1,6 +1,7 @@
 """Curricula through the CLI on the tiny model: a `learnability` run killed with SIGKILL again and again, each process
 resuming the last, draws the same prompts and ends with the same prompt_history table as an uninterrupted run; and a
-data set every completion solves ends normally under dynamic sampling, its metrics saying why nothing was learned."""
+data set every completion solves ends normally under dynamic sampling (with the `pools` curriculum retiring solved
+prompts), its metrics saying why nothing was learned, and `grpokit inspect --prompts` shows each prompt's history."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_an_all_solved_data_set_ends_normally_saying_why_it_learned_nothing(tmp_
         num_generations=G,
         prompts_per_step=PROMPTS_PER_STEP,
         rewards=[f"{rewards}:always_one"],
-        data={"curriculum": "learnability"},
+        data={"curriculum": "pools", "retire_after": 1},
         algo={"dynamic_sampling": True, "max_sampling_rounds": 3},
     )
     done = grpokit("train", config)
@@ -90,6 +91,12 @@ def test_an_all_solved_data_set_ends_normally_saying_why_it_learned_nothing(tmp_
         assert (m["curriculum/zero_variance_groups"], m["curriculum/zero_variance_fraction"]) == (6.0, 1.0)
         assert m["curriculum/zero_variance_trained"] == 0.0
         assert m["dynamic_sampling/short"] == 1.0  # the budget of rounds was spent
-    with sqlite3.connect(tmp_path / "run" / "rollouts.sqlite") as db:
-        rates = [rate for (rate,) in db.execute("SELECT pass_rate FROM prompt_history")]
-    assert rates and set(rates) == {1.0}
+    # step 2 draws after step 1 stored its 6 prompts, each solved by every completion: 6 easy (pass rate 1 >= 0.8),
+    # 6 retired (solved 1 visit in a row), 14 never sampled (normal)
+    assert (steps[1]["curriculum/pool_easy"], steps[1]["curriculum/pool_normal"]) == (6.0, 14.0)
+    assert steps[1]["curriculum/retired_prompts"] == 6.0 and steps[0]["curriculum/unseen_prompts"] == 20.0
+    shown = grpokit("inspect", tmp_path / "run", "--prompts", "--json")
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    rows = json.loads(shown.stdout)
+    assert 6 < len(rows) <= 12 and {r["pass_rate"] for r in rows} == {1.0}  # 2 steps x 3 rounds x 2 prompts
+    assert sum(r["samples"] for r in rows) == 2 * 3 * PROMPTS_PER_STEP * G

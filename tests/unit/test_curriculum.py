@@ -146,3 +146,45 @@ def test_a_further_round_before_the_history_grows_draws_other_prompts():
     rows.append({"prompt_index": 5, "prompt_hash": prompt_hash("prompt 5"), "pass_rate": 0.0, "recent_samples": 8})
     rows[-1]["samples"] = 8  # a step was stored: the prompts of the last draws may come again
     assert len(curriculum.choose(source(), 6)) == 6
+
+
+def test_pools_by_hand():
+    from grpokit.data.curriculum import pool_of, pools
+
+    settings = SimpleNamespace(pool_easy_above=0.8, pool_hard_below=0.2, pool_weights=[0.1, 0.8, 0.1])
+    rates = np.array([1.0, 0.8, 0.5, np.nan, 0.2, 0.0])
+    assert pool_of(rates, 0.8, 0.2).tolist() == [0, 0, 1, 1, 2, 2]  # easy easy normal normal(unseen) hard hard
+    weights, metrics = pools(SimpleNamespace(pass_rate=rates), settings)
+    # each pool has 2 prompts: easy 0.1 / 2, normal 0.8 / 2, hard 0.1 / 2
+    np.testing.assert_allclose(weights, [0.05, 0.05, 0.4, 0.4, 0.05, 0.05])
+    assert metrics == {"curriculum/pool_easy": 2.0, "curriculum/pool_normal": 2.0, "curriculum/pool_hard": 2.0}
+    # no hard prompt: easy 0.1 over 1 prompt, normal 0.8 over 2; the shares stay 0.1 : 0.8 (normalized: 1/9, 8/9)
+    weights, _ = pools(SimpleNamespace(pass_rate=np.array([0.9, 0.5, np.nan])), settings)
+    np.testing.assert_allclose(weights, [0.1, 0.4, 0.4])
+
+
+def test_a_retired_prompt_is_drawn_at_the_revisit_rate():
+    # prompts 0-1 at p = 0.5 (weight 0.25); prompt 1 retired (streak 3 >= 3): 0.25 * 0.1 = 0.025. A one-prompt draw
+    # picks prompt 1 with probability 0.025 / 0.275 = 0.0909; over 3000 draws 0.091 +- 0.021 (4 sigma: 0.0052 each)
+    settings = SimpleNamespace(**vars(SETTINGS), retire_after=3, retire_revisit=0.1)
+    rows = history({0: 0.5, 1: 0.5})
+    rows[1]["solved_streak"] = 3
+    curriculum = Curriculum("learnability", settings, seed=5)
+    curriculum.history = lambda: rows
+    drawn = [curriculum.choose(source(2), 1)[0] for _ in range(3000)]
+    assert abs(drawn.count(1) / 3000 - 0.025 / 0.275) < 0.021
+    assert curriculum.metrics()["curriculum/retired_prompts"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"pool_weights": [0.1, 0.0, 0.1]}, "three weights > 0"),
+        ({"pool_hard_below": 0.9}, "0 <= pool_hard_below < pool_easy_above"),
+        ({"retire_after": 2}, "retire_after needs a curriculum that weighs prompts"),
+        ({"curriculum": "pools", "retire_after": 0}, "retire_after=0 must be >= 1"),
+    ],
+)
+def test_bad_pool_and_retire_settings_are_one_line(values, message):
+    with pytest.raises(ConfigError, match=message):
+        GRPOConfig(output_dir="/tmp/unused", **values)

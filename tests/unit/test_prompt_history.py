@@ -89,9 +89,18 @@ def test_inspect_prompts_prints_each_prompts_history(tmp_path):
         (2, 1.0, 2, 1, 1),
     ]
     table = inspect_run(tmp_path / "run", prompts=True)
-    assert "pass_rate" in table and "0.75" in table and "last_step" in table
+    assert "pass rate" in table and "0.1875" in table and "streak" in table
     with pytest.raises(StoreError, match="--prompts lists every prompt"):
         inspect_run(tmp_path / "run", prompts=True, step=1)
     with RolloutStore(tmp_path / "empty"):
         pass
     assert inspect_run(tmp_path / "empty", prompts=True).startswith("no prompt history in this store")
+
+
+def test_the_solved_streak_counts_visits_in_a_row_every_completion_passed(tmp_path):
+    with RolloutStore(tmp_path / "run") as store:
+        streaks = []
+        for step, rewards in enumerate([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0]], 1):
+            store.write_step(step, group(0, rewards), {})
+            streaks.append(store.prompt_history()[0]["solved_streak"])
+    assert streaks == [1, 2, 0, 1]  # the failed completion of step 3 (forgetting) resets it
