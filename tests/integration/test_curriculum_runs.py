@@ -100,3 +100,20 @@ def test_an_all_solved_data_set_ends_normally_saying_why_it_learned_nothing(tmp_
     rows = json.loads(shown.stdout)
     assert 6 < len(rows) <= 12 and {r["pass_rate"] for r in rows} == {1.0}  # 2 steps x 3 rounds x 2 prompts
     assert sum(r["samples"] for r in rows) == 2 * 3 * PROMPTS_PER_STEP * G
+
+
+@pytest.mark.slow
+def test_learnability_with_batches_sampled_ahead(tmp_path, tiny_model_dir):
+    """max_staleness 1: step s + 1's batch is drawn (on the main thread) before step s trains, from the history
+    stored so far; the run ends with a history that sums the stored rollouts."""
+    config = write_config(tmp_path, tiny_model_dir, "run", distributed={"max_staleness": 1})
+    done = grpokit("train", config, "max_steps=3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "run" / "rollouts.sqlite") as db:
+        kept = db.execute("SELECT sum(samples), count(*) FROM prompt_history").fetchone()
+        stored_rows = db.execute("SELECT count(*), count(DISTINCT prompt_index) FROM rollouts").fetchone()
+    assert kept == stored_rows and kept[0] == 3 * PROMPTS_PER_STEP * G
+    lines = logged_steps(tmp_path / "run")
+    # a step logs the latest draw: step 1 that of step 2's batch (drawn with step 1's, nothing stored), step 2 that of
+    # step 3's (drawn after step 1 stored its 2 prompts), step 3 draws nothing more (the last step)
+    assert [m["curriculum/unseen_prompts"] for m in lines] == [20.0, 18.0, 18.0]
