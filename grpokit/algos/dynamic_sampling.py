@@ -77,3 +77,14 @@ def add_round(state: SamplingRounds, rewards: torch.Tensor, num_generations: int
         state.rounds + 1,
         state.groups_seen + keep.numel(),
     )
+
+
+def zero_variance_counts(
+    rewards: torch.Tensor, num_generations: int, train_rows: torch.Tensor | None = None
+) -> tuple[int, int, int]:
+    """(groups sampled, those whose rewards all tie, those of them in the rows trained on) of a step's ``rewards``
+    [B*G] (every round); ``train_rows`` long [k*G], whole groups (None: every row is trained on). Rewards 1 1 | 0 1
+    | .5 .5, all trained: (3, 2, 2); trained rows [2, 3] (the second group): (3, 2, 0)."""
+    constant = informative_groups(rewards, num_generations).logical_not()  # [B]
+    kept = constant if train_rows is None else constant[train_rows.view(-1, num_generations)[:, 0] // num_generations]
+    return constant.numel(), int(constant.sum()), int(kept.sum())

@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="show a run's stored rollouts",
         description="Show a run's rollouts: a per-step summary by default, completions with "
         "--step/--top/--bottom/--prompt/--errors, or any read-only --sql query "
-        "(tables: rollouts, step_metrics, evals, steps; views: reward_values, "
+        "(tables: rollouts, step_metrics, evals, steps, prompt_history; views: reward_values, "
         "step_summary).",
     )
     inspect.add_argument("run", help="run folder (holding rollouts.sqlite)")
@@ -35,6 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="each completion's tokens with the per-token values kept (run.store_token_values); with --step, --prompt",
     )
+    inspect.add_argument(
+        "--prompts",
+        action="store_true",
+        help="each training prompt's history: pass rate, mean reward, reward variance, samples, first and last step",
+    )
+    inspect.add_argument(
+        "--sort",
+        choices=("prompt", "pass_rate", "last_step", "samples"),
+        default="prompt",
+        help="with --prompts: by prompt index (default), pass rate (lowest first), last step or samples (most first)",
+    )
     inspect.set_defaults(func=run_inspect)
 
 
@@ -51,6 +62,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         sql=args.sql,
         as_json=args.json,
         tokens=args.tokens,
+        prompts=args.prompts,
+        sort=args.sort,
     )
     write_stdout(output)
     return 0

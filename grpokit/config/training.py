@@ -17,6 +17,7 @@ from grpokit.algos.settings import (
     PolicyLossSettings,
     SamplerCorrectionSettings,
 )
+from grpokit.data.curriculum_settings import CurriculumSettings
 from grpokit.data.image_settings import ImageDataSettings
 from grpokit.data.settings import PromptSettings
 from grpokit.models.settings import ModelSettings
@@ -39,7 +40,7 @@ class ModelConfig(VisionModelSettings, ModelSettings):
 
 
 @dataclass
-class DataConfig(ImageDataSettings, PromptSettings):
+class DataConfig(CurriculumSettings, ImageDataSettings, PromptSettings):
     pass
 
 

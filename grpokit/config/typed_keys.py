@@ -53,6 +53,15 @@ class TypedKeys(TypedTrlKeys):
     prompt_overflow: str
     shuffle: bool
     image_column: str | None
+    curriculum: str
+    history_window: int
+    learnability_prior: float
+    learnability_floor: float
+    pool_easy_above: float
+    pool_hard_below: float
+    pool_weights: list
+    retire_after: int | None
+    retire_revisit: float
     # algo
     imports: list
     entropy_coef: float

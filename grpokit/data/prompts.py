@@ -220,6 +220,7 @@ class PromptSource:
         self.epoch = 0
         self.position = 0
         self._order = self._make_order()
+        self.curriculum = None  # a data.curriculum.Curriculum drawing by the prompts' history; None: this order
 
     @property
     def longest(self) -> int:
@@ -240,6 +241,9 @@ class PromptSource:
                 f"a step needs {batch_size} distinct prompts but only {len(self._order)} are usable; "
                 "add prompts or lower per_device_train_batch_size x gradient_accumulation_steps / num_generations."
             )
+        chosen = None if self.curriculum is None else self.curriculum.choose(self, batch_size)
+        if chosen is not None:
+            return chosen
         if self.position + batch_size > len(self._order):
             self.epoch += 1
             self.position = 0
@@ -249,11 +253,23 @@ class PromptSource:
         return out
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+        curriculum = {} if self.curriculum is None else self.curriculum.state_dict()
+        return {"epoch": self.epoch, "position": self.position, **curriculum}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._make_order()
+        if self.curriculum is not None:
+            self.curriculum.load_state_dict(state)
+
+    def read_history(self, history) -> None:
+        """The curriculum (if any) reads the prompts' history with ``history()`` (the run's store's prompt_history)."""
+        if self.curriculum is not None:
+            self.curriculum.history = history
+
+    def curriculum_metrics(self) -> dict[str, float]:
+        """The curriculum's ``curriculum/*`` of the last batch drawn ({} without one, or uniform)."""
+        return {} if self.curriculum is None else self.curriculum.metrics()
 
 
 def reward_inputs(

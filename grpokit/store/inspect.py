@@ -38,18 +38,23 @@ def inspect_run(
     sql: str | None = None,
     as_json: bool = False,
     tokens: bool = False,
+    prompts: bool = False,
+    sort: str = "prompt",
 ) -> str:
     """Render what `grpokit inspect` prints for the run in `run_dir`.
 
     `top` / `bottom` keep the K highest / lowest rewarded completions (of `step` if given),
     `prompt` keeps one prompt_index, `errors` keeps completions whose reward raised. `tokens` prints the
-    per-token values the store kept (of `step`, of `prompt`) instead.
+    per-token values the store kept (of `step`, of `prompt`) instead; `prompts` each training prompt's history
+    (store/inspect_prompts.py), sorted by ``sort``.
     """
     if top is not None and bottom is not None:
         raise StoreError("choose either --top or --bottom, not both")
     selects_rollouts = (step, top, bottom, prompt) != (None,) * 4 or errors
     if sql is not None and selects_rollouts:
         raise StoreError("--sql cannot be combined with the other selection options")
+    if prompts and (selects_rollouts or sql is not None or tokens):
+        raise StoreError("--prompts lists every prompt's history; drop --step/--top/--bottom/--prompt/--errors/--sql")
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise StoreError(f"no run folder at {run_dir}")
@@ -58,6 +63,10 @@ def inspect_run(
             from grpokit.store.inspect_tokens import tokens_text
 
             return tokens_text(store, step, prompt, as_json, _print)
+        if prompts:
+            from grpokit.store.inspect_prompts import prompts_text
+
+            return prompts_text(store, f"{run_dir.name}: prompts", as_json, _render, sort)
         if sql is not None:
             columns, rows = store.query(sql)
             return _render(columns, [dict(zip(columns, row)) for row in rows], as_json, title="query")

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from grpokit.store import images, teacher_values, token_values, typed_rows
+from grpokit.store import images, prompt_history, teacher_values, token_values, typed_rows
 from grpokit.store.errors import StoreError
 from grpokit.store.query import reading_only, run_query
 from grpokit.store.read_only import read_only_uri
@@ -134,6 +134,7 @@ class RolloutStore:
             if teacher_values.KEY_COLUMN not in teacher:  # a teacher table written before the column existed
                 self._conn.execute(f"ALTER TABLE {teacher_values.TABLE} ADD COLUMN {teacher_values.KEY_COLUMN} TEXT")
             self._init_meta(run_id or self.path.resolve().parent.name)
+            prompt_history.create(self._conn, strict=sqlite3.sqlite_version_info >= (3, 37, 0))
         except sqlite3.DatabaseError as err:
             self._conn.close()
             raise StoreError(f"{self.path} is not a grpokit rollout store ({err})") from err
@@ -213,6 +214,7 @@ class RolloutStore:
                 self._conn.executemany(images.INSERT, image_rows)
                 self._conn.execute("INSERT INTO steps (step, written_at) VALUES (?, ?)", (step, time.time()))
                 self._conn.executemany(_INSERT_ROLLOUT, rows)
+                prompt_history.update(self._conn, step)  # each prompt's history, with its rollouts
                 self._conn.executemany(token_values.INSERT, token_values.rows(step, rollouts))
                 self._conn.executemany(teacher_values.INSERT, teacher_values.rows(step, rollouts))
                 self._conn.executemany("INSERT INTO step_metrics (step, name, value) VALUES (?, ?, ?)", metric_rows)
@@ -308,10 +310,20 @@ class RolloutStore:
         except sqlite3.OperationalError as err:
             raise self._write_failed(f"the evaluation of step {step}", err) from None
 
+    def configure_prompt_history(self, window: int, threshold: float) -> None:
+        """Keep each prompt's history over its last ``window`` completions, passing at reward >= ``threshold``
+        (``prompt_history.configure``: the table is rebuilt when they change)."""
+        prompt_history.configure(self._conn, window, threshold)
+
+    def prompt_history(self) -> list[dict]:
+        """Each training prompt's history (``store/prompt_history.py``), by prompt_index; [] for an older store."""
+        return prompt_history.read(self._conn)
+
     def rollback_after(self, step: int) -> None:
         """Delete everything of steps > `step`, so a run resumed at `step` writes them once."""
         try:
             with self._transaction():
+                before = self._conn.total_changes
                 for table in (
                     "steps",
                     "rollouts",
@@ -323,6 +335,8 @@ class RolloutStore:
                     images.TABLE,
                 ):
                     self._conn.execute(f"DELETE FROM {table} WHERE step > ?", (step,))
+                if self._conn.total_changes != before:  # rows removed: the history of what is left
+                    prompt_history.rebuild(self._conn)
         except sqlite3.OperationalError as err:
             raise self._write_failed(f"the removal of the steps after step {step}", err) from None
         self.image_files.clean(images.written(self._conn))  # a kill's temporary files, the images of steps gone

@@ -71,6 +71,7 @@ class Loop:
         self.run_dir = Path(self.run_dir_spec.output_dir)
         if main:  # rank 0's writers: store, trackers, report
             self.run_log = open_run_dir(self.run_dir_spec, self.step, self.run_folder, found)
+            self.run.train_source.read_history(self.run_log.store.prompt_history)  # a curriculum's prompt history
             self.writing = True
         metrics, losses, started = {}, [], time.perf_counter()
         try:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpokit.algos.dynamic_sampling import zero_variance_counts
 from grpokit.machine.peak_memory import step_memory
 from grpokit.store.record import rollout_records
 from grpokit.train.experience.rounds import renumber_repeats
@@ -20,6 +21,20 @@ class StepRecord:
 
     values: dict
     records: list
+
+
+def zero_variance(sampled, G: int) -> dict[str, float]:
+    """``curriculum/*`` of the groups whose rewards all tie (zero advantage): how many were sampled (every round),
+    how many were kept in the batch trained on (none when dynamic sampling drops them), and ``learned_nothing`` 1.0 when
+    the step trained on no group with a reward spread (every group solved or every one failed: no update)."""
+    groups, tied, kept = zero_variance_counts(sampled.global_rewards.combined, G, sampled.train_rows)
+    trained = groups if sampled.train_rows is None else sampled.train_rows.numel() // G
+    return {
+        "curriculum/zero_variance_groups": float(tied),
+        "curriculum/zero_variance_fraction": tied / max(groups, 1),
+        "curriculum/zero_variance_trained": float(kept),
+        "curriculum/learned_nothing": float(trained - kept == 0),
+    }
 
 
 def step_record(run, step: int, sampled, advantages: torch.Tensor, update: dict, clock: PhaseClock, staleness: int):
@@ -42,7 +57,10 @@ def step_record(run, step: int, sampled, advantages: torch.Tensor, update: dict,
         source=source,
         staleness=staleness,
         times=clock.metrics(),
-        extra=run.rollout_scheduler.metrics() | step_memory(run.device),
+        extra=run.rollout_scheduler.metrics()
+        | step_memory(run.device)
+        | source.curriculum_metrics()
+        | zero_variance(sampled, G),
         tokens_seen=state.num_input_tokens_seen,
     )
     tokens = procs.sum(token_staleness_sums(rollouts, staleness))  # [2] every process's

@@ -167,6 +167,8 @@ def open_run_dir(spec: RunDirSpec, start: int, folder: RunFolder | None = None, 
         max_image_bytes=spec.max_image_bytes,
     )  # fmt: skip
     store.rollback_after(start if start else -1)  # steps after the checkpoint are redone exactly once
+    data, evals = spec.config.get("data") or {}, spec.config.get("eval") or {}  # each prompt's history: window, pass
+    store.configure_prompt_history(int(data.get("history_window", 16)), float(evals.get("success_threshold", 1.0)))
     _truncate_metrics(run_dir / "metrics.jsonl", start)
     if point is not None and point.chain is not None:
         first, chain = point.first, point.chain
