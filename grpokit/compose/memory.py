@@ -65,7 +65,8 @@ def local_teacher_size(cfg: GRPOConfig, device: torch.device) -> tuple[int, int]
     ``teacher_device`` of its own, or that same device); (0, 0) without one there, and for a module built in
     memory and passed as ``teacher_model``: it is in memory before the run is built, so free memory excludes it."""
     name = cfg.teacher_model_name_or_path
-    if not name or built_in_memory(name) or (cfg.teacher_device is not None and pick_device(cfg.teacher_device) != device):
+    elsewhere = cfg.teacher_device is not None and pick_device(cfg.teacher_device) != device
+    if not name or built_in_memory(name) or elsewhere:
         return 0, 0
     from grpokit.train.teacher.local import teacher_dtype
 
