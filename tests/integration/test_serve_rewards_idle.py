@@ -6,6 +6,7 @@ generous for an answer that takes milliseconds; the header timeout's closes are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -36,10 +37,8 @@ def raise_open_files(wanted: int) -> None:
 def sockets_held(pid: int) -> int:
     count = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
+        with contextlib.suppress(OSError):  # closed while listed
             count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-        except OSError:  # closed while listed
-            pass
     return count
 
 
