@@ -25,7 +25,16 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=None, help="seconds per reward per batch (default: the config's)")
     p.add_argument("--max-body", type=int, default=64 << 20, help="bytes of a request body (default 64 MiB; 413 over)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting their turn (default 16; 503 over)")
-    p.add_argument("--request-timeout", type=float, default=60.0, help="seconds per read of a request (default 60)")
+    p.add_argument(
+        "--request-timeout", type=float, default=60.0, help="seconds to send a body once admitted (default 60; 408)"
+    )
+    p.add_argument(
+        "--header-timeout", type=float, default=10.0, help="seconds to send a request line and headers (default 10)"
+    )
+    p.add_argument(
+        "--keep-alive-timeout", type=float, default=30.0, help="seconds an idle connection stays open (default 30)"
+    )
+    p.add_argument("--max-connections", type=int, default=4096, help="open connections (default 4096; 503 over)")
     p.add_argument("--certfile", default=None, help="PEM certificate: serve HTTPS (with --keyfile)")
     p.add_argument("--keyfile", default=None, help="PEM private key of --certfile")
     p.add_argument("--client-ca", default=None, help="PEM CA bundle: require client certificates it signed (mTLS)")
@@ -44,7 +53,15 @@ def run_serve_rewards(args) -> int:
         raise RewardError(ON_COMMAND_LINE)
     token = served_token(args.token_file, os.environ)
     options = ServeOptions(
-        args.max_body, args.max_queue, args.request_timeout, args.certfile, args.keyfile, args.client_ca
+        max_body=args.max_body,
+        max_queue=args.max_queue,
+        request_timeout=args.request_timeout,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+        client_ca=args.client_ca,
+        header_timeout=args.header_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        max_connections=args.max_connections,
     )
     options.check()  # these three before the reward workers start
     options.tls_context()

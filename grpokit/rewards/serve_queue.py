@@ -1,8 +1,9 @@
 """``grpokit serve-rewards``' queue and its ``/metrics`` (Prometheus text format, version 0.0.4).
 
-:class:`TurnQueue` scores one batch at a time, in the order the requests arrived (first come, first served, whichever
-trainer sent them), and holds at most ``bound`` requests waiting; one more is refused at once with 503 and a
-``Retry-After`` of the expected wait: ``ceil(mean seconds per batch x (waiting + 1))``, at least 1.
+:class:`TurnQueue` scores one batch at a time on one worker thread, in the order the requests' bodies were read
+and checked (first come, first served, whichever trainer sent them), and admits at most ``bound`` requests: a request
+takes its place before its body is read, so the bodies in memory are bounded too. One more is refused at once with
+503 and a ``Retry-After`` of the expected wait: ``ceil(mean seconds per batch x (waiting + 1))``, at least 1.
 
 :class:`ServerMetrics` counts what the server answered; ``render`` gives::
 
@@ -18,20 +19,25 @@ trainer sent them), and holds at most ``bound`` requests waiting; one more is re
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 from grpokit.rewards.serve_requests import BadRequest
 
+T = TypeVar("T")
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 class TurnQueue:
-    """One batch at a time, first come first served, ``bound`` waiting at most (module docstring)."""
+    """One batch at a time on one worker thread, in the order bodies were ready, ``bound`` admitted at most
+    (module docstring). A request is admitted (:meth:`admit`) before its body is read, so at most ``bound`` bodies
+    are read, parsed or waiting at once; it then runs in its turn (:meth:`run`) or gives its place up
+    (:meth:`leave`)."""
 
     def __init__(self, bound: int):
         if bound < 0:
@@ -39,21 +45,19 @@ class TurnQueue:
         self.bound = bound
         self.waiting = 0
         self.scoring = 0
-        self._next_ticket = 0
-        self._now_serving = 0
-        self._cond = threading.Condition()
+        self._counts = threading.Lock()
         self._batch_seconds: list[float] = []  # the last few batches' scoring times, for Retry-After
         self.lock = threading.Lock()  # held while a batch is scored: stopping waits on it
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="grpokit-reward-batch")  # FIFO: one at a time
 
     def retry_after(self) -> int:
         recent = self._batch_seconds[-8:]
         mean = sum(recent) / len(recent) if recent else 1.0
         return max(1, math.ceil(mean * (self.waiting + 1)))
 
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """Wait for this request's turn (BadRequest 503 when ``bound`` are waiting already), then hold it."""
-        with self._cond:
+    def admit(self) -> None:
+        """Take a place (BadRequest 503 with Retry-After when ``bound`` are admitted already)."""
+        with self._counts:
             if self.waiting >= self.bound and (self.scoring or self.waiting):
                 wait = self.retry_after()
                 raise BadRequest(
@@ -61,23 +65,33 @@ class TurnQueue:
                     f"the server is busy ({self.waiting} waiting, --max-queue {self.bound}): retry in {wait} s",
                     {"Retry-After": str(wait)},
                 )
-            ticket = self._next_ticket
-            self._next_ticket += 1
             self.waiting += 1
-            while self._now_serving != ticket:
-                self._cond.wait()
+
+    def leave(self) -> None:
+        """Give an admitted place up without a turn (its body was bad, empty or never came)."""
+        with self._counts:
+            self.waiting -= 1
+
+    def run(self, work: Callable[[], T]) -> Future[T]:
+        """``work`` in the admitted request's turn, on the batch thread; first run first served."""
+        return self._worker.submit(self._turn, work)
+
+    def _turn(self, work: Callable[[], T]) -> T:
+        with self._counts:
             self.waiting -= 1
             self.scoring = 1
         began = time.monotonic()
         try:
             with self.lock:
-                yield
+                return work()
         finally:
-            with self._cond:
+            with self._counts:
                 self._batch_seconds = [*self._batch_seconds[-7:], time.monotonic() - began]
                 self.scoring = 0
-                self._now_serving += 1
-                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wait for the batches handed over, then end the batch thread."""
+        self._worker.shutdown(wait=True)
 
 
 class ServerMetrics:

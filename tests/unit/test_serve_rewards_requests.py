@@ -26,7 +26,7 @@ def words(completions, **kwargs):
 @pytest.fixture(scope="module")
 def server():
     runner = RewardRunner([words], isolate=False)
-    server = serve(runner, options=ServeOptions(max_body=MAX_BODY, request_timeout=2.0))
+    server = serve(runner, options=ServeOptions(max_body=MAX_BODY, request_timeout=2.0, header_timeout=2.0))
     yield server.server_address[1]
     stop(server)
     runner.close()
@@ -34,7 +34,7 @@ def server():
 
 def exchange(port: int, raw: bytes, half_close: bool = False) -> tuple[int, dict[str, str], bytes]:
     """Send ``raw``, read one answer: (status, headers, body). The read's timeout is generous: the server answers
-    at once, or after its 2 s request timeout in the one case that tests it."""
+    at once, or after its 2 s request or header timeout in the cases that test them."""
     with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
         conn.sendall(raw)
         if half_close:
@@ -107,22 +107,41 @@ MALFORMED = {
     "nan": (post("/score", b'{"completions": ["a"], "columns": {"x": [NaN]}}'), 400, "NaN is not a JSON value"),
     "empty-body": (post("/score", b""), 400, "the body is empty"),
     "over-max-body": (
-        b"POST /score HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1),  # the body is never sent
+        b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1),  # the body is never sent
         413,
         "over this server's --max-body (1048576)",
     ),
-    "chunked": (b"POST /score HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 411, "chunked"),
-    "bad-content-length": (b"POST /score HTTP/1.1\r\nContent-Length: ten\r\n\r\n", 400, "Content-Length must be"),
-    "body-shorter-than-length": (b"POST /score HTTP/1.1\r\nContent-Length: 10\r\n\r\n{}", 400, "ended after 2 of"),
-    "body-never-sent": (b"POST /score HTTP/1.1\r\nContent-Length: 10\r\n\r\n", 408, "not sent within 2 s"),
+    "chunked": (
+        b"POST /score HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        411,
+        "chunked",
+    ),
+    "bad-content-length": (
+        b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n",
+        400,
+        "Content-Length must be",
+    ),
+    "body-shorter-than-length": (
+        b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{}",
+        400,
+        "ended after 2 of",
+    ),
+    "body-never-sent": (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n", 408, "not sent within 2 s"),
     "unknown-path": (post("/nope", b"{}"), 404, "no /nope"),
-    "put": (b"PUT /score HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405, "method 'PUT' is not served"),
-    "made-up-method": (b"FROB /score HTTP/1.1\r\n\r\n", 405, "method 'FROB' is not served"),
-    "get-on-score": (b"GET /score HTTP/1.1\r\n\r\n", 405, "/score takes POST, not GET"),
+    "put": (b"PUT /score HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405, "method 'PUT' is not served"),
+    "made-up-method": (b"FROB /score HTTP/1.1\r\nHost: x\r\n\r\n", 405, "method 'FROB' is not served"),
+    "get-on-score": (b"GET /score HTTP/1.1\r\nHost: x\r\n\r\n", 405, "/score takes POST, not GET"),
     "post-on-health": (post("/health", b"{}"), 405, "/health takes GET, not POST"),
+    "no-host-header": (b"GET /health HTTP/1.1\r\n\r\n", 400, "Missing mandatory Host: header"),
+    "request-line-never-finished": (b"POST /score HT", 408, "request line and headers were not sent within 2 s"),
+    "headers-never-finished": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-", 408, "not sent within 2 s"),
     "garbage-request-line": (b"\x00\x01garbage\r\n\r\n", 400, "Bad request"),
     "http-2-request-line": (b"GET /health HTTP/2.0\r\n\r\n", 400, "Invalid HTTP version"),
-    "header-line-too-long": (b"GET /health HTTP/1.1\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 431, "Line too long"),
+    "header-line-too-long": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70_000 + b"\r\n\r\n",
+        431,
+        "Line too long",
+    ),
     "openrlhf-query-not-a-list": (post("/openrlhf", b'{"query": "a"}'), 400, "'query' must be a list of strings"),
     "openrlhf-labels-wrong-length": (
         post("/openrlhf", b'{"query": ["a", "b"], "labels": ["1"]}'),
@@ -155,7 +174,7 @@ def test_a_valid_request_is_scored_and_the_metrics_count_it(server):
         exchange(server, score_json({"completions": []}))[2]
         == json.dumps({"rewards": [], "errors": [], "extra": {}, "metrics": {}, "per_reward": {}}).encode()
     )
-    status, headers, body = exchange(server, b"GET /metrics HTTP/1.1\r\n\r\n")
+    status, headers, body = exchange(server, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     text = body.decode()
     assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
     samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
@@ -206,7 +225,12 @@ def test_fuzz_every_endpoint_answers_2xx_or_4xx_and_keeps_serving(server, path, 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     start=st.sampled_from(
-        [b"", b"GET /health HTTP/1.1\r\n", b"POST /score HTTP/1.1\r\n", b"POST /openrlhf HTTP/1.0\r\n"]
+        [
+            b"",
+            b"GET /health HTTP/1.1\r\nHost: x\r\n",
+            b"POST /score HTTP/1.1\r\nHost: x\r\n",
+            b"POST /openrlhf HTTP/1.0\r\n",
+        ]
     ),
     raw=st.binary(max_size=300),
 )
