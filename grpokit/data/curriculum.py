@@ -20,12 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from grpokit.store.prompt_history import prompt_hash
 from grpokit.system.registry import Registry
+
+
+class CurriculumParams(Protocol):
+    """What the built-in curricula read of their settings (grpokit.data.curriculum_settings.CurriculumSettings, which
+    the data section inherits; a plugin's weigh function may read more of the section)."""
+
+    learnability_prior: float
+    learnability_floor: float
+    pool_easy_above: float
+    pool_hard_below: float
+    pool_weights: list
+
 
 CURRICULA = Registry("curriculum")
 register_curriculum = CURRICULA.register
@@ -44,7 +56,7 @@ class PromptStats:
 
 
 @register_curriculum("uniform")
-def uniform(stats: PromptStats, settings: Any) -> None:
+def uniform(stats: PromptStats, settings: CurriculumParams) -> None:
     """The source's own order: the dataset's, shuffled per epoch with ``shuffle`` (grpokit before curricula)."""
     return None
 
@@ -57,7 +69,7 @@ def learnability_weights(pass_rate: np.ndarray, prior: float, floor: float) -> n
 
 
 @register_curriculum("learnability")
-def learnability(stats: PromptStats, settings: Any) -> np.ndarray:
+def learnability(stats: PromptStats, settings: CurriculumParams) -> np.ndarray:
     """Prompts in proportion to p(1 - p) of their recent pass rate: the variance of a pass/fail reward, so the ones
     whose groups are most likely to differ (a nonzero advantage) weigh most; see :func:`learnability_weights`."""
     return learnability_weights(stats.pass_rate, settings.learnability_prior, settings.learnability_floor)
@@ -77,7 +89,7 @@ def pool_of(pass_rate: np.ndarray, easy_above: float, hard_below: float) -> np.n
 
 
 @register_curriculum("pools")
-def pools(stats: PromptStats, settings: Any) -> tuple[np.ndarray, dict[str, float]]:
+def pools(stats: PromptStats, settings: CurriculumParams) -> tuple[np.ndarray, dict[str, float]]:
     """Easy / normal / hard pools by pass rate (:func:`pool_of`), each drawn with its share of ``pool_weights``: a
     prompt weighs its pool's weight / the pool's size (an empty pool's share goes to the others in proportion)."""
     pool = pool_of(stats.pass_rate, settings.pool_easy_above, settings.pool_hard_below)
@@ -101,7 +113,7 @@ class Curriculum:
     function ``name``, reading the history with ``history()`` (bound by the trainer to the store's prompt_history on
     rank 0; until then none is known). ``draws`` (the batches drawn so far) is its checkpoint state."""
 
-    def __init__(self, name: str, settings: Any, seed: int):
+    def __init__(self, name: str, settings: CurriculumParams, seed: int):
         self.name, self.settings, self.seed = name, settings, seed
         self.weigh = CURRICULA.entry(name, curriculum_names())
         self.history: Callable[[], list[dict]] = list
