@@ -123,3 +123,23 @@ def test_teacher_topk_keeps_the_exact_tail():
     # a top-k holding all but 4e-9 of the mass: log(1 - sum) rounds to log 0 in float32, the logsumexp does not
     sharp = torch.log_softmax(torch.tensor([20.0, 0.0, 0.0]), -1)
     assert float(teacher_topk(sharp, 1)[2]) == pytest.approx(math.log(2) - 20, abs=1e-4)
+
+
+def test_steps_on_the_term_through_the_fused_head_lower_it(setup):
+    """20 Adam steps on the forward_kl_topk term of one batch, through the fused head, cut it by more than half."""
+    import copy
+
+    model, batch, at = setup
+    model = copy.deepcopy(model)
+    at = torch.stack([torch.randperm(model.config.vocab_size)[:K] for _ in range(at[..., 0].numel())]).view_as(at)
+    teacher, mask = teacher_of(at), batch.completion_mask.float()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    seen = []
+    for _ in range(20):
+        _, _, student = completion_topk(model, batch, 1.0, at, kernels=kernels(True))
+        term, _ = distill_term("forward_kl_topk", 1.0, teacher, student, mask, mask.sum())
+        optimizer.zero_grad(set_to_none=True)
+        term.backward()
+        optimizer.step()
+        seen.append(float(term.detach()))
+    assert seen[-1] < 0.5 * seen[0], seen
