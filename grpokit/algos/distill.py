@@ -22,6 +22,8 @@ the softmax (:func:`shared_vocab`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 DISTILL_LOSSES = ("reverse_kl", "forward_kl_topk", "jsd")
@@ -96,15 +98,56 @@ def jsd(p_logprobs: torch.Tensor, q_logprobs: torch.Tensor) -> torch.Tensor:
     return 0.5 * (kl(p_logprobs, m) + kl(q_logprobs, m))
 
 
+def bucket_divergence(name: str, teacher_buckets: torch.Tensor, student_buckets: torch.Tensor) -> torch.Tensor:
+    """[...] the divergence ``name`` between two (k + 1)-bucket log-prob vectors [..., k+1]: reverse_kl = KL(student
+    || teacher), forward_kl_topk = KL(teacher || student), jsd = their Jensen-Shannon divergence."""
+    if name == "reverse_kl":
+        return kl(student_buckets, teacher_buckets)
+    if name == "forward_kl_topk":
+        return kl(teacher_buckets, student_buckets)
+    if name == "jsd":
+        return jsd(teacher_buckets, student_buckets)
+    raise ValueError(f"distill_loss={name!r}; valid values are {', '.join(DISTILL_LOSSES)}")
+
+
 def topk_divergence(name: str, teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, k: int) -> torch.Tensor:
     """[...] the divergence ``name`` per position between the teacher's and the student's (k + 1)-bucket
-    distributions (:func:`topk_buckets`): reverse_kl = KL(student || teacher), forward_kl_topk = KL(teacher ||
-    student), jsd = their Jensen-Shannon divergence."""
+    distributions (:func:`topk_buckets`, :func:`bucket_divergence`)."""
     t, s = topk_buckets(teacher_logprobs, student_logprobs, k)
-    if name == "reverse_kl":
-        return kl(s, t)
-    if name == "forward_kl_topk":
-        return kl(t, s)
-    if name == "jsd":
-        return jsd(t, s)
-    raise ValueError(f"distill_loss={name!r}; valid values are {', '.join(DISTILL_LOSSES)}")
+    return bucket_divergence(name, t, s)
+
+
+def topk_term(name: str, teacher_top: torch.Tensor, teacher_tail: torch.Tensor, student_top: torch.Tensor):
+    """[...] the divergence ``name`` from what the learner has: the teacher's top-k log-probs [..., k] and its tail's
+    log-mass [...] (log of the mass outside its top-k, as the teacher computed it), and the student's log-probs at
+    the teacher's top-k ids [..., k] with their gradient; the student's tail is log(1 - sum exp(student_top))."""
+    teacher = torch.cat([teacher_top.float(), teacher_tail.float()[..., None]], dim=-1)
+    return bucket_divergence(name, teacher, _with_tail(student_top.float()))
+
+
+@dataclass
+class TeacherTopK:
+    """A step's teacher top-k at each completion position: ``ids`` [N, T, k] (int64), ``logprobs`` [N, T, k] and
+    ``tail`` [N, T] (the log-mass outside the top-k), float32; 0 past each completion. ``rows`` slices them."""
+
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+    tail: torch.Tensor
+
+    def __getitem__(self, rows) -> TeacherTopK:
+        return TeacherTopK(self.ids[rows], self.logprobs[rows], self.tail[rows])
+
+    def to(self, device) -> TeacherTopK:
+        return TeacherTopK(self.ids.to(device), self.logprobs.to(device), self.tail.to(device))
+
+
+def teacher_topk(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [..., k], log-probs [..., k], tail [...]) of full log-probs [..., V]: the k most likely ids and the
+    log-mass of the rest, log sum_{v not in top-k} p_v (a logsumexp over the others: exact even when the top-k holds
+    nearly all the mass, where log(1 - sum) would round to log 0). k = V leaves a tail of log TAIL_FLOOR."""
+    k = min(k, logprobs.size(-1))
+    top, ids = logprobs.topk(k, dim=-1)
+    if k == logprobs.size(-1):
+        return ids, top, torch.full_like(top[..., 0], float(torch.log(torch.tensor(TAIL_FLOOR))))
+    rest = logprobs.scatter(-1, ids, float("-inf")).logsumexp(-1)
+    return ids, top, rest.clamp(min=float(torch.log(torch.tensor(TAIL_FLOOR))))

@@ -45,6 +45,8 @@ def learner_spec(args: GRPOConfig, backward_chunk_rows: int | None = None) -> Le
         top_entropy_quantile=args.top_entropy_quantile,
         backward_chunk_rows=backward_chunk_rows or args.backward_chunk_rows,
         terms=part_settings(LossTermsSettings, args),
+        distill_loss=args.distill_loss,
+        distill_coef=args.distill_coef,
     )
 
 

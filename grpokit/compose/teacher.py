@@ -75,7 +75,8 @@ def build_distiller(
             )
         teacher = local_teacher(args, model, tokenizer, device, loaded)
         name = f"{algo.teacher_model_name_or_path} T={algo.teacher_temperature:g}"
-    return Distiller(teacher, algo.distill_coef, procs, tokenizer.pad_token_id, name)
+    topk = algo.distill_topk if algo.distill_loss != "reverse_kl" else 0  # a local teacher's (served: refused)
+    return Distiller(teacher, algo.distill_coef, procs, tokenizer.pad_token_id, name, topk)
 
 
 def local_teacher(args: GRPOConfig, model: torch.nn.Module, tokenizer: Any, device: torch.device, loaded=None):

@@ -181,6 +181,7 @@ class Loop:
             old_values=old_values,
             returns=found.returns,
             keep_token_values=bool(self.spec.token_values),
+            teacher_topk=None if run.distiller is None else run.distiller.take_topk(),
         )
         update = procs.mean_metrics(update | found.metrics) | distilled
         run.engine.sync_weights()  # the engine samples from the updated weights next step

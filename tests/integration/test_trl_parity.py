@@ -426,7 +426,7 @@ def test_router_loss_equals_trl(both, tmp_path):
         trl_logprobs, _, trl_aux = trainer._get_per_token_logps_and_entropies(
             theirs, input_ids, attention, T, compute_aux_loss=True
         )
-        logprobs, _, aux = policy_forward(ours, batch, TEMPERATURE, Kernels.select(CPU), router_aux=True)
+        logprobs, _, aux, _ = policy_forward(ours, batch, TEMPERATURE, Kernels.select(CPU), router_aux=True)
     mask = batch.completion_mask.bool()
     torch.testing.assert_close(logprobs[mask], trl_logprobs[mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(aux, trl_aux, atol=1e-5, rtol=1e-5)

@@ -26,7 +26,7 @@ def test_trl_server_name_is_accepted():
         ({"teacher_model_name_or_path": "a", "teacher_server_url": "http://x"}, "give the teacher one way"),
         ({"distill_coef": -1.0}, "distill_coef=-1.0 must be >= 0"),
         ({"distill_loss": "k3"}, "valid values are reverse_kl, forward_kl_topk, jsd"),
-        ({"distill_loss": "jsd"}, "not wired into the learner yet"),
+        ({"distill_loss": "jsd", "teacher_server_url": "http://x"}, "returns only the sampled token's log-prob"),
         ({"teacher_temperature": 0.0}, "teacher_temperature=0.0 must be > 0"),
         ({"teacher_dtype": "int8"}, "teacher_dtype='int8'"),
         ({"teacher_server_url": "127.0.0.1:8001"}, "must start with http://"),
@@ -38,6 +38,11 @@ def test_bad_settings_get_one_line(given, message):
     with pytest.raises(ConfigError, match=message) as info:
         GRPOConfig(**given)
     assert "\n" not in str(info.value)
+
+
+def test_top_k_terms_are_accepted_with_a_local_teacher():
+    cfg = GRPOConfig(teacher_model_name_or_path="some/teacher", distill_loss="forward_kl_topk", distill_topk=5)
+    assert cfg.distill_loss == "forward_kl_topk" and cfg.distill_topk == 5
 
 
 def test_empty_eval_rewards_are_refused_in_one_line():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpokit.algos.distill import TeacherTopK
 from grpokit.algos.kl_control import KLController
 from grpokit.algos.loss_registry import get_loss
 from grpokit.algos.losses import LossSpec, policy_loss
@@ -35,8 +36,9 @@ from grpokit.machine.precision import grad_scaler
 from grpokit.system.processes import SingleProcess, is_sharded
 from grpokit.train.learning.accelerator import gather_ragged
 from grpokit.train.learning.batch_means import global_means, part_sums
+from grpokit.train.learning.distill_term import distill_term
 from grpokit.train.learning.loss_terms import LossTerms, policy_forward, warn_sequence_level
-from grpokit.train.learning.policy_logprobs import Batch, batched_logprobs, completion_logprobs
+from grpokit.train.learning.policy_logprobs import Batch, batched_logprobs, completion_logprobs, completion_topk
 from grpokit.train.learning.reference import Reference
 from grpokit.train.learning.terms_settings import LossTermsSettings
 
@@ -58,6 +60,8 @@ class LearnerSpec:
     are kept for the backward at a time. Not below the micro-batch with top_entropy_quantile < 1, whose quantile
     needs the whole micro-batch's entropies (the composition root does not choose it then).
     terms: the entropy bonus and the MoE router's loss (``train.learning.loss_terms``; off by default).
+    distill_loss, distill_coef: the teacher's top-k term (forward_kl_topk, jsd) of a step given ``teacher_topk``
+    (``train.learning.distill_term``).
     """
 
     loss: LossSpec
@@ -76,6 +80,8 @@ class LearnerSpec:
     top_entropy_quantile: float
     backward_chunk_rows: int | None
     terms: LossTermsSettings
+    distill_loss: str = "reverse_kl"
+    distill_coef: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class TrainingBatch:
     sampling_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    teacher_topk: TeacherTopK | None = None  # [N, T, k] ids and log-probs, [N, T] tail (distill_loss top-k terms)
 
     def rows(self, rows: slice) -> TrainingBatch:
         """The rows ``rows`` of every tensor (and of the batch layout)."""
@@ -253,6 +260,7 @@ class Learner:
         old_values: torch.Tensor | None = None,
         returns: torch.Tensor | None = None,
         keep_token_values: bool = False,
+        teacher_topk: TeacherTopK | None = None,
     ) -> dict:
         """Run num_iterations x num_mini_batches optimizer steps on one generation batch. advantages [N] or [N, T]
         (per token, PPO), loss_mask [N, T]. Returns metrics: the last pass's, averaged over its mini-batches.
@@ -271,6 +279,8 @@ class Learner:
         same mini-batch (``Critic.step``; its metrics join the step's, ``time/critic`` its time).
         ``keep_token_values``: keep what the first pass computed per token for :meth:`take_token_values` (the store's
         per-token values); no other number changes.
+        ``teacher_topk``: a local teacher's top-k (distill_loss forward_kl_topk or jsd): its term joins the loss
+        (:func:`grpokit.train.learning.distill_term.distill_term`).
         """
         learner_spec = self.learner_spec
         if (
@@ -290,6 +300,7 @@ class Learner:
             sampling_logprobs=sampling_logprobs,
             old_values=old_values,
             returns=returns,
+            teacher_topk=None if teacher_topk is None else teacher_topk.to(loss_mask.device),
         )
         size = len(batch) // minis
         spans = [slice(j * size, (j + 1) * size) for j in range(minis)]  # each mini-batch's rows, in order
@@ -385,15 +396,21 @@ class Learner:
         the micro-batch's objective or None)."""
         learner_spec = self.learner_spec
         t0 = time.perf_counter()
-        aux = None
+        aux = student_topk = None
+        at = None if piece.teacher_topk is None else piece.teacher_topk.ids
         with self.autocast():
             if self.terms.active:  # entropy with its gradient, the router's loss
-                logprobs, entropy, aux = policy_forward(
-                    self.model, piece.batch, learner_spec.temperature, self.kernels, router_aux=self.terms.aux_enabled
+                logprobs, entropy, aux, student_topk = policy_forward(
+                    self.model,
+                    piece.batch,
+                    learner_spec.temperature,
+                    self.kernels,
+                    router_aux=self.terms.aux_enabled,
+                    at=at,
                 )
             else:
-                logprobs, entropy = completion_logprobs(
-                    self.model, piece.batch, learner_spec.temperature, with_entropy=True, kernels=self.kernels
+                logprobs, entropy, student_topk = completion_topk(
+                    self.model, piece.batch, learner_spec.temperature, at, with_entropy=True, kernels=self.kernels
                 )
         token_mask = self._entropy_mask(entropy, piece.loss_mask)
         with torch.autocast(logprobs.device.type, enabled=False):
@@ -421,6 +438,17 @@ class Learner:
                     piece.loss_mask.shape[0] / micro_mask.shape[0],
                 )
                 metrics = metrics | more
+            if student_topk is not None:  # the teacher's top-k term: a token mean over the micro-batch's tokens
+                whole = piece.loss_mask.shape[0] == micro_mask.shape[0]
+                term, more = distill_term(
+                    learner_spec.distill_loss,
+                    learner_spec.distill_coef,
+                    piece.teacher_topk,
+                    student_topk,
+                    piece.loss_mask,
+                    piece.loss_mask.sum() if whole else micro_mask.sum(),
+                )
+                extra, metrics = term if extra is None else extra + term, metrics | more
         clock["time/policy_logprobs"] += time.perf_counter() - t0
         return loss, metrics, logprobs, entropy, extra
 

@@ -105,9 +105,10 @@ def _model_config(model):
     return None
 
 
-def policy_forward(model, batch, temperature: float, kernels, *, router_aux: bool):
-    """(logprobs [n, T], entropy [n, T] with its gradient, the router's aux_loss or None) of ``batch``'s completion
-    tokens at ``temperature``: one forward over prompt and completion (``router_aux``: asking for router logits)."""
+def policy_forward(model, batch, temperature: float, kernels, *, router_aux: bool, at=None):
+    """(logprobs [n, T], entropy [n, T] with its gradient, the router's aux_loss or None, log-probs [n, T, k] at the
+    ids ``at`` [n, T, k] or None) of ``batch``'s completion tokens at ``temperature``: one forward over prompt and
+    completion (``router_aux``: asking for router logits)."""
     from grpokit.algos import entropy_from_logits, selective_logprobs
     from grpokit.train.learning.policy_logprobs import _trim_left, completion_features
 
@@ -135,7 +136,11 @@ def policy_forward(model, batch, temperature: float, kernels, *, router_aux: boo
     logprobs = selective_logprobs(logits, ids, temperature=temperature)  # [n, w]
     entropy = entropy_from_logits(logits.float(), temperature=temperature)  # [n, w], differentiable
     real = batch.completion_mask[:, :width].to(logprobs.dtype)
-    return F.pad(logprobs * real, (0, T - width)), F.pad(entropy * real, (0, T - width)), aux
+    picked = None
+    if at is not None:
+        picked = torch.log_softmax(logits.float() / temperature, -1).gather(-1, at[:, :width]) * real[..., None]
+        picked = F.pad(picked, (0, 0, 0, T - width))  # [n, T, k]
+    return F.pad(logprobs * real, (0, T - width)), F.pad(entropy * real, (0, T - width)), aux, picked
 
 
 def warn_sequence_level(importance_sampling_level: str, loss_type: str, aggregation: str) -> None:

@@ -239,11 +239,30 @@ def completion_logprobs(
     are computed up to the micro-batch's longest completion and reduced by ``selective_logprobs``
     (0 past that width). ``kernels``: the run's (default: chosen here for the model's device).
     """
+    logprobs, entropy, _ = completion_topk(model, batch, temperature, None, with_entropy, kernels)
+    return logprobs, entropy
+
+
+def completion_topk(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    at: torch.Tensor | None,
+    with_entropy: bool = False,
+    kernels: Kernels | None = None,
+):
+    """:func:`completion_logprobs` and, with ``at`` [n, T, k] (ids per completion position, e.g. a teacher's top-k),
+    the log-probs [n, T, k] at those ids with their gradient (0 past each completion; None without ``at``).
+
+    Through the fused head no [n, T, V] logits exist: log p(v) = z_v - z_y + log p(y), with z at the k ids and at the
+    sampled id y from :func:`grpokit.kernels.gathered_head.gathered_logits` and log p(y) the fused head's (its
+    logsumexp is lse = z_y - log p(y)); otherwise log_softmax of the logits, gathered."""
     kernels = kernels if kernels is not None else _default_kernels(model)
     T = batch.completion_ids.size(1)
     width = max(int(batch.completion_mask.sum(1).max()), 1)
     ids = batch.completion_ids[:, :width]  # [n, w]
     found = fused_head(model, kernels)
+    picked = None
     if found is not None:
         decoder, head = found
         with kernels.embedding_grad(decoder):
@@ -252,21 +271,42 @@ def completion_logprobs(
         logprobs, entropy = kernels.head_logprobs(
             hidden[real], head.weight, head.bias, ids[real], temperature, with_entropy
         )  # [m]
-        logprobs = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(
-            real, logprobs
-        )  # [n, w]
+        if at is not None:
+            picked = _fused_at(hidden[real], head, at[:, :width][real], ids[real], logprobs, temperature)  # [m, k]
+            picked = _scatter(real, picked)  # [n, w, k]
+        logprobs = _scatter(real, logprobs)  # [n, w]
         if entropy is not None:
-            entropy = torch.zeros(real.shape, dtype=torch.float32, device=real.device).masked_scatter(real, entropy)
+            entropy = _scatter(real, entropy)
     else:
         logits = completion_features(model, None, batch, width, kernels)  # [n, w, V]
         logprobs = selective_logprobs(logits, ids, temperature=temperature)  # [n, w]
+        if at is not None:
+            mask = batch.completion_mask[:, :width, None].float()
+            picked = torch.log_softmax(logits.float() / temperature, -1).gather(-1, at[:, :width]) * mask
         entropy = None
         if with_entropy:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach(), temperature=temperature)  # [n, w]
     if entropy is not None:
         entropy = F.pad(entropy, (0, T - width))  # [n, T]
-    return F.pad(logprobs, (0, T - width)), entropy  # [n, T]
+    if picked is not None:
+        picked = F.pad(picked, (0, 0, 0, T - width))  # [n, T, k]
+    return F.pad(logprobs, (0, T - width)), entropy, picked  # [n, T]
+
+
+def _scatter(real: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``values`` [m, ...] of the ``real`` [n, w] positions placed into zeros [n, w, ...] (differentiable)."""
+    out = torch.zeros((*real.shape, *values.shape[1:]), dtype=torch.float32, device=real.device)
+    return out.index_put((real,), values.float())
+
+
+def _fused_at(hidden, head, at, tokens, logprobs, temperature: float) -> torch.Tensor:
+    """[m, k] log p(at) at ``temperature`` from hidden [m, H], the sampled ``tokens`` [m] and their fused-head
+    log-probs [m]: z at the k ids and at the token from the gathered head, lse = z_y - log p(y)."""
+    from grpokit.kernels.gathered_head import gathered_logits
+
+    z = gathered_logits(hidden, head.weight, head.bias, torch.cat([at, tokens[:, None]], dim=1)) / temperature
+    return z[:, :-1] - z[:, -1:] + logprobs.float()[:, None]
 
 
 def batched_logprobs(

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from grpokit.algos.distill import distill_advantages, masked_token_mean, sampled_reverse_kl
+from grpokit.algos.distill import TeacherTopK, distill_advantages, masked_token_mean, sampled_reverse_kl
 from grpokit.algos.masked import masked_mean
 from grpokit.train.teacher.replay import row_keys, stored_after
 
@@ -39,9 +39,11 @@ class Distiller:
     ``name``: the teacher's name in the stored tokens keys (:mod:`.replay`). ``calls`` counts the steps the teacher
     scored, ``replayed`` those that reused stored values."""
 
-    def __init__(self, teacher, coef: float, procs, pad_token_id: int, name: str = "teacher"):
+    def __init__(self, teacher, coef: float, procs, pad_token_id: int, name: str = "teacher", topk: int = 0):
         self.teacher, self.coef, self.procs, self.pad_token_id = teacher, coef, procs, pad_token_id
         self.name = name
+        self.topk = topk  # > 0: forward_kl_topk or jsd, a local teacher's top-k for the learner's term
+        self._topk: TeacherTopK | None = None  # the last scoring's, for take_topk()
         self._kept: tuple[torch.Tensor, list[str]] | None = None
         self.replay: dict[str, list[float]] = {}
         self.calls = self.replayed = 0
@@ -125,7 +127,14 @@ class Distiller:
         self.replay = stored_after(run_dir, step)
 
     def _teacher_logprobs(self, rollouts, keys: list[str]) -> torch.Tensor:
-        """[n, T] float32 on the CPU: the stored values when every row's tokens have them, else the teacher's."""
+        """[n, T] float32 on the CPU: the stored values when every row's tokens have them, else the teacher's. With
+        top-k terms the local teacher always scores (its top-k is not stored: a resume computes it again, the same
+        numbers from the same frozen teacher and tokens), and keeps its top-k for :meth:`take_topk`."""
+        if self.topk:
+            with self._lock:
+                self.calls += 1
+            sampled, self._topk = self.teacher.scored(rollouts, self.pad_token_id, self.topk)
+            return sampled
         with self._lock:  # the producer's thread (ahead) and the learner's both come here
             stored = [self.replay.get(key) for key in keys] if self.replay else None
             if stored and all(values is not None for values in stored):
@@ -167,10 +176,17 @@ class Distiller:
             SECONDS: seconds / self.procs.world_size,
             REQUEST_SECONDS: request / self.procs.world_size,
         }
+        if self.topk:  # top-k terms: the learner adds the term to the loss (take_topk); the advantages stay
+            return found, metrics
         found = dataclasses.replace(
             found, advantages=advantages, per_sequence=masked_mean(advantages, loss_mask, dim=-1)
         )
         return found, metrics
+
+    def take_topk(self) -> TeacherTopK | None:
+        """The teacher's top-k of the last :meth:`adjust` (forward_kl_topk, jsd), then forgotten; None otherwise."""
+        kept, self._topk = self._topk, None
+        return kept
 
     def take_teacher_logprobs(self) -> tuple[torch.Tensor, list[str]] | None:
         """([n, T] the teacher's log-probs of the last :meth:`adjust`, each row's tokens key), then forgotten; None

@@ -30,12 +30,12 @@ class DistillSettings:
     """On-policy distillation: a served teacher instead, e.g. http://127.0.0.1:8001 (`grpokit vllm-serve TEACHER`, or
     any server answering /v1/completions with prompt_logprobs for given token ids); TRL's teacher_model_server_url."""
     distill_coef: float = 1.0
-    """lambda: weight of the per-token reverse-KL term in each sampled token's advantage (TRL's distillation beta=1.0);
-    0 = the teacher only scores (distill/* metrics, stored log-probs), no learning signal from it."""
+    """lambda: weight of the teacher's term (reverse_kl: in each sampled token's advantage, TRL's distillation
+    beta=1.0; forward_kl_topk, jsd: in the loss); 0 = the teacher only scores (distill/* metrics, stored log-probs)."""
     distill_loss: str = "reverse_kl"
     """reverse_kl (the sampled token's log pi_student - log pi_teacher in its advantage; every loss and estimator) |
-    forward_kl_topk | jsd (full-distribution terms over the teacher's top distill_topk ids and a tail bucket: the math
-    is in grpokit/algos/distill.py, the learner does not add them yet, so they are refused)."""
+    forward_kl_topk | jsd (a local teacher: the divergence over its top distill_topk ids and a tail bucket, a token
+    mean times distill_coef added to the loss)."""
     distill_topk: int = 20
     """forward_kl_topk, jsd: how many of the teacher's most likely ids get a bucket each (the rest: one tail)."""
     teacher_temperature: float = 1.0
@@ -69,10 +69,11 @@ class DistillSettings:
             raise ValueError(f"distill_coef={self.distill_coef} must be >= 0 (e.g. 1.0; 0 = the teacher only scores).")
         if self.distill_loss not in DISTILL_LOSSES:
             raise ValueError(f"distill_loss={self.distill_loss!r}; valid values are {', '.join(DISTILL_LOSSES)}.")
-        if self.distill_loss != "reverse_kl":
+        if self.distill_loss != "reverse_kl" and self.teacher_server_url:
             raise ValueError(
-                f"distill_loss={self.distill_loss}: the top-k terms are not wired into the learner yet (their math is "
-                "in grpokit/algos/distill.py); use distill_loss: reverse_kl."
+                f"distill_loss={self.distill_loss} with teacher_server_url: grpokit's served teacher returns only the "
+                "sampled token's log-prob, not its top-k; use a local teacher (teacher_model_name_or_path) or "
+                "distill_loss: reverse_kl."
             )
         if self.distill_topk < 1:
             raise ValueError(f"distill_topk={self.distill_topk} must be >= 1 (e.g. 20).")
