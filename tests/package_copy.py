@@ -110,6 +110,16 @@ def page_says(kind: str) -> str:
     return " ".join(found.group(1).split())
 
 
+def assert_changes_are_the_pages(copy: PackageCopy, kind: str, expected: set[str]) -> None:
+    """The files ``copy`` changed are ``expected`` (relative to the package), and docs/architecture.md's entry for
+    ``kind`` names each: an edited file by its path, an added module by its folder (``a module of grpokit/algos/``)."""
+    assert copy.changed() == expected
+    says = page_says(kind)
+    for path in sorted(expected):
+        named = f"grpokit/{path}" if (PACKAGE / path).exists() else f"a module of grpokit/{Path(path).parent}/"
+        assert named in says, f"docs/architecture.md's entry for {kind!r} does not name {named}"
+
+
 def _differences(a: Path, b: Path, prefix: str = "") -> list[str]:
     """Files whose content differs between the trees ``a`` and ``b`` (relative paths), caches ignored."""
     cmp = filecmp.dircmp(a, b, ignore=["__pycache__"])

@@ -7,7 +7,7 @@ runs.)"""
 from __future__ import annotations
 
 import pytest
-from package_copy import page_says
+from package_copy import assert_changes_are_the_pages
 
 from grpokit.algos.loss_registry import loss_types
 
@@ -39,10 +39,7 @@ def extended(package_copy):
 
 
 def test_a_command_touches_the_files_the_page_names(extended):
-    assert extended.changed() == EXPECTED
-    says = page_says("A command")
-    assert "a module of grpokit/commands/" in says
-    assert "`COMMANDS` (grpokit/cli.py)" in says
+    assert_changes_are_the_pages(extended, "A command", EXPECTED)
 
 
 def test_the_command_runs(extended):

@@ -8,7 +8,7 @@ Then ``grpokit train`` on the copy samples with it, the setting arriving from th
 from __future__ import annotations
 
 import pytest
-from package_copy import page_says
+from package_copy import assert_changes_are_the_pages
 from shared_helpers import logged_steps, tiny_run_config
 
 ENGINE = "rollout/capped_engine.py"
@@ -84,11 +84,7 @@ def extended(package_copy):
 
 
 def test_an_engine_touches_the_files_the_page_names(extended):
-    assert extended.changed() == EXPECTED
-    says = page_says("An engine")
-    for path in EXPECTED - {ENGINE}:
-        assert f"grpokit/{path}" in says, path
-    assert "a module of grpokit/rollout/" in says
+    assert_changes_are_the_pages(extended, "An engine", EXPECTED)
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -7,7 +7,7 @@ parameter from the YAML reaching the loss, and the loss's check refuses a bad on
 from __future__ import annotations
 
 import pytest
-from package_copy import page_says
+from package_copy import assert_changes_are_the_pages
 from shared_helpers import logged_steps, tiny_run_config
 
 LOSS = "algos/scaled_pg.py"
@@ -58,11 +58,7 @@ def extended(package_copy):
 
 
 def test_a_loss_touches_the_files_the_page_names(extended):
-    assert extended.changed() == EXPECTED
-    says = page_says("A loss")
-    for path in EXPECTED - {LOSS}:
-        assert f"grpokit/{path}" in says, path
-    assert "a module of grpokit/algos/" in says
+    assert_changes_are_the_pages(extended, "A loss", EXPECTED)
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -8,7 +8,7 @@ samples a step with the new one."""
 from __future__ import annotations
 
 import pytest
-from package_copy import page_says
+from package_copy import assert_changes_are_the_pages
 from shared_helpers import logged_steps, tiny_run_config
 
 SAMPLER = "train/experience/counting_sampler.py"
@@ -68,10 +68,7 @@ def extended(package_copy):
 
 
 def test_a_sampler_touches_the_files_the_page_names(extended):
-    assert extended.changed() == EXPECTED
-    says = page_says("A sampler")
-    assert "grpokit/train/experience/sources.py" in says
-    assert "a module of grpokit/train/experience/" in says
+    assert_changes_are_the_pages(extended, "A sampler", EXPECTED)
 
 
 @pytest.mark.usefixtures("one_thread")

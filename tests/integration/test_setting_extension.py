@@ -6,7 +6,7 @@ YAML, from ``key=value`` and from TRL's ``GRPOConfig``, and the part's own check
 from __future__ import annotations
 
 import pytest
-from package_copy import page_says
+from package_copy import assert_changes_are_the_pages
 
 SETTINGS = "train/learning/optimizer_settings.py"
 FIELD = '''    warmup_steps: int = 0
@@ -54,8 +54,7 @@ def test_an_optimizer_key_needs_only_its_parts_file(package_copy, tiny_model_dir
         ("        for name, ok, rule in (", CHECK),
         ("weight_decay=self.weight_decay", HYPER),
     )
-    assert package_copy.changed() == {SETTINGS}  # the one file
-    assert f"grpokit/{SETTINGS}" in page_says("A setting")
+    assert_changes_are_the_pages(package_copy, "A setting", {SETTINGS})  # the one file
 
     root = package_copy.root
     config = root / "config.yaml"
