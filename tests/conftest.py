@@ -25,6 +25,15 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def package_copy(tmp_path_factory):
+    """A copy of the grpokit package to extend (``package_copy.PackageCopy``), one per test module: its module-scoped
+    fixture makes the edits, its tests check the files changed and run the copy."""
+    from package_copy import PackageCopy
+
+    return PackageCopy(tmp_path_factory.mktemp("src"))
+
+
 @pytest.fixture()
 def word_prompts():
     """30 prompts of five words each; the `target` column names the word the reward asks for (a fresh list)."""

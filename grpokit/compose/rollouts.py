@@ -41,8 +41,10 @@ def build_rollouts(
     kind = engine_kind(name)
     parts = engine_parts(args, model, tokenizer, device, source, rollout_func, autocast_dtype, kernels)
     settings = engine_settings(args, name)
+    partial = kind.partial(settings)  # a vLLM server's partial rollouts: (S tokens, timeout) or None
     # vLLM with Ray: the workers hold the engines; the learner keeps grpokit's (versions, evaluation)
     in_workers = args.backend == "ray" and kind.in_ray_workers
+    in_ray = (settings, partial) if in_workers else ()  # what the Ray workers' engines are built with
     engine = engine_kind("hf").build(parts, None) if in_workers else kind.build(parts, settings)
     sampling = specs.sampling_params(args)
     # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray); TRL's kwargs
@@ -62,10 +64,10 @@ def build_rollouts(
             seed=args.seed,
             prompt_column=args.prompt_column,
             tool_rollouts=tool_rollouts,
-            partial_rollouts=_partial(settings),  # a server's: (S, timeout) or None
-            workers_continue_partial=in_workers and _partial(settings) is not None,
+            partial_rollouts=partial,
+            workers_continue_partial=in_workers and partial is not None,
             # built only when the sampler asks (Ray: rank 0 starts the workers)
-            remote=lambda: _start_ray(args, parts, settings if in_workers else None) if procs.is_main else None,
+            remote=lambda: _start_ray(args, parts, *in_ray) if procs.is_main else None,
             own_engine=lambda: _own_engine(kind, parts, procs, rollout_func),
             own_model=lambda: _own_model(model),
         )
@@ -171,8 +173,9 @@ def _own_model(model):
     return copy.deepcopy(model)
 
 
-def _start_ray(args: GRPOConfig, parts, vllm_settings=None):
-    """Connect to Ray (``distributed.address``) and start the rollout workers (``vllm_settings``: each with a vLLM)."""
+def _start_ray(args: GRPOConfig, parts, vllm_settings=None, partial: tuple[int, float] | None = None):
+    """Connect to Ray (``distributed.address``) and start the rollout workers (``vllm_settings``: each with a vLLM;
+    ``partial``: its partial rollouts' (S tokens, timeout), or None)."""
     from grpokit.distributed.placement import learner_gpu_ids
     from grpokit.distributed.ray_rollout import RayRolloutEngine, connect
     from grpokit.distributed.ray_vllm import worker_vllm_options
@@ -196,15 +199,8 @@ def _start_ray(args: GRPOConfig, parts, vllm_settings=None):
             args.seed,
             args.rollout_worker_cpus,
         ),
-        partial=_partial(vllm_settings),
+        partial=partial,
     )
-
-
-def _partial(vllm_settings) -> tuple[int, float] | None:
-    """Partial rollouts' (S tokens, seconds a continuation may wait for its version), or None when off."""
-    if vllm_settings is None or vllm_settings.vllm_partial_rollout_tokens is None:
-        return None
-    return vllm_settings.vllm_partial_rollout_tokens, vllm_settings.vllm_partial_rollout_timeout
 
 
 def build_step_sampling(args: GRPOConfig, scheduler, score, pad_token_id: int, reward_state=None):

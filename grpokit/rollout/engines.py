@@ -79,10 +79,16 @@ class EngineEntry:
     checks_sync: bool = False  # has sync_gap_warning / sync_gap_stop: its log-probs against the learner's, each step
     check_environment: Callable[[Any, EngineSite], None] | None = None  # before a model loads: one line if it can't
     is_server: Callable[[Any], bool] | None = None  # samples from a running server, per its settings
+    # its settings -> partial rollouts' (S tokens, seconds a continuation may wait for its version), or None when off
+    partial_rollouts: Callable[[Any], tuple[int, float] | None] | None = None
 
     def serves(self, settings: Any) -> bool:
         """Whether this engine, with ``settings``, samples from a server (which pushes weights to it)."""
         return self.is_server is not None and self.is_server(settings)
+
+    def partial(self, settings: Any) -> tuple[int, float] | None:
+        """Partial rollouts' (S tokens, timeout) with ``settings``, or None: off, or an engine without them."""
+        return None if self.partial_rollouts is None else self.partial_rollouts(settings)
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,12 @@ def _vllm_server(settings: VLLMSettings) -> bool:
     return settings.vllm_mode == "server"
 
 
+def _vllm_partial(settings: VLLMSettings) -> tuple[int, float] | None:
+    if settings.vllm_partial_rollout_tokens is None:
+        return None
+    return settings.vllm_partial_rollout_tokens, settings.vllm_partial_rollout_timeout
+
+
 def _vllm_environment(settings: VLLMSettings, site: EngineSite) -> None:
     """vLLM can sample here: a server beside one learner process, or an installed vLLM on the workers' or the
     learner's device."""
@@ -172,6 +184,7 @@ ENGINES.register(
     checks_sync=True,
     check_environment=_vllm_environment,
     is_server=_vllm_server,
+    partial_rollouts=_vllm_partial,
 )(_vllm)
 
 

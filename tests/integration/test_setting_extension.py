@@ -5,18 +5,10 @@ YAML, from ``key=value`` and from TRL's ``GRPOConfig``, and the part's own check
 
 from __future__ import annotations
 
-import filecmp
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from package_copy import assert_changes_are_the_pages
 
-import grpokit
-
-SETTINGS = Path("train/learning/optimizer_settings.py")
+SETTINGS = "train/learning/optimizer_settings.py"
 FIELD = '''    warmup_steps: int = 0
     """Warmup steps (overrides warmup_ratio when > 0)."""
     adam_amsgrad: bool = False
@@ -55,41 +47,24 @@ except ConfigError as exc:
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_an_optimizer_key_needs_only_its_parts_file(tmp_path, tiny_model_dir):
-    package = tmp_path / "src" / "grpokit"
-    shutil.copytree(Path(grpokit.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
-    source = (package / SETTINGS).read_text()
-    for old, new in (
+def test_an_optimizer_key_needs_only_its_parts_file(package_copy, tiny_model_dir):
+    package_copy.edit(
+        SETTINGS,
         ('    warmup_steps: int = 0\n    """Warmup steps (overrides warmup_ratio when > 0)."""\n', FIELD),
         ("        for name, ok, rule in (", CHECK),
         ("weight_decay=self.weight_decay", HYPER),
-    ):
-        assert source.count(old) == 1, old  # the part's file still reads as this test expects
-        source = source.replace(old, new)
-    (package / SETTINGS).write_text(source)
-    changed = _differences(Path(grpokit.__file__).parent, package)
-    assert changed == [str(SETTINGS)]  # the one file
+    )
+    assert_changes_are_the_pages(package_copy, "A setting", {SETTINGS})  # the one file
 
-    config = tmp_path / "config.yaml"
+    root = package_copy.root
+    config = root / "config.yaml"
     config.write_text(
         "optim:\n  adam_amsgrad: true\n  per_device_train_batch_size: 4\n  max_steps: 1\n"
         "algo:\n  num_generations: 2\ngeneration:\n  max_completion_length: 2\n"
         "run:\n  save_strategy: 'no'\n  progress_bar: false\n  report_to: []\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(package.parent)}
-    probe = [sys.executable, "-c", PROBE, str(tiny_model_dir), str(config), str(tmp_path / "run"), str(package)]
-    out = subprocess.run(probe, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    out = package_copy.python("-c", PROBE, tiny_model_dir, config, root / "run", package_copy.package)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert [line for line in lines if not line.startswith("refused")] == ["yaml True", "override True", "trl True"]
     assert "refused adam_amsgrad: true needs optimizer: adamw_torch_fused (the 8-bit AdamW has none)." in lines
-
-
-def _differences(a: Path, b: Path, prefix: str = "") -> list[str]:
-    """Files whose content differs between the trees ``a`` and ``b`` (relative paths), caches ignored."""
-    cmp = filecmp.dircmp(a, b, ignore=["__pycache__"])
-    found = [prefix + name for name in cmp.left_only + cmp.right_only]
-    found += [prefix + name for name in cmp.common_files if not filecmp.cmp(a / name, b / name, shallow=False)]
-    for sub in cmp.common_dirs:
-        found += _differences(a / sub, b / sub, f"{prefix}{sub}/")
-    return sorted(found)

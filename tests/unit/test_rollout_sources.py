@@ -39,6 +39,17 @@ def test_every_engine_provides_the_whole_protocol():
         assert "seeds" in inspect.signature(cls.generate).parameters or not cls.takes_group_seeds, cls
 
 
+def test_partial_rollouts_are_an_engine_fact_of_its_settings():
+    from grpokit.rollout.vllm.settings import VLLMSettings
+
+    vllm = ENGINES["vllm"]
+    assert vllm.partial(VLLMSettings(vllm_partial_rollout_tokens=4, vllm_partial_rollout_timeout=9.0)) == (4, 9.0)
+    assert vllm.partial(VLLMSettings()) is None  # off by default
+    # an engine without the fact has none, whatever its settings are (an engine of algo.imports with settings of its
+    # own, which once were read as a vLLM's)
+    assert ENGINES["hf"].partial(None) is None and ENGINES["hf"].partial(object()) is None
+
+
 def test_the_hf_engine_syncs_by_version_and_unknown_engines_are_named():
     engine = get_engine("hf").build(
         EngineParts(torch.nn.Linear(2, 2), [1], 0, torch.device("cpu"), seed=0, trust_remote_code=False), None
