@@ -205,6 +205,33 @@ def _eval_prompts(rng: random.Random, skill: list[float], p: float, step: int, s
     return out
 
 
+# The Prompts view's hand-worked run (tests/unit/test_report_prompts.py works it out): {step: {prompt: rewards}}.
+PROMPT_RUN = {
+    1: {0: [1.0, 0.0], 1: [0.0, 0.0], 3: [0.0, 0.0]},
+    2: {0: [1.0, 1.0], 2: [1.0, 1.0]},
+    3: {0: [1.0, 1.0], 1: [1.0, 0.0], 2: [0.0, 1.0]},
+    4: {1: [1.0, 1.0], 2: [1.0, 1.0], 3: [0.0, 0.0], 4: [1.0, 0.0]},
+}
+
+
+def write_prompt_run(run: Path, prompts: dict[int, str] | None = None) -> Path:
+    """A run folder of :data:`PROMPT_RUN` (2 completions a prompt), its history over a window of 4 completions,
+    ``data: {pool_easy_above: 0.75, retire_after: 2}``; ``prompts``: a prompt's text other than "q{index}"."""
+    run.mkdir(parents=True, exist_ok=True)
+    config = {"data": {"pool_easy_above": 0.75, "retire_after": 2}, "eval": {"success_threshold": 1.0}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    with RolloutStore(run) as store:
+        store.configure_prompt_history(4, 1.0)
+        for step, groups in PROMPT_RUN.items():
+            records = [
+                RolloutRecord(i, c, (prompts or {}).get(i, f"q{i}"), "1", 3, 1, "stop", {"r": r}, r, 0.0, step - 1)
+                for i, rewards in groups.items()
+                for c, r in enumerate(rewards)
+            ]
+            store.write_step(step, records, {"reward": sum(r.reward for r in records) / len(records)})
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="run folder to create")

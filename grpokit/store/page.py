@@ -1,10 +1,10 @@
 """report.html's frame: styles, the sections in order, the curves' data as JSON, and one small inline script.
 
 Every section is plain HTML, so the page reads top to bottom without JavaScript. With it, the script adds tabs
-(Curves, Groups, Held-out prompts, Tokens, Samples), a filter over the panels, a step picker and a zero-variance
-filter for the groups (``report.html?step=N`` opens step N; ``?view=heldout`` or ``#heldout``, also groups, tokens and
-samples, opens a view), a category picker for the held-out prompts, and the per-token value that colours the Tokens
-view (store/tokens.py; ``?token=NAME``). It fetches nothing and reads only the page.
+(Curves, Groups, Held-out prompts, Prompts, Tokens, Samples), a filter over the panels, a step picker and a
+zero-variance filter for the groups (``report.html?step=N`` opens step N; ``?view=heldout`` or ``#heldout``, also
+groups, prompts, tokens and samples, opens a view), a category picker for the held-out prompts, and the per-token
+value that colours the Tokens view (store/tokens.py; ``?token=NAME``). It fetches nothing and reads only the page.
 """
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ nav.tabs button, .controls button { margin: 0 4px 4px 0; padding: 4px 10px; bord
   background: #f6f6f6; border-radius: 4px; cursor: pointer; } nav.tabs button.on, .controls button.on
   { background: #4e79a7; color: #fff; border-color: #4e79a7; } .controls { margin: 8px 0; }
 .hide { display: none !important; }
+table.heat { border-collapse: collapse; font-size: 12px; } table.heat th, table.heat td { border: 1px solid #eee;
+  padding: 1px 4px; text-align: right; } table.heat td.p, table.heat th:first-child {
+  text-align: left; white-space: nowrap; }
+table.heat td[title] { min-width: 10px; padding: 0; } tr.retired td.p { color: #777; }
+.h0 { background: #d73027; } .h1 { background: #fc8d59; } .h2 { background: #fee08b; } .h3 { background: #91cf60; }
+.h4 { background: #1a9850; }
 .thumbs img { max-height: 96px; max-width: 192px; border: 1px solid #ddd; margin: 4px 6px 0 0;
   image-rendering: pixelated; vertical-align: top; }
 .toks { font: 13px/1.9 ui-monospace, monospace; white-space: pre-wrap; word-break: break-word; margin: 6px 0; }

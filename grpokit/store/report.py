@@ -1,7 +1,8 @@
 """`grpokit report RUN`: RUN/report.html, one self-contained page exploring a run: a summary (model, algorithm,
 steps, wall time, first and last eval values, their change coloured where a direction is good), a panel per
 logged metric family (store/panels.py), each group's completions side by side (store/groups.py), the held-out
-prompts learned, forgotten or never solved (store/heldout.py), and the best and worst completions.
+prompts learned, forgotten or never solved (store/heldout.py), each training prompt's pass rate across steps
+(store/prompts_view.py), and the best and worst completions.
 
 The page needs no network (a vision-language run's thumbnails are its RUN/images files, linked by a path relative to
 the page) and reads without JavaScript: charts are inline SVG, styles inline CSS, and a small
@@ -23,6 +24,7 @@ from grpokit.store.heldout import eval_prompts, heldout_html
 from grpokit.store.images import FOLDER
 from grpokit.store.page import page
 from grpokit.store.panels import collect_series, panels, thin
+from grpokit.store.prompts_view import prompts_html
 from grpokit.store.samples import best_and_worst, samples_html
 from grpokit.store.store import RolloutStore, StoreError, resolve_store_path
 from grpokit.store.summary import run_summary, summary_html
@@ -81,6 +83,7 @@ def report_page(run_dir: str | Path, steps: list[int] | None = None, page_dir: s
             url = images_url(run_dir, page_dir)
             views.append(groups_html(store, group_steps(with_rollouts, steps), images_url=url))
             views.append(heldout_html(eval_prompts(store)))
+            views.append(prompts_html(store, run_dir))
             views.append(tokens_html(store, steps))
             samples_section = samples_html(best_and_worst(store, _sample_steps(with_rollouts, steps)))
             written_at = tuple(store.query(_WRITTEN_AT)[1][0])

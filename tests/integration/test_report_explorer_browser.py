@@ -1,5 +1,6 @@
 """The run explorer as headless Chromium opens it from file://: no console message of any kind, the tabs, the
-Groups view's step picker (?step=N), the held-out categories, and at most 6 lines per panel; screenshots of each
+Groups view's step picker (?step=N), the held-out categories, the Prompts view's rows and cells against the store,
+and at most 6 lines per panel; screenshots of each
 view are written (docs/runs.md's are made by scripts/report_screenshots.py the same way).
 
 Needs a Chromium binary (Debian: `apt-get install chromium`); skipped, with that reason, where there is none.
@@ -8,6 +9,7 @@ Needs a Chromium binary (Debian: `apt-get install chromium`); skipped, with that
 from __future__ import annotations
 
 import re
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from grpokit.store import write_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import screenshot_report
-from synthetic_run import write_synthetic_run
+from synthetic_run import write_prompt_run, write_synthetic_run
 
 try:
     screenshot_report.find_chromium()
@@ -45,6 +47,7 @@ def test_opens_with_no_console_messages_and_tabs(page):
         ("curves", "Curves"),
         ("groups", "Groups"),
         ("heldout", "Held-out prompts"),
+        ("prompts", "Prompts"),
         ("tokens", "Tokens"),
         ("samples", "Best and worst completions"),
     ]
@@ -78,10 +81,41 @@ def test_held_out_view_lists_every_category(page):
     assert sum(map(int, counts)) == 100
 
 
+def test_prompts_view_shows_each_prompts_pass_rate_by_step_from_the_store(tmp_path):
+    run = write_prompt_run(tmp_path / "run")
+    dom, console = screenshot_report.open_page(write_report(run).resolve().as_uri() + "?view=prompts")
+    assert console == [] and shown(dom, "prompts") and not shown(dom, "curves")
+    view = re.search(r'<section id="prompts" class="view">.*?</section>', dom, re.DOTALL).group(0)
+    with sqlite3.connect(run / "rollouts.sqlite") as db:
+        steps = [s for (s,) in db.execute("SELECT DISTINCT step FROM rollouts ORDER BY step")]
+        cells = {
+            (i, s): (passed, n)
+            for i, s, passed, n in db.execute(
+                "SELECT prompt_index, step, sum(reward >= 1.0), count(*) FROM rollouts GROUP BY prompt_index, step"
+            )
+        }
+        sampled = dict(db.execute("SELECT prompt_index, samples FROM prompt_history"))
+        retired = {i for (i,) in db.execute("SELECT prompt_index FROM prompt_history WHERE solved_streak >= 2")}
+    db.close()
+    rows = re.findall(r'<tr data-prompt="(\d+)"( class="retired")?>(.*?)</tr>', view, re.DOTALL)
+    # learned (recent pass rate over 4 completions >= 0.75) at step 2: prompts 0 and 2, at step 4: 1; never: 4, 3
+    assert [int(i) for i, _, _ in rows] == [0, 2, 1, 4, 3]
+    assert {int(i) for i, r, _ in rows if r} == retired == {0}  # retire_after 2: solved at steps 2 and 3
+    for index, _, row in rows:
+        tds = re.findall(r"<td( class=\"h\d\" title=\"[^\"]*\")?>([^<]*)</td>", row)
+        assert int(tds[2][1]) == sampled[int(index)]  # learned at, visits, samples, ...
+        drawn = [re.search(r"(\d+)/(\d+) passed", t).groups() if t else None for t, _ in tds[4:]]
+        expected = [cells.get((int(index), s)) for s in steps]
+        assert [tuple(map(int, d)) if d else None for d in drawn] == expected, index
+    png = tmp_path / "prompts.png"
+    screenshot_report.screenshot(run / "report.html", png, height=900, suffix="?view=prompts")
+    assert png.stat().st_size > 5_000
+
+
 def test_readable_without_javascript(page):
     html = page.read_text()
     # every view is in the page as plain HTML, none hidden; the controls the script fills are hidden until it runs
-    for section in ("curves", "groups", "heldout", "tokens", "samples"):
+    for section in ("curves", "groups", "heldout", "prompts", "tokens", "samples"):
         assert f'<section id="{section}" class="view">' in html
     assert "hide" not in re.sub(r"<style>.*?</style>|<script>.*?</script>", "", html, flags=re.DOTALL)
     for control in ('id="group-controls" hidden', 'id="heldout-controls" hidden', 'placeholder="filter panels'):
