@@ -80,8 +80,8 @@ class LearnerSpec:
     top_entropy_quantile: float
     backward_chunk_rows: int | None
     terms: LossTermsSettings
-    distill_loss: str = "reverse_kl"
-    distill_coef: float = 0.0
+    distill_loss: str
+    distill_coef: float
 
 
 @dataclass(frozen=True)
