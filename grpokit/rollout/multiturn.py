@@ -10,14 +10,7 @@ token and the tool suffix: end of turn, tool messages, next assistant header) ar
 its kept cache, so the conversation so far is never run again; then it rejoins the batch. The other
 sequences decode on meanwhile, and the calls of different sequences run at once.
 
-KV layout (HF models whose cache is plain ``DynamicLayer`` s: Llama, Qwen2, Qwen3, Mistral, GPT-2 ...):
-a batch's cache is one :class:`grpokit.kernels.kv_cache.PreallocatedLayer` per layer in which each row
-is right-aligned (every row writes its next token to the same column) with masked columns before it;
-each row has its own position ids, so rows of different lengths decode together. When rows join,
-the block is rebuilt from the rows in use and the joining rows' caches (a copy, no model call); rows
-that leave stay in the block, decoded on and unread, until they outnumber the others (selecting rows
-copies the whole cache too). Decoding steps run through the run's fused decoder when it has one, as
-in :class:`grpokit.rollout.engine.HFRolloutEngine`. The batch's rows: :mod:`grpokit.rollout.multiturn_rows`.
+KV layout and the decoding batch's rows: :mod:`grpokit.rollout.multiturn_rows`.
 
 Each rollout samples from its own random stream (seeded from the engine's generator), so the tokens
 do not depend on which sequences happened to share a step, i.e. on how long the tools took: the same

@@ -89,14 +89,7 @@ def create(conn: sqlite3.Connection, strict: bool) -> None:
     conn.executescript(SCHEMA if strict else SCHEMA.replace(") STRICT;", ");"))
     empty = conn.execute(f"SELECT 1 FROM {TABLE} LIMIT 1").fetchone() is None
     if empty and conn.execute("SELECT 1 FROM rollouts LIMIT 1").fetchone() is not None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            rebuild(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        _in_one_transaction(conn, lambda: rebuild(conn))
 
 
 def configure(conn: sqlite3.Connection, window: int, threshold: float) -> None:
@@ -106,11 +99,20 @@ def configure(conn: sqlite3.Connection, window: int, threshold: float) -> None:
         raise ValueError(f"prompt history window={window} must be >= 1")
     if settings(conn) == (int(window), float(threshold)):
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        rows = [(_WINDOW_KEY, str(int(window))), (_THRESHOLD_KEY, repr(float(threshold)))]
+    rows = [(_WINDOW_KEY, str(int(window))), (_THRESHOLD_KEY, repr(float(threshold)))]
+
+    def keep_and_rebuild() -> None:
         conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", rows)
         rebuild(conn)
+
+    _in_one_transaction(conn, keep_and_rebuild)
+
+
+def _in_one_transaction(conn: sqlite3.Connection, work) -> None:
+    """``work()`` in one write transaction: all of it or, on any error, none."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        work()
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
