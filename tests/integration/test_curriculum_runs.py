@@ -147,9 +147,10 @@ def drawn_in_order(run: Path) -> list[list[int]]:
     return [steps[s] for s in sorted(steps)]
 
 
-def replayed_draws(run: Path, tmp_path: Path, steps: int, batch: int) -> list[list[int]]:
+def replayed_draws(run: Path, tmp_path: Path, steps: int, batch: int, ahead: int = 0) -> list[list[int]]:
     """What one process's `learnability` curriculum (the run's default seed and settings) draws for each step from
-    the history of the steps before it, rebuilt from a copy of the store's rollouts of those steps."""
+    the history of the steps before it (``ahead`` K: before step - K, as with ``max_staleness`` K), rebuilt from a
+    copy of the store's rollouts of those steps."""
     import shutil
 
     from grpokit.config import GRPOConfig
@@ -163,7 +164,7 @@ def replayed_draws(run: Path, tmp_path: Path, steps: int, batch: int) -> list[li
         shutil.copy(run / "rollouts.sqlite", copy)
         with sqlite3.connect(copy, isolation_level=None) as db:
             db.execute("BEGIN")
-            db.execute("DELETE FROM rollouts WHERE step >= ?", (step,))
+            db.execute("DELETE FROM rollouts WHERE step >= ?", (step - ahead,))
             prompt_history.rebuild(db)  # with the store's window and success threshold
             db.execute("COMMIT")
             texts = dict(db.execute("SELECT prompt_index, prompt FROM rollouts").fetchall())
