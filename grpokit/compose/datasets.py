@@ -40,11 +40,6 @@ def check_data(args: GRPOConfig, train_rows: list, evals: dict, rewards, world_s
             f"train_dataset has {len(train_rows)} prompts but a step takes {per_step} distinct ones; add prompts or "
             "lower per_device_train_batch_size x gradient_accumulation_steps / num_generations."
         )
-    if args.curriculum != "uniform" and world_size > 1:
-        raise DataError(
-            f"curriculum={args.curriculum!r} reads the prompts' history on rank 0 only, and this run has {world_size} "
-            "processes; use curriculum: uniform under torchrun (Ray rollout workers are fine), or run one process."
-        )
     for name, rows in evals.items():
         check_reward_columns(rows, reward_fns, args.prompt_column, eval_set_name(name))
     return len(train_rows) // per_step

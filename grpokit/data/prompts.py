@@ -262,6 +262,12 @@ class PromptSource:
         if self.curriculum is not None:
             self.curriculum.load_state_dict(state)
 
+    @property
+    def drawn_by_history(self) -> bool:
+        """Whether a curriculum draws the batches by the prompts' history, which only rank 0 holds (the store): then
+        under torchrun rank 0 draws each batch and sends it to the others (train/experience/rollout_scheduler.py)."""
+        return self.curriculum is not None and not self.curriculum.ordered
+
     def read_history(self, history) -> None:
         """The curriculum (if any) reads the prompts' history with ``history()`` (the run's store's prompt_history)."""
         if self.curriculum is not None:

@@ -49,6 +49,13 @@ class DistContext(SingleProcess):
         dist.scatter_object_list(out, parts if self.is_main else None, src=0)
         return out[0]
 
+    def broadcast_object(self, obj):
+        if not self.enabled:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """A copy: the sum of ``value`` over ranks."""
         if not self.enabled:

@@ -78,6 +78,10 @@ class SingleProcess:
         """Rank 0 passes one picklable object per rank (others pass None); each rank gets its own."""
         return parts[0]
 
+    def broadcast_object(self, obj):
+        """Rank 0's picklable ``obj`` on every rank (the others pass anything, None)."""
+        return obj
+
     def sum(self, value: torch.Tensor) -> torch.Tensor:
         """Sum of ``value`` over ranks."""
         return value

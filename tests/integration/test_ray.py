@@ -205,3 +205,39 @@ def test_partial_rollouts_over_two_workers_equal_one_worker():
         expected = [0] * min(n, S) + [1] * max(0, n - S)  # the first S tokens by version 0, the rest by 1
         assert one.token_versions[row, :n].tolist() == two.token_versions[row, :n].tolist() == expected
     assert one.policy_version == two.policy_version == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_learnability_with_two_rollout_workers_draws_by_the_stored_history(tmp_path, tiny_model_dir, staleness):
+    """`curriculum: learnability` with Ray rollout workers (sync, and one step ahead): the driver draws each batch
+    from the history stored so far, the workers sample it, and the history table sums the stored rollouts."""
+    from test_curriculum_runs import PRIOR, drawn_in_order, history_counts, replayed_draws
+
+    rewards = tmp_path / "half.py"  # half of each group passes: a prompt drawn before weighs 0.25, a new one 0.0475
+    rewards.write_text(
+        "def half(completions, **columns):\n    return [float(i % 2) for i in range(len(completions))]\n"
+    )
+    path = tiny_run_config(
+        tmp_path,
+        tiny_model_dir,
+        max_steps=3,
+        prompts_per_step=4,
+        rewards=[f"{rewards}:half"],
+        data={"curriculum": "learnability", "history_window": 8, "learnability_prior": PRIOR},
+        run={"save_steps": 0},
+        distributed={**RAY_WORKERS, "max_staleness": staleness},
+    )
+    assert main(["train", str(path)]) == 0
+
+    run = tmp_path / "run"
+    drawn = drawn_in_order(run)
+    assert [len(batch) for batch in drawn] == [4, 4, 4]
+    kept, counted = history_counts(run)
+    assert kept == counted and sum(row[2] for row in kept) == 3 * 4 * 4
+    # each batch is what the curriculum draws from the history stored before it: of the steps before it (sync), or
+    # before the one before it (one step ahead: steps 1 and 2 are drawn before anything is stored, step 3 after
+    # step 1 stored its 4 prompts, as each step's metrics say of the latest draw)
+    assert drawn == replayed_draws(run, tmp_path, 3, 4, ahead=staleness)
+    unseen = [m["curriculum/unseen_prompts"] for m in read_metrics(run)]
+    assert unseen == ([20.0, 16.0, 20.0 - len(set(drawn[0] + drawn[1]))] if staleness == 0 else [20.0, 16.0, 16.0])

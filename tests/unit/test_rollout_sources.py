@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import inspect
 
+import pytest
 import torch
 from shared_helpers import sampling_params
 
+from grpokit.data.prompts import DataError
 from grpokit.rewards.contract import RewardState
 from grpokit.rollout.engine import HFRolloutEngine, RolloutEngine
 from grpokit.rollout.engines import ENGINES, EngineParts, get_engine
@@ -117,6 +119,8 @@ class _Workers:
 
 class _Prompts:
     """Draws consecutive prompt indices."""
+
+    drawn_by_history = False  # no curriculum: every rank draws the same
 
     def __init__(self):
         self.next = 0
@@ -262,3 +266,57 @@ def test_every_situation_has_exactly_one_sampler_and_an_overlap_is_refused():
     overlapping = {**SAMPLERS, "mine": SamplerEntry(EngineSampler, seeded=True)}  # group_seeded serves it too
     with pytest.raises(ValueError, match=r"'group_seeded' .* and 'mine' .*exactly one must"):
         pick_sampler(Situation(tool_rollouts=False, seeded=True), overlapping)
+
+
+class _Ranked(SingleProcess):
+    """A rank of two whose broadcast_object records what it passed and returns ``rank0`` (rank 0's object)."""
+
+    def __init__(self, rank: int, rank0=None):
+        super().__init__(rank=rank, world_size=2)
+        self.rank0, self.passed = rank0, []
+
+    def broadcast_object(self, obj):
+        self.passed.append(obj)
+        return obj if self.is_main else self.rank0
+
+
+class _HistoryPrompts(_Prompts):
+    drawn_by_history = True  # a curriculum: only rank 0 holds the history
+
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.fail = fail
+
+    def next_indices(self, n):
+        if self.fail:
+            raise ValueError("curriculum 'mine' gave weights of shape (3,)")
+        return super().next_indices(n)
+
+
+def _ranked_scheduler(procs, prompts):
+    scheduler = _scheduler(SyncRollouts(sampler=None))
+    scheduler.procs, scheduler.prompts = procs, prompts
+    return scheduler
+
+
+def test_a_curriculum_under_torchrun_draws_on_rank_0_and_the_others_take_its_batch():
+    main = _ranked_scheduler(_Ranked(0), _HistoryPrompts())
+    assert main._draw() == [0, 1] and main.procs.passed == [[0, 1]]  # rank 0 draws and sends
+    other_prompts = _HistoryPrompts()
+    other = _ranked_scheduler(_Ranked(1, rank0=[7, 3]), other_prompts)
+    assert other._draw() == [7, 3] and other_prompts.next == 0  # rank 1 takes rank 0's batch, draws nothing
+    uniform = _ranked_scheduler(_Ranked(1, rank0=[7, 3]), _Prompts())
+    assert uniform._draw() == [0, 1] and uniform.procs.passed == []  # the source's own order: every rank draws it
+
+
+def test_a_failed_draw_on_rank_0_stops_every_rank_with_its_message():
+    main = _ranked_scheduler(_Ranked(0), _HistoryPrompts(fail=True))
+    with pytest.raises(ValueError, match="gave weights of shape"):
+        main._draw()
+    message = main.procs.passed[0]
+    assert (
+        message == "rank 0 could not draw the step's prompts: ValueError: curriculum 'mine' gave weights of shape (3,)"
+    )
+    other = _ranked_scheduler(_Ranked(1, rank0=message), _HistoryPrompts())
+    with pytest.raises(DataError, match="rank 0 could not draw the step's prompts: ValueError"):
+        other._draw()

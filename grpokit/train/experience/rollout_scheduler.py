@@ -9,9 +9,10 @@
 - dynamic sampling (DAPO, sync, one process): ``more(step, r)`` draws and samples round r's further batch
   within the step (``train/experience/rounds.py`` runs the rounds).
 
-Under torchrun every rank draws the same global batch and keeps its share of groups (``procs.shard``);
-with Ray, rank 0 drives the workers and scatters each rank's share. Rollouts must not depend on that
-split, so then each group is sampled with its own seed (:mod:`grpokit.rollout.seeding`).
+Under torchrun every rank draws the same global batch and keeps its share of groups (``procs.shard``); a
+curriculum that draws by the prompts' history (which only rank 0 holds, in the store) draws on rank 0, which
+broadcasts the batch; with Ray, rank 0 drives the workers and scatters each rank's share. Rollouts must not depend
+on that split, so then each group is sampled with its own seed (:mod:`grpokit.rollout.seeding`).
 
 Each mode is a small rollout source (:mod:`grpokit.train.experience.sources`) picked once by the composition root;
 the scheduler draws the prompts, dispatches to its source and keeps the checkpoint state.
@@ -19,7 +20,7 @@ the scheduler draws the prompts, dispatches to its source and keeps the checkpoi
 
 from __future__ import annotations
 
-from grpokit.data.prompts import PromptSource
+from grpokit.data.prompts import DataError, PromptSource
 from grpokit.rollout.types import Rollouts, SamplingParams
 from grpokit.train.experience.sources import RolloutSource
 
@@ -98,8 +99,27 @@ class RolloutScheduler:
         self.source.close()
 
     def _draw(self) -> list[int]:
-        """The next global batch of prompt indices (every rank draws the same batch); first a checkpoint's."""
+        """The next global batch of prompt indices (every rank draws the same batch, or gets rank 0's when a
+        curriculum draws by the history); first a checkpoint's."""
         if self._resume_indices:
             batch, self._resume_indices = self._resume_indices, None
             return batch
+        if self.procs.enabled and self.prompts.drawn_by_history:
+            return self._draw_on_main()
         return self.prompts.next_indices(self.prompts_per_step)
+
+    def _draw_on_main(self) -> list[int]:
+        """Rank 0's draw, broadcast to every rank (called on every rank's main thread, in the same order). A failure
+        on rank 0 is broadcast instead and raised on every rank, so the others stop instead of waiting."""
+        drawn, failure = None, None
+        if self.procs.is_main:
+            try:
+                drawn = self.prompts.next_indices(self.prompts_per_step)
+            except Exception as exc:
+                failure, drawn = exc, f"rank 0 could not draw the step's prompts: {type(exc).__name__}: {exc}"
+        drawn = self.procs.broadcast_object(drawn)
+        if failure is not None:
+            raise failure
+        if isinstance(drawn, str):
+            raise DataError(drawn)
+        return drawn
