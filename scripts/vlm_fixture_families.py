@@ -125,9 +125,16 @@ def qwen3_5(kind: str):
     return model, processor, gen
 
 
+GEMMA3_IMAGE_SIZE, GEMMA3_IMAGE_TOKENS = 56, 16  # TRL's tiny checkpoint: 224 px, 256 tokens (see gemma3())
+LLAVA_NEXT_IMAGE_SIZE = 28  # TRL's tiny checkpoint: CLIP at 336 px (see llava_next())
+
+
 def gemma3():
-    """gemma-3-4b-it with TRL's sizes: SigLIP at 224 px, 256 image tokens (the projector's pooling is identity),
-    no SigLIP pooling head (gemma-3-4b's vision_use_head is false: the head would never get a gradient)."""
+    """gemma-3-4b-it with TRL's sizes but a smaller picture: SigLIP (patch 14) at 56 px, 16 image tokens, where
+    TRL's tiny checkpoint keeps 224 px and 256 tokens (in both the projector's pooling is identity: one token a
+    patch). 256 image tokens a prompt put TRL's own test_train_vlm over 600 s on the 2-core machine; the same code
+    runs at 16 (SigLIP, the projector, token_type_ids and the bidirectional image mask). No SigLIP pooling head
+    (gemma-3-4b's vision_use_head is false: the head would never get a gradient)."""
     import transformers as T
 
     special = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
@@ -139,22 +146,26 @@ def gemma3():
     text = dict(SMALL_TEXT, intermediate_size=32, layer_types=None, vocab_size=len(tok), pad_token_id=pad,
                 eos_token_id=eos, bos_token_id=bos)  # fmt: skip
     vision = {"model_type": "siglip_vision_model", "num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4,
-              "intermediate_size": 32, "image_size": 224, "patch_size": 14, "vision_use_head": False}  # fmt: skip
-    config = T.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=256, boi_token_index=eoi,
-                            eoi_token_index=img, image_token_index=boi)  # fmt: skip
+              "intermediate_size": 32, "image_size": GEMMA3_IMAGE_SIZE, "patch_size": 14,
+              "vision_use_head": False}  # fmt: skip
+    config = T.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=GEMMA3_IMAGE_TOKENS,
+                            boi_token_index=eoi, eoi_token_index=img, image_token_index=boi)  # fmt: skip
     config.boi_token_index, config.eoi_token_index, config.image_token_index = ids(
         tok, "<start_of_image>", "<end_of_image>", "<image_soft_token>"
     )
-    image_processor = T.Gemma3ImageProcessorPil(size={"height": 224, "width": 224})
+    image_processor = T.Gemma3ImageProcessorPil(size={"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE})
     processor = T.Gemma3Processor(image_processor=image_processor, tokenizer=tok, chat_template=tok.chat_template,
-                                  image_seq_length=256)  # fmt: skip
+                                  image_seq_length=GEMMA3_IMAGE_TOKENS)  # fmt: skip
     gen = T.GenerationConfig(bos_token_id=bos, eos_token_id=[eos, eot], pad_token_id=pad, do_sample=True, top_k=64,
                              top_p=0.95)  # fmt: skip
     return T.Gemma3ForConditionalGeneration(config), processor, gen
 
 
 def llava_next():
-    """llava-v1.6-mistral-7b-hf with TRL's sizes: CLIP-L/336 (patch 14) and Mistral, 2 layers each, width 16."""
+    """llava-v1.6-mistral-7b-hf with TRL's sizes (CLIP-L, patch 14, and Mistral, 2 layers each, width 16) but CLIP
+    at 28 px, where TRL's tiny checkpoint keeps 336 px: with the pinpoints scaled alike (28/336) an image is 2 x 2
+    patches a crop, the base crop and the anyres grid unpadded with a newline token a row as at 336 px, tens of
+    image tokens a prompt instead of ~1,700 (which put TRL's own test_train_vlm over 600 s on the 2-core machine)."""
     import transformers as T
 
     tok = build_tokenizer(["<unk>", "<s>", "</s>", "<image>", "<pad>"], template("llava_next"), bos="<s>",
@@ -164,12 +175,14 @@ def llava_next():
     text = dict(SMALL_TEXT, model_type="mistral", layer_types=None, vocab_size=len(tok), bos_token_id=bos,
                 eos_token_id=eos, pad_token_id=pad)  # fmt: skip
     vision = {"model_type": "clip_vision_model", "num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 4,
-              "image_size": 336, "patch_size": 14, "intermediate_size": 4096, "projection_dim": 768}  # fmt: skip
-    pinpoints = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
+              "image_size": LLAVA_NEXT_IMAGE_SIZE, "patch_size": 14, "intermediate_size": 4096,
+              "projection_dim": 768}  # fmt: skip
+    side = LLAVA_NEXT_IMAGE_SIZE
+    pinpoints = [[side, 2 * side], [2 * side, side], [2 * side, 2 * side], [3 * side, side], [side, 3 * side]]
     config = T.LlavaNextConfig(text_config=text, vision_config=vision, image_token_index=image,
                                image_grid_pinpoints=pinpoints, vision_feature_layer=-2)  # fmt: skip
-    image_processor = T.LlavaNextImageProcessorPil(image_grid_pinpoints=pinpoints, size={"shortest_edge": 336},
-                                                   crop_size={"height": 336, "width": 336})  # fmt: skip
+    image_processor = T.LlavaNextImageProcessorPil(image_grid_pinpoints=pinpoints, size={"shortest_edge": side},
+                                                   crop_size={"height": side, "width": side})  # fmt: skip
     processor = T.LlavaNextProcessor(image_processor=image_processor, tokenizer=tok, patch_size=14,
                                      vision_feature_select_strategy="default", chat_template=tok.chat_template,
                                      num_additional_image_tokens=1, image_token="<image>")  # fmt: skip

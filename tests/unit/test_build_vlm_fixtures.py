@@ -31,13 +31,36 @@ def test_gemma3_stand_in_loads_and_its_processor_makes_pixel_values(tmp_path):
     inputs = processor.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
     )
-    assert tuple(inputs["pixel_values"].shape) == (1, 3, 224, 224)  # TRL's recipe: SigLIP at 224 px
+    assert tuple(inputs["pixel_values"].shape) == (1, 3, 56, 56)  # SigLIP at 56 px (TRL's checkpoint: 224)
     image_token = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
-    assert int((inputs["input_ids"] == image_token).sum()) == 256  # mm_tokens_per_image
+    assert int((inputs["input_ids"] == image_token).sum()) == 16  # mm_tokens_per_image: (56 / 14) ** 2 patches
     with torch.no_grad():
         logits = model(**inputs).logits
     assert logits.shape[-1] == len(processor.tokenizer) and not torch.isnan(logits).any()
     assert build.build_model("tiny-Gemma3ForConditionalGeneration", tmp_path) == folder  # kept, not rebuilt
+
+
+def test_llava_next_stand_in_tiles_an_image_into_anyres_crops_at_28_px(tmp_path):
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder = build.build_model("tiny-LlavaNextForConditionalGeneration", tmp_path)
+    model = AutoModelForImageTextToText.from_pretrained(folder)
+    processor = AutoProcessor.from_pretrained(folder)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=[Image.new("RGB", (40, 33), "green")], return_tensors="pt")
+    # 40 wide x 33 high: of the pinpoints (h, w) 28x56, 56x28, 56x56, 84x28, 28x84, only 56x56 holds all 1,320
+    # pixels scaled up (x1.4 -> 56 x 46), so the base crop and 2 x 2 crops of 28 px: 5 crops of 3 x 28 x 28
+    assert tuple(inputs["pixel_values"].shape) == (1, 5, 3, 28, 28)
+    # tokens: base crop 2 x 2 patches = 4 (CLS dropped by the default strategy); the 4 x 4 grid unpadded
+    # (33 * 4 / 40 = 3.3 -> 3 rows, padding (4 - 3) // 2 = 0) = 16, plus one newline a row = 4: 24
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
+    assert int((inputs["input_ids"] == image_token).sum()) == 24
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert logits.shape[-1] == len(processor.tokenizer) and not torch.isnan(logits).any()
 
 
 def test_qwen2_vl_stand_in_loads_without_torchvision_and_counts_its_image_tokens(tmp_path):

@@ -110,7 +110,7 @@ def policy_forward(model, batch, temperature: float, kernels, *, router_aux: boo
     ids ``at`` [n, T, k] or None) of ``batch``'s completion tokens at ``temperature``: one forward over prompt and
     completion (``router_aux``: asking for router logits)."""
     from grpokit.algos import entropy_from_logits, selective_logprobs
-    from grpokit.train.learning.policy_logprobs import _trim_left, completion_features
+    from grpokit.train.learning.policy_logprobs import _trim_left, completion_features, full_forward_image_inputs
 
     T = batch.completion_ids.size(1)
     width = max(int(batch.completion_mask.sum(1).max()), 1)
@@ -119,16 +119,15 @@ def policy_forward(model, batch, temperature: float, kernels, *, router_aux: boo
     if router_aux and batch.prompt_ids is not None:
         groups, inverse = torch.unique(batch.group_index, return_inverse=True)
         prompt_ids, prompt_mask = _trim_left(batch.prompt_ids[groups], batch.prompt_mask[groups])
-        mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
+        if batch.prompts is not None:  # a VLM's rows: each with its prompt's images (and M-RoPE positions)
+            chosen = [batch.prompts[g] for g in groups.tolist()]
+            inputs = full_forward_image_inputs(model, batch, width, chosen, prompt_ids, prompt_mask)
+        else:
+            mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
+            inputs = {"input_ids": torch.cat([prompt_ids[inverse], ids], dim=1), "attention_mask": mask,
+                      "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}  # fmt: skip
         with kernels.attention(model), kernels.mlp(model), kernels.norms(model):
-            out = model(
-                input_ids=torch.cat([prompt_ids[inverse], ids], dim=1),
-                attention_mask=mask,
-                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=False,
-                logits_to_keep=width + 1,
-                output_router_logits=True,
-            )
+            out = model(**inputs, use_cache=False, logits_to_keep=width + 1, output_router_logits=True)
         logits = out.logits[:, -(width + 1) : -1]  # [n, w, V]: position t predicts completion token t
         aux = getattr(out, "aux_loss", None)
     else:

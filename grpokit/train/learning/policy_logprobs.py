@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from grpokit.algos import entropy_from_logits, selective_logprobs
 from grpokit.kernels import Kernels
-from grpokit.models.cache_rows import select_rows
+from grpokit.models.cache_rows import fresh_state_writes, select_rows
 from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import activation_checkpointing, is_hf_model, logits_of
 from grpokit.models.vision_inputs import (
@@ -180,6 +180,8 @@ def completion_features(
     if width == 1:
         return first
     select_rows(cache, inverse)  # [g, ...] -> [n, ...]
+    if torch.is_grad_enabled():
+        fresh_state_writes(cache)  # Qwen3.5's linear-attention states: no in-place write over a saved tensor
     mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, : width - 1].long()], dim=1)  # [n, P+w-1]
     position = next_positions(prompt_position, width - 1)[inverse]  # [n, w-1]
     rest, _ = _run(
@@ -199,23 +201,27 @@ def completion_features(
 def _full_forward_with_images(model, head, batch, width, kernels, chosen, prompt_ids, prompt_mask, extra):
     """Features [n, w, D] of a full forward over [prompt | completion] per row, each with its prompt's images (the
     model's own forward over repeated inputs: under DDP, FSDP or activation checkpointing)."""
+    inputs = full_forward_image_inputs(model, batch, width, chosen, prompt_ids, prompt_mask, extra)
+    features, _ = _run(model, head, width + 1, kernels, use_cache=False, **inputs)
+    return features[:, :-1]  # [n, w, D]
+
+
+def full_forward_image_inputs(model, batch, width, chosen, prompt_ids, prompt_mask, extra=None) -> dict:
+    """The inputs of a full forward over [prompt | completion] per row (``input_ids`` [n, P+w], ``attention_mask``,
+    ``position_ids`` [n, P+w] or M-RoPE's [3, n, P+w], and each row's prompt's pixel inputs); ``chosen``: the
+    prompts of ``prompt_ids``' groups, ``extra``: their batched pixel inputs (built here when not given)."""
     _, inverse = torch.unique(batch.group_index, return_inverse=True)  # [n]
+    if extra is None:
+        extra = batch_inputs(chosen, prompt_ids.size(1), prompt_ids.device)
     rows = [chosen[i] for i in inverse.tolist()]
     inputs = batch_inputs(rows, prompt_ids.size(1), prompt_ids.device, right=width)
     position = prompt_positions(model, prompt_ids, prompt_mask, extra)[..., inverse, :]  # [n, P] or [3, n, P]
-    mask = torch.cat([prompt_mask[inverse], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
-    features, _ = _run(
-        model,
-        head,
-        width + 1,
-        kernels,
-        input_ids=torch.cat([prompt_ids[inverse], batch.completion_ids[:, :width]], dim=1),
-        attention_mask=mask,
-        position_ids=with_positions(position, next_positions(position, width)),
-        use_cache=False,
+    return {
+        "input_ids": torch.cat([prompt_ids[inverse], batch.completion_ids[:, :width]], dim=1),
+        "attention_mask": torch.cat([prompt_mask[inverse], batch.completion_mask[:, :width].long()], dim=1),
+        "position_ids": with_positions(position, next_positions(position, width)),
         **inputs,
-    )
-    return features[:, :-1]  # [n, w, D]
+    }
 
 
 def _trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
