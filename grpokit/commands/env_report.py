@@ -25,6 +25,7 @@ from grpokit.machine.cpu_caps import ENV, cpu_caps, describe
 from grpokit.machine.gpu_caps import gpu_caps, gpu_lines, gpu_warnings
 from grpokit.machine.hardware import MIN_AUTOCAST_PARAMS, pick_device, pick_dtype
 from grpokit.memory.fit import available_bytes
+from grpokit.rollout import engine_choice
 from grpokit.version import __version__
 
 
@@ -113,6 +114,10 @@ def choices(probe: bool = False) -> dict[str, str]:
     device = pick_device("auto")
     weights = pick_dtype("auto", device)
     out = {"device (auto)": str(device), "weights with dtype auto": str(weights).replace("torch.", "")}
+    cleared = engine_choice.clear_cache() if probe and device.type == "cpu" else 0
+    out["generation.engine auto"] = engine_choice.env_line(device.type) + (
+        f" (--probe cleared {cleared} cached measurement(s))" if cleared else ""
+    )
     if device.type != "cpu":
         out["fast paths"] = ", ".join(Kernels.select(device).in_use())
         return out

@@ -46,7 +46,7 @@ def check_rollout_func(args: GRPOConfig, rollout_func: Any, tools: Any, environm
             "rollout_func generates the completions itself, and so do tools / environment_factory; pass one of them "
             "(a rollout_func runs its own tool or environment loop and marks the environment's tokens with env_mask)."
         )
-    if args.engine != "hf":
+    if args.engine not in ("hf", "auto"):  # auto: the function samples; no engine is resolved
         raise ConfigError(
             f"rollout_func generates the completions itself, so it cannot be combined with generation.engine: "
             f"{args.engine} (use_vllm or generation_kwargs); remove that setting (the function may call your own "

@@ -16,6 +16,7 @@ from grpokit.config import GRPOConfig
 from grpokit.config.rules import engine_settings
 from grpokit.data.readers import eval_set_name, eval_sets
 from grpokit.machine.hardware import pick_device
+from grpokit.rollout.engine_choice import is_auto
 from grpokit.train.rundir.folder import RunDirSpec, check_run_dir
 
 
@@ -61,10 +62,11 @@ def check_inputs(
     )
 
     args.validate(procs.world_size)
-    kind = engine_kind(args.engine)  # a registered engine (rollout/engines.py), before a model loads
+    # a registered engine (rollout/engines.py), before a model loads; auto is resolved once it has (engine_auto.py)
+    kind = None if is_auto(args.engine) else engine_kind(args.engine)
     if rollout_func is not None:
         check_rollout_func(args, rollout_func, tools, environment_factory)
-    if kind.check_environment is not None:
+    if kind is not None and kind.check_environment is not None:
         from grpokit.rollout.engines import EngineSite
 
         # with Ray the workers sample: on CUDA with rollout_worker_gpus, else on the CPU

@@ -144,10 +144,11 @@ def engine_kind(name: str):
     import difflib
 
     from grpokit.rollout.engines import ENGINES
+    from grpokit.rollout.sampling_settings import AUTO_ENGINE
 
     if name in ENGINES:
         return ENGINES[name]
-    names = [key for key, entry in ENGINES.items() if not entry.internal]
+    names = [key for key, entry in ENGINES.items() if not entry.internal] + [AUTO_ENGINE]
     close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ConfigError(f"engine={name!r} is not valid; choose one of {', '.join(names)}.{hint}")

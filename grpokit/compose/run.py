@@ -15,6 +15,7 @@ from grpokit.algos.algorithms import get_algorithm
 from grpokit.algos.settings import KLControlSettings
 from grpokit.compose import arguments, datasets, specs
 from grpokit.compose import inputs as build_inputs
+from grpokit.compose.engine_auto import resolve_run_engine
 from grpokit.compose.learner import build_learner
 from grpokit.compose.policy import build_policy, warn_if_too_big
 from grpokit.compose.rewards import eval_reward_runner
@@ -27,6 +28,7 @@ from grpokit.eval.settings import EvalSettings
 from grpokit.kernels import Kernels
 from grpokit.kernels.cpu_precision import run_compute
 from grpokit.models.loading import ensure_pad_token
+from grpokit.rollout.engine_choice import is_auto
 from grpokit.train.callbacks import CallbackRunner
 from grpokit.train.experience.scoring import Scorer
 from grpokit.train.learning.reference_settings import ReferenceSettings
@@ -193,7 +195,7 @@ def build_run(
     )
     config = checked.args  # max_steps resolved
     spec = specs.loop_spec(config, procs.world_size)
-    policy = _policy(config, spec, procs, checked, model, tokenizer, peft_config)
+    policy, config = _policy(config, spec, procs, checked, model, tokenizer, peft_config)  # engine: auto resolved
     rollouts = _rollouts(config, spec, procs, checked, policy, None if rollout_func is None else generate)
     learning = _learning(config, spec, procs, policy, optimizers, teacher_model)
     teacher_ahead(rollouts.rollout_scheduler, learning.distiller)
@@ -217,8 +219,9 @@ def _fields(stage, exclude: set = frozenset()) -> dict:
     return {f.name: getattr(stage, f.name) for f in dataclasses.fields(stage) if f.name not in exclude}
 
 
-def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer, peft_config) -> Policy:
-    """The policy on its device with its tokenizer, the prompt sources, and the run's autocast dtype and kernels."""
+def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer, peft_config):
+    """(the policy on its device with its tokenizer, the prompt sources, and the run's autocast dtype and kernels;
+    the config with ``generation.engine: auto`` resolved to an engine, :mod:`grpokit.compose.engine_auto`)."""
     path = model if isinstance(model, str) else spec.model_name_or_path if model is None else None
     if path and procs.is_main:
         warn_if_too_big(config, path)
@@ -226,15 +229,22 @@ def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer
     ensure_pad_token(tokenizer)
     train_source, eval_sets = datasets.prompt_sources(config, tokenizer, checked.train_rows, checked.eval_sets)
     torch.manual_seed(spec.seed)
-    compute = run_compute(
-        spec.dtype,
-        device,
-        model,
-        config.mixed_precision,
-        sample_rows=config.completions_per_step(),
-        world_size=procs.world_size,
-        own_sampler=engine_kind(config.engine).own_sampler,
-    )
+    engine_note = ()
+    if is_auto(config.engine):  # resolved on the loaded policy, before run_compute reads the engine's facts
+        compute = _compute(config, spec, procs, device, model, own_sampler=True)
+        config, choice = resolve_run_engine(
+            config,
+            procs,
+            model=model,
+            tokenizer=tokenizer,
+            device=device,
+            source=path,
+            compute=compute,
+            prompts=train_source,
+            tools=checked.tools,
+        )
+        engine_note = (choice.note(),)
+    compute = _compute(config, spec, procs, device, model, own_sampler=engine_kind(config.engine).own_sampler)
     dtype = compute.learning
     kernels = Kernels.select(device, dtype)  # this run's fast paths, chosen once
     return Policy(
@@ -249,7 +259,20 @@ def _policy(config: GRPOConfig, spec: LoopSpec, procs, checked, model, tokenizer
         source=path,
         sampling_dtype=compute.sampling,
         sampling_kernels=kernels if compute.sampling == dtype else Kernels.select(device, compute.sampling),
-        precision_notes=compute.notes,
+        precision_notes=(*compute.notes, *engine_note),
+    ), config
+
+
+def _compute(config: GRPOConfig, spec: LoopSpec, procs, device, model, own_sampler: bool):
+    """The run's compute dtypes (:func:`grpokit.kernels.cpu_precision.run_compute`; the probe's rates are cached)."""
+    return run_compute(
+        spec.dtype,
+        device,
+        model,
+        config.mixed_precision,
+        sample_rows=config.completions_per_step(),
+        world_size=procs.world_size,
+        own_sampler=own_sampler,
     )
 
 

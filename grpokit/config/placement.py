@@ -26,7 +26,7 @@ def distributed(cfg: GRPOConfig, world_size: int) -> None:
         partial_rollouts(cfg, world_size)
     server = cfg.generation.engine == "vllm" and cfg.generation.vllm_mode == "server"
     check(
-        d.staleness_bound() == 0 or d.backend == "ray" or cfg.generation.engine == "hf" or server,
+        d.staleness_bound() == 0 or d.backend == "ray" or cfg.generation.engine in ("hf", "auto") or server,
         f"max_staleness={d.staleness_bound()} without Ray samples ahead on a background thread with a copy of the "
         f"policy, which the hf engine and a vLLM server support (not generation.engine: {cfg.generation.engine} "
         "in this process); set engine: hf, vllm_mode: server, backend: ray, or max_staleness: 0.",

@@ -43,7 +43,7 @@ def check_multi_turn(cfg: GRPOConfig) -> None:
     """Refuse the settings multi-turn tool rollouts cannot run with (tools from the config or from
     GRPOTrainer(tools=..., environment_factory=...))."""
     fix = "multi-turn tool rollouts are sampled by the hf engine in the training process"
-    check(cfg.generation.engine == "hf", f"tools and environments need generation.engine: hf ({fix}).")
+    check(cfg.generation.engine in ("hf", "auto"), f"tools and environments need generation.engine: hf ({fix}).")
     check(cfg.distributed.backend == "none", f"tools and environments need distributed.backend: none ({fix}).")
 
 

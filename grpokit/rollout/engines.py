@@ -81,6 +81,7 @@ class EngineEntry:
     is_server: Callable[[Any], bool] | None = None  # samples from a running server, per its settings
     # its settings -> partial rollouts' (S tokens, seconds a continuation may wait for its version), or None when off
     partial_rollouts: Callable[[Any], tuple[int, float] | None] | None = None
+    package: str | None = None  # generation.engine: auto may pick it where this module is installed (engine_choice)
 
     def serves(self, settings: Any) -> bool:
         """Whether this engine, with ``settings``, samples from a server (which pushes weights to it)."""
@@ -185,6 +186,7 @@ ENGINES.register(
     check_environment=_vllm_environment,
     is_server=_vllm_server,
     partial_rollouts=_vllm_partial,
+    package="vllm",
 )(_vllm)
 
 

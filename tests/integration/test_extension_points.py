@@ -174,7 +174,7 @@ def test_an_engine(tmp_path, tiny_model_dir, word_prompts):
     assert [m for m in metrics(run) if "loss" in m]
     with pytest.raises(
         ConfigError,
-        match=r"engine='toy_countin' is not valid; choose one of hf, vllm, transformers, toy_counting. Did you mean",
+        match=r"engine='toy_countin' is not valid; choose one of hf, vllm, transformers, toy_counting, auto\. Did you",
     ):
         GRPOTrainer(
             str(tiny_model_dir), TARGET_REWARD, args=GRPOConfig(engine="toy_countin"), train_dataset=word_prompts
