@@ -5,7 +5,13 @@ checked with it (docs/testing.md, "numbers unchanged"). A test server's loopback
     python scripts/compare_runs.py BEFORE_BASETEMP AFTER_BASETEMP
 
 Run folders are matched by their path under the basetemp (pytest names them by test). Prints each difference and
-``runs: N, differences: D``; exits 1 when D > 0 or no run folder matched."""
+``runs: N, differences: D``; exits 1 when D > 0 or no run folder matched.
+
+``--added-ok``: what a feature added since BEFORE (a metric key, a table, a key/value row no BEFORE run has) is
+listed once as added and left out of the comparison; every value BEFORE had must still be equal::
+
+    python scripts/compare_runs.py --added-ok BEFORE_BASETEMP AFTER_BASETEMP
+"""
 
 from __future__ import annotations
 
@@ -77,9 +83,45 @@ def run_folders(base: Path) -> dict[str, Path]:
     return {str(p.parent.relative_to(base)): p.parent for p in base.rglob("metrics.jsonl")}
 
 
+def added_since(runs: list[Path]) -> tuple[set[str], set[str], dict[str, set]]:
+    """What the BEFORE runs have: metric keys, tables, and the row names of each key/value table."""
+    keys, names, rows = set(), set(), {}
+    for run in runs:
+        for line in metrics(run):
+            keys |= set(line)
+        for table, content in tables(run).items():
+            names.add(table)
+            column = KEY_COLUMNS.get(table)
+            if column:
+                rows.setdefault(table, set()).update(row.get(column) for row in content)
+    return keys, names, rows
+
+
+def _known(run: Path, keys: set[str], names: set[str], rows: dict[str, set], added: set[str]):
+    """``run``'s metrics and tables less what BEFORE never had (each noted in ``added``)."""
+    lines = []
+    for line in metrics(run):
+        added.update(f"metric {k}" for k in line if k not in keys)
+        lines.append({k: v for k, v in line.items() if k in keys})
+    kept = {}
+    for table, content in tables(run).items():
+        if table not in names:
+            added.add(f"table {table}")
+            continue
+        column = KEY_COLUMNS.get(table)
+        if column:
+            added.update(f"{table} row {r.get(column)}" for r in content if r.get(column) not in rows[table])
+            content = [r for r in content if r.get(column) in rows[table]]
+        kept[table] = content
+    return lines, kept
+
+
 def main(argv: list[str]) -> int:
-    before, after = (Path(a) for a in argv[:2])
+    added_ok = "--added-ok" in argv
+    before, after = (Path(a) for a in argv if a != "--added-ok")
     runs_before, runs_after = run_folders(before), run_folders(after)
+    known = added_since(list(runs_before.values())) if added_ok else None
+    added: set[str] = set()
     common = sorted(set(runs_before) & set(runs_after))
     differences = 0
     for name in sorted(set(runs_before) ^ set(runs_after)):
@@ -87,14 +129,17 @@ def main(argv: list[str]) -> int:
         differences += 1
     for name in common:
         a, b = runs_before[name], runs_after[name]
-        if metrics(a) != metrics(b):
+        ma, ta = metrics(a), tables(a)
+        mb, tb = _known(b, *known, added) if known else (metrics(b), tables(b))
+        if ma != mb:
             print(f"{name}: metrics.jsonl differs")
             differences += 1
-        ta, tb = tables(a), tables(b)
         for table in sorted(set(ta) | set(tb)):
             if ta.get(table, []) != tb.get(table, []):  # a table one side lacks reads as empty (added later)
                 print(f"{name}: table {table} differs")
                 differences += 1
+    for what in sorted(added):
+        print(f"added since before (not compared): {what}")
     print(f"runs: {len(common)}, differences: {differences}")
     return 1 if differences or not common else 0
 
