@@ -45,6 +45,12 @@ NOT_RUNNABLE = {
         "a mutual-TLS server, until stopped: tests/unit/test_serve_rewards_tls.py makes the certificates and serves one"
     ),
     "python bench/soak.py --steps 2000": "the soak: ~7 min; tests/integration/test_soak_counts.py runs it short",
+    "nice -n 19 env OMP_NUM_THREADS=1 python bench/curriculum.py --steps 40": (
+        "the curriculum comparison: 12 runs, ~10 min; tests/integration/test_curriculum_runs.py trains each curriculum"
+    ),
+    "nice -n 19 env OMP_NUM_THREADS=1 python bench/curriculum.py --steps 40 --train-size 160": (
+        "the curriculum comparison on 160 questions: ~8 min"
+    ),
     "python bench/soak.py --steps 2000 --max-staleness 2": "the soak: ~5 min; test_soak_counts.py runs it short",
     "python bench/soak.py --steps 2000 --max-staleness 2 --ray": "the soak on a local Ray cluster: ~7 min",
     "python bench/serve_rewards_load.py --clients 3 --batches 20 --batch 64 --concurrency 2 --batch-size 32 "
@@ -97,6 +103,9 @@ NOT_RUNNABLE = {
     "scripts/gpu_check.py --out $OUT/gpu_check.json": "the lent GPU machine's command (the real check needs CUDA); "
     "its --dry-run with the bundle was run in a CPU venv of that machine's versions (docs/gpu.md)",
     "python bench/vs_trl.py": "the benchmark: ~30 min",
+    "OMP_NUM_THREADS=1 python -m pytest -q tests/unit/test_vision_families.py": (
+        "a file of the project's own tests (a clone's, not this folder's): make test runs it"
+    ),
     "python bench/vs_trl.py --quick --rounds 2": "the benchmark: ~10 min",
     "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 GRPOKIT_CPU_CAPS=avx2 python bench/vs_trl.py --shapes qwen0.5b "
     "--configs grpokit --steps 2": "a 494M-parameter model on the AVX2 kernels: ~10 min, ~13 GB",

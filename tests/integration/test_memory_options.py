@@ -103,7 +103,7 @@ def test_8bit_adamw_in_slices_equals_bitsandbytes_whole(monkeypatch):
     """grpokit's CPU step over slices of a parameter (here 3 x 256 + 100 values per slice of 1024) gives exactly
     bitsandbytes' own step over the whole parameter: every operation is elementwise or per 256-value block."""
     bnb = pytest.importorskip("bitsandbytes")
-    from grpokit.compose import memory
+    from grpokit.memory import estimate as memory
     from grpokit.train.learning import adamw8bit
 
     assert adamw8bit.SLICE_VALUES == memory.EIGHT_BIT_SLICE  # the estimate's copy of it
