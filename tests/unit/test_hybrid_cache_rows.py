@@ -90,7 +90,7 @@ def test_the_router_aux_loss_pass_of_a_moe_vlm_sees_the_images():
     rollouts, batch = image_rollouts(model, processor)
     with torch.no_grad():
         expected, _ = completion_logprobs(model, batch, 1.0)  # the shared-prompt pass, images and all
-    logprobs, _, aux = policy_forward(model, batch, 1.0, Kernels.select(torch.device("cpu")), router_aux=True)
+    logprobs, _, aux, _ = policy_forward(model, batch, 1.0, Kernels.select(torch.device("cpu")), router_aux=True)
     assert aux is not None  # the router's load-balancing loss came back
     mask = rollouts.completion_mask
     assert float(((logprobs - expected) * mask).abs().max()) < 1e-5  # was the forward of image placeholders alone
