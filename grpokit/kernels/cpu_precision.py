@@ -28,10 +28,8 @@ AMX), since the cap changes them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +38,7 @@ import torch
 from grpokit.errors import ConfigError
 from grpokit.kernels.cpu_probe import DTYPES, LEARN_ROWS, Shape, candidates, matmul_shapes, measure, reference_shapes
 from grpokit.machine.cpu_caps import CpuCaps, cpu_caps
-from grpokit.system.cached_folders import default_cache_root, write_atomic
+from grpokit.system.cached_folders import default_cache_root, keyed_file, read_keyed, write_atomic
 
 FORCE_ENV = "GRPOKIT_CPU_PRECISION"  # float32 | bf16 | LEARNING/SAMPLING: the choice, unmeasured (forced_choice)
 ISA_ENVS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")  # caps on the kernels torch runs: part of the cache key
@@ -120,29 +118,22 @@ def cache_key(shapes: list[Shape], caps: CpuCaps, learn_rows: int, sample_rows: 
 
 
 def cache_path(key: dict, root: str | Path | None = None) -> Path:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(root or default_cache_root()) / CACHE_FOLDER / f"{digest}.json"
+    return keyed_file(Path(root or default_cache_root()) / CACHE_FOLDER, key)
 
 
 def read_cached(path: Path, key: dict) -> dict | None:
     """The cached entry at ``path`` for ``key`` (``rates``, and the ``load`` average it was measured at), or None: no
     file, or one that does not hold them (named in one line on stderr; the caller measures again and replaces it)."""
-    if not path.is_file():
-        return None
-    try:
-        entry = json.loads(path.read_text())
+
+    def check(entry: dict) -> None:
         rates = entry["rates"]
-        if entry["key"] != key:
-            raise ValueError("it was measured for another machine or model")
         for phase in ("learning", "sampling"):
             if set(rates[phase]) != set(key[phase]) or not all(
                 isinstance(v, (int, float)) and v > 0 for v in rates[phase].values()
             ):
                 raise ValueError(f"its {phase} rates are not positive numbers for {key[phase]}")
-        return entry
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"grpokit: ignoring {path}, not a CPU probe result ({exc}); measuring again", file=sys.stderr)
-        return None
+
+    return read_keyed(path, key, check, "a CPU probe result")
 
 
 def clear_cache(root: str | Path | None = None) -> int:

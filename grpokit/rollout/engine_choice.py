@@ -189,17 +189,24 @@ def cache_folder(root: str | Path | None = None) -> Path:
 
 
 def cache_path(key: dict, root: str | Path | None = None) -> Path:
-    import hashlib
+    from grpokit.system.cached_folders import keyed_file
 
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_folder(root) / f"{digest}.json"
+    return keyed_file(cache_folder(root), key)
 
 
 def read_cached(path: Path, key: dict) -> dict | None:
     """The cached entry at ``path`` for ``key``, or None: no file, or one that does not hold positive rates for
     hf and the key's engines (named in one line on stderr; measured again and replaced)."""
-    if not path.is_file():
-        return None
+    from grpokit.system.cached_folders import read_keyed
+
+    def check(entry: dict) -> None:
+        rates = entry["rates"]
+        if set(rates) != {BASELINE, *key["engines"]} or not all(
+            isinstance(v, (int, float)) and v > 0 for v in rates.values()
+        ):
+            raise ValueError("its rates are not positive numbers for hf and the engines measured")
+
+    return read_keyed(path, key, check, "an engine measurement")
     try:
         entry = json.loads(path.read_text())
         rates = entry["rates"]

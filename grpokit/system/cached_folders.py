@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,30 @@ def write_atomic(path: str | Path, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def keyed_file(folder: str | Path, key: dict) -> Path:
+    """``folder/<first 16 hex digits of sha256(key as sorted JSON)>.json``: a measurement's file, named by what it
+    was measured for."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(folder) / f"{digest}.json"
+
+
+def read_keyed(path: Path, key: dict, check: Callable[[dict], None], what: str) -> dict | None:
+    """The JSON entry at ``path`` measured for ``key`` (``check(entry)`` raises ValueError, KeyError or TypeError
+    when its values are not usable), or None: no file, or one that is not ``what`` (named in one line on stderr;
+    the caller measures again and replaces it)."""
+    if not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text())
+        if entry["key"] != key:
+            raise ValueError("it was measured for another machine or model")
+        check(entry)
+        return entry
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"grpokit: ignoring {path}, not {what} ({exc}); measuring again", file=sys.stderr)
+        return None
 
 
 def cached_folder(cache_dir: str | Path, kind: str, recipe: dict, build: Callable[[Path], None]) -> Path:
