@@ -5,12 +5,11 @@ t + 1's batch reaches the server while step t's update runs (events, not time), 
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 from shared_helpers import tiny_run_config
 from test_distill import metrics, padded_teacher
+from test_distill_served import Arrivals
 
 from grpokit.cli import main
 from grpokit.testing.teacher_server import serve_teacher
@@ -19,22 +18,6 @@ from grpokit.train.teacher.local import LocalTeacher
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 STEPS = 3
-
-
-class Arrivals:
-    """Counts the scoring requests that reached the server."""
-
-    def __init__(self):
-        self.count, self.changed = 0, threading.Condition()
-
-    def set(self):
-        with self.changed:
-            self.count += 1
-            self.changed.notify_all()
-
-    def reached(self, n: int) -> bool:
-        with self.changed:
-            return self.changed.wait_for(lambda: self.count >= n, timeout=30)
 
 
 def test_the_served_teacher_scores_the_next_batch_while_a_step_trains(tmp_path, tiny_model_dir, monkeypatch):

@@ -82,23 +82,26 @@ def test_a_teacher_server_that_hangs_is_bounded(teacher):
         server.shutdown()
 
 
+class Arrivals:
+    """Counts the scoring requests that reached the server (a barrier on their number, not a clock)."""
+
+    def __init__(self):
+        self.count, self.changed = 0, threading.Condition()
+
+    def set(self):
+        with self.changed:
+            self.count += 1
+            self.changed.notify_all()
+
+    def reached(self, n: int) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count >= n, timeout=30)
+
+
 def test_the_served_teacher_is_asked_while_the_reference_pass_runs(tmp_path, tiny_model_dir, monkeypatch):
     """Events, not time: each step's reference pass starts only once the teacher's request has reached the server
     (the server holds the answer until that pass is done), so the request is in flight during the pass."""
     from grpokit.train.learning.learner import Learner
-
-    class Arrivals:  # counts the scoring requests that reached the server
-        def __init__(self):
-            self.count, self.changed = 0, threading.Condition()
-
-        def set(self):
-            with self.changed:
-                self.count += 1
-                self.changed.notify_all()
-
-        def reached(self, n: int) -> bool:
-            with self.changed:
-                return self.changed.wait_for(lambda: self.count >= n, timeout=20)
 
     model, tokenizer = padded_teacher(tmp_path / "teacher", tiny_model_dir)
     arrivals, release = Arrivals(), threading.Event()
