@@ -24,7 +24,6 @@ def check_image_paths(args, engine: str, prompts, procs, tools, rollout_func, ev
             f"generation.engine: {engine} does not take images (vLLM: not passed to its multi_modal_data yet); set "
             "generation.engine: hf",
         ),
-        (args.backend == "ray", "distributed.backend: ray's rollout workers do not take images; set backend: none"),
         (
             procs.world_size > 1,
             f"torchrun ({procs.world_size} processes) is not supported with images; run one process",

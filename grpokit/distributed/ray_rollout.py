@@ -17,12 +17,14 @@ with the batch, and its continuation on the next version is launched when that v
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 from dataclasses import dataclass
 
 import torch
 
+from grpokit.models.vision_inputs import for_workers, has_images, ids_only, with_driver_prompts
 from grpokit.rollout.seeding import concat_rollouts, generate_per_group
 from grpokit.rollout.types import Rollouts, SamplingParams
 
@@ -122,6 +124,8 @@ class RolloutWorker:
             self.version = version
         self.engine.policy_version = version  # vLLM: a version it does not hold loads the copy's weights first
         rollouts = generate_per_group(self.engine, prompt_ids, seeds, num_generations, params)
+        if has_images(prompt_ids):  # the driver holds the prompts' pixel inputs: they do not travel back
+            rollouts = dataclasses.replace(rollouts, prompt_ids=ids_only(rollouts.prompt_ids))
         if not self.checks_sync or (version, continued) in self.checked or params.greedy:
             return rollouts, None
         from grpokit.distributed.ray_vllm import sync_gap
@@ -165,6 +169,7 @@ class PendingRollouts:
     switch: int | None = None  # partial rollouts: the version that samples the tokens from ``tokens`` on
     tokens: int = 0  # partial rollouts: S, the tokens sampled by ``version``
     tails: dict | None = None  # partial rollouts: the continuations' ObjectRef -> (chunk, worker), once launched
+    prompts: list | None = None  # prompts with images: the driver's own (PIL images too), put back into the rollouts
 
     def call(self, chunk: int) -> tuple:
         """The worker's ``generate`` arguments of ``chunk`` (partial rollouts: at most S tokens)."""
@@ -249,9 +254,12 @@ class RayRolloutEngine:
         switch = None if self.tails is None or step is None else switch_version(step, self.version)
         n = len(self.workers)
         bounds = [len(prompt_ids) * w // n for w in range(n + 1)]
-        chunks = [(prompt_ids[a:b], seeds[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
+        # a prompt with images goes with its pixel inputs, once per group, without its PIL images (the store's, here)
+        sent = [for_workers(p) for p in prompt_ids]
+        chunks = [(sent[a:b], seeds[a:b]) for a, b in itertools.pairwise(bounds) if b > a]
         tokens = 0 if switch is None else self.tails.tokens
         pending = PendingRollouts(chunks, {}, self._weights, self.version, num_generations, params, switch, tokens)
+        pending.prompts = list(prompt_ids) if has_images(prompt_ids) else None
         pending.refs = {self.workers[c].generate.remote(*pending.call(c)): (c, c) for c in range(len(chunks))}
         if switch is not None:
             self.tails.admit(pending)
@@ -301,7 +309,10 @@ class RayRolloutEngine:
             self._count_gaps(gap if isinstance(gap, tuple) else (gap, None))
         if pending.switch is not None:
             self.tails.done(pending)
-        return concat_rollouts([results[c] for c in range(len(pending.chunks))], self.pad_token_id)
+        rollouts = concat_rollouts([results[c] for c in range(len(pending.chunks))], self.pad_token_id)
+        if pending.prompts is None:
+            return rollouts
+        return dataclasses.replace(rollouts, prompt_ids=with_driver_prompts(rollouts.prompt_ids, pending.prompts))
 
     def _count_gaps(self, gaps: tuple[float | None, float | None]) -> None:
         """A chunk's checked sync gaps: (its samples' or heads', its continuations')."""

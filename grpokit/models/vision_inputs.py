@@ -60,6 +60,28 @@ def png_bytes(image) -> bytes:
     return buffer.getvalue()
 
 
+def for_workers(prompt):
+    """What a prompt sends to a Ray rollout worker: a VisionPrompt without its PIL images (the driver's copy keeps
+    them for the store; the worker samples from the ids and the processor's inputs), any other prompt as it is."""
+    if not isinstance(prompt, VisionPrompt) or not prompt.images:
+        return prompt
+    return VisionPrompt(list(prompt), prompt.sequence, prompt.pixels, prompt.image_hashes)
+
+
+def ids_only(prompts: list) -> list:
+    """The prompts' token ids as plain lists: what a Ray worker's rollouts send back (the driver puts its own
+    VisionPrompts back in: :func:`with_driver_prompts`), so no pixel tensor travels twice."""
+    return [list(p) if isinstance(p, VisionPrompt) else p for p in prompts]
+
+
+def with_driver_prompts(returned: list, sent: list) -> list:
+    """``sent`` (the driver's prompts, images and all) in place of ``returned`` (a worker's rollouts' prompt ids,
+    one per group in the order sent); a prompt whose ids differ stops the run instead of pairing the wrong images."""
+    if len(returned) != len(sent) or any(list(r) != list(s) for r, s in zip(returned, sent)):
+        raise RuntimeError("a rollout worker returned other prompts than it was sent; their images cannot be paired")
+    return [keep(s) for s in sent]
+
+
 def has_images(prompts) -> bool:
     """Whether any of ``prompts`` (token id lists) carries images."""
     return any(isinstance(p, VisionPrompt) for p in prompts)

@@ -151,8 +151,8 @@ def test_a_rollout_func_is_refused_with_images(vlm_dir, tmp_path):
         )  # fmt: skip
 
 
-def test_vllm_ray_and_torchrun_are_refused_with_images():
-    """Paths that cannot be started here (vLLM is not installed, no Ray cluster, one process): the check itself."""
+def test_vllm_and_torchrun_are_refused_with_images():
+    """Paths that cannot be started here (vLLM is not installed, one process): the check itself."""
     from types import SimpleNamespace
 
     from grpokit.compose.vision_paths import check_image_paths
@@ -169,11 +169,11 @@ def test_vllm_ray_and_torchrun_are_refused_with_images():
     cases = [
         (args(), "vllm", one, "generation.engine: vllm does not take images (vLLM: not passed to its multi_modal_data"),
         (args(), "transformers", one, "generation.engine: transformers does not take images"),
-        (args(backend="ray"), "hf", one, "ray's rollout workers do not take images"),
         (args(), "hf", SimpleNamespace(world_size=2), "torchrun (2 processes) is not supported with images"),
     ]
     for a, engine, procs, reason in cases:
         with pytest.raises(ConfigError, match=reason.replace("(", r"\(").replace(")", r"\)")):
             check_image_paths(a, engine, prompts, procs, None, None)
         check_image_paths(a, engine, text, procs, None, None)  # text prompts: every path as before
-    check_image_paths(args(), "hf", prompts, one, None, None)  # the supported path
+    check_image_paths(args(), "hf", prompts, one, None, None)  # the supported paths: one process,
+    check_image_paths(args(backend="ray"), "hf", prompts, one, None, None)  # Ray workers (test_vision_ray.py)
