@@ -1,7 +1,9 @@
 """The completions table ``log_completions`` sends to W&B and trackio (TRL's ``completions`` table): a row per
 completion of the step with its step, prompt, completion, each reward function's value, each ``log_extra`` column,
-its advantage, and with ``log_multimodal`` an ``image`` column holding its prompt's images (as the tracker's
-``Image``) when the step has any. Built only on the ``log_completions`` path, from the records already on the host.
+its advantage, and with ``log_multimodal`` its prompt's images (as the tracker's ``Image``) when the step has any:
+trackio gets them as TRL logs them, a list per cell of an ``image`` column (trackio stores each as a PNG); W&B one
+``wandb.Image`` per cell in ``image``, ``image_2`` ... (a Media object per cell is the cell type W&B documents for a
+Table; TRL passes a list). Built only on the ``log_completions`` path, from the records already on the host.
 """
 
 from __future__ import annotations
@@ -30,9 +32,16 @@ def completion_table(records: Sequence[Any], step: int, images: bool) -> tuple[l
     return columns, rows
 
 
-def tracker_table(module: Any, columns: list[str], rows: list[list]) -> Any:
+def tracker_table(module: Any, columns: list[str], rows: list[list], image_lists: bool = True) -> Any:
     """``module.Table`` (``wandb`` or ``trackio``: the same signature) of ``columns`` and ``rows``, an ``image``
-    column's PIL images each as ``module.Image``."""
+    column's PIL images each as ``module.Image``: a list of them per cell (``image_lists``: trackio, as TRL), or one
+    per cell in ``image``, ``image_2`` ... (None past a prompt's last image; W&B)."""
     if columns and columns[-1] == "image":
-        rows = [[*row[:-1], [module.Image(image) for image in row[-1]]] for row in rows]
+        wrapped = [[module.Image(image) for image in row[-1]] for row in rows]
+        if image_lists:
+            rows = [[*row[:-1], cell] for row, cell in zip(rows, wrapped, strict=True)]
+        else:
+            most = max([1, *(len(cell) for cell in wrapped)])
+            columns = [*columns, *(f"image_{k}" for k in range(2, most + 1))]
+            rows = [[*row[:-1], *cell, *[None] * (most - len(cell))] for row, cell in zip(rows, wrapped, strict=True)]
     return module.Table(columns=columns, data=rows, allow_mixed_types=True)

@@ -186,7 +186,7 @@ class Tracker:
         if self._wandb is not None:
             import wandb
 
-            self._wandb.log({TABLE_KEY: tracker_table(wandb, columns, rows)}, step=step)
+            self._wandb.log({TABLE_KEY: tracker_table(wandb, columns, rows, image_lists=False)}, step=step)
         for sink in self._others:
             if hasattr(sink, "log_table"):
                 sink.log_table(columns, rows, step)

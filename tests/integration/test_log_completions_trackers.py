@@ -127,7 +127,8 @@ def test_images_in_logs_and_tables_only_with_log_multimodal(vlm_dir, tmp_path, m
     assert colours <= set(COLOURS.values())  # the prompts' own pictures
     for tracker in ("wandb", "trackio"):
         columns, data = tables(calls)[(tracker, 1)]
-        for row in data:  # a list of the tracker's Image, one per prompt image, wrapping the PIL image
-            [cell] = row[-1]
+        assert columns[-1] == "image"  # one image a prompt: no image_2 for W&B
+        for row in data:  # trackio: a list of its Image per cell, as TRL; W&B: one wandb.Image per cell
+            [cell] = row[-1] if tracker == "trackio" else [row[-1]]
             assert type(cell).__name__ == "Image" and isinstance(cell.args[0], Image.Image)
             assert cell.args[0].convert("RGB").getpixel((0, 0)) in COLOURS.values()

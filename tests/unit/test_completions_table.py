@@ -49,3 +49,16 @@ def test_tracker_table_wraps_images_in_the_trackers_image():
     assert kwargs["columns"] == columns and kwargs["allow_mixed_types"] is True
     assert [row[-1] for row in kwargs["data"]] == [[("Image", RED)], []]
     assert [row[:-1] for row in kwargs["data"]] == [row[:-1] for row in rows]  # the other cells untouched
+
+
+def test_wandb_gets_one_image_per_cell():
+    """W&B: one wandb.Image per cell, in image, image_2 ..., None past a prompt's last image."""
+    made = []
+    module = types.SimpleNamespace(Image=lambda image: ("Image", image), Table=lambda **kwargs: made.append(kwargs))
+    blue = Image.new("RGB", (2, 2), "blue")
+    records = [record(0, {"a": 1.0}, 0.5, image_sources=[RED, blue]), record(1, {"a": 0.0}, -0.5)]
+    columns, rows = completion_table(records, 1, images=True)
+    tracker_table(module, columns, rows, image_lists=False)
+    [kwargs] = made
+    assert kwargs["columns"] == ["step", "prompt", "completion", "a", "advantage", "image", "image_2"]
+    assert [row[-2:] for row in kwargs["data"]] == [[("Image", RED), ("Image", blue)], [None, None]]
