@@ -30,9 +30,10 @@ class Loop:
     """Runs a built Run (``run``: :class:`grpokit.compose.Run`): :meth:`train` to max_steps, :meth:`evaluate` on
     demand. Holds the run's progress (``step``, ``stop_reason``) and, while training, its run folder."""
 
-    def __init__(self, run, evaluate=None):
+    def __init__(self, run, evaluate=None, on_records=None):
         self.run, self.spec = run, run.spec
         self._evaluate_in_training = evaluate or self.evaluate  # a wrapper's evaluate() (GRPOTrainer's, overridable)
+        self._on_records = on_records  # rank 0: fn(records) after each step is stored (GRPOTrainer's _logs)
         self.step = 0
         self.stop_reason: str | None = None
         self.run_dir_spec = run.run_dir_spec
@@ -124,6 +125,8 @@ class Loop:
         sync = run.rollout_scheduler.sync_check  # an engine with its own copy of the weights checks it each step
         if procs.is_main:
             self.run_log.step(step, metrics.records, metrics.values)
+            if self._on_records is not None:
+                self._on_records(metrics.records)
             everyone = sampled.global_rewards  # every process's rewards
             tied = run.ties.step(step, everyone.names, everyone.per_func, everyone.combined)
             gap = sync.sync_gap_warning(step, metrics.values) if sync else None  # an engine's own weights

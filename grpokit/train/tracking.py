@@ -160,9 +160,16 @@ class Tracker:
             line = f"eval @ step {step}: " + "  ".join(f"{k}={v:.4g}" for k, v in shown.items())
             self.console.print(line, soft_wrap=True)  # one line, however narrow (rich wraps at 80 when piped)
 
-    def log_completions(self, records: list[RolloutRecord], step: int, limit: int | None = None) -> None:
-        """TRL's ``log_completions``: a table of the step's prompts, completions, rewards and advantages."""
+    def log_completions(
+        self, records: list[RolloutRecord], step: int, limit: int | None = None, images: bool = False
+    ) -> None:
+        """TRL's ``log_completions``: a table of the step's prompts, completions, rewards and advantages on the
+        console (the first ``limit`` rows), and the whole table to W&B and trackio (``images``: log_multimodal, an
+        image column of each prompt's images; train/completions_table.py)."""
         from rich.table import Table
+
+        if self._wandb is not None or any(hasattr(sink, "log_table") for sink in self._others):
+            self._log_table(records, step, images)
 
         table = Table(title=f"completions at step {step}", show_lines=True)
         for column in ("prompt", "completion", "reward", "advantage"):
@@ -171,6 +178,18 @@ class Tracker:
             reward, advantage = ("-" if v is None else f"{v:.3f}" for v in (record.reward, record.advantage))
             table.add_row(record.prompt, record.completion, reward, advantage)
         self.console.print(table)
+
+    def _log_table(self, records: list[RolloutRecord], step: int, images: bool) -> None:
+        from grpokit.train.completions_table import TABLE_KEY, completion_table, tracker_table
+
+        columns, rows = completion_table(records, step, images)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({TABLE_KEY: tracker_table(wandb, columns, rows, image_lists=False)}, step=step)
+        for sink in self._others:
+            if hasattr(sink, "log_table"):
+                sink.log_table(columns, rows, step)
 
     def summary(self, steps: int, summary: dict, metrics: dict) -> None:
         """The closing line: steps, time and the last step's reward and KL."""

@@ -21,7 +21,8 @@ class TrackingSettings:
     progress_bar: bool = True
     """Show a progress bar with live reward and KL (TRL's disable_tqdm=True sets it false)."""
     log_completions: bool = False
-    """Print a table of prompts, completions and rewards every logging_steps (all are stored anyway)."""
+    """Print a table of prompts, completions and rewards every logging_steps, send it to W&B / trackio (with images
+    under log_multimodal) and fill TRL's trainer._logs (all are stored anyway)."""
     num_completions_to_print: int | None = None
     """Rows of that table; null = all of the step's completions."""
 

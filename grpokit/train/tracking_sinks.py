@@ -8,7 +8,8 @@ install 'grpokit[mlflow]'`` / ``'grpokit[trackio]'``), with one error line namin
   ``MLFLOW_EXPERIMENT_NAME`` (unset: grpokit), named after the run; the resolved config as its params (flattened,
   ``section.key``), each step's metrics (names made MLflow-safe: ``eval/pass@1`` -> ``eval/pass_at_1``).
 - trackio: local mode (a SQLite file in ``TRACKIO_DIR``, default ~/.cache/huggingface/trackio; ``TRACKIO_SPACE_ID``
-  sends it to a Space), project ``TRACKIO_PROJECT`` (unset: grpokit), the run's name, the config; each step's metrics.
+  sends it to a Space), project ``TRACKIO_PROJECT`` (unset: grpokit), the run's name, the config; each step's metrics,
+  and with ``log_completions`` the completions table (train/completions_table.py).
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ class TrackioSink:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._trackio.log(metrics, step=step)
+
+    def log_table(self, columns: list[str], rows: list[list], step: int) -> None:
+        """The completions table (train/completions_table.py), as ``trackio.Table`` with ``trackio.Image`` cells."""
+        from grpokit.train.completions_table import TABLE_KEY, tracker_table
+
+        self._trackio.log({TABLE_KEY: tracker_table(self._trackio, columns, rows)}, step=step)
 
     def close(self) -> None:
         self._trackio.finish()

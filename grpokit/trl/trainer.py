@@ -18,11 +18,12 @@ from grpokit.train.learning.accelerator import ProcessAccelerator
 from grpokit.train.loop import Loop
 from grpokit.train.metrics import stored_eval_names
 from grpokit.train.rundir.checkpoint import save_model_files
+from grpokit.trl.completion_logs import CompletionLogs
 from grpokit.trl.masks import TokenMasks
 from grpokit.trl.run_attributes import RunAttributes
 
 
-class GRPOTrainer(TokenMasks, RunAttributes):
+class GRPOTrainer(TokenMasks, RunAttributes, CompletionLogs):
     """Train a causal LM with GRPO-family RL.
 
     ``model``: a path, a hub id, a loaded HF model or a module with ``forward(input_ids) -> logits``. ``reward_funcs``:
@@ -78,7 +79,8 @@ class GRPOTrainer(TokenMasks, RunAttributes):
         )
         self.args = self.run.config  # the user's GRPOConfig (max_steps resolved), as TRL's trainer.args
         self.eval_dataset = eval_dataset if eval_dataset is not None else self.run.spec.eval_dataset
-        self.loop = Loop(self.run, evaluate=lambda: self.evaluate())  # in training too: an override of it runs
+        # evaluate: in training too (an override of it runs); on_records fills TRL's _logs with log_completions
+        self.loop = Loop(self.run, evaluate=lambda: self.evaluate(), on_records=self._start_completion_logs())
         self.run.callbacks.event("on_init_end")
 
     def _unbuilt(self, name: str) -> Any:
@@ -139,8 +141,7 @@ class GRPOTrainer(TokenMasks, RunAttributes):
 
     @property
     def ref_model(self):
-        """TRL's ``trainer.ref_model``: the frozen reference copy, or None (beta = 0, or LoRA, whose reference is
-        the policy with its adapters off: TRL's is None then too)."""
+        """TRL's ``trainer.ref_model``: the frozen reference copy, or None (beta = 0; LoRA: the adapters-off policy)."""
         return None if self.reference is None else self.reference.model
 
     @property
@@ -211,8 +212,7 @@ class GRPOTrainer(TokenMasks, RunAttributes):
         prompts = copy.deepcopy(prompts)
         return check_output(self.rollout_func(prompts, self), len(prompts))
 
-    def add_callback(self, callback: Any) -> None:
-        """Add a ``TrainerCallback`` (instance or class), as ``transformers.Trainer.add_callback``."""
+    def add_callback(self, callback: Any) -> None:  # a TrainerCallback (instance or class), as in transformers
         self.callbacks.add(callback)
 
     def get_train_dataloader(self) -> torch.utils.data.DataLoader:

@@ -209,7 +209,7 @@ class RunLog:
         with self._writing_metrics():
             self.tracker.log(metrics, step)
         if self.spec.log_completions and step % self.spec.logging_steps == 0:
-            self.tracker.log_completions(records, step, self.spec.num_completions_to_print)
+            self.tracker.log_completions(records, step, self.spec.num_completions_to_print, self.spec.log_multimodal)
 
     def evaluation(self, step: int, metrics: dict, dataset: str = "eval", prompts: list | None = None) -> None:
         """An evaluation of the eval set ``dataset`` ("eval": the one eval_dataset; else a name of a dict of them);
