@@ -2,7 +2,7 @@
 grpokit's per-token log-probs (its sampler's, the learner's shared-prompt pass with the vision tower once per
 prompt, and its full forward) equal the model's own forward over each row, given the processor's own inputs for the
 prompt (``processor.apply_chat_template(..., tokenize=True)``, as TRL builds them) with the completion appended, in
-float32, to 1e-5. A family grpokit cannot drive is refused in one line naming it (tested below)."""
+float32, to 1e-5; PaliGemma (1 and 2) also against its own generate (greedy tokens, position ids)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,12 @@ FAMILIES = {
     "llava_next": families.llava_next,
     "qwen3_5": lambda: families.qwen3_5("dense"),
     "qwen3_5_moe": lambda: families.qwen3_5("moe"),
-    **{name: build for name, build in BUILDERS.items() if name != "paligemma"},
+    **BUILDERS,
 }
+# per-token inputs whose completion value is not text's 0: PaliGemma's generate appends token_type_ids 1 (its causal
+# suffix; transformers' PaliGemmaForConditionalGeneration._update_model_kwargs_for_generation), as its processor does
+# for a ``suffix=``
+COMPLETION_VALUES = {"paligemma": {"token_type_ids": 1}}
 
 
 def rows() -> list[dict]:
@@ -65,18 +69,20 @@ def processor_inputs(processor, row: dict) -> dict:
 def own_forward(model, processor, rollouts) -> torch.Tensor:
     """[N, T] log-probs from the model's forward over each row: the processor's inputs for its prompt (pixel values
     and all, repeated per completion as TRL does) with the completion appended; per-token inputs (token type ids)
-    continue as text (0); the model computes its positions itself."""
+    continue as text (0), or as COMPLETION_VALUES says; the model computes its positions itself (PaliGemma's from 1)."""
     G = rollouts.num_generations
+    values = COMPLETION_VALUES.get(model.config.model_type, {})
     out = torch.zeros_like(rollouts.logprobs)
     for n in range(rollouts.completion_ids.size(0)):
         inputs = processor_inputs(processor, rows()[n // G])
+        inputs.pop("labels", None)  # PaliGemma's processor adds training labels
         length = int(rollouts.completion_mask[n].sum())
         completion = rollouts.completion_ids[n, :length][None]  # [1, t]
         prompt_len = inputs["input_ids"].size(1)
         assert inputs["input_ids"][0].tolist() == list(rollouts.prompt_ids[n // G])  # grpokit encodes the same ids
         for key in [k for k, v in inputs.items() if torch.is_tensor(v) and v.shape[:2] == (1, prompt_len)]:
-            fill = torch.ones if key == "attention_mask" else torch.zeros
-            inputs[key] = torch.cat([inputs[key], fill((1, length), dtype=inputs[key].dtype)], dim=1)
+            fill = 1 if key == "attention_mask" else values.get(key, 0)
+            inputs[key] = torch.cat([inputs[key], torch.full((1, length), fill, dtype=inputs[key].dtype)], dim=1)
         inputs["input_ids"][0, prompt_len:] = completion[0]
         with torch.no_grad():
             logits = model(**inputs).logits[0].float()  # [P+t, V]
@@ -113,16 +119,33 @@ def test_grpokit_logprobs_equal_the_models_own_forward(family):
     assert float(((full - expected) * mask).abs().max()) < TOLERANCE, "full forward"
 
 
-def test_paligemma_is_refused_in_one_line_loaded_or_by_path(tmp_path):
-    """PaliGemma's prompt is a bidirectional prefix (token_type_ids 0) and its completion a causal suffix (1), from
-    1-based positions: grpokit's sampler and learner do not reproduce that yet, so it is refused, not trained wrong."""
-    from grpokit import GRPOConfig, GRPOTrainer
-    from grpokit.models.vision import vision_model_class
-
-    model, processor, _ = BUILDERS["paligemma"]()
-    with pytest.raises(ValueError, match="model type 'paligemma' is not supported yet: PaliGemma's prompt attends"):
-        vision_model_class(model.config)  # by path: before any weight is read
-    args = GRPOConfig(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2, report_to="none")
-    with pytest.raises(ValueError, match=r"^model type 'paligemma' is not supported yet: .*; use another family\.$"):
-        GRPOTrainer(model=model, reward_funcs=lambda completions, **k: [0.0] * len(completions), args=args,
-                    train_dataset=rows(), processing_class=processor)  # fmt: skip
+@pytest.mark.parametrize("family", ["paligemma", "paligemma2"])
+def test_paligemma_greedy_tokens_and_positions_equal_its_generate(family):
+    """PaliGemma's generate reads positions from 1 and appends token_type_ids 1 (a causal suffix after the prompt's
+    bidirectional prefix): grpokit's greedy sampler picks the same tokens, hands the language model the same position
+    ids call by call (RoPE alone would not tell 0- from 1-based positions apart: it sees only their differences), and
+    its log-probs are the model's own forward's (types 1 over the completion)."""
+    torch.manual_seed(0)
+    model, processor, _ = FAMILIES[family]()
+    model = model.float().eval()
+    tokenizer = processor.tokenizer
+    register_processor(tokenizer, processor)
+    seen = []  # the position ids of each call of the language model
+    model.model.language_model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: seen.append(kwargs["position_ids"].flatten().tolist()), with_kwargs=True
+    )
+    T, image = 6, tokenizer.convert_tokens_to_ids("<image>")
+    source = PromptSource(rows()[:1], tokenizer, max_prompt_length=4096)
+    engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, torch.device("cpu"))
+    rollouts = engine.generate([source.ids[0]], 1, SamplingParams.plain(T, greedy=True))
+    ours, seen[:] = list(seen), []
+    inputs = processor_inputs(processor, rows()[0])
+    inputs.pop("labels")
+    P = inputs["input_ids"].size(1)
+    with torch.no_grad():
+        generated = model.generate(**inputs, do_sample=False, max_new_tokens=T, suppress_tokens=[image])[0, P:]
+    length = int(rollouts.completion_mask[0].sum())
+    assert rollouts.completion_ids[0, :length].tolist() == generated[:length].tolist()
+    assert seen[0] == list(range(1, P + 1)) and ours == seen[: len(ours)]  # 1 .. P, then P + 1, P + 2 ...
+    expected = own_forward(model, processor, rollouts)
+    assert float(((rollouts.logprobs - expected) * rollouts.completion_mask).abs().max()) < TOLERANCE

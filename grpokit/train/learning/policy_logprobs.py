@@ -35,6 +35,7 @@ from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import activation_checkpointing, is_hf_model, logits_of
 from grpokit.models.vision_inputs import (
     batch_inputs,
+    completion_types,
     has_images,
     next_positions,
     prompt_positions,
@@ -214,7 +215,7 @@ def full_forward_image_inputs(model, batch, width, chosen, prompt_ids, prompt_ma
     if extra is None:
         extra = batch_inputs(chosen, prompt_ids.size(1), prompt_ids.device)
     rows = [chosen[i] for i in inverse.tolist()]
-    inputs = batch_inputs(rows, prompt_ids.size(1), prompt_ids.device, right=width)
+    inputs = batch_inputs(rows, prompt_ids.size(1), prompt_ids.device, right=width, completion=completion_types(model))
     position = prompt_positions(model, prompt_ids, prompt_mask, extra)[..., inverse, :]  # [n, P] or [3, n, P]
     return {
         "input_ids": torch.cat([prompt_ids[inverse], batch.completion_ids[:, :width]], dim=1),
