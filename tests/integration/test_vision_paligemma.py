@@ -1,7 +1,7 @@
 """PaliGemma (1 and 2) trains end to end: the tiny random-init PaliGemma of tests/vlm_families.py (real transformers
 model and processor classes), TRL's GRPOTrainer with processing_class=processor, a reference (beta > 0), 2 steps:
-every parameter it uses moves, vision tower and projector included. Its log-probs are the model's own (bidirectional prompt,
-causal completion of token_type_ids 1, 1-based positions): tests/unit/test_vision_families.py."""
+every parameter it uses moves, vision tower and projector included. Its log-probs are the model's own (bidirectional
+prompt, causal completion of token_type_ids 1, 1-based positions): tests/unit/test_vision_families.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from PIL import Image
 from grpokit import GRPOConfig, GRPOTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vlm_families import BUILDERS  # noqa: E402
+from vlm_families import BUILDERS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
