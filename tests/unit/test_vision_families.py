@@ -42,13 +42,13 @@ FAMILIES = {
 COMPLETION_VALUES = {"paligemma": {"token_type_ids": 1}}
 
 
-def rows() -> list[dict]:
+def rows(texts: tuple[str, str] = ("What is this?", "What is this?")) -> list[dict]:
     """Two one-image conversational prompts, pictures of different sizes and colours."""
     pictures = [Image.new("RGB", (40, 30), (200, 10, 10)), Image.new("RGB", (36, 52), (10, 10, 200))]
     return [
-        {"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}],
+        {"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}],
          "images": [p]}
-        for p in pictures
+        for p, text in zip(pictures, texts)
     ]  # fmt: skip
 
 
@@ -66,7 +66,7 @@ def processor_inputs(processor, row: dict) -> dict:
     )
 
 
-def own_forward(model, processor, rollouts) -> torch.Tensor:
+def own_forward(model, processor, rollouts, prompts: list[dict]) -> torch.Tensor:
     """[N, T] log-probs from the model's forward over each row: the processor's inputs for its prompt (pixel values
     and all, repeated per completion as TRL does) with the completion appended; per-token inputs (token type ids)
     continue as text (0), or as COMPLETION_VALUES says; the model computes its positions itself (PaliGemma's from 1)."""
@@ -74,7 +74,7 @@ def own_forward(model, processor, rollouts) -> torch.Tensor:
     values = COMPLETION_VALUES.get(model.config.model_type, {})
     out = torch.zeros_like(rollouts.logprobs)
     for n in range(rollouts.completion_ids.size(0)):
-        inputs = processor_inputs(processor, rows()[n // G])
+        inputs = processor_inputs(processor, prompts[n // G])
         inputs.pop("labels", None)  # PaliGemma's processor adds training labels
         length = int(rollouts.completion_mask[n].sum())
         completion = rollouts.completion_ids[n, :length][None]  # [1, t]
@@ -93,17 +93,30 @@ def own_forward(model, processor, rollouts) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_grpokit_logprobs_equal_the_models_own_forward(family):
+    check_parity(family, rows())
+
+
+@pytest.mark.parametrize("family", ["paligemma", "paligemma2"])
+def test_paligemma_left_padded_prompts(family):
+    """Prompts of different lengths: the shorter is left-padded (its padding, token type 0, is masked out of the
+    bidirectional prefix), its positions still start at 1."""
+    rollouts = check_parity(family, rows(("What is this?", "What is this? red blue red")))
+    assert len(rollouts.prompt_ids[1]) == len(rollouts.prompt_ids[0]) + 3
+
+
+def check_parity(family: str, prompts: list[dict]):
+    """The sampler's, the shared-prompt pass's and the full forward's log-probs equal ``own_forward``'s."""
     torch.manual_seed(0)
     model, processor, _ = FAMILIES[family]()
     model = model.float().eval()
     tokenizer = processor.tokenizer
     register_processor(tokenizer, processor)
-    source = PromptSource(rows(), tokenizer, max_prompt_length=4096)
+    source = PromptSource(prompts, tokenizer, max_prompt_length=4096)
     eos = tokenizer.eos_token_id
     engine = HFRolloutEngine(model, [eos] if eos is not None else [], tokenizer.pad_token_id, torch.device("cpu"))
     G, T = 2, 5
     rollouts = engine.generate([source.ids[i] for i in range(2)], G, SamplingParams.plain(T))
-    expected = own_forward(model, processor, rollouts)
+    expected = own_forward(model, processor, rollouts, prompts)
     mask = rollouts.completion_mask
     assert float(((rollouts.logprobs - expected) * mask).abs().max()) < TOLERANCE, "sampler"
     batch = build_batch(model, rollouts, tokenizer.pad_token_id, torch.device("cpu"))
@@ -117,6 +130,7 @@ def test_grpokit_logprobs_equal_the_models_own_forward(family):
     finally:
         model.activation_checkpointing_disable()
     assert float(((full - expected) * mask).abs().max()) < TOLERANCE, "full forward"
+    return rollouts
 
 
 @pytest.mark.parametrize("family", ["paligemma", "paligemma2"])
@@ -147,5 +161,5 @@ def test_paligemma_greedy_tokens_and_positions_equal_its_generate(family):
     length = int(rollouts.completion_mask[0].sum())
     assert rollouts.completion_ids[0, :length].tolist() == generated[:length].tolist()
     assert seen[0] == list(range(1, P + 1)) and ours == seen[: len(ours)]  # 1 .. P, then P + 1, P + 2 ...
-    expected = own_forward(model, processor, rollouts)
+    expected = own_forward(model, processor, rollouts, rows()[:1])
     assert float(((rollouts.logprobs - expected) * rollouts.completion_mask).abs().max()) < TOLERANCE
