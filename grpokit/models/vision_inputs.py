@@ -82,6 +82,11 @@ def _model_type(model: torch.nn.Module) -> str | None:
     return getattr(getattr(getattr(base, "module", base), "config", None), "model_type", None)
 
 
+def position_offset(model: torch.nn.Module) -> int:
+    """The position of a sequence's first token: 1 for families counting from 1 (POSITION_OFFSET), else 0."""
+    return POSITION_OFFSET.get(_model_type(model), 0)
+
+
 def completion_types(model: torch.nn.Module) -> dict[str, int]:
     """The values of per-token inputs (``token_type_ids`` ...) at completion tokens, where they are not 0."""
     return COMPLETION_TYPES.get(_model_type(model), {})
@@ -115,7 +120,7 @@ def prompt_positions(
     """Position ids of left-padded prompts [B, P]: the model's multimodal rotary positions [3, B, P] where it has
     them (``get_rope_index``, with images), else the count of real tokens before each one [B, P] (plus 1 where the
     family counts from 1: POSITION_OFFSET)."""
-    plain = (mask.cumsum(-1) - 1).clamp(min=0) + POSITION_OFFSET.get(_model_type(model), 0)  # [B, P]
+    plain = (mask.cumsum(-1) - 1).clamp(min=0) + position_offset(model)  # [B, P]
     rope_index = _rope_index(model)
     if rope_index is None or "image_grid_thw" not in inputs:
         return plain

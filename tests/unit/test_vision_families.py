@@ -163,3 +163,37 @@ def test_paligemma_greedy_tokens_and_positions_equal_its_generate(family):
     assert seen[0] == list(range(1, P + 1)) and ours == seen[: len(ours)]  # 1 .. P, then P + 1, P + 2 ...
     expected = own_forward(model, processor, rollouts, rows()[:1])
     assert float(((rollouts.logprobs - expected) * rollouts.completion_mask).abs().max()) < TOLERANCE
+
+
+def test_paligemma_text_only_prompt_positions_start_at_1():
+    """A PaliGemma prompt without an image (plain token ids, no token types: causal throughout, as its forward without
+    token_type_ids): the sampler, the shared-prompt pass and the full forward still pass positions from 1."""
+    torch.manual_seed(0)
+    model, processor, _ = FAMILIES["paligemma"]()
+    model = model.float().eval()
+    tokenizer = processor.tokenizer
+    register_processor(tokenizer, processor)
+    seen = []  # the first row's position ids at each call of the language model
+    model.model.language_model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: seen.append(kwargs["position_ids"][0].tolist()), with_kwargs=True
+    )
+    chat = [{"role": "user", "content": "What is this?"}]
+    source = PromptSource([{"prompt": chat}], tokenizer, max_prompt_length=100)
+    P = len(source.ids[0])
+    engine = HFRolloutEngine(model, [], tokenizer.pad_token_id, torch.device("cpu"))
+    rollouts = engine.generate([source.ids[0]], 2, SamplingParams.plain(3))  # no EOS: 3 tokens each
+    assert seen == [list(range(1, P + 1)), [P + 1], [P + 2]]
+    batch = build_batch(model, rollouts, tokenizer.pad_token_id, torch.device("cpu"))
+    seen.clear()
+    with torch.no_grad():
+        completion_logprobs(model, batch, 1.0)
+    # the prompt once, then its completions on its cache (before them: the kernels' one-off check of the LM head)
+    assert seen[-2:] == [list(range(1, P + 1)), [P + 1, P + 2]]
+    model.activation_checkpointing_enable()
+    seen.clear()
+    try:
+        with torch.no_grad():
+            completion_logprobs(model, batch, 1.0)
+    finally:
+        model.activation_checkpointing_disable()
+    assert seen[-1] == list(range(1, P + 4))  # prompt and completion in one forward

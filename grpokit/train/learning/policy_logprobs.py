@@ -38,6 +38,7 @@ from grpokit.models.vision_inputs import (
     completion_types,
     has_images,
     next_positions,
+    position_offset,
     prompt_positions,
     with_positions,
 )
@@ -145,7 +146,7 @@ def completion_features(
         return logits.gather(1, batch.gather_index[:, :width, None].expand(-1, -1, logits.size(-1)))  # [n, w, V]
     groups, inverse = torch.unique(batch.group_index, return_inverse=True)  # [g], [n]
     prompt_ids, prompt_mask = _trim_left(batch.prompt_ids[groups], batch.prompt_mask[groups])  # [g, P]
-    prompt_position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [g, P]
+    prompt_position = prompt_positions(model, prompt_ids, prompt_mask, {})  # [g, P] (PaliGemma's from 1)
     extra = {}  # a vision-language model's pixel inputs, and its M-RoPE positions [3, g, P]
     if batch.prompts is not None:
         chosen = [batch.prompts[g] for g in groups.tolist()]
@@ -162,7 +163,7 @@ def completion_features(
             kernels,
             input_ids=torch.cat([prompt_ids[inverse], ids], dim=1),
             attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0) + position_offset(model),
             use_cache=False,
         )
         return features[:, :-1]  # [n, w, D]
