@@ -1,5 +1,6 @@
 """PaliGemma (1 and 2) trains end to end: the tiny random-init PaliGemma of tests/vlm_families.py (real transformers
-model and processor classes), TRL's GRPOTrainer with processing_class=processor, a reference (beta > 0), 2 steps:
+model and processor classes) saved to a folder and named by its path (the processor loaded from it), a reference
+(beta > 0), 2 steps:
 every parameter it uses moves, vision tower and projector included. Its log-probs are the model's own (bidirectional
 prompt, causal completion of token_type_ids 1, 1-based positions): tests/unit/test_vision_families.py."""
 
@@ -33,15 +34,17 @@ def rows() -> list[dict]:
 def test_paligemma_trains_every_parameter(family, tmp_path):
     torch.manual_seed(0)
     model, processor, _ = BUILDERS[family]()
+    model.save_pretrained(tmp_path / family)
+    processor.save_pretrained(tmp_path / family)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     args = GRPOConfig(
         output_dir=str(tmp_path / "run"), num_generations=4, per_device_train_batch_size=8, max_completion_length=3,
         max_steps=2, learning_rate=1e-2, report_to="none", disable_tqdm=True, beta=0.04,
     )  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=said_red, args=args, train_dataset=rows() * 2,
-                          processing_class=processor)  # fmt: skip
+    trainer = GRPOTrainer(model=str(tmp_path / family), reward_funcs=said_red, args=args, train_dataset=rows() * 2)
     trainer.train()
     moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
     # SigLIP's pooling head makes a pooled output PaliGemma does not read (it projects every patch): no gradient
     unused = {n for n in before if ".vision_tower.head." in n}
     assert unused and moved == set(before) - unused  # the vision tower and projector too
+    assert (tmp_path / "run" / "final" / "preprocessor_config.json").is_file()
