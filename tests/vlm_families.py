@@ -55,12 +55,15 @@ def llava():
     return T.LlavaForConditionalGeneration(config), processor, None
 
 
-def paligemma():
-    """PaliGemma (SigLIP + Gemma): 28 px images, 4 image tokens, the processor's BOS after the images."""
+def paligemma(text_type: str = "gemma"):
+    """PaliGemma (SigLIP + Gemma; PaliGemma 2: ``text_type="gemma2"``, Gemma 2's sliding-window layers, a window of
+    8 tokens so the prompt outgrows it): 28 px images, 4 image tokens, the processor's BOS after the images."""
     tok = tokenizer_with(["<image>"], image_token="<image>")
     tok.chat_template = template("<image>")
     vision = dict(SMALL_VISION, model_type="siglip_vision_model", image_size=28, projection_dim=16)
-    text = dict(text_config(tok, "gemma"), head_dim=4)
+    text = dict(text_config(tok, text_type), head_dim=4)
+    if text_type == "gemma2":
+        text.update(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
     config = T.PaliGemmaConfig(text_config=text, vision_config=vision, image_token_index=tok.image_token_id,
                                projection_dim=16)  # fmt: skip
     images = T.SiglipImageProcessorPil(size={"height": 28, "width": 28})
@@ -102,4 +105,5 @@ def qwen3_vl():
     return T.Qwen3VLForConditionalGeneration(config), processor, None
 
 
-BUILDERS = {"llava": llava, "paligemma": paligemma, "idefics3": idefics3, "qwen3_vl": qwen3_vl}
+BUILDERS = {"llava": llava, "paligemma": paligemma, "paligemma2": lambda: paligemma("gemma2"), "idefics3": idefics3,
+            "qwen3_vl": qwen3_vl}  # fmt: skip

@@ -13,7 +13,6 @@ from grpokit.machine.hardware import pick_device, pick_dtype, slow_dtype_warning
 from grpokit.machine.precision import choose_precision, enable_tf32, low_precision_weights_warning
 from grpokit.models.loading import is_hf_model, load_model, load_tokenizer, lora_config
 from grpokit.models.vision import (
-    check_family,
     freeze,
     is_processor,
     is_vision_model,
@@ -95,7 +94,6 @@ def build_policy(model: Any, tokenizer: Any, args: GRPOConfig, peft_config: Any 
         )
     if is_vision_model(model):
         try:
-            check_family(getattr(model, "config", None))  # a loaded model of a family grpokit refuses
             freeze(model, args)  # freeze_vision_tower, freeze_projector
         except ValueError as exc:
             raise ConfigError(str(exc)) from None

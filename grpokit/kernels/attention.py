@@ -132,7 +132,11 @@ def small_attention(model: torch.nn.Module):
     model = model.module if isinstance(model, DistributedDataParallel) else model
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(base, "config", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa" or activation_checkpointing(base):
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    # a VLM's language model may keep its own implementation (PaliGemma 2's Gemma 2: eager, for its logit softcap),
+    # which setting the outer config's would overwrite
+    uses = {getattr(config, "_attn_implementation", None), getattr(text, "_attn_implementation", None)}
+    if uses != {"sdpa"} or activation_checkpointing(base):
         yield
         return
     config._attn_implementation = NAME

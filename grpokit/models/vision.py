@@ -53,29 +53,9 @@ def processor_of(tokenizer: Any) -> Any:
         return None
 
 
-# families whose forward grpokit's sampler and learner do not reproduce yet: model_type -> why (docs/vision.md)
-REFUSED_FAMILIES = {
-    "paligemma": "PaliGemma's prompt attends bidirectionally and its completion causally (token_type_ids 0 / 1) "
-    "from 1-based positions, and grpokit gives completion tokens type 0 and 0-based positions, so its log-probs would "
-    "not be the model's",
-}
-
-
-def check_family(config: Any) -> None:
-    """A one-line refusal of a vision-language family grpokit cannot train correctly yet (REFUSED_FAMILIES)."""
-    model_type = getattr(config, "model_type", None)
-    if model_type in REFUSED_FAMILIES:
-        raise ValueError(
-            f"model type {model_type!r} is not supported yet: {REFUSED_FAMILIES[model_type]} (docs/vision.md, "
-            "'Models'); use another family."
-        )
-
-
 def vision_model_class(config: Any):
     """The transformers auto class that builds a vision-language model of ``config``, or a one-line refusal."""
     import transformers
-
-    check_family(config)
 
     for name in ("AutoModelForImageTextToText", "AutoModelForVision2Seq"):
         auto = getattr(transformers, name, None)

@@ -92,14 +92,39 @@ def keep(prompt) -> list:
     return prompt if isinstance(prompt, VisionPrompt) else list(prompt)
 
 
-def batch_inputs(prompts: list, width: int, device: torch.device, right: int = 0) -> dict[str, torch.Tensor]:
+# families whose forward counts positions from 1 (PaliGemma's forward and its generate add 1): model_type -> offset
+POSITION_OFFSET = {"paligemma": 1}
+# families whose completion tokens carry a per-token type other than text's 0: PaliGemma's prompt is a bidirectional
+# prefix (token_type_ids 0) and its completion a causal suffix (1), as its processor's ``suffix=`` and generate make it
+COMPLETION_TYPES = {"paligemma": {"token_type_ids": 1}}
+
+
+def _model_type(model: torch.nn.Module) -> str | None:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(getattr(getattr(base, "module", base), "config", None), "model_type", None)
+
+
+def position_offset(model: torch.nn.Module) -> int:
+    """The position of a sequence's first token: 1 for families counting from 1 (POSITION_OFFSET), else 0."""
+    return POSITION_OFFSET.get(_model_type(model), 0)
+
+
+def completion_types(model: torch.nn.Module) -> dict[str, int]:
+    """The values of per-token inputs (``token_type_ids`` ...) at completion tokens, where they are not 0."""
+    return COMPLETION_TYPES.get(_model_type(model), {})
+
+
+def batch_inputs(
+    prompts: list, width: int, device: torch.device, right: int = 0, completion: dict[str, int] | None = None
+) -> dict[str, torch.Tensor]:
     """The model's extra inputs for ``prompts`` left-padded to ``width`` tokens (and ``right`` more columns after
-    them, completion tokens: 0 there, text). Prompts without images add no pixels."""
+    them, completion tokens: ``completion[key]`` there, else 0, text). Prompts without images add no pixels."""
     sequence_keys = sorted({k for p in prompts if isinstance(p, VisionPrompt) for k in p.sequence})
     pixel_keys = sorted({k for p in prompts if isinstance(p, VisionPrompt) for k in p.pixels})
     out: dict[str, torch.Tensor] = {}
     for key in sequence_keys:
         rows = torch.zeros((len(prompts), width + right), dtype=torch.long)
+        rows[:, width:] = (completion or {}).get(key, 0)
         for i, p in enumerate(prompts):
             values = p.sequence.get(key) if isinstance(p, VisionPrompt) else None
             if values is not None:
@@ -115,8 +140,9 @@ def prompt_positions(
     model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, inputs: dict[str, torch.Tensor]
 ) -> torch.Tensor:
     """Position ids of left-padded prompts [B, P]: the model's multimodal rotary positions [3, B, P] where it has
-    them (``get_rope_index``, with images), else the count of real tokens before each one [B, P]."""
-    plain = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, P]
+    them (``get_rope_index``, with images), else the count of real tokens before each one [B, P] (plus 1 where the
+    family counts from 1: POSITION_OFFSET)."""
+    plain = (mask.cumsum(-1) - 1).clamp(min=0) + position_offset(model)  # [B, P]
     rope_index = _rope_index(model)
     if rope_index is None or "image_grid_thw" not in inputs:
         return plain

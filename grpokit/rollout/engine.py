@@ -237,6 +237,8 @@ class HFRolloutEngine(SharedWeightsEngine):
         through as is and keeps that layout.
         """
         config = getattr(self.model, "config", None)
+        if _has_sliding_window(config):  # HF passes a 4D mask to every layer as is: a window's cache is shorter
+            return False
         return self.device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa"
 
     def _generate_plain(self, prompt: list[int], G: int, params: SamplingParams):
@@ -266,3 +268,13 @@ class HFRolloutEngine(SharedWeightsEngine):
                 break
             seq = torch.cat([seq, token[:, None]], dim=1)  # [G, P+t+1]
         return tokens, logprobs, lengths, stopped
+
+
+def _has_sliding_window(config) -> bool:
+    """Whether a model's decoder has sliding-window layers (Gemma 2 and 3, Mistral): their KV cache keeps only the
+    window, so a decoding step's mask must be the 2D padding mask HF cuts per layer, not a prepared 4D one."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types is not None:
+        return "sliding_attention" in types
+    return getattr(text, "sliding_window", None) is not None

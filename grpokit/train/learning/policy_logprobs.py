@@ -35,8 +35,10 @@ from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import activation_checkpointing, is_hf_model, logits_of
 from grpokit.models.vision_inputs import (
     batch_inputs,
+    completion_types,
     has_images,
     next_positions,
+    position_offset,
     prompt_positions,
     with_positions,
 )
@@ -144,7 +146,7 @@ def completion_features(
         return logits.gather(1, batch.gather_index[:, :width, None].expand(-1, -1, logits.size(-1)))  # [n, w, V]
     groups, inverse = torch.unique(batch.group_index, return_inverse=True)  # [g], [n]
     prompt_ids, prompt_mask = _trim_left(batch.prompt_ids[groups], batch.prompt_mask[groups])  # [g, P]
-    prompt_position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [g, P]
+    prompt_position = prompt_positions(model, prompt_ids, prompt_mask, {})  # [g, P] (PaliGemma's from 1)
     extra = {}  # a vision-language model's pixel inputs, and its M-RoPE positions [3, g, P]
     if batch.prompts is not None:
         chosen = [batch.prompts[g] for g in groups.tolist()]
@@ -161,7 +163,7 @@ def completion_features(
             kernels,
             input_ids=torch.cat([prompt_ids[inverse], ids], dim=1),
             attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0) + position_offset(model),
             use_cache=False,
         )
         return features[:, :-1]  # [n, w, D]
@@ -214,7 +216,7 @@ def full_forward_image_inputs(model, batch, width, chosen, prompt_ids, prompt_ma
     if extra is None:
         extra = batch_inputs(chosen, prompt_ids.size(1), prompt_ids.device)
     rows = [chosen[i] for i in inverse.tolist()]
-    inputs = batch_inputs(rows, prompt_ids.size(1), prompt_ids.device, right=width)
+    inputs = batch_inputs(rows, prompt_ids.size(1), prompt_ids.device, right=width, completion=completion_types(model))
     position = prompt_positions(model, prompt_ids, prompt_mask, extra)[..., inverse, :]  # [n, P] or [3, n, P]
     return {
         "input_ids": torch.cat([prompt_ids[inverse], batch.completion_ids[:, :width]], dim=1),
