@@ -25,14 +25,6 @@ def check_image_paths(args, engine: str, prompts, procs, tools, rollout_func, ev
             "generation.engine: hf",
         ),
         (args.backend == "ray", "distributed.backend: ray's rollout workers do not take images; set backend: none"),
-        (
-            procs.world_size > 1,
-            f"torchrun ({procs.world_size} processes) is not supported with images; run one process",
-        ),
-        (
-            args.distributed.staleness_bound() > 0,
-            "sampling ahead (async_rollouts / max_staleness >= 1) does not take images yet; set max_staleness: 0",
-        ),
     ]
     for refused, reason in refusals:
         if refused:

@@ -70,6 +70,22 @@ def keep(prompt) -> list:
     return prompt if isinstance(prompt, VisionPrompt) else list(prompt)
 
 
+def plain(prompts: list) -> list[list[int]]:
+    """Prompt ids as plain lists (a checkpoint holds tensors and lists only; the pixel inputs are the dataset's)."""
+    return [list(p) for p in prompts]
+
+
+def reattach(saved: list[list[int]], fresh: list) -> list | None:
+    """A checkpoint's prompt ids (``plain``) given back the pixel inputs of the same prompts as the resumed run
+    encoded them from its dataset (``fresh``, in the same order): each VisionPrompt of ``fresh`` replaces its ids. A
+    text prompt stays as saved; None when a prompt with images no longer encodes to the saved ids."""
+    if not has_images(fresh):
+        return saved
+    if len(saved) != len(fresh) or any(list(a) != list(b) for a, b in zip(saved, fresh)):
+        return None
+    return [f if isinstance(f, VisionPrompt) else list(s) for s, f in zip(saved, fresh)]
+
+
 def batch_inputs(prompts: list, width: int, device: torch.device, right: int = 0) -> dict[str, torch.Tensor]:
     """The model's extra inputs for ``prompts`` left-padded to ``width`` tokens (and ``right`` more columns after
     them, completion tokens: 0 there, text). Prompts without images add no pixels."""
