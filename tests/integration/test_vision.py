@@ -176,4 +176,9 @@ def test_vllm_and_ray_are_refused_with_images():
             check_image_paths(a, engine, prompts, procs, None, None)
         check_image_paths(a, engine, text, procs, None, None)  # text prompts: every path as before
     check_image_paths(args(), "hf", prompts, one, None, None)  # the supported paths
-    check_image_paths(args(ahead=1), "hf", prompts, SimpleNamespace(world_size=2), None, None)
+    two = SimpleNamespace(world_size=2)
+    check_image_paths(args(ahead=1), "hf", prompts, two, None, None)
+    mixed = SimpleNamespace(ids=[*prompts.ids, [3, 4]])  # DDP's gradient reduction failed on it (docs/vision.md)
+    check_image_paths(args(), "hf", mixed, one, None, None)
+    with pytest.raises(ConfigError, match=r"torchrun \(2 processes\) needs an image in every training prompt"):
+        check_image_paths(args(), "hf", mixed, two, None, None)

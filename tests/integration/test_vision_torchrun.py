@@ -104,13 +104,21 @@ def test_two_ddp_processes_with_images_match_one_process(vlm_dir, one_process, t
 
 def test_two_fsdp_processes_with_images_match_one_process(vlm_dir, one_process, tmp_path):
     """FSDP2 shards the VLM (vision tower included) over the two ranks; each rank's forward all-gathers the weights,
-    so the numbers are DDP's, to the same tolerance (tests/integration/test_fsdp.py's)."""
+    so the numbers are DDP's, to the same tolerance (tests/integration/test_fsdp.py's). Evaluation on prompts with
+    images runs on rank 0 on the gathered weights (at the start, step 2 and the end)."""
     import yaml
+
+    from grpokit.store import RolloutStore
 
     two = write_config(tmp_path, vlm_dir, "fsdp", per_device_train_batch_size=4, gradient_accumulation_steps=1)
     config = yaml.safe_load(two.read_text())
     config["distributed"]["strategy"] = "fsdp"
+    config["data"]["eval_dataset"] = config["data"]["train_dataset"]  # the 4 pictures, twice
+    config["eval"] = {"eval_steps": 2, "num_generations_eval": 2, "pass_at_k": [1]}
     two.write_text(yaml.safe_dump(config))
     torchrun(two)
     (tmp_path / "one").symlink_to(one_process)
     compare(tmp_path, vlm_dir, "one", "fsdp", 1e-5)
+    with RolloutStore(tmp_path / "fsdp" / "rollouts.sqlite", readonly=True) as store:
+        evals = store.evals()
+    assert sorted({e["step"] for e in evals}) == [0, 2, 3]
