@@ -1,7 +1,8 @@
 """Prompts with images under torchrun (gloo on CPU, 2 processes) on the tiny Qwen2-VL, against one process over the
 same prompts: each rank samples and learns its share of the step's prompts with their own pixel inputs (every rank
 encodes the dataset's images itself; the groups seeded on their own), so the rollouts, rewards, losses and KL equal
-the one process's, as tests/integration/test_distributed.py and test_fsdp.py check for text. DDP and FSDP(2)."""
+the one process's, as tests/integration/test_distributed.py and test_fsdp.py check for text. DDP (stopped after step
+2 and resumed from its checkpoint) and FSDP(2) (evaluating prompts with images on rank 0)."""
 
 from __future__ import annotations
 
@@ -96,7 +97,17 @@ def one_process(vlm_dir, tmp_path_factory):
 
 
 def test_two_ddp_processes_with_images_match_one_process(vlm_dir, one_process, tmp_path):
+    """2 steps, a checkpoint, then resumed to step 3 (each rank encodes the dataset's images again): the numbers of
+    the one process's straight 3 steps."""
+    import yaml
+
     two = write_config(tmp_path, vlm_dir, "two", per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    config = yaml.safe_load(two.read_text())
+    config["optim"]["max_steps"], config["run"]["save_steps"] = 2, 1
+    two.write_text(yaml.safe_dump(config))
+    torchrun(two)
+    config["optim"]["max_steps"], config["run"]["resume_from"] = 3, "latest"
+    two.write_text(yaml.safe_dump(config))
     torchrun(two)
     (tmp_path / "one").symlink_to(one_process)
     compare(tmp_path, vlm_dir, "one", "two", 1e-5)
