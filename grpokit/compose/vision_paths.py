@@ -1,17 +1,18 @@
-"""Which sampling paths take prompts with images: grpokit's own sampler (``generation.engine: hf``) in one process,
-synchronous. Every other path is refused in one line before anything samples, so none drops a prompt's images."""
+"""Which sampling paths take prompts with images: grpokit's own sampler (``generation.engine: hf``), in one process,
+in Ray rollout workers or under torchrun (DDP, FSDP; every training prompt with an image), synchronous or sampling
+ahead. Every other path is refused in one line before anything samples, so none drops a prompt's images."""
 
 from __future__ import annotations
 
 from grpokit.errors import ConfigError
 
-FIX = "prompts with images are sampled by grpokit's own sampler in one process only (docs/vision.md)"
+FIX = "prompts with images are sampled by grpokit's own sampler only (docs/vision.md, 'What each path supports')"
 
 
 def check_image_paths(args, engine: str, prompts, procs, tools, rollout_func, eval_sets: dict | None = None) -> None:
     """A ConfigError naming the first sampling path that cannot take the run's images; nothing when no prompt of the
     train or eval sets has one."""
-    from grpokit.models.vision_inputs import has_images
+    from grpokit.models.vision_inputs import VisionPrompt, has_images
 
     sources = [prompts, *[s for s, _ in (eval_sets or {}).values()]]
     if not any(has_images(s.ids) for s in sources):
@@ -25,12 +26,10 @@ def check_image_paths(args, engine: str, prompts, procs, tools, rollout_func, ev
             "generation.engine: hf",
         ),
         (
-            procs.world_size > 1,
-            f"torchrun ({procs.world_size} processes) is not supported with images; run one process",
-        ),
-        (
-            args.distributed.staleness_bound() > 0,
-            "sampling ahead (async_rollouts / max_staleness >= 1) does not take images yet; set max_staleness: 0",
+            procs.world_size > 1 and not all(isinstance(p, VisionPrompt) for p in prompts.ids),
+            f"torchrun ({procs.world_size} processes) needs an image in every training prompt when any has one (a "
+            "rank whose batch has none leaves the vision tower out of the gradient reduction); give each prompt an "
+            "image or run one process",
         ),
     ]
     for refused, reason in refusals:

@@ -51,8 +51,9 @@ def shard_model(model: torch.nn.Module, mp_policy=None) -> torch.nn.Module:
 
     kw = {} if mp_policy is None else {"mp_policy": mp_policy}
     layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    in_tower = _vision_tower_modules(model)
     for module in model.modules():
-        if type(module).__name__ in layer_classes:
+        if type(module).__name__ in layer_classes and id(module) not in in_tower:
             fully_shard(module, **kw)
     fully_shard(model, **kw)
     if not any(p.requires_grad for p in model.parameters()):
@@ -60,6 +61,19 @@ def shard_model(model: torch.nn.Module, mp_policy=None) -> torch.nn.Module:
         # (the reference) has no backward, so they would stay gathered: free them after each forward
         model.set_reshard_after_forward(True)
     return model
+
+
+def _vision_tower_modules(model: torch.nn.Module) -> set[int]:
+    """ids of the modules of a vision-language model's vision tower (none for a text model). They stay in the root
+    unit, gathered with it on every forward call: a separate unit of the tower would be all-gathered only by the
+    calls that carry images, so a rank decoding text, padding a Lockstep round or evaluating would not join the
+    collective another rank's prefill with images makes (gloo: "Received data size doesn't match expected size")."""
+    from grpokit.models.vision import is_vision_config, parts
+
+    if not is_vision_config(getattr(model, "config", None)):
+        return set()
+    tower = parts(model)["tower"]
+    return set() if tower is None else {id(m) for m in tower.modules()}
 
 
 def shard_from_rank0(model: torch.nn.Module, *, is_main: bool, device: torch.device, mp_policy=None) -> torch.nn.Module:

@@ -92,6 +92,22 @@ def keep(prompt) -> list:
     return prompt if isinstance(prompt, VisionPrompt) else list(prompt)
 
 
+def plain(prompts: list) -> list[list[int]]:
+    """Prompt ids as plain lists (a checkpoint holds tensors and lists only; the pixel inputs are the dataset's)."""
+    return [list(p) for p in prompts]
+
+
+def reattach(saved: list[list[int]], fresh: list) -> list | None:
+    """A checkpoint's prompt ids (``plain``) given back the pixel inputs of the same prompts as the resumed run
+    encoded them from its dataset (``fresh``, in the same order): each VisionPrompt of ``fresh`` replaces its ids. A
+    text prompt stays as saved; None when a prompt with images no longer encodes to the saved ids."""
+    if not has_images(fresh):
+        return saved
+    if len(saved) != len(fresh) or any(list(a) != list(b) for a, b in zip(saved, fresh)):
+        return None
+    return [f if isinstance(f, VisionPrompt) else list(s) for s, f in zip(saved, fresh)]
+
+
 # families whose forward counts positions from 1 (PaliGemma's forward and its generate add 1): model_type -> offset
 POSITION_OFFSET = {"paligemma": 1}
 # families whose completion tokens carry a per-token type other than text's 0: PaliGemma's prompt is a bidirectional

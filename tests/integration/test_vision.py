@@ -127,7 +127,6 @@ def test_cli_trains_a_vlm_from_a_yaml_config_with_image_files(vlm_dir, tmp_path)
     ("overrides", "reason"),
     [
         ({"generation.engine": "transformers"}, "generation.engine: transformers does not take images"),
-        ({"max_staleness": 1}, "sampling ahead"),
     ],
 )
 def test_sampling_paths_without_images_are_refused_in_one_line(vlm_dir, tmp_path, overrides, reason):
@@ -151,8 +150,9 @@ def test_a_rollout_func_is_refused_with_images(vlm_dir, tmp_path):
         )  # fmt: skip
 
 
-def test_vllm_and_torchrun_are_refused_with_images():
-    """Paths that cannot be started here (vLLM is not installed, one process): the check itself."""
+def test_vllm_is_refused_with_images():
+    """A path that cannot be started here (vLLM is not installed): the check itself. torchrun, Ray workers and
+    sampling ahead pass it (test_vision_torchrun.py, test_vision_ray.py and test_vision_ahead.py train with images)."""
     from types import SimpleNamespace
 
     from grpokit.compose.vision_paths import check_image_paths
@@ -169,7 +169,6 @@ def test_vllm_and_torchrun_are_refused_with_images():
     cases = [
         (args(), "vllm", one, "generation.engine: vllm does not take images (vLLM: not passed to its multi_modal_data"),
         (args(), "transformers", one, "generation.engine: transformers does not take images"),
-        (args(), "hf", SimpleNamespace(world_size=2), "torchrun (2 processes) is not supported with images"),
     ]
     for a, engine, procs, reason in cases:
         with pytest.raises(ConfigError, match=reason.replace("(", r"\(").replace(")", r"\)")):
@@ -177,3 +176,9 @@ def test_vllm_and_torchrun_are_refused_with_images():
         check_image_paths(a, engine, text, procs, None, None)  # text prompts: every path as before
     check_image_paths(args(), "hf", prompts, one, None, None)  # the supported paths: one process,
     check_image_paths(args(backend="ray"), "hf", prompts, one, None, None)  # Ray workers (test_vision_ray.py)
+    two = SimpleNamespace(world_size=2)
+    check_image_paths(args(ahead=1), "hf", prompts, two, None, None)
+    mixed = SimpleNamespace(ids=[*prompts.ids, [3, 4]])  # DDP's gradient reduction failed on it (docs/vision.md)
+    check_image_paths(args(), "hf", mixed, one, None, None)
+    with pytest.raises(ConfigError, match=r"torchrun \(2 processes\) needs an image in every training prompt"):
+        check_image_paths(args(), "hf", mixed, two, None, None)

@@ -212,7 +212,7 @@ class AheadRollouts(SyncRollouts):
                     "step": step,
                     "indices": list(batch),
                     "reward_state": None if state is None else dataclasses.asdict(state),
-                    "rollouts": None if rollouts is None else dataclasses.asdict(rollouts),
+                    "rollouts": None if rollouts is None else _saved(rollouts),
                 }
             )
         return None, {"queue": queue}
@@ -226,13 +226,40 @@ class AheadRollouts(SyncRollouts):
             step = int(entry["step"])
             state = None if entry["reward_state"] is None else RewardState(**entry["reward_state"])
             collected = None if entry["rollouts"] is None else Rollouts.from_dict(entry["rollouts"])
+            if collected is not None:
+                collected.prompt_ids = self._with_pixels(step, collected.prompt_ids, entry["indices"])
             self._restored[step] = (list(entry["indices"]), state, collected)
         return True
+
+    def _with_pixels(self, step: int, saved: list, indices: list[int]) -> list:
+        """A checkpoint's queued prompt ids (plain lists) with the pixel inputs the resumed run encoded for the
+        same prompts (``indices``: the global batch, in the rollouts' order); a DataError when they differ."""
+        from grpokit.data.prompts import DataError
+        from grpokit.models.vision_inputs import reattach
+
+        prompts = getattr(self.sampler, "prompts", None)
+        if prompts is None:
+            return saved
+        found = reattach(saved, [prompts.ids[i] for i in indices])
+        if found is None:
+            raise DataError(
+                f"the checkpoint's queued rollouts of step {step} were sampled on prompts with images that this "
+                "run's dataset and processor no longer encode to the same tokens; resume with the run's own."
+            )
+        return found
 
     def close(self) -> None:
         self.sampler.interrupt()  # a batch admitted past the run's end may wait for weights that never come
         self.producer.close()
         super().close()
+
+
+def _saved(rollouts: Rollouts) -> dict:
+    """Rollouts as a checkpoint holds them: their prompts as plain id lists (a VisionPrompt's pixel inputs are
+    encoded again from the dataset on resume: ``reattach``)."""
+    from grpokit.models.vision_inputs import plain
+
+    return dataclasses.asdict(dataclasses.replace(rollouts, prompt_ids=plain(rollouts.prompt_ids)))
 
 
 # The samplers by name, each with the situations it serves (sampler_entry.SamplerEntry's flags, exclusive: the
