@@ -67,6 +67,14 @@ def test_eval_images_are_stored_once_named_by_their_prompts_and_leave_the_step_d
     assert joined == [
         ("eval", 0, sha(RED)), ("eval", 0, sha(BLUE)), ("eval", 1, sha(GREEN)), ("other", 0, sha(BLUE))
     ]  # fmt: skip
+    # the same through `grpokit inspect --sql`'s read-only connection (json_each on a fresh one: docs/vision.md)
+    with RolloutStore(tmp_path, readonly=True) as store:
+        _, rows = store.query(
+            "SELECT p.dataset, p.prompt_index, i.sha256 FROM eval_prompts p, json_each(p.images) j "
+            "JOIN images i ON i.sha256 = j.value ORDER BY 1, 2, j.key"
+        )
+        assert rows == joined
+        assert store.query("SELECT count(*) FROM rollouts r, json_each(r.images) j")[1] == [(1,)]
 
 
 def test_a_rollback_removes_the_images_only_a_later_evaluation_showed(tmp_path):
