@@ -20,6 +20,7 @@ per-step numbers `grpokit inspect` prints, which keeps ad-hoc `grpokit inspect R
     SELECT json_extract(extra, '$.judge_reason') FROM rollouts
     SELECT step, json_extract(conversation, '$.tool_rounds') FROM rollouts
     SELECT r.step, i.sha256, i.bytes FROM rollouts r, json_each(r.images) j JOIN images i ON i.sha256 = j.value
+    SELECT p.step, p.prompt_index, j.value FROM eval_prompts p, json_each(p.images) j
 """
 
 SCHEMA_VERSION = 1

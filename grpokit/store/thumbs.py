@@ -9,12 +9,19 @@ from collections.abc import Iterable
 from grpokit.store.html_text import text
 from grpokit.store.store import RolloutStore
 
+CHUNK = 500  # hashes per look-up (SQLite allows 999 variables a statement before 3.32, 32,766 since)
+
 
 def known_images(store: RolloutStore, hash_lists: Iterable[list[str] | None]) -> dict[str, dict]:
     """``RolloutStore.images`` of every hash in ``hash_lists`` (each a rollout's or an evaluated prompt's
     ``images``; None: a text prompt); hashes of the wrong type (a store edited by hand) are left out."""
-    hashes = {sha for hashes in hash_lists if isinstance(hashes, list) for sha in hashes if isinstance(sha, str)}
-    return store.images(sorted(hashes))
+    hashes = sorted(
+        {sha for hashes in hash_lists if isinstance(hashes, list) for sha in hashes if isinstance(sha, str)}
+    )
+    known: dict[str, dict] = {}
+    for start in range(0, len(hashes), CHUNK):  # a query's variables stay under SQLite's limit
+        known |= store.images(hashes[start : start + CHUNK])
+    return known
 
 
 def thumbnails(hashes: list[str] | None, known: dict[str, dict], images_url: str) -> str:

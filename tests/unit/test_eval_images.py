@@ -141,3 +141,11 @@ def test_the_report_views_draw_escaped_relative_thumbnails(tmp_path):
     assert "onerror=" not in held.replace("&quot; onerror=&quot;", "")  # the hand-edited hash stays text
     assert "image 1 not stored (x&quot; onerror=&quot;)" in held
     assert "http" not in samples + held  # nothing from the network
+
+
+def test_known_images_looks_up_more_hashes_than_one_statement_may_name(tmp_path):
+    with RolloutStore(tmp_path, run_id="r") as store:
+        store.write_step(1, [record([RED])], {})
+        store._conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # an SQLite before 3.32's limit
+        many = [[f"{n:064x}"] for n in range(2500)] + [[sha(RED)], None, ["not a hash", 3]]
+        assert list(known_images(store, many)) == [sha(RED)]
