@@ -15,6 +15,7 @@ from grpokit.algos import pass_at_k
 from grpokit.data.prompts import reward_arguments
 from grpokit.rewards.runner import RewardResult
 from grpokit.rollout.types import SamplingParams
+from grpokit.store.record import prompt_images
 
 if TYPE_CHECKING:
     from grpokit.data.settings import PromptSettings
@@ -29,7 +30,8 @@ class Evaluation:
     ``eval/greedy_accuracy``, ``eval/num_prompts``; ``seconds`` it took, in ``batches`` batches of prompts;
     ``samples``: each batch's sampled ``Rollouts`` and their combined rewards (the trainer's evaluation loss reads
     them); ``per_prompt``: each prompt's result (prompt_index, prompt, correct: samples at or above the success
-    threshold, samples, mean_reward), which the store keeps for the report's held-out view. The names of the reward
+    threshold, samples, mean_reward; a prompt with images: their hashes ``images`` and the images
+    ``image_sources``), which the store keeps for the report's held-out view. The names of the reward
     and length metrics are the trainer's (``grpokit.train.metrics``)."""
 
     rewards: RewardResult
@@ -115,18 +117,20 @@ def evaluate(
         seconds=time.perf_counter() - started,
         batches=len(sampled),
         samples=samples,
-        per_prompt=_per_prompt(indices, rows, prompt_column, correct_all, torch.cat(means), num_samples),
+        per_prompt=_per_prompt(indices, rows, prompt_column, correct_all, torch.cat(means), num_samples, source),
     )
 
 
-def _per_prompt(indices, rows, prompt_column, correct, means, num_samples) -> list[dict]:
+def _per_prompt(indices, rows, prompt_column, correct, means, num_samples, source) -> list[dict]:
     """Each evaluated prompt's result: its dataset row index, its prompt as the dataset holds it (chat messages as
-    JSON), the count of its ``num_samples`` samples counted correct, and its mean combined reward (NaN: none)."""
+    JSON), the count of its ``num_samples`` samples counted correct, its mean combined reward (NaN: none), and its
+    images as a training rollout's record has them (``store.record.prompt_images`` of its token ids)."""
     out = []
     for i, c, m in zip(indices, correct.tolist(), means.tolist()):
         prompt = rows[i][prompt_column]
         text = prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, default=str)
-        out.append({"prompt_index": i, "prompt": text, "correct": int(c), "samples": num_samples, "mean_reward": m})
+        result = {"prompt_index": i, "prompt": text, "correct": int(c), "samples": num_samples, "mean_reward": m}
+        out.append(result | prompt_images(source.ids[i]))
     return out
 
 

@@ -20,6 +20,7 @@ import yaml
 from grpokit.store.html_text import text
 from grpokit.store.samples import completion_html, fmt
 from grpokit.store.store import RolloutStore
+from grpokit.store.thumbs import known_images, thumbnails
 
 MAX_STEPS = 24
 MAX_GROUPS = 16
@@ -93,7 +94,7 @@ def _by_priority(steps: list[int]) -> list[int]:
 
 def _step_html(store: RolloutStore, step: int, images_url: str = "images") -> str:
     groups, total = step_groups(store, step)
-    known = store.images(sorted({sha for g in groups for sha in g[0].get("images") or ()}))
+    known = known_images(store, [g[0].get("images") for g in groups])
     flagged = sum(zero_variance([r["reward"] for r in g]) for g in groups)
     shown = f"{len(groups)} of {total} groups shown" if total > len(groups) else f"{total} groups"
     head = (
@@ -102,22 +103,6 @@ def _step_html(store: RolloutStore, step: int, images_url: str = "images") -> st
     )
     body = "\n".join(_group_html(step, g, thumbnails(g[0].get("images"), known, images_url)) for g in groups)
     return f'<div class="group-step" data-step="{text(step)}" id="step-{text(step)}">{head}{body}</div>'
-
-
-def thumbnails(hashes: list[str] | None, known: dict[str, dict], images_url: str) -> str:
-    """A prompt's images as thumbnails (``known``: ``RolloutStore.images``), each titled with its sha256 and size; an
-    image the store did not keep (log_multimodal false, past store_images_max_mb, or its file gone) as its hash."""
-    cells = []
-    for n, sha in enumerate(hashes or (), 1):
-        row = known.get(sha)
-        size = f", {row['bytes']} bytes, {row['width']}x{row['height']} px" if row else ""
-        title = f"image {n}: sha256 {sha}{size}"
-        if row is not None and row["path"] is not None and row["path"].is_file():
-            src = f"{images_url}/{sha}.png"
-            cells.append(f'<img src="{text(src)}" alt="{text(title)}" title="{text(title)}" loading="lazy">')
-        else:
-            cells.append(f'<span class="at" title="{text(title)}">image {n} not stored ({text(sha[:12])})</span>')
-    return f'<div class="thumbs">{"".join(cells)}</div>' if cells else ""
 
 
 def _group_html(step: int, group: list[dict], thumbs: str = "") -> str:

@@ -9,8 +9,11 @@ first; *kept*: solved at the first and the last; *forgotten*: solved at some eva
 
 from __future__ import annotations
 
+import json
+
 from grpokit.store.html_text import text
 from grpokit.store.store import RolloutStore
+from grpokit.store.thumbs import known_images, thumbnails
 
 CATEGORIES = ("learned", "forgotten", "never solved", "kept")
 MAX_ROWS = 200  # prompts listed per category (the counts cover all)
@@ -30,18 +33,29 @@ def category(results: list[tuple[int, int]]) -> str:
 
 
 def eval_prompts(store: RolloutStore) -> dict[str, dict]:
-    """{dataset: {"steps": [eval steps], "prompts": {prompt_index: {"prompt", "results": {step: (correct,
-    samples)}}}}}; {} for a store without per-prompt results (written before they were kept)."""
-    columns = ("dataset", "step", "prompt_index", "prompt", "correct", "samples")
+    """{dataset: {"steps": [eval steps], "prompts": {prompt_index: {"prompt", "images": [sha256] or None,
+    "results": {step: (correct, samples)}}}}}; {} for a store without per-prompt results (written before they were
+    kept)."""
+    columns = ("dataset", "step", "prompt_index", "prompt", "correct", "samples", "images")
     rows = store.typed("eval_prompts", columns, "dataset, step")  # [] without the table
     out: dict[str, dict] = {}
-    for dataset, step, index, prompt, correct, samples in rows:
+    for dataset, step, index, prompt, correct, samples, hashes in rows:
         data = out.setdefault(dataset, {"steps": [], "prompts": {}})
         if not data["steps"] or data["steps"][-1] != step:
             data["steps"].append(step)
-        entry = data["prompts"].setdefault(index, {"prompt": prompt, "results": {}})
+        entry = data["prompts"].setdefault(index, {"prompt": prompt, "images": None, "results": {}})
         entry["results"][step] = (correct, samples)
+        entry["images"] = _hashes(hashes) or entry["images"]
     return out
+
+
+def _hashes(column: str | None) -> list[str] | None:
+    """An ``images`` column's hashes; None for null or a value that is not a JSON list (a store edited by hand)."""
+    try:
+        value = json.loads(column) if column is not None else None
+    except (json.JSONDecodeError, TypeError, RecursionError):
+        return None
+    return value if isinstance(value, list) else None
 
 
 def categorize(data: dict) -> dict[str, list[int]]:
@@ -53,12 +67,15 @@ def categorize(data: dict) -> dict[str, list[int]]:
     return out
 
 
-def heldout_html(per_dataset: dict[str, dict]) -> str:
-    """The Held-out prompts section: per dataset, the counts per category and a table per category (prompt, then
-    correct/samples at each evaluation, shaded by the fraction correct)."""
+def heldout_html(per_dataset: dict[str, dict], images_url: str = "images", store: RolloutStore | None = None) -> str:
+    """The Held-out prompts section: per dataset, the counts per category and a table per category (prompt and its
+    images' thumbnails from ``images_url`` as ``store`` holds them, then correct/samples at each evaluation, shaded
+    by the fraction correct)."""
     if not per_dataset:
         body = "<p>No per-prompt evaluation results stored (the run has no eval set, or predates them).</p>"
         return f'<section id="heldout" class="view"><h2>Held-out prompts</h2>{body}</section>'
+    entries = [e for data in per_dataset.values() for e in data["prompts"].values()]
+    thumbs = (known_images(store, [e.get("images") for e in entries]) if store is not None else {}, images_url)
     parts = []
     for dataset, data in per_dataset.items():
         groups = categorize(data)
@@ -71,7 +88,7 @@ def heldout_html(per_dataset: dict[str, dict]) -> str:
         for name in CATEGORIES:
             indices = groups[name]
             if indices:
-                parts.append(_table(name, indices, data, steps))
+                parts.append(_table(name, indices, data, steps, thumbs))
     bar = '<div class="controls" id="heldout-controls" hidden></div>'
     return f'<section id="heldout" class="view"><h2>Held-out prompts</h2>{bar}{"".join(parts)}</section>'
 
@@ -82,14 +99,15 @@ def _spaced(steps: list[int]) -> list[int]:
     return sorted({steps[round(i * (len(steps) - 1) / (MAX_COLUMNS - 1))] for i in range(MAX_COLUMNS)})
 
 
-def _table(name: str, indices: list[int], data: dict, steps: list[int]) -> str:
+def _table(name: str, indices: list[int], data: dict, steps: list[int], thumbs: tuple = ({}, "images")) -> str:
     head = "".join(f"<th>{text(s)}</th>" for s in steps)
     rows = []
     for index in indices[:MAX_ROWS]:
         entry = data["prompts"][index]
         cells = "".join(_cell(entry["results"].get(s)) for s in steps)
         prompt = text(str(entry["prompt"] or "")[:120])
-        rows.append(f'<tr><td class="p">#{text(index)} <code>{prompt}</code></td>{cells}</tr>')
+        images = thumbnails(entry.get("images"), *thumbs)
+        rows.append(f'<tr><td class="p">#{text(index)} <code>{prompt}</code>{images}</td>{cells}</tr>')
     more = f'<p class="meta">and {len(indices) - MAX_ROWS} more</p>' if len(indices) > MAX_ROWS else ""
     return (
         f'<div class="heldout" data-category="{name}"><h4>{name}: {len(indices)}</h4>'

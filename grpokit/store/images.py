@@ -1,7 +1,9 @@
 """The images a run's prompts showed the model, kept once each by content in the run folder: ``RUN/images/<sha256>.png``
 (the PNG whose bytes hash to its name), described by the ``images`` table of rollouts.sqlite (its hash, size in bytes,
 width, height, the first step that showed it, and whether the file was written), and referenced by each rollout's
-``images`` column (a JSON list of the hashes of its prompt's images, in the prompt's order).
+``images`` column (a JSON list of the hashes of its prompt's images, in the prompt's order). An evaluation's prompts'
+images are kept the same way (each ``eval_prompts`` row's ``images`` column), their rows marked ``eval`` 1 with the
+evaluation's step, so no step's digest (``store/integrity.py``) changes after the step was written.
 
 Durability: a new image's file is written to a temporary name beside it, fsynced and renamed (then the folder is
 fsynced) *before* the step's transaction commits its row, so a row never names a file that is not whole; a kill -9 at
@@ -27,7 +29,9 @@ TABLE = "images"
 FOLDER = "images"
 TMP_SUFFIX = ".tmp"
 _COLUMNS = ("sha256", "step", "bytes", "width", "height", "stored")
-INSERT = f"INSERT INTO {TABLE} ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' for _ in _COLUMNS)})"
+EVAL_COLUMN = "eval"  # 1: first shown by the evaluation at `step` (after the step's digest was taken); 0: by training
+_WRITTEN = (*_COLUMNS, EVAL_COLUMN)
+INSERT = f"INSERT INTO {TABLE} ({', '.join(_WRITTEN)}) VALUES ({', '.join('?' for _ in _WRITTEN)})"
 
 
 def png_bytes(image: Any) -> bytes:
@@ -40,6 +44,29 @@ def png_bytes(image: Any) -> bytes:
 def has_table(conn: sqlite3.Connection) -> bool:
     found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (TABLE,)).fetchone()
     return found is not None
+
+
+def has_eval_column(conn: sqlite3.Connection) -> bool:
+    return EVAL_COLUMN in {row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
+
+
+def add_eval_column(conn: sqlite3.Connection) -> None:
+    """Give an ``images`` table written before evaluations' images were kept its ``eval`` column (its rows: 0)."""
+    if has_table(conn) and not has_eval_column(conn):
+        conn.execute(f"ALTER TABLE {TABLE} ADD COLUMN {EVAL_COLUMN} INTEGER NOT NULL DEFAULT 0")
+
+
+def shown(records: list) -> list[tuple[str, Any]]:
+    """(sha256, image) of each image ``records`` show: rollout records' or evaluated prompts' (``images``: hashes,
+    ``image_sources``: the images; attributes or dict keys)."""
+    pairs = []
+    for record in records:
+        pairs += zip(_field(record, "images") or (), _field(record, "image_sources") or ())
+    return pairs
+
+
+def _field(record: Any, name: str) -> Any:
+    return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
 
 
 class ImageFiles:
@@ -107,14 +134,14 @@ class ImageWriter:
     def __init__(self, files: ImageFiles, log: bool = True, max_bytes: int | None = None):
         self.files, self.log, self.max_bytes = files, log, max_bytes
 
-    def rows(self, conn: sqlite3.Connection, step: int, records: list) -> list[tuple]:
-        """The ``images`` rows of the images first shown at ``step`` (their files written first, durably)."""
+    def rows(self, conn: sqlite3.Connection, step: int, records: list, evaluation: bool = False) -> list[tuple]:
+        """The ``images`` rows of the images ``records`` show first at ``step`` (their files written first, durably;
+        ``evaluation``: shown by the evaluation at ``step``, rows marked ``eval`` 1)."""
         if not self.log:
             return []
         wanted: dict[str, Any] = {}
-        for record in records:
-            for sha, image in zip(record.images or (), record.image_sources or ()):
-                wanted.setdefault(sha, image)
+        for sha, image in shown(records):
+            wanted.setdefault(sha, image)
         if not wanted:
             return []
         marks = ", ".join("?" for _ in wanted)
@@ -132,7 +159,7 @@ class ImageWriter:
                 if not self.files.holds(sha):  # a file a killed step wrote is whole (renamed) and kept
                     self.files.write(sha, data)
                 used += len(data)
-            out.append((sha, step, len(data), image.width, image.height, int(stored)))
+            out.append((sha, step, len(data), image.width, image.height, int(stored), int(evaluation)))
         return out
 
 
@@ -153,7 +180,10 @@ def written(conn: sqlite3.Connection) -> set[str]:
 
 
 def step_rows(conn: sqlite3.Connection, step: int) -> list[tuple]:
-    """Step ``step``'s rows as stored, for its digest (``store/integrity.py``); [] without the table."""
+    """Step ``step``'s rows as stored, for its digest (``store/integrity.py``): training's, not its evaluation's
+    (written after the digest was taken); [] without the table."""
     if not has_table(conn):
         return []
-    return conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM {TABLE} WHERE step = ? ORDER BY sha256", (step,)).fetchall()
+    training = f" AND {EVAL_COLUMN} = 0" if has_eval_column(conn) else ""
+    sql = f"SELECT {', '.join(_COLUMNS)} FROM {TABLE} WHERE step = ?{training} ORDER BY sha256"
+    return conn.execute(sql, (step,)).fetchall()

@@ -22,7 +22,10 @@ def check_query(sql: str) -> None:
 
 
 def reading_only(conn: sqlite3.Connection) -> sqlite3.Connection:
-    """``conn`` with an authorizer that refuses every action but reading."""
+    """``conn`` with an authorizer that refuses every action but reading. The JSON table-valued functions are opened
+    first: SQLite declares ``json_each`` and ``json_tree`` on their first use in a connection by parsing a CREATE
+    TABLE, which the authorizer would see as a write of ``sqlite_master`` and refuse ("vtable constructor failed")."""
+    conn.execute("SELECT 1 FROM json_each('[]'), json_tree('[]')").fetchall()
     conn.set_authorizer(lambda action, *_: sqlite3.SQLITE_OK if action in _QUERY_ACTIONS else sqlite3.SQLITE_DENY)
     return conn
 

@@ -29,6 +29,7 @@ from grpokit.store.samples import best_and_worst, samples_html
 from grpokit.store.store import RolloutStore, StoreError, resolve_store_path
 from grpokit.store.summary import run_summary, summary_html
 from grpokit.store.svg import line_chart
+from grpokit.store.thumbs import known_images
 from grpokit.store.tokens import tokens_html
 
 REPORT_FILENAME = "report.html"
@@ -82,10 +83,12 @@ def report_page(run_dir: str | Path, steps: list[int] | None = None, page_dir: s
             derived = group_fractions(store, success_threshold(run_dir))
             url = images_url(run_dir, page_dir)
             views.append(groups_html(store, group_steps(with_rollouts, steps), images_url=url))
-            views.append(heldout_html(eval_prompts(store)))
+            views.append(heldout_html(eval_prompts(store), url, store))
             views.append(prompts_html(store, run_dir))
-            views.append(tokens_html(store, steps))
-            samples_section = samples_html(best_and_worst(store, _sample_steps(with_rollouts, steps)))
+            views.append(tokens_html(store, steps, url))
+            chosen = best_and_worst(store, _sample_steps(with_rollouts, steps))
+            known = known_images(store, [s[kind].get("images") for s in chosen for kind in ("best", "worst")])
+            samples_section = samples_html(chosen, url, known)
             written_at = tuple(store.query(_WRITTEN_AT)[1][0])
             problems = store.problems()
     if not any(len(row) > 1 for row in metrics):

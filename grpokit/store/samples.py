@@ -1,4 +1,5 @@
-"""The report's best and worst completions of chosen steps, and how a stored rollout is drawn in HTML."""
+"""The report's best and worst completions of chosen steps, and how a stored rollout is drawn in HTML (a prompt with
+images: their thumbnails under it, store/thumbs.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 from grpokit.store.html_text import number, text
 from grpokit.store.store import RolloutStore
+from grpokit.store.thumbs import thumbnails
 
 
 def fmt(value) -> str:
@@ -24,21 +26,25 @@ def best_and_worst(store: RolloutStore, steps: list[int]) -> list[dict]:
     return samples
 
 
-def samples_html(samples: list[dict]) -> str:
-    body = "\n".join(_sample_section(s) for s in samples) or "<p>No rollouts stored.</p>"
+def samples_html(samples: list[dict], images_url: str = "images", known: dict[str, dict] | None = None) -> str:
+    """The section of :func:`best_and_worst`'s ``samples``; ``known``: ``RolloutStore.images`` of their prompts'
+    images, drawn as thumbnails of ``images_url`` (the run's images folder relative to the page)."""
+    body = "\n".join(_sample_section(s, images_url, known or {}) for s in samples) or "<p>No rollouts stored.</p>"
     return f'<section id="samples" class="view"><h2>Best and worst completions</h2>\n{body}</section>'
 
 
-def _sample_section(sample: dict) -> str:
+def _sample_section(sample: dict, images_url: str, known: dict[str, dict]) -> str:
+    best, worst = sample["best"], sample["worst"]
     return (
         f"<h3>Step {text(sample['step'])}</h3>\n"
-        + rollout_html(sample["best"], "best")
+        + rollout_html(best, "best", thumbnails(best.get("images"), known, images_url))
         + "\n"
-        + rollout_html(sample["worst"], "worst")
+        + rollout_html(worst, "worst", thumbnails(worst.get("images"), known, images_url))
     )
 
 
-def rollout_html(rollout: dict, kind: str) -> str:
+def rollout_html(rollout: dict, kind: str, thumbs: str = "") -> str:
+    """One stored rollout: its rewards, advantage, length, prompt (and ``thumbs``, its images), completion."""
     rewards = ", ".join(f"{text(name)} {fmt(v)}" for name, v in sorted(rollout["rewards"].items(), key=str))
     error = f'<div class="error">error: {text(rollout["error"])}</div>' if rollout["error"] is not None else ""
     # log_extra columns (the code reward's per-test results: code_tests), as `grpokit inspect` shows them
@@ -51,7 +57,7 @@ def rollout_html(rollout: dict, kind: str) -> str:
         f"({rewards}) · advantage {fmt(rollout['advantage'])} · "
         f"{fmt(rollout['completion_tokens'])} tokens · {text(rollout['finish_reason'])} · "
         f"prompt {text(rollout['prompt_index'])} #{text(rollout['completion_index'])}"
-        f'<pre class="prompt">{text(rollout["prompt"])}</pre>'
+        f'<pre class="prompt">{text(rollout["prompt"])}</pre>{thumbs}'
         f"{completion_html(rollout)}{extra}{error}</div>"
     )
 

@@ -20,6 +20,7 @@ per-step numbers `grpokit inspect` prints, which keeps ad-hoc `grpokit inspect R
     SELECT json_extract(extra, '$.judge_reason') FROM rollouts
     SELECT step, json_extract(conversation, '$.tool_rounds') FROM rollouts
     SELECT r.step, i.sha256, i.bytes FROM rollouts r, json_each(r.images) j JOIN images i ON i.sha256 = j.value
+    SELECT p.step, p.prompt_index, j.value FROM eval_prompts p, json_each(p.images) j
 """
 
 SCHEMA_VERSION = 1
@@ -78,7 +79,8 @@ CREATE TABLE IF NOT EXISTS evals (
 ) STRICT;
 -- Each held-out prompt's result in an evaluation: `correct` of its `samples` completions reached the success
 -- threshold (the report's held-out view: prompts learned, never solved, forgotten). Stores written before it
--- existed get it when opened for writing; readers treat its absence as no per-prompt results.
+-- existed get it when opened for writing; readers treat its absence as no per-prompt results. `images`: the sha256
+-- of each image of the prompt, as the rollouts' column (null: a text prompt, or a store written before it).
 CREATE TABLE IF NOT EXISTS eval_prompts (
     step         INTEGER NOT NULL,
     dataset      TEXT NOT NULL,
@@ -87,6 +89,7 @@ CREATE TABLE IF NOT EXISTS eval_prompts (
     correct      INTEGER NOT NULL,
     samples      INTEGER NOT NULL,
     mean_reward  REAL,
+    images       TEXT,
     PRIMARY KEY (step, dataset, prompt_index)
 ) STRICT;
 -- Per-token values of a completion, kept only when run.store_token_values asks (grpokit/store/token_values.py):
@@ -117,14 +120,16 @@ CREATE TABLE IF NOT EXISTS teacher_logprobs (
     PRIMARY KEY (step, prompt_index, completion_index)
 ) STRICT;
 -- Each distinct image the prompts showed, once (grpokit/store/images.py): `stored` 1 when RUN/images/<sha256>.png
--- holds it, 0 when it passed run.store_images_max_mb; `step` the first step that showed it (rolled back with it).
+-- holds it, 0 when it passed run.store_images_max_mb; `step` the first step that showed it (rolled back with it);
+-- `eval` 1 when that step's evaluation showed it first (each eval_prompts row's `images` names its prompt's images).
 CREATE TABLE IF NOT EXISTS images (
     sha256 TEXT PRIMARY KEY,
     step   INTEGER NOT NULL,
     bytes  INTEGER NOT NULL,
     width  INTEGER NOT NULL,
     height INTEGER NOT NULL,
-    stored INTEGER NOT NULL
+    stored INTEGER NOT NULL,
+    eval   INTEGER NOT NULL DEFAULT 0
 ) STRICT;
 CREATE VIEW IF NOT EXISTS reward_values AS
     SELECT r.id AS rollout_id, r.step, r.prompt_index, r.completion_index,

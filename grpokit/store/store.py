@@ -65,6 +65,16 @@ _INSERT_ROLLOUT = (
 )
 
 
+_EVAL_PROMPT_COLUMNS = ("step", "dataset", "prompt_index", "prompt", "correct", "samples", "mean_reward", "images")
+_INSERT_EVAL_PROMPT = f"INSERT INTO eval_prompts ({', '.join(_EVAL_PROMPT_COLUMNS)}) VALUES ({', '.join('?' * 8)})"
+
+
+def _eval_prompt_row(step: int, dataset: str, p: dict) -> tuple:
+    hashes = p.get("images")
+    row = (p["prompt_index"], p["prompt"], p["correct"], p["samples"], finite_or_none(p["mean_reward"]))
+    return (step, dataset, *row, json.dumps(list(hashes)) if hashes else None)
+
+
 class DuplicateStepError(StoreError):
     """A step (or a step's eval of a dataset) is written a second time."""
 
@@ -131,6 +141,9 @@ class RolloutStore:
                 if column not in present:
                     self._conn.execute(f"ALTER TABLE rollouts ADD COLUMN {column} TEXT")
             teacher = {row[1] for row in self._conn.execute(f"PRAGMA table_info({teacher_values.TABLE})")}
+            if "images" not in self._table_columns("eval_prompts"):
+                self._conn.execute("ALTER TABLE eval_prompts ADD COLUMN images TEXT")  # written before it existed
+            images.add_eval_column(self._conn)
             if teacher_values.KEY_COLUMN not in teacher:  # a teacher table written before the column existed
                 self._conn.execute(f"ALTER TABLE {teacher_values.TABLE} ADD COLUMN {teacher_values.KEY_COLUMN} TEXT")
             self._init_meta(run_id or self.path.resolve().parent.name)
@@ -153,8 +166,8 @@ class RolloutStore:
         conn.execute("PRAGMA busy_timeout=10000")
         return conn
 
-    def _table_columns(self) -> list[str]:
-        return [row[1] for row in self._conn.execute("PRAGMA table_info(rollouts)")]
+    def _table_columns(self, table: str = "rollouts") -> list[str]:
+        return [row[1] for row in self._conn.execute(f"PRAGMA table_info({table})")]
 
     def _init_meta(self, run_id: str) -> None:
         with self._transaction():
@@ -287,24 +300,20 @@ class RolloutStore:
 
     def write_eval(self, step: int, dataset: str, metrics: dict[str, float], prompts: list[dict] | None = None) -> None:
         """Write the eval metrics (e.g. pass@1) of `dataset` at `step`, and each prompt's result when given
-        (``prompts``: dicts with prompt_index, prompt, correct, samples, mean_reward); writing them twice raises."""
+        (``prompts``: dicts with prompt_index, prompt, correct, samples, mean_reward, and for a prompt with images
+        their hashes ``images`` and the images ``image_sources``, kept as training's); writing them twice raises."""
         rows = [(step, dataset, name, finite_or_none(value)) for name, value in metrics.items()]
-        prompt_rows = [
-            (
-                step,
-                dataset,
-                p["prompt_index"],
-                p["prompt"],
-                p["correct"],
-                p["samples"],
-                finite_or_none(p["mean_reward"]),
-            )
-            for p in prompts or ()
-        ]
+        prompt_rows = [_eval_prompt_row(step, dataset, p) for p in prompts or ()]
+        try:
+            image_rows = self._images.rows(self._conn, step, list(prompts or ()), evaluation=True)
+        except OSError as err:
+            folder = self.image_files.folder
+            raise StoreError(f"cannot write the images of step {step}'s evaluation to {folder}: {err}") from None
         try:
             with self._transaction():
+                self._conn.executemany(images.INSERT, image_rows)
                 self._conn.executemany("INSERT INTO evals (step, dataset, name, value) VALUES (?, ?, ?, ?)", rows)
-                self._conn.executemany(f"INSERT INTO eval_prompts VALUES ({', '.join('?' * 7)})", prompt_rows)
+                self._conn.executemany(_INSERT_EVAL_PROMPT, prompt_rows)
         except sqlite3.IntegrityError as err:
             raise DuplicateStepError(f"eval of {dataset!r} at step {step} is already in {self.path}") from err
         except sqlite3.OperationalError as err:
@@ -441,10 +450,12 @@ class RolloutStore:
 
     def typed(self, table: str, columns: tuple[str, ...], order: str) -> list[tuple]:
         """``columns`` of every row of ``table`` ordered by ``order``, each value of its declared type or None, rows
-        whose identifying columns are not left out (typed_rows.clean); [] when the store has no such table."""
-        if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (table,)).fetchone():
+        whose identifying columns are not left out (typed_rows.clean); [] when the store has no such table. A column
+        the table lacks (a store written before it was added) reads as None."""
+        present = self._table_columns(table)
+        if not present:
             return []
-        sql = f"SELECT {', '.join(columns)} FROM {table} ORDER BY {order}"
+        sql = f"SELECT {', '.join(c if c in present else 'NULL' for c in columns)} FROM {table} ORDER BY {order}"
         rows = (typed_rows.clean(table, columns, row, self._problems) for row in self._conn.execute(sql))
         return [row for row in rows if row is not None]
 

@@ -11,11 +11,13 @@ a few steps (:data:`PER_STEP`, :data:`MAX_TOKENS`, :data:`MAX_STEPS`) so a long 
 
 from __future__ import annotations
 
+import functools
 import math
 
 from grpokit.store.html_text import text
 from grpokit.store.samples import fmt
 from grpokit.store.store import RolloutStore
+from grpokit.store.thumbs import known_images, thumbnails
 from grpokit.store.token_values import TOKEN_VALUES
 
 PER_STEP = 4  # completions per step: the best and the worst rewarded, the largest gap, the least weight
@@ -94,9 +96,10 @@ def token_steps(store: RolloutStore, chosen: list[int] | None = None) -> list[in
     return sorted({steps[0], steps[len(steps) // 2], steps[-1]}) if steps else []
 
 
-def tokens_html(store: RolloutStore, steps: list[int] | None = None) -> str:
+def tokens_html(store: RolloutStore, steps: list[int] | None = None, images_url: str = "images") -> str:
     """The Tokens section: per shown step, a few completions' tokens coloured by a per-token value (module
-    docstring); a line naming the setting when the run kept none."""
+    docstring), under each its prompt and the prompt's images (thumbnails of ``images_url``, the run's images folder
+    relative to the page); a line naming the setting when the run kept none."""
     names = store.token_value_names()
     head = '<section id="tokens" class="view"><h2>Tokens</h2>'
     if not names:
@@ -107,6 +110,8 @@ def tokens_html(store: RolloutStore, steps: list[int] | None = None) -> str:
     picked = [(step, _chosen(store, step, names)) for step in token_steps(store, steps)]
     scales = _scales([c for _, chosen in picked for c in chosen])
     default = next(name for name in DEFAULT_ORDER if name in names)
+    known = known_images(store, [c.get("images") for _, chosen in picked for c in chosen])
+    draw = functools.partial(_completion_html, names=names, default=default, scales=scales, thumbs=(known, images_url))
     options = "".join(
         f'<option value="{n}"{" selected" if n == default else ""}>{n}: {text(TOKEN_VALUES[n])}</option>' for n in names
     )
@@ -122,10 +127,7 @@ def tokens_html(store: RolloutStore, steps: list[int] | None = None) -> str:
         f'<div class="controls" id="token-controls" hidden>Colour by <select id="token-value" hidden>{options}'
         f"</select></div>{legends}"
     )
-    body = "".join(
-        f"<h3>Step {step}</h3>{''.join(_completion_html(c, names, default, scales) for c in chosen)}"
-        for step, chosen in picked
-    )
+    body = "".join(f"<h3>Step {step}</h3>{''.join(draw(c) for c in chosen)}" for step, chosen in picked)
     data = f'data-values="{",".join(names)}" data-scales="{text(_scales_json(scales))}"'
     return f'<section id="tokens" class="view" {data}><h2>Tokens</h2>{intro}{body}</section>'
 
@@ -168,7 +170,9 @@ def _scales_json(scales: dict[str, float]) -> str:
     return "{" + ",".join(f'"{k}":{v:.6g}' for k, v in scales.items()) + "}"
 
 
-def _completion_html(item: dict, names: list[str], default: str, scales: dict[str, float]) -> str:
+def _completion_html(
+    item: dict, names: list[str], default: str, scales: dict[str, float], thumbs: tuple[dict, str] = ({}, "images")
+) -> str:
     n = len(item["tokens"])
     shown = range(min(n, MAX_TOKENS))
     spans = []
@@ -187,6 +191,7 @@ def _completion_html(item: dict, names: list[str], default: str, scales: dict[st
         f"{fmt(item.get('reward'))} · advantage {fmt(item.get('advantage'))} · {n} tokens"
     )
     prompt = f'<pre class="prompt">{text(str(item["prompt"])[-400:])}</pre>' if item.get("prompt") else ""
+    prompt += thumbnails(item.get("images"), *thumbs)
     tokens = f'<div class="toks">{"".join(spans)}{more}</div>'
     return f'<div class="sample tokens-of"><div class="group-head">{head}</div>{prompt}{tokens}</div>'
 

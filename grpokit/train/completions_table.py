@@ -3,15 +3,52 @@ completion of the step with its step, prompt, completion, each reward function's
 its advantage, and with ``log_multimodal`` its prompt's images (as the tracker's ``Image``) when the step has any:
 trackio gets them as TRL logs them, a list per cell of an ``image`` column (trackio stores each as a PNG); W&B one
 ``wandb.Image`` per cell in ``image``, ``image_2`` ... (a Media object per cell is the cell type W&B documents for a
-Table; TRL passes a list). Built only on the ``log_completions`` path, from the records already on the host.
+Table; TRL passes a list). Built only on the ``log_completions`` path, from the records already on the host. The
+console's table shows each image as ``[image <first 6 hex of its sha256> <width>x<height>]`` where the prompt's text
+holds its placeholder (:func:`console_prompt`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 TABLE_KEY = "completions"  # the key TRL logs the table under
+# An image's place in a chat template's text, by model family: Qwen2/2.5-VL, Gemma 3, Llama 3.2 Vision, Pixtral and
+# LLaVA-style (<image>); the first whose matches are as many as the prompt's images is used.
+IMAGE_PLACEHOLDERS = tuple(
+    re.compile(p)
+    for p in (
+        r"<\|vision_start\|>(?:<\|image_pad\|>)*<\|vision_end\|>",
+        r"(?:<\|image_pad\|>)+",
+        r"<start_of_image>",
+        r"<\|image\|>",
+        r"\[IMG\]",
+        r"<image>",
+    )
+)
+
+
+def image_tag(sha256: str, image: Any | None) -> str:
+    """``[image 3f2a9c 28x28]``: an image's hash prefix and size in pixels (``image`` None: the hash alone)."""
+    size = f" {image.width}x{image.height}" if image is not None else ""
+    return f"[image {sha256[:6]}{size}]"
+
+
+def console_prompt(record: Any) -> str:
+    """A record's prompt for the console, each image's :func:`image_tag` in place of its placeholder (in the
+    prompt's order); the tags before the text when the text's placeholders are not one per image."""
+    hashes = list(record.images or ())
+    if not hashes:
+        return record.prompt
+    sources = list(record.image_sources or ())
+    tags = [image_tag(sha, sources[k] if k < len(sources) else None) for k, sha in enumerate(hashes)]
+    for pattern in IMAGE_PLACEHOLDERS:
+        pieces = pattern.split(record.prompt)  # no groups: the text around each placeholder
+        if len(pieces) == len(tags) + 1:
+            return "".join(piece + tag for piece, tag in zip(pieces, [*tags, ""]))
+    return " ".join(tags) + " " + record.prompt
 
 
 def completion_table(records: Sequence[Any], step: int, images: bool) -> tuple[list[str], list[list]]:

@@ -163,10 +163,14 @@ class Tracker:
     def log_completions(
         self, records: list[RolloutRecord], step: int, limit: int | None = None, images: bool = False
     ) -> None:
-        """TRL's ``log_completions``: a table of the step's prompts, completions, rewards and advantages on the
-        console (the first ``limit`` rows), and the whole table to W&B and trackio (``images``: log_multimodal, an
-        image column of each prompt's images; train/completions_table.py)."""
+        """TRL's ``log_completions``: a table of the step's prompts (each image as ``[image <hash> <w>x<h>]``),
+        completions, rewards and advantages on the console (the first ``limit`` rows), and the whole table to W&B
+        and trackio (``images``: log_multimodal, an image column of each prompt's images;
+        train/completions_table.py)."""
         from rich.table import Table
+        from rich.text import Text
+
+        from grpokit.train.completions_table import console_prompt
 
         if self._wandb is not None or any(hasattr(sink, "log_table") for sink in self._others):
             self._log_table(records, step, images)
@@ -174,9 +178,9 @@ class Tracker:
         table = Table(title=f"completions at step {step}", show_lines=True)
         for column in ("prompt", "completion", "reward", "advantage"):
             table.add_column(column)
-        for record in records[:limit]:
+        for record in records[:limit]:  # Text: a prompt's brackets ([image ...]) are not rich markup
             reward, advantage = ("-" if v is None else f"{v:.3f}" for v in (record.reward, record.advantage))
-            table.add_row(record.prompt, record.completion, reward, advantage)
+            table.add_row(Text(console_prompt(record)), Text(record.completion), reward, advantage)
         self.console.print(table)
 
     def _log_table(self, records: list[RolloutRecord], step: int, images: bool) -> None:
