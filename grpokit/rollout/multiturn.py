@@ -31,6 +31,7 @@ import torch
 
 from grpokit.machine.hardware import autocast
 from grpokit.models.loading import is_hf_model
+from grpokit.models.vision_inputs import image_hash
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.multiturn_rows import CachedRows, NotCacheable, PlainRows
@@ -303,8 +304,6 @@ class MultiTurnEngine:
 def completion_images(rollouts: list[ToolRollout]) -> dict:
     """Rollouts' ``completion_pixels``, ``completion_images`` and ``completion_image_hashes`` of the images tools
     showed (each rollout's processor inputs concatenated over its rounds, in order); {} when no tool showed one."""
-    from grpokit.models.vision_inputs import image_hash
-
     if not any(r.conversation.pixels for r in rollouts):
         return {}
     pixels = []
@@ -330,6 +329,7 @@ def _tool_turn(result: ToolResult, tokens: tuple[int, int] | None) -> Turn:
         error=result.error,
         started=result.started,
         ended=result.ended,
+        images=[image_hash(i) for i in result.images] or None,
     )
 
 

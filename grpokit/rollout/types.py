@@ -59,7 +59,7 @@ class Turn:
     message's content. ``tokens``: [start, end) of the turn's tokens in the rollout's ``completion_ids``
     (for a tool message, the tokens appended after that round, shared by the round's tool messages;
     None when its result was not shown). ``tool_calls``: the assistant's calls ({"name", "arguments"}).
-    For tool messages: ``name``, ``arguments``, ``status`` (grpokit.tools.STATUSES), ``error``.
+    For tool messages: ``name``, ``arguments``, ``status`` (grpokit.tools.STATUSES), ``error``, ``images``.
     ``started`` / ``ended``: ``time.monotonic()`` around the turn's decoding or the call.
     """
 
@@ -73,6 +73,7 @@ class Turn:
     error: str | None = None
     started: float | None = None
     ended: float | None = None
+    images: list[str] | None = None  # a tool result's images (sha256 of their PNG bytes), None: none
 
 
 @dataclass

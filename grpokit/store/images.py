@@ -1,7 +1,8 @@
 """The images a run's prompts showed the model, kept once each by content in the run folder: ``RUN/images/<sha256>.png``
 (the PNG whose bytes hash to its name), described by the ``images`` table of rollouts.sqlite (its hash, size in bytes,
 width, height, the first step that showed it, and whether the file was written), and referenced by each rollout's
-``images`` column (a JSON list of the hashes of its prompt's images, in the prompt's order).
+``images`` column (a JSON list of the hashes of its prompt's images, in the prompt's order, then of the images tools
+returned in its completion, in order; a tool turn of its ``conversation`` names its own).
 
 Durability: a new image's file is written to a temporary name beside it, fsynced and renamed (then the folder is
 fsynced) *before* the step's transaction commits its row, so a row never names a file that is not whole; a kill -9 at
