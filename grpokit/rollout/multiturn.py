@@ -236,7 +236,7 @@ class MultiTurnEngine:
         for b in range(len(rollouts) // G):
             group = [r.conversation.ids[: r.conversation.prompt_length] for r in rollouts[b * G : (b + 1) * G]]
             prefix = _common_prefix(group)
-            prompt_ids.append(prefix)
+            prompt_ids.append(_with_images(prefix, rollouts[b * G].conversation.vision_prompt))
             offsets += [len(prefix)] * G
         completions = [r.conversation.ids[o:] for r, o in zip(rollouts, offsets)]
         T = max(max(len(c) for c in completions), 1)
@@ -329,8 +329,18 @@ def _tool_turn(result: ToolResult, tokens: tuple[int, int] | None) -> Turn:
         error=result.error,
         started=result.started,
         ended=result.ended,
-        images=[image_hash(i) for i in result.images] or None,
+        images=None if tokens is None else [image_hash(i) for i in result.images] or None,  # shown: stored
     )
+
+
+def _with_images(prefix: list[int], vision_prompt):
+    """A group's prompt ids: its rendered prompts' common ``prefix``, with their pixel inputs when they have images
+    (the prompts of a group are then the same: an environment observation is text after them)."""
+    if vision_prompt is None:
+        return prefix
+    if len(prefix) != len(vision_prompt):
+        raise ValueError("the rollouts of a prompt with images start from different rendered prompts")
+    return vision_prompt
 
 
 def _common_prefix(seqs: list[list[int]]) -> list[int]:

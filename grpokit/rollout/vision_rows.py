@@ -15,18 +15,24 @@ from grpokit.models.vision_inputs import conversation_inputs
 from grpokit.tools.loop import ToolRollout
 
 
-def shows_tool_images(rollout: ToolRollout) -> bool:
-    """Whether a tool showed the rollout's model an image so far."""
-    return bool(rollout.conversation.pixels)
+def shows_images(rollout: ToolRollout) -> bool:
+    """Whether the rollout's conversation holds an image so far (its prompt's, or one a tool showed)."""
+    return bool(rollout.conversation.pixels) or rollout.conversation.vision_prompt is not None
+
+
+def prompt_pixels(rollout: ToolRollout) -> dict | None:
+    """The pixel inputs of the rollout's prompt images (None: a text prompt)."""
+    prompt = rollout.conversation.vision_prompt
+    return None if prompt is None else prompt.pixels
 
 
 class VisionRows:
     """The decoding batch of rows with tool images: each step one forward pass over the rows' right-padded
-    conversations with their pixel inputs (``rows``, ``logits`` [A, V] as the other batches).
-    ``prompt_pixels(i)``: rollout ``i``'s prompt pixel inputs (None: a text prompt)."""
+    conversations with their pixel inputs, the prompt's then the tools' (``rows``, ``logits`` [A, V] as the other
+    batches)."""
 
-    def __init__(self, engine, rollouts: list[ToolRollout], prompt_pixels=lambda i: None):
-        self.engine, self.rollouts, self.prompt_pixels = engine, rollouts, prompt_pixels
+    def __init__(self, engine, rollouts: list[ToolRollout]):
+        self.engine, self.rollouts = engine, rollouts
         self.rows: list[int] = []
         self.seqs: list[list[int]] = []
         self.logits: torch.Tensor | None = None
@@ -54,7 +60,7 @@ class VisionRows:
         mask = torch.zeros((len(self.seqs), width), dtype=torch.long)
         for r, seq in enumerate(self.seqs):
             ids[r, : len(seq)], mask[r, : len(seq)] = torch.tensor(seq), 1
-        images = [[self.prompt_pixels(i), *self.rollouts[i].conversation.pixels] for i in self.rows]
+        images = [[prompt_pixels(self.rollouts[i]), *self.rollouts[i].conversation.pixels] for i in self.rows]
         inputs = conversation_inputs(self.engine.model, ids.to(device), mask.to(device), images)
         logits = logits_of(self.engine.model(**inputs, use_cache=False))  # [A, L, V]
         last = torch.tensor([len(s) - 1 for s in self.seqs], device=logits.device)
@@ -62,9 +68,9 @@ class VisionRows:
 
 
 class SplitRows:
-    """Two decoding batches as one: ``text`` (the KV-cache rows, or plain rows) for conversations without tool
-    images, ``vision`` (:class:`VisionRows`) for those with. A row joins the batch its conversation needs; its
-    kept KV cache is dropped when it moves to ``vision``."""
+    """Two decoding batches as one: ``text`` (the KV-cache rows, or plain rows) for conversations without images,
+    ``vision`` (:class:`VisionRows`) for those with (in the prompt or from a tool). A row joins the batch its
+    conversation needs; its kept KV cache is dropped when it moves to ``vision``."""
 
     def __init__(self, text, vision: VisionRows, rollouts: list[ToolRollout]):
         self.text, self.vision, self.rollouts = text, vision, rollouts
@@ -79,7 +85,7 @@ class SplitRows:
         return None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def add(self, joining: list[int], budgets: list[int]) -> None:
-        to_vision = [i for i in joining if shows_tool_images(self.rollouts[i])]
+        to_vision = [i for i in joining if shows_images(self.rollouts[i])]
         to_text = [i for i in joining if i not in set(to_vision)]
         for i in to_vision:
             getattr(self.text, "kept", {}).pop(i, None)

@@ -69,8 +69,7 @@ def conversation_record(conversation: Any) -> dict[str, Any]:
     ``{"stop_reason", "tool_rounds", "turns": [...]}``, each turn with its ``role`` and ``text``, and where they
     apply ``tool_calls`` (an assistant's), ``name``, ``arguments``, ``status``, ``error`` (a tool result's),
     ``tokens`` ([start, end) in the completion's tokens), ``images`` (a tool result's images, sha256), ``start``
-    (seconds after the first turn began) and
-    ``duration`` (seconds)."""
+    (seconds after the first turn began) and ``duration`` (seconds)."""
     begun = [t.started for t in conversation.turns if t.started is not None]
     t0 = min(begun) if begun else 0.0
     turns = []

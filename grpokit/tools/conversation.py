@@ -209,6 +209,7 @@ class TokenConversation:
     # tensors whose first dimension runs over that round's images or patches) and the PIL images themselves
     pixels: list[dict] = field(default_factory=list)
     images: list = field(default_factory=list)
+    vision_prompt: Any = None  # a prompt with images: its VisionPrompt (ids and pixel inputs), else None
 
     @classmethod
     def from_prompt(cls, prompt_ids: Sequence[int]) -> TokenConversation:
@@ -253,7 +254,14 @@ class ConversationTokens:
     def start(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
     ) -> TokenConversation:
-        """The prompt with the tools' schemas and the first assistant header; nothing generated yet."""
+        """The prompt with the tools' schemas and the first assistant header; nothing generated yet. A prompt whose
+        messages hold images (``{"type": "image", "image": <PIL image>}``) is encoded by the processor: its
+        ``vision_prompt`` (:class:`grpokit.models.vision_inputs.VisionPrompt`) carries their pixel inputs."""
+        images = message_images(messages)
+        if images:
+            if self.processor is None:
+                raise ToolError("a prompt with images needs the model's processor to encode them")
+            return self._start_with_images(messages, tools, images)
         ids = render_ids(
             self.tokenizer,
             messages,
@@ -263,6 +271,27 @@ class ConversationTokens:
             **self.template_kwargs,
         )
         return TokenConversation.from_prompt(ids)
+
+    def _start_with_images(self, messages, tools, images: list) -> TokenConversation:
+        """The prompt rendered by the chat template (with the tools' schemas) and encoded by the processor, as
+        :func:`grpokit.data.images.encode` encodes a prompt with images."""
+        from grpokit.models.vision_inputs import VisionPrompt
+
+        text = self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            tokenize=False,
+            chat_template=self.chat_template,
+            **self.template_kwargs,
+        )
+        bos = getattr(self.tokenizer, "bos_token", None)
+        add_special = not (bos is not None and text.startswith(bos))
+        encoded = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=add_special)
+        prompt = VisionPrompt.from_processor(dict(encoded), images)
+        conversation = TokenConversation.from_prompt(prompt)
+        conversation.vision_prompt = prompt
+        return conversation
 
     def tool_suffix(self, conversation: TokenConversation, tool_messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The tokens that would follow ``conversation``'s last generated turn with ``tool_messages``

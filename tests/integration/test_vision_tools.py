@@ -35,25 +35,35 @@ def rounds(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
-def test_trains_with_a_tool_that_returns_an_image(tmp_path):
-    from transformers import AutoModelForImageTextToText
-
-    from grpokit.models.vision import load_processor
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory):
     from grpokit.testing.tiny_vlm import build_tiny_qwen2_vl
 
-    folder = tmp_path / "tiny-qwen2-vl"
+    folder = tmp_path_factory.mktemp("tiny-qwen2-vl")
     build_tiny_qwen2_vl(folder, words=["colour", "?", "look", "red", "blue"], image_side=28)
-    run = tmp_path / "run"
+    return folder
+
+
+def trainer_for(folder, run, rows, max_steps=2) -> GRPOTrainer:
+    from grpokit.models.vision import load_processor
+
     args = GRPOConfig(
-        output_dir=str(run), num_generations=4, per_device_train_batch_size=8, max_completion_length=16, max_steps=2,
-        learning_rate=1e-2, report_to="none", disable_tqdm=True, beta=0.04, save_strategy="no", seed=0,
-        tool_parser=f"{TOOLS}:screenshot_every_other_turn", max_tool_calling_iterations=2, tool_workers=2,
+        output_dir=str(run), num_generations=4, per_device_train_batch_size=8, max_completion_length=16,
+        max_steps=max_steps, learning_rate=1e-2, report_to="none", disable_tqdm=True, beta=0.04, save_strategy="no",
+        seed=0, tool_parser=f"{TOOLS}:screenshot_every_other_turn", max_tool_calling_iterations=2, tool_workers=2,
     )  # fmt: skip
-    rows = [{"prompt": [{"role": "user", "content": "colour ?"}]}, {"prompt": [{"role": "user", "content": "look ?"}]}]
-    trainer = GRPOTrainer(
-        model=str(folder), reward_funcs=rounds, args=args, train_dataset=rows * 2,
+    return GRPOTrainer(
+        model=str(folder), reward_funcs=rounds, args=args, train_dataset=rows,
         processing_class=load_processor(str(folder)), tools=[screenshot],
     )  # fmt: skip
+
+
+def test_trains_with_a_tool_that_returns_an_image(vlm_dir, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    folder, run = vlm_dir, tmp_path / "run"
+    rows = [{"prompt": [{"role": "user", "content": "colour ?"}]}, {"prompt": [{"role": "user", "content": "look ?"}]}]
+    trainer = trainer_for(folder, run, rows * 2)
     before = dict(AutoModelForImageTextToText.from_pretrained(folder).named_parameters())
     trainer.train()
     moved = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n].detach())}
@@ -71,3 +81,20 @@ def test_trains_with_a_tool_that_returns_an_image(tmp_path):
         assert Image.open(run / "images" / f"{sha}.png").getpixel((0, 0)) == shown[sha]
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [s["tools/call_frequency"] > 0 for s in steps if "loss" in s] == [True, True]
+
+
+def test_prompts_with_images_train_with_tools(vlm_dir, tmp_path):
+    """A dataset's prompt images and a tool's: each rollout's images are its prompt's, then its tools', by hash."""
+    run = tmp_path / "run"
+    photo = Image.new("RGB", (20, 20), (9, 90, 9))
+    rows = [{"prompt": [{"role": "user", "content": "colour ?"}], "image": photo}] * 2
+    trainer_for(vlm_dir, run, rows, max_steps=1).train()
+    with RolloutStore(run, readonly=True) as store:
+        stored = store.rollouts()
+    shown = {image_hash(Image.new("RGB", (28, 28), rgb)) for rgb in SCREENS}
+    assert all(r["images"][0] == image_hash(photo) for r in stored)
+    tools = [r["images"][1:] for r in stored]
+    assert any(tools) and all(set(t) <= shown for t in tools)
+    for r, t in zip(stored, tools):
+        assert [sha for turn in r["conversation"]["turns"] for sha in turn.get("images", ())] == t
+    assert (run / "images" / f"{image_hash(photo)}.png").is_file()

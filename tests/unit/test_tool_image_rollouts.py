@@ -42,26 +42,31 @@ def parser(text: str) -> list[ToolCall]:
     return [] if n % 3 == 0 else [ToolCall("screenshot", {"k": n}, text, 0, n)]
 
 
+@pytest.fixture(scope="module")
+def qwen2_vl():
+    from grpokit.testing.tiny_vlm import build_tiny_qwen2_vl
+
+    model, tokenizer, images = build_tiny_qwen2_vl(words=WORDS, image_side=56)  # 4 image tokens an image
+    return model.float().eval(), make_processor("qwen2_vl", images, tokenizer)
+
+
 @pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
 def vlm(request):
     if request.param == "qwen2_vl":
-        from grpokit.testing.tiny_vlm import build_tiny_qwen2_vl
-
-        model, tokenizer, images = build_tiny_qwen2_vl(words=WORDS, image_side=56)  # 4 image tokens an image
-        return model.float().eval(), make_processor("qwen2_vl", images, tokenizer)
+        return request.getfixturevalue("qwen2_vl")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
     families = pytest.importorskip("vlm_fixture_families")  # TRL's recipe and chat template (trl ships it)
     model, processor, _ = families.qwen2_vl("2.5")
     return model.float().eval(), processor
 
 
-def sample(vlm, seed=1, length=60):
+def sample(vlm, seed=1, length=60, prompts=None):
     model, processor = vlm
     tokenizer = processor.tokenizer
     chat = ConversationTokens(tokenizer, processor=processor)
     stops = [tokenizer.eos_token_id, chat.end_of_turn]
     engine = HFRolloutEngine(model, stops, tokenizer.pad_token_id, torch.device("cpu"), seed=seed)
-    prompts = [[{"role": "user", "content": "colour ?"}], [{"role": "user", "content": "look ?"}]]
+    prompts = prompts or [[{"role": "user", "content": "colour ?"}], [{"role": "user", "content": "look ?"}]]
     with ToolExecutor([screenshot], isolation="thread") as executor:
         multi = MultiTurnEngine(engine, chat, executor, max_tool_calling_iterations=2, parser=parser)
         return multi.generate(prompts, 3, SamplingParams.plain(length, suppress_tokens=rare(tokenizer, chat)))
@@ -76,7 +81,7 @@ def rare(tokenizer, chat) -> tuple[int, ...]:
     return tuple(i for i in range(len(tokenizer)) if i not in keep)
 
 
-def own_forward(model, processor, rollouts) -> torch.Tensor:
+def own_forward(model, processor, rollouts, prompts=None) -> torch.Tensor:
     """[N, T] log-probs of every completion token from the model's own forward over its row alone: the prompt and
     completion ids, pixel inputs the processor builds from the row's tool images (taken from its tool messages, not
     from completion_pixels), no position ids (the model computes its M-RoPE positions)."""
@@ -87,12 +92,11 @@ def own_forward(model, processor, rollouts) -> torch.Tensor:
         length = int(rollouts.completion_mask[n].sum())
         completion = rollouts.completion_ids[n, :length]
         ids = torch.cat([torch.tensor(list(prompt)), completion])[None]  # [1, P+t]
+        messages = conversation.messages
+        if prompts:
+            messages = [*prompts[n // rollouts.num_generations], *messages]
         images = [
-            p["image"]
-            for m in conversation.messages
-            if m["role"] == "tool" and isinstance(m["content"], list)
-            for p in m["content"]
-            if p["type"] == "image"
+            p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image"
         ]
         extra = {}
         if images:
@@ -131,6 +135,32 @@ def test_tool_images_reach_the_model_and_logprobs_match_its_own_forward(vlm):
     # the reference's no-grad pass, two rows a chunk: chunks of rows with and without tool images
     reference = batched_logprobs(model, batch, 1.0, micro_batch_size=2)
     torch.testing.assert_close(reference[real], expected[real], atol=1e-5, rtol=0)
+
+
+def test_prompts_with_images_use_tools(qwen2_vl):
+    """A prompt's own images and the tools' in one conversation: the prompt ids carry the prompt's pixel inputs
+    (VisionPrompt), completion_pixels the tools', and every pass equals the model's own forward over both (Qwen2-VL
+    only: Qwen2.5-VL's larger images take 35 s here)."""
+    model, processor = vlm = qwen2_vl
+    picture = lambda rgb: {"type": "image", "image": Image.new("RGB", (30, 40), rgb)}
+    prompts = [
+        [{"role": "user", "content": [picture((9, 9, 9)), {"type": "text", "text": "colour ?"}]}],
+        [{"role": "user", "content": [picture((200, 0, 90)), picture((0, 90, 200)), {"type": "text", "text": "?"}]}],
+    ]
+    rollouts = sample(vlm, prompts=prompts)
+    assert [len(p.image_hashes) for p in rollouts.prompt_ids] == [1, 2]
+    counts = [len(h) for h in rollouts.completion_image_hashes]
+    assert 0 in counts and len(set(counts)) >= 2, counts
+    expected = own_forward(model, processor, rollouts, prompts)
+    sampled = rollouts.loss_mask.bool()
+    torch.testing.assert_close(rollouts.logprobs[sampled], expected[sampled], atol=1e-5, rtol=0)
+    batch = build_batch(model, rollouts, processor.tokenizer.pad_token_id, torch.device("cpu"))
+    real = rollouts.completion_mask.bool()
+    reference = batched_logprobs(model, batch, 1.0, micro_batch_size=6)  # rows with and without tool images
+    torch.testing.assert_close(reference[real], expected[real], atol=1e-5, rtol=0)
+    for n in range(len(counts)):  # alone: a row without tool images runs on its prompt's shared cache
+        alone, _ = completion_logprobs(model, batch.rows(slice(n, n + 1)), 1.0)
+        torch.testing.assert_close(alone.detach()[0][real[n]], expected[n][real[n]], atol=1e-5, rtol=0)
 
 
 def test_split_and_joined_rollouts_keep_each_completions_images(vlm):
