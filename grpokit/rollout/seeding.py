@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.rollout.types import COMPLETION_IMAGE_FIELDS, Rollouts, SamplingParams
 
 _PRIME = 1_000_003
 
@@ -107,10 +107,6 @@ def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
         token_versions=_joined_versions(parts, padded),
         **{name: _joined_rows(parts, name, empty) for name, empty in zip(COMPLETION_IMAGE_FIELDS, (None, [], []))},
     )
-
-
-# Rollouts' per-completion images a tool showed (rollout.types.Rollouts): N entries each, None on every part without
-COMPLETION_IMAGE_FIELDS = ("completion_pixels", "completion_images", "completion_image_hashes")
 
 
 def _joined_rows(parts: list[Rollouts], name: str, empty) -> list | None:

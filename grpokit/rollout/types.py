@@ -89,6 +89,10 @@ class Conversation:
     tool_rounds: int
 
 
+# Rollouts' per-completion lists of the images tools showed (N entries each): what slicing or joining rows must carry
+COMPLETION_IMAGE_FIELDS = ("completion_pixels", "completion_images", "completion_image_hashes")
+
+
 @dataclass
 class Rollouts:
     """G completions for each of B prompts; the G completions of a prompt are adjacent (N = B*G).

@@ -20,6 +20,7 @@ from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.seeding import concat_rollouts, split_rollouts
 from grpokit.rollout.types import SamplingParams
 from grpokit.tools import ConversationTokens, ToolCall, ToolExecutor
+from grpokit.train.experience.trajectory import take_rows
 from grpokit.train.learning.policy_logprobs import batched_logprobs, build_batch, completion_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -171,3 +172,6 @@ def test_split_and_joined_rollouts_keep_each_completions_images(vlm):
     assert joined.completion_image_hashes == rollouts.completion_image_hashes
     for a, b in zip(joined.completion_pixels, rollouts.completion_pixels):
         assert (a is None and b is None) or torch.equal(a["pixel_values"], b["pixel_values"])
+    taken = take_rows(rollouts, torch.tensor([3, 4, 5]))  # dynamic sampling keeps the second group only
+    assert taken.completion_image_hashes == rollouts.completion_image_hashes[3:]
+    assert taken.completion_pixels == rollouts.completion_pixels[3:] and len(taken.completion_images) == 3

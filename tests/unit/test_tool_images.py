@@ -64,3 +64,16 @@ def test_a_model_without_a_processor_stops_on_a_tool_image_in_one_line(chat):  #
     with executor, pytest.raises(ConfigError) as refused:
         scripted_engine(chat, scripts, executor).generate(prompts, 2, sampling_params(max_completion_length=300))
     assert str(refused.value).startswith(NO_PROCESSOR) and "processing_class=AutoProcessor" in str(refused.value)
+
+
+def test_prompts_with_images_take_tools_but_not_an_environment_factory_yet():
+    from types import SimpleNamespace
+
+    from grpokit.compose.vision_paths import check_image_paths
+    from grpokit.models.vision_inputs import VisionPrompt
+
+    args = SimpleNamespace(backend="none", distributed=SimpleNamespace(staleness_bound=lambda: 0))
+    prompts, one = SimpleNamespace(ids=[VisionPrompt([1, 2], {}, {}, ["h"])]), SimpleNamespace(world_size=1)
+    check_image_paths(args, "hf", prompts, one, SimpleNamespace(environments=None), None)  # tools=: allowed
+    with pytest.raises(ConfigError, match="an environment_factory's rollouts do not take prompts with images yet"):
+        check_image_paths(args, "hf", prompts, one, SimpleNamespace(environments=object()), None)
