@@ -7,6 +7,7 @@ images of different colours, so a wrong pixel slice between rows (TRL's #6274) c
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -172,6 +173,9 @@ def test_split_and_joined_rollouts_keep_each_completions_images(vlm):
     assert joined.completion_image_hashes == rollouts.completion_image_hashes
     for a, b in zip(joined.completion_pixels, rollouts.completion_pixels):
         assert (a is None and b is None) or torch.equal(a["pixel_values"], b["pixel_values"])
+    dropped = dataclasses.replace(rollouts, completion_pixels=None)  # an engine that forgot them: one clear error
+    with pytest.raises(ValueError, match="holds image placeholder tokens but its rollouts carry no completion_pixels"):
+        build_batch(vlm[0], dropped, 0, torch.device("cpu"))
     taken = take_rows(rollouts, torch.tensor([3, 4, 5]))  # dynamic sampling keeps the second group only
     assert taken.completion_image_hashes == rollouts.completion_image_hashes[3:]
     assert taken.completion_pixels == rollouts.completion_pixels[3:] and len(taken.completion_images) == 3

@@ -38,6 +38,7 @@ from grpokit.models.vision_inputs import (
     conversation_inputs,
     has_images,
     next_positions,
+    placeholder_ids,
     prompt_positions,
     with_positions,
 )
@@ -87,6 +88,7 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
     if is_hf_model(model):
         prompt_ids, prompt_mask = left_pad(rollouts.prompt_ids, pad_token_id, device)  # [B, P]
         shown = getattr(rollouts, "completion_pixels", None)
+        _check_completion_images(model, rollouts.completion_ids, shown)
         prompts = list(rollouts.prompt_ids) if has_images(rollouts.prompt_ids) or shown else None
         return Batch(
             completion_ids,
@@ -109,6 +111,18 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
         input_ids[i, len(p) : len(p) + T] = completion_ids[i]
         gather_index[i] = torch.arange(len(p) - 1, len(p) - 1 + T, device=device)  # logits at t predict token t+1
     return Batch(completion_ids, completion_mask, group_index, input_ids=input_ids, gather_index=gather_index)
+
+
+def _check_completion_images(model: torch.nn.Module, completion_ids: torch.Tensor, shown: list | None) -> None:
+    """A ValueError when a completion holds image placeholders but no pixel inputs came for it: the model would read
+    the placeholders as text and the log-probs would not be the sampler's."""
+    found = placeholder_ids(model) if hasattr(getattr(model, "config", None), "image_token_id") else ()
+    for n in (completion_ids[..., None] == torch.tensor(found)).any(-1).any(-1).nonzero().flatten().tolist():
+        if shown is None or shown[n] is None:
+            raise ValueError(
+                f"completion {n} holds image placeholder tokens but its rollouts carry no completion_pixels for them; "
+                "an engine that shows a completion images must fill Rollouts.completion_pixels (rollout/types.py)."
+            )
 
 
 def data_parallel(model: torch.nn.Module) -> bool:
