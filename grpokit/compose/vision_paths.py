@@ -1,6 +1,7 @@
 """Which sampling paths take prompts with images: grpokit's own sampler (``generation.engine: hf``), in one process,
 in Ray rollout workers or under torchrun (DDP, FSDP; every training prompt with an image), synchronous or sampling
-ahead. Every other path is refused in one line before anything samples, so none drops a prompt's images."""
+ahead; tool rollouts (``tools``) in one process. Every other path is refused in one line before anything samples, so
+none drops a prompt's images."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ def check_image_paths(args, engine: str, prompts, procs, tools, rollout_func, ev
         return
     refusals = [
         (rollout_func is not None, "a rollout_func samples outside grpokit and would not get the images"),
-        (tools is not None, "tool rollouts (tools / environment_factory) do not carry images yet"),
+        (
+            getattr(tools, "environments", None) is not None,
+            "an environment_factory's rollouts do not take prompts with images yet (tools= do); give tools",
+        ),
         (
             not _engine_takes_images(engine),
             f"generation.engine: {engine} does not take images (vLLM: not passed to its multi_modal_data yet); set "

@@ -21,6 +21,7 @@ decode by full forward passes over their right-padded sequences, each step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -30,11 +31,13 @@ import torch
 
 from grpokit.machine.hardware import autocast
 from grpokit.models.loading import is_hf_model
+from grpokit.models.vision_inputs import image_hash
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.multiturn_rows import CachedRows, NotCacheable, PlainRows
 from grpokit.rollout.next_token import sample_next
 from grpokit.rollout.types import Conversation, Rollouts, SamplingParams, Turn
+from grpokit.rollout.vision_rows import SplitRows, VisionRows
 from grpokit.tools.conversation import ConversationTokens
 from grpokit.tools.environment import EnvironmentSession
 from grpokit.tools.executor import ToolExecutor, ToolResult
@@ -110,6 +113,11 @@ class MultiTurnEngine:
         their rendered prompts differ (an environment's observation), the rest starts the completion,
         out of the loss mask."""
         N = len(prompts) * num_generations
+        if self.chat.processor is not None:  # image placeholders are never sampled (a tool image's are the tool's)
+            from grpokit.models.vision_inputs import placeholder_ids
+
+            suppress = tuple(sorted({*params.suppress_tokens, *placeholder_ids(self.engine.model)}))
+            params = dataclasses.replace(params, suppress_tokens=suppress)
         if sessions is not None and len(sessions) != N:
             raise ValueError(f"{len(sessions)} environment sessions for {N} rollouts; pass one per rollout")
         loop = ToolLoop(
@@ -144,16 +152,23 @@ class MultiTurnEngine:
             with autocast(engine.device, engine.autocast_dtype), packed:
                 if is_hf_model(model):
                     try:
-                        record = self._run(
-                            loop, rollouts, params, generators, CachedRows(engine, rollouts, decoder, self.keep_cache)
-                        )
+                        cached = CachedRows(engine, rollouts, decoder, self.keep_cache)
+                        record = self._run(loop, rollouts, params, generators, self._with_images(cached, rollouts))
                     except NotCacheable:
-                        record = self._run(loop, rollouts, params, generators, PlainRows(engine, rollouts))
+                        plain = self._with_images(PlainRows(engine, rollouts), rollouts)
+                        record = self._run(loop, rollouts, params, generators, plain)
                 else:
                     record = self._run(loop, rollouts, params, generators, PlainRows(engine, rollouts))
         finally:
             model.train(was_training)
         return self._rollouts(rollouts, record, num_generations, prompt_messages)
+
+    def _with_images(self, batch, rollouts: list[ToolRollout]):
+        """``batch``, or with a processor (a vision-language model) a :class:`SplitRows` that moves the rows a
+        tool showed an image to a full-forward batch with their pixel inputs (:mod:`grpokit.rollout.vision_rows`)."""
+        if self.chat.processor is None:
+            return batch
+        return SplitRows(batch, VisionRows(self.engine, rollouts), rollouts)
 
     def _run(self, loop: ToolLoop, rollouts, params, generators, batch) -> dict[str, dict[int, list]]:
         """Drive every rollout to its end; returns each rollout's sampled ``logprobs`` (in order) and the
@@ -221,7 +236,7 @@ class MultiTurnEngine:
         for b in range(len(rollouts) // G):
             group = [r.conversation.ids[: r.conversation.prompt_length] for r in rollouts[b * G : (b + 1) * G]]
             prefix = _common_prefix(group)
-            prompt_ids.append(prefix)
+            prompt_ids.append(_with_images(prefix, rollouts[b * G].conversation.vision_prompt))
             offsets += [len(prefix)] * G
         completions = [r.conversation.ids[o:] for r, o in zip(rollouts, offsets)]
         T = max(max(len(c) for c in completions), 1)
@@ -248,6 +263,7 @@ class MultiTurnEngine:
                 self._conversation(r, o, prompt_messages[n], record["times"][n])
                 for n, (r, o) in enumerate(zip(rollouts, offsets))
             ],
+            **completion_images(rollouts),
         )
 
     def _conversation(
@@ -285,6 +301,23 @@ class MultiTurnEngine:
         return Conversation(messages, turns, rollout.stop_reason, rollout.iterations)
 
 
+def completion_images(rollouts: list[ToolRollout]) -> dict:
+    """Rollouts' ``completion_pixels``, ``completion_images`` and ``completion_image_hashes`` of the images tools
+    showed (each rollout's processor inputs concatenated over its rounds, in order); {} when no tool showed one."""
+    if not any(r.conversation.pixels for r in rollouts):
+        return {}
+    pixels = []
+    for r in rollouts:
+        parts = r.conversation.pixels
+        keys = sorted({k for p in parts for k in p})
+        pixels.append({k: torch.cat([p[k] for p in parts if k in p]) for k in keys} if parts else None)
+    return {
+        "completion_pixels": pixels,
+        "completion_images": [list(r.conversation.images) for r in rollouts],
+        "completion_image_hashes": [[image_hash(i) for i in r.conversation.images] for r in rollouts],
+    }
+
+
 def _tool_turn(result: ToolResult, tokens: tuple[int, int] | None) -> Turn:
     return Turn(
         "tool",
@@ -296,7 +329,18 @@ def _tool_turn(result: ToolResult, tokens: tuple[int, int] | None) -> Turn:
         error=result.error,
         started=result.started,
         ended=result.ended,
+        images=None if tokens is None else [image_hash(i) for i in result.images] or None,  # shown: stored
     )
+
+
+def _with_images(prefix: list[int], vision_prompt):
+    """A group's prompt ids: its rendered prompts' common ``prefix``, with their pixel inputs when they have images
+    (the prompts of a group are then the same: an environment observation is text after them)."""
+    if vision_prompt is None:
+        return prefix
+    if len(prefix) != len(vision_prompt):
+        raise ValueError("the rollouts of a prompt with images start from different rendered prompts")
+    return vision_prompt
 
 
 def _common_prefix(seqs: list[list[int]]) -> list[int]:

@@ -59,7 +59,7 @@ class Turn:
     message's content. ``tokens``: [start, end) of the turn's tokens in the rollout's ``completion_ids``
     (for a tool message, the tokens appended after that round, shared by the round's tool messages;
     None when its result was not shown). ``tool_calls``: the assistant's calls ({"name", "arguments"}).
-    For tool messages: ``name``, ``arguments``, ``status`` (grpokit.tools.STATUSES), ``error``.
+    For tool messages: ``name``, ``arguments``, ``status`` (grpokit.tools.STATUSES), ``error``, ``images``.
     ``started`` / ``ended``: ``time.monotonic()`` around the turn's decoding or the call.
     """
 
@@ -73,6 +73,7 @@ class Turn:
     error: str | None = None
     started: float | None = None
     ended: float | None = None
+    images: list[str] | None = None  # a tool result's images (sha256 of their PNG bytes), None: none
 
 
 @dataclass
@@ -86,6 +87,10 @@ class Conversation:
     turns: list[Turn]
     stop_reason: str
     tool_rounds: int
+
+
+# Rollouts' per-completion lists of the images tools showed (N entries each): what slicing or joining rows must carry
+COMPLETION_IMAGE_FIELDS = ("completion_pixels", "completion_images", "completion_image_hashes")
 
 
 @dataclass
@@ -115,6 +120,16 @@ class Rollouts:
     # [N, T] long, the policy version that sampled each token (a partial rollout continued on newer weights,
     # grpokit.rollout.vllm.partial; 0 on padding); None: every token by policy_version, the oldest of them
     token_versions: torch.Tensor | None = None
+    # images a tool showed inside a completion (multi-turn rollouts with a vision-language model; docs/vision.md,
+    # "Tools that return images"). completion_pixels: N entries, each None (no image) or the processor's pixel inputs
+    # of that completion's images in the order of their placeholders in completion_ids, concatenated along dim 0 as
+    # the processor batches them ({"pixel_values": [patches, D], "image_grid_thw": [k, 3]} for Qwen2-VL): a
+    # completion's full input is its prompt's VisionPrompt.pixels (if any) then these, concatenated.
+    # completion_images: N lists of those PIL images; completion_image_hashes: N lists of their sha256 (PNG bytes,
+    # models.vision_inputs.image_hash), what the store keeps them by. All None when no completion holds an image.
+    completion_pixels: list[dict[str, torch.Tensor] | None] | None = None
+    completion_images: list[list[Any]] | None = None
+    completion_image_hashes: list[list[str]] | None = None
 
     @property
     def group_index(self) -> torch.Tensor:

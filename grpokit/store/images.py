@@ -1,7 +1,8 @@
 """The images a run's prompts showed the model, kept once each by content in the run folder: ``RUN/images/<sha256>.png``
 (the PNG whose bytes hash to its name), described by the ``images`` table of rollouts.sqlite (its hash, size in bytes,
 width, height, the first step that showed it, and whether the file was written), and referenced by each rollout's
-``images`` column (a JSON list of the hashes of its prompt's images, in the prompt's order). An evaluation's prompts'
+``images`` column (a JSON list of the hashes of its prompt's images, in the prompt's order, then of the images tools
+returned in its completion, in order; a tool turn of its ``conversation`` names its own). An evaluation's prompts'
 images are kept the same way (each ``eval_prompts`` row's ``images`` column), their rows marked ``eval`` 1 with the
 evaluation's step, so no step's digest (``store/integrity.py``) changes after the step was written.
 

@@ -32,7 +32,8 @@ class RolloutRecord:
     None for a single-turn completion; ``token_versions`` the runs of its tokens' policy versions
     (:mod:`grpokit.store.versions`), None when every token is by ``policy_version``; ``per_token`` its per-token
     values (:mod:`grpokit.store.token_values`: ``tokens``, a list of each token's text, and a float16 blob per kept
-    value), None when none are kept; ``images`` the sha256 of each image of its prompt (None: a text prompt), and
+    value), None when none are kept; ``images`` the sha256 of each image of its prompt then of each image a tool
+    showed in its completion (None: none), and
     ``image_sources`` those images (PIL), for the store to write the ones it does not have (not a column).
     """
 
@@ -67,8 +68,8 @@ def conversation_record(conversation: Any) -> dict[str, Any]:
     """A multi-turn rollout (a ``rollout.types.Conversation``) as the store keeps it (JSON-able):
     ``{"stop_reason", "tool_rounds", "turns": [...]}``, each turn with its ``role`` and ``text``, and where they
     apply ``tool_calls`` (an assistant's), ``name``, ``arguments``, ``status``, ``error`` (a tool result's),
-    ``tokens`` ([start, end) in the completion's tokens), ``start`` (seconds after the first turn began) and
-    ``duration`` (seconds)."""
+    ``tokens`` ([start, end) in the completion's tokens), ``images`` (a tool result's images, sha256), ``start``
+    (seconds after the first turn began) and ``duration`` (seconds)."""
     begun = [t.started for t in conversation.turns if t.started is not None]
     t0 = min(begun) if begun else 0.0
     turns = []
@@ -82,6 +83,7 @@ def conversation_record(conversation: Any) -> dict[str, Any]:
             "status": turn.status,
             "error": turn.error,
             "tokens": None if turn.tokens is None else list(turn.tokens),
+            "images": getattr(turn, "images", None) or None,
             "start": None if turn.started is None else round(turn.started - t0, 6),
             "duration": None if turn.started is None or turn.ended is None else round(turn.ended - turn.started, 6),
         }
@@ -104,6 +106,19 @@ def prompt_images(prompt: Any) -> dict[str, Any]:
     if not hashes:
         return {}
     return {"images": list(hashes), "image_sources": list(getattr(prompt, "images", None) or [])}
+
+
+def record_images(prompt: Any, rollouts: Any, n: int) -> dict[str, Any]:
+    """:func:`prompt_images`, then the images tools showed in completion ``n`` (``Rollouts.completion_image_hashes``
+    and ``completion_images``): each stored once by its hash, the row naming them in order."""
+    found = prompt_images(prompt)
+    hashes = getattr(rollouts, "completion_image_hashes", None)
+    if not hashes or not hashes[n]:
+        return found
+    return {
+        "images": [*found.get("images", []), *hashes[n]],
+        "image_sources": [*found.get("image_sources", []), *rollouts.completion_images[n]],
+    }
 
 
 def rollout_records(
@@ -138,7 +153,7 @@ def rollout_records(
                 extra={column: values[n] for column, values in reward.extra.items()} or None,
                 conversation=None if rollouts.conversations is None else conversation_record(rollouts.conversations[n]),
                 token_versions=completion_runs(rollouts, n),
-                **prompt_images(source.ids[i]),
+                **record_images(source.ids[i], rollouts, n),
             )
         )
     return records

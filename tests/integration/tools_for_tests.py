@@ -24,3 +24,10 @@ def every_other_turn(text: str) -> list[ToolCall]:
 def answer_has_digit(completions, **kwargs):
     """1 when the model's last message holds a digit: the rewards see each rollout's messages."""
     return [float(any(ch.isdigit() for ch in completion[-1]["content"])) for completion in completions]
+
+
+def screenshot_every_other_turn(text: str) -> list[ToolCall]:
+    """As :func:`every_other_turn`, the call a ``screenshot`` (a tool that returns an image: test_vision_tools.py)."""
+    if len(text) % 3 == 0:
+        return []
+    return [ToolCall("screenshot", {"k": len(text) % 3}, text, 0, len(text))]

@@ -105,7 +105,9 @@ class ToolSampler(EngineSampler):
         from grpokit.train.experience.tool_rollouts import conversation_metrics
 
         rows = [self.prompts.rows[i] for i in indices]
-        rollouts = self.tools.generate(rows, self.num_generations, self.params, self.seeds(step, len(indices), first))
+        images = [getattr(self.prompts.ids[i], "images", None) for i in indices]  # a VisionPrompt's (PIL)
+        seeds = self.seeds(step, len(indices), first)
+        rollouts = self.tools.generate(rows, self.num_generations, self.params, seeds, images=images)
         self._metrics = conversation_metrics(rollouts.conversations)
         return rollouts
 

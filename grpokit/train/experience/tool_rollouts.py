@@ -17,6 +17,7 @@ from typing import Any
 
 from grpokit.data.prompts import DataError
 from grpokit.errors import ConfigError
+from grpokit.models.vision import processor_of
 from grpokit.rewards.contract import is_conversational
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.engines import MultiTurnSpec, get_engine
@@ -167,7 +168,8 @@ class ToolRollouts:
         self.spec, self.prompt_column = spec, prompt_column
         template_kwargs = dict(template_kwargs or {})
         try:
-            chat = ConversationTokens(tokenizer, **template_kwargs)
+            # a vision-language model's processor renders the tool messages that hold images (tools/tool_images.py)
+            chat = ConversationTokens(tokenizer, processor=processor_of(tokenizer), **template_kwargs)
             # the template must render tool rounds after a turn the same way whatever follows: checked now
             tool_suffix_ids(
                 tokenizer,
@@ -192,12 +194,16 @@ class ToolRollouts:
         num_generations: int,
         params: SamplingParams,
         seeds: Sequence[int] | None = None,
+        images: Sequence[list] | None = None,
     ) -> Rollouts:
         """``num_generations`` rollouts of each row's prompt, the group of row b sampled from ``seeds[b]`` (None:
-        from the engine's generator)."""
+        from the engine's generator); ``images``: each row's prompt images (PIL; [] or None: none), placed in its
+        messages as the dataset's prompts with images are (:func:`grpokit.data.images.with_image_entries`)."""
         if self.closed:  # closed at the end of train(); a later evaluate() starts the tool workers again
             self.engine.executor, self.closed = self._executor(), False
         prompts = [row[self.prompt_column] for row in rows]
+        if images is not None:
+            prompts = [with_images(p, i) if i else p for p, i in zip(prompts, images)]
         sessions = None
         if self.spec.environments is not None:
             sessions = self.spec.environments.sessions([row for row in rows for _ in range(num_generations)])
@@ -225,6 +231,20 @@ class ToolRollouts:
         """Stop the tool workers (a later :meth:`generate` starts new ones)."""
         self.engine.executor.close()
         self.closed = True
+
+
+def with_images(prompt, images: list) -> list[dict]:
+    """Chat messages whose ``{"type": "image"}`` entries carry the prompt's ``images`` in order (for the processor)."""
+    from grpokit.data.images import with_image_entries
+
+    queue = iter(images)
+    out = []
+    for message in with_image_entries(prompt, len(images)):
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [{**c, "image": next(queue)} if c.get("type") == "image" else c for c in content]
+        out.append({**message, "content": content})
+    return out
 
 
 def conversation_metrics(conversations: Sequence[Conversation]) -> dict[str, float]:

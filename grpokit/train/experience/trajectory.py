@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from grpokit.rollout.types import Rollouts
+from grpokit.rollout.types import COMPLETION_IMAGE_FIELDS, Rollouts
 
 if TYPE_CHECKING:
     from grpokit.rewards.runner import RewardResult
@@ -81,6 +81,10 @@ def take_rows(rollouts: Rollouts, rows: torch.Tensor) -> Rollouts:
         columns=None
         if rollouts.columns is None
         else {name: [values[n] for n in picked] for name, values in rollouts.columns.items()},
+        **{  # the images tools showed in each completion (pixel inputs, images, hashes): the picked rows'
+            name: None if getattr(rollouts, name) is None else [getattr(rollouts, name)[n] for n in picked]
+            for name in COMPLETION_IMAGE_FIELDS
+        },
     )
 
 

@@ -36,8 +36,10 @@ from grpokit.models.loading import activation_checkpointing, is_hf_model, logits
 from grpokit.models.vision_inputs import (
     batch_inputs,
     completion_types,
+    conversation_inputs,
     has_images,
     next_positions,
+    placeholder_ids,
     position_offset,
     prompt_positions,
     with_positions,
@@ -61,6 +63,7 @@ class Batch:
     input_ids: torch.Tensor | None = None  # [N, L] prompt + completion, right-padded (custom layout)
     gather_index: torch.Tensor | None = None  # [N, T] logit positions of completion tokens (custom layout)
     prompts: list | None = None  # B prompts (VisionPrompt: their pixel inputs) when some have images; shared
+    completion_pixels: list | None = None  # [N] pixel inputs of the images tools showed in each completion, or None
 
     def rows(self, index: slice) -> Batch:
         pick = lambda x: None if x is None else x[index]
@@ -73,6 +76,7 @@ class Batch:
             pick(self.input_ids),
             pick(self.gather_index),
             self.prompts,
+            pick(self.completion_pixels),
         )
 
     def __len__(self) -> int:
@@ -85,9 +89,19 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
     group_index = rollouts.group_index.to(device)  # [N]
     if is_hf_model(model):
         prompt_ids, prompt_mask = left_pad(rollouts.prompt_ids, pad_token_id, device)  # [B, P]
-        prompts = list(rollouts.prompt_ids) if has_images(rollouts.prompt_ids) else None
-        return Batch(completion_ids, completion_mask, group_index, prompt_ids, prompt_mask, prompts=prompts)
-    if has_images(rollouts.prompt_ids):
+        shown = getattr(rollouts, "completion_pixels", None)
+        _check_completion_images(model, rollouts.completion_ids, shown)
+        prompts = list(rollouts.prompt_ids) if has_images(rollouts.prompt_ids) or shown else None
+        return Batch(
+            completion_ids,
+            completion_mask,
+            group_index,
+            prompt_ids,
+            prompt_mask,
+            prompts=prompts,
+            completion_pixels=shown,
+        )
+    if has_images(rollouts.prompt_ids) or getattr(rollouts, "completion_pixels", None):
         raise ValueError("prompts with images need a Hugging Face vision-language model; this model is a custom one.")
     rows = [rollouts.prompt_ids[g] for g in group_index.tolist()]
     T = completion_ids.size(1)
@@ -99,6 +113,18 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
         input_ids[i, len(p) : len(p) + T] = completion_ids[i]
         gather_index[i] = torch.arange(len(p) - 1, len(p) - 1 + T, device=device)  # logits at t predict token t+1
     return Batch(completion_ids, completion_mask, group_index, input_ids=input_ids, gather_index=gather_index)
+
+
+def _check_completion_images(model: torch.nn.Module, completion_ids: torch.Tensor, shown: list | None) -> None:
+    """A ValueError when a completion holds image placeholders but no pixel inputs came for it: the model would read
+    the placeholders as text and the log-probs would not be the sampler's."""
+    found = placeholder_ids(model) if hasattr(getattr(model, "config", None), "image_token_id") else ()
+    for n in (completion_ids[..., None] == torch.tensor(found)).any(-1).any(-1).nonzero().flatten().tolist():
+        if shown is None or shown[n] is None:
+            raise ValueError(
+                f"completion {n} holds image placeholder tokens but its rollouts carry no completion_pixels for them; "
+                "an engine that shows a completion images must fill Rollouts.completion_pixels (rollout/types.py)."
+            )
 
 
 def data_parallel(model: torch.nn.Module) -> bool:
@@ -144,6 +170,8 @@ def completion_features(
     if batch.prompt_ids is None:
         logits = logits_of(model(batch.input_ids))  # [n, L, V]
         return logits.gather(1, batch.gather_index[:, :width, None].expand(-1, -1, logits.size(-1)))  # [n, w, V]
+    if batch.completion_pixels is not None and any(p is not None for p in batch.completion_pixels):
+        return _full_forward_with_tool_images(model, head, batch, width, kernels)
     groups, inverse = torch.unique(batch.group_index, return_inverse=True)  # [g], [n]
     prompt_ids, prompt_mask = _trim_left(batch.prompt_ids[groups], batch.prompt_mask[groups])  # [g, P]
     prompt_position = prompt_positions(model, prompt_ids, prompt_mask, {})  # [g, P] (PaliGemma's from 1)
@@ -204,6 +232,20 @@ def _full_forward_with_images(model, head, batch, width, kernels, chosen, prompt
     """Features [n, w, D] of a full forward over [prompt | completion] per row, each with its prompt's images (the
     model's own forward over repeated inputs: under DDP, FSDP or activation checkpointing)."""
     inputs = full_forward_image_inputs(model, batch, width, chosen, prompt_ids, prompt_mask, extra)
+    features, _ = _run(model, head, width + 1, kernels, use_cache=False, **inputs)
+    return features[:, :-1]  # [n, w, D]
+
+
+def _full_forward_with_tool_images(model, head, batch, width, kernels):
+    """Features [n, w, D] of completions some of which hold images a tool showed: one full forward over each row's
+    [prompt | completion] with its prompt's pixel inputs then its completion's, positions from the model's own rope
+    index over the whole row (M-RoPE jumps after each image: no shared prompt cache, no text positions after it)."""
+    index = batch.group_index
+    ids = torch.cat([batch.prompt_ids[index], batch.completion_ids[:, :width]], dim=1)  # [n, P+w]
+    mask = torch.cat([batch.prompt_mask[index], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
+    prompts = [batch.prompts[g] for g in index.tolist()]
+    images = [[getattr(p, "pixels", None), c] for p, c in zip(prompts, batch.completion_pixels)]
+    inputs = conversation_inputs(model, ids, mask, images)
     features, _ = _run(model, head, width + 1, kernels, use_cache=False, **inputs)
     return features[:, :-1]  # [n, w, D]
 
