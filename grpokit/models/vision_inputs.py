@@ -145,3 +145,29 @@ def placeholder_ids(model: torch.nn.Module) -> tuple[int, ...]:
     config = base.config
     names = ("image_token_id", "video_token_id", "image_token_index", "video_token_index")
     return tuple(sorted({int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)}))
+
+
+def conversation_inputs(
+    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, images: list[list[dict]]
+) -> dict[str, torch.Tensor]:
+    """The inputs of a full forward over whole conversations whose images may lie anywhere (in the prompt, in tool
+    messages of the completion): ``ids`` / ``mask`` [R, L] (any padding), ``images``: per row its processor pixel
+    inputs in the order of its image placeholders (the prompt's ``VisionPrompt.pixels``, then each tool round's).
+    Gives ``input_ids``, ``attention_mask``, the pixel inputs concatenated row by row, the image-token type ids the
+    model's forward takes (``mm_token_type_ids`` / ``token_type_ids``: 1 on image placeholders) and the model's own
+    positions over the whole sequence (M-RoPE's [3, R, L] from ``get_rope_index``: positions jump after each image)."""
+    import inspect
+
+    parts = [p for row in images for p in row if p]
+    keys = sorted({k for p in parts for k in p})
+    pixels = {k: torch.cat([p[k] for p in parts if k in p]).to(ids.device) for k in keys}
+    types = {}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    for key in ("mm_token_type_ids", "token_type_ids"):
+        if key in params and parts:
+            types[key] = (ids == _image_token_id(model)).long() * mask.long()
+    position = prompt_positions(model, ids, mask.long(), {**pixels, **types}) if parts else None
+    if position is None:
+        position = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask.long(), "position_ids": position, **pixels, **types}

@@ -21,6 +21,7 @@ decode by full forward passes over their right-padded sequences, each step.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
@@ -35,6 +36,7 @@ from grpokit.rollout.logits_rules import logits_rules
 from grpokit.rollout.multiturn_rows import CachedRows, NotCacheable, PlainRows
 from grpokit.rollout.next_token import sample_next
 from grpokit.rollout.types import Conversation, Rollouts, SamplingParams, Turn
+from grpokit.rollout.vision_rows import SplitRows, VisionRows
 from grpokit.tools.conversation import ConversationTokens
 from grpokit.tools.environment import EnvironmentSession
 from grpokit.tools.executor import ToolExecutor, ToolResult
@@ -110,6 +112,11 @@ class MultiTurnEngine:
         their rendered prompts differ (an environment's observation), the rest starts the completion,
         out of the loss mask."""
         N = len(prompts) * num_generations
+        if self.chat.processor is not None:  # image placeholders are never sampled (a tool image's are the tool's)
+            from grpokit.models.vision_inputs import placeholder_ids
+
+            suppress = tuple(sorted({*params.suppress_tokens, *placeholder_ids(self.engine.model)}))
+            params = dataclasses.replace(params, suppress_tokens=suppress)
         if sessions is not None and len(sessions) != N:
             raise ValueError(f"{len(sessions)} environment sessions for {N} rollouts; pass one per rollout")
         loop = ToolLoop(
@@ -144,16 +151,23 @@ class MultiTurnEngine:
             with autocast(engine.device, engine.autocast_dtype), packed:
                 if is_hf_model(model):
                     try:
-                        record = self._run(
-                            loop, rollouts, params, generators, CachedRows(engine, rollouts, decoder, self.keep_cache)
-                        )
+                        cached = CachedRows(engine, rollouts, decoder, self.keep_cache)
+                        record = self._run(loop, rollouts, params, generators, self._with_images(cached, rollouts))
                     except NotCacheable:
-                        record = self._run(loop, rollouts, params, generators, PlainRows(engine, rollouts))
+                        plain = self._with_images(PlainRows(engine, rollouts), rollouts)
+                        record = self._run(loop, rollouts, params, generators, plain)
                 else:
                     record = self._run(loop, rollouts, params, generators, PlainRows(engine, rollouts))
         finally:
             model.train(was_training)
         return self._rollouts(rollouts, record, num_generations, prompt_messages)
+
+    def _with_images(self, batch, rollouts: list[ToolRollout]):
+        """``batch``, or with a processor (a vision-language model) a :class:`SplitRows` that moves the rows a
+        tool showed an image to a full-forward batch with their pixel inputs (:mod:`grpokit.rollout.vision_rows`)."""
+        if self.chat.processor is None:
+            return batch
+        return SplitRows(batch, VisionRows(self.engine, rollouts), rollouts)
 
     def _run(self, loop: ToolLoop, rollouts, params, generators, batch) -> dict[str, dict[int, list]]:
         """Drive every rollout to its end; returns each rollout's sampled ``logprobs`` (in order) and the
@@ -248,6 +262,7 @@ class MultiTurnEngine:
                 self._conversation(r, o, prompt_messages[n], record["times"][n])
                 for n, (r, o) in enumerate(zip(rollouts, offsets))
             ],
+            **completion_images(rollouts),
         )
 
     def _conversation(
@@ -283,6 +298,25 @@ class MultiTurnEngine:
         # calls that ran but whose results did not fit in the token budget: never shown, still recorded
         turns += [_tool_turn(result, None) for result in rollout.results[tool:]]
         return Conversation(messages, turns, rollout.stop_reason, rollout.iterations)
+
+
+def completion_images(rollouts: list[ToolRollout]) -> dict:
+    """Rollouts' ``completion_pixels``, ``completion_images`` and ``completion_image_hashes`` of the images tools
+    showed (each rollout's processor inputs concatenated over its rounds, in order); {} when no tool showed one."""
+    from grpokit.models.vision_inputs import image_hash
+
+    if not any(r.conversation.pixels for r in rollouts):
+        return {}
+    pixels = []
+    for r in rollouts:
+        parts = r.conversation.pixels
+        keys = sorted({k for p in parts for k in p})
+        pixels.append({k: torch.cat([p[k] for p in parts if k in p]) for k in keys} if parts else None)
+    return {
+        "completion_pixels": pixels,
+        "completion_images": [list(r.conversation.images) for r in rollouts],
+        "completion_image_hashes": [[image_hash(i) for i in r.conversation.images] for r in rollouts],
+    }
 
 
 def _tool_turn(result: ToolResult, tokens: tuple[int, int] | None) -> Turn:

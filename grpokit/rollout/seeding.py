@@ -67,6 +67,10 @@ def split_rollouts(rollouts: Rollouts, parts: int) -> list[Rollouts]:
             token_versions=None
             if rollouts.token_versions is None
             else rollouts.token_versions[k * rows : (k + 1) * rows].clone(),
+            **{
+                name: None if getattr(rollouts, name) is None else getattr(rollouts, name)[k * rows : (k + 1) * rows]
+                for name in COMPLETION_IMAGE_FIELDS
+            },
         )
         for k in range(parts)
     ]
@@ -101,7 +105,24 @@ def concat_rollouts(parts: list[Rollouts], pad_token_id: int) -> Rollouts:
         conversations=None if first.conversations is None else [c for p in parts for c in p.conversations],
         columns=None if names is None else {name: [v for p in parts for v in p.columns[name]] for name in names},
         token_versions=_joined_versions(parts, padded),
+        **{name: _joined_rows(parts, name, empty) for name, empty in zip(COMPLETION_IMAGE_FIELDS, (None, [], []))},
     )
+
+
+# Rollouts' per-completion images a tool showed (rollout.types.Rollouts): N entries each, None on every part without
+COMPLETION_IMAGE_FIELDS = ("completion_pixels", "completion_images", "completion_image_hashes")
+
+
+def _joined_rows(parts: list[Rollouts], name: str, empty) -> list | None:
+    """The parts' per-completion list ``name`` joined; a part without it gives ``empty`` per completion; None when
+    no part has it."""
+    if all(getattr(p, name) is None for p in parts):
+        return None
+    out = []
+    for p in parts:
+        values = getattr(p, name)
+        out += list(values) if values is not None else [empty] * p.completion_ids.size(0)
+    return out
 
 
 def _joined_versions(parts: list[Rollouts], padded) -> torch.Tensor | None:

@@ -115,6 +115,16 @@ class Rollouts:
     # [N, T] long, the policy version that sampled each token (a partial rollout continued on newer weights,
     # grpokit.rollout.vllm.partial; 0 on padding); None: every token by policy_version, the oldest of them
     token_versions: torch.Tensor | None = None
+    # images a tool showed inside a completion (multi-turn rollouts with a vision-language model; docs/vision.md,
+    # "Tools that return images"). completion_pixels: N entries, each None (no image) or the processor's pixel inputs
+    # of that completion's images in the order of their placeholders in completion_ids, concatenated along dim 0 as
+    # the processor batches them ({"pixel_values": [patches, D], "image_grid_thw": [k, 3]} for Qwen2-VL): a
+    # completion's full input is its prompt's VisionPrompt.pixels (if any) then these, concatenated.
+    # completion_images: N lists of those PIL images; completion_image_hashes: N lists of their sha256 (PNG bytes,
+    # models.vision_inputs.image_hash), what the store keeps them by. All None when no completion holds an image.
+    completion_pixels: list[dict[str, torch.Tensor] | None] | None = None
+    completion_images: list[list[Any]] | None = None
+    completion_image_hashes: list[list[str]] | None = None
 
     @property
     def group_index(self) -> torch.Tensor:

@@ -80,13 +80,66 @@ def tool_suffix_ids(
     turn_ended: bool = True,
     chat_template: str | None = None,
     end_of_turn: int | None = None,
+    processor: Any = None,
     **template_kwargs: Any,
 ) -> list[int]:
     """The tokens to append after the model's last token of a turn with tool calls: the end of the
     turn (only when ``turn_ended`` is False, i.e. the model stopped without writing its end-of-turn
     token), what the template writes between turns, the ``tool_messages`` (``{"role": "tool",
     "name": ..., "content": ...}``), and the next assistant turn's header. ``end_of_turn``: the token
-    id from :func:`end_of_turn_id` (found when not given)."""
+    id from :func:`end_of_turn_id` (found when not given). Tool messages with images (content parts
+    ``{"type": "image", "image": <PIL image>}``) need the model's ``processor``: use :func:`tool_suffix_inputs`."""
+    return tool_suffix_inputs(
+        tokenizer,
+        tool_messages,
+        turn_ended=turn_ended,
+        chat_template=chat_template,
+        end_of_turn=end_of_turn,
+        processor=processor,
+        **template_kwargs,
+    )[0]
+
+
+def message_images(messages: Sequence[Mapping[str, Any]]) -> list:
+    """The PIL images of ``messages``' content parts (``{"type": "image", "image": ...}``), in order."""
+    return [
+        part["image"]
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if isinstance(part, Mapping) and part.get("type") == "image" and part.get("image") is not None
+    ]
+
+
+def _render_with_images(tokenizer: Any, processor: Any, messages, images: list, render: dict) -> tuple[list, dict]:
+    """(token ids, pixel inputs) of ``messages`` rendered by the chat template and encoded by ``processor``, which
+    widens each image's placeholder to the image's patches (as transformers' processor.apply_chat_template does)."""
+    text = tokenizer.apply_chat_template(
+        [dict(m) for m in messages], add_generation_prompt=True, tokenize=False, **render
+    )
+    encoded = dict(processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False))
+    ids = [int(i) for i in encoded.pop("input_ids")[0].tolist()]
+    pixels = {
+        k: v
+        for k, v in encoded.items()
+        if hasattr(v, "dim") and k != "attention_mask" and not (k.endswith("type_ids") and v.dim() == 2)
+    }
+    return ids, pixels
+
+
+def tool_suffix_inputs(
+    tokenizer: Any,
+    tool_messages: Sequence[Mapping[str, Any]],
+    *,
+    turn_ended: bool = True,
+    chat_template: str | None = None,
+    end_of_turn: int | None = None,
+    processor: Any = None,
+    **template_kwargs: Any,
+) -> tuple[list[int], dict | None]:
+    """:func:`tool_suffix_ids` and the processor's pixel inputs of the tool messages' images (``pixel_values``,
+    ``image_grid_thw`` ...; None when they hold none). Their placeholders in the ids are widened to each image's
+    patches by ``processor`` (a ToolError without one)."""
     if not tool_messages:
         raise ToolError("tool_suffix_ids needs at least one tool message")
     if end_of_turn is None:
@@ -98,7 +151,13 @@ def tool_suffix_ids(
     dummy = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
     render = dict(chat_template=chat_template, **template_kwargs)
     prefix = render_ids(tokenizer, dummy, **render)
-    full = render_ids(tokenizer, [*dummy, *tool_messages], add_generation_prompt=True, **render)
+    images, pixels = message_images(tool_messages), None
+    if images and processor is None:
+        raise ToolError("tool messages with images need the model's processor to encode them")
+    if images:
+        full, pixels = _render_with_images(tokenizer, processor, [*dummy, *tool_messages], images, render)
+    else:
+        full = render_ids(tokenizer, [*dummy, *tool_messages], add_generation_prompt=True, **render)
     ends = [i for i, token in enumerate(prefix) if token == end_of_turn]
     if not ends:
         raise ToolError(
@@ -108,7 +167,7 @@ def tool_suffix_ids(
     closing = ends[-1]  # the assistant turn's closing token in ``prefix``
     if full[: closing + 1] != prefix[: closing + 1]:
         closing = _closing_after_rerender(tokenizer, dummy, prefix, full, ends, end_of_turn, render)
-    return full[closing + 1 :] if turn_ended else full[closing:]
+    return (full[closing + 1 :] if turn_ended else full[closing:]), pixels
 
 
 def _closing_after_rerender(tokenizer, dummy, prefix, full, ends, end_of_turn, render) -> int:
@@ -146,6 +205,10 @@ class TokenConversation:
     mask: list[int]
     prompt_length: int
     spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each generated turn
+    # tool-returned images after the prompt, in order: the processor's inputs of each round's images (a dict of
+    # tensors whose first dimension runs over that round's images or patches) and the PIL images themselves
+    pixels: list[dict] = field(default_factory=list)
+    images: list = field(default_factory=list)
 
     @classmethod
     def from_prompt(cls, prompt_ids: Sequence[int]) -> TokenConversation:
@@ -158,10 +221,14 @@ class TokenConversation:
         self.ids.extend(int(i) for i in token_ids)
         self.mask.extend([1] * len(token_ids))
 
-    def add_environment(self, token_ids: Sequence[int]) -> None:
-        """Tokens the model did not write (a tool suffix): in the sequence, out of the loss."""
+    def add_environment(self, token_ids: Sequence[int], pixels: dict | None = None, images: Sequence = ()) -> None:
+        """Tokens the model did not write (a tool suffix): in the sequence, out of the loss; ``pixels``: the
+        processor's inputs of the ``images`` they show (their placeholders widened in ``token_ids``)."""
         self.ids.extend(int(i) for i in token_ids)
         self.mask.extend([0] * len(token_ids))
+        if pixels is not None:
+            self.pixels.append(pixels)
+            self.images.extend(images)
 
     @property
     def completion_ids(self) -> list[int]:
@@ -177,8 +244,8 @@ class ConversationTokens:
     prompt messages, :meth:`add_tool_results` after each turn with tool calls (returns the suffix to
     append to the KV cache). Pure apart from the end-of-turn token it looks up once."""
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None, **template_kwargs: Any):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, chat_template: str | None = None, processor: Any = None, **template_kwargs: Any):
+        self.tokenizer, self.processor = tokenizer, processor
         self.chat_template = chat_template
         self.template_kwargs = template_kwargs
         self.end_of_turn = end_of_turn_id(tokenizer, chat_template, **template_kwargs)
@@ -200,14 +267,22 @@ class ConversationTokens:
     def tool_suffix(self, conversation: TokenConversation, tool_messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The tokens that would follow ``conversation``'s last generated turn with ``tool_messages``
         (the end-of-turn token first when the model stopped without it); the conversation is unchanged."""
+        return self.tool_suffix_inputs(conversation, tool_messages)[0]
+
+    def tool_suffix_inputs(
+        self, conversation: TokenConversation, tool_messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[int], dict | None]:
+        """:meth:`tool_suffix` and the pixel inputs of the tool messages' images (None: no image), encoded by the
+        processor (:func:`tool_suffix_inputs`)."""
         if not conversation.spans:
             raise ToolError("tool results follow a turn the model generated; this conversation has none yet")
-        return tool_suffix_ids(
+        return tool_suffix_inputs(
             self.tokenizer,
             tool_messages,
             turn_ended=conversation.ids[-1] == self.end_of_turn,
             chat_template=self.chat_template,
             end_of_turn=self.end_of_turn,
+            processor=self.processor,
             **self.template_kwargs,
         )
 
@@ -216,6 +291,6 @@ class ConversationTokens:
     ) -> list[int]:
         """Append :meth:`tool_suffix` to ``conversation`` (mask 0) and return it: the tokens a rollout
         engine feeds to its kept KV cache before decoding the next turn."""
-        suffix = self.tool_suffix(conversation, tool_messages)
-        conversation.add_environment(suffix)
+        suffix, pixels = self.tool_suffix_inputs(conversation, tool_messages)
+        conversation.add_environment(suffix, pixels, message_images(tool_messages))
         return suffix

@@ -33,12 +33,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from grpokit.errors import ConfigError
 from grpokit.rewards.contract import Outcome, TimedCall, failed_outcome, run_call
 from grpokit.system.workers import TIMED_OUT, WorkerProcess, process_context, run_calls
 from grpokit.tools.environment import EnvironmentSession
 from grpokit.tools.json_schema import ToolError, tool_schemas
 from grpokit.tools.parsing import ToolCall, validate_calls
+from grpokit.tools.tool_images import image_parts, images_refused, parts_text, shows_images
 
 # status of a ToolResult: the tool returned | the call was malformed or did not fit the schema |
 # the tool raised | it ran past its timeout | its worker process died | its environment is broken
@@ -48,7 +48,8 @@ STATUSES = ("ok", "invalid", "error", "timeout", "crashed", "unavailable")
 @dataclass
 class ToolResult:
     """What one call gave: ``content``, the text of the tool message the model reads next (the
-    tool's return value as ``str``, TRL's rule, or ``{"error": ...}`` as JSON), its ``status``
+    tool's return value as ``str``, TRL's rule, or ``{"error": ...}`` as JSON; a tool that returned images: its
+    text parts, the images in ``parts``, :mod:`grpokit.tools.tool_images`), its ``status``
     (:data:`STATUSES`), ``error`` (None when ok) with the tool's ``traceback`` when it raised, and
     when it ran: ``started`` / ``ended`` (``time.monotonic()``, None when it did not run; measured
     around the call in the worker, so the calls of different workers compare), ``worker`` (the pid of
@@ -62,6 +63,12 @@ class ToolResult:
     started: float | None = None
     ended: float | None = None
     worker: int | None = None
+    parts: list[dict[str, Any]] | None = None  # content parts with PIL images, when the tool returned images
+
+    @property
+    def images(self) -> list:
+        """The PIL images the tool returned, in order ([]: a text result)."""
+        return [p["image"] for p in self.parts or () if p["type"] == "image"]
 
     @property
     def duration(self) -> float | None:
@@ -69,7 +76,8 @@ class ToolResult:
 
     def message(self) -> dict[str, Any]:
         """The tool message for the conversation (``tool_call_id`` when the call had an id)."""
-        message = {"role": "tool", "name": self.call.name or "unknown", "content": self.content}
+        content = self.content if self.parts is None else [dict(p) for p in self.parts]
+        message = {"role": "tool", "name": self.call.name or "unknown", "content": content}
         if self.call.id is not None:
             message["tool_call_id"] = self.call.id
         return message
@@ -92,32 +100,15 @@ def _invoke(fn: Callable, arguments: dict[str, Any]) -> dict[str, Any]:
         if inspect.isawaitable(value):
             value = asyncio.run(_await(value))
         if shows_images(value):  # never its str(): the model would read a repr, the image dropped
-            return {"images": True, "started": started, "ended": time.monotonic()}
-        content = value if isinstance(value, str) else str(value)
+            parts = image_parts(value)
+            if isinstance(parts, str):
+                return {"refused": parts, "started": started, "ended": time.monotonic()}
+            content = {"parts": parts}
+        else:
+            content = value if isinstance(value, str) else str(value)
     except BaseException as exc:  # SystemExit from a tool is the tool's error too
         error, trace = f"{type(exc).__name__}: {exc}", traceback.format_exc()
     return {"content": content, "error": error, "traceback": trace, "started": started, "ended": time.monotonic()}
-
-
-IMAGE_PARTS = ("image", "image_url", "input_image")
-
-
-def shows_images(value: Any) -> bool:
-    """Whether a tool's return value holds images: a PIL image, or content parts (TRL's multimodal tool response,
-    ``[{"type": "image", "image": ...}, {"type": "text", ...}]``) with an image among them."""
-    parts = value if isinstance(value, (list, tuple)) else [value]
-    return any(
-        type(part).__module__.startswith("PIL.") or (isinstance(part, dict) and part.get("type") in IMAGE_PARTS)
-        for part in parts
-    )
-
-
-def images_refused(name: str | None) -> ConfigError:
-    """The one line that ends a run whose tool returned an image (docs/vision.md, "Tools that return images")."""
-    return ConfigError(
-        f"tool {name!r} returned an image; grpokit's tool rollouts cannot show a tool's image to the model yet "
-        "(docs/vision.md, 'Tools that return images'): return text (a description, or a file path a reward reads)."
-    )
 
 
 class _ToolTable:
@@ -249,9 +240,12 @@ class ToolExecutor:
         """A ToolResult from a reward-worker Outcome whose output is :func:`_invoke`'s dict."""
         if outcome.error is None:
             ran = outcome.output
-            if ran.get("images"):
-                raise images_refused(call.name)
+            if ran.get("refused"):
+                raise images_refused(call.name, ran["refused"])
             timing = {"started": ran["started"], "ended": ran["ended"], "worker": ran.get("worker")}
+            if ran["error"] is None and isinstance(ran["content"], dict):  # content parts with images
+                parts = ran["content"]["parts"]
+                return ToolResult(call, parts_text(parts), parts=parts, **timing)
             if ran["error"] is None:
                 return ToolResult(call, ran["content"], **timing)
             result = _failed(call, "error", f"{call.name} raised {ran['error']}", **timing)

@@ -32,6 +32,7 @@ from grpokit.tools.conversation import ConversationTokens, TokenConversation
 from grpokit.tools.environment import EnvironmentSession, with_observation
 from grpokit.tools.executor import ToolExecutor, ToolResult
 from grpokit.tools.parsing import ToolParser, assistant_message, get_tool_parser, tool_parser_for
+from grpokit.tools.tool_images import images_refused
 
 GenerateFn = Callable[[list[list[int]], list[int]], list[list[int]]]
 
@@ -123,11 +124,14 @@ class ToolLoop:
             results = rollout.pending.result()
             rollout.results.extend(results)
             tool_messages = [result.message() for result in results]
-            suffix = self.chat.tool_suffix(rollout.conversation, tool_messages)
+            shown = [r for r in results if r.images]
+            if shown and self.chat.processor is None:
+                raise images_refused(shown[0].call.name)
+            suffix, pixels = self.chat.tool_suffix_inputs(rollout.conversation, tool_messages)
             if len(suffix) >= self.remaining(rollout):
                 rollout._finish("length")
                 continue
-            rollout.conversation.add_environment(suffix)
+            rollout.conversation.add_environment(suffix, pixels, [i for r in results for i in r.images])
             rollout.messages.extend(tool_messages)
             rollout.suffix, rollout.iterations, rollout.pending = suffix, rollout.iterations + 1, None
             rollout.state = "generating"

@@ -1,6 +1,7 @@
-"""A tool that returns an image (TRL's multimodal tool response: content parts with an image) ends the run in one
-line, in every isolation and in the multi-turn engine, instead of its repr reaching the model as text (the image
-dropped, a memory address in the conversation): grpokit's tool rollouts do not carry images yet (docs/vision.md)."""
+"""A tool that returns an image (TRL's multimodal tool response: content parts with an image, or a bare PIL image):
+the executor carries its images as content parts of the tool message, in every isolation; a text-only model (no
+processor) ends the run in one line naming the fix instead of the image's repr reaching the model as text; an image
+by URL is refused in one line (grpokit downloads nothing)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,25 @@ from test_multiturn import chat, multiply, scripted_engine, tool_call  # noqa: F
 
 from grpokit.errors import ConfigError
 from grpokit.tools import ToolCall, ToolExecutor
-from grpokit.tools.executor import shows_images
+from grpokit.tools.tool_images import shows_images
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-REFUSED = "tool 'screenshot' returned an image; grpokit's tool rollouts cannot show a tool's image to the model yet"
+NO_PROCESSOR = "tool 'screenshot' returned an image, but the model has no image processor to show it"
 
 
 def screenshot() -> list:
     """Takes a screenshot and returns it (TRL's test_train_with_tools_multimodal_response)."""
     return [{"type": "image", "image": Image.new("RGB", (64, 64), "red")}, {"type": "text", "text": "Here it is"}]
+
+
+def photo():
+    """Returns a bare PIL image."""
+    return Image.new("RGBA", (8, 4), "blue")
+
+
+def link() -> list:
+    """Returns an image by URL."""
+    return [{"type": "image_url", "image_url": "https://example.com/a.png"}]
 
 
 def test_which_return_values_hold_images():
@@ -30,18 +41,26 @@ def test_which_return_values_hold_images():
 
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_tool_returning_an_image_is_refused_in_one_line(isolation):
-    with ToolExecutor([screenshot, multiply], isolation=isolation) as executor:
-        fine = executor.submit([ToolCall("multiply", {"a": 2, "b": 3}, "<call multiply>", 0, 0)]).result()
-        assert fine[0].content == "6"  # other tools of the same executor answer as before
+def test_a_tool_returning_images_gives_content_parts(isolation):
+    calls = [ToolCall(name, {}, f"<call {name}>", 0, 0) for name in ("screenshot", "photo", "multiply")]
+    calls[2] = ToolCall("multiply", {"a": 2, "b": 3}, "<call multiply>", 0, 0)
+    with ToolExecutor([screenshot, photo, multiply, link], isolation=isolation) as executor:
+        shot, bare, fine = executor.submit(calls).result()
         with pytest.raises(ConfigError) as refused:
-            executor.submit([ToolCall("screenshot", {}, "<call screenshot>", 0, 0)]).result()
-    assert str(refused.value).startswith(REFUSED) and "\n" not in str(refused.value)
+            executor.submit([ToolCall("link", {}, "<call link>", 0, 0)]).result()
+    assert fine.content == "6" and fine.parts is None and fine.message()["content"] == "6"
+    assert shot.content == "Here it is" and [p["type"] for p in shot.parts] == ["image", "text"]
+    assert shot.images[0].size == (64, 64) and shot.images[0].getpixel((0, 0)) == (255, 0, 0)
+    assert shot.message()["content"][1] == {"type": "text", "text": "Here it is"}
+    assert bare.content == "" and bare.images[0].mode == "RGB" and bare.images[0].size == (8, 4)
+    message = str(refused.value)
+    assert "'link' returned an image, but its 'image_url' part holds no PIL image" in message and "\n" not in message
 
 
-def test_the_multi_turn_engine_stops_on_a_tool_image(chat):  # noqa: F811
+def test_a_model_without_a_processor_stops_on_a_tool_image_in_one_line(chat):  # noqa: F811
     scripts = {"0": [tool_call("screenshot", "{}"), "done<|im_end|>"], "1": [tool_call("multiply", '{"a": 1, "b": 2}')]}
     prompts = [[{"role": "user", "content": f"Q{k}"}] for k in scripts]
     executor = ToolExecutor([screenshot, multiply], isolation="thread")
-    with executor, pytest.raises(ConfigError, match="returned an image"):
+    with executor, pytest.raises(ConfigError) as refused:
         scripted_engine(chat, scripts, executor).generate(prompts, 2, sampling_params(max_completion_length=300))
+    assert str(refused.value).startswith(NO_PROCESSOR) and "processing_class=AutoProcessor" in str(refused.value)

@@ -35,6 +35,7 @@ from grpokit.models.kv_cache_arg import cache_kwargs, output_cache
 from grpokit.models.loading import activation_checkpointing, is_hf_model, logits_of
 from grpokit.models.vision_inputs import (
     batch_inputs,
+    conversation_inputs,
     has_images,
     next_positions,
     prompt_positions,
@@ -59,6 +60,7 @@ class Batch:
     input_ids: torch.Tensor | None = None  # [N, L] prompt + completion, right-padded (custom layout)
     gather_index: torch.Tensor | None = None  # [N, T] logit positions of completion tokens (custom layout)
     prompts: list | None = None  # B prompts (VisionPrompt: their pixel inputs) when some have images; shared
+    completion_pixels: list | None = None  # [N] pixel inputs of the images tools showed in each completion, or None
 
     def rows(self, index: slice) -> Batch:
         pick = lambda x: None if x is None else x[index]
@@ -71,6 +73,7 @@ class Batch:
             pick(self.input_ids),
             pick(self.gather_index),
             self.prompts,
+            pick(self.completion_pixels),
         )
 
     def __len__(self) -> int:
@@ -83,9 +86,18 @@ def build_batch(model: torch.nn.Module, rollouts: Rollouts, pad_token_id: int, d
     group_index = rollouts.group_index.to(device)  # [N]
     if is_hf_model(model):
         prompt_ids, prompt_mask = left_pad(rollouts.prompt_ids, pad_token_id, device)  # [B, P]
-        prompts = list(rollouts.prompt_ids) if has_images(rollouts.prompt_ids) else None
-        return Batch(completion_ids, completion_mask, group_index, prompt_ids, prompt_mask, prompts=prompts)
-    if has_images(rollouts.prompt_ids):
+        shown = getattr(rollouts, "completion_pixels", None)
+        prompts = list(rollouts.prompt_ids) if has_images(rollouts.prompt_ids) or shown else None
+        return Batch(
+            completion_ids,
+            completion_mask,
+            group_index,
+            prompt_ids,
+            prompt_mask,
+            prompts=prompts,
+            completion_pixels=shown,
+        )
+    if has_images(rollouts.prompt_ids) or getattr(rollouts, "completion_pixels", None):
         raise ValueError("prompts with images need a Hugging Face vision-language model; this model is a custom one.")
     rows = [rollouts.prompt_ids[g] for g in group_index.tolist()]
     T = completion_ids.size(1)
@@ -142,6 +154,8 @@ def completion_features(
     if batch.prompt_ids is None:
         logits = logits_of(model(batch.input_ids))  # [n, L, V]
         return logits.gather(1, batch.gather_index[:, :width, None].expand(-1, -1, logits.size(-1)))  # [n, w, V]
+    if batch.completion_pixels is not None and any(p is not None for p in batch.completion_pixels):
+        return _full_forward_with_tool_images(model, head, batch, width, kernels)
     groups, inverse = torch.unique(batch.group_index, return_inverse=True)  # [g], [n]
     prompt_ids, prompt_mask = _trim_left(batch.prompt_ids[groups], batch.prompt_mask[groups])  # [g, P]
     prompt_position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [g, P]
@@ -202,6 +216,20 @@ def _full_forward_with_images(model, head, batch, width, kernels, chosen, prompt
     """Features [n, w, D] of a full forward over [prompt | completion] per row, each with its prompt's images (the
     model's own forward over repeated inputs: under DDP, FSDP or activation checkpointing)."""
     inputs = full_forward_image_inputs(model, batch, width, chosen, prompt_ids, prompt_mask, extra)
+    features, _ = _run(model, head, width + 1, kernels, use_cache=False, **inputs)
+    return features[:, :-1]  # [n, w, D]
+
+
+def _full_forward_with_tool_images(model, head, batch, width, kernels):
+    """Features [n, w, D] of completions some of which hold images a tool showed: one full forward over each row's
+    [prompt | completion] with its prompt's pixel inputs then its completion's, positions from the model's own rope
+    index over the whole row (M-RoPE jumps after each image: no shared prompt cache, no text positions after it)."""
+    index = batch.group_index
+    ids = torch.cat([batch.prompt_ids[index], batch.completion_ids[:, :width]], dim=1)  # [n, P+w]
+    mask = torch.cat([batch.prompt_mask[index], batch.completion_mask[:, :width].long()], dim=1)  # [n, P+w]
+    prompts = [batch.prompts[g] for g in index.tolist()]
+    images = [[getattr(p, "pixels", None), c] for p, c in zip(prompts, batch.completion_pixels)]
+    inputs = conversation_inputs(model, ids, mask, images)
     features, _ = _run(model, head, width + 1, kernels, use_cache=False, **inputs)
     return features[:, :-1]  # [n, w, D]
 
