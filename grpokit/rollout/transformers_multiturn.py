@@ -14,6 +14,12 @@ multi-turn engine (:mod:`grpokit.rollout.multiturn`, whose Rollouts — ``loss_m
 generate call runs to the largest budget of its rows; each row is cut to its own, as TRL truncates post-tool turns).
 Each round's log-probs are the policy's: log softmax(logits / temperature) at the turn's tokens, from one forward pass
 over the round's rows (what the learner computes).
+
+A tool that returns images (with a vision-language model's processor: docs/vision.md, "Tools that return images"):
+its round's suffix carries the images' placeholders and pixel inputs (:class:`grpokit.tools.ToolLoop`), the rows'
+next generate call gets them as TRL passes them (pixel inputs of the call's rows concatenated, image-token type ids),
+the log-prob forward too, and the Rollouts carry them per completion (``completion_pixels`` ...), as grpokit's own
+multi-turn engine fills them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import torch
 
 from grpokit.machine.hardware import autocast
+from grpokit.models.vision_inputs import conversation_inputs, placeholder_ids
 from grpokit.rollout.engine import left_pad
 from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
@@ -67,6 +74,9 @@ class TransformersMultiTurnEngine(MultiTurnEngine):
         ``seeds`` (one per prompt): the batch's generate calls draw from a stream seeded by all of them together
         (generate samples the rows of a call together, as in TRL), else from the engine's generator."""
         N = len(prompts) * num_generations
+        if self.chat.processor is not None:  # image placeholders are never sampled (a tool image's are the tool's)
+            suppress = tuple(sorted({*params.suppress_tokens, *placeholder_ids(self.engine.model)}))
+            params = dataclasses.replace(params, suppress_tokens=suppress)
         if sessions is not None and len(sessions) != N:
             raise ValueError(f"{len(sessions)} environment sessions for {N} rollouts; pass one per rollout")
         if seeds is not None and len(seeds) != len(prompts):
@@ -105,17 +115,18 @@ class TransformersMultiTurnEngine(MultiTurnEngine):
         stops = sorted({self.chat.end_of_turn, *engine.eos_token_ids})
         budgets = [loop.remaining(rollouts[i]) for i in active]
         ids, mask = left_pad([rollouts[i].conversation.ids for i in active], engine.pad_token_id, engine.device)
+        images = [list(rollouts[i].conversation.pixels) for i in active]  # each row's tool images, in order
         config = engine.generation_config(dataclasses.replace(params, max_completion_length=max(budgets)))
         config.eos_token_id = stops  # a turn ends at the chat's end of turn too
         seed = int(torch.randint(0, 2**62, (1,), generator=stream, device=stream.device))
         started = time.monotonic()
         with torch.random.fork_rng(devices=[]), autocast(engine.device, engine.autocast_dtype):
             torch.manual_seed(seed)  # generate draws from the global RNG: one seed per call, from this stream
-            sequences = engine.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            sequences = engine.model.generate(**self._generate_inputs(ids, mask, images), generation_config=config)
             turns = [_cut(row, stops, budget) for row, budget in zip(sequences[:, ids.size(1) :].tolist(), budgets)]
             width = max(max(len(t) for t in turns), 1)
             padded = torch.tensor([t + [engine.pad_token_id] * (width - len(t)) for t in turns], dtype=torch.long)
-            logprobs = engine._logprobs(ids, mask, padded, params.temperature).cpu()  # [A, width]
+            logprobs = self._logprobs(ids, mask, padded, params.temperature, images).cpu()  # [A, width]
         ended = time.monotonic()
         if self.on_generate is not None:
             self.on_generate(list(active))
@@ -123,6 +134,30 @@ class TransformersMultiTurnEngine(MultiTurnEngine):
             record["logprobs"][i] += logprobs[k, : len(turns[k])].tolist()
             record["times"][i].append((started, ended))
             loop.turn_done(rollouts[i], turns[k])
+
+    def _generate_inputs(self, ids: torch.Tensor, mask: torch.Tensor, images: list[list[dict]]) -> dict:
+        """generate's inputs, as TRL passes them after a tool showed images: the left-padded ``input_ids`` and
+        ``attention_mask``, the rows' image inputs concatenated in row order and the image-token type ids
+        (``mm_token_type_ids`` / ``token_type_ids``, 1 on image placeholders); no positions (generate makes the
+        model's own)."""
+        if not any(images):
+            return {"input_ids": ids, "attention_mask": mask}
+        inputs = conversation_inputs(self.engine.model, ids, mask, images)
+        inputs.pop("position_ids")
+        return inputs
+
+    def _logprobs(self, ids, mask, turns: torch.Tensor, temperature: float, images: list[list[dict]]):
+        """[A, T] log softmax(logits / temperature) of the policy at each turn token: the engine's forward over
+        conversation + turn, or for rows with tool images one forward with their pixel inputs and the model's own
+        positions over the whole sequence (images may lie anywhere in it)."""
+        if not any(images):
+            return self.engine._logprobs(ids, mask, turns, temperature)
+        T = turns.size(1)
+        full = torch.cat([ids, turns.to(ids.device)], dim=1)  # [A, L+T]
+        full_mask = torch.cat([mask, torch.ones_like(turns, device=mask.device)], dim=1)  # [A, L+T]
+        inputs = conversation_inputs(self.engine.model, full, full_mask, images)
+        logits = self.engine.model(**inputs, logits_to_keep=T + 1).logits[:, :-1].float() / temperature  # [A, T, V]
+        return torch.log_softmax(logits, dim=-1).gather(-1, turns.to(ids.device)[..., None]).squeeze(-1)
 
 
 def _cut(row: list[int], stops: list[int], budget: int) -> list[int]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from grpokit.data.prompts import DataError
 from grpokit.errors import ConfigError
+from grpokit.models.vision import processor_of
 from grpokit.rewards.contract import is_conversational
 from grpokit.rollout.engine import HFRolloutEngine
 from grpokit.rollout.engines import MultiTurnSpec, get_engine
@@ -176,7 +177,8 @@ class ToolRollouts:
         self.spec, self.prompt_column = spec, prompt_column
         template_kwargs = dict(template_kwargs or {})
         try:
-            chat = ConversationTokens(tokenizer, **template_kwargs)
+            # a vision-language model's processor encodes the images tools return (docs/vision.md)
+            chat = ConversationTokens(tokenizer, processor=processor_of(tokenizer), **template_kwargs)
             # the template must render tool rounds after a turn the same way whatever follows: checked now
             tool_suffix_ids(
                 tokenizer,
