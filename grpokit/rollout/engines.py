@@ -11,7 +11,8 @@ run has tools or environments, wraps it in the multi-turn engine; nothing else n
   ``vllm_mode: server`` :class:`~grpokit.rollout.vllm.server.VLLMServerEngine`, a running ``vllm serve``; under
   torchrun one per rank: :class:`~grpokit.rollout.vllm.colocate.ColocatedVLLMEngine`.
 - ``transformers``: :class:`~grpokit.rollout.transformers_engine.TransformersRolloutEngine`, transformers' own
-  ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...).
+  ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...)
+  and for a GRPOTrainer whose model's generate was replaced (``compose/patched_generate.py``); prompts with images.
 - ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
   (chat prompts; built by :class:`grpokit.train.experience.tool_rollouts.ToolRollouts` from the run's tools).
 - ``transformers-multi-turn``: :class:`~grpokit.rollout.transformers_multiturn.TransformersMultiTurnEngine`, tool
