@@ -47,10 +47,14 @@ def build_rollouts(
     in_ray = (settings, partial) if in_workers else ()  # what the Ray workers' engines are built with
     engine = engine_kind("hf").build(parts, None) if in_workers else kind.build(parts, settings)
     sampling = specs.sampling_params(args)
-    # multi-turn tool rollouts on the HF engine (the config refuses tools with vLLM and Ray); TRL's kwargs
-    tool_rollouts = (
-        None if tools is None else ToolRollouts(tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs)
-    )
+    # multi-turn tool rollouts on the hf or transformers engine (the config refuses tools with vLLM and Ray)
+    tool_rollouts = None
+    if tools is not None:
+        if kind.tool_engine is None or in_workers:
+            raise ConfigError(f"tools and environments need generation.engine: hf or transformers, not {name}.")
+        tool_rollouts = ToolRollouts(
+            tools, engine, tokenizer, args.prompt_column, args.chat_template_kwargs, tool_engine=kind.tool_engine
+        )
     ahead = args.distributed.staleness_bound()  # K: steps sampled ahead
     entry = pick_sampler(_situation(args, procs, engine, kind.serves(settings), tool_rollouts is not None, ahead))
     sampler = entry.cls.from_inputs(

@@ -42,8 +42,11 @@ def validate(cfg: GRPOConfig, world_size: int = 1) -> None:
 def check_multi_turn(cfg: GRPOConfig) -> None:
     """Refuse the settings multi-turn tool rollouts cannot run with (tools from the config or from
     GRPOTrainer(tools=..., environment_factory=...))."""
-    fix = "multi-turn tool rollouts are sampled by the hf engine in the training process"
-    check(cfg.generation.engine in ("hf", "auto"), f"tools and environments need generation.engine: hf ({fix}).")
+    fix = "multi-turn tool rollouts are sampled by the hf or transformers engine in the training process"
+    check(
+        cfg.generation.engine in ("hf", "transformers", "auto"),
+        f"tools and environments need generation.engine: hf or transformers ({fix}).",
+    )
     check(cfg.distributed.backend == "none", f"tools and environments need distributed.backend: none ({fix}).")
 
 

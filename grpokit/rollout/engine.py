@@ -122,9 +122,14 @@ class HFRolloutEngine(SharedWeightsEngine):
         self.kernels = kernels if kernels is not None else Kernels.select(self.device, self.autocast_dtype)
         self.eos_token_ids = torch.tensor(self.eos_token_ids, device=self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(self.generator.initial_seed())
+        # another engine that samples in its place, from its stream and at its version: transformers' generate for
+        # a GRPOTrainer whose model's generate was replaced (grpokit.compose.patched_generate); None: this one
+        self.generate_with = None
 
     @torch.no_grad()  # not inference_mode: its tensors could not enter the autograd graph of the update
     def generate(self, prompt_ids: list[list[int]], num_generations: int, params: SamplingParams) -> Rollouts:
+        if self.generate_with is not None:
+            return self.generate_with.generate(prompt_ids, num_generations, params)
         was_training = self.model.training
         self.model.eval()
         try:

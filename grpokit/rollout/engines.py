@@ -11,9 +11,12 @@ run has tools or environments, wraps it in the multi-turn engine; nothing else n
   ``vllm_mode: server`` :class:`~grpokit.rollout.vllm.server.VLLMServerEngine`, a running ``vllm serve``; under
   torchrun one per rank: :class:`~grpokit.rollout.vllm.colocate.ColocatedVLLMEngine`.
 - ``transformers``: :class:`~grpokit.rollout.transformers_engine.TransformersRolloutEngine`, transformers' own
-  ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...).
+  ``model.generate`` on the policy's weights, for TRL generation_kwargs grpokit's sampler cannot honour (beams ...)
+  and for a GRPOTrainer whose model's generate was replaced (``compose/patched_generate.py``); prompts with images.
 - ``multi-turn``: :class:`~grpokit.rollout.multiturn.MultiTurnEngine`, tool rollouts on an hf engine's model
   (chat prompts; built by :class:`grpokit.train.experience.tool_rollouts.ToolRollouts` from the run's tools).
+- ``transformers-multi-turn``: :class:`~grpokit.rollout.transformers_multiturn.TransformersMultiTurnEngine`, tool
+  rollouts with ``model.generate`` (TRL's round loop: one generate call per round over the rows still going).
 - ``rollout_func``: :class:`~grpokit.rollout.rollout_func.RolloutFuncEngine`, TRL's ``GRPOTrainer(rollout_func=...)``:
   the user's function generates; the engine takes the raw prompts (``takes_raw_prompts``) and converts its output.
 """
@@ -75,6 +78,7 @@ class EngineEntry:
     internal: bool = False  # built by grpokit itself (tool rollouts, a rollout_func), not named by generation.engine
     own_sampler: bool = False  # grpokit's own sampler on the policy's weights (its compute dtype is chosen for it)
     takes_images: bool = False  # samples prompts with images (a VLM's processor inputs: docs/vision.md)
+    tool_engine: str | None = None  # the internal engine that runs tool rollouts over it (None: tools refused)
     in_ray_workers: bool = False  # with distributed.backend: ray the rollout workers hold it; the learner keeps an hf
     checks_sync: bool = False  # has sync_gap_warning / sync_gap_stop: its log-probs against the learner's, each step
     check_environment: Callable[[Any, EngineSite], None] | None = None  # before a model loads: one line if it can't
@@ -105,7 +109,7 @@ class EngineSite:
 ENGINES = Registry("engine", entry=lambda name, build, **fields: EngineEntry(build, **fields))
 
 
-@ENGINES.register("hf", own_sampler=True, takes_images=True)
+@ENGINES.register("hf", own_sampler=True, takes_images=True, tool_engine="multi-turn")
 def _hf(parts: EngineParts, settings: None = None):
     from grpokit.rollout.engine import HFRolloutEngine
 
@@ -190,7 +194,7 @@ ENGINES.register(
 )(_vllm)
 
 
-@ENGINES.register("transformers")
+@ENGINES.register("transformers", takes_images=True, tool_engine="transformers-multi-turn")
 def _transformers(parts: EngineParts, settings: None = None):
     from grpokit.errors import ConfigError
     from grpokit.models.loading import is_hf_model
@@ -220,6 +224,19 @@ def _multi_turn(parts: EngineParts, spec: MultiTurnSpec):  # internal: tool_roll
     from grpokit.rollout.multiturn import MultiTurnEngine
 
     return MultiTurnEngine(
+        spec.base,
+        spec.chat,
+        spec.executor,
+        max_tool_calling_iterations=spec.max_tool_calling_iterations,
+        parser=spec.parser,
+    )
+
+
+@ENGINES.register("transformers-multi-turn", internal=True)
+def _transformers_multi_turn(parts: EngineParts, spec: MultiTurnSpec):  # internal: tool_rollouts.py passes its spec
+    from grpokit.rollout.transformers_multiturn import TransformersMultiTurnEngine
+
+    return TransformersMultiTurnEngine(
         spec.base,
         spec.chat,
         spec.executor,

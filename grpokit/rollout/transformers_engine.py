@@ -9,13 +9,29 @@ This engine (``generation.engine: transformers``, chosen by the config when such
 
 Its log-probs are what the learner computes: log softmax(logits / temperature) of the policy at each sampled token,
 taken by one forward pass over the finished rows (beam search has no per-token sampling probability of its own).
+
+Prompts with images (:class:`grpokit.models.vision_inputs.VisionPrompt`) are passed as TRL passes them: each prompt
+repeated G times, the rows' processor inputs batched with them (``pixel_values`` of every row, ``image_grid_thw``,
+``mm_token_type_ids`` left-padded), so a patched or custom ``generate`` sees TRL's batch; the image placeholder
+tokens are never sampled, as in grpokit's sampler.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from grpokit.machine.hardware import autocast
+from grpokit.models.vision_inputs import (
+    batch_inputs,
+    has_images,
+    keep,
+    next_positions,
+    placeholder_ids,
+    prompt_positions,
+    with_positions,
+)
 from grpokit.rollout.engine import SharedWeightsEngine, left_pad
 from grpokit.rollout.types import Rollouts, SamplingParams
 
@@ -29,21 +45,25 @@ class TransformersRolloutEngine(SharedWeightsEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            ids, mask = left_pad(prompt_ids, self.pad_token_id, self.device)  # [B, P]
-            ids, mask = ids.repeat_interleave(num_generations, 0), mask.repeat_interleave(num_generations, 0)
-            seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            rows = [p for p in prompt_ids for _ in range(num_generations)]  # TRL's layout: each prompt G times
+            ids, mask = left_pad(rows, self.pad_token_id, self.device)  # [N, P]
+            extra = batch_inputs(rows, ids.size(1), self.device) if has_images(rows) else {}
+            if extra:  # image placeholders are never sampled (the learner could not run such a completion)
+                suppress = tuple(sorted({*params.suppress_tokens, *placeholder_ids(self.model)}))
+                params = dataclasses.replace(params, suppress_tokens=suppress)
+            seed = int(torch.randint(0, 2**62, (1,), generator=self.generator, device=self.generator.device))
             with torch.random.fork_rng(devices=[]), autocast(self.device, self.autocast_dtype):
                 torch.manual_seed(seed)  # generate draws from the global RNG: one seed per call, from this stream
                 sequences = self.model.generate(
-                    input_ids=ids, attention_mask=mask, generation_config=self.generation_config(params)
+                    input_ids=ids, attention_mask=mask, **extra, generation_config=self.generation_config(params)
                 )
                 completions, lengths, stopped = self._completions(sequences[:, ids.size(1) :], params)
-                logprobs = self._logprobs(ids, mask, completions, params.temperature)  # [N, T]
+                logprobs = self._logprobs(ids, mask, completions, params.temperature, rows if extra else None)
         finally:
             self.model.train(was_training)
         completion_mask = (torch.arange(completions.size(1))[None, :] < lengths[:, None]).float()  # [N, T]
         return Rollouts(
-            prompt_ids=[list(p) for p in prompt_ids],
+            prompt_ids=[keep(p) for p in prompt_ids],  # a VisionPrompt keeps its images
             completion_ids=completions.cpu(),
             completion_mask=completion_mask,
             logprobs=logprobs.cpu() * completion_mask,
@@ -87,13 +107,19 @@ class TransformersRolloutEngine(SharedWeightsEngine):
         keep = torch.arange(width)[None, :] < lengths.cpu()[:, None]
         return tokens.masked_fill(~keep, self.pad_token_id), lengths.cpu(), stopped.cpu()
 
-    def _logprobs(self, ids: torch.Tensor, mask: torch.Tensor, completions: torch.Tensor, temperature: float):
+    def _logprobs(self, ids, mask, completions: torch.Tensor, temperature: float, rows: list | None = None):
         """[N, T] log softmax(logits / temperature) of the policy at each completion token: one forward pass over
-        prompt + completion, keeping only the completion's logits."""
+        prompt + completion, keeping only the completion's logits. ``rows``: the N prompts when they carry images
+        (their pixel inputs and multimodal positions go with the pass), else None."""
         T = completions.size(1)
         full = torch.cat([ids, completions.to(ids.device)], dim=1)  # [N, P+T]
         full_mask = torch.cat([mask, torch.ones_like(completions, device=mask.device)], dim=1)  # [N, P+T]
-        position = (full_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P+T]: left padding does not shift positions
-        out = self.model(input_ids=full, attention_mask=full_mask, position_ids=position, logits_to_keep=T + 1)
+        extra = {} if rows is None else batch_inputs(rows, ids.size(1), ids.device, right=T)
+        if extra:  # M-RoPE's [3, N, P] prompt positions (from the images' grids), then text on every axis
+            prompt = prompt_positions(self.model, ids, mask, extra)
+            position = with_positions(prompt, next_positions(prompt, T))  # [3, N, P+T] or [N, P+T]
+        else:
+            position = (full_mask.cumsum(-1) - 1).clamp(min=0)  # [N, P+T]: left padding does not shift positions
+        out = self.model(input_ids=full, attention_mask=full_mask, position_ids=position, logits_to_keep=T + 1, **extra)
         logits = out.logits[:, :-1].float() / temperature  # [N, T, V]: position t predicts completion token t
         return torch.log_softmax(logits, dim=-1).gather(-1, completions.to(ids.device)[..., None]).squeeze(-1)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from grpokit.compose import build_run
+from grpokit.compose.patched_generate import sample_with_patched_generate
 from grpokit.config import GRPOConfig
 from grpokit.data.prompts import is_streaming
 from grpokit.rewards.judge import ClassifierReward
@@ -238,9 +239,8 @@ class GRPOTrainer(TokenMasks, RunAttributes, CompletionLogs):
         checkpoint folder. An output_dir that holds a run is refused unless told to resume it (or ``overwrite``)."""
         from transformers.trainer_utils import TrainOutput
 
-        resume = None
-        if resume_from_checkpoint:
-            resume = "latest" if resume_from_checkpoint is True else str(resume_from_checkpoint)
+        resume = {False: None, True: "latest"}.get(resume_from_checkpoint or False, str(resume_from_checkpoint))
+        sample_with_patched_generate(self.run)  # model.generate replaced on the instance: sample through it, as TRL
         summary = self.loop.train(resume)
         return TrainOutput(self.loop.step, summary["train_loss"], summary)
 

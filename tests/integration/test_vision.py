@@ -42,7 +42,9 @@ def rows():
     return [{"prompt": chat, "image": Image.new("RGB", (30, 30), rgb), "answer": name} for name, rgb in COLOURS.items()]
 
 
-def train(vlm_dir, tmp_path, **overrides):
+def train(vlm_dir, tmp_path, _spy=None, **overrides):
+    """(trainer, names of the parameters that moved); ``_spy``: a list that gets the keyword arguments of every
+    ``model.generate`` call (the policy's generate wrapped on the instance)."""
     from grpokit.models.vision import load_processor
 
     values = dict(
@@ -59,6 +61,14 @@ def train(vlm_dir, tmp_path, **overrides):
     from transformers import AutoModelForImageTextToText
 
     before = dict(AutoModelForImageTextToText.from_pretrained(vlm_dir).named_parameters())
+    if _spy is not None:
+        real = trainer.model.generate
+
+        def spy(**kwargs):
+            _spy.append(kwargs)
+            return real(**kwargs)
+
+        trainer.model.generate = spy
     trainer.train()
     moved = set()
     for name, p in trainer.model.named_parameters():
@@ -123,19 +133,14 @@ def test_cli_trains_a_vlm_from_a_yaml_config_with_image_files(vlm_dir, tmp_path)
     assert len([s for s in steps if "loss" in s or "train_loss" in s or "reward" in s]) >= 2, steps
 
 
-@pytest.mark.parametrize(
-    ("overrides", "reason"),
-    [
-        ({"generation.engine": "transformers"}, "generation.engine: transformers does not take images"),
-    ],
-)
-def test_sampling_paths_without_images_are_refused_in_one_line(vlm_dir, tmp_path, overrides, reason):
-    from grpokit.errors import ConfigError
-
-    with pytest.raises(ConfigError) as refused:
-        train(vlm_dir, tmp_path, **overrides)
-    message = str(refused.value)
-    assert "\n" not in message and reason in message, message
+def test_the_transformers_engine_trains_a_vlm_with_generate(vlm_dir, tmp_path):
+    """generation.engine: transformers samples the image prompts with model.generate (TRL's batch: each prompt G
+    times with its pixel inputs) and every parameter still moves."""
+    calls = []
+    trainer, moved = train(vlm_dir, tmp_path, _spy=calls, **{"generation.engine": "transformers"})
+    assert len(calls) == 2  # one generate per step: 2 prompts x 4 generations, with every row's pixel inputs
+    assert all(c["input_ids"].size(0) == 8 and c["image_grid_thw"].size(0) == 8 for c in calls)
+    assert moved == {n for n, _ in trainer.model.named_parameters()}
 
 
 def test_a_rollout_func_is_refused_with_images(vlm_dir, tmp_path):
@@ -168,7 +173,6 @@ def test_vllm_is_refused_with_images():
     one = SimpleNamespace(world_size=1)
     cases = [
         (args(), "vllm", one, "generation.engine: vllm does not take images (vLLM: not passed to its multi_modal_data"),
-        (args(), "transformers", one, "generation.engine: transformers does not take images"),
     ]
     for a, engine, procs, reason in cases:
         with pytest.raises(ConfigError, match=reason.replace("(", r"\(").replace(")", r"\)")):

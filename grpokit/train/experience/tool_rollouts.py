@@ -4,9 +4,11 @@
 ``agent`` section into a :class:`ToolSpec` before any model loads: every tool's schema is built and the
 first environment instance made, so a missing docstring or a broken ``reset`` stops the run at once.
 :class:`ToolRollouts` samples a step's rollouts with them: one environment session per rollout (reset with its
-dataset row), a :class:`grpokit.rollout.multiturn.MultiTurnEngine` over the run's HF engine, each group seeded
-on its own (so a resumed run samples the same rollouts); it keeps the step's sessions, whose instances the
-reward functions get as ``environments``.
+dataset row), a :class:`grpokit.rollout.multiturn.MultiTurnEngine` over the run's HF engine (with
+``generation.engine: transformers``
+:class:`grpokit.rollout.transformers_multiturn.TransformersMultiTurnEngine`, TRL's round loop of generate calls:
+the engine entry's ``tool_engine``), each group seeded on its own (so a resumed run samples the same rollouts); it
+keeps the step's sessions, whose instances the reward functions get as ``environments``.
 """
 
 from __future__ import annotations
@@ -162,9 +164,16 @@ class ToolRollouts:
     ``sessions``: the environment session of each rollout of the last batch (empty without environments)."""
 
     def __init__(
-        self, spec: ToolSpec, engine: HFRolloutEngine, tokenizer: Any, prompt_column: str, template_kwargs=None
+        self,
+        spec: ToolSpec,
+        engine: HFRolloutEngine,
+        tokenizer: Any,
+        prompt_column: str,
+        template_kwargs=None,
+        tool_engine: str = "multi-turn",
     ):
-        """``template_kwargs``: apply_chat_template's keywords for every rendering (TRL's chat_template_kwargs)."""
+        """``template_kwargs``: apply_chat_template's keywords for every rendering (TRL's chat_template_kwargs);
+        ``tool_engine``: the internal engine that runs the rounds over ``engine`` (``rollout.engines``)."""
         self.spec, self.prompt_column = spec, prompt_column
         template_kwargs = dict(template_kwargs or {})
         try:
@@ -180,9 +189,16 @@ class ToolRollouts:
         except ToolError as exc:
             raise ConfigError(f"agent: {exc}") from exc
         settings = MultiTurnSpec(engine, chat, self._executor(), spec.max_tool_calling_iterations, spec.parser)
-        self.engine: MultiTurnEngine = get_engine("multi-turn").build(None, settings)
+        self.engine: MultiTurnEngine = get_engine(tool_engine).build(None, settings)
         self.sessions: list = []
         self.closed = False
+
+    def use_engine(self, tool_engine: str, base: Any) -> None:
+        """Run the rounds with the internal engine ``tool_engine`` over ``base`` from now on (the same chat, tool
+        executor, parser and rounds): transformers' generate for a GRPOTrainer whose model's generate was replaced."""
+        old = self.engine
+        settings = MultiTurnSpec(base, old.chat, old.executor, old.max_tool_calling_iterations, old.parser)
+        self.engine = get_engine(tool_engine).build(None, settings)
 
     def _executor(self) -> ToolExecutor:
         spec = self.spec
