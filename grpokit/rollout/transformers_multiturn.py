@@ -19,7 +19,8 @@ A tool that returns images (with a vision-language model's processor: docs/visio
 its round's suffix carries the images' placeholders and pixel inputs (:class:`grpokit.tools.ToolLoop`), the rows'
 next generate call gets them as TRL passes them (pixel inputs of the call's rows concatenated, image-token type ids),
 the log-prob forward too, and the Rollouts carry them per completion (``completion_pixels`` ...), as grpokit's own
-multi-turn engine fills them.
+multi-turn engine fills them. A prompt with images: every call and forward of its rows gets the prompt's pixel inputs
+(``VisionPrompt.pixels``) before its tools' images, in the order of the row's image placeholders.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from grpokit.rollout.engine import left_pad
 from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
 from grpokit.rollout.types import Rollouts, SamplingParams
+from grpokit.rollout.vision_rows import prompt_pixels
 from grpokit.tools.conversation import ConversationTokens
 from grpokit.tools.environment import EnvironmentSession
 from grpokit.tools.executor import ToolExecutor
@@ -115,7 +117,8 @@ class TransformersMultiTurnEngine(MultiTurnEngine):
         stops = sorted({self.chat.end_of_turn, *engine.eos_token_ids})
         budgets = [loop.remaining(rollouts[i]) for i in active]
         ids, mask = left_pad([rollouts[i].conversation.ids for i in active], engine.pad_token_id, engine.device)
-        images = [list(rollouts[i].conversation.pixels) for i in active]  # each row's tool images, in order
+        # each row's images in placeholder order: its prompt's pixel inputs (VisionPrompt.pixels), then its tools'
+        images = [[prompt_pixels(rollouts[i]), *rollouts[i].conversation.pixels] for i in active]
         config = engine.generation_config(dataclasses.replace(params, max_completion_length=max(budgets)))
         config.eos_token_id = stops  # a turn ends at the chat's end of turn too
         seed = int(torch.randint(0, 2**62, (1,), generator=stream, device=stream.device))
@@ -140,7 +143,7 @@ class TransformersMultiTurnEngine(MultiTurnEngine):
         ``attention_mask``, the rows' image inputs concatenated in row order and the image-token type ids
         (``mm_token_type_ids`` / ``token_type_ids``, 1 on image placeholders); no positions (generate makes the
         model's own)."""
-        if not any(images):
+        if not any(p for row in images for p in row):
             return {"input_ids": ids, "attention_mask": mask}
         inputs = conversation_inputs(self.engine.model, ids, mask, images)
         inputs.pop("position_ids")
@@ -148,9 +151,9 @@ class TransformersMultiTurnEngine(MultiTurnEngine):
 
     def _logprobs(self, ids, mask, turns: torch.Tensor, temperature: float, images: list[list[dict]]):
         """[A, T] log softmax(logits / temperature) of the policy at each turn token: the engine's forward over
-        conversation + turn, or for rows with tool images one forward with their pixel inputs and the model's own
-        positions over the whole sequence (images may lie anywhere in it)."""
-        if not any(images):
+        conversation + turn, or for rows with images (the prompt's, the tools') one forward with their pixel inputs and
+        the model's own positions over the whole sequence (images may lie anywhere in it)."""
+        if not any(p for row in images for p in row):
             return self.engine._logprobs(ids, mask, turns, temperature)
         T = turns.size(1)
         full = torch.cat([ids, turns.to(ids.device)], dim=1)  # [A, L+T]

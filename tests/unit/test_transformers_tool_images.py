@@ -59,3 +59,53 @@ def test_tool_images_reach_generate_and_the_rollouts():
     expected = own_forward(model, processor, rollouts)  # [N, T]
     sampled = rollouts.loss_mask.bool()
     torch.testing.assert_close(rollouts.logprobs[sampled], expected[sampled], atol=1e-5, rtol=0)
+
+
+def test_prompt_images_and_tool_images_reach_generate_in_placeholder_order():
+    """Prompts with images and a tool that returns one, through TRL's round loop: every generate call gets each row's
+    prompt pixel inputs (VisionPrompt.pixels) then its tools', in the order of the row's image placeholders, and
+    the log-probs equal the model's own forward over prompt and tool images to 1e-5 in float32."""
+    from PIL import Image
+
+    from grpokit.testing.tiny_vlm import build_tiny_qwen2_vl
+
+    model, tokenizer, images = build_tiny_qwen2_vl(words=WORDS, image_side=56)  # 4 image tokens an image
+    model = model.float().eval()
+    processor = make_processor("qwen2_vl", images, tokenizer)
+    chat = ConversationTokens(processor.tokenizer, processor=processor)
+    engine = TransformersRolloutEngine(
+        model, [tokenizer.eos_token_id, chat.end_of_turn], tokenizer.pad_token_id, torch.device("cpu"), seed=1
+    )
+    picture = lambda rgb: {"type": "image", "image": Image.new("RGB", (30, 40), rgb)}
+    prompts = [
+        [{"role": "user", "content": [picture((9, 9, 9)), {"type": "text", "text": "colour ?"}]}],
+        [{"role": "user", "content": [picture((200, 0, 90)), picture((0, 90, 200)), {"type": "text", "text": "?"}]}],
+    ]
+    calls, rows, real = [], [], model.generate
+    model.generate = lambda **kwargs: calls.append(kwargs) or real(**kwargs)
+    try:
+        with ToolExecutor([screenshot], isolation="thread") as executor:
+            multi = TransformersMultiTurnEngine(engine, chat, executor, max_tool_calling_iterations=2, parser=parser)
+            multi.on_generate = rows.append  # the rollouts each call sampled, in row order
+            rollouts = multi.generate(prompts, 3, SamplingParams.plain(60))
+    finally:
+        del model.generate
+    assert [len(p.image_hashes) for p in rollouts.prompt_ids] == [1, 2]
+    counts = [len(h) for h in rollouts.completion_image_hashes]
+    assert max(counts) >= 1 and len(calls) >= 2, counts  # some row had a tool show an image
+    image_id = model.config.image_token_id
+    assert rows[0] == list(range(6))
+    for call, active in zip(calls, rows):
+        ids = call["input_ids"]
+        assert torch.equal(call["mm_token_type_ids"], (ids == image_id).long() * call["attention_mask"])
+        expected = []  # each row: its prompt's patches, then its tools' so far (one merged token per 4 patches)
+        for k, n in enumerate(active):
+            prompt = rollouts.prompt_ids[n // 3].pixels["pixel_values"]
+            tools = rollouts.completion_pixels[n]
+            mine = torch.cat([prompt, tools["pixel_values"]]) if tools is not None else prompt
+            expected.append(mine[: int((ids[k] == image_id).sum()) * 4])
+        assert int((ids[0] == image_id).sum()) >= 4 and "position_ids" not in call
+        torch.testing.assert_close(call["pixel_values"], torch.cat(expected), atol=0, rtol=0)
+    expected = own_forward(model, processor, rollouts, prompts)  # [N, T]: prompt images and tool images
+    sampled = rollouts.loss_mask.bool()
+    torch.testing.assert_close(rollouts.logprobs[sampled], expected[sampled], atol=1e-5, rtol=0)
