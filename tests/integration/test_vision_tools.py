@@ -98,3 +98,33 @@ def test_prompts_with_images_train_with_tools(vlm_dir, tmp_path):
     for r, t in zip(stored, tools):
         assert [sha for turn in r["conversation"]["turns"] for sha in turn.get("images", ())] == t
     assert (run / "images" / f"{image_hash(photo)}.png").is_file()
+
+
+def test_prompts_with_images_and_tools_sample_through_a_patched_generate(vlm_dir, tmp_path, capsys):
+    """TRL's way (``patch.object(trainer.model, "generate", ...)``, generation.engine: transformers from then on)
+    with prompt images and an image tool: every generate call gets one image grid per image span of its rows (the
+    prompt's first, then the tools'), so the prompt's image reaches generate, and the run trains and stores it."""
+    from unittest.mock import patch
+
+    from grpokit.compose.patched_generate import NOTE
+
+    run = tmp_path / "run"
+    photo = Image.new("RGB", (20, 20), (9, 90, 9))
+    rows = [{"prompt": [{"role": "user", "content": "colour ?"}], "image": photo}] * 2
+    trainer = trainer_for(vlm_dir, run, rows, max_steps=1)
+    real, grids, image_id = trainer.model.generate, [], trainer.model.config.image_token_id
+
+    def counted(**kwargs):
+        ids = kwargs["input_ids"]  # [R, L]: count the rows' image spans (a placeholder run) against the grids
+        starts = (ids == image_id) & ~torch.nn.functional.pad(ids == image_id, (1, -1), value=False)
+        grids.append((int(starts.sum()), kwargs["image_grid_thw"].size(0), ids.size(0)))
+        return real(**kwargs)
+
+    with patch.object(trainer.model, "generate", side_effect=counted):
+        trainer.train()
+    assert capsys.readouterr().err.count(NOTE) == 1
+    assert grids[0] == (8, 8, 8) and len(grids) >= 2  # 2 prompts x 4 generations, one photo each; then tool rounds
+    assert all(spans == shown > rows_ for spans, shown, rows_ in grids[1:])  # the photo and >= 1 tool image a row
+    with RolloutStore(run, readonly=True) as store:
+        stored = store.rollouts()
+    assert all(r["images"][0] == image_hash(photo) for r in stored) and any(r["images"][1:] for r in stored)
