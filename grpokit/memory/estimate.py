@@ -93,7 +93,8 @@ class MemoryInputs:
     load_in_4bit: bool
     mixed: bool = False  # the update runs under bf16 autocast
     sampling_bf16: bool = False  # the sampler runs in bf16 (a CPU may sample in another dtype than it learns in)
-    lean_mlp: bool = False  # the learner's float32 passes run the lean MLP (kernels/lean_mlp.py)
+    lean_mlp: bool = False  # the learner's passes run the lean MLP (kernels/lean_mlp.py; under autocast on CPU only)
+    lean_norm: bool = False  # the learner's passes run the lean RMSNorm (kernels/lean_norm.py)
     lora: bool = False  # LoRA adapters train (the reference is the base with adapters off)
     reference: bool = False  # a frozen reference copy is held (beta > 0 without LoRA)
     reference_synced: bool = False  # ref_model_sync_steps: the copy stays in the weights' dtype under autocast
@@ -184,7 +185,9 @@ def memory_estimate(x: MemoryInputs) -> MemoryEstimate:
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
     # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's
     # adapters besides
-    casts = (s.linear - quantised + (trainable if x.lora else 0)) * 2 if x.mixed else 0
+    # (not the MLPs' through the lean MLP: it casts them again in the backward)
+    lean_cast = 3 * s.hidden_size * s.intermediate_size * s.layers if x.lean_mlp else 0
+    casts = (s.linear - quantised - lean_cast + (trainable if x.lora else 0)) * 2 if x.mixed else 0
     head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * s.vocab_size) * 4  # two float32 chunks of logits at a time
     return MemoryEstimate(
         parameters=s.parameters,
@@ -227,6 +230,6 @@ def activation_bytes_per_token(x: MemoryInputs, compute: int, rows: int) -> int:
     T, context = x.completion_tokens, x.prompt_tokens + x.completion_tokens
     plain = x.device_type == "cpu" and not x.gradient_checkpointing and rows * heads * T * context * 4 <= PROBS_BUDGET
     probs = heads * context * (6 if compute == 2 else 4) * plain
-    if compute == 2:
-        return 33 * h + 7 * i + probs
+    if compute == 2:  # the lean norms keep x, not x * rsqrt (2 x 4 h); the lean MLP x's cast once, gate and up
+        return 33 * h + 7 * i - (8 * h if x.lean_norm else 0) - (2 * h + 4 * i if x.lean_mlp else 0) + probs
     return 39 * h + (6 if x.lean_mlp else 14) * i + probs
