@@ -185,9 +185,7 @@ def memory_estimate(x: MemoryInputs) -> MemoryEstimate:
     kept_logits = logits if logits <= SAVED_LOGITS_BYTES else 0
     # every Linear's bf16 weight is saved for the backward (frozen ones too: the input's gradient needs it), LoRA's
     # adapters besides
-    # (not the MLPs' through the lean MLP: it casts them again in the backward)
-    lean_cast = 3 * s.hidden_size * s.intermediate_size * s.layers if x.lean_mlp else 0
-    casts = (s.linear - quantised - lean_cast + (trainable if x.lora else 0)) * 2 if x.mixed else 0
+    casts = (s.linear - quantised + (trainable if x.lora else 0)) * 2 if x.mixed else 0
     head_chunks = 2 * min(CHUNK_ELEMENTS, mb * T * s.vocab_size) * 4  # two float32 chunks of logits at a time
     return MemoryEstimate(
         parameters=s.parameters,

@@ -114,8 +114,8 @@ def test_under_cpu_autocast_gradients_are_the_modules_within_bf16_without_the_ca
     # per token and layer the module under bf16 autocast keeps x cast twice (for gate and for up: 2 x 32 x 2 B),
     # gate, silu(gate), up and their product (4 x 80 x 2 B); the lean MLP x's cast once, gate and up:
     # 32 x 2 + 2 x 80 x 2 = 384 B less per token and layer, over 30 tokens (the test above) and 2 layers: 23,040 B.
-    # Autocast's bf16 casts of the 3 weights (32 x 80 each) are kept by the module, cast again in the backward by the
-    # lean MLP: 2 layers x 3 x 2,560 x 2 B = 30,720 B
+    # Autocast's bf16 casts of the 3 weights (32 x 80 each: 2 layers x 3 x 2,560 x 2 B = 30,720 B) are saved by the
+    # module, taken from autocast's cache again by the lean MLP: not counted here, still held in memory by the cache
     assert spared == 30 * 2 * 384 + 2 * 3 * 32 * 80 * 2
 
 
