@@ -21,7 +21,9 @@ architecture on the meta device, :mod:`grpokit.memory.shape`; the run's sizes an
                  for the whole run (its scoring passes' activations are not counted)
     micro-batch  one micro-batch of the update:
                  saved activations  tokens x layers x a, per token and layer a = 33 h + 7 i (+ 6 heads c)
-                                    bytes under bf16 autocast, 39 h + 14 i (+ 4 heads c) in one dtype,
+                                    bytes under bf16 autocast (8 h less through the lean RMSNorms, 2 h
+                                    + 4 i less through the lean MLP on CPU), 39 h + 14 i (+ 4 heads c)
+                                    in one dtype (the lean norms counted in),
                                     8 i less through the lean float32 MLP (h hidden, i MLP width; the
                                     heads x c term, c the context, while the plain CPU attention keeps
                                     its probabilities); tokens = completions x T
