@@ -8,7 +8,7 @@ gradients of the previous repetition freed (as ``zero_grad(set_to_none=True)`` d
 
 - ``new``: ``Kernels.select`` for this CPU (``GRPOKIT_CPU_CAPS`` restricts it);
 - ``no_<flag>``: the same with one learner kernel turned to its plain version (``fused_head``,
-  ``sparse_embedding_grad``, ``small_attention``);
+  ``sparse_embedding_grad``, ``small_attention``, ``lean_mlp``, ...; ``no_<flag>+<flag>`` for several);
 - ``head@<commit>``: the fused head's module as it was at ``<commit>`` (read with ``git show``), the rest unchanged.
 
 Simulate an AVX2-only CPU on a bigger one with::
@@ -102,7 +102,7 @@ def variant_kernels(name: str, base):
     if name == "new":
         return base
     if name.startswith("no_"):
-        return dataclasses.replace(base, **{name[3:]: False})
+        return dataclasses.replace(base, **dict.fromkeys(name[3:].split("+"), False))  # no_a+b: both plain
     if name.startswith("head@"):
         return OldHeadKernels(base, head_at(name[5:]))
     raise SystemExit(f"unknown variant {name!r}: new, no_<kernel flag>, head@<commit>")
@@ -111,12 +111,16 @@ def variant_kernels(name: str, base):
 def one(model, batch, advantages, kernels):
     """(forward s, backward s, grads) of one learner-shaped forward + backward."""
 
+    import torch
+
     from grpokit.train.learning.policy_logprobs import completion_logprobs
 
     for p in model.parameters():
         p.grad = None
     t0 = time.perf_counter()
-    logprobs, _ = completion_logprobs(model, batch, 1.0, with_entropy=True, kernels=kernels)
+    dtype = kernels.autocast_dtype  # --autocast: the forward under it, the backward outside, as the learner runs them
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        logprobs, _ = completion_logprobs(model, batch, 1.0, with_entropy=True, kernels=kernels)
     loss = -(logprobs * advantages[:, None] * batch.completion_mask).sum() / batch.completion_mask.sum()
     t1 = time.perf_counter()
     loss.backward()
@@ -133,6 +137,11 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4, help="prompts of 8 completions per pass (default 4: 32 rows)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument(
+        "--autocast",
+        action="store_true",
+        help="float32 weights, the forward under bf16 autocast (the learner's way on a bf16 CPU)",
+    )
     a = p.parse_args()
     import torch
 
@@ -150,7 +159,7 @@ def main() -> None:
     dtype = getattr(torch, a.dtype)
     model = build(a.layers, dtype)
     batch, advantages = make_batch(model.config.vocab_size, a.prompts, vs_trl.PROMPT_TOKENS, 64)
-    base = Kernels.select(torch.device("cpu"), None, caps)
+    base = Kernels.select(torch.device("cpu"), torch.bfloat16 if a.autocast else None, caps)
     names = a.variants.split(",")
     variants = {name: variant_kernels(name, base) for name in names}
     times = {name: ([], []) for name in names}

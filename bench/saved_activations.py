@@ -45,7 +45,8 @@ def saved_by_line(model, batch, kernels) -> collections.Counter:
         lines[(where, tuple(t.shape))] += storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    autocast = torch.autocast("cpu", dtype=kernels.autocast_dtype, enabled=kernels.autocast_dtype is not None)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
         completion_logprobs(model, batch, 1.0, with_entropy=True, kernels=kernels)
     return lines
 
@@ -57,6 +58,11 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--top", type=int, default=12, help="lines printed per variant")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="under bf16 autocast, as the learner on a bf16 CPU (the weights' casts autocast keeps are counted too)",
+    )
     args = p.parse_args()
 
     import torch
@@ -67,8 +73,9 @@ def main() -> None:
     model = backward_ab.build(args.layers, torch.float32)
     prompt = backward_ab.vs_trl.PROMPT_TOKENS
     batch, _ = backward_ab.make_batch(model.config.vocab_size, args.prompts, prompt, 64)
-    base = Kernels.select(torch.device("cpu"), None)
-    print(f"{args.layers} layers, float32, {len(batch)} rows of {prompt}-token prompts and up to 64 completion tokens")
+    base = Kernels.select(torch.device("cpu"), torch.bfloat16 if args.bf16 else None)
+    how = "bf16 autocast" if args.bf16 else "float32"
+    print(f"{args.layers} layers, {how}, {len(batch)} rows of {prompt}-token prompts and up to 64 completion tokens")
     totals = {}
     for name in args.variants.split(","):
         lines = saved_by_line(model, batch, backward_ab.variant_kernels(name, base))

@@ -42,7 +42,9 @@ def memory_inputs(cfg: GRPOConfig, model: torch.nn.Module, device: torch.device 
         backward_chunk_rows=cfg.backward_chunk_rows,
         mixed=chosen.learning is not None,
         sampling_bf16=chosen.sampling is not None,
-        lean_mlp=lean_mlp_applies(cfg, model.config),
+        # under autocast the lean MLP runs on CPU only (kernels/lean_mlp.py)
+        lean_mlp=lean_mlp_applies(cfg, model.config) and (chosen.learning is None or device.type == "cpu"),
+        lean_norm=getattr(model.config, "model_type", None) in LEAN_MLP_TYPES and not cfg.gradient_checkpointing,
         gradient_checkpointing=cfg.gradient_checkpointing,
         load_in_4bit=cfg.load_in_4bit,
         lora=cfg.lora.r > 0,

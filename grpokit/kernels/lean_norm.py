@@ -1,4 +1,5 @@
-"""The RMSNorm of Llama-family models keeping only its input for the backward, for float32 training passes.
+"""The RMSNorm of Llama-family models keeping only its input for the backward, for training passes over a float32
+residual stream (float32, or under autocast, which leaves the norm's elementwise ops in float32).
 
 Through the Hugging Face module, ``weight * (x * rsqrt(mean(x^2) + eps))`` keeps x and the normalised
 ``x * rsqrt(...)`` for the backward, both as wide as the hidden state: per decoder layer two norms, so 2 x h
@@ -9,7 +10,7 @@ Every op, forward and backward, is the one autograd runs through the module (the
 gradients are bitwise the module's.
 
 Where: :func:`lean_norms` switches the RMSNorms of a Llama, Qwen2, Qwen3 or Mistral model for a block, for
-calls that autograd records in float32 (under autocast, or in another dtype, the module runs). Modules of
+calls that autograd records on a float32 x, with or without autocast (in another dtype the module runs). Modules of
 other classes, with a forward of their own, or under activation checkpointing keep the module's forward.
 """
 
@@ -60,7 +61,8 @@ def _lean_forward(norm: torch.nn.Module):
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         recorded = torch.is_grad_enabled() and (x.requires_grad or norm.weight.requires_grad)
-        if not recorded or torch.is_autocast_enabled(x.device.type) or x.dtype != torch.float32:
+        # under autocast too: the module's ops on a float32 x are float32 ones (autocast casts matmuls' inputs only)
+        if not recorded or x.dtype != torch.float32:
             return own(x)
         return LeanRMSNorm.apply(x, x, norm.weight, norm.variance_epsilon)
 

@@ -39,8 +39,8 @@ FAST_PATHS = {
     "packed_linears": "oneDNN-packed weights for sampling",
     "preallocated_kv_cache": "preallocated KV cache",
     "small_attention": "plain attention for small learner calls",
-    "lean_mlp": "gated MLP keeping only its inputs for the backward (float32)",
-    "lean_norm": "RMSNorm keeping only its input for the backward (float32)",
+    "lean_mlp": "gated MLP keeping only its inputs for the backward (float32; bf16 autocast on CPU)",
+    "lean_norm": "RMSNorm keeping only its input for the backward (float32 residual stream)",
     "fused_head": "fused LM head",
     "sparse_embedding_grad": "sparse embedding gradients",
     "reference_in_autocast_dtype": "reference Linear weights in the autocast dtype",
@@ -60,8 +60,10 @@ class Kernels:
       preallocated_kv_cache: a KV cache allocated once per generation (kernels/kv_cache.py)
     Log-prob passes and training (``train.learning.policy_logprobs``, ``train.learning.learner.Learner``):
       small_attention: plain attention for small CPU calls instead of SDPA (kernels/attention.py)
-      lean_mlp: Llama-family MLPs saving x, gate and up for the backward in float32 (kernels/lean_mlp.py)
-      lean_norm: Llama-family RMSNorms saving x and its rsqrt for the backward in float32 (kernels/lean_norm.py)
+      lean_mlp: Llama-family MLPs saving x, gate and up for the backward, in float32 or under CPU autocast
+        (kernels/lean_mlp.py)
+      lean_norm: Llama-family RMSNorms saving x and its rsqrt for the backward, on a float32 residual stream with
+        or without autocast (kernels/lean_norm.py)
       fused_head: LM head and log-softmax fused, no [N, T, V] float32 logits (kernels/fused_head.py)
       sparse_embedding_grad: a sparse gradient for the token embedding (kernels/sparse_embedding.py)
       reference_in_autocast_dtype: the frozen reference's Linear weights stored in the autocast dtype

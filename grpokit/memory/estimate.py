@@ -21,7 +21,9 @@ architecture on the meta device, :mod:`grpokit.memory.shape`; the run's sizes an
                  for the whole run (its scoring passes' activations are not counted)
     micro-batch  one micro-batch of the update:
                  saved activations  tokens x layers x a, per token and layer a = 33 h + 7 i (+ 6 heads c)
-                                    bytes under bf16 autocast, 39 h + 14 i (+ 4 heads c) in one dtype,
+                                    bytes under bf16 autocast (8 h less through the lean RMSNorms, 2 h
+                                    + 4 i less through the lean MLP on CPU), 39 h + 14 i (+ 4 heads c)
+                                    in one dtype (the lean norms counted in),
                                     8 i less through the lean float32 MLP (h hidden, i MLP width; the
                                     heads x c term, c the context, while the plain CPU attention keeps
                                     its probabilities); tokens = completions x T
@@ -93,7 +95,8 @@ class MemoryInputs:
     load_in_4bit: bool
     mixed: bool = False  # the update runs under bf16 autocast
     sampling_bf16: bool = False  # the sampler runs in bf16 (a CPU may sample in another dtype than it learns in)
-    lean_mlp: bool = False  # the learner's float32 passes run the lean MLP (kernels/lean_mlp.py)
+    lean_mlp: bool = False  # the learner's passes run the lean MLP (kernels/lean_mlp.py; under autocast on CPU only)
+    lean_norm: bool = False  # the learner's passes run the lean RMSNorm (kernels/lean_norm.py)
     lora: bool = False  # LoRA adapters train (the reference is the base with adapters off)
     reference: bool = False  # a frozen reference copy is held (beta > 0 without LoRA)
     reference_synced: bool = False  # ref_model_sync_steps: the copy stays in the weights' dtype under autocast
@@ -227,6 +230,6 @@ def activation_bytes_per_token(x: MemoryInputs, compute: int, rows: int) -> int:
     T, context = x.completion_tokens, x.prompt_tokens + x.completion_tokens
     plain = x.device_type == "cpu" and not x.gradient_checkpointing and rows * heads * T * context * 4 <= PROBS_BUDGET
     probs = heads * context * (6 if compute == 2 else 4) * plain
-    if compute == 2:
-        return 33 * h + 7 * i + probs
+    if compute == 2:  # the lean norms keep x, not x * rsqrt (2 x 4 h); the lean MLP x's cast once, gate and up
+        return 33 * h + 7 * i - (8 * h if x.lean_norm else 0) - (2 * h + 4 * i if x.lean_mlp else 0) + probs
     return 39 * h + (6 if x.lean_mlp else 14) * i + probs

@@ -206,6 +206,12 @@ NOT_RUNNABLE = {
         "two 494M-parameter runs: ~20 min, ~14 GB"
     ),
     "python bench/heap_steps.py --shape qwen0.5b --steps 3": "3 steps of a 494M-parameter model: ~7 min, ~13 GB",
+    "python bench/vs_trl.py --shapes qwen0.5b --configs grpokit@4a363ba,grpokit@1c4abf3 --steps 2": (
+        "two 494M-parameter runs: ~15-30 min under load, ~14 GB"
+    ),
+    "python bench/backward_ab.py --autocast --layers 2 --reps 4 --variants new,no_lean_mlp+lean_norm": (
+        "a 152k-vocabulary model's forward and backward, eight times: ~10 min under load, ~3 GB"
+    ),
     "python bench/saved_activations.py --layers 24 --variants new,no_lean_norm,no_small_attention": (
         "a 494M-parameter model's forward, three times: ~2 min, ~8 GB"
     ),

@@ -83,16 +83,18 @@ def test_parts_by_hand_bf16_autocast(config_dir, monkeypatch):
     m = estimate_memory(_cfg(config_dir), build_meta_model(str(config_dir)), CPU)
     assert m.weights == 25152 and m.gradients == 25152  # float32 master weights
     assert m.reference == 4608 * 2 + (6288 - 4608) * 4 == 15936  # untied Linears stored in bf16, the rest float32
-    # per token and layer 33 * 16 + 7 * 32 + 6 * 2 * 16 = 528 + 224 + 192 = 944 B: 68 * 2 * 944 = 128384; logits in bf16
-    # 8 * 6 * 100 * 2 = 9600; head chunks 38400; casts of every trainable Linear weight: (4608 + 1600) * 2 = 12416
-    assert m.micro_batch == 128384 + 9600 + 38400 + 12416
+    # per token and layer 33 * 16 + 7 * 32 + 6 * 2 * 16 = 528 + 224 + 192 = 944 B, less the lean norms' 8 * 16 = 128
+    # and the lean MLP's 2 * 16 + 4 * 32 = 160: 656 B, 68 * 2 * 656 = 89216; logits in bf16 8 * 6 * 100 * 2 = 9600;
+    # head chunks 38400; casts of every trainable Linear weight: (4608 + 1600) * 2 = 12416
+    assert m.micro_batch == 89216 + 9600 + 38400 + 12416
     # the KV cache stays float32 under autocast; the fused copies are bf16
     assert m.generation == 32768 + 6208 * 2
     ref_sync = estimate_memory(_cfg(config_dir, ref_model_sync_steps=10), build_meta_model(str(config_dir)), CPU)
     assert ref_sync.reference == 25152  # mixed with the policy: kept float32
     lora = estimate_memory(_cfg(config_dir, lora={"r": 2}), build_meta_model(str(config_dir)), CPU)
-    # frozen Linear weights are cast too (saved for the input's gradient), plus the 1024 adapter weights (next test)
-    assert lora.micro_batch == 128384 + 9600 + 38400 + (6208 + 1024) * 2
+    # frozen Linear weights are cast too (saved for the input's gradient), plus the 1024 adapter weights (next test);
+    # LoRA on the MLPs keeps the module's MLP: 944 - 128 = 816 B per token and layer, 68 * 2 * 816 = 110976
+    assert lora.micro_batch == 110976 + 9600 + 38400 + (6208 + 1024) * 2
     # learning in float32, sampling in bf16 (measured apart): the float32 micro-batch, bf16 fused copies
     monkeypatch.setattr(memory, "run_compute", lambda *a, **k: RunCompute(None, torch.bfloat16))
     split = estimate_memory(_cfg(config_dir), build_meta_model(str(config_dir)), CPU)
@@ -135,8 +137,9 @@ def test_qlora_weights_by_hand(config_dir, monkeypatch):
     assert m.generation == 32768  # the KV cache only: 4-bit layers decode through the HF forward, no fused copies
     monkeypatch.setattr(memory, "run_compute", lambda *a, **k: RunCompute(torch.bfloat16, torch.bfloat16))
     mixed = estimate_memory(qlora, build_meta_model(str(config_dir)), CPU)
-    # bf16 casts saved for the backward: the tied head (1600) and the adapters (1024); 4-bit layers save 4-bit weights
-    assert mixed.micro_batch == 128384 + 9600 + 38400 + (1600 + 1024) * 2
+    # bf16 casts saved for the backward: the tied head (1600) and the adapters (1024); 4-bit layers save 4-bit weights;
+    # the module's MLP (4-bit), the lean norms: 816 B per token and layer (test_parts_by_hand_bf16_autocast)
+    assert mixed.micro_batch == 110976 + 9600 + 38400 + (1600 + 1024) * 2
 
 
 def test_qlora_weights_match_a_trainers_tensors(word_prompts, tmp_path):
