@@ -169,5 +169,26 @@ def test_a_worker_killed_mid_chunk_is_replaced_and_its_chunk_rerun(vlm_dir, stra
     t.train()
     assert armed and not flag.exists()  # set, and a worker ran into it and died
     restarts = [m["rollout_worker_restarts"] for m in logged_steps(run)]
-    assert restarts[0] == 0 and restarts[-1] == 1 and restarts == sorted(restarts), restarts
+    assert restarts[0] == 0 and restarts[-1] == 1 and restarts == sorted(restarts), restarts  # each death once
     assert_same_run(straight[0], run)  # the re-run chunk: the same completions by the same version
+
+
+class Exits:
+    def exit(self):
+        os._exit(1)
+
+
+def test_a_dead_workers_error_names_it_and_not_its_replacement():
+    """Sampling ahead, a dead worker's chunks of two steps both fail: only the error of the slot's current worker
+    replaces it (died_here), so the replacement is not killed in turn (restarts count each death once)."""
+    from ray.exceptions import RayActorError
+
+    from grpokit.distributed.ray_rollout import died_here
+
+    actor = ray.remote(num_cpus=0)(Exits)
+    dead, replacement = actor.remote(), actor.remote()
+    with pytest.raises(RayActorError) as caught:
+        ray.get(dead.exit.remote())
+    assert died_here(caught.value, dead) and not died_here(caught.value, replacement)
+    assert died_here(RayActorError(), replacement)  # an error naming no actor: its slot's worker is replaced
+    ray.kill(replacement)
