@@ -299,11 +299,12 @@ class RayRolloutEngine:
             try:
                 results[chunk], gap = ray.get(ready[0])
             except (RayActorError, ActorDiedError, ActorUnavailableError) as error:
-                message = f"grpokit: rollout worker {worker} died and is replaced, its chunk re-run: {why(error)}"
-                warnings.warn(message, stacklevel=2)
-                ray.kill(self.workers[worker], no_restart=True)
-                self.workers[worker] = self._spawn()
-                self.restarts += 1
+                if died_here(error, self.workers[worker]):  # not a worker that an earlier collect replaced
+                    message = f"grpokit: rollout worker {worker} died and is replaced, its chunk re-run: {why(error)}"
+                    warnings.warn(message, stacklevel=2)
+                    ray.kill(self.workers[worker], no_restart=True)
+                    self.workers[worker] = self._spawn()
+                    self.restarts += 1
                 refs[self._redo(pending, chunk)] = (chunk, worker)
                 continue
             self._count_gaps(gap if isinstance(gap, tuple) else (gap, None))
@@ -337,6 +338,14 @@ class RayRolloutEngine:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+
+
+def died_here(error: BaseException, actor) -> bool:
+    """Whether ``error`` reports the death of ``actor`` (a slot's current worker) rather than of the worker it replaced.
+    Sampling ahead, one worker holds chunks of two steps; when it dies both fail, and only the first collect replaces
+    it: the second re-runs its chunk on the replacement instead of killing it too. An error naming no actor counts."""
+    dead = getattr(error, "actor_id", None)
+    return dead is None or dead == actor._actor_id.hex()
 
 
 def why(error: BaseException) -> str:
