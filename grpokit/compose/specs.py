@@ -143,6 +143,8 @@ def loop_spec(args: GRPOConfig, world_size: int) -> LoopSpec:
         merge_on_save=args.merge_on_save,
         eval_dataset=args.eval_dataset,
         token_values=args.run.kept_token_values(),
+        log_completions=bool(args.log_completions),
+        log_multimodal=bool(args.log_multimodal),
         hub=HubSpec(
             model_id=args.hub_model_id,
             token=args.hub_token,

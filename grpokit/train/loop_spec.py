@@ -14,7 +14,8 @@ class LoopSpec:
     """The loop's own settings, built once by :func:`grpokit.compose.specs.loop_spec`. ``algo``: the algorithm's
     section, read by its advantages; ``rewards_on_main``: Ray reward workers (rank 0 scores every rank's rows);
     ``save_at_end``: save_strategy is not no; ``token_values``: the per-token values the store keeps
-    (``store.settings.StoreSettings.kept_token_values``; empty: none)."""
+    (``store.settings.StoreSettings.kept_token_values``; empty: none); ``log_completions`` / ``log_multimodal``: the
+    tracking settings GRPOTrainer's ``_logs`` follows."""
 
     model_name_or_path: str | None
     dtype: str
@@ -34,3 +35,5 @@ class LoopSpec:
     save_at_end: bool = True
     hub: HubSpec | None = None
     token_values: tuple[str, ...] = ()
+    log_completions: bool = False  # TRL's trainer._logs is filled from each step's records (grpokit.trl)
+    log_multimodal: bool = True  # ... with each prompt's images

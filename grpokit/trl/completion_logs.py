@@ -66,12 +66,14 @@ class CompletionLogs:
 
     def _start_completion_logs(self):
         """Make ``self._logs``; the loop's ``on_records`` hook that fills it (None without ``log_completions``)."""
-        self._logs = completion_logs(self.args.completions_per_step(self.procs.world_size))
-        return self._log_records if self.args.log_completions else None
+        spec = self.run.spec
+        self._logs = completion_logs(spec.completions_per_step)
+        return self._log_records if spec.log_completions else None
 
     def _log_records(self, records: list) -> None:
         """A step's rollout records into ``_logs`` (rank 0), each prompt as the dataset gave it (its text where
         the row has none: an environment's prompts)."""
-        rows, column = self.run.train_source.rows, getattr(self.args, "prompt_column", None) or "prompt"
+        spec = self.run.spec
+        rows, column = self.run.train_source.rows, spec.prompt_column or "prompt"
         prompts = [rows[r.prompt_index].get(column, r.prompt) for r in records]
-        add_records(self._logs, records, prompts, self.reward_func_names, bool(self.args.log_multimodal))
+        add_records(self._logs, records, prompts, self.reward_func_names, spec.log_multimodal)

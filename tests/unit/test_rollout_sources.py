@@ -16,6 +16,7 @@ from grpokit.rollout.engines import ENGINES, EngineParts, get_engine
 from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.rollout_func import RolloutFuncEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
+from grpokit.rollout.transformers_multiturn import TransformersMultiTurnEngine
 from grpokit.rollout.types import Rollouts
 from grpokit.rollout.vllm.engine import VLLMRolloutEngine
 from grpokit.system.processes import SingleProcess
@@ -25,7 +26,7 @@ from grpokit.train.experience.sources import SAMPLERS, SOURCES, AheadRollouts, S
 
 
 def test_every_engine_provides_the_whole_protocol():
-    assert set(ENGINES) == {"hf", "vllm", "transformers", "multi-turn", "rollout_func"}
+    assert set(ENGINES) == {"hf", "vllm", "transformers", "multi-turn", "transformers-multi-turn", "rollout_func"}
     assert [name for name, entry in ENGINES.items() if entry.separate_weights] == ["vllm"]  # its own weight copy
     members = {"generate", "sync_weights", "takes_group_seeds", "takes_raw_prompts", "policy_version", "generator"}
     members.add("pad_token_id")
@@ -34,8 +35,16 @@ def test_every_engine_provides_the_whole_protocol():
     assert (HFRolloutEngine.takes_group_seeds, VLLMRolloutEngine.takes_group_seeds) == (False, True)
     assert MultiTurnEngine.takes_group_seeds is True and TransformersRolloutEngine.takes_group_seeds is False
     # and whether it takes the prompts as the dataset holds them (only TRL's rollout_func does)
-    engines = (HFRolloutEngine, VLLMRolloutEngine, MultiTurnEngine, TransformersRolloutEngine, RolloutFuncEngine)
-    assert [cls.takes_raw_prompts for cls in engines] == [False, False, False, False, True]
+    assert TransformersMultiTurnEngine.takes_group_seeds is True
+    engines = (
+        HFRolloutEngine,
+        VLLMRolloutEngine,
+        MultiTurnEngine,
+        TransformersMultiTurnEngine,
+        TransformersRolloutEngine,
+        RolloutFuncEngine,
+    )
+    assert [cls.takes_raw_prompts for cls in engines] == [False, False, False, False, False, True]
     for cls in engines:
         assert callable(cls.sync_weights) and callable(cls.generate), cls
         assert "seeds" in inspect.signature(cls.generate).parameters or not cls.takes_group_seeds, cls
