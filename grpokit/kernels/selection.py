@@ -71,7 +71,8 @@ class Kernels:
       reference_in_autocast_dtype: the frozen reference's Linear weights stored in the autocast dtype
         (kernels/linear_storage.py)
       cast_once_linears: under CPU autocast, the policy's Linears compute from one cast of their weights per
-        optimizer step, shared by the old-policy pass and every micro-batch (kernels/cast_linears.py)
+        optimizer step, shared by the old-policy pass and every micro-batch (kernels/cast_linears.py; off by
+        default: not measured faster yet, docs/performance.md)
       pack_linear_casts: with cast_once_linears, the policy's no-grad passes multiply with oneDNN-packed casts
     """
 
@@ -116,7 +117,9 @@ class Kernels:
             fused_head=True,
             sparse_embedding_grad=True,
             reference_in_autocast_dtype=autocast_dtype is not None,
-            cast_once_linears=cpu and autocast_dtype is not None,
+            # off until measured faster: on AVX-512 without AMX (2026-12-07) no faster than autocast's casts
+            # (docs/performance.md); AMX, where the issue saw the policy forward at 3.2x the reference's: unmeasured
+            cast_once_linears=False,
             pack_linear_casts=False,
         )
 

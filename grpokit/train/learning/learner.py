@@ -7,7 +7,9 @@ TRL), then ``num_iterations`` optimizer steps, each accumulating gradients over 
 With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the forward passes run under
 autocast, in one region per optimizer step (each weight cast once per step), and their backward
 replays the recorded dtypes; weights, gradients and AdamW stay float32 and the loss is computed
-from float32 log-probs. The frozen reference copy keeps its Linear weights in the autocast dtype
+from float32 log-probs. On CPU the policy's Linears take their casts from ``Kernels.cast_linears``, opened once
+per update: one cast per weight and optimizer step, shared by the old-policy pass (an optimizer step hook drops
+them). The frozen reference copy keeps its Linear weights in the autocast dtype
 (the same values autocast computes with; half the memory), and with ``ref_model_dtype: bfloat16`` all
 its weights in bf16 (:meth:`Reference.store_in`). The update's metrics include the time
 of each phase (``time/policy_logprobs``, ``time/backward``, ``time/optimizer``).
