@@ -208,3 +208,22 @@ def test_lora_and_frozen_layers(tiny):
 def expected_lora(model, batch, ks):
     with ks.cast_linears(model):
         return learner_pass(model, batch, ks)[1]
+
+
+def test_packed_casts_for_no_grad_passes(tiny):
+    """pack_linear_casts: the old-policy pass multiplies with packed casts (where oneDNN packs bf16 here; else the plain
+    casts): bitwise autocast's log-probs (oneDNN's packed bf16 matmul is F.linear's), and kept across passes."""
+    from grpokit.kernels.packed_linear import packing_available
+
+    model, batch = tiny
+    ks = dataclasses.replace(kernels(), pack_linear_casts=True)
+    expected, _ = learner_pass(model, batch, ks, grad=False)
+    with ks.cast_linears(model):
+        first, _ = learner_pass(model, batch, ks, grad=False)
+        made = ks.state.linear_casts.made
+        second, _ = learner_pass(model, batch, ks, grad=False)
+        assert ks.state.linear_casts.made == made
+        packed = [entry[3] for entry in ks.state.linear_casts._casts.values()]
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    if packing_available(CPU, BF16):
+        assert any(packed)  # the Linears' packed copies were made and used
