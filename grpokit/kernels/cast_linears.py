@@ -17,8 +17,11 @@ dtype, as the backward of autocast's casts does; the gradients reach the float32
 (:func:`grpokit.kernels.packed_linear.pack`, bitwise ``F.linear`` in bf16), kept beside the plain copy.
 
 Which layers: exact ``nn.Linear`` modules with float32 CPU weights that are not sharded (LoRA's base and
-adapter layers are such Linears). Only inside an autocast region of the cast dtype; anywhere else each layer
-runs its own forward. A no-op without autocast (float32 learning): the numbers are then the module's own.
+adapter layers are such Linears); none under activation checkpointing (its recompute must save what the first
+forward saved, :func:`grpokit.kernels.lean_mlp.base_modules`). Off by default (``Kernels.cast_once_linears``): not
+measured faster on a CPU without AMX (docs/performance.md). Only inside an autocast region of the cast dtype;
+anywhere else each layer runs its own forward. A no-op without autocast (float32 learning): the numbers are then
+the module's own.
 """
 
 from __future__ import annotations
