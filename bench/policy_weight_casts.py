@@ -138,10 +138,9 @@ def main() -> None:
     for name, (f, b) in med.items():
         base = med.get("old_autocast" if name.startswith("old_") else "autocast", (f, b))[0]
         print(f"  {name:<16} {f:6.3f} / {b:6.3f}  forward ratio {f / base:.2f}")
-    print(
-        f"policy forward (autograd) over the reference's: autocast {med['autocast'][0] / med['reference'][0]:.2f}, "
-        f"cast {med['cast'][0] / med['reference'][0]:.2f}, cast_warm {med['cast_warm'][0] / med['reference'][0]:.2f}"
-    )
+    if "reference" in med:
+        over = [f"{n} {med[n][0] / med['reference'][0]:.2f}" for n in ("autocast", "cast", "cast_warm") if n in med]
+        print(f"policy forward (autograd) over the reference's: {', '.join(over)}")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
