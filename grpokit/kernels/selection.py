@@ -26,8 +26,10 @@ class KernelState:
     checks (keyed weakly by model), and the fused head's weight casts (:class:`WeightCasts`)."""
 
     def __init__(self):
+        from grpokit.kernels.cast_linears import LinearCasts
         from grpokit.kernels.fused_head import WeightCasts
 
+        self.linear_casts = LinearCasts()
         self.decoder_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.plain_heads: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.weight_casts = WeightCasts()
@@ -44,6 +46,8 @@ FAST_PATHS = {
     "fused_head": "fused LM head",
     "sparse_embedding_grad": "sparse embedding gradients",
     "reference_in_autocast_dtype": "reference Linear weights in the autocast dtype",
+    "cast_once_linears": "policy Linear weights cast to the autocast dtype once per optimizer step",
+    "pack_linear_casts": "oneDNN-packed casts for the policy's no-grad passes",
 }
 
 
@@ -68,6 +72,10 @@ class Kernels:
       sparse_embedding_grad: a sparse gradient for the token embedding (kernels/sparse_embedding.py)
       reference_in_autocast_dtype: the frozen reference's Linear weights stored in the autocast dtype
         (kernels/linear_storage.py)
+      cast_once_linears: under CPU autocast, the policy's Linears compute from one cast of their weights per
+        optimizer step, shared by the old-policy pass and every micro-batch (kernels/cast_linears.py; off by
+        default: not measured faster yet, docs/performance.md)
+      pack_linear_casts: with cast_once_linears, the policy's no-grad passes multiply with oneDNN-packed casts
     """
 
     autocast_dtype: torch.dtype | None
@@ -80,6 +88,8 @@ class Kernels:
     fused_head: bool
     sparse_embedding_grad: bool
     reference_in_autocast_dtype: bool
+    cast_once_linears: bool = False
+    pack_linear_casts: bool = False
     state: KernelState = field(default_factory=KernelState, compare=False, repr=False)
 
     @classmethod
@@ -109,6 +119,10 @@ class Kernels:
             fused_head=True,
             sparse_embedding_grad=True,
             reference_in_autocast_dtype=autocast_dtype is not None,
+            # off until measured faster: on AVX-512 without AMX (2026-12-07) no faster than autocast's casts
+            # (docs/performance.md); AMX, where the issue saw the policy forward at 3.2x the reference's: unmeasured
+            cast_once_linears=False,
+            pack_linear_casts=False,
         )
 
     def in_use(self) -> list[str]:
@@ -188,6 +202,19 @@ class Kernels:
     def reuse_weight_casts(self):
         """A block in which the fused head casts each weight to the autocast dtype once (one optimizer step)."""
         return self.state.weight_casts.reuse()
+
+    def cast_linears(self, model: torch.nn.Module):
+        """A block in which ``model``'s float32 Linears, under CPU autocast, compute from casts kept while the
+        outermost such block is open (one per weight version; :mod:`grpokit.kernels.cast_linears`), or a no-op."""
+        if not self.cast_once_linears or self.autocast_dtype is None or is_sharded(model):
+            return contextlib.nullcontext()
+        from grpokit.kernels.cast_linears import cast_linears
+
+        return cast_linears(model, self.state.linear_casts, self.autocast_dtype, pack=self.pack_linear_casts)
+
+    def drop_linear_casts(self, *_) -> None:
+        """Forget the kept Linear casts (an optimizer step hook: the weights they were made from changed)."""
+        self.state.linear_casts.clear()
 
     def embedding_grad(self, decoder: torch.nn.Module):
         """A block in which ``decoder``'s token embedding gives sparse gradients, or a no-op."""

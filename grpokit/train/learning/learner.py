@@ -7,7 +7,9 @@ TRL), then ``num_iterations`` optimizer steps, each accumulating gradients over 
 With ``autocast_dtype`` (bf16 on CPUs with native bf16 matmul) the forward passes run under
 autocast, in one region per optimizer step (each weight cast once per step), and their backward
 replays the recorded dtypes; weights, gradients and AdamW stay float32 and the loss is computed
-from float32 log-probs. The frozen reference copy keeps its Linear weights in the autocast dtype
+from float32 log-probs. On CPU the policy's Linears take their casts from ``Kernels.cast_linears``, opened once
+per update: one cast per weight and optimizer step, shared by the old-policy pass (an optimizer step hook drops
+them). The frozen reference copy keeps its Linear weights in the autocast dtype
 (the same values autocast computes with; half the memory), and with ``ref_model_dtype: bfloat16`` all
 its weights in bf16 (:meth:`Reference.store_in`). The update's metrics include the time
 of each phase (``time/policy_logprobs``, ``time/backward``, ``time/optimizer``).
@@ -150,6 +152,8 @@ class Learner:
         self.kernels = (
             kernels if kernels is not None else Kernels.select(next(model.parameters()).device, autocast_dtype)
         )
+        if self.kernels.cast_once_linears and hasattr(optimizer, "register_step_post_hook"):
+            optimizer.register_step_post_hook(self.kernels.drop_linear_casts)  # its casts are of the old weights
         if reference is not None and reference.model is not None and not is_sharded(reference.model):
             if autocast_dtype is not None and learner_spec.reference_casts:
                 # the frozen copy only runs under autocast: its Linear weights can live in the autocast dtype
@@ -283,46 +287,45 @@ class Learner:
         (:func:`grpokit.train.learning.distill_term.distill_term`).
         """
         learner_spec = self.learner_spec
-        if (
-            not learner_spec.kl_in_reward
-        ):  # this step's beta (with kl_in_reward the KL is in the rewards and beta 0 here)
+        if not learner_spec.kl_in_reward:  # this step's beta (kl_in_reward: the KL is in the rewards, beta 0 here)
             self.loss_spec = dataclasses.replace(self.loss_spec, beta=self.kl_controller.beta)
         minis = learner_spec.num_mini_batches
-        if old_logprobs is None and learner_spec.num_iterations * minis > 1:
-            old_logprobs = self.old_logprobs(batch)
-        num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
-        whole = TrainingBatch(
-            batch,
-            advantages,
-            loss_mask,
-            ref_logprobs=ref_logprobs,
-            old_logprobs=old_logprobs,
-            sampling_logprobs=sampling_logprobs,
-            old_values=old_values,
-            returns=returns,
-            teacher_topk=None if teacher_topk is None else teacher_topk.to(loss_mask.device),
-        )
-        size = len(batch) // minis
-        spans = [slice(j * size, (j + 1) * size) for j in range(minis)]  # each mini-batch's rows, in order
-        minibatches = [whole] if minis == 1 else [whole.rows(rows) for rows in spans]
-        history: list[dict] = []
-        clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
-        if self.critic is not None:
-            clock["time/critic"] = 0.0
-        kept: dict[str, list] | None = {"logprob": [], "entropy": [], "weight": []} if keep_token_values else None
-        for iteration in range(learner_spec.num_iterations):
-            for part in minibatches:
-                self.model.train()
-                last_pass = iteration == learner_spec.num_iterations - 1  # where a token is clipped, if ever
-                weights = kept["weight"] if kept is not None and last_pass else None
-                with self.kernels.reuse_weight_casts():  # the micro-batches of one optimizer step share the head's cast
-                    loss, parts, logprobs, entropy = self._accumulate(
-                        part, num_items=num_items / minis, clock=clock, weights=weights
-                    )
-                if kept is not None and iteration == 0:
-                    kept["logprob"].append(logprobs)
-                    kept["entropy"].append(entropy)
-                history.append(self._step(loss, parts, logprobs, entropy, part, num_items / minis, clock))
+        with self.kernels.cast_linears(self.model):  # one cast of each Linear weight per step, for every pass
+            if old_logprobs is None and learner_spec.num_iterations * minis > 1:
+                old_logprobs = self.old_logprobs(batch)
+            num_items = loss_mask.sum().clamp(min=1.0) if num_items_in_batch is None else num_items_in_batch  # dapo
+            whole = TrainingBatch(
+                batch,
+                advantages,
+                loss_mask,
+                ref_logprobs=ref_logprobs,
+                old_logprobs=old_logprobs,
+                sampling_logprobs=sampling_logprobs,
+                old_values=old_values,
+                returns=returns,
+                teacher_topk=None if teacher_topk is None else teacher_topk.to(loss_mask.device),
+            )
+            size = len(batch) // minis
+            spans = [slice(j * size, (j + 1) * size) for j in range(minis)]  # each mini-batch's rows, in order
+            minibatches = [whole] if minis == 1 else [whole.rows(rows) for rows in spans]
+            history: list[dict] = []
+            clock = {"time/policy_logprobs": 0.0, "time/backward": 0.0, "time/optimizer": 0.0}
+            if self.critic is not None:
+                clock["time/critic"] = 0.0
+            kept: dict[str, list] | None = {"logprob": [], "entropy": [], "weight": []} if keep_token_values else None
+            for iteration in range(learner_spec.num_iterations):
+                for part in minibatches:
+                    self.model.train()
+                    last_pass = iteration == learner_spec.num_iterations - 1  # where a token is clipped, if ever
+                    weights = kept["weight"] if kept is not None and last_pass else None
+                    with self.kernels.reuse_weight_casts():  # one step's micro-batches share the head's cast
+                        loss, parts, logprobs, entropy = self._accumulate(
+                            part, num_items=num_items / minis, clock=clock, weights=weights
+                        )
+                    if kept is not None and iteration == 0:
+                        kept["logprob"].append(logprobs)
+                        kept["entropy"].append(entropy)
+                    history.append(self._step(loss, parts, logprobs, entropy, part, num_items / minis, clock))
         self._token_values = None if kept is None else {name: torch.cat(parts) for name, parts in kept.items()}
         last = history[-minis:]
         mean = {key: sum(h[key] for h in last) / minis for key in last[0]}
