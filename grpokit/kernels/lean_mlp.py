@@ -118,6 +118,8 @@ def _lean_forward(mlp: torch.nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             if x.device.type != "cpu":  # measured on CPU only: elsewhere autocast's cached casts stay
                 return own(x)
+            if any("forward" in vars(linear) for linear in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+                return own(x)  # cast-once Linears (kernels/cast_linears.py) hold the step's casts: use them
             return LeanCastMLP.apply(x, *weights, torch.get_autocast_dtype(x.device.type))
         return LeanMLP.apply(x, *weights)
 
