@@ -68,7 +68,7 @@ def extended(package_copy):
     package_copy.add(ENGINE, ENGINE_MODULE)
     vllm = "from grpokit.rollout.vllm.settings import VLLMSettings, vllm_spec"
     capped = "from grpokit.rollout.capped_engine import CappedSettings\n"
-    transformers = '@ENGINES.register("transformers")\n'
+    transformers = '@ENGINES.register("transformers"'  # the line's start: its arguments may change
     package_copy.edit(
         "rollout/engines.py",
         (vllm, f"{capped}from grpokit.rollout.capped_engine import build as build_capped\n{vllm}"),
