@@ -220,6 +220,13 @@ NOT_RUNNABLE = {
         "five 494M-parameter runs, one of them TRL's: ~50 min, ~21 GB"
     ),
     "python bench/profile_step.py --dtype float32": "a 494M-parameter step under the profiler: ~5 min, ~20 GB",
+    "python bench/policy_weight_casts.py --layers 4 --vocab 32000 --rounds 3 --threads 2": (
+        "seven variants of a 0.5B-wide 4-layer pass, four rounds: ~15 min under load, ~3 GB"
+    ),
+    "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 GRPOKIT_CPU_CAPS=avx2 python bench/policy_weight_casts.py "
+    "--layers 1 --vocab 32000 --rounds 2 --threads 2 --variants autocast,cast,reference": (
+        "a 0.5B-wide pass on the AVX2 kernels, three rounds: ~5 min under load"
+    ),
     "python bench/decode_matmuls.py --pack-rows 1,128": "a decoding step's matmuls at 0.5B, 7 backends: ~1 min, ~12 GB",
     "pip install 'grpokit[ray]'": "installs packages (network)",
     "pip install -e '.[chem]'": "installs packages (network); the test extras include RDKit",
