@@ -220,6 +220,9 @@ NOT_RUNNABLE = {
         "five 494M-parameter runs, one of them TRL's: ~50 min, ~21 GB"
     ),
     "python bench/profile_step.py --dtype float32": "a 494M-parameter step under the profiler: ~5 min, ~20 GB",
+    "python bench/vs_trl.py --configs grpokit@4a363ba,grpokit --steps 4 --rounds 2": (
+        "two checkouts' runs on both 39M shapes, twice: ~6 min"
+    ),
     "python bench/policy_weight_casts.py --layers 4 --vocab 32000 --rounds 3 --threads 2": (
         "seven variants of a 0.5B-wide 4-layer pass, four rounds: ~15 min under load, ~3 GB"
     ),
