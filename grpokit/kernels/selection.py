@@ -41,7 +41,7 @@ FAST_PATHS = {
     "packed_linears": "oneDNN-packed weights for sampling",
     "preallocated_kv_cache": "preallocated KV cache",
     "small_attention": "plain attention for small learner calls",
-    "lean_mlp": "gated MLP keeping only its inputs for the backward (float32; bf16 autocast on CPU)",
+    "lean_mlp": "gated MLP keeping only its inputs for the backward (float32, and bf16 on CPU)",
     "lean_norm": "RMSNorm keeping only its input for the backward (float32 residual stream)",
     "fused_head": "fused LM head",
     "sparse_embedding_grad": "sparse embedding gradients",

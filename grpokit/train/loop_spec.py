@@ -31,9 +31,9 @@ class LoopSpec:
     logging_steps: int
     merge_on_save: bool
     eval_dataset: Any
+    log_completions: bool  # TRL's trainer._logs is filled from each step's records (grpokit.trl)
+    log_multimodal: bool  # ... with each prompt's images
     rewards_on_main: bool = False
     save_at_end: bool = True
     hub: HubSpec | None = None
     token_values: tuple[str, ...] = ()
-    log_completions: bool = False  # TRL's trainer._logs is filled from each step's records (grpokit.trl)
-    log_multimodal: bool = True  # ... with each prompt's images
