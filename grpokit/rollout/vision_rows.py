@@ -12,6 +12,7 @@ import torch
 
 from grpokit.models.loading import logits_of
 from grpokit.models.vision_inputs import conversation_inputs
+from grpokit.rollout.multiturn_rows import PlainRows
 from grpokit.tools.loop import ToolRollout
 
 
@@ -26,32 +27,9 @@ def prompt_pixels(rollout: ToolRollout) -> dict | None:
     return None if prompt is None else prompt.pixels
 
 
-class VisionRows:
-    """The decoding batch of rows with tool images: each step one forward pass over the rows' right-padded
-    conversations with their pixel inputs, the prompt's then the tools' (``rows``, ``logits`` [A, V] as the other
-    batches)."""
-
-    def __init__(self, engine, rollouts: list[ToolRollout]):
-        self.engine, self.rollouts = engine, rollouts
-        self.rows: list[int] = []
-        self.seqs: list[list[int]] = []
-        self.logits: torch.Tensor | None = None
-
-    def add(self, joining: list[int], budgets: list[int]) -> None:
-        self.rows = [*self.rows, *joining]
-        self.seqs = [*self.seqs, *(list(self.rollouts[i].conversation.ids) for i in joining)]
-        self._forward()
-
-    def remove(self, leaving: list[int], waiting: list[bool]) -> None:
-        gone = set(leaving)
-        stay = [r for r in range(len(self.rows)) if r not in gone]
-        self.rows, self.seqs = [self.rows[r] for r in stay], [self.seqs[r] for r in stay]
-        self.logits = self.logits[torch.tensor(stay, device=self.logits.device)] if stay else None
-
-    def step(self, tokens: torch.Tensor) -> None:
-        for seq, token in zip(self.seqs, tokens.tolist()):
-            seq.append(token)
-        self._forward()
+class VisionRows(PlainRows):
+    """The decoding batch of rows with tool images: :class:`PlainRows` (each step one forward pass over the rows'
+    right-padded conversations) with their pixel inputs, the prompt's then the tools', and the model's positions."""
 
     def _forward(self) -> None:
         device = self.engine.device
