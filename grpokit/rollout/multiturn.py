@@ -113,23 +113,7 @@ class MultiTurnEngine:
         their rendered prompts differ (an environment's observation), the rest starts the completion,
         out of the loss mask."""
         N = len(prompts) * num_generations
-        if self.chat.processor is not None:  # image placeholders are never sampled (a tool image's are the tool's)
-            from grpokit.models.vision_inputs import placeholder_ids
-
-            suppress = tuple(sorted({*params.suppress_tokens, *placeholder_ids(self.engine.model)}))
-            params = dataclasses.replace(params, suppress_tokens=suppress)
-        if sessions is not None and len(sessions) != N:
-            raise ValueError(f"{len(sessions)} environment sessions for {N} rollouts; pass one per rollout")
-        loop = ToolLoop(
-            self.chat,
-            self.executor,
-            max_completion_length=params.max_completion_length,
-            max_tool_calling_iterations=self.max_tool_calling_iterations,
-            parser=self.parser,
-        )
-        rollouts = [
-            loop.start(prompts[n // num_generations], None if sessions is None else sessions[n]) for n in range(N)
-        ]
+        params, loop, rollouts = self._start(prompts, num_generations, params, sessions)
         prompt_messages = [len(r.messages) for r in rollouts]
         if seeds is None:
             generators = rollout_generators(self.engine.generator, N)
@@ -162,6 +146,29 @@ class MultiTurnEngine:
         finally:
             model.train(was_training)
         return self._rollouts(rollouts, record, num_generations, prompt_messages)
+
+    def _start(self, prompts, num_generations: int, params: SamplingParams, sessions):
+        """(params with the image placeholders suppressed where the chat has a processor, the ToolLoop, the N
+        started rollouts: ``num_generations`` per prompt, each with its environment session if any)."""
+        N = len(prompts) * num_generations
+        if self.chat.processor is not None:  # image placeholders are never sampled (a tool image's are the tool's)
+            from grpokit.models.vision_inputs import placeholder_ids
+
+            suppress = tuple(sorted({*params.suppress_tokens, *placeholder_ids(self.engine.model)}))
+            params = dataclasses.replace(params, suppress_tokens=suppress)
+        if sessions is not None and len(sessions) != N:
+            raise ValueError(f"{len(sessions)} environment sessions for {N} rollouts; pass one per rollout")
+        loop = ToolLoop(
+            self.chat,
+            self.executor,
+            max_completion_length=params.max_completion_length,
+            max_tool_calling_iterations=self.max_tool_calling_iterations,
+            parser=self.parser,
+        )
+        rollouts = [
+            loop.start(prompts[n // num_generations], None if sessions is None else sessions[n]) for n in range(N)
+        ]
+        return params, loop, rollouts
 
     def _with_images(self, batch, rollouts: list[ToolRollout]):
         """``batch``, or with a processor (a vision-language model) a :class:`SplitRows` that moves the rows a

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from grpokit.machine.hardware import autocast
-from grpokit.models.vision_inputs import conversation_inputs, placeholder_ids
+from grpokit.models.vision_inputs import conversation_inputs
 from grpokit.rollout.engine import left_pad
 from grpokit.rollout.multiturn import MultiTurnEngine
 from grpokit.rollout.transformers_engine import TransformersRolloutEngine
@@ -76,23 +76,9 @@ class TransformersMultiTurnEngine(MultiTurnEngine):
         ``seeds`` (one per prompt): the batch's generate calls draw from a stream seeded by all of them together
         (generate samples the rows of a call together, as in TRL), else from the engine's generator."""
         N = len(prompts) * num_generations
-        if self.chat.processor is not None:  # image placeholders are never sampled (a tool image's are the tool's)
-            suppress = tuple(sorted({*params.suppress_tokens, *placeholder_ids(self.engine.model)}))
-            params = dataclasses.replace(params, suppress_tokens=suppress)
-        if sessions is not None and len(sessions) != N:
-            raise ValueError(f"{len(sessions)} environment sessions for {N} rollouts; pass one per rollout")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts; pass one per prompt")
-        loop = ToolLoop(
-            self.chat,
-            self.executor,
-            max_completion_length=params.max_completion_length,
-            max_tool_calling_iterations=self.max_tool_calling_iterations,
-            parser=self.parser,
-        )
-        rollouts = [
-            loop.start(prompts[n // num_generations], None if sessions is None else sessions[n]) for n in range(N)
-        ]
+        params, loop, rollouts = self._start(prompts, num_generations, params, sessions)
         prompt_messages = [len(r.messages) for r in rollouts]
         stream = self.engine.generator if seeds is None else _stream(seeds)
         record: dict[str, dict[int, list]] = {"logprobs": {i: [] for i in range(N)}, "times": {i: [] for i in range(N)}}
